@@ -1,0 +1,325 @@
+"""The store's operations: everything the control plane reads or writes.
+
+The control plane works from memory and uses this module to make its state
+durable: rows are written in batches inside one transaction, and nothing here
+holds state between calls except the engine. Outside errors are turned into
+StoreError once, here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import Table, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from llmgw.control.store import schema
+from llmgw.control.store.db import create_engine, is_sqlite, normalise_url
+from llmgw.control.store.migrate import upgrade_to_head
+from llmgw.errors import ConfigError, NotLeaderError, StoreError
+
+Row = dict[str, Any]
+
+EPOCH_KEY = "leader_epoch"
+
+
+class Store:
+    def __init__(self, engine: AsyncEngine, url: str) -> None:
+        self.engine = engine
+        self.url = url
+        self.is_sqlite = is_sqlite(url)
+
+    # -- opening -----------------------------------------------------------
+
+    @classmethod
+    async def open(cls, url: str, *, migrate: bool = True, pool_size: int = 5) -> Store:
+        """Connect, prove the store answers, and bring its schema to head.
+
+        Any failure here is a configuration problem for a person to fix, so it
+        becomes a one-line ConfigError naming the store.
+        """
+        url = normalise_url(url)
+        engine = create_engine(url, pool_size=pool_size)
+        store = cls(engine, url)
+        where = _describe(url)
+        try:
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+            if migrate:
+                await upgrade_to_head(engine)
+        except (OperationalError, DBAPIError, OSError) as exc:
+            await engine.dispose()
+            raise ConfigError(f"cannot open the store at {where}: {_first_line(exc)}") from None
+        return store
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """One write transaction (BEGIN IMMEDIATE on SQLite, see db.py)."""
+        try:
+            async with self.engine.begin() as conn:
+                yield conn
+        except NotLeaderError:
+            raise
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store write failed: {_first_line(exc)}") from exc
+
+    async def _read(self, statement: Any) -> list[Row]:
+        try:
+            async with self.engine.connect() as conn:
+                result = await conn.execute(statement)
+                rows = [dict(r._mapping) for r in result]
+                await conn.rollback()
+                return rows
+        except SQLAlchemyError as exc:
+            raise StoreError(f"store read failed: {_first_line(exc)}") from exc
+
+    def _upsert(self, table: Table, rows: Sequence[Row], keys: Sequence[str]) -> Any:
+        dialect_insert = sqlite.insert if self.is_sqlite else postgresql.insert
+        stmt = dialect_insert(table).values(list(rows))
+        updates = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
+        return stmt.on_conflict_do_update(index_elements=list(keys), set_=updates)
+
+    # -- settings and leader epoch -------------------------------------------
+
+    async def get_setting(self, key: str) -> str | None:
+        rows = await self._read(select(schema.settings.c.value).where(schema.settings.c.key == key))
+        return rows[0]["value"] if rows else None
+
+    async def set_setting(self, key: str, value: str) -> None:
+        async with self.transaction() as conn:
+            await conn.execute(self._upsert(schema.settings, [{"key": key, "value": value}], ["key"]))
+
+    async def set_setting_if_absent(self, key: str, value: str) -> bool:
+        """Write ``key`` only if nothing is there; True when this call wrote it."""
+        async with self.transaction() as conn:
+            existing = await conn.execute(
+                select(schema.settings.c.value).where(schema.settings.c.key == key)
+            )
+            if existing.first() is not None:
+                return False
+            await conn.execute(schema.settings.insert().values(key=key, value=value))
+            return True
+
+    async def bump_epoch(self) -> int:
+        """A new leader takes the next epoch; writes under an older one fail."""
+        async with self.transaction() as conn:
+            current = await self._epoch(conn, lock=True)
+            new = current + 1
+            await conn.execute(
+                self._upsert(schema.settings, [{"key": EPOCH_KEY, "value": str(new)}], ["key"])
+            )
+            return new
+
+    async def _epoch(self, conn: AsyncConnection, *, lock: bool = False) -> int:
+        stmt = select(schema.settings.c.value).where(schema.settings.c.key == EPOCH_KEY)
+        if lock and not self.is_sqlite:
+            stmt = stmt.with_for_update()
+        row = (await conn.execute(stmt)).first()
+        return int(row[0]) if row else 0
+
+    @asynccontextmanager
+    async def fenced(self, epoch: int) -> AsyncIterator[AsyncConnection]:
+        """A write transaction that commits only if ``epoch`` is still current.
+
+        The epoch row is read with a share lock (PostgreSQL) or under the
+        write lock BEGIN IMMEDIATE already holds (SQLite), so a new leader's
+        bump and a deposed leader's late write cannot interleave.
+        """
+        async with self.transaction() as conn:
+            stmt = select(schema.settings.c.value).where(schema.settings.c.key == EPOCH_KEY)
+            if not self.is_sqlite:
+                stmt = stmt.with_for_update(read=True)
+            row = (await conn.execute(stmt)).first()
+            current = int(row[0]) if row else 0
+            if current != epoch:
+                raise NotLeaderError(f"leader epoch {epoch} is stale (current {current})")
+            yield conn
+
+    # -- nodes and gpus ------------------------------------------------------
+
+    async def upsert_nodes(self, rows: Sequence[Row]) -> None:
+        if not rows:
+            return
+        async with self.transaction() as conn:
+            await conn.execute(self._upsert(schema.nodes, rows, ["name"]))
+
+    async def touch_nodes(self, last_seen: dict[str, float]) -> None:
+        """Record heartbeats in one statement per batch, not one per report."""
+        if not last_seen:
+            return
+        async with self.transaction() as conn:
+            for name, at in last_seen.items():
+                await conn.execute(
+                    update(schema.nodes).where(schema.nodes.c.name == name).values(last_seen=at)
+                )
+
+    async def replace_gpus(self, node: str, rows: Sequence[Row]) -> None:
+        async with self.transaction() as conn:
+            await conn.execute(delete(schema.gpus).where(schema.gpus.c.node == node))
+            if rows:
+                await conn.execute(schema.gpus.insert(), [dict(r, node=node) for r in rows])
+
+    async def delete_node(self, name: str) -> None:
+        async with self.transaction() as conn:
+            await conn.execute(delete(schema.gpus).where(schema.gpus.c.node == name))
+            await conn.execute(delete(schema.nodes).where(schema.nodes.c.name == name))
+
+    async def list_nodes(self) -> list[Row]:
+        return await self._read(select(schema.nodes).order_by(schema.nodes.c.name))
+
+    async def list_gpus(self, node: str | None = None) -> list[Row]:
+        stmt = select(schema.gpus).order_by(schema.gpus.c.node, schema.gpus.c.number)
+        if node is not None:
+            stmt = stmt.where(schema.gpus.c.node == node)
+        return await self._read(stmt)
+
+    # -- models ----------------------------------------------------------------
+
+    async def upsert_models(self, rows: Sequence[Row], *, epoch: int | None = None) -> None:
+        if not rows:
+            return
+        async with self._write(epoch) as conn:
+            await conn.execute(self._upsert(schema.models, rows, ["name"]))
+
+    async def delete_models(self, names: Iterable[str], *, epoch: int | None = None) -> None:
+        names = list(names)
+        if not names:
+            return
+        async with self._write(epoch) as conn:
+            await conn.execute(delete(schema.models).where(schema.models.c.name.in_(names)))
+
+    async def list_models(self) -> list[Row]:
+        return await self._read(select(schema.models).order_by(schema.models.c.name))
+
+    # -- replicas --------------------------------------------------------------
+
+    async def write_replicas(
+        self,
+        upserts: Sequence[Row],
+        deletes: Iterable[str] = (),
+        *,
+        epoch: int | None = None,
+        events: Sequence[Row] = (),
+    ) -> None:
+        """Apply one reconcile pass's replica changes and events atomically."""
+        deletes = list(deletes)
+        if not upserts and not deletes and not events:
+            return
+        async with self._write(epoch) as conn:
+            if upserts:
+                rows = [dict(r, epoch=epoch or 0) for r in upserts]
+                await conn.execute(self._upsert(schema.replicas, rows, ["id"]))
+            if deletes:
+                await conn.execute(delete(schema.replicas).where(schema.replicas.c.id.in_(deletes)))
+            if events:
+                await conn.execute(schema.events.insert(), list(events))
+
+    async def list_replicas(self) -> list[Row]:
+        return await self._read(select(schema.replicas).order_by(schema.replicas.c.id))
+
+    @asynccontextmanager
+    async def _write(self, epoch: int | None) -> AsyncIterator[AsyncConnection]:
+        if epoch is None:
+            async with self.transaction() as conn:
+                yield conn
+        else:
+            async with self.fenced(epoch) as conn:
+                yield conn
+
+    # -- events ----------------------------------------------------------------
+
+    async def add_events(self, rows: Sequence[Row]) -> None:
+        if not rows:
+            return
+        async with self.transaction() as conn:
+            await conn.execute(schema.events.insert(), list(rows))
+
+    async def list_events(
+        self,
+        *,
+        since_id: int = 0,
+        kind: str | None = None,
+        subject: str | None = None,
+        limit: int = 200,
+    ) -> list[Row]:
+        stmt = select(schema.events).where(schema.events.c.id > since_id)
+        if kind:
+            stmt = stmt.where(schema.events.c.kind == kind)
+        if subject:
+            stmt = stmt.where(schema.events.c.subject == subject)
+        stmt = stmt.order_by(schema.events.c.id.desc()).limit(limit)
+        return await self._read(stmt)
+
+    # -- API keys --------------------------------------------------------------
+
+    async def add_api_key(self, row: Row) -> None:
+        async with self.transaction() as conn:
+            await conn.execute(schema.api_keys.insert().values(**row))
+
+    async def list_api_keys(self) -> list[Row]:
+        return await self._read(select(schema.api_keys).order_by(schema.api_keys.c.created_at))
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        async with self.transaction() as conn:
+            result = await conn.execute(
+                update(schema.api_keys).where(schema.api_keys.c.id == key_id).values(revoked=True)
+            )
+            return bool(result.rowcount)
+
+    # -- usage -----------------------------------------------------------------
+
+    async def add_usage(self, rows: Sequence[Row]) -> None:
+        """Add counts to the per-minute rows, creating them as needed."""
+        if not rows:
+            return
+        counters = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
+        dialect_insert = sqlite.insert if self.is_sqlite else postgresql.insert
+        async with self.transaction() as conn:
+            for row in rows:
+                stmt = dialect_insert(schema.usage).values(**row)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["minute", "key_id", "model"],
+                    set_={c: getattr(schema.usage.c, c) + stmt.excluded[c] for c in counters},
+                )
+                await conn.execute(stmt)
+
+    async def query_usage(
+        self, *, since: int = 0, key_id: str | None = None, model: str | None = None
+    ) -> list[Row]:
+        stmt = select(schema.usage).where(schema.usage.c.minute >= since)
+        if key_id:
+            stmt = stmt.where(schema.usage.c.key_id == key_id)
+        if model:
+            stmt = stmt.where(schema.usage.c.model == model)
+        return await self._read(stmt.order_by(schema.usage.c.minute))
+
+    async def count(self, table: Table) -> int:
+        rows = await self._read(select(func.count()).select_from(table))
+        return int(next(iter(rows[0].values())))
+
+
+def now() -> float:
+    return time.time()
+
+
+def _describe(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return str(parsed.database)
+    return parsed.render_as_string(hide_password=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0] if text else type(orig).__name__

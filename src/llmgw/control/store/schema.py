@@ -1,0 +1,139 @@
+"""The store's tables (SQLAlchemy Core).
+
+Core rather than the ORM: the control plane keeps its working state in memory
+and writes rows in batches, so an identity map would only cost time. Nested
+values (inventories, catalog entries, shards) are JSON: they are read and
+written whole, never queried by their parts.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+# Small values that must survive restarts: credential hashes, the leader epoch.
+settings = Table(
+    "settings",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    # What an operator set: ready, cordoned or draining. "unreachable" is
+    # derived from last_seen and never stored, so a node that comes back is
+    # not stuck in it.
+    Column("admin_state", String(16), nullable=False, default="ready"),
+    Column("token_hash", String(128), nullable=True),
+    Column("address", String(255), nullable=False, default="127.0.0.1"),
+    Column("agent_port", Integer, nullable=True),
+    Column("fabrics", JSON, nullable=False, default=list),
+    Column("inventory", JSON, nullable=True),
+    Column("weights", JSON, nullable=False, default=list),
+    Column("registered_at", Float, nullable=False),
+    Column("last_seen", Float, nullable=True),
+)
+
+# One row per placeable device, rewritten when a node's inventory changes;
+# kept as its own table so that SQL can answer "which nodes have free
+# h100-80g" without unpacking every inventory.
+gpus = Table(
+    "gpus",
+    metadata,
+    Column("node", String(200), ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True),
+    Column("number", Integer, primary_key=True),
+    Column("uuid", String(128), nullable=False),
+    Column("gpu_class", String(128), nullable=False),
+    Column("healthy", Boolean, nullable=False),
+    Column("placeable", Boolean, nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("memory_total_mib", Integer, nullable=False, default=0),
+)
+Index("ix_gpus_class", gpus.c.gpu_class)
+
+models = Table(
+    "models",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("spec", JSON, nullable=False),
+    Column("parked", Boolean, nullable=False, default=False),
+    Column("failures", Integer, nullable=False, default=0),
+    Column("last_error", Text, nullable=True),
+    Column("demand_at", Float, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("model", String(200), nullable=False),
+    Column("generation", Integer, nullable=False, default=1),
+    Column("shards", JSON, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("port", Integer, nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("ready_at", Float, nullable=True),
+    Column("last_request_at", Float, nullable=True),
+    Column("draining", Boolean, nullable=False, default=False),
+    # The leader epoch that last wrote the row, for post-mortems of failovers.
+    Column("epoch", Integer, nullable=False, default=0),
+)
+Index("ix_replicas_model", replicas.c.model)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("name", String(200), nullable=False, default=""),
+    Column("secret_hash", String(128), nullable=False, unique=True),
+    Column("models", JSON, nullable=False, default=list),
+    Column("expires_at", Float, nullable=True),
+    Column("rpm", Integer, nullable=True),
+    Column("tpm", Integer, nullable=True),
+    Column("revoked", Boolean, nullable=False, default=False),
+    Column("created_at", Float, nullable=False),
+)
+
+usage = Table(
+    "usage",
+    metadata,
+    Column("minute", Integer, primary_key=True),
+    Column("key_id", String(32), primary_key=True),
+    Column("model", String(200), primary_key=True),
+    Column("requests", Integer, nullable=False, default=0),
+    Column("prompt_tokens", Integer, nullable=False, default=0),
+    Column("completion_tokens", Integer, nullable=False, default=0),
+    Column("cached_tokens", Integer, nullable=False, default=0),
+    Column("errors", Integer, nullable=False, default=0),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("subject", String(200), nullable=False, default=""),
+    Column("message", Text, nullable=False),
+    Column("data", JSON, nullable=False, default=dict),
+)
+Index("ix_events_at", events.c.at)

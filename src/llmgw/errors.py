@@ -1,0 +1,57 @@
+"""The errors llmgw raises on purpose, in one tree.
+
+    LlmgwError                 anything llmgw reports to a person or a client
+    ├── ConfigError            bad settings: exit code 2 with one line, no traceback
+    ├── StoreError             the store cannot be reached or is inconsistent
+    │   └── NotLeaderError     a write from a deposed reconciler (stale epoch)
+    ├── ValidationError        a catalog entry, request or report that is malformed
+    ├── NotFoundError          a named node, model, replica or key does not exist
+    ├── AuthError              a missing or wrong credential
+    ├── DiscoveryError         nvidia-smi / NVML output that cannot be understood
+    └── EngineError            an engine could not be built or started
+
+Outside errors (sqlalchemy, aiohttp, OSError, ...) are translated into these at
+the boundary that meets them, once, so callers handle one family.
+"""
+
+from __future__ import annotations
+
+
+class LlmgwError(Exception):
+    """Base of all errors llmgw raises deliberately."""
+
+
+class ConfigError(LlmgwError):
+    """A setting that cannot work (URL scheme, unwritable dir, port in use...)."""
+
+
+class StoreError(LlmgwError):
+    """The store failed or refused an operation."""
+
+
+class NotLeaderError(StoreError):
+    """A write carried a leader epoch older than the current one."""
+
+
+class ValidationError(LlmgwError):
+    """Input that breaks a rule; the message names the field and the rule."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class NotFoundError(LlmgwError):
+    """A named thing does not exist."""
+
+
+class AuthError(LlmgwError):
+    """A credential is missing, wrong, or not valid for this route."""
+
+
+class DiscoveryError(LlmgwError):
+    """GPU discovery met output it cannot understand."""
+
+
+class EngineError(LlmgwError):
+    """An engine adapter cannot build a command, or the engine failed to start."""

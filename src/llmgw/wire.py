@@ -1,0 +1,453 @@
+"""Types that cross a process boundary: agent <-> control plane <-> gateway <-> ctl.
+
+Every part of llmgw imports its messages from here and from nowhere else, so
+a field renamed on one side is a type error on the other instead of a silent
+``None`` at run time. Nothing in this module does I/O.
+
+The protocol between agent and control plane is declarative (DESIGN.md §1):
+an agent sends an :class:`AgentReport` (what the node has and what its
+replicas are doing) and receives an :class:`AgentReportAnswer` (the complete
+set of replicas it should run). A lost message is healed by the next report,
+so nothing depends on exactly-once delivery.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PROTOCOL_VERSION = 1
+
+# Names users type (models, aliases, nodes, fabrics) end up in URLs, log lines
+# and engine argv items; keeping them to a plain alphabet means none of them can
+# ever be mistaken for an option, a path or a shell word.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+class Wire(BaseModel):
+    """Base for every message: unknown fields are refused, not ignored.
+
+    An agent newer than its control plane (or a typo in a catalog entry)
+    should fail loudly with the field's name rather than lose the setting.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+
+
+# ---------------------------------------------------------------------------
+# States (fixed by DESIGN.md §3)
+# ---------------------------------------------------------------------------
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    UNREACHABLE = "unreachable"
+
+
+class ReplicaState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class EngineKind(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    LLAMACPP = "llamacpp"
+    SIM = "sim"
+
+
+CPU_CLASS = "cpu"
+MIG_CLASS_MARKER = "-mig-"
+MIG_NUMBER_BASE = 1000
+
+
+def is_mig_class(gpu_class: str) -> bool:
+    return MIG_CLASS_MARKER in gpu_class
+
+
+def mig_number(card_index: int, instance: int) -> int:
+    """The placement number of a MIG instance: ``1000 + 100 × card + instance``.
+
+    Instances need numbers that can never collide with a card index and still
+    say which card they live on; ``card/migN`` is how they are shown.
+    """
+    return MIG_NUMBER_BASE + 100 * card_index + instance
+
+
+def device_label(number: int) -> str:
+    """``"3"`` for card 3, ``"0/mig1"`` for instance 1 of card 0."""
+    if number >= MIG_NUMBER_BASE:
+        card, instance = divmod(number - MIG_NUMBER_BASE, 100)
+        return f"{card}/mig{instance}"
+    return str(number)
+
+
+# ---------------------------------------------------------------------------
+# Inventory: what a node has (agent -> control plane)
+# ---------------------------------------------------------------------------
+
+
+class GpuProcess(Wire):
+    pid: int
+    name: str = ""
+    used_memory_mib: int = 0
+
+
+class MigInfo(Wire):
+    """Where a MIG instance lives on its card."""
+
+    parent_uuid: str
+    parent_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # e.g. "3g.40gb" or "1c.3g.40gb"
+
+
+class Device(Wire):
+    """One placeable unit: a whole card, a MIG instance, or a CPU slot.
+
+    The scheduler places replicas on devices, never on cards, so a card in MIG
+    mode appears only as its instances and a CPU-only node as its slots.
+    """
+
+    number: int  # card index, MIG number (1000 + 100 × card + instance) or CPU slot
+    label: str  # "0", "0/mig1", "cpu0"
+    uuid: str  # GPU-…, MIG-…, or a stable id for a CPU slot
+    name: str  # product name, "NVIDIA A100-SXM4-80GB"; "cpu" for slots
+    gpu_class: str  # "a100-80g", "a100-80g-mig-3g.40gb", "cpu"
+    memory_total_mib: int = 0
+    memory_used_mib: int = 0
+    # None when the source cannot say (always for MIG instances): a 0 would
+    # claim an idle device that may be saturated.
+    utilization_pct: int | None = None
+    temperature_c: int | None = None
+    power_w: float | None = None
+    healthy: bool = True
+    unhealthy_reasons: list[str] = Field(default_factory=list)
+    # False for a device that is healthy but cannot take work, e.g. a card in
+    # MIG mode with no instances carved, or a mode change pending a reset.
+    placeable: bool = True
+    unplaceable_reason: str | None = None
+    mig: MigInfo | None = None
+    processes: list[GpuProcess] = Field(default_factory=list)
+    # Wear counters, the card's (also for its instances).
+    ecc_uncorrected: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapping_failed: bool | None = None
+
+
+class NodeInventory(Wire):
+    hostname: str
+    source: Literal["nvml", "nvidia-smi", "fake", "none"] = "none"
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    devices: list[Device] = Field(default_factory=list)
+    # Problems met while discovering, e.g. "nvidia-smi -L: exit 9"; the node
+    # still registers, with what could be found.
+    warnings: list[str] = Field(default_factory=list)
+
+
+class WeightsEntry(Wire):
+    """A model whose weights a node holds in its local cache."""
+
+    model: str
+    revision: str | None = None
+    size_bytes: int = 0
+    sha256: str | None = None
+    path: str | None = None
+
+
+# ---------------------------------------------------------------------------
+# Catalog entries (ctl/admin API -> control plane)
+# ---------------------------------------------------------------------------
+
+
+class WeightsSource(Wire):
+    """Where a model's weights come from.
+
+    ``local``: a path already on every node (a shared filer, or a file);
+    ``hf``: the Hugging Face Hub at a pinned revision; ``package``: a Python
+    package that ships the weights (the starter model); ``none``: engines that
+    need no weights (the simulated engine).
+    """
+
+    kind: Literal["local", "hf", "package", "none"] = "none"
+    path: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+    file: str | None = None  # one file inside the repo or package (a .gguf)
+    package: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self) -> WeightsSource:
+        needed = {"local": "path", "hf": "repo", "package": "package"}.get(self.kind)
+        if needed and not getattr(self, needed):
+            raise ValueError(f"weights of kind {self.kind!r} need {needed!r}")
+        return self
+
+
+class SimParams(Wire):
+    """How a simulated engine behaves (see llmgw.sim.engine)."""
+
+    startup_s: float = 0.5
+    prefill_tokens_per_s: float = 20000.0
+    decode_ms_per_token: float = 10.0
+    kv_blocks: int = 2048
+    block_tokens: int = 16
+    max_running: int = 64
+    fault: Literal["none", "fail_at_start", "crash_mid_stream", "hang", "slow"] = "none"
+
+
+RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]
+
+
+class ModelSpec(Wire):
+    """One catalog entry (DESIGN.md §3). Field-level shape is checked here;
+    cross-field rules (MIG limits, gpus = tp × pp, ...) in control.catalog."""
+
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    engine: EngineKind
+    weights: WeightsSource = Field(default_factory=WeightsSource)
+    gpu_classes: list[str] = Field(default_factory=lambda: [CPU_CLASS], min_length=1)
+    gpus: int = Field(1, ge=1, le=1024)
+    tp: int = Field(1, ge=1, le=1024)
+    pp: int = Field(1, ge=1, le=1024)
+    nodes: int = Field(1, ge=1, le=256)
+    min_replicas: int = Field(1, ge=0, le=10000)
+    max_replicas: int = Field(1, ge=0, le=10000)
+    idle_timeout_s: float = Field(900.0, ge=0)
+    start_timeout_s: float = Field(600.0, gt=0)
+    engine_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    routing: RoutingPolicy = "prefix"
+    # Tokens of KV cache one replica holds; sizes the gateway's prefix index.
+    kv_capacity_tokens: int = Field(32768, ge=16)
+    sim: SimParams | None = None
+
+    @field_validator("name", "aliases")
+    @classmethod
+    def _plain_names(cls, value: str | list[str]) -> str | list[str]:
+        for item in [value] if isinstance(value, str) else value:
+            if not _NAME_RE.match(item):
+                raise ValueError(
+                    f"{item!r} is not a valid name: use letters, digits and . _ : / @ + -,"
+                    " starting with a letter or digit"
+                )
+        return value
+
+    @property
+    def on_demand(self) -> bool:
+        return self.min_replicas == 0
+
+
+class ModelFile(Wire):
+    """A YAML/JSON document of catalog entries, as ``ctl apply -f`` reads it."""
+
+    models: list[ModelSpec]
+
+
+# ---------------------------------------------------------------------------
+# Replicas: assignments (control plane -> agent) and status (agent -> it)
+# ---------------------------------------------------------------------------
+
+
+class ShardAssignment(Wire):
+    """The part of a replica that runs on one node."""
+
+    node: str
+    rank: int = 0
+    device_numbers: list[int] = Field(default_factory=list)
+    device_uuids: list[str] = Field(default_factory=list)
+
+
+class ReplicaAssignment(Wire):
+    """One replica the node must run, complete enough to start it from scratch.
+
+    ``generation`` changes whenever the control plane wants the engine
+    restarted (e.g. the model entry changed); same id and generation means
+    "leave it running".
+    """
+
+    replica_id: str
+    generation: int = 1
+    model: ModelSpec
+    shard: ShardAssignment
+    nodes: int = 1
+    # Address the rank-0 shard listens on for distributed init (multi-node).
+    leader_address: str | None = None
+    draining: bool = False
+
+
+class DownloadProgress(Wire):
+    bytes_done: int = 0
+    bytes_total: int | None = None
+    rate_bps: float = 0.0
+    eta_s: float | None = None
+
+
+class ReplicaStatus(Wire):
+    """What the agent sees of one replica it runs."""
+
+    replica_id: str
+    generation: int = 1
+    state: ReplicaState
+    port: int | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # why failed / what it is waiting for
+    log_tail: list[str] = Field(default_factory=list)
+    download: DownloadProgress | None = None
+    started_at: float | None = None
+    ready_at: float | None = None
+
+
+class AgentRegistration(Wire):
+    """First contact: a join token buys a node token, once per node name."""
+
+    node: str
+    join_token: str
+    inventory: NodeInventory | None = None
+
+
+class AgentRegistrationAnswer(Wire):
+    node: str
+    node_token: str
+
+
+class AgentReport(Wire):
+    protocol: int = PROTOCOL_VERSION
+    node: str
+    agent_version: str = ""
+    # Where engines on this node can be reached by the gateway (host only).
+    address: str = "127.0.0.1"
+    fabrics: list[str] = Field(default_factory=list)
+    inventory: NodeInventory
+    replicas: list[ReplicaStatus] = Field(default_factory=list)
+    weights: list[WeightsEntry] = Field(default_factory=list)
+    # Port of the agent's own HTTP server (weights for peers), when it runs one.
+    agent_port: int | None = None
+    # Replica ids the agent refused, with the reason (malformed assignment).
+    refused: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentReportAnswer(Wire):
+    node: str
+    assignments: list[ReplicaAssignment] = Field(default_factory=list)
+    report_interval_s: float = 5.0
+    # Peers of the same fabric that hold weights, for peer-to-peer copies:
+    # model name -> list of "http://host:port" agent URLs.
+    weight_peers: dict[str, list[str]] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------
+# Routing table (control plane -> gateway) and load (gateway -> control plane)
+# ---------------------------------------------------------------------------
+
+
+class Endpoint(Wire):
+    replica_id: str
+    url: str  # base URL of the engine's OpenAI API, without /v1
+    kv_capacity_tokens: int = 32768
+
+
+class ModelRoute(Wire):
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    on_demand: bool = False
+    routing: RoutingPolicy = "prefix"
+    # The engine's own name for the model (what goes into the upstream body).
+    served_name: str
+    endpoints: list[Endpoint] = Field(default_factory=list)
+    parked: bool = False
+    parked_reason: str | None = None
+
+
+class RoutingTable(Wire):
+    """Everything the gateway needs to route, as one versioned snapshot.
+
+    Snapshots, not deltas: a gateway that missed an update is healed by the
+    next one, and one that loses the control plane keeps the last it had.
+    """
+
+    version: int
+    models: list[ModelRoute] = Field(default_factory=list)
+
+
+class ReplicaLoad(Wire):
+    replica_id: str
+    in_flight: int = 0
+    last_request_at: float | None = None  # unix time
+    requests: int = 0  # since the last report
+
+
+class GatewayLoadReport(Wire):
+    gateway_id: str
+    replicas: list[ReplicaLoad] = Field(default_factory=list)
+    # Models with requests waiting for a replica (on-demand start), with how
+    # many are waiting.
+    waiting: dict[str, int] = Field(default_factory=dict)
+
+
+class DemandRequest(Wire):
+    """The gateway asks for a replica of an on-demand model."""
+
+    model: str
+
+
+class UsageRecord(Wire):
+    """Usage of one key on one model in one minute."""
+
+    minute: int  # unix time // 60 * 60
+    key_id: str
+    model: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+
+
+class ApiKeyInfo(Wire):
+    """An API key as the gateway needs it: the hash, never the secret."""
+
+    key_id: str
+    name: str = ""
+    secret_hash: str
+    models: list[str] = Field(default_factory=list)  # empty: all models
+    expires_at: float | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    revoked: bool = False
+
+
+class GatewayConfig(Wire):
+    """Keys and routing, as a standalone gateway's watch stream sends them."""
+
+    routing: RoutingTable
+    keys: list[ApiKeyInfo] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# Events
+# ---------------------------------------------------------------------------
+
+
+class Event(Wire):
+    id: int | None = None
+    at: float
+    kind: str  # "placed", "evicted", "failed", "parked", "drain", "leader", ...
+    subject: str = ""  # model, replica or node it is about
+    message: str
+    data: dict[str, Annotated[str | int | float | bool | None, Field()]] = Field(
+        default_factory=dict
+    )
