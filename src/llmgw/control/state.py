@@ -1,0 +1,165 @@
+"""The control plane's working state: nodes, models and replicas in memory.
+
+The control plane answers hundreds of agent reports a second and computes
+summaries over thousands of nodes; doing either from SQL rows on every call
+would make the store the bottleneck. So the state lives here, is loaded from
+the store when an instance starts (or becomes leader), and every change that
+must survive a restart is written through to the store by the code that
+makes it. What is only ever re-learnt from agents and gateways (replica
+status lines, in-flight counts) is never persisted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from llmgw.wire import (
+    ModelSpec,
+    NodeInventory,
+    NodeState,
+    ReplicaState,
+    ReplicaStatus,
+    ShardAssignment,
+    WeightsEntry,
+)
+
+# A node that has not reported for this long is unreachable: its replicas are
+# no longer routed to. Several report intervals, so one lost report or a slow
+# GC pause does not flap the node.
+UNREACHABLE_AFTER_S = 30.0
+# ... and after this long its replicas are replaced elsewhere. Longer than the
+# first, because replacing throws away a warm KV cache and may copy weights.
+REPLACE_AFTER_S = 120.0
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    name: str
+    registered_at: float
+    admin_state: NodeState = NodeState.READY  # ready, cordoned or draining
+    token_hash: str | None = None
+    address: str = "127.0.0.1"
+    agent_port: int | None = None
+    fabrics: list[str] = field(default_factory=list)
+    inventory: NodeInventory | None = None
+    weights: list[WeightsEntry] = field(default_factory=list)
+    last_seen: float | None = None
+    # Latest replica status lines from the agent, by replica id (memory only).
+    statuses: dict[str, ReplicaStatus] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def state(self, now: float, unreachable_after: float = UNREACHABLE_AFTER_S) -> NodeState:
+        if self.last_seen is None or now - self.last_seen > unreachable_after:
+            return NodeState.UNREACHABLE
+        return self.admin_state
+
+    def model_names_with_weights(self) -> list[str]:
+        return sorted({w.model for w in self.weights})
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    spec: ModelSpec
+    created_at: float
+    updated_at: float
+    parked: bool = False
+    # Consecutive failed starts; reset when a replica becomes ready.
+    failures: int = 0
+    last_error: str | None = None
+    # When a request last asked for this model (on-demand scale from zero).
+    demand_at: float | None = None
+    # Memory only: when the next start may be tried (backoff after failures),
+    # and why the scheduler could not place it on its last pass.
+    backoff_until: float = 0.0
+    unplaceable_reason: str | None = None
+    # Extra replicas wanted for load (gateway-reported), memory only.
+    load_demand: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(slots=True)
+class ReplicaRecord:
+    id: str
+    model: str
+    created_at: float
+    shards: list[ShardAssignment]
+    generation: int = 1
+    state: ReplicaState = ReplicaState.STARTING
+    reason: str | None = None
+    port: int | None = None
+    ready_at: float | None = None
+    last_request_at: float | None = None
+    draining: bool = False
+    # Memory only: requests in flight as the gateways last reported.
+    in_flight: int = 0
+
+    @property
+    def nodes(self) -> list[str]:
+        return [s.node for s in self.shards]
+
+    @property
+    def leader_node(self) -> str:
+        return self.shards[0].node
+
+    def gpu_count(self) -> int:
+        return sum(len(s.device_numbers) for s in self.shards)
+
+    def idle_seconds(self, now: float) -> float | None:
+        """Seconds since the last request, or since it became ready."""
+        since = self.last_request_at or self.ready_at
+        return None if since is None else max(0.0, now - since)
+
+
+@dataclass
+class FleetState:
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    models: dict[str, ModelRecord] = field(default_factory=dict)
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    # Bumped whenever what the gateway needs (ready endpoints, models, keys)
+    # changes; long-polling gateways wake on it.
+    routing_version: int = 0
+    _changed: asyncio.Condition | None = None
+
+    def changed(self) -> asyncio.Condition:
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def bump_routing(self) -> None:
+        self.routing_version += 1
+        cond = self.changed()
+        async with cond:
+            cond.notify_all()
+
+    def replicas_of(self, model: str) -> list[ReplicaRecord]:
+        return [r for r in self.replicas.values() if r.model == model]
+
+    def replicas_on(self, node: str) -> list[ReplicaRecord]:
+        return [r for r in self.replicas.values() if node in r.nodes]
+
+    def used_devices(self) -> dict[tuple[str, int], str]:
+        """(node, device number) -> replica id, for every device a replica holds."""
+        used: dict[tuple[str, int], str] = {}
+        for replica in self.replicas.values():
+            for shard in replica.shards:
+                for number in shard.device_numbers:
+                    used[(shard.node, number)] = replica.id
+        return used
+
+    def resolve_model(self, name: str) -> ModelRecord | None:
+        record = self.models.get(name)
+        if record is not None:
+            return record
+        for candidate in self.models.values():
+            if name in candidate.spec.aliases:
+                return candidate
+        return None
+
+
+def now() -> float:
+    return time.time()
