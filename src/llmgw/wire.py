@@ -205,6 +205,17 @@ class SimParams(Wire):
     block_tokens: int = 16
     max_running: int = 64
     fault: Literal["none", "fail_at_start", "crash_mid_stream", "hang", "slow"] = "none"
+    # Multiplies every simulated duration (start-up, prefill, decode): 0.01
+    # runs a scenario 100x faster for tests, keeping its ratios.
+    time_factor: float = Field(1.0, gt=0)
+    # Prompt tokens computed per engine step (vLLM's max-num-batched-tokens).
+    prefill_chunk_tokens: int = Field(2048, ge=1)
+    # Decode step time = decode_ms_per_token * (1 + alpha * (running - 1)).
+    decode_batch_alpha: float = Field(0.01, ge=0)
+    # Requests queued beyond this get 503; None: unbounded, as in vLLM.
+    max_waiting: int | None = Field(None, ge=0)
+    # With fault crash_mid_stream: output tokens sent before the connection drops.
+    crash_after_tokens: int = Field(2, ge=0)
 
 
 RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]
