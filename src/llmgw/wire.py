@@ -358,6 +358,10 @@ class AgentReportAnswer(Wire):
     # Peers of the same fabric that hold weights, for peer-to-peer copies:
     # model name -> list of "http://host:port" agent URLs.
     weight_peers: dict[str, list[str]] = Field(default_factory=dict)
+    # Shared secret that agents present to each other (Bearer) when copying
+    # weights peer to peer; None: this agent serves no weights to anyone.
+    # Without it any host on the management network could read the weights.
+    peer_token: str | None = None
 
 
 # ---------------------------------------------------------------------------
