@@ -1,0 +1,150 @@
+"""The ``llmgw`` command.
+
+Configuration problems (a bad database URL, a port in use, an unwritable data
+dir...) end with one line on stderr and exit code 2: a person reading a
+traceback for a typo in a flag is a person who stops trusting the tool.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmgw import __version__
+from llmgw.errors import ConfigError
+
+app = typer.Typer(
+    name="llmgw",
+    help="Self-hosted LLM gateway and GPU fleet manager.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+EXIT_CONFIG = 2
+
+
+def fail(message: str, code: int = EXIT_CONFIG) -> None:
+    typer.echo(f"llmgw: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@app.command()
+def version() -> None:
+    """Print llmgw's version."""
+    typer.echo(__version__)
+
+
+@app.command()
+def up(
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Where the store, weights and logs live.")
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the API, admin API and console.")] = 8080,
+    database_url: Annotated[
+        str | None, typer.Option(help="postgresql://... instead of the embedded SQLite store.")
+    ] = None,
+    catalog: Annotated[
+        Path | None, typer.Option(help="Models to serve (YAML); default: the starter model.")
+    ] = None,
+    sim: Annotated[
+        Path | None, typer.Option(help="Run a simulated fleet from this YAML spec instead.")
+    ] = None,
+    cpu_slots: Annotated[int, typer.Option(help="CPU engine slots of the local node.")] = 1,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+) -> None:
+    """Run everything on this machine: control plane, gateway and a local agent."""
+    from llmgw.cli.up import UpOptions, run_up
+
+    setup_logging(log_level)
+    options = UpOptions(
+        data_dir=data_dir,
+        host=host,
+        port=port,
+        database_url=database_url,
+        catalog=catalog,
+        sim=sim,
+        cpu_slots=cpu_slots,
+    )
+    try:
+        code = run_up(options)
+    except ConfigError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+@app.command()
+def serve(
+    data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store lives.")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port of the API, admin API and console.")] = 8080,
+    database_url: Annotated[
+        str | None, typer.Option(help="postgresql://user@host/db (default: embedded SQLite).")
+    ] = None,
+    advertise: Annotated[
+        str | None, typer.Option(help="URL agents and ctl use to reach this control plane.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Run the control plane and the gateway (agents run on the GPU nodes)."""
+    from llmgw.cli.up import ServeOptions, run_serve
+
+    setup_logging(log_level)
+    try:
+        code = run_serve(
+            ServeOptions(
+                data_dir=data_dir, host=host, port=port, database_url=database_url,
+                advertise=advertise,
+            )
+        )
+    except ConfigError as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+def _mount_subcommands() -> None:
+    """Commands owned by their own modules (agent, gateway, ctl, sim, doctor)."""
+    import importlib
+
+    for module_name, attr, name in (
+        ("llmgw.cli.agent", "app", "agent"),
+        ("llmgw.cli.gateway", "app", "gateway"),
+        ("llmgw.cli.ctl", "app", "ctl"),
+        ("llmgw.cli.sim", "app", "sim"),
+        ("llmgw.cli.doctor", "app", "doctor"),
+    ):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        sub = getattr(module, attr, None)
+        if isinstance(sub, typer.Typer):
+            app.add_typer(sub, name=name)
+
+
+_mount_subcommands()
+
+
+def main() -> None:
+    try:
+        app()
+    except ConfigError as exc:
+        typer.echo(f"llmgw: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The gateway's link to a control plane in the same process.
+
+``llmgw up`` and ``llmgw serve`` run the gateway beside the control plane;
+this object gives it the same four calls the HTTP link makes
+(llmgw.gateway.link.ControlPlaneLink), without a round trip through HTTP.
+"""
+
+from __future__ import annotations
+
+from llmgw.control.service import ControlPlane
+from llmgw.wire import GatewayConfig, GatewayLoadReport, UsageRecord
+
+
+class InProcessLink:
+    def __init__(self, cp: ControlPlane, *, watch_timeout_s: float = 25.0) -> None:
+        self.cp = cp
+        self.watch_timeout_s = watch_timeout_s
+
+    async def watch_config(self, after_version: int) -> GatewayConfig:
+        return await self.cp.watch_config(after_version, timeout=self.watch_timeout_s)
+
+    async def demand(self, model: str) -> None:
+        await self.cp.demand(model)
+
+    async def report_load(self, report: GatewayLoadReport) -> None:
+        await self.cp.record_load(report)
+
+    async def report_usage(self, records: list[UsageRecord]) -> None:
+        await self.cp.record_usage(records)

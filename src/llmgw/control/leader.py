@@ -1,0 +1,126 @@
+"""Which control-plane instance runs the reconciler.
+
+Two reconcilers placing replicas at once would hand one GPU to two
+replicas, so exactly one instance leads; the others serve as hot standbys.
+
+- PostgreSQL: a session advisory lock held on a dedicated connection. The
+  lock lives exactly as long as that connection, so a leader whose process
+  dies or whose connection breaks (a Patroni failover terminates it) loses
+  it, and a standby's next try wins. The leader checks its connection every
+  second and steps down on any error rather than trusting a lock it can no
+  longer prove it holds.
+- SQLite: an exclusive ``flock`` on a file beside the database; one machine,
+  so the kernel's lock is the whole story.
+
+Winning bumps the store's leader epoch; the reconciler's writes carry it and
+the store refuses writes from an older epoch (Store.fenced), so a deposed
+leader that wakes up late cannot overwrite its successor's decisions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from llmgw.control.store.repo import Store
+
+log = logging.getLogger(__name__)
+
+ADVISORY_LOCK_KEY = 73110002
+CHECK_INTERVAL_S = 1.0
+RETRY_INTERVAL_S = 1.0
+
+OnChange = Callable[[bool, int], Awaitable[None]]
+
+
+class LeaderElection:
+    """Runs until cancelled, calling ``on_change(is_leader, epoch)`` on each change."""
+
+    def __init__(self, store: Store, on_change: OnChange, *, name: str = "") -> None:
+        self.store = store
+        self.on_change = on_change
+        self.name = name or f"pid-{os.getpid()}"
+        self.is_leader = False
+        self.epoch = 0
+
+    async def run(self) -> None:
+        if self.store.is_sqlite:
+            await self._run_flock()
+        else:
+            await self._run_advisory_lock()
+
+    async def _become(self, leader: bool) -> None:
+        if leader == self.is_leader:
+            return
+        if leader:
+            self.epoch = await self.store.bump_epoch()
+        self.is_leader = leader
+        log.info("%s %s (epoch %d)", self.name,
+                 "became leader" if leader else "stepped down", self.epoch)
+        await self.on_change(leader, self.epoch)
+
+    # -- SQLite ------------------------------------------------------------
+
+    async def _run_flock(self) -> None:
+        database = make_url(self.store.url).database or "llmgw.db"
+        lock_path = Path(database + ".leader")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(RETRY_INTERVAL_S)
+            await self._become(True)
+            await asyncio.Event().wait()  # hold until cancelled
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    # -- PostgreSQL ----------------------------------------------------------
+
+    async def _run_advisory_lock(self) -> None:
+        import psycopg
+
+        conninfo = _libpq_url(self.store.url)
+        while True:
+            conn: Any = None
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    conninfo, autocommit=True, connect_timeout=5
+                )
+                while True:
+                    cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
+                    row = await cur.fetchone()
+                    if row and row[0]:
+                        break
+                    await asyncio.sleep(RETRY_INTERVAL_S)
+                await self._become(True)
+                while True:
+                    await asyncio.sleep(CHECK_INTERVAL_S)
+                    await asyncio.wait_for(conn.execute("SELECT 1"), timeout=5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any error of the lock connection: step down
+                log.warning("leader lock connection failed: %s", exc)
+                await self._become(False)
+                await asyncio.sleep(RETRY_INTERVAL_S)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+
+def _libpq_url(sqlalchemy_url: str) -> str:
+    url = make_url(sqlalchemy_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)

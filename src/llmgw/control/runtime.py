@@ -1,0 +1,112 @@
+"""The control plane's background work: leadership, reconciling, flushing.
+
+The reconcile loop must not die: each pass is guarded, a failed pass is
+logged and retried on the next tick, and a pass refused for a stale epoch
+means another instance leads now, so this one steps down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from llmgw.control.leader import LeaderElection
+from llmgw.control.service import HEARTBEAT_FLUSH_S, ControlPlane
+from llmgw.errors import NotLeaderError
+
+log = logging.getLogger(__name__)
+
+RECONCILE_INTERVAL_S = 2.0
+STANDBY_REFRESH_S = 5.0
+
+
+class ControlPlaneRuntime:
+    def __init__(
+        self,
+        cp: ControlPlane,
+        *,
+        reconcile_interval_s: float = RECONCILE_INTERVAL_S,
+        name: str = "",
+        failure_limit: int = 5,
+    ) -> None:
+        self.cp = cp
+        self.reconcile_interval_s = reconcile_interval_s
+        self.failure_limit = failure_limit
+        self.election = LeaderElection(cp.store, self._on_leadership, name=name)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reconcile_task: asyncio.Task[None] | None = None
+        self.passes = 0
+        self.last_pass_ms = 0.0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.election.is_leader
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.election.run(), name="leader-election"),
+            asyncio.create_task(self._flush_loop(), name="heartbeat-flush"),
+            asyncio.create_task(self._standby_refresh(), name="standby-refresh"),
+        ]
+
+    async def stop(self) -> None:
+        tasks = [*self._tasks, *([self._reconcile_task] if self._reconcile_task else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            await self.cp.flush_heartbeats()
+
+    async def _on_leadership(self, leader: bool, epoch: int) -> None:
+        if leader:
+            # Whatever the previous leader decided is in the store, not in
+            # this instance's memory: read it before acting on it.
+            await self.cp.load()
+            await self.cp.event("leader", self.election.name,
+                                f"{self.election.name} became leader (epoch {epoch})")
+            self._reconcile_task = asyncio.create_task(self._reconcile_loop(epoch))
+        elif self._reconcile_task is not None:
+            self._reconcile_task.cancel()
+            self._reconcile_task = None
+
+    async def _reconcile_loop(self, epoch: int) -> None:
+        from llmgw.control.reconciler import Reconciler
+
+        reconciler = Reconciler(self.cp.state, self.cp.store, failure_limit=self.failure_limit)
+        while True:
+            started = time.perf_counter()
+            try:
+                await reconciler.run_pass(time.time(), epoch)
+            except NotLeaderError as exc:
+                log.warning("reconcile pass refused, stepping down: %s", exc)
+                self.election.is_leader = False
+                await self.cp.load()
+                return
+            except Exception:
+                log.exception("reconcile pass failed; retrying on the next tick")
+            self.passes += 1
+            self.last_pass_ms = (time.perf_counter() - started) * 1000
+            await self.cp.wait_for_wakeup(self.reconcile_interval_s)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_FLUSH_S)
+            try:
+                await self.cp.flush_heartbeats()
+            except Exception:
+                log.exception("flushing heartbeats failed")
+
+    async def _standby_refresh(self) -> None:
+        """A standby keeps its views close to the store so it can answer reads."""
+        while True:
+            await asyncio.sleep(STANDBY_REFRESH_S)
+            if self.is_leader:
+                continue
+            try:
+                await self.cp.load()
+            except Exception:
+                log.exception("standby refresh failed")

@@ -1,0 +1,724 @@
+"""The control plane's operations, shared by its HTTP APIs and by ``llmgw up``.
+
+Everything that changes fleet state goes through :class:`ControlPlane`: agent
+reports, gateway load and demand, catalog and node operations, credentials.
+Each method updates the in-memory :class:`FleetState` and writes what must
+survive a restart to the store, so the HTTP layers stay thin and the same
+rules hold whichever API a change came through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from llmgw import secrets
+from llmgw.control.state import (
+    UNREACHABLE_AFTER_S,
+    FleetState,
+    ModelRecord,
+    NodeRecord,
+    ReplicaRecord,
+)
+from llmgw.control.store.repo import Row, Store
+from llmgw.errors import AuthError, NotFoundError, ValidationError
+from llmgw.wire import (
+    AgentRegistration,
+    AgentRegistrationAnswer,
+    AgentReport,
+    AgentReportAnswer,
+    ApiKeyInfo,
+    Endpoint,
+    GatewayConfig,
+    GatewayLoadReport,
+    ModelRoute,
+    ModelSpec,
+    NodeInventory,
+    NodeState,
+    ReplicaAssignment,
+    ReplicaState,
+    RoutingTable,
+    ShardAssignment,
+    UsageRecord,
+    WeightsEntry,
+)
+
+log = logging.getLogger(__name__)
+
+ADMIN_HASH = "admin_token_hash"
+JOIN_HASH = "join_token_hash"
+GATEWAY_HASH = "gateway_token_hash"
+
+# Heartbeats are written in batches: 2,000 agents reporting every 5 s would
+# otherwise be 400 write transactions a second for a value only read after a
+# restart. Losing a few seconds of last_seen in a crash is harmless.
+HEARTBEAT_FLUSH_S = 5.0
+REPORT_INTERVAL_S = 5.0
+# Mean requests in flight per ready replica above which the gateway's load
+# asks for one more replica (bounded by the model's max_replicas).
+SCALE_UP_IN_FLIGHT = 8.0
+
+
+@dataclass
+class NewCredentials:
+    """Secrets created on first start; shown once, stored only as hashes."""
+
+    admin_token: str | None = None
+    join_token: str | None = None
+    gateway_token: str | None = None
+    api_key: str | None = None
+    api_key_id: str | None = None
+
+
+class ControlPlane:
+    def __init__(self, store: Store, state: FleetState | None = None) -> None:
+        self.store = store
+        self.state = state or FleetState()
+        self._pending_heartbeats: dict[str, float] = {}
+        self._keys: dict[str, ApiKeyInfo] = {}
+        self._gateway_config: GatewayConfig | None = None
+        self._gateway_config_version = -1
+        self._reconcile_wakeup = asyncio.Event()
+        self._admin_hash: str | None = None
+        self._join_hash: str | None = None
+        self._gateway_hash: str | None = None
+        self._node_by_token_hash: dict[str, str] = {}
+
+    # -- start-up ------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Read the durable state into memory (at start and on becoming leader)."""
+        state = self.state
+        state.nodes.clear()
+        state.models.clear()
+        state.replicas.clear()
+        for row in await self.store.list_nodes():
+            state.nodes[row["name"]] = _node_from_row(row)
+        for row in await self.store.list_models():
+            record = _model_from_row(row)
+            state.models[record.name] = record
+        for row in await self.store.list_replicas():
+            replica = _replica_from_row(row)
+            state.replicas[replica.id] = replica
+        await self._load_keys()
+        self._admin_hash = await self.store.get_setting(ADMIN_HASH)
+        self._join_hash = await self.store.get_setting(JOIN_HASH)
+        self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
+        await state.bump_routing()
+
+    async def ensure_credentials(self, *, first_api_key: bool = True) -> NewCredentials:
+        """Create whatever credential is missing; return the new plaintexts."""
+        created = NewCredentials()
+        for key, prefix, attr in (
+            (ADMIN_HASH, secrets.ADMIN_PREFIX, "admin_token"),
+            (JOIN_HASH, secrets.JOIN_PREFIX, "join_token"),
+            (GATEWAY_HASH, secrets.GATEWAY_PREFIX, "gateway_token"),
+        ):
+            secret = secrets.new_secret(prefix)
+            if await self.store.set_setting_if_absent(key, secrets.hash_secret(secret)):
+                setattr(created, attr, secret)
+        if first_api_key and not await self.store.list_api_keys():
+            info, secret = await self.create_api_key(name="first key")
+            created.api_key, created.api_key_id = secret, info.key_id
+        self._admin_hash = await self.store.get_setting(ADMIN_HASH)
+        self._join_hash = await self.store.get_setting(JOIN_HASH)
+        self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
+        return created
+
+    async def rotate_join_token(self) -> str:
+        secret = secrets.new_secret(secrets.JOIN_PREFIX)
+        await self.store.set_setting(JOIN_HASH, secrets.hash_secret(secret))
+        self._join_hash = secrets.hash_secret(secret)
+        await self.event("credentials", "join-token", "join token rotated")
+        return secret
+
+    # -- credentials checks ----------------------------------------------------
+
+    def is_admin(self, token: str | None) -> bool:
+        return bool(token and self._admin_hash and secrets.matches(token, self._admin_hash))
+
+    def is_gateway(self, token: str | None) -> bool:
+        # The admin token may act as a gateway too: an operator running a
+        # standalone gateway by hand should not need a second secret.
+        if token and self._gateway_hash and secrets.matches(token, self._gateway_hash):
+            return True
+        return self.is_admin(token)
+
+    def node_for_token(self, token: str | None) -> NodeRecord:
+        """The node a token speaks for.
+
+        Looked up by hash: the tokens are 256 random bits, so comparing their
+        SHA-256 digests through a dict leaks nothing a timing attack could use,
+        and it keeps a report from hashing once per node of the fleet.
+        """
+        if not token:
+            raise AuthError("a node token is required")
+        digest = secrets.hash_secret(token)
+        name = self._node_by_token_hash.get(digest)
+        if name is None:
+            self._node_by_token_hash = {
+                n.token_hash: n.name for n in self.state.nodes.values() if n.token_hash
+            }
+            name = self._node_by_token_hash.get(digest)
+        node = self.state.nodes.get(name) if name else None
+        if node is None or node.token_hash != digest:
+            raise AuthError("unknown node token")
+        return node
+
+    # -- agents -------------------------------------------------------------
+
+    async def register(self, reg: AgentRegistration) -> AgentRegistrationAnswer:
+        if not (self._join_hash and secrets.matches(reg.join_token, self._join_hash)):
+            raise AuthError("invalid join token")
+        existing = self.state.nodes.get(reg.node)
+        if existing is not None and existing.token_hash:
+            raise ValidationError(
+                f"node {reg.node!r} is already registered; an agent that lost its node "
+                f"token must be removed first (llmgw ctl nodes delete {reg.node})",
+                field="node",
+            )
+        token = secrets.new_secret(secrets.NODE_PREFIX)
+        node = existing or NodeRecord(name=reg.node, registered_at=time.time())
+        node.token_hash = secrets.hash_secret(token)
+        if reg.inventory is not None:
+            node.inventory = reg.inventory
+        self.state.nodes[node.name] = node
+        await self.store.upsert_nodes([_node_row(node)])
+        if reg.inventory is not None:
+            await self.store.replace_gpus(node.name, _gpu_rows(reg.inventory))
+        await self.event("node", node.name, f"node {node.name} registered")
+        return AgentRegistrationAnswer(node=node.name, node_token=token)
+
+    async def report(self, node: NodeRecord, report: AgentReport) -> AgentReportAnswer:
+        """Take in a node's report; answer with everything it must run."""
+        if report.node != node.name:
+            raise AuthError(f"this token speaks for node {node.name!r}, not {report.node!r}")
+        now = time.time()
+        was_unreachable = node.state(now) == NodeState.UNREACHABLE
+        changed_row = (
+            node.address != report.address
+            or node.agent_port != report.agent_port
+            or node.fabrics != report.fabrics
+            or node.weights != report.weights
+        )
+        inventory_changed = node.inventory != report.inventory
+        node.address = report.address
+        node.agent_port = report.agent_port
+        node.fabrics = list(report.fabrics)
+        node.weights = list(report.weights)
+        node.inventory = report.inventory
+        node.last_seen = now
+        node.refused = dict(report.refused)
+        node.statuses = {s.replica_id: s for s in report.replicas}
+        routing_changed = was_unreachable
+        if changed_row or inventory_changed:
+            await self.store.upsert_nodes([_node_row(node)])
+        else:
+            self._pending_heartbeats[node.name] = now
+        if inventory_changed:
+            await self.store.replace_gpus(node.name, _gpu_rows(report.inventory))
+        routing_changed |= await self._mirror_statuses(node, now)
+        for replica_id, reason in report.refused.items():
+            replica = self.state.replicas.get(replica_id)
+            if replica is not None and replica.state != ReplicaState.FAILED:
+                replica.state = ReplicaState.FAILED
+                replica.reason = f"refused by agent on {node.name}: {reason}"
+                routing_changed = True
+                self.wake_reconciler()
+        if routing_changed:
+            await self.state.bump_routing()
+        return AgentReportAnswer(
+            node=node.name,
+            assignments=self.assignments_for(node.name),
+            report_interval_s=REPORT_INTERVAL_S,
+            weight_peers=self._weight_peers(node),
+        )
+
+    async def _mirror_statuses(self, node: NodeRecord, now: float) -> bool:
+        """Copy what the agent says about replicas into their records.
+
+        Only the leader shard's status decides readiness (it is the one that
+        serves); any shard failing fails the whole replica.
+        """
+        changed = False
+        persist: list[ReplicaRecord] = []
+        for status in node.statuses.values():
+            replica = self.state.replicas.get(status.replica_id)
+            if replica is None or status.generation != replica.generation:
+                continue
+            if replica.state == ReplicaState.FAILED:
+                continue
+            if status.state == ReplicaState.FAILED:
+                replica.state = ReplicaState.FAILED
+                replica.reason = status.reason or f"engine exited ({status.exit_code})"
+                persist.append(replica)
+                changed = True
+                self.wake_reconciler()
+                continue
+            if replica.leader_node != node.name:
+                continue
+            if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
+                replica.state = ReplicaState.READY
+                replica.port = status.port
+                replica.ready_at = status.ready_at or now
+                replica.reason = None
+                persist.append(replica)
+                changed = True
+                self.wake_reconciler()
+            elif replica.state == ReplicaState.STARTING:
+                replica.port = status.port
+                replica.reason = status.reason
+            elif replica.state == ReplicaState.READY and status.port != replica.port:
+                replica.port = status.port
+                persist.append(replica)
+                changed = True
+        if persist:
+            await self.store.write_replicas([replica_row(r) for r in persist])
+        return changed
+
+    def assignments_for(self, node_name: str) -> list[ReplicaAssignment]:
+        out: list[ReplicaAssignment] = []
+        for replica in self.state.replicas.values():
+            if replica.state == ReplicaState.FAILED:
+                continue
+            shard = next((s for s in replica.shards if s.node == node_name), None)
+            model = self.state.models.get(replica.model)
+            if shard is None or model is None:
+                continue
+            leader = self.state.nodes.get(replica.leader_node)
+            out.append(
+                ReplicaAssignment(
+                    replica_id=replica.id,
+                    generation=replica.generation,
+                    model=model.spec,
+                    shard=shard,
+                    nodes=len(replica.shards),
+                    leader_address=leader.address if leader and len(replica.shards) > 1 else None,
+                    draining=replica.draining,
+                )
+            )
+        return out
+
+    def _weight_peers(self, node: NodeRecord) -> dict[str, list[str]]:
+        wanted = {
+            r.model
+            for r in self.state.replicas.values()
+            if node.name in r.nodes and r.model not in {w.model for w in node.weights}
+        }
+        if not wanted:
+            return {}
+        peers: dict[str, list[str]] = {}
+        fabrics = set(node.fabrics)
+        now = time.time()
+        for other in self.state.nodes.values():
+            if other.name == node.name or other.agent_port is None:
+                continue
+            if fabrics and not fabrics & set(other.fabrics):
+                continue
+            if other.state(now) == NodeState.UNREACHABLE:
+                continue
+            for entry in other.weights:
+                if entry.model in wanted:
+                    url = f"http://{other.address}:{other.agent_port}"
+                    peers.setdefault(entry.model, []).append(url)
+        return peers
+
+    async def flush_heartbeats(self) -> None:
+        pending, self._pending_heartbeats = self._pending_heartbeats, {}
+        await self.store.touch_nodes(pending)
+
+    # -- gateway link ---------------------------------------------------------
+
+    def gateway_config(self) -> GatewayConfig:
+        """The routing table and keys, rebuilt only when something changed."""
+        version = self.state.routing_version
+        if self._gateway_config is not None and self._gateway_config_version == version:
+            return self._gateway_config
+        now = time.time()
+        routes: list[ModelRoute] = []
+        for model in sorted(self.state.models.values(), key=lambda m: m.name):
+            endpoints = [
+                Endpoint(
+                    replica_id=r.id,
+                    url=f"http://{self.state.nodes[r.leader_node].address}:{r.port}",
+                    kv_capacity_tokens=model.spec.kv_capacity_tokens,
+                )
+                for r in sorted(self.state.replicas_of(model.name), key=lambda r: r.id)
+                if r.state == ReplicaState.READY
+                and not r.draining
+                and r.port is not None
+                and r.leader_node in self.state.nodes
+                and self.state.nodes[r.leader_node].state(now, UNREACHABLE_AFTER_S)
+                != NodeState.UNREACHABLE
+            ]
+            routes.append(
+                ModelRoute(
+                    name=model.name,
+                    aliases=list(model.spec.aliases),
+                    on_demand=model.spec.on_demand,
+                    routing=model.spec.routing,
+                    served_name=model.name,
+                    endpoints=endpoints,
+                    parked=model.parked,
+                    parked_reason=model.last_error if model.parked else None,
+                )
+            )
+        config = GatewayConfig(
+            routing=RoutingTable(version=version, models=routes),
+            keys=list(self._keys.values()),
+        )
+        self._gateway_config, self._gateway_config_version = config, version
+        return config
+
+    async def watch_config(self, after_version: int, timeout: float = 25.0) -> GatewayConfig:
+        cond = self.state.changed()
+        if self.state.routing_version <= after_version:
+            async with cond:
+                try:
+                    await asyncio.wait_for(
+                        cond.wait_for(lambda: self.state.routing_version > after_version),
+                        timeout,
+                    )
+                except TimeoutError:
+                    pass
+        return self.gateway_config()
+
+    async def demand(self, model_name: str) -> None:
+        model = self.state.resolve_model(model_name)
+        if model is None:
+            raise NotFoundError(f"model {model_name!r} does not exist")
+        first = model.demand_at is None or not any(
+            r.state != ReplicaState.FAILED for r in self.state.replicas_of(model.name)
+        )
+        model.demand_at = time.time()
+        if first:
+            await self.store.upsert_models([model_row(model)])
+            await self.event("demand", model.name, f"a request asked for {model.name}")
+        self.wake_reconciler()
+
+    async def record_load(self, report: GatewayLoadReport) -> None:
+        per_model: dict[str, list[int]] = {}
+        for load in report.replicas:
+            replica = self.state.replicas.get(load.replica_id)
+            if replica is None:
+                continue
+            replica.in_flight = load.in_flight
+            if load.last_request_at and (
+                replica.last_request_at is None or load.last_request_at > replica.last_request_at
+            ):
+                replica.last_request_at = load.last_request_at
+                model = self.state.models.get(replica.model)
+                if model is not None:
+                    model.demand_at = max(model.demand_at or 0.0, load.last_request_at)
+            per_model.setdefault(replica.model, []).append(load.in_flight)
+        for name, loads in per_model.items():
+            model = self.state.models.get(name)
+            if model is None:
+                continue
+            mean = sum(loads) / max(1, len(loads))
+            wanted = 1 if mean > SCALE_UP_IN_FLIGHT else 0
+            if wanted != model.load_demand:
+                model.load_demand = wanted
+                self.wake_reconciler()
+        for name, waiting in report.waiting.items():
+            if waiting > 0:
+                await self.demand(name)
+
+    async def record_usage(self, records: Iterable[UsageRecord]) -> None:
+        await self.store.add_usage([r.model_dump() for r in records])
+
+    # -- catalog ------------------------------------------------------------
+
+    async def put_models(self, specs: list[ModelSpec]) -> tuple[list[str], list[str]]:
+        """Add or replace catalog entries (already validated). Returns (added, changed)."""
+        now = time.time()
+        added: list[str] = []
+        changed: list[str] = []
+        rows: list[Row] = []
+        bumps: list[ReplicaRecord] = []
+        for spec in specs:
+            current = self.state.models.get(spec.name)
+            if current is None:
+                record = ModelRecord(spec=spec, created_at=now, updated_at=now)
+                added.append(spec.name)
+            elif current.spec != spec:
+                record = current
+                record.spec = spec
+                record.updated_at = now
+                changed.append(spec.name)
+                # A changed entry restarts its replicas with the new settings.
+                for replica in self.state.replicas_of(spec.name):
+                    replica.generation += 1
+                    replica.state = ReplicaState.STARTING
+                    replica.ready_at = None
+                    bumps.append(replica)
+            else:
+                continue
+            self.state.models[spec.name] = record
+            rows.append(model_row(record))
+        await self.store.upsert_models(rows)
+        if bumps:
+            await self.store.write_replicas([replica_row(r) for r in bumps])
+        for name in added:
+            await self.event("catalog", name, f"model {name} added")
+        for name in changed:
+            await self.event("catalog", name, f"model {name} changed")
+        if rows:
+            await self.state.bump_routing()
+            self.wake_reconciler()
+        return added, changed
+
+    async def delete_model(self, name: str) -> None:
+        if name not in self.state.models:
+            raise NotFoundError(f"model {name!r} does not exist")
+        doomed = [r.id for r in self.state.replicas_of(name)]
+        await self.store.write_replicas([], doomed)
+        await self.store.delete_models([name])
+        for replica_id in doomed:
+            del self.state.replicas[replica_id]
+        del self.state.models[name]
+        await self.event("catalog", name, f"model {name} deleted with {len(doomed)} replica(s)")
+        await self.state.bump_routing()
+
+    async def unpark(self, name: str) -> None:
+        model = self.state.models.get(name)
+        if model is None:
+            raise NotFoundError(f"model {name!r} does not exist")
+        model.parked = False
+        model.failures = 0
+        model.backoff_until = 0.0
+        await self.store.upsert_models([model_row(model)])
+        await self.event("unpark", name, f"model {name} unparked")
+        await self.state.bump_routing()
+        self.wake_reconciler()
+
+    # -- nodes --------------------------------------------------------------
+
+    async def set_node_state(self, name: str, target: NodeState) -> NodeRecord:
+        node = self.state.nodes.get(name)
+        if node is None:
+            raise NotFoundError(f"node {name!r} does not exist")
+        if target == NodeState.UNREACHABLE:
+            raise ValidationError("a node cannot be set unreachable", field="state")
+        if node.admin_state != target:
+            node.admin_state = target
+            await self.store.upsert_nodes([_node_row(node)])
+            verb = {"ready": "uncordoned", "cordoned": "cordoned", "draining": "draining"}
+            await self.event("drain" if target == NodeState.DRAINING else "node", name,
+                             f"node {name} {verb[target.value]}")
+            self.wake_reconciler()
+        return node
+
+    async def delete_node(self, name: str) -> None:
+        if name not in self.state.nodes:
+            raise NotFoundError(f"node {name!r} does not exist")
+        await self.store.delete_node(name)
+        del self.state.nodes[name]
+        await self.event("node", name, f"node {name} removed")
+        self.wake_reconciler()
+
+    async def drain_replica(self, replica_id: str) -> ReplicaRecord:
+        replica = self.state.replicas.get(replica_id)
+        if replica is None:
+            raise NotFoundError(f"replica {replica_id!r} does not exist")
+        replica.draining = True
+        replica.state = ReplicaState.DRAINING
+        await self.store.write_replicas([replica_row(replica)])
+        await self.event("drain", replica.model, f"replica {replica_id} draining on request")
+        await self.state.bump_routing()
+        self.wake_reconciler()
+        return replica
+
+    # -- API keys -----------------------------------------------------------
+
+    async def _load_keys(self) -> None:
+        self._keys = {}
+        for row in await self.store.list_api_keys():
+            info = _key_from_row(row)
+            self._keys[info.key_id] = info
+
+    async def create_api_key(
+        self,
+        *,
+        name: str = "",
+        models: list[str] | None = None,
+        expires_at: float | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+    ) -> tuple[ApiKeyInfo, str]:
+        secret = secrets.new_secret(secrets.API_KEY_PREFIX)
+        info = ApiKeyInfo(
+            key_id=secrets.new_id(12),
+            name=name,
+            secret_hash=secrets.hash_secret(secret),
+            models=list(models or []),
+            expires_at=expires_at,
+            rpm=rpm,
+            tpm=tpm,
+        )
+        await self.store.add_api_key(
+            {
+                "id": info.key_id,
+                "name": info.name,
+                "secret_hash": info.secret_hash,
+                "models": info.models,
+                "expires_at": info.expires_at,
+                "rpm": info.rpm,
+                "tpm": info.tpm,
+                "revoked": False,
+                "created_at": time.time(),
+            }
+        )
+        self._keys[info.key_id] = info
+        await self.event("key", info.key_id, f"API key {info.key_id} ({name}) created")
+        await self.state.bump_routing()
+        return info, secret
+
+    def list_api_keys(self) -> list[ApiKeyInfo]:
+        return list(self._keys.values())
+
+    async def revoke_api_key(self, key_id: str) -> None:
+        if key_id not in self._keys or not await self.store.revoke_api_key(key_id):
+            raise NotFoundError(f"API key {key_id!r} does not exist")
+        self._keys[key_id] = self._keys[key_id].model_copy(update={"revoked": True})
+        await self.event("key", key_id, f"API key {key_id} revoked")
+        await self.state.bump_routing()
+
+    # -- events and reconciler wake-ups ----------------------------------------
+
+    async def event(self, kind: str, subject: str, message: str, **data: object) -> None:
+        await self.store.add_events(
+            [{"at": time.time(), "kind": kind, "subject": subject, "message": message,
+              "data": {k: v for k, v in data.items()}}]
+        )
+
+    def wake_reconciler(self) -> None:
+        self._reconcile_wakeup.set()
+
+    async def wait_for_wakeup(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._reconcile_wakeup.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._reconcile_wakeup.clear()
+
+
+# -- rows <-> records ---------------------------------------------------------
+
+
+def _node_row(node: NodeRecord) -> Row:
+    return {
+        "name": node.name,
+        "admin_state": node.admin_state.value,
+        "token_hash": node.token_hash,
+        "address": node.address,
+        "agent_port": node.agent_port,
+        "fabrics": list(node.fabrics),
+        "inventory": node.inventory.model_dump(mode="json") if node.inventory else None,
+        "weights": [w.model_dump(mode="json") for w in node.weights],
+        "registered_at": node.registered_at,
+        "last_seen": node.last_seen,
+    }
+
+
+def _node_from_row(row: Row) -> NodeRecord:
+    return NodeRecord(
+        name=row["name"],
+        registered_at=row["registered_at"],
+        admin_state=NodeState(row["admin_state"]),
+        token_hash=row["token_hash"],
+        address=row["address"],
+        agent_port=row["agent_port"],
+        fabrics=list(row["fabrics"] or []),
+        inventory=NodeInventory.model_validate(row["inventory"]) if row["inventory"] else None,
+        weights=[WeightsEntry.model_validate(w) for w in row["weights"] or []],
+        last_seen=row["last_seen"],
+    )
+
+
+def _gpu_rows(inventory: NodeInventory) -> list[Row]:
+    return [
+        {
+            "number": d.number,
+            "uuid": d.uuid,
+            "gpu_class": d.gpu_class,
+            "healthy": d.healthy,
+            "placeable": d.placeable,
+            "reason": "; ".join(d.unhealthy_reasons) or d.unplaceable_reason,
+            "memory_total_mib": d.memory_total_mib,
+        }
+        for d in inventory.devices
+    ]
+
+
+def model_row(model: ModelRecord) -> Row:
+    return {
+        "name": model.name,
+        "spec": model.spec.model_dump(mode="json"),
+        "parked": model.parked,
+        "failures": model.failures,
+        "last_error": model.last_error,
+        "demand_at": model.demand_at,
+        "created_at": model.created_at,
+        "updated_at": model.updated_at,
+    }
+
+
+def _model_from_row(row: Row) -> ModelRecord:
+    return ModelRecord(
+        spec=ModelSpec.model_validate(row["spec"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        parked=bool(row["parked"]),
+        failures=row["failures"],
+        last_error=row["last_error"],
+        demand_at=row["demand_at"],
+    )
+
+
+def replica_row(replica: ReplicaRecord) -> Row:
+    return {
+        "id": replica.id,
+        "model": replica.model,
+        "generation": replica.generation,
+        "shards": [s.model_dump(mode="json") for s in replica.shards],
+        "state": replica.state.value,
+        "reason": replica.reason,
+        "port": replica.port,
+        "created_at": replica.created_at,
+        "ready_at": replica.ready_at,
+        "last_request_at": replica.last_request_at,
+        "draining": replica.draining,
+    }
+
+
+def _replica_from_row(row: Row) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=row["id"],
+        model=row["model"],
+        created_at=row["created_at"],
+        shards=[ShardAssignment.model_validate(s) for s in row["shards"]],
+        generation=row["generation"],
+        state=ReplicaState(row["state"]),
+        reason=row["reason"],
+        port=row["port"],
+        ready_at=row["ready_at"],
+        last_request_at=row["last_request_at"],
+        draining=bool(row["draining"]),
+    )
+
+
+def _key_from_row(row: Row) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        key_id=row["id"],
+        name=row["name"],
+        secret_hash=row["secret_hash"],
+        models=list(row["models"] or []),
+        expires_at=row["expires_at"],
+        rpm=row["rpm"],
+        tpm=row["tpm"],
+        revoked=bool(row["revoked"]),
+    )
