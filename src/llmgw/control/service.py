@@ -86,6 +86,10 @@ class ControlPlane:
         self._join_hash: str | None = None
         self._gateway_hash: str | None = None
         self._node_by_token_hash: dict[str, str] = {}
+        # The secret agents present to each other when copying weights. Kept
+        # in memory only and handed out with every report: a restart rotates
+        # it, and agents pick the new one up on their next report.
+        self.peer_token = secrets.new_secret("llmgw-peer-")
 
     # -- start-up ------------------------------------------------------------
 
@@ -235,6 +239,7 @@ class ControlPlane:
             assignments=self.assignments_for(node.name),
             report_interval_s=REPORT_INTERVAL_S,
             weight_peers=self._weight_peers(node),
+            peer_token=self.peer_token,
         )
 
     async def _mirror_statuses(self, node: NodeRecord, now: float) -> bool:

