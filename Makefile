@@ -1,0 +1,44 @@
+# llmgw developer commands. `make run` and `make test` are the two that matter;
+# both install what they need first (setup is idempotent and quick when done).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-stamp
+# llama.cpp's native build (-march=native) segfaults on these machines' CPUs.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+# Where test artifacts (screenshots, logs) go.
+TEST_OUTPUT ?= $(CURDIR)/test-output
+LLMGW_TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
+export LLMGW_TEST_PG_URL
+
+.PHONY: setup run test lint bench bench-quick postgres clean console-assets
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	@PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup.sh
+	@touch $(STAMP)
+
+run: setup
+	$(BIN)/llmgw up $(ARGS)
+
+postgres:
+	@bash scripts/ensure-postgres.sh
+
+test: setup postgres
+	mkdir -p $(TEST_OUTPUT)
+	LLMGW_TEST_OUTPUT=$(TEST_OUTPUT) $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b $(BENCH_ARGS) || exit 1; done
+
+bench-quick:
+	$(MAKE) bench BENCH_ARGS=--quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info $(TEST_OUTPUT)

@@ -1,0 +1,144 @@
+"""The store on SQLite and PostgreSQL: migrations, round trips, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from llmgw.control.store import schema
+from llmgw.control.store.migrate import current_revision
+from llmgw.control.store.repo import Store
+from llmgw.errors import ConfigError, NotLeaderError
+
+
+async def test_migrates_from_empty_to_head(store: Store) -> None:
+    assert await current_revision(store.engine) == "0001"
+    for table in schema.metadata.sorted_tables:
+        assert await store.count(table) == 0
+
+
+async def test_opening_twice_keeps_data(store_url: str) -> None:
+    first = await Store.open(store_url)
+    await first.set_setting("k", "v")
+    await first.close()
+    second = await Store.open(store_url)
+    try:
+        assert await second.get_setting("k") == "v"
+        assert await current_revision(second.engine) == "0001"
+    finally:
+        await second.close()
+
+
+async def test_round_trips(store: Store) -> None:
+    now = time.time()
+    await store.upsert_nodes([{
+        "name": "n1", "admin_state": "ready", "token_hash": None, "address": "10.0.0.1",
+        "agent_port": None, "fabrics": ["ib-a"], "inventory": {"hostname": "n1"},
+        "weights": [], "registered_at": now, "last_seen": now,
+    }])
+    await store.replace_gpus("n1", [{
+        "number": 1001, "uuid": "MIG-x", "gpu_class": "a100-80g-mig-3g.40gb", "healthy": True,
+        "placeable": True, "reason": None, "memory_total_mib": 40000,
+    }])
+    await store.upsert_models([{
+        "name": "m", "spec": {"name": "m", "engine": "sim"}, "parked": False, "failures": 0,
+        "last_error": None, "demand_at": None, "created_at": now, "updated_at": now,
+    }])
+    await store.write_replicas(
+        [{"id": "r1", "model": "m", "generation": 1, "shards": [{"node": "n1"}],
+          "state": "starting", "reason": None, "port": None, "created_at": now,
+          "ready_at": None, "last_request_at": None, "draining": False}],
+        events=[{"at": now, "kind": "placed", "subject": "m", "message": "placed r1", "data": {}}],
+    )
+    nodes = await store.list_nodes()
+    assert nodes[0]["fabrics"] == ["ib-a"] and nodes[0]["inventory"] == {"hostname": "n1"}
+    gpus = await store.list_gpus("n1")
+    assert [g["number"] for g in gpus] == [1001]
+    assert (await store.list_replicas())[0]["shards"] == [{"node": "n1"}]
+    events = await store.list_events()
+    assert events[0]["message"] == "placed r1"
+    await store.write_replicas([], ["r1"])
+    assert await store.list_replicas() == []
+    await store.delete_node("n1")
+    assert await store.list_gpus() == []
+
+
+async def test_usage_adds_up_per_minute(store: Store) -> None:
+    row = {"minute": 60, "key_id": "k", "model": "m", "requests": 1, "prompt_tokens": 10,
+           "completion_tokens": 5, "cached_tokens": 2, "errors": 0}
+    await store.add_usage([row, row])
+    await store.add_usage([row])
+    usage = await store.query_usage()
+    assert len(usage) == 1
+    assert usage[0]["requests"] == 3 and usage[0]["prompt_tokens"] == 30
+
+
+async def test_concurrent_read_then_write_loses_nothing(store: Store) -> None:
+    """16 tasks incrementing one counter by read-then-write: every update lands.
+
+    The failure this guards against: SQLite's default driver transactions
+    raise nothing and silently drop most of these updates, and a deferred
+    BEGIN fails them with "database is locked".
+    """
+    await store.set_setting("counter", "0")
+    per_task = 15
+
+    async def bump() -> None:
+        for _ in range(per_task):
+            async with store.transaction() as conn:
+                stmt = select(schema.settings.c.value).where(schema.settings.c.key == "counter")
+                if not store.is_sqlite:
+                    stmt = stmt.with_for_update()
+                value = int((await conn.execute(stmt)).scalar_one())
+                await asyncio.sleep(0)
+                await conn.execute(
+                    update(schema.settings)
+                    .where(schema.settings.c.key == "counter")
+                    .values(value=str(value + 1))
+                )
+
+    await asyncio.gather(*(bump() for _ in range(16)))
+    assert await store.get_setting("counter") == str(16 * per_task)
+
+
+async def test_stale_leader_epoch_is_refused(store: Store) -> None:
+    first = await store.bump_epoch()
+    second = await store.bump_epoch()
+    assert second == first + 1
+    with pytest.raises(NotLeaderError):
+        await store.write_replicas(
+            [{"id": "r", "model": "m", "generation": 1, "shards": [], "state": "starting",
+              "reason": None, "port": None, "created_at": 0.0, "ready_at": None,
+              "last_request_at": None, "draining": False}],
+            epoch=first,
+        )
+    assert await store.list_replicas() == []
+    await store.write_replicas(
+        [{"id": "r", "model": "m", "generation": 1, "shards": [], "state": "starting",
+          "reason": None, "port": None, "created_at": 0.0, "ready_at": None,
+          "last_request_at": None, "draining": False}],
+        epoch=second,
+    )
+    assert len(await store.list_replicas()) == 1
+
+
+async def test_unknown_scheme_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="scheme 'mysql' is not supported"):
+        await Store.open("mysql://localhost/x")
+
+
+async def test_unreachable_postgres_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="cannot open the store"):
+        await Store.open("postgresql://postgres@127.0.0.1:1/none")
+
+
+async def test_sqlite_in_unwritable_place_is_a_config_error(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    target = locked / "sub" / "x.db"
+    with pytest.raises(ConfigError):
+        await Store.open(f"sqlite:///{target}")
