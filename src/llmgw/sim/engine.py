@@ -1,0 +1,477 @@
+"""A simulated inference engine behind a real OpenAI-compatible HTTP server.
+
+Benchmarks and scale tests need engines by the dozen on a 2-core machine, and
+tests need engines that fail on cue; a real engine gives neither. Each
+:class:`SimEngine` is one aiohttp server on its own port, driven by one
+:class:`~llmgw.sim.core.EngineCore` task, all sharing the caller's event loop.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed or
+not, with ``usage`` and ``prompt_tokens_details.cached_tokens``),
+``POST /v1/embeddings`` (a deterministic vector), ``GET /v1/models``,
+``GET /health`` and ``GET /metrics`` (vLLM's metric names).
+
+Life cycle: the server listens at once; ``/health`` answers 503 during the
+start-up delay (``startup_s * time_factor``), then 200. Faults
+(``SimParams.fault``):
+
+- ``fail_at_start``: after the start-up delay ``/health`` answers 500 forever
+  and :meth:`SimEngine.wait_exit` returns 1; run as a process
+  (``python -m llmgw.sim.engine``) the process exits with status 1, as an
+  engine that cannot load its model does.
+- ``crash_mid_stream``: the connection is dropped after ``crash_after_tokens``
+  output tokens (before any response, when not streaming).
+- ``hang``: completions are accepted and never answered; ``/health`` stays
+  200, the worst case for a router.
+- ``slow``: prefill and decode take 10 times longer.
+
+``python -m llmgw.sim.engine --host H --port P --model NAME --params-json '{...}'``
+runs engines as a process (the agent starts replicas that way, with an argv
+list); ``llmgw sim engine`` is the same with friendlier flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import orjson
+import pydantic
+from aiohttp import web
+
+from llmgw.errors import ValidationError
+from llmgw.sim import metrics, openai_api
+from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
+from llmgw.wire import SimParams
+
+EngineState = Literal["created", "starting", "ready", "failed", "stopped"]
+
+# Long enough for in-flight streams to notice, short enough that stopping
+# dozens of engines in a test or a benchmark does not add up to minutes.
+_SHUTDOWN_TIMEOUT_S = 0.5
+_ids = itertools.count(1)
+
+
+class SimEngine:
+    """One simulated engine: ``await start(host, port)``, ``await stop()``."""
+
+    def __init__(self, model: str = "sim", params: SimParams | None = None) -> None:
+        self.model = model
+        self.params = params or SimParams()
+        self.core = EngineCore(self.params)
+        self.state: EngineState = "created"
+        self.host = "127.0.0.1"
+        self.port: int | None = None
+        self._id = next(_ids)
+        self._requests = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self._exit: asyncio.Future[int] | None = None
+        self._registry = metrics.make_registry(model, self.core)
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+
+    # -- life cycle ----------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Base URL without ``/v1`` (what ``wire.Endpoint.url`` holds)."""
+        if self.port is None:
+            raise RuntimeError("engine not started")
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen on ``host:port`` (0: an ephemeral port) and return the port.
+
+        Returns as soon as the server listens; readiness follows the start-up
+        delay (poll ``/health`` or ``state``).
+        """
+        if self.state != "created":
+            raise RuntimeError(f"engine already {self.state}")
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        # handler_cancellation: a client that hangs up cancels its handler,
+        # which frees the request's KV blocks at once, as vLLM aborts it.
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, host, port, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.host = host
+        self.port = int(runner.addresses[0][1])
+        self.state = "starting"
+        self.started_at = time.time()
+        loop = asyncio.get_running_loop()
+        self._exit = loop.create_future()
+        self._tasks = [
+            loop.create_task(self.core.run(), name=f"sim-core-{self._id}"),
+            loop.create_task(self._start_up(), name=f"sim-start-{self._id}"),
+        ]
+        return self.port
+
+    async def _start_up(self) -> None:
+        await asyncio.sleep(self.params.startup_s * self.params.time_factor)
+        if self.params.fault == "fail_at_start":
+            self.state = "failed"
+            if self._exit is not None and not self._exit.done():
+                self._exit.set_result(1)
+            return
+        self.state = "ready"
+        self.ready_at = time.time()
+
+    async def wait_exit(self) -> int:
+        """Wait until the engine gives up (1: failed at start) or is stopped (0)."""
+        if self._exit is None:
+            raise RuntimeError("engine not started")
+        return await asyncio.shield(self._exit)
+
+    async def stop(self) -> None:
+        if self.state in ("created", "stopped"):
+            self.state = "stopped"
+            return
+        self._stopping.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.state = "stopped"
+        if self._exit is not None and not self._exit.done():
+            self._exit.set_result(0)
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for benchmarks and the fleet: state, queues, cache, totals."""
+        c, kv = self.core.counters, self.core.kv
+        return {
+            "model": self.model,
+            "url": self.url if self.port is not None else None,
+            "state": self.state,
+            "running": self.core.running,
+            "waiting": self.core.waiting,
+            "kv_usage": kv.usage,
+            "kv_used_blocks": kv.used_blocks,
+            "kv_cached_blocks": kv.cached_blocks,
+            "kv_evictions": kv.evictions,
+            "prefix_queries": c.prefix_queries,
+            "prefix_hits": c.prefix_hits,
+            "prompt_tokens": c.prompt_tokens,
+            "generation_tokens": c.generation_tokens,
+            "finished": c.finished,
+            "aborted": c.aborted,
+        }
+
+    # -- HTTP ----------------------------------------------------------------
+
+    def _not_serving(self) -> web.Response | None:
+        if self.state == "ready":
+            return None
+        if self.state == "failed":
+            return _error(500, "engine failed at start (fault fail_at_start)", "server_error", 500)
+        return _error(503, f"engine is {self.state}", "service_unavailable", 503, retry_after=True)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        refusal = self._not_serving()
+        return refusal if refusal is not None else web.Response(status=200)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = metrics.render(self._registry)
+        return web.Response(body=body, headers={"Content-Type": metrics.CONTENT_TYPE})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        refusal = self._not_serving()
+        if refusal is not None:
+            return refusal
+        card = {
+            "id": self.model,
+            "object": "model",
+            "created": int(self.started_at or 0),
+            "owned_by": "llmgw-sim",
+            "max_model_len": self.params.kv_blocks * self.params.block_tokens,
+        }
+        return _json({"object": "list", "data": [card]})
+
+    async def _embeddings(self, request: web.Request) -> web.Response:
+        refusal = self._not_serving()
+        if refusal is not None:
+            return refusal
+        try:
+            model, inputs, as_base64 = openai_api.embedding_inputs(await _read_json(request))
+        except ValidationError as exc:
+            return _error(400, str(exc), "invalid_request_error", None, param=exc.field)
+        if model != self.model:
+            return _model_not_found(model)
+        return web.Response(
+            body=openai_api.embeddings_body(model, inputs, as_base64),
+            content_type="application/json",
+        )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=True)
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        refusal = self._not_serving()
+        if refusal is not None:
+            return refusal
+        try:
+            parsed = openai_api.parse_completion(await _read_json(request), chat=chat)
+        except ValidationError as exc:
+            return _error(400, str(exc), "invalid_request_error", None, param=exc.field)
+        if parsed.model != self.model:
+            return _model_not_found(parsed.model)
+        if self.params.fault == "hang":
+            await self._stopping.wait()
+            _drop(request)
+            return web.Response(status=503)
+        try:
+            sim = self.core.submit(parsed.prompt, parsed.max_tokens)
+        except ValidationError as exc:
+            return _error(400, str(exc), "invalid_request_error", None, param=exc.field)
+        except QueueFullError as exc:
+            return _error(503, str(exc), "service_unavailable", 503, retry_after=True)
+        req_id = f"{'chatcmpl' if chat else 'cmpl'}-sim{self._id}-{next(self._requests)}"
+        try:
+            if parsed.stream:
+                return await self._stream(request, parsed, sim, req_id)
+            return await self._whole(request, parsed, sim, req_id)
+        finally:
+            self.core.abort(sim)  # no-op once finished; frees blocks of a dropped request
+
+    async def _stream(
+        self,
+        request: web.Request,
+        parsed: openai_api.ParsedCompletion,
+        sim: SimRequest,
+        req_id: str,
+    ) -> web.StreamResponse:
+        crash_at = self._crash_at()
+        out = openai_api.ChunkWriter(req_id, parsed.model, parsed.chat)
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        if parsed.chat:
+            await resp.write(out.role())
+        sent = 0
+        while True:
+            await sim.changed.wait()
+            sim.changed.clear()
+            if sim.phase is Phase.ABORTED:
+                _drop(request)
+                return resp
+            upto = min(sim.produced, crash_at) if crash_at is not None else sim.produced
+            if upto > sent:
+                await resp.write(out.tokens(sent, upto))
+                sent = upto
+            if crash_at is not None and sent >= crash_at:
+                _drop(request)
+                return resp
+            if sim.phase is Phase.DONE:
+                break
+        tail = out.finish("length")
+        if parsed.include_usage:
+            tail += out.usage(openai_api.usage(sim.prompt_tokens, sent, sim.cached_tokens))
+        await resp.write(tail + out.done())
+        await resp.write_eof()
+        return resp
+
+    async def _whole(
+        self,
+        request: web.Request,
+        parsed: openai_api.ParsedCompletion,
+        sim: SimRequest,
+        req_id: str,
+    ) -> web.StreamResponse:
+        crash_at = self._crash_at()
+        while not sim.finished:
+            if crash_at is not None and sim.produced >= crash_at:
+                _drop(request)
+                return web.Response(status=500)
+            await sim.changed.wait()
+            sim.changed.clear()
+        if sim.phase is Phase.ABORTED or crash_at is not None:
+            _drop(request)
+            return web.Response(status=500)
+        usage = openai_api.usage(sim.prompt_tokens, sim.produced, sim.cached_tokens)
+        body = openai_api.completion_body(req_id, parsed.model, parsed.chat, sim.produced, usage)
+        return web.Response(body=body, content_type="application/json")
+
+    def _crash_at(self) -> int | None:
+        if self.params.fault != "crash_mid_stream":
+            return None
+        return self.params.crash_after_tokens
+
+
+def _drop(request: web.Request) -> None:
+    """Cut the connection with no further byte: what a crashed engine looks like."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def _read_json(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ValidationError(f"request body is not JSON: {exc}") from None
+
+
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
+
+
+def _error(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | int | None,
+    *,
+    param: str | None = None,
+    retry_after: bool = False,
+) -> web.Response:
+    headers = {"Retry-After": "1"} if retry_after else None
+    return web.Response(
+        body=openai_api.error_body(message, type_, code, param),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _model_not_found(model: str) -> web.Response:
+    return _error(
+        404, f"The model `{model}` does not exist.", "invalid_request_error", "model_not_found",
+        param="model",
+    )  # fmt: skip
+
+
+async def run_engines(
+    n: int,
+    params: SimParams | None = None,
+    host: str = "127.0.0.1",
+    *,
+    model: str = "sim",
+    base_port: int = 0,
+) -> list[SimEngine]:
+    """Start ``n`` engines on one loop: ports ``base_port + i``, or ephemeral when 0.
+
+    All or nothing: if one cannot listen, those already started are stopped.
+    """
+    engines: list[SimEngine] = []
+    try:
+        for i in range(n):
+            engine = SimEngine(model, params)
+            await engine.start(host, base_port + i if base_port else 0)
+            engines.append(engine)
+    except BaseException:
+        await asyncio.gather(*(e.stop() for e in engines), return_exceptions=True)
+        raise
+    return engines
+
+
+# ---------------------------------------------------------------------------
+# As a process
+# ---------------------------------------------------------------------------
+
+
+async def serve(model: str, params: SimParams, host: str, port: int, count: int = 1) -> int:
+    """Run ``count`` engines until SIGINT/SIGTERM (0) or a failed start (1)."""
+    engines = await run_engines(count, params, host, model=model, base_port=port)
+    for engine in engines:
+        print(f"sim engine {model} listening on {engine.url}", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    exits = [loop.create_task(e.wait_exit()) for e in engines]
+    stopper = loop.create_task(stop.wait())
+    try:
+        await asyncio.wait([stopper, *exits], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        stopper.cancel()
+        failed = any(t.done() and t.result() == 1 for t in exits)
+        await asyncio.gather(*(e.stop() for e in engines))
+        for t in exits:
+            t.cancel()
+    if failed:
+        print(f"sim engine {model}: failed at start (fault fail_at_start)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_blocking(model: str, params: SimParams, host: str, port: int, count: int = 1) -> int:
+    """Run :func:`serve` on a fresh loop (uvloop when installed)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(serve(model, params, host, port, count))
+    return uvloop.run(serve(model, params, host, port, count))
+
+
+def parse_params(raw: str) -> SimParams:
+    """SimParams from JSON text; ValidationError with pydantic's message otherwise."""
+    try:
+        return SimParams.model_validate_json(raw or "{}")
+    except pydantic.ValidationError as exc:
+        raise ValidationError(f"--params-json: {exc}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m llmgw.sim.engine", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: ephemeral")
+    parser.add_argument("--model", required=True, help="the served model name")
+    parser.add_argument("--params-json", default="{}", help="wire.SimParams as JSON")
+    parser.add_argument("--count", type=int, default=1, help="engines on consecutive ports")
+    args = parser.parse_args(argv)
+    try:
+        params = parse_params(args.params_json)
+        EngineCore(params)  # validates the values the wire type leaves open
+    except ValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.count < 1:
+        print("error: --count must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        return run_blocking(args.model, params, args.host, args.port, args.count)
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
