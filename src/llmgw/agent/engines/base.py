@@ -1,0 +1,165 @@
+"""What every engine adapter shares: the launch it builds and the checks on catalog input.
+
+An adapter is a pure function from an assignment (plus the weights path, the
+port and the pinned devices the agent chose) to an argv list and an
+environment. Keeping it pure means the exact command of every engine, for
+every shape of replica, is pinned by unit tests without starting anything;
+the supervisor is the only place that turns a launch into a process.
+
+Catalog input reaches argv items and environment variables. It never passes
+through a shell, but it is still checked here, once, before anything starts:
+an item with a NUL or a newline cannot be a real flag value and would corrupt
+the engine's log or its argv, and a catalog flag that overrides what the agent
+manages (``--port``, ``--host``, the served name, device pinning) would make
+the agent health-check one port while the engine listens on another.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmgw.errors import EngineError
+from llmgw.wire import CPU_CLASS, Device, EngineKind, ReplicaAssignment
+
+MAX_ENGINE_ARGS = 256
+MAX_ARG_CHARS = 4096
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+# Variables the agent sets to pin an engine to its devices. A catalog entry
+# that set them would move the engine onto GPUs another replica holds.
+PINNING_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "GGML_VK_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+    }
+)
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Everything an adapter needs besides the assignment itself."""
+
+    assignment: ReplicaAssignment
+    weights_path: str | None
+    host: str
+    port: int
+    devices: Sequence[Device] = ()
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """A command ready to run: argv (never a shell string) and added environment."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    # Path polled for readiness; None for a shard that serves no HTTP (a
+    # non-leader rank of a multi-node replica), which is ready once it runs.
+    health_path: str | None = "/health"
+
+
+class EngineAdapter(Protocol):
+    kind: EngineKind
+
+    def validate(self, assignment: ReplicaAssignment) -> None:
+        """Raise EngineError when the assignment cannot be launched by this engine."""
+
+    def build(self, ctx: LaunchContext) -> EngineLaunch:
+        """The command and environment for one shard of a replica."""
+
+
+def validate_engine_args(args: Sequence[object], managed_flags: Iterable[str]) -> None:
+    """Refuse catalog engine args that are malformed or override managed flags."""
+    if len(args) > MAX_ENGINE_ARGS:
+        raise EngineError(f"engine_args has {len(args)} items; at most {MAX_ENGINE_ARGS}")
+    managed = frozenset(managed_flags)
+    for index, item in enumerate(args):
+        if not isinstance(item, str):
+            raise EngineError(f"engine_args[{index}] is not a string: {item!r}")
+        if any(ch in item for ch in ("\x00", "\n", "\r")):
+            raise EngineError(f"engine_args[{index}] contains a NUL or line break: {item!r}")
+        if len(item) > MAX_ARG_CHARS:
+            raise EngineError(f"engine_args[{index}] is longer than {MAX_ARG_CHARS} characters")
+        flag = item.split("=", 1)[0]
+        if flag in managed:
+            raise EngineError(
+                f"engine_args[{index}] sets {flag}, which the agent manages for this engine"
+            )
+
+
+def validate_env(env: dict[str, str]) -> None:
+    """Refuse catalog environment entries that are malformed or undo device pinning."""
+    for name, value in env.items():
+        if not _ENV_NAME_RE.match(name):
+            raise EngineError(f"env name {name!r} is not a valid environment variable name")
+        if "\x00" in value:
+            raise EngineError(f"env {name} contains a NUL byte")
+        if name in PINNING_ENV:
+            raise EngineError(f"env {name} is set by the agent to pin devices; remove it")
+
+
+def has_flag(args: Sequence[str], *flags: str) -> bool:
+    """True when a catalog arg list already sets one of ``flags`` (``--f v`` or ``--f=v``)."""
+    return any(item.split("=", 1)[0] in flags for item in args)
+
+
+def uses_gpus(devices: Sequence[Device]) -> bool:
+    return any(device.gpu_class != CPU_CLASS for device in devices)
+
+
+def split_host_port(address: str) -> tuple[str, int | None]:
+    """``"10.0.0.1:5000"`` -> ``("10.0.0.1", 5000)``; ``"[::1]:5000"`` and a bare host too."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif address.count(":") == 1:
+        host, _, port_text = address.partition(":")
+    else:
+        host, port_text = address, ""
+    if not host:
+        raise EngineError(f"leader address {address!r} has no host")
+    if not port_text:
+        return host, None
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise EngineError(f"leader address {address!r} has no valid port")
+    return host, int(port_text)
+
+
+def require_leader(assignment: ReplicaAssignment, *, needs_port: bool) -> tuple[str, int | None]:
+    """The leader's host and port of a multi-node replica, or EngineError naming what is missing."""
+    if not assignment.leader_address:
+        raise EngineError(
+            f"replica {assignment.replica_id} spans {assignment.nodes} nodes but has no"
+            " leader_address"
+        )
+    host, port = split_host_port(assignment.leader_address)
+    if needs_port and port is None:
+        raise EngineError(f"leader_address {assignment.leader_address!r} needs a port (host:port)")
+    return host, port
+
+
+def require_weights(ctx: LaunchContext) -> str:
+    if not ctx.weights_path:
+        raise EngineError(
+            f"model {ctx.assignment.model.name!r} has no weights; engine"
+            f" {ctx.assignment.model.engine.value} needs a weights source"
+        )
+    return ctx.weights_path
+
+
+def check_common(assignment: ReplicaAssignment, managed_flags: Iterable[str]) -> None:
+    """The checks every adapter makes before it builds anything."""
+    validate_engine_args(assignment.model.engine_args, managed_flags)
+    validate_env(assignment.model.env)
+    if assignment.nodes < 1:
+        raise EngineError(f"replica {assignment.replica_id} has nodes={assignment.nodes}")
+    if not 0 <= assignment.shard.rank < assignment.nodes:
+        raise EngineError(
+            f"shard rank {assignment.shard.rank} is outside 0..{assignment.nodes - 1}"
+        )

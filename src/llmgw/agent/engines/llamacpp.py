@@ -1,0 +1,128 @@
+"""llama.cpp: the ``llama-server`` binary when installed, else ``python -m llama_cpp.server``.
+
+The two speak different dialects (``--alias`` vs ``--model_alias``, ``/health``
+vs ``/v1/models`` for readiness: ``llama_cpp.server`` answers 404 on
+``/health``), so the adapter decides once, at construction, which one this
+node has and builds for it.
+
+Gemma GGUF files ship without a chat template, and both servers then fall
+back to a format that garbles Gemma's turns; for a model that looks like
+Gemma (by served name or file name) the adapter selects the ``gemma`` chat
+format unless the catalog chose one. Any other model keeps the template from
+its GGUF.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from llmgw.agent.engines.base import (
+    EngineLaunch,
+    LaunchContext,
+    check_common,
+    has_flag,
+    require_weights,
+    uses_gpus,
+)
+from llmgw.agent.pinning import engine_env
+from llmgw.errors import EngineError
+from llmgw.wire import EngineKind, ReplicaAssignment
+
+SERVER_BINARY = "llama-server"
+
+BINARY_MANAGED = (
+    "-m",
+    "--model",
+    "-a",
+    "--alias",
+    "--host",
+    "--port",
+    "--api-key",
+    "--api-key-file",
+    "-hf",
+    "--hf-repo",
+    "-mu",
+    "--model-url",
+)
+PYTHON_MANAGED = ("--model", "--model_alias", "--host", "--port", "--api_key", "--config_file")
+
+
+def _looks_like_gemma(name: str, weights_path: str | None) -> bool:
+    haystack = name.lower() + " " + os.path.basename(weights_path or "").lower()
+    return "gemma" in haystack
+
+
+class LlamaCppAdapter:
+    kind = EngineKind.LLAMACPP
+
+    def __init__(self, server_binary: str | None = None, python: str | None = None) -> None:
+        # None: look for llama-server on PATH now; "" forces the Python server.
+        self.server_binary = shutil.which(SERVER_BINARY) if server_binary is None else server_binary
+        self.python = python or sys.executable
+
+    @property
+    def managed_flags(self) -> tuple[str, ...]:
+        return BINARY_MANAGED if self.server_binary else PYTHON_MANAGED
+
+    def validate(self, assignment: ReplicaAssignment) -> None:
+        check_common(assignment, self.managed_flags)
+        if assignment.nodes > 1:
+            raise EngineError("llama.cpp replicas run on one node; nodes must be 1")
+        if assignment.model.weights.kind == "none":
+            raise EngineError(f"model {assignment.model.name!r}: llama.cpp needs a GGUF file")
+
+    def build(self, ctx: LaunchContext) -> EngineLaunch:
+        self.validate(ctx.assignment)
+        spec = ctx.assignment.model
+        path = require_weights(ctx)
+        extra = spec.engine_args
+        gemma = _looks_like_gemma(spec.name, path)
+        gpu = uses_gpus(ctx.devices)
+        if self.server_binary:
+            argv = [
+                self.server_binary,
+                "--model",
+                path,
+                "--alias",
+                spec.name,
+                "--host",
+                ctx.host,
+                "--port",
+                str(ctx.port),
+            ]
+            if gpu and not has_flag(extra, "-ngl", "--n-gpu-layers", "--gpu-layers"):
+                argv += ["--n-gpu-layers", "999"]
+            if gemma and not has_flag(extra, "--chat-template", "--chat-template-file"):
+                argv += ["--chat-template", "gemma"]
+            health = "/health"
+        else:
+            argv = [
+                self.python,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                path,
+                "--host",
+                ctx.host,
+                "--port",
+                str(ctx.port),
+                "--model_alias",
+                spec.name,
+            ]
+            if gpu and not has_flag(extra, "--n_gpu_layers"):
+                argv += ["--n_gpu_layers", "-1"]
+            if gemma and not has_flag(extra, "--chat_format"):
+                argv += ["--chat_format", "gemma"]
+            # Keep several prompts' states in RAM, not only the last one's:
+            # this is what makes prefix-aware routing pay off on llama.cpp.
+            if not has_flag(extra, "--cache"):
+                argv += ["--cache", "true"]
+            health = "/v1/models"
+        argv += extra
+        env = dict(spec.env)
+        # Vulkan builds of llama.cpp read GGML_VK_VISIBLE_DEVICES; CUDA builds
+        # ignore it, so setting both is right whichever this node has.
+        env.update(engine_env(ctx.devices, vulkan=True))
+        return EngineLaunch(argv=argv, env=env, health_path=health)

@@ -1,0 +1,92 @@
+"""SGLang: ``python -m sglang.launch_server --model-path … --tp-size … --pp-size …``.
+
+Multi-node: every node runs the same command with ``--nnodes``,
+``--node-rank`` and ``--dist-init-addr host:port`` of the rank-0 node (the
+documented way); only rank 0 serves HTTP, so the other ranks are ready once
+their process runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from llmgw.agent.engines.base import (
+    EngineLaunch,
+    LaunchContext,
+    check_common,
+    require_leader,
+    require_weights,
+)
+from llmgw.agent.pinning import engine_env
+from llmgw.errors import EngineError
+from llmgw.wire import EngineKind, ReplicaAssignment
+
+MANAGED_FLAGS = (
+    "--model-path",
+    "--model",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--tp-size",
+    "--tp",
+    "--tensor-parallel-size",
+    "--pp-size",
+    "--pipeline-parallel-size",
+    "--api-key",
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+)
+
+
+class SglangAdapter:
+    kind = EngineKind.SGLANG
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+
+    def validate(self, assignment: ReplicaAssignment) -> None:
+        check_common(assignment, MANAGED_FLAGS)
+        if assignment.model.weights.kind == "none":
+            raise EngineError(f"model {assignment.model.name!r}: sglang needs weights")
+        if assignment.nodes > 1:
+            require_leader(assignment, needs_port=True)
+
+    def build(self, ctx: LaunchContext) -> EngineLaunch:
+        assignment = ctx.assignment
+        self.validate(assignment)
+        spec = assignment.model
+        argv = [
+            self.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            require_weights(ctx),
+            "--served-model-name",
+            spec.name,
+            "--host",
+            ctx.host,
+            "--port",
+            str(ctx.port),
+            "--tp-size",
+            str(spec.tp),
+            "--pp-size",
+            str(spec.pp),
+        ]
+        health: str | None = "/health"
+        if assignment.nodes > 1:
+            leader = assignment.leader_address or ""
+            argv += [
+                "--nnodes",
+                str(assignment.nodes),
+                "--node-rank",
+                str(assignment.shard.rank),
+                "--dist-init-addr",
+                leader,
+            ]
+            if assignment.shard.rank > 0:
+                health = None
+        argv += spec.engine_args
+        env = dict(spec.env)
+        env.update(engine_env(ctx.devices, vulkan=False))
+        return EngineLaunch(argv=argv, env=env, health_path=health)

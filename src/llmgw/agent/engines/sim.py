@@ -1,0 +1,49 @@
+"""The simulated engine (``llmgw.sim.engine``): an OpenAI server that behaves like one.
+
+It takes no weights and no devices; its behaviour comes from the catalog's
+``sim`` parameters, passed as one JSON argument so that a new parameter never
+needs a new flag here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from llmgw.agent.engines.base import EngineLaunch, LaunchContext, check_common
+from llmgw.errors import EngineError
+from llmgw.wire import EngineKind, ReplicaAssignment, SimParams
+
+MANAGED_FLAGS = ("--host", "--port", "--model", "--params-json")
+
+
+class SimAdapter:
+    kind = EngineKind.SIM
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python or sys.executable
+
+    def validate(self, assignment: ReplicaAssignment) -> None:
+        check_common(assignment, MANAGED_FLAGS)
+        if assignment.nodes > 1:
+            raise EngineError("the simulated engine runs on one node only")
+
+    def build(self, ctx: LaunchContext) -> EngineLaunch:
+        assignment = ctx.assignment
+        self.validate(assignment)
+        spec = assignment.model
+        params = spec.sim or SimParams()
+        argv = [
+            self.python,
+            "-m",
+            "llmgw.sim.engine",
+            "--host",
+            ctx.host,
+            "--port",
+            str(ctx.port),
+            "--model",
+            spec.name,
+            "--params-json",
+            params.model_dump_json(),
+            *spec.engine_args,
+        ]
+        return EngineLaunch(argv=argv, env=dict(spec.env), health_path="/health")

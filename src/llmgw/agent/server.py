@@ -1,0 +1,98 @@
+"""The agent's own small HTTP server: weights for peers of its fabric.
+
+Copying weights from a node next door is the fastest way to get them, but
+the weights may be licensed or private, so every request must carry the
+fleet's peer token (``AgentReportAnswer.peer_token``). Until the control
+plane has sent one, the server refuses everything.
+
+Files are found through the manifest, never by joining a requested path onto
+the cache directory, so no request can reach a file outside a cache entry.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from llmgw.agent.fetchers import FILE_PATH, MANIFEST_PATH
+from llmgw.agent.weights import WeightsCache, manifest_json
+from llmgw.secrets import bearer
+
+
+class WeightsServer:
+    def __init__(
+        self,
+        cache: WeightsCache,
+        token: Callable[[], str | None],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        node: str = "",
+    ) -> None:
+        self.cache = cache
+        self._token = token
+        self.host = host
+        self.port = port
+        self.node = node
+        self._runner: web.AppRunner | None = None
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth])
+        app.router.add_get("/agent/v1/health", self._health)
+        app.router.add_get(MANIFEST_PATH, self._manifest)
+        app.router.add_get(FILE_PATH, self._file)
+        return app
+
+    async def start(self) -> int:
+        """Listen and return the bound port (useful when asked for port 0)."""
+        self._runner = web.AppRunner(self._app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        addresses = self._runner.addresses
+        if addresses:
+            self.port = int(addresses[0][1])
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @web.middleware
+    async def _auth(
+        self,
+        request: web.Request,
+        handler: Handler,
+    ) -> web.StreamResponse:
+        if request.path != "/agent/v1/health":
+            expected = self._token()
+            given = bearer(request.headers.get("Authorization"))
+            if not expected or not given or not hmac.compare_digest(given, expected):
+                return web.json_response({"error": "a valid peer token is required"}, status=401)
+        return await handler(request)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"node": self.node, "ok": True})
+
+    async def _manifest(self, request: web.Request) -> web.Response:
+        model = request.query.get("model", "")
+        found = self.cache.latest(model)
+        if found is None:
+            return web.json_response({"error": f"no weights of {model!r} here"}, status=404)
+        _, entry = found
+        return web.Response(body=manifest_json(entry), content_type="application/json")
+
+    async def _file(self, request: web.Request) -> web.StreamResponse:
+        model = request.query.get("model", "")
+        path = request.query.get("path", "")
+        found = self.cache.latest(model)
+        if found is None:
+            return web.json_response({"error": f"no weights of {model!r} here"}, status=404)
+        root, entry = found
+        if not any(item.path == path for item in entry.files):
+            return web.json_response({"error": f"{path!r} is not part of {model!r}"}, status=404)
+        return web.FileResponse(root / path)

@@ -1,0 +1,227 @@
+"""Engine processes: start, watch, stop, and their logs.
+
+This is the only module of the agent that creates processes or sends
+signals, so the rest of the agent can be tested with a fake.
+
+- Each engine runs in its own session (``start_new_session``): a Ctrl-C in the
+  agent's terminal does not reach it, an agent that dies does not take it
+  along (adoption), and a stop signals the whole group, so the workers an
+  engine forks (vLLM's per-GPU processes) go with it.
+- stdout and stderr go straight to a file the engine itself holds open in
+  append mode, never through a pipe to the agent: a pipe would kill the
+  engine with SIGPIPE when the agent goes away. Rotation is copy-then-truncate
+  (logrotate's ``copytruncate``); append mode makes the engine's next write
+  land at the new end of the file instead of leaving a hole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from llmgw.agent.engines.base import EngineLaunch
+from llmgw.errors import EngineError
+
+LOG_MAX_BYTES = 8 * 1024 * 1024
+LOG_BACKUPS = 2
+TAIL_LINES = 20
+TAIL_LINE_CHARS = 400
+# psutil derives start times from clock ticks since boot; two reads of the
+# same process can differ by a tick.
+CREATE_TIME_TOLERANCE_S = 0.5
+
+
+@dataclass
+class EngineProcess:
+    pid: int
+    create_time: float
+    popen: subprocess.Popen[bytes] | None = None  # None for an adopted engine
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    exited: bool
+    code: int | None = None  # negative: killed by that signal; None: unknown
+
+
+RUNNING = ExitStatus(exited=False)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "engine exited (exit code unknown: it ended while the agent was away)"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"engine killed by {name}"
+    return f"engine exited with code {code}"
+
+
+def engine_environment(added: dict[str, str]) -> dict[str, str]:
+    """The agent's environment without its own secrets, plus the launch's variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    # Python engines buffer stdout when it is a file; unbuffered, the last
+    # lines before a crash reach the log and the failure reason.
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(added)
+    return env
+
+
+class Supervisor:
+    def __init__(
+        self,
+        logs_dir: Path,
+        *,
+        log_max_bytes: int = LOG_MAX_BYTES,
+        log_backups: int = LOG_BACKUPS,
+    ) -> None:
+        self.logs_dir = logs_dir
+        self.log_max_bytes = log_max_bytes
+        self.log_backups = log_backups
+
+    def log_path(self, replica_id: str) -> Path:
+        return self.logs_dir / f"{replica_id}.log"
+
+    def spawn(self, replica_id: str, launch: EngineLaunch) -> EngineProcess:
+        if not launch.argv:
+            raise EngineError("empty engine command")
+        self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.log_path(replica_id)
+        self._shift_logs(path)
+        with open(path, "ab") as log_file:
+            try:
+                popen = subprocess.Popen(
+                    launch.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=engine_environment(launch.env),
+                    start_new_session=True,
+                    close_fds=True,
+                )
+            except FileNotFoundError:
+                raise EngineError(
+                    f"{launch.argv[0]} not found: is this engine installed on the node?"
+                ) from None
+            except OSError as exc:
+                raise EngineError(f"cannot start {launch.argv[0]}: {exc}") from None
+        try:
+            create_time = psutil.Process(popen.pid).create_time()
+        except psutil.Error:
+            create_time = time.time()  # already gone; poll() will say so
+        return EngineProcess(pid=popen.pid, create_time=create_time, popen=popen)
+
+    @staticmethod
+    def adopt(pid: int, create_time: float) -> EngineProcess | None:
+        """The engine recorded as ``pid`` if that very process still runs, else None."""
+        try:
+            proc = psutil.Process(pid)
+            same = abs(proc.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
+            alive = proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return None
+        if not same:
+            return None  # the pid now belongs to another process
+        if not alive:
+            _reap(pid)
+            return None
+        return EngineProcess(pid=pid, create_time=create_time)
+
+    @staticmethod
+    def poll(proc: EngineProcess) -> ExitStatus:
+        if proc.popen is not None:
+            code = proc.popen.poll()
+            return RUNNING if code is None else ExitStatus(exited=True, code=code)
+        try:
+            ps = psutil.Process(proc.pid)
+            if abs(ps.create_time() - proc.create_time) > CREATE_TIME_TOLERANCE_S:
+                return ExitStatus(exited=True)
+            if ps.status() == psutil.STATUS_ZOMBIE:
+                return ExitStatus(exited=True, code=_reap(proc.pid))
+        except psutil.NoSuchProcess:
+            return ExitStatus(exited=True)
+        except psutil.Error:
+            return RUNNING
+        return RUNNING
+
+    async def stop(self, proc: EngineProcess, grace_s: float) -> ExitStatus:
+        """SIGTERM to the engine's group, SIGKILL after ``grace_s``; the exit status."""
+        _signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        status = self.poll(proc)
+        while not status.exited and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            status = self.poll(proc)
+        # Also after a clean exit of the leader: workers it forked into the
+        # same group may still hold GPU memory.
+        _signal_group(proc.pid, signal.SIGKILL)
+        kill_deadline = time.monotonic() + 5.0
+        while not status.exited and time.monotonic() < kill_deadline:
+            await asyncio.sleep(0.05)
+            status = self.poll(proc)
+        return status
+
+    def log_tail(self, replica_id: str, lines: int = TAIL_LINES) -> list[str]:
+        path = self.log_path(replica_id)
+        try:
+            with open(path, "rb") as handle:
+                size = handle.seek(0, os.SEEK_END)
+                handle.seek(max(0, size - 64 * 1024))
+                data = handle.read()
+        except OSError:
+            return []
+        text = data.decode("utf-8", errors="replace").replace("\r", "\n")
+        kept = [line[:TAIL_LINE_CHARS] for line in text.split("\n") if line.strip()]
+        return kept[-lines:]
+
+    def rotate_if_large(self, replica_id: str) -> None:
+        path = self.log_path(replica_id)
+        try:
+            if path.stat().st_size <= self.log_max_bytes:
+                return
+            self._shift_backups(path)
+            shutil.copyfile(path, path.with_name(path.name + ".1"))
+            with open(path, "r+b") as handle:
+                handle.truncate(0)
+        except OSError:
+            return  # a log we cannot rotate is not worth failing an engine for
+
+    def _shift_logs(self, path: Path) -> None:
+        if path.exists():
+            self._shift_backups(path)
+            with contextlib.suppress(OSError):
+                os.replace(path, path.with_name(path.name + ".1"))
+
+    def _shift_backups(self, path: Path) -> None:
+        for index in range(self.log_backups - 1, 0, -1):
+            older = path.with_name(f"{path.name}.{index}")
+            if older.exists():
+                with contextlib.suppress(OSError):
+                    os.replace(older, path.with_name(f"{path.name}.{index + 1}"))
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _reap(pid: int) -> int | None:
+    """Collect the exit code of a zombie that is our own child; None otherwise."""
+    try:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if done == 0:
+        return None
+    return os.waitstatus_to_exitcode(raw)
