@@ -116,6 +116,14 @@ def load_catalog_file(path: Path) -> list[ModelSpec]:
         validate_catalog(specs)
     except Exception as exc:
         raise ConfigError(f"catalog {path} is invalid: {exc}") from None
+    # Everything runs on this machine, so a local weights path that is not
+    # here can never be served: say so now rather than after a failed start.
+    for spec in specs:
+        if spec.weights.kind == "local" and spec.weights.path:
+            if not Path(spec.weights.path).exists():
+                raise ConfigError(
+                    f"model {spec.name}: weights file {spec.weights.path} does not exist"
+                )
     return specs
 
 

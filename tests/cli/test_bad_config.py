@@ -1,0 +1,81 @@
+"""Bad configuration ends with one line naming the problem and exit code 2.
+
+Each case runs the real ``llmgw`` command as a subprocess: the promise is
+about what a person sees (no traceback) and what is left behind (nothing).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LLMGW = [sys.executable, "-m", "llmgw.cli.main"]
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LLMGW, *args], capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("llmgw: ") and needle in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_database_scheme(tmp_path: Path) -> None:
+    result = run("up", "--data-dir", str(tmp_path), "--database-url", "mysql://x/y")
+    assert_one_line_error(result, "scheme 'mysql' is not supported")
+    assert not (tmp_path / "llmgw.db").exists()
+
+
+def test_unreachable_postgres(tmp_path: Path) -> None:
+    result = run("serve", "--data-dir", str(tmp_path), "--port", "0",
+                 "--database-url", "postgresql://postgres@127.0.0.1:1/nothing")
+    assert_one_line_error(result, "cannot open the store")
+
+
+def test_unwritable_data_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    result = run("up", "--data-dir", str(blocker / "data"))
+    assert_one_line_error(result, "is not writable")
+
+
+def test_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = run("up", "--data-dir", str(tmp_path), "--port", str(port))
+    assert_one_line_error(result, f"port {port} on 127.0.0.1 is already in use")
+    # Checked before the store was opened: nothing was written.
+    assert not (tmp_path / "llmgw.db").exists()
+
+
+def test_missing_model_file(tmp_path: Path) -> None:
+    catalog = tmp_path / "models.yaml"
+    catalog.write_text(
+        "- name: mine\n  engine: llamacpp\n  weights: {kind: local, path: /nonexistent/m.gguf}\n"
+    )
+    result = run("up", "--data-dir", str(tmp_path / "d"), "--catalog", str(catalog))
+    assert_one_line_error(result, "weights file /nonexistent/m.gguf does not exist")
+    assert not (tmp_path / "d" / "llmgw.db").exists()
+
+
+def test_missing_catalog_file(tmp_path: Path) -> None:
+    result = run("up", "--data-dir", str(tmp_path), "--catalog", str(tmp_path / "none.yaml"))
+    assert_one_line_error(result, "cannot read catalog")
+
+
+@pytest.mark.parametrize("flag", ["--port", "--cpu-slots"])
+def test_nonsense_numbers_are_usage_errors(tmp_path: Path, flag: str) -> None:
+    result = run("up", "--data-dir", str(tmp_path), flag, "many")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,166 @@
+"""The agent API over real HTTP: registration, reports, assignments, credentials."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llmgw.control.app import create_app
+from llmgw.control.service import ControlPlane, NewCredentials, replica_row
+from llmgw.control.state import ReplicaRecord
+from llmgw.control.store.repo import Store
+from llmgw.wire import (
+    AgentReport,
+    Device,
+    ModelSpec,
+    NodeInventory,
+    ReplicaState,
+    ReplicaStatus,
+    ShardAssignment,
+)
+from tests.servers import serve_asgi
+
+
+@pytest.fixture
+async def plane(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, NewCredentials, str]]:
+    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+    cp = ControlPlane(store)
+    await cp.load()
+    creds = await cp.ensure_credentials()
+    async with serve_asgi(create_app(cp)) as url:
+        yield cp, creds, url
+    await store.close()
+
+
+def inventory(host: str) -> NodeInventory:
+    return NodeInventory(
+        hostname=host,
+        devices=[Device(number=0, label="cpu0", uuid=f"CPU-{host}-0", name="cpu", gpu_class="cpu")],
+    )
+
+
+async def register(client: httpx.AsyncClient, url: str, join: str, node: str) -> str:
+    answer = await client.post(f"{url}/agent/v1/register", json={"node": node, "join_token": join})
+    assert answer.status_code == 200, answer.text
+    token: str = answer.json()["node_token"]
+    return token
+
+
+async def test_register_report_and_assignment(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        report = AgentReport(node="n1", inventory=inventory("n1"), fabrics=["f1"])
+        answer = await client.post(
+            f"{url}/agent/v1/report", content=report.model_dump_json(),
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["assignments"] == []
+        node = cp.state.nodes["n1"]
+        assert node.fabrics == ["f1"] and node.inventory == report.inventory
+
+        replica = ReplicaRecord(id="r1", model="m", created_at=0.0,
+                                shards=[ShardAssignment(node="n1", device_numbers=[0])])
+        cp.state.replicas["r1"] = replica
+        await cp.store.write_replicas([replica_row(replica)])
+        answer = await client.post(
+            f"{url}/agent/v1/report", content=report.model_dump_json(),
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assignments = answer.json()["assignments"]
+        assert [a["replica_id"] for a in assignments] == ["r1"]
+        assert assignments[0]["model"]["name"] == "m"
+
+        ready = report.model_copy(update={"replicas": [
+            ReplicaStatus(replica_id="r1", state=ReplicaState.READY, port=4321)]})
+        await client.post(f"{url}/agent/v1/report", content=ready.model_dump_json(),
+                          headers={"Authorization": f"Bearer {token}"})
+        assert cp.state.replicas["r1"].state == ReplicaState.READY
+        route = cp.gateway_config().routing.models[0]
+        assert [e.url for e in route.endpoints] == ["http://127.0.0.1:4321"]
+        # The store has it too: a restart would route the same.
+        rows = await cp.store.list_replicas()
+        assert rows[0]["state"] == "ready" and rows[0]["port"] == 4321
+
+
+async def test_credentials_are_not_interchangeable(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token and creds.admin_token and creds.api_key
+    async with httpx.AsyncClient() as client:
+        bad = await client.post(f"{url}/agent/v1/register",
+                                json={"node": "n1", "join_token": creds.admin_token})
+        assert bad.status_code == 401
+        assert bad.json()["error"]["type"] == "authentication_error"
+        token_1 = await register(client, url, creds.join_token, "n1")
+        await register(client, url, creds.join_token, "n2")
+        # Registering the same name twice is refused: a join token buys one token per node.
+        again = await client.post(f"{url}/agent/v1/register",
+                                  json={"node": "n1", "join_token": creds.join_token})
+        assert again.status_code == 422
+        # A node token speaks only for its node.
+        other = AgentReport(node="n2", inventory=inventory("n2"))
+        answer = await client.post(f"{url}/agent/v1/report", content=other.model_dump_json(),
+                                   headers={"Authorization": f"Bearer {token_1}"})
+        assert answer.status_code == 403
+        for wrong in (creds.admin_token, creds.api_key, "nonsense"):
+            answer = await client.post(
+                f"{url}/agent/v1/report", content=other.model_dump_json(),
+                headers={"Authorization": f"Bearer {wrong}"},
+            )
+            assert answer.status_code == 401
+        # Gateway routes take the gateway (or admin) token, never a node token or API key.
+        for wrong in (token_1, creds.api_key):
+            answer = await client.get(f"{url}/gateway/v1/config?timeout=0",
+                                      headers={"Authorization": f"Bearer {wrong}"})
+            assert answer.status_code == 401
+        assert creds.gateway_token
+        ok = await client.get(f"{url}/gateway/v1/config?timeout=0",
+                              headers={"Authorization": f"Bearer {creds.gateway_token}"})
+        assert ok.status_code == 200 and "routing" in ok.json()
+
+
+async def test_malformed_report_is_refused_and_changes_nothing(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        before = await cp.store.list_nodes()
+        for body in (b"{not json", b'{"node": "n1"}', b'{"node": "n1", "inventory": 5}',
+                     b'{"node": "n1", "inventory": {"hostname": "x"}, "surprise": 1}'):
+            answer = await client.post(f"{url}/agent/v1/report", content=body,
+                                       headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 422, body
+            assert answer.json()["error"]["message"]
+        assert await cp.store.list_nodes() == before
+        assert cp.state.nodes["n1"].last_seen is None
+
+
+async def test_watch_config_wakes_on_change(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    import asyncio
+
+    cp, creds, url = plane
+    version = cp.state.routing_version
+    async with httpx.AsyncClient(timeout=10) as client:
+        waiting = asyncio.create_task(client.get(
+            f"{url}/gateway/v1/config?after={version}&timeout=5",
+            headers={"Authorization": f"Bearer {creds.gateway_token}"},
+        ))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await cp.put_models([ModelSpec(name="late", engine="sim")])
+        answer = await asyncio.wait_for(waiting, 2)
+        assert [m["name"] for m in answer.json()["routing"]["models"]] == ["late"]

@@ -1,0 +1,38 @@
+"""Running ASGI apps on real loopback sockets inside tests."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import uvicorn
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def serve_asgi(app: Any, port: int | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 and yield its base URL."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port or free_port(), lifespan="off", log_level="warning",
+        access_log=False, loop="none",
+    )
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{config.port}"
+    finally:
+        server.should_exit = True
+        await task
