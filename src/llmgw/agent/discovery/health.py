@@ -1,0 +1,81 @@
+"""Whether a card can be trusted with work, and the wear it has collected.
+
+A card that corrupts memory or is about to be reset does not fail loudly: the
+engine on it returns wrong tokens or dies mid-stream. So the signals that mean
+"this card needs a reset or a replacement" take it out of placement with the
+reason spelled out, and everything else is reported as wear for people to read.
+
+Uncorrectable ECC counts the *volatile* counter (since the last driver load):
+the lifetime aggregate keeps old errors whose pages were retired or rows
+remapped long ago, and a card that healed itself that way is fine to use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmgw.agent.discovery.base import CardFacts, HealthFacts
+
+
+def reasons(health: HealthFacts) -> list[str]:
+    """Why the card is unhealthy; an empty list means healthy."""
+    found: list[str] = []
+    if health.lost:
+        found.append("fallen off the bus (GPU is lost): reset the GPU or reboot the node")
+    if health.unknown_error:
+        found.append("the driver reports unknown errors for this GPU")
+    if health.ecc_volatile_uncorrected:
+        found.append(
+            f"{health.ecc_volatile_uncorrected} uncorrectable ECC error(s) since the driver loaded"
+        )
+    if health.retired_pages_pending:
+        found.append("page retirement pending: reset the GPU to retire the bad pages")
+    if health.remapped_rows_pending:
+        found.append("row remapping pending: reset the GPU to remap the bad rows")
+    if health.remapping_failed:
+        found.append("row remapping failed: the GPU's memory cannot be repaired")
+    if health.unrepairable_memory:
+        found.append("the driver reports unrepairable memory: replace the GPU")
+    if health.reset_required:
+        found.append("the driver requires a GPU reset")
+    return found
+
+
+@dataclass
+class _Seen:
+    utilization_pct: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapping_failed: bool | None = None
+
+
+class LastSeen:
+    """Values a card stops reporting in MIG mode, kept from before.
+
+    In MIG mode neither NVML nor nvidia-smi gives utilisation or remapped-row
+    counts for the card. Wear does not go away when an operator carves the
+    card, so the last values seen while they were readable are carried on
+    (keyed by card UUID, which survives a reboot; the index does not).
+    """
+
+    def __init__(self) -> None:
+        self._cards: dict[str, _Seen] = {}
+
+    def apply(self, card: CardFacts) -> None:
+        """Remember what the card reports now; fill in what it does not."""
+        seen = self._cards.setdefault(card.uuid, _Seen())
+        health = card.health
+        if card.utilization_pct is not None:
+            seen.utilization_pct = card.utilization_pct
+        elif not card.mig_current:
+            # Only whole cards borrow an old figure; instances never carry
+            # utilisation at all (a stale 0 would claim an idle device).
+            card.utilization_pct = seen.utilization_pct
+        if health.remapped_rows_pending is not None or health.remapping_failed is not None:
+            seen.remapped_rows_pending = health.remapped_rows_pending
+            seen.remapping_failed = health.remapping_failed
+        else:
+            health.remapped_rows_pending = seen.remapped_rows_pending
+            health.remapping_failed = seen.remapping_failed
+
+    def forget(self, uuid: str) -> None:
+        self._cards.pop(uuid, None)
