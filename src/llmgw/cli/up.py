@@ -239,10 +239,9 @@ def run_serve(options: ServeOptions) -> int:
 def _run(main: Any) -> int:
     try:
         import uvloop
-
-        return int(uvloop.run(main))
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
         return int(asyncio.run(main))
+    return int(uvloop.run(main))
 
 
 async def _open(url: str) -> tuple[Store, ControlPlane, NewCredentials]:

@@ -85,8 +85,8 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
         )
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    async def healthz() -> dict[str, object]:
+        return {"status": "ok", "leader": cp.is_leader, "epoch": cp.epoch}
 
     # -- agent API ---------------------------------------------------------
 

@@ -62,6 +62,7 @@ class ControlPlaneRuntime:
             await self.cp.flush_heartbeats()
 
     async def _on_leadership(self, leader: bool, epoch: int) -> None:
+        self.cp.is_leader, self.cp.epoch = leader, epoch
         if leader:
             # Whatever the previous leader decided is in the store, not in
             # this instance's memory: read it before acting on it.
@@ -83,7 +84,7 @@ class ControlPlaneRuntime:
                 await reconciler.run_pass(time.time(), epoch)
             except NotLeaderError as exc:
                 log.warning("reconcile pass refused, stepping down: %s", exc)
-                self.election.is_leader = False
+                self.election.is_leader = self.cp.is_leader = False
                 await self.cp.load()
                 return
             except Exception:

@@ -90,6 +90,9 @@ class ControlPlane:
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
         self.peer_token = secrets.new_secret("llmgw-peer-")
+        # Set by the runtime's leader election; shown by /healthz.
+        self.is_leader = False
+        self.epoch = 0
 
     # -- start-up ------------------------------------------------------------
 
