@@ -73,6 +73,7 @@ class SimEngine:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
+        self._settled = asyncio.Event()
         self._exit: asyncio.Future[int] | None = None
         self._registry = metrics.make_registry(model, self.core)
         self.started_at: float | None = None
@@ -112,7 +113,7 @@ class SimEngine:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+            site = web.TCPSite(runner, host, port)
             await site.start()
         except OSError:
             await runner.cleanup()
@@ -136,9 +137,15 @@ class SimEngine:
             self.state = "failed"
             if self._exit is not None and not self._exit.done():
                 self._exit.set_result(1)
-            return
-        self.state = "ready"
-        self.ready_at = time.time()
+        else:
+            self.state = "ready"
+            self.ready_at = time.time()
+        self._settled.set()
+
+    async def wait_ready(self) -> bool:
+        """Wait out the start-up delay: True when ready, False when it failed."""
+        await self._settled.wait()
+        return self.state == "ready"
 
     async def wait_exit(self) -> int:
         """Wait until the engine gives up (1: failed at start) or is stopped (0)."""
@@ -159,6 +166,7 @@ class SimEngine:
         if self._runner is not None:
             await self._runner.cleanup()
         self.state = "stopped"
+        self._settled.set()
         if self._exit is not None and not self._exit.done():
             self._exit.set_result(0)
 
@@ -402,13 +410,18 @@ async def run_engines(
 
 async def serve(model: str, params: SimParams, host: str, port: int, count: int = 1) -> int:
     """Run ``count`` engines until SIGINT/SIGTERM (0) or a failed start (1)."""
-    engines = await run_engines(count, params, host, model=model, base_port=port)
-    for engine in engines:
-        print(f"sim engine {model} listening on {engine.url}", flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        engines = await run_engines(count, params, host, model=model, base_port=port)
+    except BaseException:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        raise
+    for engine in engines:
+        print(f"sim engine {model} listening on {engine.url}", flush=True)
     exits = [loop.create_task(e.wait_exit()) for e in engines]
     stopper = loop.create_task(stop.wait())
     try:
