@@ -1,0 +1,270 @@
+"""The gateway: an ASGI callable plus the background work that keeps it current.
+
+``Gateway(link, settings)`` is served either alone (uvicorn, ``llmgw gateway``)
+or next to the control plane's app behind a path dispatcher; either way the
+caller runs ``await gateway.start()`` / ``await gateway.stop()`` (or lets the
+ASGI lifespan protocol do it). Per request there is no framework: a dict
+lookup on the path and the functions in :mod:`llmgw.gateway.handler`.
+
+Background tasks, each guarded so that one failure never stops the others:
+
+* config watch: long-polls the link, compiles a new :class:`Snapshot` per
+  version and wakes requests waiting for an on-demand model; on any error it
+  keeps the last config and retries with backoff (a gateway must keep serving
+  while the control plane is away);
+* load report (~1 s): in-flight, request counts and last-request times per
+  replica, plus waiting requests per model (idle tracking, scale-up);
+* usage flush (~2 s): per key/model/minute rows; a failed send is put back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from llmgw import wire
+from llmgw.gateway import handler
+from llmgw.gateway.handler import Runtime
+from llmgw.gateway.link import ControlPlaneLink
+from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from llmgw.gateway.ondemand import WaitRoom
+from llmgw.gateway.proxy import Upstream
+from llmgw.gateway.responses import ApiError, send_bytes, send_error, send_json
+from llmgw.gateway.settings import GatewaySettings
+from llmgw.gateway.snapshot import Snapshot
+from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.usage import UsageBatcher
+
+log = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 10.0
+
+
+class Gateway:
+    def __init__(self, link: ControlPlaneLink, settings: GatewaySettings | None = None) -> None:
+        self.link = link
+        self.settings = settings or GatewaySettings()
+        self.metrics = GatewayMetrics()
+        self.runtime = Runtime(
+            settings=self.settings,
+            metrics=self.metrics,
+            upstream=Upstream(self.settings),
+            usage=UsageBatcher(self.settings.usage_max_rows),
+            room=WaitRoom(self.settings.queue_length),
+            demand=self._demand,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._configured = asyncio.Event()
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._configured = asyncio.Event()
+        await self.runtime.upstream.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._watch_loop(), name="gateway-config-watch"),
+            loop.create_task(self._load_loop(), name="gateway-load-report"),
+            loop.create_task(self._usage_loop(), name="gateway-usage-flush"),
+        ]
+
+    async def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for task in [*self._tasks, *self._side_tasks]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._side_tasks, return_exceptions=True)
+        self._tasks = []
+        # A clean stop loses no usage: one last flush, bounded in time.
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await self.flush_usage()
+        await self.runtime.upstream.close()
+
+    async def wait_configured(self, within_s: float) -> bool:
+        """True once a first config was applied (for start-up checks and tests)."""
+        try:
+            async with asyncio.timeout(within_s):
+                await self._configured.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self.runtime.snapshot
+
+    def apply(self, config: wire.GatewayConfig) -> bool:
+        """Install ``config`` if it differs from the current one; True when it did."""
+        current = self.runtime.snapshot
+        if (
+            current is not None
+            and current.version == config.routing.version
+            and current.config == config
+        ):
+            return False
+        snapshot = Snapshot(config, self.settings, current)
+        self.runtime.snapshot = snapshot
+        self.metrics.config_version.set(snapshot.version)
+        self._configured.set()
+        self.runtime.room.wake(snapshot.served_models())
+        return True
+
+    # -- background work -------------------------------------------------------
+
+    async def _watch_loop(self) -> None:
+        backoff = 0.5
+        while True:
+            current = self.runtime.snapshot
+            after = current.version if current is not None else -1
+            try:
+                config = await self.link.watch_config(after)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("config watch failed (keeping version %s): %s", after, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                continue
+            backoff = 0.5
+            try:
+                self.apply(config)
+            except Exception:
+                log.exception("config version %s could not be applied", config.routing.version)
+                await asyncio.sleep(1.0)
+
+    def load_report(self) -> wire.GatewayLoadReport:
+        snapshot = self.runtime.snapshot
+        replicas = snapshot.replicas.values() if snapshot is not None else ()
+        return wire.GatewayLoadReport(
+            gateway_id=self.settings.gateway_id,
+            replicas=[
+                wire.ReplicaLoad(
+                    replica_id=r.replica_id,
+                    in_flight=r.in_flight,
+                    last_request_at=r.last_request_at,
+                    requests=r.requests,
+                )
+                for r in replicas
+            ],
+            waiting=self.runtime.room.waiting(),
+        )
+
+    async def _load_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.load_report_s)
+            report = self.load_report()
+            try:
+                await self.link.report_load(report)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("load report failed: %s", exc)
+                continue
+            snapshot = self.runtime.snapshot
+            if snapshot is not None:
+                # Subtract what was reported rather than zeroing: requests that
+                # arrived while the report was in flight belong to the next one.
+                for load in report.replicas:
+                    replica = snapshot.replicas.get(load.replica_id)
+                    if replica is not None:
+                        replica.requests = max(0, replica.requests - load.requests)
+
+    async def flush_usage(self) -> int:
+        records = self.runtime.usage.drain()
+        if not records:
+            return 0
+        try:
+            await self.link.report_usage(records)
+        except BaseException:
+            self.runtime.usage.restore(records)
+            raise
+        return len(records)
+
+    async def _usage_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.usage_flush_s)
+            try:
+                await self.flush_usage()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("usage flush failed (kept for the next one): %s", exc)
+
+    def _demand(self, model: str) -> None:
+        async def ask() -> None:
+            try:
+                await self.link.demand(model)
+            except Exception as exc:
+                # The load report's `waiting` carries the same ask, so a lost
+                # demand is healed within a report interval.
+                log.warning("demand for %s failed: %s", model, exc)
+
+        task = asyncio.get_running_loop().create_task(ask())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    # -- ASGI ------------------------------------------------------------------
+
+    @property
+    def asgi(self) -> Gateway:
+        return self
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path = scope["path"]
+            if path in handler.POST_PATHS:
+                if scope["method"] == "POST":
+                    await handler.handle(self.runtime, scope, receive, send)
+                else:
+                    await self._refuse(send, 405, f"Use POST for {path}.")
+            elif path == "/v1/models" or path.startswith("/v1/models/"):
+                if scope["method"] in ("GET", "HEAD"):
+                    await handler.list_models(self.runtime, scope, send)
+                else:
+                    await self._refuse(send, 405, f"Use GET for {path}.")
+            elif path == "/metrics":
+                await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, [])
+            elif path in ("/health", "/healthz"):
+                await self._health(send)
+            else:
+                await self._refuse(send, 404, f"Invalid URL ({scope['method']} {path}).")
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _refuse(self, send: Send, status: int, message: str) -> None:
+        extra = [(b"x-request-id", handler.new_request_id().encode())]
+        await send_error(send, ApiError(status, message), extra)
+
+    async def _health(self, send: Send) -> None:
+        snapshot = self.runtime.snapshot
+        if snapshot is None:
+            await send_json(send, 503, {"status": "waiting_for_config"}, [(b"retry-after", b"1")])
+            return
+        await send_json(
+            send, 200, {"status": "ok", "version": snapshot.version, "time": time.time()}, []
+        )
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return

@@ -1,0 +1,577 @@
+"""One OpenAI request, from bytes in to bytes out: the gateway's hot path.
+
+Order of work is chosen so that the cheap refusals come first (no config, bad
+key, body too big) and nothing is parsed twice: the body is parsed once, the
+model looked up in a dict built per config version, the prompt hashed only
+when the model's policy needs it, and the body re-encoded only when the
+upstream must see something different (its served name, a usage request).
+
+Time spent waiting for an on-demand replica or for the engine is excluded from
+the overhead header: it reports what the gateway itself added.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+import aiohttp
+import orjson
+
+from llmgw.gateway.auth import KeyRecord, authorize, limit
+from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.ondemand import WaitRoom
+from llmgw.gateway.prefix import render_chat, render_completion
+from llmgw.gateway.proxy import (
+    RETRYABLE,
+    StreamRelay,
+    Upstream,
+    UpstreamUnavailable,
+    Usage,
+    find_usage,
+    read_all,
+    sse_error,
+)
+from llmgw.gateway.responses import (
+    JSON,
+    REQUEST_ID,
+    ApiError,
+    overhead_header,
+    send_bytes,
+    send_error,
+    send_json,
+)
+from llmgw.gateway.routing import ModelRouter, Pick, Replica
+from llmgw.gateway.settings import GatewaySettings
+from llmgw.gateway.snapshot import Snapshot
+from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.usage import UsageBatcher
+
+log = logging.getLogger(__name__)
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+POST_PATHS = {CHAT, COMPLETIONS, EMBEDDINGS}
+STREAMABLE = {CHAT, COMPLETIONS}
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+_ID_PREFIX = os.urandom(4).hex()
+_ids = count(1)
+
+
+def new_request_id() -> str:
+    # A per-process random prefix and a counter: unique across gateways with
+    # overwhelming probability, and ~10x cheaper than uuid4 per request.
+    return f"req-{_ID_PREFIX}{next(_ids):x}"
+
+
+@dataclass
+class Runtime:
+    """What the request path shares with the gateway's lifecycle."""
+
+    settings: GatewaySettings
+    metrics: GatewayMetrics
+    upstream: Upstream
+    usage: UsageBatcher
+    room: WaitRoom
+    demand: Callable[[str], None]
+    snapshot: Snapshot | None = None
+    loop_tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+class _Watch:
+    """Shared between a request and its disconnect watcher."""
+
+    __slots__ = ("done", "gone")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.gone = False
+
+
+async def _watch_disconnect(receive: Receive, request: asyncio.Task[Any], watch: _Watch) -> None:
+    # After the body, the next ASGI message is http.disconnect: either the
+    # client left (cancel the upstream request, it is wasted GPU time) or the
+    # server finished the response (``done`` is already set then).
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    if not watch.done:
+        watch.gone = True
+        request.cancel()
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+def authenticate(rt: Runtime, snapshot: Snapshot, scope: Scope) -> KeyRecord:
+    raw = _header(scope, b"authorization")
+    if raw is None:
+        if rt.settings.allow_anonymous:
+            return snapshot.keys.anonymous
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-llmgw-...'.",
+            code="invalid_api_key",
+        )
+    scheme, _, token = raw.decode("latin-1").partition(" ")
+    token = token.strip()
+    record = snapshot.keys.lookup(token) if scheme.lower() == "bearer" and token else None
+    if record is None:
+        shown = f"{token[:8]}****{token[-4:]}" if len(token) > 16 else "****"
+        raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+    refusal = authorize(record, time.time())
+    if refusal is not None:
+        raise ApiError(refusal.status, refusal.message, kind=refusal.kind, code=refusal.code)
+    return record
+
+
+async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise ApiError(
+            400, f"Request body is larger than {max_bytes} bytes.", code="body_too_large"
+        )
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > max_bytes:
+            raise ApiError(
+                400, f"Request body is larger than {max_bytes} bytes.", code="body_too_large"
+            )
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise ApiError(
+                400, f"Request body is larger than {max_bytes} bytes.", code="body_too_large"
+            )
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(
+            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    return payload
+
+
+def resolve(snapshot: Snapshot, record: KeyRecord, payload: dict[str, Any]) -> ModelRouter:
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "The request must name a 'model'.", param="model", code="missing_model")
+    router = snapshot.routes.get(model)
+    if router is None or not record.may_use(router.route):
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    return router
+
+
+def prompt_text(path: str, payload: dict[str, Any]) -> str | None:
+    if path == CHAT:
+        return render_chat(payload.get("messages"))
+    if path == COMPLETIONS:
+        return render_completion(payload.get("prompt"))
+    return None
+
+
+async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
+    """Serve one POST to a proxied /v1 path."""
+    started = time.perf_counter()
+    request_id = new_request_id()
+    id_header = (REQUEST_ID, request_id.encode())
+    model = "-"
+    record: KeyRecord | None = None
+    watch = _Watch()
+    watcher: asyncio.Task[None] | None = None
+    status = 500
+    try:
+        snapshot = rt.snapshot
+        if snapshot is None:
+            raise ApiError(
+                503,
+                "The gateway has not received its configuration yet.",
+                kind="service_unavailable_error",
+                code="not_ready",
+                retry_after=1,
+            )
+        record = authenticate(rt, snapshot, scope)
+        body = await read_body(scope, receive, rt.settings.max_body_bytes)
+        payload = parse(body)
+        router = resolve(snapshot, record, payload)
+        model = router.route.name
+        refusal = limit(record, time.monotonic())
+        if refusal is not None:
+            raise ApiError(
+                429,
+                refusal.message,
+                kind=refusal.kind,
+                code=refusal.code,
+                retry_after=refusal.retry_after_s,
+            )
+        task = asyncio.current_task()
+        if task is not None:
+            watcher = asyncio.get_running_loop().create_task(
+                _watch_disconnect(receive, task, watch)
+            )
+        status = await _proxy(
+            rt, scope["path"], payload, body, router, record, started, request_id, id_header, send
+        )
+    except ApiError as refused:
+        status = refused.status
+        overhead = overhead_header(time.perf_counter() - started)
+        await send_error(send, refused, [id_header, overhead])
+        if record is not None and model != "-":
+            rt.usage.add(int(time.time()) // 60 * 60, record.key_id, model, 0, 0, 0, True)
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        status = 499  # nginx's "client closed request": nobody to answer
+    except Exception:
+        log.exception("request %s failed inside the gateway", request_id)
+        status = 500
+        failure = ApiError(
+            500,
+            "The gateway failed to handle this request.",
+            kind="server_error",
+            code="internal_error",
+        )
+        # If the answer had already started, there is no status left to send.
+        with contextlib.suppress(Exception):
+            await send_error(send, failure, [id_header])
+    finally:
+        watch.done = True
+        if watcher is not None:
+            watcher.cancel()
+    rt.metrics.request(model, status)
+    rt.metrics.latency(model, time.perf_counter() - started)
+
+
+async def _replica_for(
+    rt: Runtime, router: ModelRouter, prompt: str | None, tried: list[Replica]
+) -> tuple[ModelRouter, Pick | None, float]:
+    """A pick, waiting for an on-demand replica if the model has none (and the time waited)."""
+    pick = router.pick(prompt, tried)
+    if pick is not None or tried:
+        return router, pick, 0.0
+    name = router.route.name
+    if router.route.parked:
+        raise ApiError(
+            503,
+            f"The model `{name}` cannot be started: {router.route.parked_reason or 'parked'}.",
+            kind="service_unavailable_error",
+            code="model_parked",
+            retry_after=rt.settings.retry_after_s * 12,
+        )
+    if rt.room.full(name):
+        raise ApiError(
+            429,
+            f"Too many requests are waiting for the model `{name}` to start.",
+            kind="requests",
+            code="rate_limit_exceeded",
+            retry_after=rt.settings.retry_after_s,
+        )
+    began = time.monotonic()
+    deadline = began + rt.settings.queue_wait_s
+    if rt.room.enter(name):
+        rt.demand(name)
+    rt.metrics.waiting.labels(name).inc()
+    try:
+        while True:
+            woke = await rt.room.wait(name, deadline)
+            snapshot = rt.snapshot
+            fresh = snapshot.routes.get(name) if snapshot is not None else None
+            if fresh is not None:
+                router = fresh
+                pick = router.pick(prompt, tried)
+                if pick is not None:
+                    return router, pick, time.monotonic() - began
+            if not woke:
+                raise ApiError(
+                    503,
+                    f"The model `{name}` is starting and was not ready in time.",
+                    kind="service_unavailable_error",
+                    code="model_not_ready",
+                    retry_after=rt.settings.retry_after_s,
+                )
+    finally:
+        rt.room.leave(name)
+        rt.metrics.waiting.labels(name).dec()
+
+
+def _upstream_body(
+    path: str, payload: dict[str, Any], body: bytes, served: str, inject_usage: bool
+) -> tuple[bytes, bool, bool]:
+    """(body to send, streaming, whether the gateway added include_usage)."""
+    changed = payload.get("model") != served
+    if changed:
+        payload["model"] = served
+    stream = payload.get("stream") is True and path in STREAMABLE
+    injected = False
+    if stream and inject_usage:
+        options = payload.get("stream_options")
+        if not isinstance(options, dict):
+            payload["stream_options"] = {"include_usage": True}
+            injected = changed = True
+        elif options.get("include_usage") is not True:
+            options["include_usage"] = True
+            injected = changed = True
+    return (orjson.dumps(payload) if changed else body), stream, injected
+
+
+class _Prefill:
+    """Uncached prompt tokens charged to a replica until its answer starts."""
+
+    __slots__ = ("replica", "tokens")
+
+    def __init__(self, replica: Replica, tokens: float) -> None:
+        self.replica = replica
+        self.tokens = tokens
+        replica.pending_prefill += tokens
+
+    def done(self) -> None:
+        if self.tokens:
+            self.replica.pending_prefill -= self.tokens
+            self.tokens = 0.0
+
+
+async def _proxy(
+    rt: Runtime,
+    path: str,
+    payload: dict[str, Any],
+    body: bytes,
+    router: ModelRouter,
+    record: KeyRecord,
+    started: float,
+    request_id: str,
+    id_header: tuple[bytes, bytes],
+    send: Send,
+) -> int:
+    settings = rt.settings
+    metrics = rt.metrics
+    prompt = prompt_text(path, payload) if router.policy == "prefix" else None
+    upstream_body, stream, injected = _upstream_body(
+        path, payload, body, router.route.served_name, settings.inject_stream_usage
+    )
+    model = router.route.name
+    tried: list[Replica] = []
+    waited = 0.0
+    for _attempt in range(settings.retries + 1):
+        router, pick, wait = await _replica_for(rt, router, prompt, tried)
+        waited += wait
+        if pick is None:
+            break
+        replica = pick.replica
+        if not tried:
+            metrics.routed(model, pick.outcome)
+        replica.in_flight += 1
+        replica.requests += 1
+        replica.last_request_at = time.time()
+        prefill = _Prefill(replica, pick.uncached_tokens)
+        metrics.in_flight(model, 1)
+        before = time.perf_counter() - started - waited
+        try:
+            response = await rt.upstream.post(
+                rt.upstream.url(replica.url, path), upstream_body, request_id
+            )
+            replica.connect_succeeded()
+            if stream and response.status == 200:
+                # Nothing goes to the client before the first chunk, so a replica
+                # that dies during prefill is still retried elsewhere.
+                chunks = response.content.iter_any()
+                first = await _first_chunk(response, chunks)
+                prefill.done()
+                metrics.ttft(model, time.perf_counter() - started - waited)
+                return await _relay(
+                    rt, response, chunks, first, model, record, injected, before, id_header, send
+                )
+            prefill.done()
+            data = await read_all(response)
+            return await _answer(
+                rt, response, data, model, record, before, time.perf_counter(), id_header, send
+            )
+        except UpstreamUnavailable as exc:
+            log.info("%s: replica %s unavailable: %s", request_id, replica.replica_id, exc)
+            replica.connect_failed(settings.cooldown_after, settings.cooldown_s)
+            tried.append(replica)
+            metrics.retried(model)
+        except TimeoutError:
+            raise ApiError(
+                504,
+                f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
+                kind="server_error",
+                code="upstream_timeout",
+            ) from None
+        finally:
+            replica.in_flight -= 1
+            prefill.done()
+            metrics.in_flight(model, -1)
+    raise ApiError(
+        503,
+        f"No replica of the model `{model}` could be reached.",
+        kind="service_unavailable_error",
+        code="upstream_unavailable",
+        retry_after=settings.retry_after_s,
+    )
+
+
+def _account(rt: Runtime, model: str, record: KeyRecord, usage: Usage | None, error: bool) -> None:
+    usage = usage or Usage()
+    total = usage.prompt + usage.completion
+    if total and record.tpm is not None:
+        record.tpm.charge(total)
+    minute = int(time.time()) // 60 * 60
+    rt.usage.add(minute, record.key_id, model, usage.prompt, usage.completion, usage.cached, error)
+    rt.metrics.tokens(model, usage.prompt, usage.completion, usage.cached)
+
+
+async def _answer(
+    rt: Runtime,
+    response: aiohttp.ClientResponse,
+    data: bytes,
+    model: str,
+    record: KeyRecord,
+    before: float,
+    read_at: float,
+    id_header: tuple[bytes, bytes],
+    send: Send,
+) -> int:
+    status = response.status
+    ok = status < 400
+    _account(rt, model, record, find_usage(data) if ok else None, not ok)
+    content_type = response.headers.get("Content-Type")
+    overhead = before + (time.perf_counter() - read_at)
+    rt.metrics.overhead(overhead)
+    await send_bytes(
+        send,
+        status,
+        data,
+        content_type.encode("latin-1") if content_type else JSON,
+        [id_header, overhead_header(overhead)],
+    )
+    return status
+
+
+async def _first_chunk(response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes]) -> bytes:
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return b""
+    except RETRYABLE as exc:
+        response.release()
+        raise UpstreamUnavailable(f"stream cut before its first byte: {exc!r}") from None
+
+
+async def _relay(
+    rt: Runtime,
+    response: aiohttp.ClientResponse,
+    chunks: AsyncIterator[bytes],
+    first: bytes,
+    model: str,
+    record: KeyRecord,
+    injected: bool,
+    before: float,
+    id_header: tuple[bytes, bytes],
+    send: Send,
+) -> int:
+    relay = StreamRelay(strip_usage=injected)
+    rt.metrics.overhead(before)
+    failed = False
+    try:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*_SSE_HEADERS, id_header, overhead_header(before)],
+            }
+        )
+        try:
+            chunk = first
+            while True:
+                out = relay.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+        except (*RETRYABLE, TimeoutError) as exc:
+            failed = True
+            log.info("stream of %s broke after it started: %r", model, exc)
+            tail = relay.flush() + sse_error(f"The model `{model}` stopped answering: {exc!r}")
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            return 200
+        await send({"type": "http.response.body", "body": relay.flush(), "more_body": False})
+        return 200
+    finally:
+        response.release()
+        usage = relay.usage
+        if usage is None and relay.events:
+            # Engines without include_usage: one event is about one token.
+            usage = Usage(completion=max(0, relay.events - 1))
+        _account(rt, model, record, usage, failed)
+
+
+async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
+    request_id = new_request_id()
+    extra = [(REQUEST_ID, request_id.encode())]
+    try:
+        snapshot = rt.snapshot
+        if snapshot is None:
+            raise ApiError(
+                503,
+                "The gateway has not received its configuration yet.",
+                kind="service_unavailable_error",
+                code="not_ready",
+                retry_after=1,
+            )
+        record = authenticate(rt, snapshot, scope)
+        path: str = scope["path"]
+        if path in ("/v1/models", "/v1/models/"):
+            await send_json(send, 200, snapshot.listing(record.allowed), extra)
+            return
+        name = path[len("/v1/models/") :]
+        router = snapshot.routes.get(name)
+        if router is None or not record.may_use(router.route):
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            )
+        entry = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+        await send_json(send, 200, entry, extra)
+    except ApiError as error:
+        await send_error(send, error, extra)

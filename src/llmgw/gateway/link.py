@@ -1,0 +1,180 @@
+"""The gateway's only way to the control plane: four calls behind one Protocol.
+
+``llmgw up``/``llmgw serve`` pass an in-process object; a standalone gateway
+uses :class:`HttpControlPlaneLink` (the fixed protocol in the brief). Tests use
+:class:`MemoryLink`. The gateway treats every failure of a link call the same
+way: keep the last config, keep serving, try again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import aiohttp
+import orjson
+
+from llmgw import wire
+from llmgw.errors import AuthError, LlmgwError
+
+CONFIG_PATH = "/gateway/v1/config"
+LOAD_PATH = "/gateway/v1/load"
+DEMAND_PATH = "/gateway/v1/demand"
+USAGE_PATH = "/gateway/v1/usage"
+
+
+class ControlPlaneLink(Protocol):
+    async def watch_config(self, after_version: int) -> wire.GatewayConfig:
+        """The config once its routing version is > ``after_version``, or the current one
+        after the control plane's long-poll timeout."""
+        ...
+
+    async def demand(self, model: str) -> None: ...
+
+    async def report_load(self, report: wire.GatewayLoadReport) -> None: ...
+
+    async def report_usage(self, records: list[wire.UsageRecord]) -> None: ...
+
+
+class ControlPlaneUnavailable(LlmgwError):
+    """The control plane could not be reached or answered with an error."""
+
+
+class HttpControlPlaneLink:
+    """The standalone gateway's link: long-poll for config, POSTs for the rest.
+
+    The long poll is answered by the control plane after ~25 s at most; the
+    client allows ``poll_timeout_s`` beyond that so a slow answer is not taken
+    for an outage.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        poll_timeout_s: float = 40.0,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise LlmgwError(f"control plane URL {base_url!r} must start with http:// or https://")
+        self._base = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._poll_timeout = aiohttp.ClientTimeout(total=poll_timeout_s, connect=request_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers=self._headers)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def watch_config(self, after_version: int) -> wire.GatewayConfig:
+        url = f"{self._base}{CONFIG_PATH}"
+        body = await self._call("GET", url, None, self._poll_timeout, {"after": after_version})
+        try:
+            return wire.GatewayConfig.model_validate_json(body)
+        except ValueError as exc:
+            raise ControlPlaneUnavailable(f"GET {url}: malformed config: {exc}") from None
+
+    async def demand(self, model: str) -> None:
+        payload = wire.DemandRequest(model=model).model_dump_json().encode()
+        await self._call("POST", f"{self._base}{DEMAND_PATH}", payload, self._timeout)
+
+    async def report_load(self, report: wire.GatewayLoadReport) -> None:
+        payload = report.model_dump_json().encode()
+        await self._call("POST", f"{self._base}{LOAD_PATH}", payload, self._timeout)
+
+    async def report_usage(self, records: list[wire.UsageRecord]) -> None:
+        payload = orjson.dumps([r.model_dump() for r in records])
+        await self._call("POST", f"{self._base}{USAGE_PATH}", payload, self._timeout)
+
+    async def _call(
+        self,
+        method: str,
+        url: str,
+        payload: bytes | None,
+        limits: aiohttp.ClientTimeout,
+        params: dict[str, int] | None = None,
+    ) -> bytes:
+        headers = {"Content-Type": "application/json"} if payload is not None else None
+        try:
+            async with self._client().request(
+                method, url, data=payload, params=params, headers=headers, timeout=limits
+            ) as response:
+                body = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise ControlPlaneUnavailable(f"{method} {url}: {exc!r}") from None
+        if status in (401, 403):
+            raise AuthError(
+                f"{method} {url}: the control plane refused the gateway token ({status})"
+            )
+        if status >= 300:
+            raise ControlPlaneUnavailable(f"{method} {url}: HTTP {status}: {body[:200]!r}")
+        return body
+
+
+class MemoryLink:
+    """An in-memory control plane for tests and embedding.
+
+    ``publish`` hands a new config to every watcher at once; ``on_demand`` (if
+    given) is called for each demand, e.g. to publish an endpoint later.
+    """
+
+    def __init__(
+        self,
+        config: wire.GatewayConfig | None = None,
+        *,
+        poll_timeout_s: float = 25.0,
+        on_demand: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.config = config or wire.GatewayConfig(routing=wire.RoutingTable(version=0))
+        self.poll_timeout_s = poll_timeout_s
+        self.on_demand = on_demand
+        self.demands: list[str] = []
+        self.loads: list[wire.GatewayLoadReport] = []
+        self.usage: list[wire.UsageRecord] = []
+        self.fail = False  # when True every call raises, as if the control plane were down
+        self._changed = asyncio.Event()
+
+    def publish(self, config: wire.GatewayConfig) -> None:
+        self.config = config
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _check(self) -> None:
+        if self.fail:
+            raise ControlPlaneUnavailable("memory link set to fail")
+
+    async def watch_config(self, after_version: int) -> wire.GatewayConfig:
+        self._check()
+        if self.config.routing.version <= after_version:
+            changed = self._changed
+            try:
+                async with asyncio.timeout(self.poll_timeout_s):
+                    await changed.wait()
+            except TimeoutError:
+                pass
+        self._check()
+        return self.config
+
+    async def demand(self, model: str) -> None:
+        self._check()
+        self.demands.append(model)
+        if self.on_demand is not None:
+            await self.on_demand(model)
+
+    async def report_load(self, report: wire.GatewayLoadReport) -> None:
+        self._check()
+        self.loads.append(report)
+
+    async def report_usage(self, records: list[wire.UsageRecord]) -> None:
+        self._check()
+        self.usage.extend(records)

@@ -1,0 +1,89 @@
+"""Raw ASGI answers: OpenAI-shaped errors and small JSON bodies.
+
+The request path writes ASGI messages directly (no framework objects per
+request); this module keeps the header lists and error bodies in one place so
+every answer carries ``x-request-id`` and the overhead header the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from llmgw.gateway.types import Send
+
+JSON = b"application/json"
+REQUEST_ID = b"x-request-id"
+OVERHEAD = b"x-llmgw-overhead-ms"
+
+
+class ApiError(Exception):
+    """An answer the gateway gives instead of the engine's, in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.kind,
+                    "param": self.param,
+                    "code": self.code,
+                }
+            }
+        )
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        if self.retry_after is None:
+            return []
+        # Whole seconds, rounded up: Retry-After has no fractions, and 0 invites a hot loop.
+        seconds = max(1, int(self.retry_after + 0.999))
+        return [(b"retry-after", str(seconds).encode())]
+
+
+def overhead_header(seconds: float) -> tuple[bytes, bytes]:
+    return (OVERHEAD, b"%.3f" % (seconds * 1000.0))
+
+
+async def send_bytes(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes,
+    extra: list[tuple[bytes, bytes]],
+) -> None:
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def send_json(
+    send: Send, status: int, payload: Any, extra: list[tuple[bytes, bytes]]
+) -> None:
+    await send_bytes(send, status, orjson.dumps(payload), JSON, extra)
+
+
+async def send_error(send: Send, error: ApiError, extra: list[tuple[bytes, bytes]]) -> None:
+    await send_bytes(send, error.status, error.body(), JSON, [*extra, *error.headers()])

@@ -1,0 +1,98 @@
+"""The gateway's tunables, with the reasoning behind each default.
+
+One frozen dataclass, read once at start-up: nothing on the request path looks
+a setting up by name, and a setting cannot change under a request in flight.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from llmgw.errors import ConfigError
+
+
+def _default_gateway_id() -> str:
+    # The control plane merges load reports by gateway id; host + pid is
+    # unique per process without any coordination.
+    return f"{os.uname().nodename}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    gateway_id: str = field(default_factory=_default_gateway_id)
+
+    # Requests: 32 MiB leaves room for base64 images in chat messages while
+    # still refusing a body that would make one request hold the process' memory.
+    max_body_bytes: int = 32 * 1024 * 1024
+    # With no key configured at all the gateway refuses everything; `llmgw up`
+    # on a laptop may want to accept anonymous clients instead.
+    allow_anonymous: bool = False
+
+    # On-demand models: a cold start of a real engine takes tens of seconds to
+    # minutes, so the wait is long; the queue bound keeps a burst of clients
+    # from holding thousands of sockets while nothing can serve them.
+    queue_length: int = 256
+    queue_wait_s: float = 180.0
+    # What a 503 tells a client to wait before trying again.
+    retry_after_s: int = 5
+
+    # Failures: a refused or reset connection is tried on up to this many other
+    # replicas; after `cooldown_after` consecutive connection failures a replica
+    # gets no new request for `cooldown_s` (it may just be restarting).
+    retries: int = 2
+    cooldown_after: int = 2
+    cooldown_s: float = 5.0
+    connect_timeout_s: float = 5.0
+    # Upper bound on a whole upstream response; long generations are legitimate.
+    upstream_timeout_s: float = 900.0
+
+    # Batching towards the control plane: usage every ~2 s bounds what a crash
+    # loses; load every ~1 s keeps idle tracking and scale-up decisions fresh.
+    usage_flush_s: float = 2.0
+    load_report_s: float = 1.0
+    # If the control plane stays away, usage accumulates in memory; this bounds
+    # the number of (minute, key, model) rows kept (oldest are dropped).
+    usage_max_rows: int = 100_000
+
+    # Prefix routing. Blocks are measured in characters, not tokens: the
+    # gateway has no tokenizer, and ~4 characters per token is the usual
+    # English estimate. 256 characters ≈ 64 tokens, the block size llm-d uses.
+    prefix_block_chars: int = 256
+    chars_per_token: float = 4.0
+    # Longest-prefix choice is overridden when the chosen replica's load
+    # exceeds the least-loaded one's by more than this, in "request units":
+    # one in-flight request, or `prefill_tokens_per_unit` uncached prompt
+    # tokens still being prefilled.
+    load_threshold: float = 8.0
+    prefill_tokens_per_unit: float = 2048.0
+    # Upstream streams always ask for usage (needed for limits and metering);
+    # the final usage chunk is removed for clients that did not ask for it.
+    inject_stream_usage: bool = True
+
+    def __post_init__(self) -> None:
+        positive = {
+            "max_body_bytes": self.max_body_bytes,
+            "queue_length": self.queue_length,
+            "queue_wait_s": self.queue_wait_s,
+            "cooldown_s": self.cooldown_s,
+            "connect_timeout_s": self.connect_timeout_s,
+            "upstream_timeout_s": self.upstream_timeout_s,
+            "usage_flush_s": self.usage_flush_s,
+            "load_report_s": self.load_report_s,
+            "usage_max_rows": self.usage_max_rows,
+            "prefix_block_chars": self.prefix_block_chars,
+            "chars_per_token": self.chars_per_token,
+            "prefill_tokens_per_unit": self.prefill_tokens_per_unit,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"gateway setting {name} must be > 0, got {value}")
+        for name, value in {
+            "retries": self.retries,
+            "cooldown_after": self.cooldown_after,
+            "retry_after_s": self.retry_after_s,
+            "load_threshold": self.load_threshold,
+        }.items():
+            if value < 0:
+                raise ConfigError(f"gateway setting {name} must be >= 0, got {value}")

@@ -1,0 +1,85 @@
+"""Everything a request needs, compiled once per config version.
+
+A request reads one :class:`Snapshot` reference at its start and uses it to
+the end, so a config update never shows it half-applied; building the next
+snapshot costs what it costs once per version, never per request.
+
+Long-lived state is carried across versions by identity: replicas (in-flight
+counts, cool-downs) by replica id, prefix indexes by model name, key buckets by
+key id. A replica that disappears from the table drops out of the registry;
+requests still in flight on it keep their own reference and finish normally.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmgw import wire
+from llmgw.gateway.auth import KeyTable
+from llmgw.gateway.prefix import PrefixIndex
+from llmgw.gateway.routing import ModelRouter, Replica
+from llmgw.gateway.settings import GatewaySettings
+
+
+class Snapshot:
+    def __init__(
+        self,
+        config: wire.GatewayConfig,
+        settings: GatewaySettings,
+        previous: Snapshot | None,
+    ) -> None:
+        self.version = config.routing.version
+        self.config = config
+        old_replicas = previous.replicas if previous else {}
+        old_indexes = previous.indexes if previous else {}
+        self.replicas: dict[str, Replica] = {}
+        self.indexes: dict[str, PrefixIndex] = {}
+        self.routes: dict[str, ModelRouter] = {}
+        self.keys: KeyTable = KeyTable(config.keys, previous.keys if previous else None)
+        for route in config.routing.models:
+            replicas = []
+            for endpoint in route.endpoints:
+                replica = self.replicas.get(endpoint.replica_id) or old_replicas.get(
+                    endpoint.replica_id
+                )
+                if replica is None:
+                    replica = Replica(endpoint)
+                else:
+                    replica.update(endpoint)
+                self.replicas[endpoint.replica_id] = replica
+                replicas.append(replica)
+            index = old_indexes.get(route.name) or PrefixIndex()
+            self.indexes[route.name] = index
+            router = ModelRouter(
+                route,
+                replicas,
+                index,
+                block_chars=settings.prefix_block_chars,
+                chars_per_token=settings.chars_per_token,
+                threshold=settings.load_threshold,
+                tokens_per_unit=settings.prefill_tokens_per_unit,
+            )
+            # The canonical name wins over another model's alias of the same spelling.
+            for alias in route.aliases:
+                self.routes.setdefault(alias, router)
+            self.routes[route.name] = router
+        self.model_list: list[dict[str, str | int]] = [
+            {"id": route.name, "object": "model", "created": 0, "owned_by": "llmgw"}
+            for route in config.routing.models
+        ]
+
+    def served_models(self) -> set[str]:
+        """Names of models that have at least one endpoint in this snapshot."""
+        return {r.route.name for r in self.routes.values() if r.replicas}
+
+    def listing(self, allowed: frozenset[str] | None) -> dict[str, Any]:
+        data = self.model_list
+        if allowed is not None:
+            data = [m for m in data if self._permits(str(m["id"]), allowed)]
+        return {"object": "list", "data": data}
+
+    def _permits(self, name: str, allowed: frozenset[str]) -> bool:
+        router = self.routes.get(name)
+        if router is None:
+            return False
+        return name in allowed or any(a in allowed for a in router.route.aliases)
