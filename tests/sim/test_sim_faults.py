@@ -1,0 +1,93 @@
+"""Each injectable fault, seen from a client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import openai
+import pytest
+
+from llmgw.sim import tokens
+from tests.sim.helpers import StartEngine
+
+CHAT = [{"role": "user", "content": "tell me"}]
+
+
+def client_for(url: str, timeout: float = 10.0) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
+async def test_fail_at_start_health_503_then_500_forever(sim_engine: StartEngine) -> None:
+    engine = await sim_engine("m", ready=False, startup_s=0.2, fault="fail_at_start")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(engine.url + "/health") as resp:
+            assert resp.status == 503
+        assert await engine.wait_ready() is False
+        assert await asyncio.wait_for(engine.wait_exit(), 1) == 1
+        assert engine.state == "failed"
+        async with http.get(engine.url + "/health") as resp:
+            assert resp.status == 500
+    async with client_for(engine.url) as client:
+        with pytest.raises(openai.InternalServerError, match="failed at start"):
+            await client.chat.completions.create(model="m", messages=CHAT)  # type: ignore[arg-type]
+
+
+async def test_crash_mid_stream_drops_after_n_tokens(sim_engine: StartEngine) -> None:
+    engine = await sim_engine("m", fault="crash_mid_stream", crash_after_tokens=3)
+    async with client_for(engine.url) as client:
+        received: list[str] = []
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=CHAT,  # type: ignore[arg-type]
+            max_tokens=10,
+            stream=True,
+        )
+        with pytest.raises(openai.APIConnectionError):
+            async for chunk in stream:
+                for choice in chunk.choices:
+                    assert choice.finish_reason is None, "a crashed stream never finishes"
+                    if choice.delta.content:
+                        received.append(choice.delta.content)
+        assert "".join(received) == tokens.filler_text(3)
+        with pytest.raises(openai.APIConnectionError):
+            await client.completions.create(model="m", prompt="x", max_tokens=10)
+    # The dropped requests gave their KV blocks back.
+    await asyncio.sleep(0.05)
+    assert engine.core.running == 0 and engine.core.kv.used_blocks == 0
+
+
+async def test_hang_accepts_and_never_answers_while_healthy(sim_engine: StartEngine) -> None:
+    engine = await sim_engine("m", fault="hang")
+    async with aiohttp.ClientSession() as http, http.get(engine.url + "/health") as resp:
+        assert resp.status == 200
+    async with client_for(engine.url, timeout=0.3) as client:
+        started = time.monotonic()
+        with pytest.raises(openai.APITimeoutError):
+            await client.completions.create(model="m", prompt="x", max_tokens=2)
+        assert time.monotonic() - started >= 0.3
+    # Stopping a hung engine does not wait on its hung requests for long.
+    async with client_for(engine.url, timeout=10) as client:
+        pending = asyncio.create_task(client.completions.create(model="m", prompt="x"))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        await engine.stop()
+        assert time.monotonic() - started < 2
+        with pytest.raises(openai.APIConnectionError):
+            await pending
+
+
+async def test_slow_is_ten_times_slower(sim_engine: StartEngine) -> None:
+    normal = await sim_engine("m", decode_ms_per_token=2.0, prefill_tokens_per_s=100_000.0)
+    slow = await sim_engine("m", decode_ms_per_token=2.0, prefill_tokens_per_s=100_000.0, fault="slow")
+    prompt = tokens.filler_text(2000)  # 20 ms of prefill at normal speed
+    durations = []
+    for engine in (normal, slow):
+        async with client_for(engine.url) as client:
+            started = time.monotonic()
+            await client.completions.create(model="m", prompt=prompt, max_tokens=10)
+            durations.append(time.monotonic() - started)
+    # Modelled: 20 ms + 9 x 2 ms = 38 ms normal, 380 ms slow.
+    assert durations[1] >= 0.38
+    assert durations[1] > 5 * durations[0]
