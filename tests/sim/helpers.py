@@ -49,3 +49,12 @@ def engine_in_thread(model: str = "sim", **overrides: Any) -> Iterator[SimEngine
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+async def until(condition: Callable[[], bool], within_s: float = 5.0) -> None:
+    """Poll ``condition`` every 2 ms; fail the test if it stays false."""
+    for _ in range(int(within_s / 0.002)):
+        if condition():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("condition not met in time")

@@ -8,9 +8,9 @@ import time
 import aiohttp
 import openai
 import pytest
+from tests.sim.helpers import StartEngine
 
 from llmgw.sim import tokens
-from tests.sim.helpers import StartEngine
 
 CHAT = [{"role": "user", "content": "tell me"}]
 
@@ -80,7 +80,9 @@ async def test_hang_accepts_and_never_answers_while_healthy(sim_engine: StartEng
 
 async def test_slow_is_ten_times_slower(sim_engine: StartEngine) -> None:
     normal = await sim_engine("m", decode_ms_per_token=2.0, prefill_tokens_per_s=100_000.0)
-    slow = await sim_engine("m", decode_ms_per_token=2.0, prefill_tokens_per_s=100_000.0, fault="slow")
+    slow = await sim_engine(
+        "m", decode_ms_per_token=2.0, prefill_tokens_per_s=100_000.0, fault="slow"
+    )
     prompt = tokens.filler_text(2000)  # 20 ms of prefill at normal speed
     durations = []
     for engine in (normal, slow):

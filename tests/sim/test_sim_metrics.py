@@ -8,10 +8,10 @@ import random
 import aiohttp
 import openai
 from prometheus_client.parser import text_string_to_metric_families
+from tests.sim.helpers import StartEngine
 
 from llmgw.sim import tokens
 from llmgw.sim.engine import SimEngine
-from tests.sim.helpers import StartEngine
 
 
 async def scrape(http: aiohttp.ClientSession, engine: SimEngine) -> dict[str, float]:

@@ -12,11 +12,11 @@ import time
 
 import openai
 import pytest
+from tests.sim.helpers import StartEngine, params, until
 
 from llmgw.sim import tokens
 from llmgw.sim.core import EngineCore, Phase
 from llmgw.sim.engine import SimEngine
-from tests.sim.helpers import StartEngine, params
 
 
 def client_for(engine: SimEngine) -> openai.AsyncOpenAI:
@@ -83,8 +83,7 @@ async def test_running_limit_queues_fifo_and_max_waiting_refuses(sim_engine: Sta
         tasks = []
         for i in range(3):
             tasks.append(asyncio.create_task(one(client, i)))
-            while engine.core.running + engine.core.waiting <= i:
-                await asyncio.sleep(0.002)
+            await until(lambda i=i: engine.core.running + engine.core.waiting > i)
         assert (engine.core.running, engine.core.waiting) == (1, 2)
         with pytest.raises(openai.InternalServerError, match="already waiting"):
             await client.completions.create(model="m", prompt="one too many", max_tokens=1)
@@ -114,8 +113,7 @@ async def test_prefill_is_computed_in_chunks_fifo() -> None:
         try:
             long = core.submit(tokens.filler_text(1000).encode(), 1)
             short = core.submit(tokens.filler_text(10).encode(), 1)
-            while not (long.finished and short.finished):
-                await asyncio.sleep(0.001)
+            await until(lambda: long.finished and short.finished)
             assert long.phase is Phase.DONE and short.phase is Phase.DONE
             assert long.first_token_at is not None and short.first_token_at is not None
             return long.first_token_at, short.first_token_at
