@@ -1,0 +1,222 @@
+"""The reconciler: one pass = decide, write to the store, then apply to memory.
+
+The decisions come from ``scheduler.decide`` (pure, shared with the
+planner). Writing before applying is what keeps memory honest when the write
+is refused: a deposed leader's pass raises NotLeaderError from the store and
+leaves FleetState exactly as it was, instead of holding replicas no store
+row backs. Changes are applied field by field to the live records rather
+than by replacing them, because agent reports keep updating those records
+while the write is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw.control.scheduler.decide import Decisions, Policy, decide
+from llmgw.control.scheduler.placement import Placer
+from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord, ReplicaRecord
+from llmgw.control.store.repo import Store
+from llmgw.errors import NotFoundError
+from llmgw.wire import Event
+
+Row = dict[str, Any]
+
+
+@dataclass(slots=True)
+class PassResult:
+    placed: int = 0
+    removed: int = 0
+    failed: int = 0
+    evicted: int = 0
+    draining: int = 0
+    parked: int = 0
+    unplaceable: int = 0
+    events: list[Event] = field(default_factory=list)
+    duration_s: float = 0.0
+    changed: bool = False
+
+
+class Reconciler:
+    def __init__(
+        self,
+        state: FleetState,
+        store: Store,
+        *,
+        failure_limit: int = 5,
+        backoff_base_s: float = 5.0,
+        backoff_max_s: float = 300.0,
+        replace_after_s: float = REPLACE_AFTER_S,
+        drain_grace_s: float = 5.0,
+        drain_timeout_s: float = 120.0,
+        evict_min_idle_s: float = 60.0,
+        placer: Placer | None = None,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.policy = Policy(
+            failure_limit=failure_limit,
+            backoff_base_s=backoff_base_s,
+            backoff_max_s=backoff_max_s,
+            replace_after_s=replace_after_s,
+            drain_grace_s=drain_grace_s,
+            drain_timeout_s=drain_timeout_s,
+            evict_min_idle_s=evict_min_idle_s,
+        )
+        self.placer = placer or Placer()
+        self.last_pass: PassResult | None = None
+        # When each draining replica was first seen draining (memory only; a
+        # new leader restarts the clock, which only delays removal).
+        self._draining_since: dict[str, float] = {}
+        # Two overlapping passes would each place the same missing replica.
+        self._lock = asyncio.Lock()
+
+    async def run_pass(self, now: float, epoch: int) -> PassResult:
+        async with self._lock:
+            started = time.perf_counter()
+            decisions = decide(
+                self.state,
+                now,
+                self.policy,
+                placer=self.placer,
+                draining_since=self._draining_since,
+            )
+            await self.store.write_replicas(
+                [replica_row(r) for r in decisions.new]
+                + [replica_row(r, draining=True) for r in decisions.mark_draining],
+                [removal.replica.id for removal in decisions.removals],
+                epoch=epoch,
+                events=[event_row(e) for e in decisions.events],
+            )
+            self._apply_replicas(decisions)
+            model_rows = self._model_rows(decisions, now)
+            if model_rows:
+                await self.store.upsert_models(model_rows, epoch=epoch)
+            self._apply_models(decisions)
+            if decisions.changes_replicas:
+                await self.state.bump_routing()
+            result = _result(decisions, time.perf_counter() - started)
+            self.last_pass = result
+            return result
+
+    # -- applying to memory (after the store accepted the write) ----------------
+
+    def _apply_replicas(self, decisions: Decisions) -> None:
+        replicas = self.state.replicas
+        for removal in decisions.removals:
+            replicas.pop(removal.replica.id, None)
+            self._draining_since.pop(removal.replica.id, None)
+        for replica in decisions.mark_draining:
+            live = replicas.get(replica.id)
+            if live is not None:
+                live.draining = True
+        for replica in decisions.new:
+            replicas[replica.id] = replica
+        for replica_id, since in decisions.draining_since.items():
+            if replica_id in replicas:
+                self._draining_since.setdefault(replica_id, since)
+        for name, reason in decisions.reasons.items():
+            record = self.state.models.get(name)
+            if record is not None:
+                record.unplaceable_reason = reason
+
+    def _model_rows(self, decisions: Decisions, now: float) -> list[Row]:
+        rows = []
+        for name, update in sorted(decisions.models.items()):
+            record = self.state.models.get(name)
+            if record is None:
+                continue
+            row = model_row(record, updated_at=now)
+            row.update(parked=update.parked, failures=update.failures, last_error=update.last_error)
+            rows.append(row)
+        return rows
+
+    def _apply_models(self, decisions: Decisions) -> None:
+        for name, update in decisions.models.items():
+            record = self.state.models.get(name)
+            if record is None:
+                continue
+            record.failures = update.failures
+            record.parked = update.parked
+            record.last_error = update.last_error
+            record.backoff_until = update.backoff_until
+
+
+def _result(decisions: Decisions, duration_s: float) -> PassResult:
+    kinds = [r.kind for r in decisions.removals]
+    return PassResult(
+        placed=len(decisions.new),
+        removed=len(decisions.removals),
+        failed=kinds.count("failed"),
+        evicted=kinds.count("evicted"),
+        draining=len(decisions.mark_draining),
+        parked=sum(1 for e in decisions.events if e.kind == "parked"),
+        unplaceable=sum(1 for r in decisions.reasons.values() if r is not None),
+        events=list(decisions.events),
+        duration_s=duration_s,
+        changed=decisions.changes_replicas or bool(decisions.models),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Rows for the store, and unpark
+# ---------------------------------------------------------------------------
+
+
+def replica_row(replica: ReplicaRecord, *, draining: bool | None = None) -> Row:
+    return {
+        "id": replica.id,
+        "model": replica.model,
+        "generation": replica.generation,
+        "shards": [s.model_dump() for s in replica.shards],
+        "state": str(replica.state),
+        "reason": replica.reason,
+        "port": replica.port,
+        "created_at": replica.created_at,
+        "ready_at": replica.ready_at,
+        "last_request_at": replica.last_request_at,
+        "draining": replica.draining if draining is None else draining,
+    }
+
+
+def model_row(record: ModelRecord, *, updated_at: float | None = None) -> Row:
+    return {
+        "name": record.name,
+        "spec": record.spec.model_dump(mode="json"),
+        "parked": record.parked,
+        "failures": record.failures,
+        "last_error": record.last_error,
+        "demand_at": record.demand_at,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at if updated_at is None else updated_at,
+    }
+
+
+def event_row(event: Event) -> Row:
+    return {
+        "at": event.at,
+        "kind": event.kind,
+        "subject": event.subject,
+        "message": event.message,
+        "data": dict(event.data),
+    }
+
+
+def unpark(state: FleetState, name: str) -> ModelRecord:
+    """Let a parked model be retried: clears parked, failures and backoff.
+
+    Memory only; the caller persists ``model_row(record)`` (fenced) and
+    writes an event. The last error is kept as history: it says why the
+    model was parked until a new failure or a successful start replaces it.
+    """
+    record = state.resolve_model(name)
+    if record is None:
+        raise NotFoundError(f"no model named {name!r}")
+    record.parked = False
+    record.failures = 0
+    record.backoff_until = 0.0
+    record.unplaceable_reason = None
+    return record

@@ -1,0 +1,218 @@
+"""Why a replica cannot be placed, as one sentence a person can act on.
+
+"unplaceable" alone sends an operator to read every node; a sentence that
+counts nodes by the reason that refused them ("0/2000 nodes fit: 1890 too
+few free h100-80g (at most 2 free), 96 cordoned, 14 unreachable") says
+whether to uncordon, add cards, or free some. Each node is counted once,
+under its first rejection in filter order, so the counts add up to the
+fleet. The status separates "cannot fit now" (wait, or free something) from
+"can never fit" (change the catalog or the fleet).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from llmgw.control.scheduler.filters import (
+    CORDONED,
+    DRAINING,
+    MIG_ONE_INSTANCE,
+    NO_CLASS,
+    NO_FABRIC,
+    NOT_ENTIRELY_FREE,
+    TOO_FEW_FREE,
+    TOO_FEW_HEALTHY,
+    TOO_SMALL,
+    UNREACHABLE,
+    Rejection,
+    Request,
+)
+from llmgw.control.scheduler.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from llmgw.control.scheduler.placement import Placer
+
+CANNOT_FIT_NOW = "cannot fit now"
+CAN_NEVER_FIT = "can never fit"
+
+# How many fabrics a multi-node sentence names before summarising the rest.
+_FABRICS_SHOWN = 6
+
+
+def explain(
+    placer: Placer, snapshot: Snapshot, request: Request
+) -> tuple[str, str, dict[str, int]]:
+    """(status, sentence, node counts by reason) for a request that did not fit."""
+    if not request.classes:
+        classes = " or ".join(request.mig_refused)
+        return (
+            CAN_NEVER_FIT,
+            f"needs {request.per_node * request.nodes} devices per replica but accepts only"
+            f" MIG class {classes}: a replica on MIG runs on exactly one instance",
+            {},
+        )
+    counts, fit, most_free = _count(placer, snapshot, request)
+    breakdown = _breakdown(counts, request, most_free)
+    total = len(snapshot.nodes)
+    keyed = {f"{reason}:{dim}": n for (reason, dim), n in counts.items()}
+    if request.multi_node:
+        return _explain_multi(placer, snapshot, request, fit, total, breakdown, keyed)
+    largest = max(
+        (
+            snapshot.nodes[n].total.get(c, 0)
+            for c in request.classes
+            for n in snapshot.class_nodes(c)
+        ),
+        default=0,
+    )
+    cls = request.class_phrase()
+    if largest == 0:
+        return (
+            CAN_NEVER_FIT,
+            f"needs {request.per_node} {cls} on one node; no node has {cls}",
+            keyed,
+        )
+    if largest < request.per_node:
+        return (
+            CAN_NEVER_FIT,
+            f"needs {request.per_node} {cls} on one node; no node has that many"
+            f" (the largest has {largest})",
+            keyed,
+        )
+    return (
+        CANNOT_FIT_NOW,
+        f"needs {request.per_node} free {cls} on one node; {fit}/{total} nodes fit: {breakdown}",
+        keyed,
+    )
+
+
+def _explain_multi(
+    placer: Placer,
+    snapshot: Snapshot,
+    request: Request,
+    fit: int,
+    total: int,
+    breakdown: str,
+    keyed: dict[str, int],
+) -> tuple[str, str, dict[str, int]]:
+    cls = request.class_phrase()
+    now_by_fabric: Counter[str] = Counter()
+    ever_by_fabric: Counter[str] = Counter()
+    for gpu_class in request.classes:
+        now_here: Counter[str] = Counter()
+        ever_here: Counter[str] = Counter()
+        for name in snapshot.class_nodes(gpu_class):
+            view = snapshot.nodes[name]
+            for fabric in view.fabrics:
+                now_here[fabric] += 0
+                if view.total.get(gpu_class, 0) >= request.per_node:
+                    ever_here[fabric] += 1
+                if (
+                    view.free_count(gpu_class) >= request.per_node
+                    and placer.first_rejection(view, request) is None
+                ):
+                    now_here[fabric] += 1
+        for fabric in now_here:
+            now_by_fabric[fabric] = max(now_by_fabric[fabric], now_here[fabric])
+            ever_by_fabric[fabric] = max(ever_by_fabric[fabric], ever_here[fabric])
+    need = f"needs {request.nodes} nodes with {request.per_node}"
+    if not ever_by_fabric:
+        return (
+            CAN_NEVER_FIT,
+            f"{need} {cls} in one fabric; no node with {cls} is in a fabric",
+            keyed,
+        )
+    if max(ever_by_fabric.values()) < request.nodes:
+        return (
+            CAN_NEVER_FIT,
+            f"{need} {cls} in one fabric; {_per_fabric(ever_by_fabric)}",
+            keyed,
+        )
+    return (
+        CANNOT_FIT_NOW,
+        f"{need} free {cls} in one fabric; {_per_fabric(now_by_fabric)};"
+        f" {fit}/{total} nodes fit: {breakdown}",
+        keyed,
+    )
+
+
+def _per_fabric(counts: Counter[str]) -> str:
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = []
+    for index, (fabric, n) in enumerate(ordered[:_FABRICS_SHOWN]):
+        noun = "" if index else (" such node" if n == 1 else " such nodes")
+        parts.append(f"{fabric} has {n}{noun}")
+    rest = ordered[_FABRICS_SHOWN:]
+    if rest:
+        parts.append(f"{len(rest)} more fabrics have at most {max(n for _, n in rest)}")
+    return ", ".join(parts)
+
+
+def _count(
+    placer: Placer, snapshot: Snapshot, request: Request
+) -> tuple[Counter[tuple[str, str]], int, dict[str, int]]:
+    """Nodes by first rejection, nodes that fit, and the most free seen per class."""
+    counts: Counter[tuple[str, str]] = Counter()
+    most_free: dict[str, int] = {}
+    fit = 0
+    with_class: dict[str, None] = {}
+    for gpu_class in request.all_classes:
+        with_class.update(snapshot.class_nodes(gpu_class))
+    # Nodes without any accepted class are counted without looking at them:
+    # on a mixed fleet they are most of it.
+    missing = len(snapshot.nodes) - len(with_class)
+    if missing:
+        counts[(NO_CLASS, request.class_phrase())] = missing
+    for name in with_class:
+        view = snapshot.nodes[name]
+        rejection = placer.first_rejection(view, request)
+        if rejection is None:
+            fit += 1
+            continue
+        counts[(rejection.reason, rejection.dimension)] += 1
+        if rejection.reason == TOO_FEW_FREE and rejection.available is not None:
+            dim = rejection.dimension
+            most_free[dim] = max(most_free.get(dim, 0), rejection.available)
+    return counts, fit, most_free
+
+
+def _breakdown(
+    counts: Counter[tuple[str, str]], request: Request, most_free: dict[str, int]
+) -> str:
+    ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(_phrase(rej, n, request, most_free) for rej, n in ordered)
+
+
+def _phrase(key: tuple[str, str], n: int, request: Request, most_free: dict[str, int]) -> str:
+    reason, dim = key
+    if reason in (UNREACHABLE, CORDONED, DRAINING):
+        return f"{n} {reason}"
+    if reason == NO_CLASS:
+        return f"{n} no {dim}"
+    if reason == MIG_ONE_INSTANCE:
+        return f"{n} only MIG {dim} (one instance per replica)"
+    if reason == TOO_SMALL:
+        return f"{n} fewer than {request.per_node} {dim} in all"
+    if reason == TOO_FEW_HEALTHY:
+        return f"{n} too few healthy {dim}"
+    if reason == TOO_FEW_FREE:
+        return f"{n} too few free {dim} (at most {most_free.get(dim, 0)} free)"
+    if reason == NOT_ENTIRELY_FREE:
+        return f"{n} not entirely free"
+    if reason == NO_FABRIC:
+        return f"{n} in no fabric"
+    return f"{n} {reason}"
+
+
+def rejection_text(rejection: Rejection) -> str:
+    """One node's rejection as words (for a per-node view in the planner)."""
+    numbers = []
+    if rejection.requested is not None:
+        numbers.append(f"needs {rejection.requested}")
+    if rejection.available is not None:
+        numbers.append(f"{rejection.available} free")
+    if rejection.capacity is not None:
+        numbers.append(f"{rejection.capacity} usable")
+    suffix = f" ({', '.join(numbers)})" if numbers else ""
+    return f"{rejection.reason} {rejection.dimension}{suffix}"

@@ -1,0 +1,254 @@
+"""Placement of one replica: filters, then scorers, over indexed candidates.
+
+The pipeline is assembled in one place (:class:`Placer`) so that the
+reconciler, the planner and the tests all run exactly the same checks in
+the same order. Placement reads a :class:`Snapshot` and returns what it
+would do; applying it (``Snapshot.allocate``, writing replicas) is the
+caller's separate step, so a dry run is the real run minus that step.
+
+Candidates come from the snapshot's indexes rather than a scan of every
+node: nodes holding the weights, then ready nodes in ascending order of free
+devices (best fit). Like Nomad's limit iterator, only a bounded number of
+feasible candidates are scored; past a handful, more candidates change the
+choice rarely and cost a scan of the fleet every time. The filters still
+run on every candidate, so the index can narrow the search but never admit a
+node a filter would refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmgw.control.scheduler.explain import CAN_NEVER_FIT, CANNOT_FIT_NOW, explain
+from llmgw.control.scheduler.filters import (
+    ClassAccepted,
+    EnoughFreeDevices,
+    Filter,
+    InFabric,
+    MigSingleInstance,
+    NodeReady,
+    Rejection,
+    Request,
+    WholeNode,
+    usable_class,
+)
+from llmgw.control.scheduler.scorers import BinPack, Scorer, Spread, WeightsLocal
+from llmgw.control.scheduler.snapshot import NodeView, Snapshot
+from llmgw.wire import ShardAssignment
+
+__all__ = ["CANNOT_FIT_NOW", "CAN_NEVER_FIT", "Placement", "Placer", "Unplaceable"]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A scored node: the total (weighted mean) and each scorer's part."""
+
+    node: str
+    gpu_class: str
+    score: float
+    scores: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPick:
+    node: str
+    gpu_class: str
+    numbers: tuple[int, ...]
+    uuids: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class Placement:
+    request: Request
+    shards: list[ShardPick]
+    fabric: str | None = None
+    # The best candidates considered, best first (shown by the planner).
+    candidates: list[Candidate] = field(default_factory=list)
+
+    def shard_assignments(self) -> list[ShardAssignment]:
+        return [
+            ShardAssignment(
+                node=s.node,
+                rank=rank,
+                device_numbers=list(s.numbers),
+                device_uuids=list(s.uuids),
+            )
+            for rank, s in enumerate(self.shards)
+        ]
+
+
+@dataclass(slots=True)
+class Unplaceable:
+    request: Request
+    status: str  # CANNOT_FIT_NOW or CAN_NEVER_FIT
+    reason: str  # a sentence a person can act on
+    # Nodes by the first reason that refused them, e.g. {"cordoned": 96}.
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Placer:
+    def __init__(self, *, candidate_limit: int = 8, show_top: int = 3) -> None:
+        # Cheapest and most selective first: a node's state is one comparison
+        # and rules out cordoned, draining and unreachable nodes before any
+        # per-class work; class and MIG checks look at the node's class list;
+        # the multi-node checks are one attribute each; counting free devices
+        # comes last. The order also decides which reason a node is counted
+        # under in an unplaceable sentence (its first rejection).
+        self.filters: tuple[Filter, ...] = (
+            NodeReady(),
+            ClassAccepted(),
+            MigSingleInstance(),
+            InFabric(),
+            WholeNode(),
+            EnoughFreeDevices(),
+        )
+        # Weights outrank everything (copying weights is minutes), spreading
+        # one model outranks packing (failure isolation), packing breaks ties.
+        self.scorers: tuple[Scorer, ...] = (WeightsLocal(10.0), Spread(2.0), BinPack(1.0))
+        self._weight_sum = sum(s.weight for s in self.scorers) or 1.0
+        self.candidate_limit = candidate_limit
+        self.show_top = show_top
+
+    # -- building blocks ---------------------------------------------------------
+
+    def first_rejection(self, node: NodeView, request: Request) -> Rejection | None:
+        for check in self.filters:
+            rejection = check.check(node, request)
+            if rejection is not None:
+                return rejection
+        return None
+
+    def rejections(self, node: NodeView, request: Request) -> list[Rejection]:
+        """Every filter's answer, not just the first (for explanations)."""
+        found = (check.check(node, request) for check in self.filters)
+        return [r for r in found if r is not None]
+
+    def score(self, node: NodeView, request: Request, gpu_class: str) -> Candidate:
+        parts = tuple((s.name, s.score(node, request)) for s in self.scorers)
+        total = sum(s.weight * value for s, (_, value) in zip(self.scorers, parts, strict=True))
+        return Candidate(node.name, gpu_class, round(total / self._weight_sum, 6), parts)
+
+    # -- placing -----------------------------------------------------------------
+
+    def place(self, snapshot: Snapshot, request: Request) -> Placement | Unplaceable:
+        placement = self.try_place(snapshot, request)
+        if placement is not None:
+            return placement
+        status, reason, counts = explain(self, snapshot, request)
+        return Unplaceable(request, status, reason, counts)
+
+    def try_place(self, snapshot: Snapshot, request: Request) -> Placement | None:
+        """A placement, or None without the (fleet-wide) explanation."""
+        if request.multi_node:
+            return self._place_multi(snapshot, request)
+        return self._place_single(snapshot, request)
+
+    def _place_single(self, snapshot: Snapshot, request: Request) -> Placement | None:
+        candidates: list[Candidate] = []
+        seen: set[str] = set()
+        # Weights first: a node holding them wins on score anyway, and it may
+        # sit in any bucket. Bounded, since a popular model's weights may be on
+        # most of the fleet and most of those nodes are full.
+        for examined, name in enumerate(snapshot.holders(request.model), start=1):
+            if examined > 8 * self.candidate_limit or len(candidates) >= self.candidate_limit:
+                break
+            self._consider(snapshot.nodes[name], request, candidates, seen)
+        found_in_buckets = 0
+        for gpu_class in request.classes:
+            buckets = snapshot.buckets(gpu_class)
+            for count in sorted(c for c in buckets if c >= request.per_node):
+                for name in buckets[count]:
+                    if self._consider(snapshot.nodes[name], request, candidates, seen):
+                        found_in_buckets += 1
+                    if found_in_buckets >= self.candidate_limit:
+                        break
+                if found_in_buckets >= self.candidate_limit:
+                    break
+        if not candidates:
+            return None
+        ranked = _rank(candidates)
+        best = ranked[0]
+        view = snapshot.nodes[best.node]
+        return Placement(
+            request,
+            [_pick(view, best.gpu_class, request.per_node)],
+            candidates=ranked[: self.show_top],
+        )
+
+    def _consider(
+        self, node: NodeView, request: Request, out: list[Candidate], seen: set[str]
+    ) -> bool:
+        if node.name in seen:
+            return False
+        seen.add(node.name)
+        if self.first_rejection(node, request) is not None:
+            return False
+        gpu_class = usable_class(node, request)
+        if gpu_class is None:
+            return False
+        out.append(self.score(node, request, gpu_class))
+        return True
+
+    def _place_multi(self, snapshot: Snapshot, request: Request) -> Placement | None:
+        """Whole free nodes of one fabric, all of one class.
+
+        Among fabrics that can take the replica, prefer the one whose chosen
+        nodes hold the most weights, then the one with the fewest whole free
+        nodes (best fit: large islands stay whole for larger replicas).
+        """
+        best: tuple[tuple[float, int, str, str], str, str, list[Candidate]] | None = None
+        for gpu_class in request.classes:
+            for fabric, names in sorted(snapshot.whole_free(gpu_class).items()):
+                if len(names) < request.nodes:
+                    continue
+                chosen = self._fabric_candidates(snapshot, request, gpu_class, names)
+                if len(chosen) < request.nodes:
+                    continue
+                chosen = chosen[: request.nodes]
+                holders = sum(1 for c in chosen if request.model in snapshot.nodes[c.node].weights)
+                key = (-float(holders), len(names), fabric, gpu_class)
+                if best is None or key < best[0]:
+                    best = (key, gpu_class, fabric, chosen)
+        if best is None:
+            return None
+        _, gpu_class, fabric, chosen = best
+        shards = [_pick(snapshot.nodes[c.node], gpu_class, request.per_node) for c in chosen]
+        return Placement(request, shards, fabric=fabric, candidates=chosen[: self.show_top])
+
+    def _fabric_candidates(
+        self, snapshot: Snapshot, request: Request, gpu_class: str, names: dict[str, None]
+    ) -> list[Candidate]:
+        out: list[Candidate] = []
+        seen: set[str] = set()
+        wanted = request.nodes + self.candidate_limit
+        ordered = [n for n in snapshot.holders(request.model) if n in names]
+        for group in (ordered, names):
+            for name in group:
+                if len(out) >= wanted:
+                    break
+                if name in seen:
+                    continue
+                seen.add(name)
+                view = snapshot.nodes[name]
+                if self.first_rejection(view, request) is not None:
+                    continue
+                if view.free_count(gpu_class) < request.per_node:
+                    continue
+                out.append(self.score(view, request, gpu_class))
+        return _rank(out)
+
+
+def _rank(candidates: list[Candidate]) -> list[Candidate]:
+    # Stable: equal scores keep candidate order (weights holders, then best fit).
+    return sorted(candidates, key=lambda c: -c.score)
+
+
+def _pick(view: NodeView, gpu_class: str, count: int) -> ShardPick:
+    numbers = tuple(view.free[gpu_class][:count])
+    return ShardPick(view.name, gpu_class, numbers, tuple(view.uuids[n] for n in numbers))
+
+
+def commit(snapshot: Snapshot, placement: Placement) -> None:
+    """Apply a placement to the snapshot so the next decisions see it."""
+    for shard in placement.shards:
+        snapshot.allocate(shard.node, shard.numbers, placement.request.model)

@@ -1,0 +1,241 @@
+"""A point-in-time view of the fleet that placement reads and updates.
+
+Placement must never consult the live FleetState: agent reports change it
+while a pass runs, and a decision taken half on old and half on new facts is
+how one device ends up given to two replicas. The snapshot is built once per
+pass from FleetState, then placements and removals made during the pass are
+applied to it (``allocate``/``release``) so later decisions see earlier ones.
+
+It also keeps the indexes that make placement cheap at fleet scale: ready
+nodes bucketed by their number of free devices per class, entirely free
+nodes per class and fabric, and nodes per model whose weights they hold.
+Without them every placement is a scan of every node, which at 2,000 nodes
+and thousands of replicas turns a pass into seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
+from llmgw.wire import NodeState
+
+# An insertion-ordered set: iteration order must not depend on string hash
+# seeds, or the planner and the reconciler could pick different nodes for the
+# same state in two processes.
+OrderedSet = dict[str, None]
+
+
+@dataclass(slots=True)
+class NodeView:
+    """What placement needs to know about one node, by device class."""
+
+    name: str
+    state: NodeState
+    fabrics: tuple[str, ...]
+    weights: frozenset[str]
+    # Healthy, placeable devices no replica holds, lowest number first.
+    free: dict[str, list[int]] = field(default_factory=dict)
+    # Healthy and placeable devices (free or not): what the node could offer.
+    capacity: dict[str, int] = field(default_factory=dict)
+    # Every device of the class, healthy or not.
+    total: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    unhealthy: dict[str, int] = field(default_factory=dict)
+    out_of_placement: dict[str, int] = field(default_factory=dict)
+    uuids: dict[int, str] = field(default_factory=dict)
+    device_class: dict[int, str] = field(default_factory=dict)
+    # Numbers of the healthy, placeable devices: only these can ever be freed,
+    # so releasing a replica that sat on a now-unhealthy card cannot make that
+    # card look free.
+    placeable: set[int] = field(default_factory=set)
+    # Replicas per model with a shard here (spreading).
+    replicas: dict[str, int] = field(default_factory=dict)
+    used_total: int = 0
+    capacity_total: int = 0
+
+    def free_count(self, gpu_class: str) -> int:
+        free = self.free.get(gpu_class)
+        return len(free) if free else 0
+
+    @property
+    def entirely_free(self) -> bool:
+        return self.used_total == 0
+
+
+class Snapshot:
+    """Nodes by name plus the indexes over them; see the module docstring."""
+
+    def __init__(self, now: float, nodes: dict[str, NodeView]) -> None:
+        self.now = now
+        self.nodes = nodes
+        # class -> free count -> ready nodes with exactly that many free.
+        self._buckets: dict[str, dict[int, OrderedSet]] = {}
+        # class -> fabric -> ready nodes with nothing placed on them.
+        self._whole_free: dict[str, dict[str, OrderedSet]] = {}
+        # model -> nodes holding its weights (any state).
+        self._holders: dict[str, OrderedSet] = {}
+        # class -> nodes having at least one device of it (any state).
+        self._class_nodes: dict[str, OrderedSet] = {}
+        for view in nodes.values():
+            for model in view.weights:
+                self._holders.setdefault(model, {})[view.name] = None
+            for gpu_class in view.total:
+                self._class_nodes.setdefault(gpu_class, {})[view.name] = None
+            self._index(view)
+
+    # -- indexes ---------------------------------------------------------------
+
+    def _index(self, view: NodeView) -> None:
+        if view.state is not NodeState.READY:
+            return
+        for gpu_class, free in view.free.items():
+            if free:
+                self._buckets.setdefault(gpu_class, {}).setdefault(len(free), {})[view.name] = None
+        if view.entirely_free:
+            for gpu_class, cap in view.capacity.items():
+                if cap:
+                    by_fabric = self._whole_free.setdefault(gpu_class, {})
+                    for fabric in view.fabrics:
+                        by_fabric.setdefault(fabric, {})[view.name] = None
+
+    def _unindex(self, view: NodeView) -> None:
+        if view.state is not NodeState.READY:
+            return
+        for gpu_class, free in view.free.items():
+            if free:
+                bucket = self._buckets.get(gpu_class, {}).get(len(free))
+                if bucket is not None:
+                    bucket.pop(view.name, None)
+                    if not bucket:
+                        del self._buckets[gpu_class][len(free)]
+        if view.entirely_free:
+            for gpu_class in view.capacity:
+                by_fabric = self._whole_free.get(gpu_class, {})
+                for fabric in view.fabrics:
+                    by_fabric.get(fabric, {}).pop(view.name, None)
+
+    def buckets(self, gpu_class: str) -> Mapping[int, OrderedSet]:
+        """Ready nodes by their number of free ``gpu_class`` devices."""
+        return self._buckets.get(gpu_class, {})
+
+    def whole_free(self, gpu_class: str) -> Mapping[str, OrderedSet]:
+        """Ready, entirely free nodes with ``gpu_class`` devices, by fabric."""
+        return self._whole_free.get(gpu_class, {})
+
+    def holders(self, model: str) -> OrderedSet:
+        return self._holders.get(model, {})
+
+    def class_nodes(self, gpu_class: str) -> OrderedSet:
+        return self._class_nodes.get(gpu_class, {})
+
+    # -- changes made during a pass ---------------------------------------------
+
+    def allocate(self, node: str, numbers: Iterable[int], model: str) -> None:
+        """Mark devices of ``node`` as held by a replica of ``model``."""
+        view = self.nodes[node]
+        self._unindex(view)
+        taken = set(numbers)
+        for number in taken:
+            gpu_class = view.device_class.get(number)
+            if gpu_class is None:
+                continue
+            free = view.free.get(gpu_class)
+            if free is not None and number in free:
+                free.remove(number)
+                view.used[gpu_class] = view.used.get(gpu_class, 0) + 1
+                view.used_total += 1
+        view.replicas[model] = view.replicas.get(model, 0) + 1
+        self._index(view)
+
+    def release(self, node: str, numbers: Iterable[int], model: str) -> None:
+        """Give the devices back, e.g. for a replica removed in this pass."""
+        view = self.nodes.get(node)
+        if view is None:
+            return
+        self._unindex(view)
+        for number in set(numbers):
+            gpu_class = view.device_class.get(number)
+            if gpu_class is None or number not in view.placeable:
+                continue
+            free = view.free.setdefault(gpu_class, [])
+            if number in free:
+                continue
+            free.append(number)
+            free.sort()
+            view.used[gpu_class] -= 1
+            view.used_total -= 1
+        count = view.replicas.get(model, 0) - 1
+        if count > 0:
+            view.replicas[model] = count
+        else:
+            view.replicas.pop(model, None)
+        self._index(view)
+
+    def allocate_replica(self, replica: ReplicaRecord) -> None:
+        for shard in replica.shards:
+            if shard.node in self.nodes:
+                self.allocate(shard.node, shard.device_numbers, replica.model)
+
+    def release_replica(self, replica: ReplicaRecord) -> None:
+        for shard in replica.shards:
+            self.release(shard.node, shard.device_numbers, replica.model)
+
+
+def node_view(node: NodeRecord, now: float) -> NodeView:
+    view = NodeView(
+        name=node.name,
+        state=node.state(now),
+        fabrics=tuple(node.fabrics),
+        weights=frozenset(w.model for w in node.weights),
+    )
+    if node.inventory is None:
+        return view
+    for device in node.inventory.devices:
+        gpu_class = device.gpu_class
+        view.total[gpu_class] = view.total.get(gpu_class, 0) + 1
+        view.uuids[device.number] = device.uuid
+        view.device_class[device.number] = gpu_class
+        # Unhealthy devices are neither used nor free: counting them as free is
+        # how a fleet looks like it has room it does not have.
+        if not device.healthy:
+            view.unhealthy[gpu_class] = view.unhealthy.get(gpu_class, 0) + 1
+        elif not device.placeable:
+            view.out_of_placement[gpu_class] = view.out_of_placement.get(gpu_class, 0) + 1
+        else:
+            view.capacity[gpu_class] = view.capacity.get(gpu_class, 0) + 1
+            view.free.setdefault(gpu_class, []).append(device.number)
+            view.placeable.add(device.number)
+            view.capacity_total += 1
+    for free in view.free.values():
+        free.sort()
+    return view
+
+
+def build_snapshot(state: FleetState, now: float, *, exclude: Iterable[str] = ()) -> Snapshot:
+    """The fleet as placement sees it at ``now``.
+
+    ``exclude`` names replicas whose devices count as free (replicas the
+    current pass is removing).
+    """
+    views = {name: node_view(node, now) for name, node in sorted(state.nodes.items())}
+    skip = set(exclude)
+    for replica in state.replicas.values():
+        if replica.id in skip:
+            continue
+        for shard in replica.shards:
+            view = views.get(shard.node)
+            if view is None:
+                continue
+            for number in shard.device_numbers:
+                gpu_class = view.device_class.get(number)
+                if gpu_class is None:
+                    continue
+                free = view.free.get(gpu_class)
+                if free is not None and number in free:
+                    free.remove(number)
+                    view.used[gpu_class] = view.used.get(gpu_class, 0) + 1
+                    view.used_total += 1
+            view.replicas[replica.model] = view.replicas.get(replica.model, 0) + 1
+    return Snapshot(now, views)
