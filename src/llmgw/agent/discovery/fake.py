@@ -281,6 +281,8 @@ def fake_from_cards(cards: list[CardFacts]) -> FakeNvml:
                 ecc_aggregate_uncorrected=health.ecc_aggregate_uncorrected,
                 retired_pages_pending=health.retired_pages_pending,
                 remapped_rows=rows,
+                # A card the capture shows as lost answers who it is, then nothing.
+                fail={"nvmlDeviceGetMemoryInfo": GPU_IS_LOST} if health.lost else {},
             )
         )
     return FakeNvml(gpus)
