@@ -57,12 +57,31 @@ def _optional(module: str, name: str) -> Callable[..., Any] | None:
     return cast(Callable[..., Any], found) if callable(found) else None
 
 
-def discover(cpu_slots: int = 1, class_overrides: Mapping[str, str] | None = None) -> NodeInventory:
-    """This node's inventory from discovery, or the CPU-only fallback."""
-    real = _optional("llmgw.agent.discovery", "discover")
-    if real is None:
-        return cpu_inventory(cpu_slots)
-    return cast(NodeInventory, real(cpu_slots=cpu_slots, class_overrides=class_overrides))
+class Discoverer:
+    """Calls discovery with a memory of what cards reported before.
+
+    In MIG mode a card stops reporting utilisation and remapped rows; the
+    discovery package carries the last values seen (``LastSeen``) when it is
+    given the same object on every call, which this class holds.
+    """
+
+    def __init__(self, cpu_slots: int = 1, class_overrides: Mapping[str, str] | None = None):
+        self.cpu_slots = cpu_slots
+        self.class_overrides = dict(class_overrides or {}) or None
+        make_cache = _optional("llmgw.agent.discovery", "LastSeen")
+        self._cache = make_cache() if make_cache is not None else None
+
+    def __call__(self) -> NodeInventory:
+        real = _optional("llmgw.agent.discovery", "discover")
+        if real is None:
+            return cpu_inventory(self.cpu_slots)
+        kwargs: dict[str, Any] = {
+            "cpu_slots": self.cpu_slots,
+            "class_overrides": self.class_overrides,
+        }
+        if self._cache is not None:
+            kwargs["cache"] = self._cache
+        return cast(NodeInventory, real(**kwargs))
 
 
 def engine_env(devices: Sequence[Device], vulkan: bool = False) -> dict[str, str]:
@@ -70,4 +89,4 @@ def engine_env(devices: Sequence[Device], vulkan: bool = False) -> dict[str, str
     real = _optional("llmgw.agent.discovery.pinning", "engine_env")
     if real is None:
         return fallback_engine_env(devices, vulkan=vulkan)
-    return dict(real(devices, vulkan=vulkan))
+    return dict(real(list(devices), vulkan=vulkan))

@@ -57,10 +57,19 @@ def _looks_like_gemma(name: str, weights_path: str | None) -> bool:
 class LlamaCppAdapter:
     kind = EngineKind.LLAMACPP
 
-    def __init__(self, server_binary: str | None = None, python: str | None = None) -> None:
+    def __init__(
+        self,
+        server_binary: str | None = None,
+        python: str | None = None,
+        *,
+        vulkan: bool = False,
+    ) -> None:
         # None: look for llama-server on PATH now; "" forces the Python server.
         self.server_binary = shutil.which(SERVER_BINARY) if server_binary is None else server_binary
         self.python = python or sys.executable
+        # A Vulkan build is pinned by Vulkan index and cannot use MIG
+        # instances; a CUDA build (the usual one on NVIDIA) by UUID.
+        self.vulkan = vulkan
 
     @property
     def managed_flags(self) -> tuple[str, ...]:
@@ -122,7 +131,5 @@ class LlamaCppAdapter:
             health = "/v1/models"
         argv += extra
         env = dict(spec.env)
-        # Vulkan builds of llama.cpp read GGML_VK_VISIBLE_DEVICES; CUDA builds
-        # ignore it, so setting both is right whichever this node has.
-        env.update(engine_env(ctx.devices, vulkan=True))
+        env.update(engine_env(ctx.devices, vulkan=self.vulkan))
         return EngineLaunch(argv=argv, env=env, health_path=health)

@@ -1,0 +1,380 @@
+"""The agent: report what the node has and runs, converge on what the control plane answers.
+
+The loop is declarative (DESIGN.md §1): every report carries the inventory
+and the state of every replica; every answer carries the complete set of
+replicas this node must run. Convergence starts what is missing, stops what
+is no longer asked for and replaces a replica whose generation changed. A
+lost report or answer costs one interval, nothing more, and the loop itself
+never dies on a failed step: each is caught, logged and retried.
+
+The agent reports early when a replica changes state (ready, failed), so the
+gateway learns of a new endpoint in well under a report interval.
+
+Usable in-process (``llmgw up``) or alone (``llmgw agent``)::
+
+    agent = Agent(AgentConfig(control_plane=url, data_dir=d, name="n1", join_token=t))
+    task = asyncio.create_task(agent.run())
+    ...
+    await agent.shutdown(stop_engines=True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from llmgw import __version__ as _llmgw_version
+from llmgw.agent import pinning
+from llmgw.agent.assignments import check_assignments
+from llmgw.agent.client import ControlPlaneClient, ControlPlaneUnavailable
+from llmgw.agent.engines import default_adapters
+from llmgw.agent.engines.base import EngineAdapter
+from llmgw.agent.identity import Identity, load_identity, save_identity
+from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
+from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
+from llmgw.agent.server import WeightsServer
+from llmgw.agent.state import StateStore
+from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.weights import WeightsCache
+from llmgw.config import ensure_data_dir
+from llmgw.errors import AuthError, ConfigError, LlmgwError, ValidationError
+from llmgw.wire import (
+    AgentRegistration,
+    AgentReport,
+    AgentReportAnswer,
+    Device,
+    EngineKind,
+    NodeInventory,
+    ReplicaAssignment,
+)
+
+log = logging.getLogger("llmgw.agent")
+
+MIN_REPORT_GAP_S = 0.05
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class AgentConfig:
+    control_plane: str
+    data_dir: Path
+    name: str
+    join_token: str | None = None
+    fabrics: list[str] = field(default_factory=list)
+    # Where the gateway and peer agents reach this node's engines and server.
+    address: str = "127.0.0.1"
+    # Where engines and the weights server listen; None: ``address``.
+    bind_host: str | None = None
+    cpu_slots: int = 1
+    class_overrides: dict[str, str] = field(default_factory=dict)
+    serve_weights: bool = True
+    server_port: int = 0
+    report_interval_s: float = 5.0  # until the control plane says otherwise
+    stop_grace_s: float = 15.0
+    port_range: tuple[int, int] = DEFAULT_RANGE
+    hf_endpoint: str | None = None
+
+
+InventoryProvider = Callable[[], NodeInventory]
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        inventory_provider: InventoryProvider | None = None,
+        adapters: Mapping[EngineKind, EngineAdapter] | None = None,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        self.config = config
+        self.data_dir = config.data_dir
+        self.bind_host = config.bind_host or config.address
+        self._inventory_provider = inventory_provider or pinning.Discoverer(
+            config.cpu_slots, config.class_overrides
+        )
+        self.adapters = dict(adapters) if adapters is not None else dict(default_adapters())
+        self.supervisor = supervisor or Supervisor(self.data_dir / "logs")
+        self.weights = WeightsCache(self.data_dir / "weights", hf_endpoint=config.hf_endpoint)
+        self.state = StateStore(self.data_dir / "engines.json")
+        self.ports = PortAllocator(self.bind_host, config.port_range)
+        self.runners: dict[str, ReplicaRunner] = {}
+        self.refused: dict[str, str] = {}
+        self.inventory: NodeInventory | None = None
+        self.identity: Identity | None = None
+        self.server: WeightsServer | None = None
+        self.reports_sent = 0
+        self._interval = config.report_interval_s
+        self._peer_token: str | None = None
+        self._weight_peers: dict[str, list[str]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._stop_tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping_devices: dict[str, set[int]] = {}
+        self._changed = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._client: ControlPlaneClient | None = None
+        self._deps: RunnerDeps | None = None
+        self._opened = False
+        self._run_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Prepare everything local: data dir, identity, adopted engines, server."""
+        if self._opened:
+            return
+        self._opened = True
+        ensure_data_dir(self.data_dir)
+        self.identity = load_identity(self.data_dir, self.config.name)
+        await asyncio.to_thread(self.weights.clean_partial)
+        self._session = aiohttp.ClientSession()
+        self._client = ControlPlaneClient(self.config.control_plane, self._session)
+        self._deps = RunnerDeps(
+            supervisor=self.supervisor,
+            weights=self.weights,
+            ports=self.ports,
+            state=self.state,
+            session=self._session,
+            host=self.bind_host,
+            on_change=self._changed.set,
+            peers=lambda model: list(self._weight_peers.get(model, [])),
+            peer_token=lambda: self._peer_token,
+            stop_grace_s=self.config.stop_grace_s,
+        )
+        self._adopt()
+        if self.config.serve_weights:
+            self.server = WeightsServer(
+                self.weights,
+                lambda: self._peer_token,
+                host=self.bind_host,
+                port=self.config.server_port,
+                node=self.config.name,
+            )
+            await self.server.start()
+
+    async def run(self) -> None:
+        """Report and converge until cancelled (or until ``shutdown``)."""
+        self._run_task = asyncio.current_task()
+        await self.start()
+        backoff = 1.0
+        while True:
+            try:
+                answer = await self.report_once()
+            except ControlPlaneUnavailable as exc:
+                log.warning("%s; retrying in %.0f s", exc, backoff)
+                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
+            except AuthError as exc:
+                if self.identity is None and not self.config.join_token:
+                    raise
+                if self.identity is not None and self.config.join_token:
+                    log.warning("node token refused (%s); registering again", exc)
+                    self.identity = None
+                else:
+                    log.error("%s", exc)
+                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
+            except ValidationError as exc:
+                log.error("%s", exc)
+                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
+            else:
+                backoff = 1.0
+                wait = self._interval
+                try:
+                    self.converge(answer)
+                except LlmgwError as exc:  # never let one bad answer end the loop
+                    log.error("cannot apply the control plane's answer: %s", exc)
+            await self._wait_for_change(wait)
+
+    async def shutdown(self, stop_engines: bool = True) -> None:
+        """End the loop; stop the engines, or leave them running for the next agent."""
+        task, self._run_task = self._run_task, None
+        if task is not None and task is not asyncio.current_task() and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        runners, self.runners = list(self.runners.values()), {}
+        if stop_engines:
+            await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
+        else:
+            await asyncio.gather(*(r.detach() for r in runners), return_exceptions=True)
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        self._opened = False
+
+    # -- one exchange ------------------------------------------------------------
+
+    async def report_once(self) -> AgentReportAnswer:
+        await self.start()
+        client = self._require_client()
+        self.inventory = await asyncio.to_thread(self._inventory_provider)
+        if self.identity is None:
+            await self._register(client, self.inventory)
+        identity = self.identity
+        if identity is None:  # _register either sets it or raises
+            raise AuthError("no node token")
+        report = self.build_report(self.inventory)
+        self._changed.clear()
+        answer = await client.report(identity.node_token, report)
+        self.reports_sent += 1
+        if answer.node != self.config.name:
+            raise ValidationError(f"answer is for node {answer.node!r}, not {self.config.name!r}")
+        self._interval = max(0.2, answer.report_interval_s)
+        self._peer_token = answer.peer_token
+        self._weight_peers = dict(answer.weight_peers)
+        return answer
+
+    async def _register(self, client: ControlPlaneClient, inventory: NodeInventory) -> None:
+        if not self.config.join_token:
+            raise ConfigError(
+                f"node {self.config.name!r} has no node token in {self.data_dir} and no join"
+                " token was given (--join-token)"
+            )
+        answer = await client.register(
+            AgentRegistration(
+                node=self.config.name, join_token=self.config.join_token, inventory=inventory
+            )
+        )
+        if answer.node != self.config.name:
+            raise AuthError(f"registered as {answer.node!r}, asked for {self.config.name!r}")
+        self.identity = Identity(
+            node=answer.node,
+            node_token=answer.node_token,
+            control_plane=self.config.control_plane,
+        )
+        save_identity(self.data_dir, self.identity)
+        log.info("registered node %s with %s", answer.node, self.config.control_plane)
+
+    def build_report(self, inventory: NodeInventory) -> AgentReport:
+        return AgentReport(
+            node=self.config.name,
+            agent_version=_llmgw_version,
+            address=self.config.address,
+            fabrics=list(self.config.fabrics),
+            inventory=inventory,
+            replicas=[r.status() for r in self.runners.values()],
+            weights=self.weights.report(),
+            agent_port=self.server.port if self.server else None,
+            refused=dict(self.refused),
+        )
+
+    # -- convergence ---------------------------------------------------------------
+
+    def converge(self, answer: AgentReportAnswer) -> None:
+        """Start what is missing, stop what is not asked for, replace new generations."""
+        deps = self._require_deps()
+        inventory = self.inventory or NodeInventory(hostname="unknown")
+        wanted: dict[str, ReplicaAssignment] = {}
+        for assignment in answer.assignments:
+            wanted.setdefault(assignment.replica_id, assignment)
+        kept: dict[str, ReplicaRunner] = {}
+        for rid, runner in self.runners.items():
+            target = wanted.get(rid)
+            if target is not None and target.generation == runner.generation:
+                runner.assignment = target  # e.g. the draining flag
+                kept[rid] = runner
+        held = {d.number: rid for rid, r in kept.items() for d in r.devices}
+        fresh = [a for rid, a in wanted.items() if rid not in kept]
+        checked = check_assignments(
+            fresh,
+            node=self.config.name,
+            inventory=inventory,
+            adapters=self.adapters,
+            held=held,
+        )
+        self.refused = checked.refused
+        for rid in checked.refused:
+            log.warning("refused replica %s: %s", rid, checked.refused[rid])
+        for rid, runner in list(self.runners.items()):
+            if rid not in kept:
+                self._begin_stop(runner)
+                del self.runners[rid]
+        for rid, accepted in checked.accepted.items():
+            numbers = {d.number for d in accepted.devices}
+            after = [
+                task
+                for other, task in self._stop_tasks.items()
+                if not task.done() and (other == rid or other in self._device_owners(numbers))
+            ]
+            runner = ReplicaRunner(
+                accepted.assignment, accepted.adapter, accepted.devices, deps, after=after
+            )
+            self.runners[rid] = runner
+            runner.start()
+            log.info("starting replica %s (%s)", rid, accepted.assignment.model.name)
+        if checked.accepted or len(kept) != len(self.runners):
+            self._changed.set()
+
+    def _device_owners(self, numbers: set[int]) -> set[str]:
+        return {rid for rid, devices in self._stopping_devices.items() if numbers & devices}
+
+    def _begin_stop(self, runner: ReplicaRunner) -> None:
+        log.info("stopping replica %s (%s)", runner.replica_id, runner.assignment.model.name)
+        task = asyncio.create_task(runner.stop(), name=f"stop-{runner.replica_id}")
+        self._stopping.add(task)
+        self._stop_tasks[runner.replica_id] = task
+        self._stopping_devices[runner.replica_id] = {d.number for d in runner.devices}
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._stopping.discard(finished)
+            if self._stop_tasks.get(runner.replica_id) is finished:
+                del self._stop_tasks[runner.replica_id]
+                self._stopping_devices.pop(runner.replica_id, None)
+
+        task.add_done_callback(done)
+
+    # -- adoption ------------------------------------------------------------------
+
+    def _adopt(self) -> None:
+        """Take over the engines a previous agent on this data dir left running."""
+        deps = self._require_deps()
+        for rid, record in self.state.load().items():
+            assignment = record.assignment
+            adapter = self.adapters.get(assignment.model.engine)
+            if adapter is None:
+                continue
+            runner = ReplicaRunner(assignment, adapter, [], deps)
+            runner.devices = _devices_of(assignment)
+            runner.adopt(record)
+            self.runners[rid] = runner
+            log.info("adopted replica %s: %s", rid, runner.state.value)
+
+    # -- helpers -------------------------------------------------------------------
+
+    async def _wait_for_change(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        await asyncio.sleep(MIN_REPORT_GAP_S)  # a burst of changes makes one report
+        remaining = deadline - time.monotonic()
+        if remaining > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def _require_client(self) -> ControlPlaneClient:
+        if self._client is None:
+            raise ConfigError("agent not started")
+        return self._client
+
+    def _require_deps(self) -> RunnerDeps:
+        if self._deps is None:
+            raise ConfigError("agent not started")
+        return self._deps
+
+
+def _devices_of(assignment: ReplicaAssignment) -> list[Device]:
+    """Device stand-ins for an adopted replica, enough to keep its devices claimed."""
+    uuids = assignment.shard.device_uuids or [""] * len(assignment.shard.device_numbers)
+    return [
+        Device(number=n, label=str(n), uuid=u, name="", gpu_class="")
+        for n, u in zip(assignment.shard.device_numbers, uuids, strict=False)
+    ]

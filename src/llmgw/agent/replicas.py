@@ -1,0 +1,334 @@
+"""One replica's life on this node: weights, port, engine, readiness, watch, stop.
+
+Each replica is a task of its own, so a 40 GB download or a 10-minute engine
+load never holds up the agent's reports or the other replicas. The task only
+ever moves forward (starting -> ready -> failed); a restart is a new runner,
+created by the agent when the control plane sends a new generation.
+
+The state a report needs (state, reason, port, progress) lives on the runner
+and is read without waiting, so building a report never blocks on a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from llmgw.agent.engines.base import EngineAdapter, LaunchContext
+from llmgw.agent.ports import PortAllocator
+from llmgw.agent.state import EngineRecord, StateStore
+from llmgw.agent.supervisor import EngineProcess, ExitStatus, Supervisor, describe_exit
+from llmgw.agent.weights import Progress, WeightsCache
+from llmgw.errors import EngineError
+from llmgw.wire import Device, ReplicaAssignment, ReplicaState, ReplicaStatus
+
+log = logging.getLogger("llmgw.agent.replicas")
+
+HEALTH_TIMEOUT_S = 2.0
+LOG_ROTATE_EVERY_S = 30.0
+REASON_LINES = 3
+
+
+@dataclass
+class RunnerDeps:
+    """What every runner shares with the agent; one instance per agent."""
+
+    supervisor: Supervisor
+    weights: WeightsCache
+    ports: PortAllocator
+    state: StateStore
+    session: aiohttp.ClientSession
+    host: str  # where engines listen
+    on_change: Callable[[], None]  # a state changed: report soon
+    peers: Callable[[str], list[str]]  # model -> peer agent URLs
+    peer_token: Callable[[], str | None]
+    stop_grace_s: float = 15.0
+    poll_s: float = 0.25
+    monitor_s: float = 1.0
+
+
+def _probe_host(host: str) -> str:
+    # An engine bound to every interface is reached locally over loopback.
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+class ReplicaRunner:
+    def __init__(
+        self,
+        assignment: ReplicaAssignment,
+        adapter: EngineAdapter,
+        devices: Sequence[Device],
+        deps: RunnerDeps,
+        *,
+        after: Sequence[asyncio.Task[None]] = (),
+    ) -> None:
+        self.assignment = assignment
+        self.adapter = adapter
+        self.devices = list(devices)
+        self.deps = deps
+        self.after = list(after)  # stops to finish first (same id or same devices)
+        self.state = ReplicaState.STARTING
+        self.reason: str | None = "waiting to start"
+        self.port: int | None = None
+        self.proc: EngineProcess | None = None
+        self.exit_code: int | None = None
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+        self.progress: Progress | None = None
+        self.health_path: str | None = "/health"
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def replica_id(self) -> str:
+        return self.assignment.replica_id
+
+    @property
+    def generation(self) -> int:
+        return self.assignment.generation
+
+    # -- control ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._life(), name=f"replica-{self.replica_id}")
+
+    def adopt(self, record: EngineRecord) -> None:
+        """Take over an engine a previous agent started (see :mod:`llmgw.agent.state`)."""
+        self.port = record.port
+        self.started_at = record.started_at
+        self.health_path = record.health_path
+        self.deps.ports.restore(self.replica_id, record.port)
+        if record.failed:
+            self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
+            return
+        proc = None
+        if record.pid is not None and record.create_time is not None:
+            proc = self.deps.supervisor.adopt(record.pid, record.create_time)
+        if proc is None:
+            self._mark_failed(describe_exit(None) + self._last_words(), None)
+            return
+        self.proc = proc
+        if record.ready_at is not None:
+            # It served before the agent went away and the very same process
+            # still runs: keep routing to it instead of a starting blip.
+            self.state = ReplicaState.READY
+            self.ready_at = record.ready_at
+            self.reason = None
+        else:
+            self.reason = "engine loading (adopted)"
+        self.start()
+
+    async def stop(self) -> None:
+        """Stop the engine (SIGTERM, then SIGKILL) and forget the replica."""
+        await self._cancel_task()
+        if self.proc is not None:
+            status = await self.deps.supervisor.stop(self.proc, self.deps.stop_grace_s)
+            log.info("stopped %s: %s", self.replica_id, describe_exit(status.code))
+        self.deps.state.remove(self.replica_id)
+        self.deps.ports.release(self.replica_id)
+
+    async def detach(self) -> None:
+        """Stop watching but leave the engine running, for the next agent to adopt."""
+        await self._cancel_task()
+
+    async def _cancel_task(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- reporting -------------------------------------------------------------
+
+    def status(self) -> ReplicaStatus:
+        state = self.state
+        if self.assignment.draining and state != ReplicaState.FAILED:
+            state = ReplicaState.DRAINING
+        reason = self.reason
+        download = None
+        if self.progress is not None:
+            download = self.progress.snapshot()
+            reason = f"fetching weights {self.progress.percent()}"
+        return ReplicaStatus(
+            replica_id=self.replica_id,
+            generation=self.generation,
+            state=state,
+            port=self.port,
+            pid=self.proc.pid if self.proc else None,
+            exit_code=self.exit_code,
+            reason=reason,
+            log_tail=self.deps.supervisor.log_tail(self.replica_id),
+            download=download,
+            started_at=self.started_at,
+            ready_at=self.ready_at,
+        )
+
+    # -- the life of a replica ---------------------------------------------------
+
+    async def _life(self) -> None:
+        try:
+            for task in self.after:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.shield(task)
+            if self.proc is None:
+                await self._launch()
+            if self.state == ReplicaState.STARTING:
+                await self._wait_ready()
+            await self._watch()
+        except asyncio.CancelledError:
+            raise
+        except EngineError as exc:
+            await self._fail(str(exc))
+        except Exception as exc:
+            log.exception("replica %s", self.replica_id)
+            await self._fail(f"agent error: {type(exc).__name__}: {exc}")
+
+    async def _launch(self) -> None:
+        spec = self.assignment.model
+        deps = self.deps
+        self.adapter.validate(self.assignment)
+        if spec.weights.kind != "none":
+            self._set(ReplicaState.STARTING, "fetching weights")
+            self.progress = Progress()
+            try:
+                path = await deps.weights.ensure(
+                    spec,
+                    progress=self.progress,
+                    peers=deps.peers(spec.name),
+                    peer_token=deps.peer_token(),
+                    session=deps.session,
+                )
+            finally:
+                self.progress = None
+        else:
+            path = None
+        self.port = deps.ports.allocate(self.replica_id)
+        launch = self.adapter.build(
+            LaunchContext(
+                assignment=self.assignment,
+                weights_path=path,
+                host=deps.host,
+                port=self.port,
+                devices=self.devices,
+            )
+        )
+        self.health_path = launch.health_path
+        self.started_at = time.time()
+        # The record (and so the port) is on disk before the process exists:
+        # an agent that dies right after the spawn still knows the port is taken.
+        record = self._record()
+        deps.state.put(record)
+        self.proc = deps.supervisor.spawn(self.replica_id, launch)
+        deps.state.put(self._record())
+        log.info(
+            "started %s (%s) pid %d port %d", self.replica_id, spec.name, self.proc.pid, self.port
+        )
+        self._set(ReplicaState.STARTING, "engine loading")
+
+    async def _wait_ready(self) -> None:
+        proc = self._proc()
+        timeout = self.assignment.model.start_timeout_s
+        deadline = (self.started_at or time.time()) + timeout
+        began = time.monotonic()
+        while True:
+            status = self.deps.supervisor.poll(proc)
+            if status.exited:
+                await self._exited(status)
+                return
+            if self.health_path is None or await self._healthy():
+                self.ready_at = time.time()
+                self.deps.state.put(self._record())
+                self._set(ReplicaState.READY, None)
+                return
+            if time.time() > deadline:
+                await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
+                await self._fail(f"engine not ready after {timeout:g} s (start timeout)")
+                return
+            # Poll quickly at first (the simulated engine is up in a second),
+            # then gently: a GPU engine takes minutes.
+            slow = time.monotonic() - began > 10.0
+            await asyncio.sleep(1.0 if slow else self.deps.poll_s)
+
+    async def _watch(self) -> None:
+        if self.state == ReplicaState.FAILED:
+            return
+        proc = self._proc()
+        last_rotate = time.monotonic()
+        while True:
+            status = self.deps.supervisor.poll(proc)
+            if status.exited:
+                await self._exited(status)
+                return
+            if time.monotonic() - last_rotate > LOG_ROTATE_EVERY_S:
+                await asyncio.to_thread(self.deps.supervisor.rotate_if_large, self.replica_id)
+                last_rotate = time.monotonic()
+            await asyncio.sleep(self.deps.monitor_s)
+
+    async def _healthy(self) -> bool:
+        url = f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{self.health_path}"
+        try:
+            async with self.deps.session.get(
+                url, timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+            ) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def _exited(self, status: ExitStatus) -> None:
+        # The leader is gone; workers it forked into its group may linger
+        # with GPU memory. Make sure they go too.
+        if self.proc is not None:
+            await self.deps.supervisor.stop(self.proc, 0.0)
+        await self._fail(describe_exit(status.code) + self._last_words(), status.code)
+
+    async def _fail(self, reason: str, exit_code: int | None = None) -> None:
+        self._mark_failed(reason, exit_code)
+
+    def _mark_failed(self, reason: str, exit_code: int | None, *, persist: bool = True) -> None:
+        self.exit_code = exit_code
+        log.warning("replica %s failed: %s", self.replica_id, reason)
+        self._set(ReplicaState.FAILED, reason)
+        if persist and self.port is not None:
+            self.deps.state.put(self._record())
+
+    def _last_words(self) -> str:
+        tail = self.deps.supervisor.log_tail(self.replica_id, REASON_LINES)
+        return f"; last output: {' | '.join(tail)}" if tail else ""
+
+    def _set(self, state: ReplicaState, reason: str | None) -> None:
+        changed = state != self.state
+        self.state = state
+        self.reason = reason
+        if changed:
+            self.deps.on_change()
+
+    def _proc(self) -> EngineProcess:
+        if self.proc is None:
+            raise EngineError(f"replica {self.replica_id} has no engine process")
+        return self.proc
+
+    def _record(self) -> EngineRecord:
+        return EngineRecord(
+            replica_id=self.replica_id,
+            generation=self.generation,
+            model=self.assignment.model.name,
+            assignment=self.assignment,
+            port=self.port or 0,
+            pid=self.proc.pid if self.proc else None,
+            create_time=self.proc.create_time if self.proc else None,
+            health_path=self.health_path,
+            started_at=self.started_at,
+            ready_at=self.ready_at,
+            failed=self.state == ReplicaState.FAILED,
+            exit_code=self.exit_code,
+            reason=self.reason if self.state == ReplicaState.FAILED else None,
+        )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

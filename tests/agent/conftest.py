@@ -1,0 +1,86 @@
+"""Fixtures for the agent tests: a fake control plane and agents that clean up after themselves."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from llmgw.agent.app import Agent, AgentConfig
+from llmgw.wire import EngineKind, NodeInventory
+from tests.agent.fakes import FakeControlPlane, StubAdapter, serve_app
+from tests.agent.helpers import cpu_slot
+
+
+def cpu_inventory(slots: int = 4, host: str = "h") -> NodeInventory:
+    return NodeInventory(hostname=host, devices=[cpu_slot(i, host) for i in range(slots)])
+
+
+@pytest.fixture
+async def fake_cp() -> AsyncIterator[FakeControlPlane]:
+    cp = FakeControlPlane()
+    async with serve_app(cp.app()) as url:
+        cp.url = url
+        yield cp
+
+
+def _kill_recorded_engines(data_dir: Path) -> None:
+    """Safety net: no engine a test started outlives it, whatever the test did."""
+    try:
+        records = json.loads((data_dir / "engines.json").read_text())["engines"]
+    except (OSError, ValueError, KeyError):
+        return
+    for record in records.values():
+        pid = record.get("pid")
+        if pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+AgentFactory = Callable[..., Agent]
+
+
+@pytest.fixture
+async def make_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator[AgentFactory]:
+    made: list[tuple[Agent, asyncio.Task[None] | None]] = []
+    dirs: set[Path] = set()
+
+    def factory(
+        name: str = "n1",
+        data_dir: Path | None = None,
+        *,
+        join_token: str | None = "llmgw-join-test",
+        run: bool = True,
+        **kwargs: object,
+    ) -> Agent:
+        directory = data_dir or tmp_path / name
+        dirs.add(directory)
+        config = AgentConfig(
+            control_plane=fake_cp.url,
+            data_dir=directory,
+            name=name,
+            join_token=join_token,
+            stop_grace_s=3.0,
+            **kwargs,  # type: ignore[arg-type]
+        )
+        agent = Agent(
+            config,
+            inventory_provider=lambda: cpu_inventory(),
+            adapters={EngineKind.SIM: StubAdapter()},
+        )
+        task = asyncio.create_task(agent.run()) if run else None
+        made.append((agent, task))
+        return agent
+
+    yield factory
+    for agent, _ in made:
+        with contextlib.suppress(Exception):
+            await agent.shutdown(stop_engines=True)
+    for directory in dirs:
+        _kill_recorded_engines(directory)

@@ -1,0 +1,105 @@
+"""Builders shared by the agent tests: devices, models, assignments."""
+
+from __future__ import annotations
+
+from llmgw.wire import (
+    Device,
+    EngineKind,
+    MigInfo,
+    ModelSpec,
+    ReplicaAssignment,
+    ShardAssignment,
+    WeightsSource,
+)
+
+
+def gpu(number: int, gpu_class: str = "h100-80g") -> Device:
+    return Device(
+        number=number,
+        label=str(number),
+        uuid=f"GPU-0000000{number}-aaaa-bbbb-cccc-dddddddddddd",
+        name="NVIDIA H100 80GB HBM3",
+        gpu_class=gpu_class,
+        memory_total_mib=81559,
+    )
+
+
+def mig_instance() -> Device:
+    return Device(
+        number=1001,
+        label="0/mig1",
+        uuid="MIG-11111111-2222-3333-4444-555555555555",
+        name="NVIDIA A100-SXM4-80GB",
+        gpu_class="a100-80g-mig-3g.40gb",
+        memory_total_mib=40192,
+        mig=MigInfo(
+            parent_uuid="GPU-0000000a-aaaa-bbbb-cccc-dddddddddddd",
+            parent_index=0,
+            gpu_instance_id=1,
+            compute_instance_id=0,
+            profile="3g.40gb",
+        ),
+    )
+
+
+def cpu_slot(number: int = 0, host: str = "h") -> Device:
+    return Device(
+        number=number,
+        label=f"cpu{number}",
+        uuid=f"CPU-{host}-{number}",
+        name="cpu",
+        gpu_class="cpu",
+    )
+
+
+def model(
+    engine: EngineKind | str,
+    *,
+    name: str = "llama-3-70b",
+    tp: int = 1,
+    pp: int = 1,
+    nodes: int = 1,
+    engine_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    weights: WeightsSource | None = None,
+    gpu_classes: list[str] | None = None,
+    start_timeout_s: float = 600.0,
+) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        engine=EngineKind(engine),
+        weights=weights or WeightsSource(kind="hf", repo="org/model", revision="abc123"),
+        gpu_classes=gpu_classes or ["h100-80g"],
+        gpus=tp * pp,
+        tp=tp,
+        pp=pp,
+        nodes=nodes,
+        engine_args=engine_args or [],
+        env=env or {},
+        start_timeout_s=start_timeout_s,
+    )
+
+
+def assign(
+    spec: ModelSpec,
+    devices: list[Device],
+    *,
+    replica_id: str = "r1",
+    node: str = "n1",
+    rank: int = 0,
+    generation: int = 1,
+    leader: str | None = None,
+) -> ReplicaAssignment:
+    return ReplicaAssignment(
+        replica_id=replica_id,
+        generation=generation,
+        model=spec,
+        shard=ShardAssignment(
+            node=node,
+            rank=rank,
+            device_numbers=[d.number for d in devices],
+            device_uuids=[d.uuid for d in devices],
+        ),
+        nodes=spec.nodes,
+        leader_address=leader,
+    )

@@ -1,0 +1,71 @@
+"""A stand-in engine for agent tests: a tiny HTTP server that starts in milliseconds.
+
+It answers ``/health`` (503 until ``--ready-after`` seconds have passed, then
+200) and ``/v1/models``, prints a few log lines, and can misbehave on
+request: exit with a code after a while, or ignore SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="stub")
+    parser.add_argument("--ready-after", type=float, default=0.0)
+    parser.add_argument("--exit-after", type=float, default=None)
+    parser.add_argument("--exit-code", type=int, default=3)
+    parser.add_argument("--ignore-term", action="store_true")
+    args = parser.parse_args()
+    started = time.monotonic()
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"stub engine {args.model} pid {os.getpid()} on {args.host}:{args.port}", flush=True)
+    print(f"env CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            ready = time.monotonic() - started >= args.ready_after
+            if self.path == "/health":
+                self._send(200 if ready else 503, {"ready": ready})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": args.model}]})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def _send(self, status: int, body: object) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *a: object) -> None:  # noqa: A002
+            return
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    if args.exit_after is not None:
+
+        def leave() -> None:
+            time.sleep(args.exit_after)
+            print(f"stub engine fatal: giving up with code {args.exit_code}", flush=True)
+            os._exit(args.exit_code)
+
+        threading.Thread(target=leave, daemon=True).start()
+    print("stub engine ready to serve", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The agent against a fake control plane: registration, convergence, failures, adoption."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import time
+from pathlib import Path
+
+import psutil
+
+from llmgw.wire import ReplicaState, WeightsSource
+from tests.agent.conftest import AgentFactory
+from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import assign, cpu_slot, model
+
+
+def stub_model(name: str = "stub-model", args: list[str] | None = None, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+    return model(
+        "sim",
+        name=name,
+        weights=WeightsSource(kind="none"),
+        gpu_classes=["cpu"],
+        engine_args=args or [],
+        start_timeout_s=timeout,
+    )
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def wait_dead(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while alive(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {pid} still alive")
+        await asyncio.sleep(0.05)
+
+
+async def test_registers_once_and_keeps_the_token_private(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    agent = make_agent("n1")
+    report = await fake_cp.wait_for(lambda r: r.node == "n1")
+    assert [d.label for d in report.inventory.devices] == ["cpu0", "cpu1", "cpu2", "cpu3"]
+    assert report.agent_port is not None
+    node_file = tmp_path / "n1" / "node.json"
+    assert stat.S_IMODE(node_file.stat().st_mode) == 0o600
+    await agent.shutdown()
+    # A restart needs no join token: the node token on disk is enough.
+    before = len(fake_cp.reports)
+    make_agent("n1", join_token=None)
+    await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before + 1)
+    assert fake_cp.registrations == 1
+
+
+async def test_reports_ready_without_waiting_for_the_interval(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    fake_cp.interval = 30.0
+    make_agent("n1")
+    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    await fake_cp.wait_for(lambda r: True)
+    began = time.monotonic()
+    # The only report that carries the assignment's answer was the first;
+    # the interval is 30 s, so a ready report within 10 s came from the change.
+    status = await fake_cp.wait_state("r1", ReplicaState.READY, timeout=10)
+    assert time.monotonic() - began < 10
+    assert status.port and status.pid and status.ready_at
+    assert any("stub engine" in line for line in status.log_tail)
+
+
+async def test_generation_change_restarts_and_kill_makes_failed(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    make_agent("n1")
+    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    first = await fake_cp.wait_state("r1", ReplicaState.READY)
+    assert first.pid is not None
+
+    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)], generation=2)]
+    second = await fake_cp.wait_for(
+        lambda r: any(s.generation == 2 and s.state == ReplicaState.READY for s in r.replicas)
+    )
+    new = second.replicas[0]
+    assert new.pid != first.pid
+    await wait_dead(first.pid)  # the old generation was stopped
+
+    assert new.pid is not None
+    os.kill(new.pid, signal.SIGKILL)
+    failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
+    assert failed.exit_code == -signal.SIGKILL
+    assert failed.reason and "SIGKILL" in failed.reason and "last output" in failed.reason
+    assert failed.log_tail
+    # Still assigned at the same generation: the agent does not restart it on
+    # its own; the control plane decides (a new generation, below).
+    await asyncio.sleep(0.8)
+    assert fake_cp.reports[-1].replicas[0].state == ReplicaState.FAILED
+    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)], generation=3)]
+    third = await fake_cp.wait_for(
+        lambda r: any(s.generation == 3 and s.state == ReplicaState.READY for s in r.replicas)
+    )
+    assert third.replicas[0].pid not in (first.pid, new.pid)
+
+    # Not asked for any more: stopped.
+    fake_cp.assignments["n1"] = []
+    await fake_cp.wait_for(lambda r: not r.replicas)
+    last = third.replicas[0].pid
+    assert last is not None
+    await wait_dead(last)
+
+
+async def test_engine_exit_reason_has_code_and_last_lines(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    make_agent("n1")
+    spec = stub_model(args=["--ready-after", "30", "--exit-after", "0.3", "--exit-code", "7"])
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
+    assert failed.exit_code == 7
+    assert failed.reason is not None
+    assert "code 7" in failed.reason and "giving up with code 7" in failed.reason
+
+
+async def test_start_timeout_stops_the_engine(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    make_agent("n1")
+    spec = stub_model(args=["--ready-after", "60"], timeout=1.0)
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    starting = await fake_cp.wait_state("r1", ReplicaState.STARTING)
+    failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
+    assert failed.reason and "start timeout" in failed.reason
+    assert starting.pid is not None or failed.pid is not None
+    pid = failed.pid or starting.pid
+    assert pid is not None
+    await wait_dead(pid)
+
+
+async def test_malformed_assignments_are_refused_not_half_applied(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    make_agent("n1")
+    good = assign(stub_model(), [cpu_slot(0)], replica_id="good")
+    other_node = assign(stub_model(), [cpu_slot(1)], replica_id="elsewhere", node="n2")
+    no_device = assign(stub_model(), [cpu_slot(9)], replica_id="nodev")
+    clash = assign(stub_model(), [cpu_slot(0)], replica_id="zclash")
+    bad_args = assign(stub_model(args=["--port", "1"]), [cpu_slot(2)], replica_id="badargs")
+    vllm = assign(model("vllm", gpu_classes=["cpu"]), [cpu_slot(3)], replica_id="vllm")
+    fake_cp.assignments["n1"] = [good, other_node, no_device, clash, bad_args, vllm]
+    report = await fake_cp.wait_for(
+        lambda r: len(r.refused) == 5 and any(s.replica_id == "good" for s in r.replicas)
+    )
+    assert "node 'n2'" in report.refused["elsewhere"]
+    assert "device 9 is not on this node" in report.refused["nodev"]
+    assert "also assigned to replica good" in report.refused["zclash"]
+    assert "--port" in report.refused["badargs"]
+    assert "not available" in report.refused["vllm"]
+    assert [s.replica_id for s in report.replicas] == ["good"]
+    await fake_cp.wait_state("good", ReplicaState.READY)
+
+
+async def test_agent_restart_adopts_the_running_engine(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    agent = make_agent("n1")
+    fake_cp.assignments["n1"] = [
+        assign(stub_model(), [cpu_slot(0)], replica_id="keep"),
+        assign(stub_model(), [cpu_slot(1)], replica_id="dies"),
+    ]
+    report = await fake_cp.wait_for(
+        lambda r: len(r.replicas) == 2 and all(s.state == ReplicaState.READY for s in r.replicas)
+    )
+    pids = {s.replica_id: s.pid for s in report.replicas}
+    ports = {s.replica_id: s.port for s in report.replicas}
+    await agent.shutdown(stop_engines=False)  # as if the agent died
+    assert all(alive(pid) for pid in pids.values() if pid)
+    dead = pids["dies"]
+    assert dead is not None
+    os.killpg(dead, signal.SIGKILL)
+    await wait_dead(dead)
+
+    before = len(fake_cp.reports)
+    make_agent("n1", data_dir=tmp_path / "n1")
+    first = await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before)
+    by_id = {s.replica_id: s for s in first.replicas}
+    # The very first report after the restart already shows it ready, same
+    # process, same port: the gateway never loses the endpoint.
+    assert by_id["keep"].state == ReplicaState.READY
+    assert by_id["keep"].pid == pids["keep"] and by_id["keep"].port == ports["keep"]
+    assert by_id["dies"].state == ReplicaState.FAILED
+    assert by_id["dies"].reason and "while the agent was away" in by_id["dies"].reason
+
+
+async def test_shutdown_stops_engines(fake_cp: FakeControlPlane, make_agent: AgentFactory) -> None:
+    agent = make_agent("n1")
+    fake_cp.assignments["n1"] = [
+        assign(stub_model(args=["--ignore-term"]), [cpu_slot(0)], replica_id="stubborn"),
+    ]
+    status = await fake_cp.wait_state("stubborn", ReplicaState.READY)
+    assert status.pid is not None
+    began = time.monotonic()
+    await agent.shutdown(stop_engines=True)
+    assert not alive(status.pid)  # SIGKILL after the grace
+    assert time.monotonic() - began >= 2.5  # it waited the grace (3 s) first
+
+
+async def test_refused_node_token_registers_again(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    make_agent("n1")
+    await fake_cp.wait_for(lambda r: True)
+    fake_cp.tokens.clear()  # e.g. the node was deleted on the control plane
+    before = len(fake_cp.reports)
+    await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before, timeout=20)
+    assert fake_cp.registrations == 2
