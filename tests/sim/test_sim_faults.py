@@ -8,11 +8,12 @@ import time
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from tests.sim.helpers import StartEngine
 
 from llmgw.sim import tokens
 
-CHAT = [{"role": "user", "content": "tell me"}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me"}]
 
 
 def client_for(url: str, timeout: float = 10.0) -> openai.AsyncOpenAI:
@@ -31,7 +32,7 @@ async def test_fail_at_start_health_503_then_500_forever(sim_engine: StartEngine
             assert resp.status == 500
     async with client_for(engine.url) as client:
         with pytest.raises(openai.InternalServerError, match="failed at start"):
-            await client.chat.completions.create(model="m", messages=CHAT)  # type: ignore[arg-type]
+            await client.chat.completions.create(model="m", messages=CHAT)
 
 
 async def test_crash_mid_stream_drops_after_n_tokens(sim_engine: StartEngine) -> None:
@@ -40,7 +41,7 @@ async def test_crash_mid_stream_drops_after_n_tokens(sim_engine: StartEngine) ->
         received: list[str] = []
         stream = await client.chat.completions.create(
             model="m",
-            messages=CHAT,  # type: ignore[arg-type]
+            messages=CHAT,
             max_tokens=10,
             stream=True,
         )

@@ -5,13 +5,14 @@ from __future__ import annotations
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from tests.sim.helpers import StartEngine
 
 from llmgw.sim import tokens
 from llmgw.sim.engine import SimEngine
 
 SYSTEM = tokens.random_words(__import__("random").Random(1), 200)
-MESSAGES = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": SYSTEM},
     {"role": "user", "content": "what is the answer"},
 ]
@@ -28,7 +29,7 @@ async def test_async_chat_stream_with_usage_and_cached_tokens(sim_engine: StartE
         for attempt in range(2):
             stream = await client.chat.completions.create(
                 model="m",
-                messages=MESSAGES,  # type: ignore[arg-type]
+                messages=MESSAGES,
                 max_tokens=7,
                 stream=True,
                 stream_options={"include_usage": True},
@@ -132,7 +133,7 @@ async def test_unknown_model_and_bad_requests(sim_engine: StartEngine) -> None:
         with pytest.raises(openai.BadRequestError, match=r"messages\[0\]"):
             await client.chat.completions.create(
                 model="m",
-                messages=[{"role": "user", "content": [{"type": "image_url"}]}],  # type: ignore[list-item]
+                messages=[{"role": "user", "content": [{"type": "image_url"}]}],  # type: ignore[misc,list-item]
             )
     async with (
         aiohttp.ClientSession() as http,

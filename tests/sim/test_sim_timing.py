@@ -12,6 +12,7 @@ import time
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionSystemMessageParam
 from tests.sim.helpers import StartEngine, params, until
 
 from llmgw.sim import tokens
@@ -23,11 +24,11 @@ def client_for(engine: SimEngine) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=engine.url + "/v1", api_key="x", max_retries=0)
 
 
-async def ttft(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> float:
+async def ttft(client: openai.AsyncOpenAI, messages: list[ChatCompletionMessageParam]) -> float:
     started = time.monotonic()
     stream = await client.chat.completions.create(
         model="m",
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=2,
         stream=True,
     )
@@ -43,11 +44,17 @@ async def test_cached_prefix_cuts_time_to_first_token(sim_engine: StartEngine) -
     # 8,000 system tokens at 40,000 tokens/s: 200 ms cold, ~1 ms for the question.
     engine = await sim_engine("m", prefill_tokens_per_s=40_000.0, prefill_chunk_tokens=8192)
     rng = random.Random(3)
-    system = {"role": "system", "content": tokens.random_words(rng, 8000)}
+    system: ChatCompletionSystemMessageParam = {
+        "role": "system",
+        "content": tokens.random_words(rng, 8000),
+    }
     async with client_for(engine) as client:
         cold = await ttft(client, [system, {"role": "user", "content": "first question"}])
         warm = await ttft(client, [system, {"role": "user", "content": "another question"}])
-        other = {"role": "system", "content": tokens.random_words(rng, 8000)}
+        other: ChatCompletionSystemMessageParam = {
+            "role": "system",
+            "content": tokens.random_words(rng, 8000),
+        }
         cold_again = await ttft(client, [other, {"role": "user", "content": "first question"}])
     assert cold >= 0.2
     assert warm < cold / 4
@@ -80,10 +87,14 @@ async def test_running_limit_queues_fifo_and_max_waiting_refuses(sim_engine: Sta
         finished.append(i)
 
     async with client_for(engine) as client:
-        tasks = []
+        tasks: list[asyncio.Task[None]] = []
+
+        def queued() -> int:
+            return engine.core.running + engine.core.waiting
+
         for i in range(3):
             tasks.append(asyncio.create_task(one(client, i)))
-            await until(lambda i=i: engine.core.running + engine.core.waiting > i)
+            await until(lambda: queued() == len(tasks))
         assert (engine.core.running, engine.core.waiting) == (1, 2)
         with pytest.raises(openai.InternalServerError, match="already waiting"):
             await client.completions.create(model="m", prompt="one too many", max_tokens=1)

@@ -27,7 +27,6 @@ import itertools
 import random
 import string
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from llmgw.errors import ValidationError
 
@@ -60,7 +59,7 @@ def count_bytes_tokens(n_bytes: int) -> int:
     return -(-n_bytes // BYTES_PER_TOKEN)
 
 
-def message_text(message: Mapping[str, Any], index: int) -> tuple[str, str]:
+def message_text(message: Mapping[str, object], index: int) -> tuple[str, str]:
     """(role, text) of one chat message, or ValidationError naming the message.
 
     Content may be a string or a list of parts; text parts are joined, other
@@ -105,7 +104,7 @@ def render_message(role: str, text: str) -> str:
 GENERATION_CUE = "<|assistant|>\n"
 
 
-def render_chat(messages: Sequence[Mapping[str, Any]]) -> str:
+def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
     """One canonical string for a list of chat messages (see module doc)."""
     parts = [render_message(*message_text(m, i)) for i, m in enumerate(messages)]
     parts.append(GENERATION_CUE)
