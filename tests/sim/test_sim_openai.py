@@ -6,7 +6,7 @@ import aiohttp
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from tests.sim.helpers import StartEngine
+from tests.sim.helpers import StartEngine, until
 
 from llmgw.sim import tokens
 from llmgw.sim.engine import SimEngine
@@ -153,3 +153,16 @@ async def test_health_and_models_wait_for_start_up(sim_engine: StartEngine) -> N
         assert await engine.wait_ready()
         async with http.get(engine.url + "/health") as resp:
             assert resp.status == 200
+
+
+async def test_client_hanging_up_frees_the_request(sim_engine: StartEngine) -> None:
+    engine = await sim_engine("m", decode_ms_per_token=5.0)
+    body = {"model": "m", "prompt": "x" * 400, "max_tokens": 1000, "stream": True}
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(engine.url + "/v1/completions", json=body)
+        await resp.content.readuntil(b"\n\n")
+        assert engine.core.running == 1 and engine.core.kv.used_blocks > 0
+        resp.close()
+    await until(lambda: engine.core.running == 0)
+    assert engine.core.kv.used_blocks == 0
+    assert engine.core.counters.aborted == 1
