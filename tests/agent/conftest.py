@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from tests.agent.fakes import FakeControlPlane, StubAdapter, serve_app
+from tests.agent.helpers import cpu_slot
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.wire import EngineKind, NodeInventory
-from tests.agent.fakes import FakeControlPlane, StubAdapter, serve_app
-from tests.agent.helpers import cpu_slot
 
 
 def cpu_inventory(slots: int = 4, host: str = "h") -> NodeInventory:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from llmgw.wire import (
     EngineKind,
     ReplicaAssignment,
     ReplicaState,
+    ReplicaStatus,
 )
 
 STUB = str(Path(__file__).with_name("stub_engine.py"))
@@ -109,7 +110,9 @@ class FakeControlPlane:
         )
         return web.Response(body=answer.model_dump_json(), content_type="application/json")
 
-    async def wait_for(self, predicate, timeout: float = 15.0) -> AgentReport:  # type: ignore[no-untyped-def]
+    async def wait_for(
+        self, predicate: Callable[[AgentReport], bool], within: float = 15.0
+    ) -> AgentReport:
         """The first report from now on for which ``predicate`` holds."""
         start = len(self.reports)
 
@@ -123,12 +126,14 @@ class FakeControlPlane:
                     seen = len(self.reports)
                     await self._new_report.wait()
 
-        return await asyncio.wait_for(find(), timeout)
+        return await asyncio.wait_for(find(), within)
 
-    async def wait_state(self, replica_id: str, state: ReplicaState, timeout: float = 15.0):  # type: ignore[no-untyped-def]
+    async def wait_state(
+        self, replica_id: str, state: ReplicaState, within: float = 15.0
+    ) -> ReplicaStatus:
         report = await self.wait_for(
             lambda r: any(s.replica_id == replica_id and s.state == state for s in r.replicas),
-            timeout,
+            within,
         )
         return next(s for s in report.replicas if s.replica_id == replica_id)
 

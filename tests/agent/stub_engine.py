@@ -11,7 +11,6 @@ import argparse
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,7 +33,7 @@ def main() -> None:
     print(f"env CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             ready = time.monotonic() - started >= args.ready_after
             if self.path == "/health":
                 self._send(200 if ready else 503, {"ready": ready})
@@ -51,7 +50,7 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(data)
 
-        def log_message(self, format: str, *a: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *a: object) -> None:
             return
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
@@ -68,4 +67,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

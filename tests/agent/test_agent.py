@@ -10,14 +10,16 @@ import time
 from pathlib import Path
 
 import psutil
-
-from llmgw.wire import ReplicaState, WeightsSource
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, model
 
+from llmgw.wire import ModelSpec, ReplicaState, WeightsSource
 
-def stub_model(name: str = "stub-model", args: list[str] | None = None, timeout: float = 30.0):  # type: ignore[no-untyped-def]
+
+def stub_model(
+    name: str = "stub-model", args: list[str] | None = None, timeout: float = 30.0
+) -> ModelSpec:
     return model(
         "sim",
         name=name,
@@ -35,8 +37,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def wait_dead(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_dead(pid: int, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
     while alive(pid):
         if time.monotonic() > deadline:
             raise AssertionError(f"pid {pid} still alive")
@@ -70,7 +72,7 @@ async def test_reports_ready_without_waiting_for_the_interval(
     began = time.monotonic()
     # The only report that carries the assignment's answer was the first;
     # the interval is 30 s, so a ready report within 10 s came from the change.
-    status = await fake_cp.wait_state("r1", ReplicaState.READY, timeout=10)
+    status = await fake_cp.wait_state("r1", ReplicaState.READY, within=10)
     assert time.monotonic() - began < 10
     assert status.port and status.pid and status.ready_at
     assert any("stub engine" in line for line in status.log_tail)
@@ -218,5 +220,5 @@ async def test_refused_node_token_registers_again(
     await fake_cp.wait_for(lambda r: True)
     fake_cp.tokens.clear()  # e.g. the node was deleted on the control plane
     before = len(fake_cp.reports)
-    await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before, timeout=20)
+    await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before, within=20)
     assert fake_cp.registrations == 2

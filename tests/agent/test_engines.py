@@ -10,17 +10,19 @@ from __future__ import annotations
 import sys
 
 import pytest
+from tests.agent.helpers import assign, cpu_slot, gpu, mig_instance, model
 
 from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
 from llmgw.agent.engines.base import LaunchContext, split_host_port, validate_engine_args
 from llmgw.errors import EngineError
-from llmgw.wire import SimParams, WeightsSource
-from tests.agent.helpers import assign, cpu_slot, gpu, mig_instance, model
+from llmgw.wire import Device, ReplicaAssignment, SimParams, WeightsSource
 
 W = "/data/weights/llama"
 
 
-def ctx(a, devices, weights: str | None = W, port: int = 21000) -> LaunchContext:  # type: ignore[no-untyped-def]
+def ctx(
+    a: ReplicaAssignment, devices: list[Device], weights: str | None = W, port: int = 21000
+) -> LaunchContext:
     return LaunchContext(
         assignment=a, weights_path=weights, host="10.0.0.5", port=port, devices=devices
     )

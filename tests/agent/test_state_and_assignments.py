@@ -1,0 +1,111 @@
+"""Engine records on disk, and which assignments the agent accepts or refuses."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from tests.agent.helpers import assign, gpu, mig_instance, model
+
+from llmgw.agent.assignments import check_assignments
+from llmgw.agent.engines import LlamaCppAdapter, VllmAdapter
+from llmgw.agent.identity import Identity, load_identity, save_identity
+from llmgw.agent.state import EngineRecord, StateStore
+from llmgw.errors import ConfigError
+from llmgw.wire import EngineKind, NodeInventory, WeightsSource
+
+
+def test_records_survive_a_restart_and_the_file_is_private(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "engines.json")
+    a = assign(model("vllm"), [gpu(0)])
+    store.put(
+        EngineRecord(
+            replica_id="r1",
+            generation=1,
+            model="m",
+            assignment=a,
+            port=20001,
+            pid=123,
+            create_time=1.5,
+        )
+    )
+    assert stat.S_IMODE((tmp_path / "engines.json").stat().st_mode) == 0o600
+    again = StateStore(tmp_path / "engines.json").load()
+    assert again["r1"].pid == 123 and again["r1"].assignment == a
+    store.remove("r1")
+    assert StateStore(tmp_path / "engines.json").load() == {}
+
+
+def test_a_corrupt_state_file_is_kept_aside(tmp_path: Path) -> None:
+    (tmp_path / "engines.json").write_text("{not json")
+    assert StateStore(tmp_path / "engines.json").load() == {}
+    assert (tmp_path / "engines.corrupt").read_text() == "{not json"
+
+
+def test_identity_belongs_to_one_node(tmp_path: Path) -> None:
+    save_identity(tmp_path, Identity(node="n1", node_token="llmgw-node-x"))
+    assert stat.S_IMODE((tmp_path / "node.json").stat().st_mode) == 0o600
+    loaded = load_identity(tmp_path, "n1")
+    assert loaded is not None and loaded.node_token == "llmgw-node-x"
+    try:
+        load_identity(tmp_path, "n2")
+    except ConfigError as exc:
+        assert "belongs to node 'n1'" in str(exc)
+    else:
+        raise AssertionError("another node's data dir was accepted")
+
+
+ADAPTERS = {EngineKind.VLLM: VllmAdapter(), EngineKind.LLAMACPP: LlamaCppAdapter(server_binary="")}
+
+
+def inventory() -> NodeInventory:
+    sick = gpu(3).model_copy(update={"healthy": False, "unhealthy_reasons": ["uncorrectable ECC"]})
+    return NodeInventory(hostname="n1", devices=[gpu(0), gpu(1), gpu(2), sick, mig_instance()])
+
+
+def test_assignments_are_checked_whole() -> None:
+    ok = assign(model("vllm", tp=2), [gpu(0), gpu(1)], replica_id="a-ok")
+    mig = assign(
+        model("vllm", gpu_classes=["a100-80g-mig-3g.40gb"]), [mig_instance()], replica_id="b-mig"
+    )
+    sick = assign(model("vllm"), [gpu(3)], replica_id="c-sick")
+    stale = assign(model("vllm"), [gpu(2)], replica_id="d-stale")
+    stale.shard.device_uuids = ["GPU-somebody-else"]
+    sglang = assign(model("sglang"), [gpu(2)], replica_id="e-sglang")
+    taken = assign(model("vllm"), [gpu(1)], replica_id="f-taken")
+    bad_leader = assign(model("vllm", pp=2, nodes=2), [gpu(2)], replica_id="g-leader", rank=1)
+    checked = check_assignments(
+        [ok, mig, sick, stale, sglang, taken, bad_leader],
+        node="n1",
+        inventory=inventory(),
+        adapters=ADAPTERS,
+    )
+    assert sorted(checked.accepted) == ["a-ok", "b-mig"]
+    assert checked.refused == {
+        "c-sick": "device 3 is unhealthy (uncorrectable ECC)",
+        "d-stale": checked.refused["d-stale"],
+        "e-sglang": "engine 'sglang' is not available on this node",
+        "f-taken": "device 1 is also assigned to replica a-ok",
+        "g-leader": checked.refused["g-leader"],
+    }
+    assert "the node's devices changed" in checked.refused["d-stale"]
+    assert "leader_address" in checked.refused["g-leader"]
+    assert [d.label for d in checked.accepted["b-mig"].devices] == ["0/mig1"]
+
+
+def test_devices_held_by_running_replicas_are_not_given_again() -> None:
+    new = assign(model("vllm"), [gpu(0)], replica_id="new")
+    checked = check_assignments(
+        [new], node="n1", inventory=inventory(), adapters=ADAPTERS, held={0: "running"}
+    )
+    assert checked.refused == {"new": "device 0 is also assigned to replica running"}
+
+
+def test_mig_with_two_devices_is_refused_by_pinning() -> None:
+    a = assign(
+        model("llamacpp", weights=WeightsSource(kind="local", path="/m.gguf"), tp=2),
+        [mig_instance(), gpu(0)],
+        replica_id="m2",
+    )
+    checked = check_assignments([a], node="n1", inventory=inventory(), adapters=ADAPTERS)
+    assert "MIG instance must be an engine's only device" in checked.refused["m2"]
