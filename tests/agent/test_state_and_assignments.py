@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.agent.helpers import assign, gpu, mig_instance, model
 
 from llmgw.agent.assignments import check_assignments
-from llmgw.agent.engines import LlamaCppAdapter, VllmAdapter
+from llmgw.agent.engines import EngineAdapter, LlamaCppAdapter, VllmAdapter
 from llmgw.agent.identity import Identity, load_identity, save_identity
 from llmgw.agent.state import EngineRecord, StateStore
 from llmgw.errors import ConfigError
@@ -55,7 +55,10 @@ def test_identity_belongs_to_one_node(tmp_path: Path) -> None:
         raise AssertionError("another node's data dir was accepted")
 
 
-ADAPTERS = {EngineKind.VLLM: VllmAdapter(), EngineKind.LLAMACPP: LlamaCppAdapter(server_binary="")}
+ADAPTERS: dict[EngineKind, EngineAdapter] = {
+    EngineKind.VLLM: VllmAdapter(),
+    EngineKind.LLAMACPP: LlamaCppAdapter(server_binary=""),
+}
 
 
 def inventory() -> NodeInventory:
