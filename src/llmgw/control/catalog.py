@@ -54,7 +54,7 @@ def parse_models(text: str, *, source: str = "models.yaml") -> list[ModelSpec]:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ValidationError(f"{source}:{where} not valid YAML or JSON: {problem}") from None
+        raise ValidationError(f"{source}{where}: not valid YAML or JSON: {problem}") from None
     entries = _entries(document, source)
     specs: list[ModelSpec] = []
     problems: list[str] = []

@@ -124,9 +124,13 @@ class Placer:
         return [r for r in found if r is not None]
 
     def score(self, node: NodeView, request: Request, gpu_class: str) -> Candidate:
-        parts = tuple((s.name, s.score(node, request)) for s in self.scorers)
-        total = sum(s.weight * value for s, (_, value) in zip(self.scorers, parts, strict=True))
-        return Candidate(node.name, gpu_class, round(total / self._weight_sum, 6), parts)
+        parts = []
+        total = 0.0
+        for scorer in self.scorers:
+            value = scorer.score(node, request)
+            parts.append((scorer.name, value))
+            total += scorer.weight * value
+        return Candidate(node.name, gpu_class, round(total / self._weight_sum, 6), tuple(parts))
 
     # -- placing -----------------------------------------------------------------
 
