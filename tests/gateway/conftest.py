@@ -1,0 +1,140 @@
+"""Gateway test harness: fake engines, configs, and a gateway served by uvicorn on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import openai
+import pytest
+import uvicorn
+from tests.gateway.fake_upstream import FakeUpstream
+
+from llmgw import secrets, wire
+from llmgw.gateway.app import Gateway
+from llmgw.gateway.link import ControlPlaneLink, MemoryLink
+from llmgw.gateway.settings import GatewaySettings
+
+SECRET = "sk-llmgw-test-key-0123456789abcdefghijklmnop"
+
+
+def endpoint(upstream: FakeUpstream | str, replica_id: str | None = None) -> wire.Endpoint:
+    url = upstream if isinstance(upstream, str) else upstream.url
+    name = replica_id or (upstream.name if isinstance(upstream, FakeUpstream) else url)
+    return wire.Endpoint(replica_id=name, url=url)
+
+
+def route(
+    name: str,
+    upstreams: Sequence[FakeUpstream | str] = (),
+    **fields: Any,
+) -> wire.ModelRoute:
+    fields.setdefault("served_name", f"served/{name}")
+    return wire.ModelRoute(name=name, endpoints=[endpoint(u) for u in upstreams], **fields)
+
+
+def api_key(secret: str = SECRET, key_id: str = "k1", **fields: Any) -> wire.ApiKeyInfo:
+    return wire.ApiKeyInfo(key_id=key_id, secret_hash=secrets.hash_secret(secret), **fields)
+
+
+def make_config(
+    version: int, routes: Sequence[wire.ModelRoute], keys: Sequence[wire.ApiKeyInfo] | None = None
+) -> wire.GatewayConfig:
+    return wire.GatewayConfig(
+        routing=wire.RoutingTable(version=version, models=list(routes)),
+        keys=list(keys) if keys is not None else [api_key()],
+    )
+
+
+def fast_settings(**overrides: Any) -> GatewaySettings:
+    values: dict[str, Any] = {
+        "usage_flush_s": 0.2,
+        "load_report_s": 0.2,
+        "queue_wait_s": 5.0,
+        "cooldown_s": 2.0,
+    }
+    values.update(overrides)
+    return GatewaySettings(**values)
+
+
+@asynccontextmanager
+async def serve(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on a socket bound here (no port race)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, lifespan="off", log_level="warning", access_log=False, loop="none", ws="none"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.005)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
+@asynccontextmanager
+async def running_gateway(
+    link: ControlPlaneLink, settings: GatewaySettings | None = None, *, wait: bool = True
+) -> AsyncIterator[tuple[Gateway, str]]:
+    gateway = Gateway(link, settings or fast_settings())
+    await gateway.start()
+    try:
+        if wait:
+            assert await gateway.wait_configured(5.0)
+        async with serve(gateway) as url:
+            yield gateway, url
+    finally:
+        await gateway.stop()
+
+
+_open_clients: list[openai.AsyncOpenAI] = []
+
+
+def async_client(url: str, key: str = SECRET, timeout: float = 20.0) -> openai.AsyncOpenAI:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=timeout)
+    _open_clients.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    # Clients left to the garbage collector try to close on a loop that is gone.
+    yield
+    while _open_clients:
+        await _open_clients.pop().close()
+
+
+def sync_client(url: str, key: str = SECRET) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=20.0)
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[Callable[..., Any]]:
+    """Factory of started fake engines, all stopped at the end of the test."""
+    started: list[FakeUpstream] = []
+
+    async def start(name: str, **options: Any) -> FakeUpstream:
+        upstream = await FakeUpstream(name, **options).start()
+        started.append(upstream)
+        return upstream
+
+    yield start
+    for upstream in started:
+        await upstream.stop()
+
+
+@pytest.fixture
+def link() -> MemoryLink:
+    return MemoryLink(poll_timeout_s=1.0)

@@ -1,0 +1,201 @@
+"""A small OpenAI-compatible engine stand-in for gateway tests (aiohttp.web, loopback).
+
+It answers every endpoint the gateway proxies, says in each answer which
+replica it is, records what it received, and can be told to be slow or to
+break a stream midway. ``python fake_upstream.py NAME`` serves it in its own
+process (printing the port), so a test can SIGKILL it like a crashed engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Seen:
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    at: float
+
+
+@dataclass
+class FakeUpstream:
+    name: str
+    delay_s: float = 0.0
+    tokens: int = 3
+    token_delay_s: float = 0.0
+    break_stream_after: int | None = None  # chunks sent before the connection is cut
+    seen: list[Seen] = field(default_factory=list)
+    cancelled: int = 0
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/embeddings", self._embeddings)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def start(self) -> FakeUpstream:
+        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _record(self, request: web.Request) -> dict[str, Any]:
+        body = await request.json()
+        self.seen.append(
+            Seen(
+                request.path,
+                body,
+                {k.lower(): v for k, v in request.headers.items()},
+                time.monotonic(),
+            )
+        )
+        if self.delay_s:
+            try:
+                await asyncio.sleep(self.delay_s)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return body  # type: ignore[no-any-return]
+
+    def _usage(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("input")))
+        return {
+            "prompt_tokens": prompt // 4,
+            "completion_tokens": self.tokens,
+            "total_tokens": prompt // 4 + self.tokens,
+            "prompt_tokens_details": {"cached_tokens": 2},
+        }
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        if "n" in body and not isinstance(body["n"], int):
+            error = {"message": "n must be an integer", "type": "invalid_request_error",
+                     "param": "n", "code": "engine_refused"}  # fmt: skip
+            return web.json_response({"error": error}, status=400)
+        if body.get("stream"):
+            return await self._stream(request, body, chat=True)
+        return web.json_response(
+            {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "system_fingerprint": self.name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": f"hello from {self.name}"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": self._usage(body),
+            }
+        )
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        if body.get("stream"):
+            return await self._stream(request, body, chat=False)
+        return web.json_response(
+            {
+                "id": "cmpl-1",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body["model"],
+                "system_fingerprint": self.name,
+                "choices": [
+                    {"index": 0, "text": f"hello from {self.name}", "finish_reason": "stop"}
+                ],
+                "usage": self._usage(body),
+            }
+        )
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        return web.json_response(
+            {
+                "object": "list",
+                "model": body["model"],
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": [0.25, -0.5, float(i)]}
+                    for i in range(len(inputs))
+                ],
+                "usage": {"prompt_tokens": 4 * len(inputs), "total_tokens": 4 * len(inputs)},
+            }
+        )
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"object": "list", "data": [{"id": self.name}]})
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], *, chat: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        words = [f"hello from {self.name}"] + [f" t{i}" for i in range(1, self.tokens)]
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        for index, word in enumerate(words):
+            if self.break_stream_after is not None and index >= self.break_stream_after:
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            choice: dict[str, Any] = {"index": 0, "finish_reason": None}
+            if chat:
+                choice["delta"] = (
+                    {"content": word} if index else {"role": "assistant", "content": word}
+                )
+            else:
+                choice["text"] = word
+            chunk = {"id": "c1", "object": kind, "model": body["model"], "choices": [choice]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if self.token_delay_s:
+                try:
+                    await asyncio.sleep(self.token_delay_s)
+                except asyncio.CancelledError:
+                    self.cancelled += 1
+                    raise
+        options = body.get("stream_options") or {}
+        if options.get("include_usage"):
+            usage = {"id": "c1", "object": kind, "model": body["model"], "choices": [],
+                     "usage": self._usage(body)}  # fmt: skip
+            await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _main(name: str, delay_s: float) -> None:
+    upstream = await FakeUpstream(name, delay_s=delay_s).start()
+    print(upstream.port, flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(_main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.0))

@@ -1,0 +1,104 @@
+"""Replica failures and client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from tests.gateway.conftest import async_client, fast_settings, make_config, route, running_gateway
+
+from llmgw.gateway.link import MemoryLink
+
+FAKE = Path(__file__).with_name("fake_upstream.py")
+
+
+async def _engine_process(name: str, delay_s: float) -> tuple[asyncio.subprocess.Process, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(FAKE), name, str(delay_s), stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    port = int((await asyncio.wait_for(process.stdout.readline(), 20)).strip())
+    return process, f"http://127.0.0.1:{port}"
+
+
+async def test_killed_replica_mid_load_costs_no_client_error(
+    upstreams: Any, link: MemoryLink
+) -> None:
+    doomed, doomed_url = await _engine_process("doomed", 0.3)
+    try:
+        survivor = await upstreams("survivor", delay_s=0.05)
+        config = make_config(1, [route("m", [doomed_url, survivor], routing="round-robin")])
+        link.publish(config)
+        async with running_gateway(link, fast_settings(retries=2)) as (gateway, url):
+            client = async_client(url)
+
+            async def one(i: int) -> str:
+                await asyncio.sleep(i * 0.005)  # spread over ~0.4 s, across the kill
+                if i % 2:
+                    stream = await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": f"q{i}"}], stream=True
+                    )
+                    return "".join([c.choices[0].delta.content or "" async for c in stream])
+                answer = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": f"q{i}"}]
+                )
+                return answer.choices[0].message.content or ""
+
+            requests = [asyncio.create_task(one(i)) for i in range(80)]
+            await asyncio.sleep(0.15)  # some requests are now waiting on the doomed engine
+            doomed.kill()
+            await doomed.wait()
+            answers = await asyncio.gather(*requests)
+            assert all(a.startswith("hello from survivor") for a in answers)
+            text = gateway.metrics.render().decode()
+            assert 'llmgw_gateway_upstream_retries_total{model="m"}' in text
+            assert 'llmgw_gateway_requests_total{model="m",status="200"} 80.0' in text
+            doomed_replica = gateway.snapshot.replicas[doomed_url]  # type: ignore[union-attr]
+            assert doomed_replica.cooled_until > 0  # cooled down, not tried on every request
+            assert all(r.in_flight == 0 for r in gateway.snapshot.replicas.values())  # type: ignore[union-attr]
+    finally:
+        if doomed.returncode is None:
+            doomed.kill()
+            await doomed.wait()
+
+
+async def test_no_reachable_replica_is_503_with_retry_after(link: MemoryLink) -> None:
+    link.publish(make_config(1, [route("m", ["http://127.0.0.1:9"])]))  # discard port: refused
+    async with running_gateway(link, fast_settings(retry_after_s=7)) as (_, url):
+        with pytest.raises(openai.InternalServerError) as failed:
+            await async_client(url).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert failed.value.status_code == 503
+        assert failed.value.code == "upstream_unavailable"
+        assert failed.value.response.headers["retry-after"] == "7"
+
+
+async def test_client_disconnect_cancels_upstream(upstreams: Any, link: MemoryLink) -> None:
+    slow = await upstreams("slow", delay_s=10.0)
+    dripping = await upstreams("drip", tokens=200, token_delay_s=0.05)
+    link.publish(make_config(1, [route("slow", [slow]), route("drip", [dripping])]))
+    async with running_gateway(link) as (gateway, url):
+        impatient = async_client(url, timeout=0.3)
+        with pytest.raises(openai.APITimeoutError):
+            await impatient.chat.completions.create(
+                model="slow", messages=[{"role": "user", "content": "hi"}]
+            )
+        stream = await async_client(url).chat.completions.create(
+            model="drip", messages=[{"role": "user", "content": "hi"}], stream=True
+        )
+        async for _chunk in stream:
+            break
+        await stream.close()
+        for _ in range(100):
+            if slow.cancelled and dripping.cancelled:
+                break
+            await asyncio.sleep(0.05)
+        assert slow.cancelled == 1
+        assert dripping.cancelled == 1
+        assert all(r.in_flight == 0 for r in gateway.snapshot.replicas.values())  # type: ignore[union-attr]
+        assert 'status="499"' in gateway.metrics.render().decode()
