@@ -85,6 +85,10 @@ class AgentConfig:
 InventoryProvider = Callable[[], NodeInventory]
 
 
+class RegistrationRefused(AuthError):
+    """The join token was refused: fatal, since retrying cannot fix it."""
+
+
 class Agent:
     def __init__(
         self,
@@ -170,9 +174,9 @@ class Agent:
             except ControlPlaneUnavailable as exc:
                 log.warning("%s; retrying in %.0f s", exc, backoff)
                 wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
+            except RegistrationRefused:
+                raise  # a wrong join token does not heal by retrying
             except AuthError as exc:
-                if self.identity is None and not self.config.join_token:
-                    raise
                 if self.identity is not None and self.config.join_token:
                     log.warning("node token refused (%s); registering again", exc)
                     self.identity = None
@@ -241,11 +245,16 @@ class Agent:
                 f"node {self.config.name!r} has no node token in {self.data_dir} and no join"
                 " token was given (--join-token)"
             )
-        answer = await client.register(
-            AgentRegistration(
-                node=self.config.name, join_token=self.config.join_token, inventory=inventory
+        try:
+            answer = await client.register(
+                AgentRegistration(
+                    node=self.config.name, join_token=self.config.join_token, inventory=inventory
+                )
             )
-        )
+        except AuthError as exc:
+            raise RegistrationRefused(
+                f"the control plane refused the join token of node {self.config.name!r} ({exc})"
+            ) from None
         if answer.node != self.config.name:
             raise AuthError(f"registered as {answer.node!r}, asked for {self.config.name!r}")
         self.identity = Identity(

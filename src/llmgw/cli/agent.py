@@ -1,0 +1,127 @@
+"""``llmgw agent``: run the agent of one GPU (or CPU) node.
+
+On SIGINT or SIGTERM the agent stops reporting and, by default, leaves its
+engines running: restarting or upgrading the agent must not restart replicas
+that take minutes to load; the next agent on the same data dir adopts them.
+``--stop-engines`` stops them instead (an interactive session, a node being
+retired). Under systemd, use ``KillMode=process`` so that stopping the unit
+does not kill the engines' processes with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmgw.agent.app import Agent, AgentConfig
+from llmgw.errors import AuthError, ConfigError
+
+app = typer.Typer(name="agent", add_completion=False, pretty_exceptions_enable=False)
+
+EXIT_CONFIG = 2
+
+
+def _parse_overrides(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"--class-override {item!r}: expected PRODUCT=CLASS")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _parse_range(text: str) -> tuple[int, int]:
+    low, sep, high = text.partition("-")
+    if not sep or not low.isdigit() or not high.isdigit():
+        raise ConfigError(f"--port-range {text!r}: expected LOW-HIGH, e.g. 20000-29999")
+    return int(low), int(high)
+
+
+@app.callback(invoke_without_command=True)
+def agent(
+    control_plane: Annotated[
+        str, typer.Option(envvar="LLMGW_CONTROL_PLANE", help="Control plane URL.")
+    ],
+    data_dir: Annotated[
+        Path, typer.Option(envvar="LLMGW_DATA_DIR", help="Node token, engine state, weights, logs.")
+    ],
+    join_token: Annotated[
+        str | None,
+        typer.Option(envvar="LLMGW_JOIN_TOKEN", help="Needed once, to register this node."),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Node name (default: hostname).")] = None,
+    fabric: Annotated[
+        list[str] | None, typer.Option(help="High-speed network fabric(s) of this node.")
+    ] = None,
+    address: Annotated[
+        str, typer.Option(help="Address the gateway and peers use to reach this node.")
+    ] = "127.0.0.1",
+    bind_host: Annotated[
+        str | None, typer.Option(help="Where engines listen (default: --address).")
+    ] = None,
+    cpu_slots: Annotated[int, typer.Option(min=0, help="CPU engine slots offered.")] = 1,
+    class_override: Annotated[
+        list[str] | None, typer.Option(help="PRODUCT=CLASS, overrides a GPU's class.")
+    ] = None,
+    server_port: Annotated[
+        int, typer.Option(help="Port of the agent's weights server (0: any).")
+    ] = 0,
+    port_range: Annotated[str, typer.Option(help="Ports for engines, LOW-HIGH.")] = "20000-29999",
+    stop_engines: Annotated[
+        bool, typer.Option(help="Stop the engines when the agent exits (default: leave them).")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Run this node's agent: report to the control plane and run what it assigns."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = AgentConfig(
+            control_plane=control_plane,
+            data_dir=data_dir,
+            name=name or socket.gethostname(),
+            join_token=join_token,
+            fabrics=list(fabric or []),
+            address=address,
+            bind_host=bind_host,
+            cpu_slots=cpu_slots,
+            class_overrides=_parse_overrides(class_override or []),
+            server_port=server_port,
+            port_range=_parse_range(port_range),
+        )
+        asyncio.run(run_agent(Agent(config), stop_engines=stop_engines))
+    except (ConfigError, AuthError) as exc:
+        typer.echo(f"llmgw: {exc}", err=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+
+
+async def run_agent(agent: Agent, *, stop_engines: bool) -> None:
+    """Run ``agent`` until SIGINT/SIGTERM, then shut it down."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    task = asyncio.create_task(agent.run())
+    waiter = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        await agent.shutdown(stop_engines=stop_engines)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    if task.done() and not task.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()  # re-raise a fatal error (e.g. a refused join token)
