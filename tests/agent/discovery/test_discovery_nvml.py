@@ -8,7 +8,7 @@ import pynvml
 import pytest
 from tests.agent.discovery.smi_helpers import list_text, xml_bytes, xml_fixtures
 
-from llmgw.agent.discovery import LastSeen, inventory_from
+from llmgw.agent.discovery import LastSeen, discover, inventory_from
 from llmgw.agent.discovery.base import Snapshot, SourceUnavailable
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml, FakeProcess, fake_from_cards
 from llmgw.agent.discovery.nvidia_smi import join
@@ -55,7 +55,7 @@ def a100(n: int = 0, *, mig: tuple[int, int] | None = None, instances: int = 0) 
 def read(
     fake: FakeNvml, source: NvmlSource | None = None, cache: LastSeen | None = None
 ) -> NodeInventory:
-    snap = (source or NvmlSource(fake)).read()
+    snap = (source or NvmlSource(fake, cache=cache)).read()
     return inventory_from(snap, hostname="n1", cache=cache or LastSeen())
 
 
@@ -116,8 +116,8 @@ def test_instance_processes_are_their_own() -> None:
 
 def test_gpu_lost_between_reads_keeps_its_identity_and_turns_unhealthy() -> None:
     fake = FakeNvml([a100(0), a100(1)])
-    source = NvmlSource(fake)
     cache = LastSeen()
+    source = NvmlSource(fake, cache=cache)
     before = read(fake, source, cache)
     assert all(d.healthy for d in before.devices)
     fake.gpus[1].fail = {"*": GPU_IS_LOST}
@@ -165,7 +165,8 @@ def test_remapped_rows_seen_before_mig_are_kept_under_mig() -> None:
     gpu = a100(0, mig=(0, 0))
     gpu.remapped_rows = (0, 0, 1, 0)  # a remap pending, seen while MIG was off
     fake = FakeNvml([gpu])
-    source, cache = NvmlSource(fake), LastSeen()
+    cache = LastSeen()
+    source = NvmlSource(fake, cache=cache)
     first = read(fake, source, cache)
     assert first.devices[0].remapped_rows_pending is True
     gpu.mig_mode = (1, 1)
@@ -238,3 +239,12 @@ def test_both_sources_agree_on_the_same_capture(name: str) -> None:
     assert shape(via_nvml) == shape(via_smi)
     sick = [(d.uuid, d.unhealthy_reasons) for d in via_smi.devices if not d.healthy]
     assert sick == [(d.uuid, d.unhealthy_reasons) for d in via_nvml.devices if not d.healthy]
+
+
+def test_vanished_gpu_keeps_its_uuid_across_discover_calls() -> None:
+    fake = FakeNvml([a100(0)])
+    cache = LastSeen()
+    assert discover(nvml=fake, nvidia_smi="/nonexistent", cache=cache).devices[0].healthy
+    fake.gpus[0].fail = {"nvmlDeviceGetHandleByIndex": GPU_IS_LOST}
+    (lost,) = discover(nvml=fake, nvidia_smi="/nonexistent", cache=cache).devices
+    assert (lost.uuid, lost.healthy, lost.gpu_class) == ("GPU-a100-0", False, "a100-80g")

@@ -59,6 +59,22 @@ class LastSeen:
 
     def __init__(self) -> None:
         self._cards: dict[str, _Seen] = {}
+        # Identity by index, so a card that vanishes mid-read is still reported
+        # under its UUID (unhealthy) instead of as an anonymous entry.
+        self._identity: dict[int, tuple[str, str, int]] = {}
+
+    def remember_identity(
+        self, index: int, uuid: str, name: str, memory_total_mib: int | None = None
+    ) -> None:
+        """Note who sits at ``index``; unknown memory keeps the last figure for that card."""
+        before = self._identity.get(index)
+        if memory_total_mib is None:
+            memory_total_mib = before[2] if before and before[0] == uuid else 0
+        self._identity[index] = (uuid, name, memory_total_mib)
+
+    def identity(self, index: int) -> tuple[str, str, int] | None:
+        """(uuid, name, memory MiB) of the card last seen at this index."""
+        return self._identity.get(index)
 
     def apply(self, card: CardFacts) -> None:
         """Remember what the card reports now; fill in what it does not."""

@@ -84,26 +84,27 @@ def discover(
     host = hostname or socket.gethostname()
     if cpu_slots < 0:
         raise ConfigError(f"cpu_slots must be 0 or more, not {cpu_slots}")
-    sources: list[Source] = [NvmlSource(nvml), NvidiaSmiSource(nvidia_smi)]
+    seen = cache if cache is not None else _DEFAULT_CACHE
+    sources: list[Source] = [NvmlSource(nvml, cache=seen), NvidiaSmiSource(nvidia_smi)]
     notes: list[str] = []
     failures: list[str] = []
     for source in sources:
         try:
             snapshot = source.read()
+            inventory = inventory_from(
+                snapshot,
+                hostname=host,
+                cpu_slots=cpu_slots,
+                class_overrides=class_overrides,
+                cache=seen,
+            )
         except SourceUnavailable as absent:
             if absent.warning:
                 notes.append(f"{source.name}: {absent.message}")
             continue
-        except DiscoveryError as exc:
+        except DiscoveryError as exc:  # the next source may still describe the node
             failures.append(str(exc))
             continue
-        inventory = inventory_from(
-            snapshot,
-            hostname=host,
-            cpu_slots=cpu_slots,
-            class_overrides=class_overrides,
-            cache=cache,
-        )
         inventory.warnings[:0] = notes + failures
         return inventory
     if failures:

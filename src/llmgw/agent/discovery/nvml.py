@@ -29,6 +29,7 @@ from llmgw.agent.discovery.base import (
     SourceName,
     SourceUnavailable,
 )
+from llmgw.agent.discovery.health import LastSeen
 from llmgw.agent.discovery.smi_list import PROFILE_PATTERN
 from llmgw.errors import DiscoveryError
 
@@ -109,11 +110,10 @@ def profile_from_attributes(attrs: Any, card_total_mib: int) -> str | None:
 class NvmlSource:
     name: SourceName = "nvml"
 
-    def __init__(self, api: NvmlApi | None = None) -> None:
+    def __init__(self, api: NvmlApi | None = None, *, cache: LastSeen | None = None) -> None:
         self.api: NvmlApi = api if api is not None else pynvml
-        # Identity of cards seen before, by index: a card that vanishes keeps
-        # its UUID in the report instead of turning into an anonymous entry.
-        self._known: dict[int, tuple[str, str, int]] = {}
+        # Where a card that vanishes finds the UUID it had a moment ago.
+        self.cache = cache if cache is not None else LastSeen()
 
     # -- calls, sorted into the three meanings ------------------------------
 
@@ -180,7 +180,8 @@ class NvmlSource:
         return snapshot
 
     def _lost_card(self, index: int, code: int, message: str, warnings: list[str]) -> CardFacts:
-        uuid, name, total = self._known.get(index, (f"GPU-unknown-index-{index}", "unknown", 0))
+        known = self.cache.identity(index)
+        uuid, name, total = known or (f"GPU-unknown-index-{index}", "unknown", 0)
         warnings.append(f"GPU {index}: {message}")
         health = HealthFacts(lost=code == GPU_IS_LOST, unknown_error=code == UNKNOWN)
         health.reset_required = code == RESET_REQUIRED or None
@@ -207,15 +208,15 @@ class NvmlSource:
             card = self._card_facts(index, handle)
         except _CardFailing as failing:
             return self._lost_card(index, failing.code, str(failing), warnings)
-        self._known[index] = (card.uuid, card.name, card.memory_total_mib)
+        self.cache.remember_identity(index, card.uuid, card.name, card.memory_total_mib)
         return card
 
     def _card_facts(self, index: int, handle: Any) -> CardFacts:
         api = self.api
         uuid = str(self._must("UUID", api.nvmlDeviceGetUUID, handle))
-        self._known[index] = (uuid, "unknown", 0)
+        self.cache.remember_identity(index, uuid, "unknown")
         name = str(self._must("name", api.nvmlDeviceGetName, handle))
-        self._known[index] = (uuid, name, 0)
+        self.cache.remember_identity(index, uuid, name)
         card = CardFacts(index=index, uuid=uuid, name=name)
         memory = self._may(card, api.nvmlDeviceGetMemoryInfo, handle)
         if memory is not None:
