@@ -1,0 +1,145 @@
+"""``llmgw gateway --control-plane URL --token T``: the gateway on its own.
+
+It learns routes and keys from the control plane's watch stream and keeps
+serving the last ones it knew while the control plane is away. A token the
+control plane refuses is a configuration error (exit 2, one line); a control
+plane that is merely unreachable at start is not: the gateway answers 503
+until the first config arrives, then serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Coroutine
+from typing import Annotated, Any
+
+import typer
+
+from llmgw.errors import AuthError, ConfigError
+from llmgw.gateway.app import Gateway
+from llmgw.gateway.link import ControlPlaneUnavailable, HttpControlPlaneLink
+from llmgw.gateway.settings import GatewaySettings
+
+log = logging.getLogger("llmgw.gateway")
+
+app = typer.Typer(name="gateway", add_completion=False, pretty_exceptions_enable=False)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_gateway(
+    control_plane: str, token: str, host: str, port: int, settings: GatewaySettings
+) -> None:
+    """Run a standalone gateway until cancelled or signalled."""
+    import uvicorn
+
+    sock = _bind(host, port)
+    try:
+        link = HttpControlPlaneLink(control_plane, token)
+    except Exception as exc:
+        sock.close()
+        raise ConfigError(str(exc)) from None
+    gateway = Gateway(link, settings)
+    try:
+        try:
+            async with asyncio.timeout(10.0):
+                gateway.apply(await link.watch_config(-1))
+        except AuthError as exc:
+            raise ConfigError(str(exc)) from None
+        except (ControlPlaneUnavailable, TimeoutError) as exc:
+            log.warning("control plane not reachable yet (%s); answering 503 until it is", exc)
+        await gateway.start()
+        config = uvicorn.Config(
+            gateway,
+            lifespan="off",
+            http="httptools",
+            ws="none",
+            access_log=False,
+            log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        )
+        server = uvicorn.Server(config)
+        actual = sock.getsockname()[1]
+        log.info("gateway listening on %s:%s, control plane %s", host, actual, control_plane)
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn re-raises the signal that stopped it once it is done,
+            # with the handlers it found; a quiet handler here lets the final
+            # usage flush below run instead of the process dying first.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: None)
+        await server.serve(sockets=[sock])
+    finally:
+        await gateway.stop()
+        await link.close()
+        sock.close()
+
+
+@app.callback(invoke_without_command=True)
+def gateway(
+    control_plane: Annotated[
+        str, typer.Option(envvar="LLMGW_CONTROL_PLANE", help="Control plane URL.")
+    ],
+    token: Annotated[
+        str, typer.Option(envvar="LLMGW_GATEWAY_TOKEN", help="Gateway token (llmgw-gw-...).")
+    ],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="Port of the OpenAI API.")] = 8000,
+    queue_wait_s: Annotated[
+        float, typer.Option(help="How long a request waits for an on-demand model.")
+    ] = GatewaySettings.queue_wait_s,
+    queue_length: Annotated[
+        int, typer.Option(help="Requests that may wait per on-demand model.")
+    ] = GatewaySettings.queue_length,
+    max_body_mb: Annotated[float, typer.Option(help="Largest request body, MiB.")] = 32.0,
+    allow_anonymous: Annotated[
+        bool, typer.Option(help="Accept requests without an API key.")
+    ] = False,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Run the OpenAI-compatible gateway alone, following a control plane."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        settings = GatewaySettings(
+            queue_wait_s=queue_wait_s,
+            queue_length=queue_length,
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            allow_anonymous=allow_anonymous,
+        )
+        _run_loop(serve_gateway(control_plane, token, host, port, settings))
+    except ConfigError as exc:
+        typer.echo(f"llmgw: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    # uvloop when available: it roughly halves the event loop's share of the
+    # per-request cost on the hot path.
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
+if __name__ == "__main__":
+    app()
