@@ -1,0 +1,268 @@
+"""Fleet summary latency at scale: GET /admin/v1/summary on 2,000 nodes x 8 GPUs.
+
+The fleet is generated straight into FleetState (no agents): nodes in
+several fabrics, a mix of whole cards and MIG instances, a few unhealthy
+GPUs, cordoned, draining and unreachable nodes, weights on about half the
+nodes, and replicas of 1, 2, 4 and 8 GPUs filling about 70 % of the cards,
+most ready (some idle for hours), some starting with a download under way.
+
+The summary is asked for through the real HTTP route: uvicorn on 127.0.0.1
+(an ephemeral port) serving the control plane's app, and an httpx2 client in
+the same process making one request at a time, so each latency includes the
+client's own work. A baseline in the same run asks for the summary of an
+empty fleet (everything but the fleet-sized work), and the views + summary
+are also timed as a plain function call.
+
+    python bench/admin.py [--quick] [--nodes 2000] [--gpus 8] [--calls 300]
+
+Last line: one JSON object with nodes, summary_p50_ms, summary_p99_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import uvicorn
+from fastapi import FastAPI
+
+from llmgw.control.adminapi.patroni import StoreStatus
+from llmgw.control.adminapi.summary import summarize
+from llmgw.control.adminapi.views import fleet_views
+from llmgw.control.service import ControlPlane
+from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
+from llmgw.control.store.repo import Store
+from llmgw.wire import (
+    Device,
+    DownloadProgress,
+    EngineKind,
+    MigInfo,
+    ModelSpec,
+    NodeInventory,
+    NodeState,
+    ReplicaState,
+    ReplicaStatus,
+    ShardAssignment,
+    WeightsEntry,
+    mig_number,
+)
+
+FABRICS = 8
+MODELS = 60
+
+
+def _devices(rng: random.Random, node: int, gpus: int, mig: bool) -> list[Device]:
+    out: list[Device] = []
+    for card in range(gpus):
+        healthy = rng.random() > 0.005
+        reasons = [] if healthy else ["uncorrectable ECC errors: 2"]
+        if mig and card < 2:
+            # Two cards in MIG mode, carved into two 3g.40gb instances each.
+            for inst in range(2):
+                number = mig_number(card, inst)
+                out.append(Device(
+                    number=number, label=f"{card}/mig{inst}", uuid=f"MIG-{node}-{card}-{inst}",
+                    name="NVIDIA A100-SXM4-80GB", gpu_class="a100-80g-mig-3g.40gb",
+                    memory_total_mib=40192, temperature_c=40, power_w=80.0,
+                    healthy=healthy, unhealthy_reasons=reasons,
+                    mig=MigInfo(parent_uuid=f"GPU-{node}-{card}", parent_index=card,
+                                gpu_instance_id=inst + 1, compute_instance_id=0,
+                                profile="3g.40gb"),
+                ))
+            continue
+        cls, name = ("a100-80g", "NVIDIA A100-SXM4-80GB") if mig else (
+            "h100-80g", "NVIDIA H100 80GB HBM3")
+        out.append(Device(
+            number=card, label=str(card), uuid=f"GPU-{node}-{card}", name=name, gpu_class=cls,
+            memory_total_mib=81559, memory_used_mib=rng.randint(0, 80000),
+            utilization_pct=rng.randint(0, 100), temperature_c=rng.randint(30, 80),
+            power_w=rng.uniform(60, 700), healthy=healthy, unhealthy_reasons=reasons,
+        ))
+    return out
+
+
+def make_fleet(nodes: int, gpus: int, now: float, seed: int = 7) -> FleetState:
+    rng = random.Random(seed)
+    state = FleetState()
+    specs = []
+    for m in range(MODELS):
+        size = (1, 1, 2, 4, 8)[m % 5]
+        specs.append(ModelSpec(
+            name=f"model-{m:02d}", engine=EngineKind.SIM,
+            gpu_classes=["h100-80g", "a100-80g"], gpus=size, tp=size,
+            min_replicas=0 if m % 7 == 0 else 1, max_replicas=400,
+        ))
+        state.models[specs[-1].name] = ModelRecord(
+            spec=specs[-1], created_at=now - 86400, updated_at=now - 86400,
+            parked=m % 29 == 3, failures=5 if m % 29 == 3 else 0,
+            last_error="engine exited (1)" if m % 29 == 3 else None,
+            demand_at=now - 30 if m % 7 == 0 else None,
+            unplaceable_reason="needs 8 free h100-80g on one node; none has" if m % 17 == 5
+            else None,
+        )
+    for n in range(nodes):
+        mig = n % 10 == 9
+        name = f"node-{n:05d}"
+        record = NodeRecord(
+            name=name, registered_at=now - 86400, address=f"10.{n // 250}.{n % 250}.1",
+            agent_port=9000, fabrics=[f"ib-{n % FABRICS}"],
+            inventory=NodeInventory(hostname=name, source="fake",
+                                    devices=_devices(rng, n, gpus, mig)),
+            weights=[WeightsEntry(model=f"model-{(n + k) % MODELS:02d}") for k in range(3)]
+            if n % 2 == 0 else [],
+            last_seen=now - 40 if n % 97 == 0 else now - 1,
+            admin_state=NodeState.CORDONED if n % 53 == 0 else (
+                NodeState.DRAINING if n % 71 == 0 else NodeState.READY),
+        )
+        state.nodes[name] = record
+    _place_replicas(state, specs, rng, now)
+    return state
+
+
+def _place_replicas(state: FleetState, specs: list[ModelSpec], rng: random.Random,
+                    now: float) -> None:
+    counter = 0
+    for node in state.nodes.values():
+        assert node.inventory is not None
+        free = [d.number for d in node.inventory.devices if d.healthy and d.gpu_class != "cpu"]
+        while free and rng.random() < 0.8:
+            spec = rng.choice(specs)
+            size = 1 if free[0] >= 1000 else spec.gpus
+            if size > len(free):
+                break
+            taken, free = free[:size], free[size:]
+            counter += 1
+            rid = f"r{counter:06d}"
+            ready = rng.random() < 0.9
+            replica = ReplicaRecord(
+                id=rid, model=spec.name, created_at=now - 7200,
+                shards=[ShardAssignment(node=node.name, device_numbers=taken)],
+                state=ReplicaState.READY if ready else ReplicaState.STARTING,
+                port=20000 + counter % 10000, ready_at=now - 3600 if ready else None,
+                last_request_at=now - rng.choice((5, 60, 900, 7200)) if ready else None,
+            )
+            state.replicas[rid] = replica
+            node.statuses[rid] = ReplicaStatus(
+                replica_id=rid, state=replica.state, port=replica.port,
+                log_tail=["INFO loading weights", "INFO ready"],
+                download=None if ready else DownloadProgress(bytes_done=5 << 30,
+                                                             bytes_total=16 << 30),
+            )
+
+
+def _app(cp: ControlPlane) -> FastAPI:
+    try:
+        from llmgw.control.app import create_app
+    except ImportError:
+        from llmgw.control.adminapi.routes import build_admin_router
+
+        app = FastAPI()
+        app.include_router(build_admin_router(cp), prefix="/admin/v1")
+        return app
+    return create_app(cp)
+
+
+async def _serve(app: FastAPI) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                           access_log=False, http="httptools"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.01)
+    return server, task, f"http://127.0.0.1:{port}"
+
+
+async def _timings(client: httpx2.AsyncClient, url: str, calls: int) -> list[float]:
+    out = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        response = await client.get(url)
+        response.json()
+        out.append((time.perf_counter() - start) * 1000)
+        if response.status_code != 200:
+            raise SystemExit(f"summary answered {response.status_code}: {response.text[:200]}")
+    return out
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
+    now = time.time()
+    t0 = time.perf_counter()
+    fleet = make_fleet(nodes, gpus, now)
+    gen_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await Store.open(f"sqlite:///{Path(tmp) / 'bench.db'}")
+        empty_cp = ControlPlane(store)
+        creds = await empty_cp.ensure_credentials(first_api_key=False)
+        cp = ControlPlane(store, state=fleet)
+        await cp.ensure_credentials(first_api_key=False)
+        headers = {"Authorization": f"Bearer {creds.admin_token}"}
+        direct = []
+        for _ in range(max(5, calls // 10)):
+            start = time.perf_counter()
+            summarize(fleet_views(fleet, time.time(), with_devices=False), StoreStatus([]))
+            direct.append((time.perf_counter() - start) * 1000)
+        results: dict[str, list[float]] = {}
+        for label, plane in (("empty", empty_cp), ("fleet", cp)):
+            server, task, base = await _serve(_app(plane))
+            try:
+                async with httpx2.AsyncClient(base_url=base, headers=headers,
+                                              timeout=30) as client:
+                    await _timings(client, "/admin/v1/summary", 5)  # warm-up
+                    results[label] = await _timings(client, "/admin/v1/summary", calls)
+                    if label == "fleet":
+                        body = (await client.get("/admin/v1/summary")).json()
+            finally:
+                server.should_exit = True
+                await task
+        await store.close()
+    fleet_ms, empty_ms = results["fleet"], results["empty"]
+    return {
+        "nodes": nodes,
+        "gpus_per_node": gpus,
+        "devices": sum(c["total"] for c in body["gpus"]),
+        "replicas": len(fleet.replicas),
+        "calls": calls,
+        "transport": "uvicorn+httptools on 127.0.0.1, httpx2 client in the same process",
+        "fleet_generate_s": round(gen_s, 2),
+        "direct_p50_ms": round(statistics.median(direct), 2),
+        "empty_summary_p50_ms": round(statistics.median(empty_ms), 2),
+        "summary_p50_ms": round(statistics.median(fleet_ms), 2),
+        "summary_p99_ms": round(_p(fleet_ms, 0.99), 2),
+        "summary_max_ms": round(max(fleet_ms), 2),
+        "p99_vs_empty": round(_p(fleet_ms, 0.99) / max(statistics.median(empty_ms), 1e-6), 1),
+        "target_p99_ms": 50,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls (about 20 s)")
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=None)
+    args = parser.parse_args()
+    calls = args.calls or (100 if args.quick else 500)
+    result = asyncio.run(run(args.nodes, args.gpus, calls))
+    print(json.dumps(result), file=sys.stdout, flush=True)
+
+
+if __name__ == "__main__":
+    main()

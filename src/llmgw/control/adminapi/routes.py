@@ -1,0 +1,411 @@
+"""The admin API (``/admin/v1``): fleet views, catalog, nodes, keys, usage, events.
+
+Every route takes the admin token and nothing else. The check runs before
+FastAPI looks at the request at all, so a caller without it learns nothing
+(not even whether its body would have parsed), and node tokens or API keys
+never work here: one leaked node token must not become a leaked fleet.
+
+Errors leave as ``{"error": {"message", "type", "code"}}``, translated here
+once from llmgw's error tree, so the router behaves the same whichever app
+mounts it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Annotated, Any, Literal
+
+import orjson
+from fastapi import APIRouter, Body, Query, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
+
+from llmgw import secrets
+from llmgw.control.adminapi import schemas
+from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
+from llmgw.control.adminapi.summary import Summary, fleet_summary
+from llmgw.control.adminapi.views import (
+    ModelView,
+    NodeView,
+    ReplicaTally,
+    ReplicaView,
+    iter_node_views,
+    model_view,
+    node_view,
+    replica_view,
+)
+from llmgw.control.service import ControlPlane
+from llmgw.errors import AuthError, LlmgwError, NotFoundError, StoreError, ValidationError
+from llmgw.wire import ModelSpec, NodeState
+
+_bearer = HTTPBearer(auto_error=False, description="The admin token (llmgw-admin-...).")
+
+NodeStateName = Literal["ready", "cordoned", "draining", "unreachable"]
+ReplicaStateName = Literal["starting", "ready", "draining", "failed"]
+
+# Usage without a ``since`` covers the last hour: an unbounded default would
+# make the first innocent call on a busy gateway read months of rows.
+DEFAULT_USAGE_WINDOW_S = 3600
+
+
+def error_response(status: int, message: str, kind: str, code: str | None = None) -> Response:
+    body = orjson.dumps({"error": {"message": message, "type": kind, "code": code}})
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _default(value: object) -> object:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def json_response(value: object, status: int = 200) -> Response:
+    """orjson straight from views: dataclasses need no conversion step."""
+    return Response(orjson.dumps(value, default=_default), status_code=status,
+                    media_type="application/json")
+
+
+def _problems(errors: Sequence[Any]) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg', 'invalid')}"
+        for e in errors
+    )
+
+
+def _admin_route_class(cp: ControlPlane) -> type[APIRoute]:
+    class AdminRoute(APIRoute):
+        """Checks the admin token first, then turns llmgw errors into JSON."""
+
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            inner = super().get_route_handler()
+
+            async def handler(request: Request) -> Response:
+                token = secrets.bearer(request.headers.get("authorization"))
+                if token is None:
+                    return error_response(401, "an admin token is required "
+                                          "(Authorization: Bearer llmgw-admin-...)",
+                                          "authentication_error", "missing_token")
+                if not cp.is_admin(token):
+                    return error_response(401, "this token is not the admin token",
+                                          "authentication_error", "invalid_token")
+                try:
+                    return await inner(request)
+                except RequestValidationError as exc:
+                    return error_response(422, _problems(exc.errors()),
+                                          "invalid_request_error", "invalid_request")
+                except PydanticValidationError as exc:
+                    return error_response(422, _problems(exc.errors()),
+                                          "invalid_request_error", "invalid_request")
+                except ValidationError as exc:
+                    return error_response(422, str(exc), "invalid_request_error",
+                                          exc.field or "invalid_request")
+                except NotFoundError as exc:
+                    return error_response(404, str(exc), "not_found_error", "not_found")
+                except AuthError as exc:
+                    return error_response(401, str(exc), "authentication_error",
+                                          "invalid_token")
+                except StoreError as exc:
+                    return error_response(503, str(exc), "store_error", "store_unavailable")
+                except LlmgwError as exc:
+                    return error_response(400, str(exc), "invalid_request_error", None)
+
+            return handler
+
+    return AdminRoute
+
+
+def build_admin_router(
+    cp: ControlPlane, *, patroni_urls: Sequence[str] | None = None
+) -> APIRouter:
+    """The admin API, to be mounted at ``/admin/v1``.
+
+    ``patroni_urls`` default to ``LLMGW_PATRONI_URL`` (comma-separated); the
+    summary lists the store's members from them.
+    """
+    patroni = PatroniReader(patroni_urls if patroni_urls is not None
+                            else patroni_urls_from_env())
+    router = APIRouter(
+        route_class=_admin_route_class(cp),
+        dependencies=[Security(_bearer)],
+        responses={
+            401: {"model": schemas.ErrorBody, "description": "No admin token, or a wrong one"},
+            422: {"model": schemas.ErrorBody, "description": "Invalid request"},
+        },
+    )
+    state = cp.state
+    not_found: dict[int | str, dict[str, Any]] = {
+        404: {"model": schemas.ErrorBody, "description": "No such thing"}
+    }
+
+    # -- summary ---------------------------------------------------------------
+
+    @router.get("/summary", response_model=Summary, tags=["fleet"])
+    async def get_summary() -> Response:
+        """The whole fleet in one answer."""
+        store = await patroni.status()
+        summary = fleet_summary(state, time.time(), store)
+        return Response(summary.model_dump_json(), media_type="application/json")
+
+    # -- nodes -------------------------------------------------------------------
+
+    def _node(name: str) -> NodeView:
+        record = state.nodes.get(name)
+        if record is None:
+            raise NotFoundError(f"node {name!r} does not exist")
+        return node_view(record, time.time(), state.used_devices())
+
+    @router.get("/nodes", response_model=list[NodeView], tags=["nodes"])
+    async def list_nodes(
+        node_state: Annotated[NodeStateName | None, Query(alias="state")] = None,
+        fabric: str | None = None,
+        gpu_class: str | None = None,
+    ) -> Response:
+        """Nodes with their devices by class (MIG instances as ``card/migN``)."""
+        views = [
+            v for v in iter_node_views(state, time.time())
+            if (node_state is None or v.state == node_state)
+            and (fabric is None or fabric in v.fabrics)
+            and (gpu_class is None or any(c.gpu_class == gpu_class for c in v.classes))
+        ]
+        return json_response(views)
+
+    @router.get("/nodes/{name:path}", response_model=NodeView, responses=not_found,
+                tags=["nodes"])
+    async def get_node(name: str) -> Response:
+        return json_response(_node(name))
+
+    async def _set_node(name: str, target: NodeState) -> Response:
+        await cp.set_node_state(name, target)
+        return json_response(_node(name))
+
+    @router.post("/nodes/{name:path}/cordon", response_model=NodeView, responses=not_found,
+                 tags=["nodes"])
+    async def cordon(name: str) -> Response:
+        """Place nothing new here; replicas stay."""
+        return await _set_node(name, NodeState.CORDONED)
+
+    @router.post("/nodes/{name:path}/uncordon", response_model=NodeView, responses=not_found,
+                 tags=["nodes"])
+    async def uncordon(name: str) -> Response:
+        return await _set_node(name, NodeState.READY)
+
+    @router.post("/nodes/{name:path}/drain", response_model=NodeView, responses=not_found,
+                 tags=["nodes"])
+    async def drain_node(name: str) -> Response:
+        """Place nothing new here and move its replicas away (make before break)."""
+        return await _set_node(name, NodeState.DRAINING)
+
+    @router.delete("/nodes/{name:path}", response_model=schemas.Done, responses=not_found,
+                   tags=["nodes"])
+    async def delete_node(name: str) -> Response:
+        """Forget a node (its agent must register again with a join token)."""
+        await cp.delete_node(name)
+        return json_response(schemas.Done(message=f"node {name} removed"))
+
+    # -- replicas --------------------------------------------------------------------
+
+    @router.get("/replicas", response_model=list[ReplicaView], tags=["replicas"])
+    async def list_replicas(
+        model: str | None = None,
+        node: str | None = None,
+        replica_state: Annotated[ReplicaStateName | None, Query(alias="state")] = None,
+    ) -> Response:
+        now = time.time()
+        views = [
+            replica_view(state.replicas[rid], state.nodes, now)
+            for rid in sorted(state.replicas)
+            if (model is None or state.replicas[rid].model == model)
+            and (node is None or node in state.replicas[rid].nodes)
+            and (replica_state is None or state.replicas[rid].state == replica_state)
+        ]
+        return json_response(views)
+
+    @router.get("/replicas/{replica_id:path}", response_model=ReplicaView, responses=not_found,
+                tags=["replicas"])
+    async def get_replica(replica_id: str) -> Response:
+        replica = state.replicas.get(replica_id)
+        if replica is None:
+            raise NotFoundError(f"replica {replica_id!r} does not exist")
+        return json_response(replica_view(replica, state.nodes, time.time()))
+
+    @router.post("/replicas/{replica_id:path}/drain", response_model=ReplicaView,
+                 responses=not_found, tags=["replicas"])
+    async def drain_replica(replica_id: str) -> Response:
+        """Stop routing to it; in-flight requests finish, then it stops."""
+        replica = await cp.drain_replica(replica_id)
+        return json_response(replica_view(replica, state.nodes, time.time()))
+
+    # -- models ----------------------------------------------------------------------
+
+    def _model(name: str) -> ModelView:
+        record = state.models.get(name)
+        if record is None:
+            raise NotFoundError(f"model {name!r} does not exist")
+        now = time.time()
+        replicas = [replica_view(r, state.nodes, now) for r in state.replicas_of(name)]
+        return model_view(record, ReplicaTally(replicas), now)
+
+    @router.get("/models", response_model=list[ModelView], tags=["models"])
+    async def list_models() -> Response:
+        now = time.time()
+        replicas = [replica_view(r, state.nodes, now) for r in state.replicas.values()]
+        tally = ReplicaTally(replicas)
+        return json_response([model_view(state.models[n], tally, now)
+                              for n in sorted(state.models)])
+
+    @router.get("/models/{name:path}", response_model=ModelView, responses=not_found,
+                tags=["models"])
+    async def get_model(name: str) -> Response:
+        return json_response(_model(name))
+
+    @router.put("/models/{name:path}", response_model=ModelView, tags=["models"])
+    async def put_model(name: str, spec: Annotated[ModelSpec, Body()]) -> Response:
+        """Add or replace one catalog entry."""
+        if spec.name != name:
+            raise ValidationError(
+                f"the entry is named {spec.name!r} but the URL names {name!r}", field="name"
+            )
+        _validate([spec])
+        await cp.put_models([spec])
+        return json_response(_model(name))
+
+    @router.delete("/models/{name:path}", response_model=schemas.Done, responses=not_found,
+                   tags=["models"])
+    async def delete_model(name: str) -> Response:
+        """Remove a model and stop its replicas."""
+        await cp.delete_model(name)
+        return json_response(schemas.Done(message=f"model {name} deleted"))
+
+    @router.post("/models/{name:path}/unpark", response_model=ModelView, responses=not_found,
+                 tags=["models"])
+    async def unpark(name: str) -> Response:
+        """Retry a parked model from zero failures."""
+        await cp.unpark(name)
+        return json_response(_model(name))
+
+    def _validate(specs: list[ModelSpec]) -> None:
+        from llmgw.control.catalog import validate_catalog
+
+        validate_catalog(specs, {n: m.spec for n, m in state.models.items()})
+
+    def _specs(body: schemas.CatalogInput) -> list[ModelSpec]:
+        if (body.models is None) == (body.document is None):
+            raise ValidationError("give either 'models' (entries) or 'document' "
+                                  "(YAML or JSON text), not both or neither")
+        if body.models is not None:
+            specs = list(body.models)
+        else:
+            from llmgw.control.catalog import parse_models
+
+            specs = parse_models(body.document or "", source=body.source)
+        if not specs:
+            raise ValidationError("the document holds no model entries", field="models")
+        _validate(specs)
+        return specs
+
+    def _plan(what_if: list[ModelSpec] | None) -> dict[str, Any]:
+        from llmgw.control.scheduler.planner import plan
+
+        return plan(state, time.time(), what_if=what_if).model_dump(mode="json")
+
+    @router.post("/apply", response_model=schemas.ApplyResult, tags=["models"])
+    async def apply(body: schemas.CatalogInput) -> Response:
+        """Add or change catalog entries from a document; ``dry_run`` shows the
+        diff and what the planner would do without changing anything."""
+        from llmgw.control.catalog import diff_catalog
+
+        specs = _specs(body)
+        diff = diff_catalog({n: m.spec for n, m in state.models.items()}, specs)
+        result = schemas.ApplyResult(
+            dry_run=body.dry_run,
+            added=list(diff.added),
+            changed=list(diff.changed),
+            unchanged=list(diff.unchanged),
+            changed_fields=dict(diff.changed_fields),
+        )
+        if body.dry_run:
+            result.plan = _plan(specs)
+        else:
+            await cp.put_models(specs)
+        return json_response(result)
+
+    # -- plan ------------------------------------------------------------------------
+
+    @router.get("/plan", response_model=dict[str, Any], tags=["plan"])
+    async def get_plan() -> Response:
+        """The reconciler's next pass as a dry run: where each model would go and why not."""
+        return json_response(_plan(None))
+
+    @router.post("/plan", response_model=dict[str, Any], tags=["plan"])
+    async def what_if(body: schemas.CatalogInput) -> Response:
+        """The plan if these entries were added to the catalog (nothing is changed)."""
+        return json_response(_plan(_specs(body)))
+
+    # -- events ------------------------------------------------------------------------
+
+    @router.get("/events", response_model=list[schemas.EventView], tags=["events"])
+    async def list_events(
+        kind: str | None = None,
+        subject: str | None = None,
+        since: Annotated[int, Query(ge=0, le=2**62, description="after this event id")] = 0,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    ) -> Response:
+        """The latest events after ``since``, oldest first."""
+        rows = await cp.store.list_events(since_id=since, kind=kind, subject=subject,
+                                          limit=limit)
+        return json_response([schemas.event_view(r) for r in reversed(rows)])
+
+    # -- API keys ---------------------------------------------------------------------
+
+    @router.post("/keys", response_model=schemas.KeyCreated, status_code=201, tags=["keys"])
+    async def create_key(body: schemas.KeyCreate) -> Response:
+        """A new API key; its secret is in this answer and nowhere else, ever."""
+        info, secret = await cp.create_api_key(
+            name=body.name, models=body.models, expires_at=body.expires_at,
+            rpm=body.rpm, tpm=body.tpm,
+        )
+        return json_response(schemas.KeyCreated(key=schemas.key_view(info), secret=secret),
+                             status=201)
+
+    @router.get("/keys", response_model=list[schemas.KeyView], tags=["keys"])
+    async def list_keys() -> Response:
+        return json_response([schemas.key_view(k) for k in cp.list_api_keys()])
+
+    @router.delete("/keys/{key_id}", response_model=schemas.KeyView, responses=not_found,
+                   tags=["keys"])
+    async def revoke_key(key_id: str) -> Response:
+        await cp.revoke_api_key(key_id)
+        info = next((k for k in cp.list_api_keys() if k.key_id == key_id), None)
+        if info is None:
+            raise NotFoundError(f"API key {key_id!r} does not exist")
+        return json_response(schemas.key_view(info))
+
+    # -- usage ---------------------------------------------------------------------------
+
+    @router.get("/usage", response_model=schemas.UsageAnswer, tags=["usage"])
+    async def usage(
+        since: Annotated[int | None, Query(ge=0, le=2**40,
+                                           description="unix time; default: an hour ago")] = None,
+        key_id: str | None = None,
+        model: str | None = None,
+    ) -> Response:
+        """Requests and tokens per minute, key and model, with totals."""
+        start = since if since is not None else int(time.time()) - DEFAULT_USAGE_WINDOW_S
+        rows = await cp.store.query_usage(since=start // 60 * 60, key_id=key_id, model=model)
+        return json_response(schemas.usage_answer(start, rows))
+
+    # -- credentials -----------------------------------------------------------------
+
+    @router.post("/join-token/rotate", response_model=schemas.JoinToken, tags=["credentials"])
+    async def rotate_join_token() -> Response:
+        """A new join token; the old one stops working (registered nodes keep theirs)."""
+        return json_response(schemas.JoinToken(join_token=await cp.rotate_join_token()))
+
+    return router
+

@@ -1,0 +1,147 @@
+"""Request and answer bodies of the admin API that are not fleet views.
+
+API keys are shown without their hash as well as without their secret: the
+hash is what the gateway checks against, and a list of them is a list of
+things to brute-force offline if it leaks from a console screenshot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmgw.control.store.repo import Row
+from llmgw.wire import ApiKeyInfo, ModelSpec, UsageRecord
+
+
+class _Body(BaseModel):
+    # Unknown fields are refused, as in wire.py: a typo such as "dryrun"
+    # must not silently apply for real.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class Done(BaseModel):
+    message: str
+
+
+class CatalogInput(_Body):
+    """Catalog entries as JSON (``models``) or as a YAML/JSON document's text."""
+
+    models: list[ModelSpec] | None = None
+    document: str | None = Field(None, max_length=4_000_000)
+    # Named in error messages ("models.yaml: line 3 ...").
+    source: str = Field("request", max_length=300)
+    dry_run: bool = False
+
+
+class ApplyResult(BaseModel):
+    dry_run: bool
+    added: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list)
+    unchanged: list[str] = Field(default_factory=list)
+    # For each changed model, the top-level fields that differ.
+    changed_fields: dict[str, list[str]] = Field(default_factory=dict)
+    # What the planner would do with the new catalog (dry runs only).
+    plan: dict[str, Any] | None = None
+
+
+class EventView(BaseModel):
+    id: int
+    at: float
+    kind: str
+    subject: str
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+def event_view(row: Row) -> EventView:
+    return EventView(id=row["id"], at=row["at"], kind=row["kind"], subject=row["subject"] or "",
+                     message=row["message"], data=dict(row["data"] or {}))
+
+
+class KeyCreate(_Body):
+    name: str = Field("", max_length=200)
+    # Models the key may use; empty: all.
+    models: list[str] = Field(default_factory=list, max_length=1000)
+    expires_at: float | None = Field(None, ge=0)
+    rpm: int | None = Field(None, ge=1, le=10**9)
+    tpm: int | None = Field(None, ge=1, le=10**12)
+
+
+class KeyView(BaseModel):
+    key_id: str
+    name: str
+    models: list[str]
+    expires_at: float | None
+    rpm: int | None
+    tpm: int | None
+    revoked: bool
+
+
+def key_view(info: ApiKeyInfo) -> KeyView:
+    return KeyView(key_id=info.key_id, name=info.name, models=list(info.models),
+                   expires_at=info.expires_at, rpm=info.rpm, tpm=info.tpm, revoked=info.revoked)
+
+
+class KeyCreated(BaseModel):
+    key: KeyView
+    # The key itself: shown here once, stored only as a hash.
+    secret: str
+
+
+class UsageTotal(BaseModel):
+    key_id: str | None = None
+    model: str | None = None
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+
+
+class UsageAnswer(BaseModel):
+    since: int
+    # One row per minute, key and model.
+    rows: list[UsageRecord] = Field(default_factory=list)
+    # Per key and model over the whole window, most requests first.
+    by_key_model: list[UsageTotal] = Field(default_factory=list)
+    total: UsageTotal = Field(default_factory=UsageTotal)
+
+
+_COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
+
+
+def usage_answer(since: int, rows: list[Row]) -> UsageAnswer:
+    answer = UsageAnswer(since=since)
+    groups: dict[tuple[str, str], UsageTotal] = {}
+    for row in rows:
+        record = UsageRecord(**{k: row[k] for k in UsageRecord.model_fields})
+        answer.rows.append(record)
+        group = groups.get((record.key_id, record.model))
+        if group is None:
+            group = groups[(record.key_id, record.model)] = UsageTotal(
+                key_id=record.key_id, model=record.model
+            )
+        for counter in _COUNTERS:
+            value = getattr(record, counter)
+            setattr(group, counter, getattr(group, counter) + value)
+            setattr(answer.total, counter, getattr(answer.total, counter) + value)
+    answer.by_key_model = sorted(groups.values(),
+                                 key=lambda g: (-g.requests, g.key_id or "", g.model or ""))
+    return answer
+
+
+class JoinToken(BaseModel):
+    # Shown once: agents register with it (llmgw agent --join-token).
+    join_token: str

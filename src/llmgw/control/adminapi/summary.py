@@ -1,0 +1,265 @@
+"""The whole fleet in one answer (``GET /admin/v1/summary``).
+
+A per-node listing is the right tool for four nodes and the wrong one for two
+hundred: the questions that matter at that size -- how full am I, what is
+broken, what is holding cards it is not using -- are aggregates, and reading
+them off a long table is a chore that gets skipped. Everything here is
+computed from the same views the listings return (views.py), in one pass, so
+it can never disagree with them; it is a different question asked of the
+same facts.
+
+The fields and their rules are fixed by the reference (shared/seed/). Lists
+are always present (empty rather than absent) and ``store_error`` is null
+when there is none; each class also carries ``free`` (total - used -
+unhealthy), which the reference computes on demand.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmgw.control.adminapi.patroni import StoreMember, StoreStatus
+from llmgw.control.adminapi.views import (
+    FleetViews,
+    ModelView,
+    NodeView,
+    ReplicaTally,
+    ReplicaView,
+    iter_model_views,
+    iter_node_views,
+    iter_replica_views,
+)
+from llmgw.control.state import FleetState
+
+# How long a replica must go unasked-for to be worth naming. Minutes rather
+# than seconds, because a replica that flaps in and out of this list is
+# noise, and because unloading one throws away its KV cache -- the thing
+# prefix routing spent its effort filling.
+IDLE_THRESHOLD_S = 10 * 60
+
+
+class NodeTotals(BaseModel):
+    """Nodes by the states that need different responses."""
+
+    total: int = 0
+    ready: int = 0
+    cordoned: int = 0
+    draining: int = 0
+    unreachable: int = 0
+
+
+class ClassUse(BaseModel):
+    """How much of one kind of device is in use (MIG classes and ``cpu`` included)."""
+
+    model_config = ConfigDict(
+        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
+    )
+
+    gpu_class: str = Field(alias="class")
+    total: int = 0
+    used: int = 0
+    # Unhealthy GPUs are neither used nor available, and counting them as
+    # free is how a cluster looks like it has room it does not have.
+    unhealthy: int = 0
+    # What can still be allocated: total - used - unhealthy.
+    free: int = 0
+
+
+class FabricUse(BaseModel):
+    """Capacity within one fabric.
+
+    Per fabric because that is the unit at which the answer is actionable:
+    fabrics are not connected to one another, so weights in one are not
+    weights in another, and a multi-node replica never spans two.
+    """
+
+    fabric: str
+    nodes: int = 0
+    # Nodes here holding any weights, and distinct models among them: one
+    # copy on a shared filer and twenty local copies are the same answer to
+    # "can this fabric serve it".
+    nodes_with_weights: int = 0
+    models_present: int = 0
+    # Ready nodes here with every device free, which is the number that
+    # decides whether a multi-node replica can land.
+    largest_free_block: int = 0
+
+
+class ReplicaTotal(BaseModel):
+    ready: int = 0
+    starting: int = 0
+    draining: int = 0
+    failed: int = 0
+
+
+class ModelTotals(BaseModel):
+    """Models by whether they have what they should have now."""
+
+    total: int = 0
+    satisfied: int = 0
+    short: int = 0
+
+
+class ParkedModel(BaseModel):
+    """A model no longer retried, and why."""
+
+    model: str
+    failures: int
+    reason: str | None
+
+
+class IdleReplica(BaseModel):
+    """A replica holding hardware nothing is asking for."""
+
+    id: str
+    model: str
+    idle_seconds: int
+    gpus: int
+
+
+class Summary(BaseModel):
+    nodes: NodeTotals = Field(default_factory=NodeTotals)
+    gpus: list[ClassUse] = Field(default_factory=list)
+    fabrics: list[FabricUse] = Field(default_factory=list)
+    replicas: ReplicaTotal = Field(default_factory=ReplicaTotal)
+    models: ModelTotals = Field(default_factory=ModelTotals)
+    # Models the scheduler cannot satisfy now: the line that turns
+    # "something is wrong" into a place to look.
+    unplaceable: list[str] = Field(default_factory=list)
+    # Models that failed every time they started and are no longer retried.
+    parked: list[ParkedModel] = Field(default_factory=list)
+    # Serving replicas nothing has asked for in a while, longest first: on a
+    # fleet with more models than GPUs, the first place to find room.
+    idle_replicas: list[IdleReplica] = Field(default_factory=list)
+    # The store's cluster members when it is replicated, and why they could
+    # not be read; empty and null for a single database.
+    store: list[StoreMember] = Field(default_factory=list)
+    store_error: str | None = None
+
+
+class SummaryBuilder:
+    """Folds views into a summary one at a time (see views.py on why one at a time)."""
+
+    def __init__(self, store: StoreStatus) -> None:
+        self.summary = Summary(store=list(store.members), store_error=store.error)
+        # class -> [total, used, unhealthy]
+        self._classes: dict[str, list[int]] = {}
+        # fabric -> [nodes, nodes_with_weights, largest_free_block]
+        self._fabrics: dict[str, list[int]] = {}
+        self._fabric_models: dict[str, set[str]] = {}
+        self._idle: list[IdleReplica] = []
+        self._unplaceable: list[str] = []
+
+    def add_node(self, node: NodeView) -> None:
+        totals = self.summary.nodes
+        totals.total += 1
+        if node.state == "ready":
+            totals.ready += 1
+        elif node.state == "cordoned":
+            totals.cordoned += 1
+        elif node.state == "draining":
+            totals.draining += 1
+        else:
+            totals.unreachable += 1
+        # Each class its own devices, which a node with a card in MIG mode
+        # needs: its instances are one class or several, and any whole card
+        # beside them another.
+        for c in node.classes:
+            row = self._classes.get(c.gpu_class)
+            if row is None:
+                row = self._classes[c.gpu_class] = [0, 0, 0]
+            row[0] += c.total
+            row[1] += c.total - c.free - c.unhealthy
+            row[2] += c.unhealthy
+        # Entirely free, which is what a multi-node replica needs: a node
+        # with one card in use cannot contribute a full-width shard.
+        free_block = node.state == "ready" and 0 < node.gpu_total == node.gpu_free
+        for fabric in node.fabrics:
+            row = self._fabrics.get(fabric)
+            if row is None:
+                row = self._fabrics[fabric] = [0, 0, 0]
+                self._fabric_models[fabric] = set()
+            row[0] += 1
+            if node.models:
+                row[1] += 1
+                # Distinct models per fabric: one copy on a shared filer and
+                # twenty local copies are the same answer to "can this
+                # fabric serve it".
+                self._fabric_models[fabric].update(node.models)
+            if free_block:
+                row[2] += 1
+
+    def add_replica(self, replica: ReplicaView) -> None:
+        totals = self.summary.replicas
+        state = replica.state
+        if state == "ready":
+            totals.ready += 1
+            idle = replica.idle_seconds
+            if idle is not None and idle >= IDLE_THRESHOLD_S:
+                self._idle.append(IdleReplica(id=replica.id, model=replica.model,
+                                              idle_seconds=idle, gpus=replica.gpus))
+        elif state == "draining":
+            totals.draining += 1
+        elif state == "failed":
+            totals.failed += 1
+        else:
+            totals.starting += 1
+
+    def add_model(self, model: ModelView) -> None:
+        s = self.summary
+        s.models.total += 1
+        if model.parked:
+            s.parked.append(ParkedModel(model=model.name, failures=model.failures,
+                                        reason=model.reason))
+        # Against what it should have now, not its minimum: an on-demand
+        # model's minimum is 0, so one that was asked for and fitted nowhere
+        # would count as satisfied.
+        if model.ready >= model.desired and not model.parked:
+            s.models.satisfied += 1
+            return
+        s.models.short += 1
+        # Short of replicas and unable to place more is the actionable case;
+        # short and still starting is just a cluster doing its job.
+        if model.unplaceable or (model.total <= model.ready and not model.parked):
+            self._unplaceable.append(model.name)
+
+    def finish(self) -> Summary:
+        s = self.summary
+        s.gpus = [
+            ClassUse(gpu_class=name, total=t, used=u, unhealthy=b, free=t - u - b)
+            for name, (t, u, b) in sorted(self._classes.items())
+        ]
+        s.fabrics = [
+            FabricUse(fabric=name, nodes=n, nodes_with_weights=w,
+                      models_present=len(self._fabric_models[name]), largest_free_block=b)
+            for name, (n, w, b) in sorted(self._fabrics.items())
+        ]
+        s.idle_replicas = sorted(self._idle, key=lambda i: (-i.idle_seconds, i.id))
+        s.unplaceable = sorted(self._unplaceable)
+        return s
+
+
+def summarize(views: FleetViews, store: StoreStatus) -> Summary:
+    """The summary of listed views (what the listings returned)."""
+    builder = SummaryBuilder(store)
+    for node in views.nodes:
+        builder.add_node(node)
+    for replica in views.replicas:
+        builder.add_replica(replica)
+    for model in views.models:
+        builder.add_model(model)
+    return builder.finish()
+
+
+def fleet_summary(state: FleetState, now: float, store: StoreStatus) -> Summary:
+    """The summary of the fleet as it is now: the same views, folded as they are built."""
+    builder = SummaryBuilder(store)
+    for node in iter_node_views(state, now, with_devices=False):
+        builder.add_node(node)
+    tally = ReplicaTally()
+    for replica in iter_replica_views(state, now):
+        builder.add_replica(replica)
+        tally.add(replica)
+    for model in iter_model_views(state, now, tally):
+        builder.add_model(model)
+    return builder.finish()
