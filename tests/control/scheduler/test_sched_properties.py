@@ -53,7 +53,8 @@ def nodes(draw: st.DrawFn) -> list[NodeRecord]:
         gpus = draw(st.sampled_from([1, 2, 4, 8, 8]))
         mig_cards = draw(st.sets(st.integers(0, gpus - 1), max_size=2))
         mig = {c: MIG_PROFILE[gpu_class] for c in mig_cards}
-        if mig_cards and draw(st.booleans()):
+        carve_nothing: bool = draw(st.booleans())
+        if mig_cards and carve_nothing:
             mig[min(mig_cards)] = (MIG_PROFILE[gpu_class][0], 0)  # nothing carved
         out.append(
             gpu_node(
@@ -161,7 +162,8 @@ def evolve(state: FleetState, data: st.DataObject) -> None:
             )
             replica.ready_at = NOW if replica.state is ReplicaState.READY else None
             replica.reason = "boom" if replica.state is ReplicaState.FAILED else None
-    if state.nodes and data.draw(st.booleans()):
+    act: bool = data.draw(st.booleans())
+    if state.nodes and act:
         name = data.draw(st.sampled_from(sorted(state.nodes)))
         state.nodes[name].admin_state = data.draw(
             st.sampled_from([NodeState.READY, NodeState.CORDONED, NodeState.DRAINING])
