@@ -9,10 +9,12 @@ import stat
 import time
 from pathlib import Path
 
+import aiohttp
 import psutil
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, model
+from tests.agent.test_weights import plant
 
 from llmgw.wire import ModelSpec, ReplicaState, WeightsSource
 
@@ -181,6 +183,20 @@ async def test_agent_restart_adopts_the_running_engine(
     )
     pids = {s.replica_id: s.pid for s in report.replicas}
     ports = {s.replica_id: s.port for s in report.replicas}
+    # A client keeps calling the engine through the whole agent restart.
+    answers: list[int] = []
+    stop_calling = asyncio.Event()
+
+    async def keep_calling() -> None:
+        after_restart = 0  # and a few calls once the new agent runs
+        async with aiohttp.ClientSession() as session:
+            while after_restart < 5:
+                async with session.get(f"http://127.0.0.1:{ports['keep']}/v1/models") as resp:
+                    answers.append(resp.status)
+                after_restart += stop_calling.is_set()
+                await asyncio.sleep(0.02)
+
+    caller = asyncio.create_task(keep_calling())
     await agent.shutdown(stop_engines=False)  # as if the agent died
     assert all(alive(pid) for pid in pids.values() if pid)
     dead = pids["dies"]
@@ -198,6 +214,40 @@ async def test_agent_restart_adopts_the_running_engine(
     assert by_id["keep"].pid == pids["keep"] and by_id["keep"].port == ports["keep"]
     assert by_id["dies"].state == ReplicaState.FAILED
     assert by_id["dies"].reason and "while the agent was away" in by_id["dies"].reason
+    stop_calling.set()
+    await caller
+    assert set(answers) == {200}
+
+
+async def test_draining_is_reported(fake_cp: FakeControlPlane, make_agent: AgentFactory) -> None:
+    make_agent("n1")
+    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
+    draining = assign(stub_model(), [cpu_slot(0)])
+    draining.draining = True
+    fake_cp.assignments["n1"] = [draining]
+    status = await fake_cp.wait_state("r1", ReplicaState.DRAINING)
+    assert status.pid == ready.pid  # in-flight requests finish on the same engine
+
+
+async def test_weights_come_from_a_peer_agent(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    # The Hub is unreachable (a closed loopback port): only the peer can help.
+    offline = "http://127.0.0.1:9"
+    source = WeightsSource(kind="hf", repo="org/tiny", revision="abc", file="tiny.gguf")
+    spec = model("sim", name="tiny", weights=source, gpu_classes=["cpu"])
+    holder = make_agent("n1", hf_endpoint=offline)
+    await fake_cp.wait_for(lambda r: r.node == "n1")
+    plant(holder.weights, spec, b"weights" * 1000)
+    make_agent("n2", hf_endpoint=offline)
+    await fake_cp.wait_for(lambda r: r.node == "n2")
+    assert holder.server is not None
+    fake_cp.weight_peers = {"tiny": [f"http://127.0.0.1:{holder.server.port}"]}
+    fake_cp.assignments["n2"] = [assign(spec, [cpu_slot(0)], node="n2")]
+    await fake_cp.wait_state("r1", ReplicaState.READY)
+    report = await fake_cp.wait_for(lambda r: r.node == "n2" and bool(r.weights))
+    assert report.weights[0].model == "tiny" and report.weights[0].size_bytes == 7000
 
 
 async def test_shutdown_stops_engines(fake_cp: FakeControlPlane, make_agent: AgentFactory) -> None:

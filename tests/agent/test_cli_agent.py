@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
 
+import psutil
 from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import assign, cpu_slot
+
+from llmgw.wire import EngineKind, ModelSpec, ReplicaState, SimParams
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main", "agent"]
 
@@ -65,3 +71,47 @@ async def test_bad_join_token_is_one_line_and_exit_2(
     lines = err.decode().strip().splitlines()
     assert lines[-1].startswith("llmgw: ") and "401" in lines[-1]
     assert "Traceback" not in err.decode()
+
+
+async def test_killed_agent_process_comes_back_to_the_same_engine(
+    fake_cp: FakeControlPlane, tmp_path: Path
+) -> None:
+    """``kill -9`` of the agent (as of a whole ``llmgw up``): the engine lives on, adopted."""
+    spec = ModelSpec(name="sim-k", engine=EngineKind.SIM, sim=SimParams(startup_s=0.1))
+    assignment = assign(spec, [cpu_slot(0)], node="k")
+    assignment.shard.device_uuids = []  # the real discovery names this host's slots
+    fake_cp.assignments["k"] = [assignment]
+    argv = [
+        *LLMGW,
+        "--control-plane",
+        fake_cp.url,
+        "--join-token",
+        fake_cp.join_token,
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--name",
+        "k",
+        "--log-level",
+        "warning",
+    ]
+    first = await asyncio.create_subprocess_exec(*argv)
+    second = None
+    engine_pid = None
+    try:
+        ready = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
+        engine_pid = ready.pid
+        first.kill()
+        await first.wait()
+        assert engine_pid is not None and psutil.pid_exists(engine_pid)
+        second = await asyncio.create_subprocess_exec(*argv)
+        again = await fake_cp.wait_for(lambda r: bool(r.replicas), within=30)
+        assert again.replicas[0].state == ReplicaState.READY
+        assert again.replicas[0].pid == engine_pid
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        if engine_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(engine_pid, signal.SIGKILL)

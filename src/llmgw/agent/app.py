@@ -302,9 +302,10 @@ class Agent:
             adapters=self.adapters,
             held=held,
         )
+        for rid, reason in checked.refused.items():
+            if self.refused.get(rid) != reason:  # once, not on every report
+                log.warning("refused replica %s: %s", rid, reason)
         self.refused = checked.refused
-        for rid in checked.refused:
-            log.warning("refused replica %s: %s", rid, checked.refused[rid])
         for rid, runner in list(self.runners.items()):
             if rid not in kept:
                 self._begin_stop(runner)
