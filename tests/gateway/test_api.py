@@ -30,7 +30,7 @@ async def test_chat_async_plain_and_streamed(upstreams: Any, link: MemoryLink) -
         answer = await client.chat.completions.with_raw_response.create(
             model="chat-model", messages=[{"role": "user", "content": "hi"}]
         )
-        assert answer.headers["x-request-id"].startswith("req-")
+        assert len(answer.headers["x-request-id"]) == 32  # UUID-shaped: engines may parse it
         assert float(answer.headers["x-llmgw-overhead-ms"]) >= 0
         completion = answer.parse()
         assert completion.choices[0].message.content == "hello from e1"

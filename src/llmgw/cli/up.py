@@ -372,18 +372,30 @@ async def _up(options: UpOptions, data_dir: Path, url: str, catalog: list[ModelS
 async def _start_local_agent(
     cp: ControlPlane, base: str, data_dir: Path, options: UpOptions, join_token: str | None
 ) -> Any:
-    from llmgw.agent.app import Agent, AgentSettings
+    from llmgw.agent.app import Agent, AgentConfig
+    from llmgw.agent.identity import load_identity
 
     agent_dir = data_dir / "agent"
-    settings = AgentSettings(
+    name = socket.gethostname()
+    if load_identity(agent_dir, name) is None and join_token is None:
+        # Only hashes of the join token are kept; this machine's own agent
+        # gets a fresh one (other agents registered earlier keep their tokens).
+        join_token = await cp.rotate_join_token()
+    config = AgentConfig(
         control_plane=base,
         data_dir=agent_dir,
-        name=socket.gethostname(),
-        cpu_slots=options.cpu_slots,
+        name=name,
         join_token=join_token,
+        cpu_slots=options.cpu_slots,
+        report_interval_s=2.0,
     )
-    agent = Agent(settings)
-    if not agent.has_node_token() and join_token is None:
-        settings.join_token = await cp.rotate_join_token()
+    agent = Agent(config)
     await agent.start()
+    task = asyncio.create_task(agent.run(), name="local-agent")
+    task.add_done_callback(_log_agent_exit)
     return agent
+
+
+def _log_agent_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("local agent stopped: %s", task.exception())

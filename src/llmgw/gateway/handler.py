@@ -63,14 +63,16 @@ POST_PATHS = {CHAT, COMPLETIONS, EMBEDDINGS}
 STREAMABLE = {CHAT, COMPLETIONS}
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-_ID_PREFIX = os.urandom(4).hex()
+_ID_PREFIX = os.urandom(8).hex()
 _ids = count(1)
 
 
 def new_request_id() -> str:
     # A per-process random prefix and a counter: unique across gateways with
     # overwhelming probability, and ~10x cheaper than uuid4 per request.
-    return f"req-{_ID_PREFIX}{next(_ids):x}"
+    # Exactly 32 hex digits, because engines may parse it as a UUID:
+    # llama-cpp-python's server answers 400 to any X-Request-Id that is not.
+    return f"{_ID_PREFIX}{next(_ids):016x}"
 
 
 @dataclass

@@ -1,0 +1,132 @@
+"""`llmgw up` end to end: a real llama.cpp engine on the real small model.
+
+This is the promise of the README: one command on a machine without GPUs
+serves a chat completion from a real model to the official openai client,
+streamed and not, and Ctrl-C leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from openai import OpenAI
+
+from tests.servers import free_port
+
+pytestmark = pytest.mark.slow
+
+START_TIMEOUT_S = 420
+
+
+def wait_ready(client: OpenAI, proc: subprocess.Popen[bytes], log: Path) -> float:
+    """Retry a tiny completion until the replica answers; returns seconds waited."""
+    started = time.monotonic()
+    last_error: Exception | None = None
+    while time.monotonic() - started < START_TIMEOUT_S:
+        if proc.poll() is not None:
+            pytest.fail(f"llmgw up exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+            )
+            return time.monotonic() - started
+        except Exception as exc:  # 503 while the engine loads
+            last_error = exc
+            time.sleep(1)
+    pytest.fail(f"no completion within {START_TIMEOUT_S}s: {last_error}\n{log.read_text()[-4000:]}")
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
+    port = free_port()
+    data_dir = tmp_path / "data"
+    log = test_output / "up-e2e.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgw.cli.main", "up", "--data-dir", str(data_dir),
+             "--port", str(port), "--log-level", "info"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        up_json = data_dir / "up.json"
+        deadline = time.monotonic() + 60
+        while not up_json.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        info = json.loads(up_json.read_text())
+        assert oct(up_json.stat().st_mode & 0o777) == "0o600"
+        assert info["api_url"] == f"http://127.0.0.1:{port}/v1"
+        assert info["admin_token"].startswith("llmgw-admin-")
+        assert info["api_key"].startswith("sk-llmgw-")
+        banner = log.read_text()
+        assert info["api_url"] in banner and "curl" in banner
+
+        # Without a valid key: 401 with an OpenAI-shaped error.
+        denied = httpx.post(f"{info['api_url']}/chat/completions", json={"model": "default"},
+                            headers={"Authorization": "Bearer sk-llmgw-wrong"})
+        assert denied.status_code == 401
+        assert denied.json()["error"]["code"] == "invalid_api_key"
+
+        client = OpenAI(base_url=info["api_url"], api_key=info["api_key"], max_retries=0,
+                        timeout=120)
+        waited = wait_ready(client, proc, log)
+
+        started = time.monotonic()
+        reply = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=24,
+        )
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+        pieces: list[str] = []
+        first_token_s: float | None = None
+        started = time.monotonic()
+        stream = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "Count from one to five."}],
+            max_tokens=24,
+            stream=True,
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                if first_token_s is None:
+                    first_token_s = time.monotonic() - started
+                pieces.append(chunk.choices[0].delta.content)
+        assert len(pieces) > 1, "a stream should arrive in several chunks"
+        (test_output / "up-e2e-timings.json").write_text(
+            json.dumps({"ready_after_s": round(waited, 2),
+                        "first_token_s": round(first_token_s or -1, 3)})
+        )
+
+        engines = descendants(proc.pid)
+        assert engines, "the engine should run as a child of llmgw up"
+    finally:
+        if proc.poll() is None:
+            children = descendants(proc.pid)
+            os.kill(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail("llmgw up did not stop within 60 s of SIGINT")
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    time.sleep(0.5)
+    left = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left behind: {[c.cmdline() for c in left]}"
