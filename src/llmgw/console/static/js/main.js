@@ -1,0 +1,156 @@
+// The console's shell: sign-in, the hash router, and the live-update loop.
+//
+// Each page is a module whose default export is {title, create(ctx)}; create
+// returns {el, refresh(), dispose?()}. The shell owns the timer so that only
+// one refresh is ever in flight and nothing polls while the tab is hidden: a
+// console left open in a background tab on a 2,000-node fleet should cost
+// the control plane nothing.
+
+import { api, ApiError, clearToken, getToken, setToken, setUnauthorizedHandler } from "./api.js";
+import { errorText } from "./dom.js";
+import overview from "./pages/overview.js";
+import nodes from "./pages/nodes.js";
+import models from "./pages/models.js";
+import replicas from "./pages/replicas.js";
+import plan from "./pages/plan.js";
+import usage from "./pages/usage.js";
+import events from "./pages/events.js";
+
+const PAGES = { overview, nodes, models, replicas, plan, usage, events };
+// A few seconds: live enough to watch a replica come up, slow enough that ten
+// open consoles are not a load on the control plane.
+const POLL_MS = 4000;
+
+const $ = (id) => document.getElementById(id);
+
+let current = null; // {name, page, instance}
+let timer = null;
+let inFlight = null;
+
+function parseHash() {
+  const raw = location.hash.replace(/^#\/?/, "");
+  const [name, query] = raw.split("?");
+  return { name: PAGES[name] ? name : "overview", params: new URLSearchParams(query || "") };
+}
+
+function setStatus(text, isError = false) {
+  const el = $("status");
+  el.textContent = text;
+  el.classList.toggle("error", isError);
+}
+
+async function refresh() {
+  if (!current || inFlight) return inFlight;
+  const instance = current.instance;
+  inFlight = (async () => {
+    try {
+      await instance.refresh();
+      if (current && current.instance === instance) {
+        setStatus(`Updated ${new Date().toLocaleTimeString("en-GB", { hour12: false })}`);
+      }
+    } catch (err) {
+      if (!(err instanceof ApiError && err.status === 401)) setStatus(`Update failed: ${errorText(err)}`, true);
+    } finally {
+      inFlight = null;
+    }
+  })();
+  return inFlight;
+}
+
+function schedule() {
+  clearInterval(timer);
+  timer = null;
+  if (!getToken() || document.hidden) return;
+  timer = setInterval(refresh, POLL_MS);
+}
+
+function showPage() {
+  if (!getToken()) return showSignIn();
+  const { name, params } = parseHash();
+  if (current && current.name === name) return;
+  if (current && current.instance.dispose) current.instance.dispose();
+  const page = PAGES[name];
+  const ctx = {
+    params,
+    // Filters write themselves into the address without a reload, so a view
+    // can be bookmarked or shared and survives the browser's back button.
+    setParams(next) {
+      const qs = new URLSearchParams(next);
+      for (const [k, v] of [...qs.entries()]) if (!v) qs.delete(k);
+      const str = qs.toString();
+      history.replaceState(null, "", `#/${name}${str ? `?${str}` : ""}`);
+    },
+    refreshNow: () => {
+      // A refresh already in flight may have read the state before the
+      // action; wait for it and read again.
+      const pending = inFlight || Promise.resolve();
+      return pending.then(refresh);
+    },
+  };
+  const instance = page.create(ctx);
+  current = { name, page, instance };
+  document.title = `${page.title} · llmgw console`;
+  for (const a of document.querySelectorAll("#nav a")) {
+    if (a.dataset.page === name) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  $("page").replaceChildren(instance.el);
+  $("signin").hidden = true;
+  $("nav").hidden = false;
+  $("signout").hidden = false;
+  setStatus("Loading…");
+  refresh();
+  schedule();
+}
+
+function showSignIn(message = "") {
+  clearInterval(timer);
+  timer = null;
+  if (current && current.instance.dispose) current.instance.dispose();
+  current = null;
+  $("page").replaceChildren();
+  $("nav").hidden = true;
+  $("signout").hidden = true;
+  $("signin").hidden = false;
+  $("signin-error").textContent = message;
+  setStatus("");
+  document.title = "Sign in · llmgw console";
+  $("token").focus();
+}
+
+async function signIn(event) {
+  event.preventDefault();
+  const token = $("token").value.trim();
+  if (!token) return;
+  setToken(token);
+  $("signin-error").textContent = "";
+  try {
+    // Check the token once here so a typo is reported on the form, not as a
+    // page that flashes and bounces back.
+    await api("/summary");
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) return; // handler showed the form
+    $("signin-error").textContent = `Could not sign in: ${errorText(err)}`;
+    clearToken();
+    return;
+  }
+  $("token").value = "";
+  showPage();
+}
+
+function boot() {
+  setUnauthorizedHandler((message) => showSignIn(message));
+  $("signin-form").addEventListener("submit", signIn);
+  $("signout").addEventListener("click", () => {
+    clearToken();
+    showSignIn("Signed out.");
+  });
+  window.addEventListener("hashchange", showPage);
+  document.addEventListener("visibilitychange", () => {
+    if (!document.hidden && current) refresh();
+    schedule();
+  });
+  showPage();
+}
+
+boot();

@@ -1,0 +1,190 @@
+// Models: the catalog with each model's replicas, and applying an entry.
+//
+// Apply is dry-run first: the Apply button stays disabled until a dry run of
+// exactly the text in the box came back clean, so an operator always sees
+// what will change (and what the planner will then do) before it happens.
+
+import { api, ApiError } from "../api.js";
+import { badge, errorText, fmtInt, h, redraw, section, table } from "../dom.js";
+import { modelTable } from "./plan.js";
+
+const EXAMPLE = `name: my-model
+engine: sim
+gpu_classes: [a100-80g]
+gpus: 1
+min_replicas: 1
+max_replicas: 2
+`;
+
+function modelState(m) {
+  if (m.parked) return badge("parked");
+  if (m.unplaceable) return badge("failed", "unplaceable");
+  if (m.ready < m.desired) return badge("starting", "short");
+  return badge("ready", "satisfied");
+}
+
+function shape(spec) {
+  const parts = [`${spec.gpus} × ${spec.gpu_classes.join(" | ")}`];
+  if (spec.tp > 1 || spec.pp > 1) parts.push(`tp ${spec.tp} pp ${spec.pp}`);
+  if (spec.nodes > 1) parts.push(`${spec.nodes} nodes`);
+  return parts.join(", ");
+}
+
+/** The lines of a validation error, one problem each (catalog.py joins them with newlines). */
+function problemList(message) {
+  const lines = String(message).split("\n").filter((l) => l.trim());
+  return h("ul", { class: "problems" }, lines.map((l) => h("li", {}, l)));
+}
+
+function describeDiff(result) {
+  // Whatever the API reports about the change, shown as lists of names.
+  const out = [];
+  for (const key of ["added", "changed", "unchanged"]) {
+    const names = result && Array.isArray(result[key]) ? result[key] : null;
+    if (names && names.length) out.push(h("li", {}, h("strong", {}, `${key}: `), names.join(", ")));
+  }
+  if (result && result.changed_fields) {
+    for (const [name, fields] of Object.entries(result.changed_fields)) {
+      if (fields.length) out.push(h("li", {}, `${name}: ${fields.join(", ")} changed`));
+    }
+  }
+  return out.length ? h("ul", {}, out) : h("p", { class: "muted" }, "No change to the catalog.");
+}
+
+export default {
+  title: "Models",
+  create(ctx) {
+    const flash = h("p", { class: "error", role: "alert" });
+    const list = h("div", { id: "model-list" });
+    const text = h("textarea", { id: "apply-text", rows: 12, spellcheck: "false", "aria-describedby": "apply-help" }, "");
+    text.value = EXAMPLE;
+    const dryRun = h("button", { type: "button", id: "apply-dry-run", class: "secondary" }, "Dry run");
+    const apply = h("button", { type: "button", id: "apply-go", disabled: true }, "Apply");
+    const result = h("div", { id: "apply-result", "aria-live": "polite" });
+    let checkedText = null;
+
+    const el = h(
+      "div",
+      {},
+      h("h1", {}, "Models"),
+      flash,
+      section("Catalog", list),
+      section(
+        "Apply a catalog entry",
+        h(
+          "div",
+          { class: "editor" },
+          h("label", { for: "apply-text" }, "Entry (YAML or JSON: one entry, a list, or models: [...])"),
+          h("p", { id: "apply-help", class: "muted" }, "Dry run first: it validates the entry and shows what would change; Apply is enabled once the dry run passes."),
+          text,
+          h("div", { class: "actions" }, dryRun, apply),
+          result,
+        ),
+      ),
+    );
+
+    text.addEventListener("input", () => {
+      apply.disabled = text.value !== checkedText;
+    });
+
+    async function send(dry) {
+      const body = text.value;
+      result.replaceChildren(h("p", { class: "muted" }, dry ? "Checking…" : "Applying…"));
+      dryRun.disabled = true;
+      apply.disabled = true;
+      try {
+        const answer = await api("/apply", { method: "POST", json: { document: body, source: "console", dry_run: dry } });
+        if (dry) {
+          checkedText = body;
+          const touched = [...answer.added, ...answer.changed];
+          result.replaceChildren(
+            h("p", { class: "ok" }, "Valid. Applying it would change the catalog like this:"),
+            describeDiff(answer),
+            ...(answer.plan && touched.length ? [h("p", {}, "and the scheduler's next pass would then do this for them:"), modelTable(answer.plan, touched)] : []),
+          );
+        } else {
+          checkedText = null;
+          result.replaceChildren(h("p", { class: "ok" }, "Applied."), describeDiff(answer));
+          await ctx.refreshNow();
+        }
+      } catch (err) {
+        checkedText = null;
+        if (err instanceof ApiError && err.status === 422) {
+          result.replaceChildren(h("div", { class: "error", role: "alert", id: "apply-errors" }, h("strong", {}, "The entry is not valid:"), problemList(err.message)));
+        } else {
+          result.replaceChildren(h("p", { class: "error", role: "alert" }, errorText(err)));
+        }
+      } finally {
+        dryRun.disabled = false;
+        apply.disabled = text.value !== checkedText;
+      }
+    }
+
+    dryRun.addEventListener("click", () => send(true));
+    apply.addEventListener("click", () => send(false));
+
+    async function unpark(name, button) {
+      button.disabled = true;
+      flash.textContent = "";
+      try {
+        await api(`/models/${encodeURIComponent(name)}/unpark`, { method: "POST" });
+      } catch (err) {
+        flash.textContent = `Unpark ${name} failed: ${errorText(err)}`;
+      }
+      await ctx.refreshNow();
+    }
+
+    async function refresh() {
+      const [models, replicas] = await Promise.all([api("/models"), api("/replicas")]);
+      const byModel = new Map();
+      for (const r of replicas) {
+        if (!byModel.has(r.model)) byModel.set(r.model, []);
+        byModel.get(r.model).push(r);
+      }
+      redraw(list, () =>
+        table(
+          [
+            { label: "Model", cell: (m) => [h("strong", {}, m.name), m.spec.aliases.length ? h("div", { class: "muted" }, `aliases: ${m.spec.aliases.join(", ")}`) : null] },
+            { label: "Engine", cell: (m) => m.spec.engine },
+            { label: "Devices per replica", cell: (m) => h("span", { class: "mono" }, shape(m.spec)) },
+            { label: "Min–max", cls: "num", cell: (m) => `${m.min_replicas}–${m.max_replicas}${m.on_demand ? " (on demand)" : ""}` },
+            { label: "Wanted now", cls: "num", cell: (m) => fmtInt(m.desired) },
+            { label: "Ready", cls: "num", cell: (m) => fmtInt(m.ready) },
+            { label: "Starting", cls: "num", cell: (m) => fmtInt(m.starting) },
+            { label: "State", cell: (m) => modelState(m) },
+            {
+              label: "Replicas",
+              cell: (m) => {
+                const rs = byModel.get(m.name) || [];
+                if (!rs.length) return h("span", { class: "muted" }, "none");
+                return h(
+                  "ul",
+                  { class: "problems" },
+                  rs.map((r) => h("li", {}, h("a", { class: "mono", href: `#/replicas?q=${encodeURIComponent(r.id)}` }, r.id), " ", badge(r.state), " ", h("span", { class: "muted" }, r.shards.map((s) => `${s.node}:${s.devices.join(",")}`).join(" ")))),
+                );
+              },
+            },
+            {
+              label: "Why",
+              cell: (m) => {
+                const parts = [];
+                if (m.reason) parts.push(h("span", {}, m.reason));
+                if (m.parked) {
+                  parts.push(h("div", {}, `${fmtInt(m.failures)} failed starts in a row`));
+                  const b = h("button", { type: "button", class: "small", "aria-label": `Unpark ${m.name}` }, "Unpark");
+                  b.addEventListener("click", () => unpark(m.name, b));
+                  parts.push(b);
+                }
+                return parts.length ? parts : "–";
+              },
+            },
+          ],
+          models,
+          { empty: "The catalog is empty: apply an entry below.", rowAttrs: (m) => ({ dataset: { model: m.name } }) },
+        ),
+      );
+    }
+
+    return { el, refresh };
+  },
+};

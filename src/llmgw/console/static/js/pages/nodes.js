@@ -1,0 +1,264 @@
+// Nodes: each node's device map (cards, MIG instances as card/migN, CPU
+// slots) coloured by state, with cordon / uncordon / drain.
+//
+// Only one page of nodes is ever in the DOM: at 2,000 nodes × 8 devices a
+// full render is 16,000 boxes and several hundred milliseconds of layout on
+// every refresh, while a page of 40 is a few milliseconds however large the
+// fleet grows.
+
+import { api } from "../api.js";
+import { badge, errorText, fmtAgo, fmtInt, h, redraw } from "../dom.js";
+
+const PAGE_SIZE = 40;
+const STATES = ["ready", "cordoned", "draining", "unreachable"];
+const STATUS_TEXT = { free: "free", used: "used", unhealthy: "unhealthy", unplaceable: "out of placement" };
+const STATUS_CLASS = { free: "dev-free", used: "dev-used", unhealthy: "dev-unhealthy", unplaceable: "dev-outplace" };
+
+/** Devices grouped by the card they live on (MIG instances under their card), in card order. */
+function groupByCard(devices) {
+  const groups = new Map();
+  const order = (d) => (d.gpu_class === "cpu" ? 1e9 : d.number >= 1000 ? Math.floor((d.number - 1000) / 100) : d.number);
+  for (const d of [...devices].sort((a, b) => order(a) - order(b) || a.number - b.number)) {
+    const key = d.gpu_class === "cpu" ? "cpu" : `card ${order(d)}`;
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(d);
+  }
+  return groups;
+}
+
+function deviceBox(d) {
+  const detail =
+    d.status === "used"
+      ? h("a", { href: `#/replicas?q=${encodeURIComponent(d.used_by)}`, class: "mono" }, d.used_by)
+      : STATUS_TEXT[d.status] || d.status;
+  const title = [
+    `${d.label} · ${d.gpu_class}`,
+    d.name,
+    `${fmtInt(d.memory_used_mib)} / ${fmtInt(d.memory_total_mib)} MiB`,
+    d.utilization_pct === null ? "utilisation: not reported" : `utilisation ${d.utilization_pct} %`,
+    d.status === "used" ? `used by ${d.used_by}` : STATUS_TEXT[d.status],
+    ...(d.unhealthy_reasons || []),
+    d.unplaceable_reason || "",
+  ]
+    .filter(Boolean)
+    .join("\n");
+  return h(
+    "li",
+    { class: ["dev", STATUS_CLASS[d.status]], title, dataset: { device: d.label, status: d.status } },
+    h("span", { class: "dev-label mono" }, d.label),
+    h("span", { class: "dev-kind" }, d.mig_profile || (d.gpu_class === "cpu" ? "cpu slot" : d.gpu_class)),
+    h("br"),
+    h("span", { class: "dev-state" }, d.status === "used" ? ["used by ", detail] : detail),
+  );
+}
+
+function cardHeat(devs) {
+  // Temperature and power are the card's, also for its MIG instances.
+  const d = devs[0];
+  const parts = [];
+  if (d.temperature_c !== null && d.temperature_c !== undefined) parts.push(`${d.temperature_c} °C`);
+  if (d.power_w !== null && d.power_w !== undefined) parts.push(`${Math.round(d.power_w)} W`);
+  return parts.join(" · ");
+}
+
+function deviceMap(node) {
+  if (!node.devices.length) return h("p", { class: "empty" }, "No devices reported.");
+  const groups = groupByCard(node.devices);
+  const reasons = [];
+  for (const d of node.devices) {
+    if (d.status === "unhealthy") reasons.push(h("li", {}, h("strong", {}, d.label), ` unhealthy: ${(d.unhealthy_reasons || []).join("; ") || "reported unhealthy"}`));
+    else if (d.status === "unplaceable") reasons.push(h("li", {}, h("strong", {}, d.label), ` out of placement: ${d.unplaceable_reason || "not placeable"}`));
+  }
+  return h(
+    "div",
+    {},
+    h(
+      "div",
+      { class: "cards" },
+      [...groups.entries()].map(([key, devs]) => {
+        const mig = devs.some((d) => d.number >= 1000);
+        return h(
+          "div",
+          { class: "gpu-card", dataset: { card: key } },
+          h(
+            "div",
+            { class: "gpu-card-head" },
+            h("strong", {}, key === "cpu" ? "CPU slots" : key),
+            mig ? h("span", {}, "MIG") : null,
+            h("span", {}, cardHeat(devs)),
+          ),
+          h("ul", { class: "devices", "aria-label": `${node.name} ${key} devices` }, devs.map(deviceBox)),
+        );
+      }),
+    ),
+    reasons.length ? h("ul", { class: "reasons" }, reasons) : null,
+  );
+}
+
+function classSummary(node) {
+  return node.classes.map((c) => `${c.gpu_class}: ${c.free}/${c.total} free`).join(" · ");
+}
+
+export default {
+  title: "Nodes",
+  create(ctx) {
+    const p = ctx.params;
+    const q = h("input", { id: "node-q", type: "search", value: p.get("q") || "", placeholder: "part of a name" });
+    const state = h("select", { id: "node-state" }, h("option", { value: "" }, "any"), STATES.map((s) => h("option", { value: s }, s)));
+    state.value = p.get("state") || "";
+    const cls = h("select", { id: "node-class" }, h("option", { value: "" }, "any"));
+    let classValue = p.get("class") || "";
+    let page = Math.max(0, Number(p.get("page") || 0) | 0);
+    const flash = h("p", { class: "error", role: "alert" });
+    const count = h("span", { id: "node-count", role: "status" });
+    const prev = h("button", { type: "button", class: "secondary" }, "Previous");
+    const next = h("button", { type: "button", class: "secondary" }, "Next");
+    const list = h("div", { class: "node-list", id: "node-list" });
+    let nodes = [];
+    // Two clicks for drain: it moves every replica off the node.
+    let armedDrain = null;
+
+    const el = h(
+      "div",
+      {},
+      h("h1", {}, "Nodes"),
+      h(
+        "form",
+        { class: "filters", role: "search", on: { submit: (e) => e.preventDefault() } },
+        h("div", { class: "field" }, h("label", { for: "node-q" }, "Name"), q),
+        h("div", { class: "field" }, h("label", { for: "node-state" }, "State"), state),
+        h("div", { class: "field" }, h("label", { for: "node-class" }, "Device class"), cls),
+      ),
+      h(
+        "div",
+        { class: "legend" },
+        h("span", {}, h("span", { class: "swatch sw-free" }), "free"),
+        h("span", {}, h("span", { class: "swatch sw-used" }), "used by a replica"),
+        h("span", {}, h("span", { class: "swatch sw-unhealthy" }), "unhealthy"),
+        h("span", {}, h("span", { class: "swatch sw-outplace" }), "out of placement"),
+      ),
+      flash,
+      h("div", { class: "pager" }, prev, next, count),
+      list,
+    );
+
+    function filtered() {
+      const needle = q.value.trim().toLowerCase();
+      return nodes.filter(
+        (n) =>
+          (!needle || n.name.toLowerCase().includes(needle)) &&
+          (!state.value || n.state === state.value) &&
+          (!classValue || n.classes.some((c) => c.gpu_class === classValue)),
+      );
+    }
+
+    async function act(node, verb, button) {
+      flash.textContent = "";
+      button.disabled = true;
+      try {
+        await api(`/nodes/${encodeURIComponent(node)}/${verb}`, { method: "POST" });
+      } catch (err) {
+        flash.textContent = `${verb} ${node} failed: ${errorText(err)}`;
+      }
+      await ctx.refreshNow();
+    }
+
+    function actions(n) {
+      const out = [];
+      const add = (verb, label, cls) => {
+        const b = h("button", { type: "button", class: ["small", cls], "aria-label": `${label} ${n.name}` }, label);
+        b.addEventListener("click", () => act(n.name, verb, b));
+        out.push(b);
+      };
+      if (n.admin_state === "ready") add("cordon", "Cordon", "secondary");
+      if (n.admin_state !== "ready") add("uncordon", "Uncordon", "secondary");
+      if (n.admin_state !== "draining") {
+        const armed = armedDrain === n.name;
+        const b = h("button", { type: "button", class: ["small", "danger"], "aria-label": `${armed ? "Confirm drain of" : "Drain"} ${n.name}` }, armed ? "Confirm drain" : "Drain");
+        b.addEventListener("click", () => {
+          if (armedDrain === n.name) {
+            armedDrain = null;
+            act(n.name, "drain", b);
+          } else {
+            armedDrain = n.name;
+            render();
+          }
+        });
+        out.push(b);
+      }
+      return h("div", { class: "actions" }, out);
+    }
+
+    function nodeCard(n) {
+      const products = [...new Set(n.devices.filter((d) => d.gpu_class !== "cpu").map((d) => d.name.replace(/ MIG .*/, "")))];
+      const meta = [
+        products.join(", ") || null,
+        n.fabrics.length ? `fabric ${n.fabrics.join(", ")}` : "no fabric",
+        n.address,
+        `last report ${fmtAgo(n.last_seen)}`,
+        n.driver_version ? `driver ${n.driver_version}` : null,
+      ].filter(Boolean);
+      return h(
+        "article",
+        { class: "node", dataset: { node: n.name, state: n.state }, "aria-label": `node ${n.name}` },
+        h("div", { class: "node-head" }, h("h3", { class: "mono" }, n.name), badge(n.state), actions(n)),
+        h("div", { class: "node-meta" }, meta.join(" · "), h("br"), classSummary(n)),
+        n.warnings.length ? h("ul", { class: "reasons" }, n.warnings.map((w) => h("li", {}, w))) : null,
+        deviceMap(n),
+      );
+    }
+
+    function render() {
+      const rows = filtered();
+      const pages = Math.max(1, Math.ceil(rows.length / PAGE_SIZE));
+      page = Math.min(page, pages - 1);
+      const shown = rows.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE);
+      count.textContent = rows.length
+        ? `${fmtInt(page * PAGE_SIZE + 1)}–${fmtInt(page * PAGE_SIZE + shown.length)} of ${fmtInt(rows.length)} nodes` +
+          (rows.length !== nodes.length ? ` (${fmtInt(nodes.length)} in all)` : "")
+        : `0 of ${fmtInt(nodes.length)} nodes`;
+      prev.disabled = page === 0;
+      next.disabled = page >= pages - 1;
+      redraw(list, () => (shown.length ? shown.map(nodeCard) : [h("p", { class: "empty" }, "No node matches.")]));
+      ctx.setParams({ q: q.value.trim(), state: state.value, class: classValue, page: page ? String(page) : "" });
+    }
+
+    function refilter() {
+      page = 0;
+      render();
+    }
+
+    q.addEventListener("input", refilter);
+    state.addEventListener("change", refilter);
+    cls.addEventListener("change", () => {
+      classValue = cls.value;
+      refilter();
+    });
+    prev.addEventListener("click", () => {
+      page -= 1;
+      render();
+    });
+    next.addEventListener("click", () => {
+      page += 1;
+      render();
+    });
+
+    function updateClasses() {
+      const seen = new Set();
+      for (const n of nodes) for (const c of n.classes) seen.add(c.gpu_class);
+      const wanted = [...seen].sort();
+      const have = [...cls.options].slice(1).map((o) => o.value);
+      if (wanted.join("\n") === have.join("\n")) return;
+      cls.replaceChildren(h("option", { value: "" }, "any"), ...wanted.map((c) => h("option", { value: c }, c)));
+      cls.value = wanted.includes(classValue) ? classValue : "";
+    }
+
+    async function refresh() {
+      nodes = await api("/nodes");
+      updateClasses();
+      render();
+    }
+
+    return { el, refresh };
+  },
+};

@@ -1,0 +1,233 @@
+// Overview: the fleet summary (GET /summary), as one screen.
+//
+// The numbers are the summary's own, never recomputed here: the console and
+// `llmgw ctl status` must say the same thing. The models listing is read only
+// for what the summary names without explaining (why a model is unplaceable).
+
+import { api } from "../api.js";
+import { errorText, fmtDuration, fmtInt, h, redraw, section, stat, table } from "../dom.js";
+import { stackedBar } from "../charts.js";
+
+function classBars(gpus) {
+  if (!gpus.length) return h("p", { class: "empty" }, "No devices reported yet.");
+  return h(
+    "div",
+    {},
+    h(
+      "div",
+      { class: "legend" },
+      h("span", {}, h("span", { class: "swatch sw-used" }), "used"),
+      h("span", {}, h("span", { class: "swatch sw-unhealthy" }), "unhealthy or out of placement"),
+      h("span", {}, h("span", { class: "swatch sw-free" }), "free"),
+    ),
+    h(
+      "div",
+      { class: "bars" },
+      gpus.map((g) =>
+        h(
+          "div",
+          { class: "bar-row", dataset: { class: g.class } },
+          h("span", { class: "bar-label mono" }, g.class),
+          stackedBar(
+            [
+              { value: g.used, cls: "fill-used", label: "used" },
+              { value: g.unhealthy, cls: "fill-unhealthy", label: "unhealthy" },
+              { value: g.free, cls: "fill-free", label: "free" },
+            ],
+            g.total,
+            `${g.class}: ${g.used} used, ${g.unhealthy} unhealthy, ${g.free} free of ${g.total}`,
+          ),
+          h(
+            "span",
+            { class: "bar-figures" },
+            h("span", { class: "f-used" }, `${fmtInt(g.used)} used`),
+            " · ",
+            h("span", { class: "f-unhealthy" }, `${fmtInt(g.unhealthy)} unhealthy`),
+            " · ",
+            h("span", { class: "f-free" }, `${fmtInt(g.free)} free`),
+            " · of ",
+            h("span", { class: "f-total" }, fmtInt(g.total)),
+          ),
+        ),
+      ),
+    ),
+  );
+}
+
+function storeSection(summary) {
+  const parts = [];
+  if (summary.store_error) parts.push(h("p", { class: "error", id: "store-error" }, `Cannot read the store's members: ${summary.store_error}`));
+  if (summary.store.length) {
+    parts.push(
+      table(
+        [
+          { label: "Member", cell: (m) => m.name },
+          { label: "Host", cell: (m) => h("span", { class: "mono" }, m.host) },
+          { label: "Role", cell: (m) => m.role },
+          { label: "State", cell: (m) => m.state },
+          { label: "Lag (bytes)", cls: "num", cell: (m) => (m.lag < 0 ? "unknown" : fmtInt(m.lag)) },
+        ],
+        summary.store,
+      ),
+    );
+  } else if (!summary.store_error) {
+    parts.push(h("p", { class: "muted" }, "A single database: no replicated members to show."));
+  }
+  return section("Store", parts);
+}
+
+export default {
+  title: "Overview",
+  create(ctx) {
+    const body = h("div", {});
+    const flash = h("p", { class: "error", role: "alert" });
+    const el = h("div", {}, h("h1", {}, "Fleet overview"), flash, body);
+
+    async function unpark(model, button) {
+      button.disabled = true;
+      flash.textContent = "";
+      try {
+        await api(`/models/${encodeURIComponent(model)}/unpark`, { method: "POST" });
+      } catch (err) {
+        flash.textContent = `Unpark ${model} failed: ${errorText(err)}`;
+        button.disabled = false;
+        return;
+      }
+      await ctx.refreshNow();
+    }
+
+    async function refresh() {
+      const [summary, models] = await Promise.all([api("/summary"), api("/models")]);
+      const reasons = new Map((models || []).map((m) => [m.name, m.unplaceable_reason || m.reason]));
+      const n = summary.nodes;
+      const r = summary.replicas;
+      const m = summary.models;
+      redraw(body, () => [
+        h(
+          "div",
+          { class: "grid" },
+          section(
+            "Nodes",
+            h(
+              "div",
+              { class: "stats", id: "node-totals" },
+              stat("total", n.total),
+              stat("ready", n.ready),
+              stat("cordoned", n.cordoned, { cls: n.cordoned ? "warn" : "" }),
+              stat("draining", n.draining, { cls: n.draining ? "warn" : "" }),
+              stat("unreachable", n.unreachable, { cls: n.unreachable ? "bad" : "" }),
+            ),
+          ),
+          section(
+            "Replicas",
+            h(
+              "div",
+              { class: "stats", id: "replica-totals" },
+              stat("ready", r.ready),
+              stat("starting", r.starting),
+              stat("draining", r.draining, { cls: r.draining ? "warn" : "" }),
+              stat("failed", r.failed, { cls: r.failed ? "bad" : "" }),
+            ),
+          ),
+          section(
+            "Models",
+            h(
+              "div",
+              { class: "stats", id: "model-totals" },
+              stat("total", m.total),
+              stat("satisfied", m.satisfied),
+              stat("short", m.short, { cls: m.short ? "bad" : "" }),
+            ),
+          ),
+        ),
+        section("Devices by class", h("div", { id: "gpu-bars" }, classBars(summary.gpus))),
+        h(
+          "div",
+          { class: "grid" },
+          section(
+            "Fabrics",
+            h(
+              "div",
+              { id: "fabrics" },
+              table(
+                [
+                  { label: "Fabric", cell: (f) => h("span", { class: "mono" }, f.fabric) },
+                  { label: "Nodes", cls: "num", cell: (f) => fmtInt(f.nodes) },
+                  { label: "With weights", cls: "num", cell: (f) => fmtInt(f.nodes_with_weights) },
+                  { label: "Models present", cls: "num", cell: (f) => fmtInt(f.models_present) },
+                  { label: "Largest free block (nodes)", cls: "num", cell: (f) => fmtInt(f.largest_free_block) },
+                ],
+                summary.fabrics,
+                { empty: "No node names a fabric.", rowAttrs: (f) => ({ dataset: { fabric: f.fabric } }) },
+              ),
+            ),
+          ),
+          section(
+            "Unplaceable models",
+            h(
+              "div",
+              { id: "unplaceable" },
+              summary.unplaceable.length
+                ? h(
+                    "ul",
+                    {},
+                    summary.unplaceable.map((name) =>
+                      h("li", { dataset: { model: name } }, h("strong", {}, name), ": ", reasons.get(name) || "short of replicas and none starting"),
+                    ),
+                  )
+                : h("p", { class: "empty" }, "Every model that is short has a replica on its way."),
+            ),
+          ),
+        ),
+        h(
+          "div",
+          { class: "grid" },
+          section(
+            "Parked models",
+            h(
+              "div",
+              { id: "parked" },
+              table(
+                [
+                  { label: "Model", cell: (p) => h("strong", {}, p.model) },
+                  { label: "Failures", cls: "num", cell: (p) => fmtInt(p.failures) },
+                  { label: "Last error", cell: (p) => p.reason || "–" },
+                  {
+                    label: "",
+                    cell: (p) => {
+                      const b = h("button", { type: "button", class: "small", "aria-label": `Unpark ${p.model}` }, "Unpark");
+                      b.addEventListener("click", () => unpark(p.model, b));
+                      return b;
+                    },
+                  },
+                ],
+                summary.parked,
+                { empty: "No parked models.", rowAttrs: (p) => ({ dataset: { model: p.model } }) },
+              ),
+            ),
+          ),
+          section(
+            "Idle replicas (10 min or more)",
+            h(
+              "div",
+              { id: "idle" },
+              table(
+                [
+                  { label: "Replica", cell: (i) => h("a", { class: "mono", href: `#/replicas?q=${encodeURIComponent(i.id)}` }, i.id) },
+                  { label: "Model", cell: (i) => i.model },
+                  { label: "Idle", cls: "num", cell: (i) => fmtDuration(i.idle_seconds) },
+                  { label: "GPUs", cls: "num", cell: (i) => fmtInt(i.gpus) },
+                ],
+                summary.idle_replicas,
+                { empty: "No idle replicas.", rowAttrs: (i) => ({ dataset: { replica: i.id } }) },
+              ),
+            ),
+          ),
+        ),
+        storeSection(summary),
+      ]);
+    }
+
+    return { el, refresh };
+  },
+};

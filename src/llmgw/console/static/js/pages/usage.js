@@ -1,0 +1,123 @@
+// Usage: requests and tokens over time, per model and per API key.
+//
+// The store keeps one row per key, model and minute; the page sums them into
+// buckets sized to the range (a day of minutes is 1,440 points per line, more
+// than a chart can show), keeps the busiest few series and folds the rest
+// into "other" so the legend stays readable.
+
+import { api } from "../api.js";
+import { fmtInt, h, redraw, section, table } from "../dom.js";
+import { lineChart } from "../charts.js";
+
+const RANGES = [
+  { value: "3600", label: "last hour", bucket: 60 },
+  { value: "21600", label: "last 6 hours", bucket: 300 },
+  { value: "86400", label: "last 24 hours", bucket: 900 },
+  { value: "604800", label: "last 7 days", bucket: 3600 },
+];
+const MAX_SERIES = 7;
+
+function totals(rows, keyOf) {
+  const out = new Map();
+  for (const r of rows) {
+    const k = keyOf(r);
+    const t = out.get(k) || { name: k, requests: 0, prompt_tokens: 0, completion_tokens: 0, cached_tokens: 0, errors: 0 };
+    t.requests += r.requests;
+    t.prompt_tokens += r.prompt_tokens;
+    t.completion_tokens += r.completion_tokens;
+    t.cached_tokens += r.cached_tokens || 0;
+    t.errors += r.errors || 0;
+    out.set(k, t);
+  }
+  return [...out.values()].sort((a, b) => b.requests - a.requests || a.name.localeCompare(b.name));
+}
+
+/** [{name, points}] of `value(row)` summed per bucket, zero-filled, top series plus "other". */
+function series(rows, keyOf, value, from, to, bucket) {
+  const byKey = new Map();
+  for (const r of rows) {
+    const k = keyOf(r);
+    if (!byKey.has(k)) byKey.set(k, new Map());
+    const b = Math.floor(r.minute / bucket) * bucket;
+    const m = byKey.get(k);
+    m.set(b, (m.get(b) || 0) + value(r));
+  }
+  const ranked = [...byKey.entries()]
+    .map(([k, m]) => [k, m, [...m.values()].reduce((a, v) => a + v, 0)])
+    .sort((a, b) => b[2] - a[2] || String(a[0]).localeCompare(String(b[0])));
+  const keep = ranked.slice(0, MAX_SERIES);
+  const rest = ranked.slice(MAX_SERIES);
+  if (rest.length) {
+    const other = new Map();
+    for (const [, m] of rest) for (const [b, v] of m) other.set(b, (other.get(b) || 0) + v);
+    keep.push([`other (${rest.length})`, other, 0]);
+  }
+  const start = Math.floor(from / bucket) * bucket;
+  return keep.map(([k, m]) => {
+    const points = [];
+    for (let b = start; b <= to; b += bucket) points.push([b, m.get(b) || 0]);
+    return { name: String(k), points };
+  });
+}
+
+export default {
+  title: "Usage",
+  create(ctx) {
+    const range = h("select", { id: "usage-range" }, RANGES.map((r) => h("option", { value: r.value }, r.label)));
+    range.value = RANGES.some((r) => r.value === ctx.params.get("range")) ? ctx.params.get("range") : "3600";
+    const charts = h("div", { id: "usage-charts" });
+    const tables = h("div", { id: "usage-tables" });
+    const el = h(
+      "div",
+      {},
+      h("h1", {}, "Usage"),
+      h("form", { class: "filters", on: { submit: (e) => e.preventDefault() } }, h("div", { class: "field" }, h("label", { for: "usage-range" }, "Range"), range)),
+      charts,
+      tables,
+    );
+
+    async function refresh() {
+      const span = Number(range.value);
+      const { bucket } = RANGES.find((r) => r.value === range.value);
+      const to = Math.floor(Date.now() / 1000);
+      const from = to - span;
+      const [answer, keys] = await Promise.all([api("/usage", { query: { since: Math.floor(from / 60) * 60 } }), api("/keys")]);
+      const rows = answer.rows;
+      const keyName = new Map((keys || []).map((k) => [k.key_id, k.name ? `${k.name} (${k.key_id})` : k.key_id]));
+      const byModel = (r) => r.model;
+      const byKey = (r) => keyName.get(r.key_id) || r.key_id;
+      const tokens = (r) => r.prompt_tokens + r.completion_tokens;
+      const requests = (r) => r.requests;
+      redraw(charts, () =>
+        h(
+          "div",
+          { class: "chart-grid" },
+          lineChart("Requests per model", series(rows, byModel, requests, from, to, bucket), { from, to, unit: "requests" }),
+          lineChart("Tokens per model (prompt + completion)", series(rows, byModel, tokens, from, to, bucket), { from, to, unit: "tokens" }),
+          lineChart("Requests per key", series(rows, byKey, requests, from, to, bucket), { from, to, unit: "requests" }),
+          lineChart("Tokens per key (prompt + completion)", series(rows, byKey, tokens, from, to, bucket), { from, to, unit: "tokens" }),
+        ),
+      );
+      const columns = (label) => [
+        { label, cell: (t) => t.name },
+        { label: "Requests", cls: "num", cell: (t) => fmtInt(t.requests) },
+        { label: "Prompt tokens", cls: "num", cell: (t) => fmtInt(t.prompt_tokens) },
+        { label: "Completion tokens", cls: "num", cell: (t) => fmtInt(t.completion_tokens) },
+        { label: "Cached tokens", cls: "num", cell: (t) => fmtInt(t.cached_tokens) },
+        { label: "Errors", cls: "num", cell: (t) => fmtInt(t.errors) },
+      ];
+      redraw(tables, () =>
+        h(
+          "div",
+          { class: "grid" },
+          section("Totals per model", h("div", { id: "usage-by-model" }, table(columns("Model"), totals(rows, byModel), { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
+          section("Totals per key", h("div", { id: "usage-by-key" }, table(columns("Key"), totals(rows, byKey), { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
+        ),
+      );
+      ctx.setParams({ range: range.value === "3600" ? "" : range.value });
+    }
+
+    range.addEventListener("change", () => ctx.refreshNow());
+    return { el, refresh };
+  },
+};

@@ -1,0 +1,343 @@
+"""Every console page against a real control plane, in Debian's chromium.
+
+Each test reads a page, then the admin API, and compares: the console must
+show exactly the numbers the API gives. Actions (unpark, cordon, apply) are
+clicked on the page and checked through the API afterwards. A screenshot of
+each page is saved under $LLMGW_TEST_OUTPUT/console/.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Page, expect
+from tests.console.conftest import Console, Watched, sign_in
+from tests.console.fleet import ECC_REASON, MIG_CLASS, NOT_CARVED, PARK_ERROR, UNPLACEABLE_REASON
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+async def texts(page: Page, selector: str) -> list[str]:
+    return [t.strip() for t in await page.locator(selector).all_inner_texts()]
+
+
+async def test_sign_in_refuses_a_wrong_token_and_401_returns_to_the_form(
+    console: Console, watched: Watched
+) -> None:
+    page = watched.page
+    # The browser itself logs a failed 401 load: expected exactly here.
+    watched.allow(r"401 \(Unauthorized\)")
+    await page.goto(f"{console.url}/console/")
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    await expect(page.locator("#nav")).to_be_hidden()
+
+    await page.get_by_label("Admin token").fill("llmgw-admin-not-the-token")
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.locator("#signin-error")).to_contain_text("refused the admin token")
+    assert await page.evaluate("sessionStorage.length") == 0
+
+    await page.get_by_label("Admin token").fill(console.admin_token)
+    await page.get_by_role("button", name="Sign in").click()
+    await expect(page.get_by_role("heading", name="Fleet overview")).to_be_visible()
+    # The token survives a reload of the tab (sessionStorage) ...
+    await page.reload()
+    await expect(page.get_by_role("heading", name="Fleet overview")).to_be_visible()
+    # ... and a token the control plane stops accepting (rotated) sends the
+    # next poll back to the form with the reason.
+    await page.evaluate("sessionStorage.setItem('llmgw.adminToken', 'llmgw-admin-rotated')")
+    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible(timeout=8000)
+    await expect(page.locator("#signin-error")).to_contain_text("Sign in again")
+    assert await page.evaluate("sessionStorage.getItem('llmgw.adminToken')") is None
+
+
+async def test_every_request_carries_the_bearer_token(console: Console, watched: Watched) -> None:
+    page = watched.page
+    seen: list[str | None] = []
+    page.on(
+        "request",
+        lambda req: seen.append(req.headers.get("authorization"))
+        if "/admin/v1/" in req.url
+        else None,
+    )
+    await sign_in(console, page)
+    await expect(page.locator("#node-totals")).to_be_visible()
+    assert seen
+    assert set(seen) == {f"Bearer {console.admin_token}"}
+
+
+async def test_overview_shows_the_summary(console: Console, watched: Watched, shots: Path) -> None:
+    page = watched.page
+    await sign_in(console, page)
+    await expect(page.locator("#gpu-bars .bar-row").first).to_be_visible()
+    summary = await console.get("/summary")
+    models = {m["name"]: m for m in await console.get("/models")}
+
+    totals = await texts(page, "#node-totals .stat")
+    for state in ("total", "ready", "cordoned", "draining", "unreachable"):
+        assert f"{summary['nodes'][state]}\n{state}" in totals
+    assert summary["nodes"]["unreachable"] >= 1  # gpu-c1 never reported
+
+    classes = [g["class"] for g in summary["gpus"]]
+    assert MIG_CLASS in classes and "a100-80g" in classes and "h100-80g" in classes
+    for g in summary["gpus"]:
+        row = page.locator(f'#gpu-bars .bar-row[data-class="{g["class"]}"]')
+        await expect(row.locator(".f-used")).to_have_text(f"{g['used']} used")
+        await expect(row.locator(".f-unhealthy")).to_have_text(f"{g['unhealthy']} unhealthy")
+        await expect(row.locator(".f-free")).to_have_text(f"{g['free']} free")
+        await expect(row.locator(".f-total")).to_have_text(str(g["total"]))
+    a100 = next(g for g in summary["gpus"] if g["class"] == "a100-80g")
+    assert a100["unhealthy"] >= 1  # the card with ECC errors is not free
+
+    assert [f["fabric"] for f in summary["fabrics"]] == ["ib-a", "ib-b"]
+    for f in summary["fabrics"]:
+        cells = await texts(page, f'#fabrics tr[data-fabric="{f["fabric"]}"] td')
+        assert cells == [
+            f["fabric"], str(f["nodes"]), str(f["nodes_with_weights"]),
+            str(f["models_present"]), str(f["largest_free_block"]),
+        ]
+
+    assert summary["unplaceable"] == ["big-model"]
+    unplaceable = page.locator('#unplaceable li[data-model="big-model"]')
+    await expect(unplaceable).to_contain_text(models["big-model"]["unplaceable_reason"])
+    assert models["big-model"]["unplaceable_reason"] == UNPLACEABLE_REASON
+
+    assert [p["model"] for p in summary["parked"]] == ["broken"]
+    parked = page.locator('#parked tr[data-model="broken"]')
+    await expect(parked).to_contain_text(PARK_ERROR)
+    await expect(parked.locator("td").nth(1)).to_have_text(str(summary["parked"][0]["failures"]))
+    await expect(parked.get_by_role("button", name="Unpark broken")).to_be_visible()
+
+    assert [i["id"] for i in summary["idle_replicas"]] == ["r-chat-1"]
+    idle = page.locator('#idle tr[data-replica="r-chat-1"] td')
+    assert (await idle.all_inner_texts())[1:] == [
+        "chat-small", f"{summary['idle_replicas'][0]['idle_seconds'] // 60} min",
+        str(summary["idle_replicas"][0]["gpus"]),
+    ]
+    await expect(page.locator("#sec-store")).to_be_visible()
+    await expect(page.get_by_text("A single database")).to_be_visible()
+    await page.screenshot(path=shots / "overview.png", full_page=True)
+
+
+async def test_unpark_from_the_overview(console: Console, watched: Watched) -> None:
+    page = watched.page
+    await sign_in(console, page)
+    await page.get_by_role("button", name="Unpark broken").click()
+    await expect(page.locator("#parked")).to_contain_text("No parked models.")
+    broken = await console.get("/models/broken")
+    assert broken["parked"] is False
+    assert broken["failures"] == 0
+    assert (await console.get("/summary"))["parked"] == []
+    # Parked again for the other tests, through the service as the reconciler would.
+    cp = console.fleet.cp
+    model = cp.state.models["broken"]
+    model.parked, model.failures, model.last_error = True, 5, PARK_ERROR
+
+
+async def test_nodes_page_maps_devices_like_the_api(
+    console: Console, watched: Watched, shots: Path
+) -> None:
+    page = watched.page
+    await sign_in(console, page, "#/nodes")
+    await expect(page.locator('article[data-node="gpu-a1"]')).to_be_visible()
+    nodes = {n["name"]: n for n in await console.get("/nodes")}
+    shown = await page.locator("article.node").evaluate_all("els => els.map(e => e.dataset.node)")
+    assert sorted(shown) == sorted(nodes)
+    for name, node in nodes.items():
+        card = page.locator(f'article[data-node="{name}"]')
+        await expect(card.locator(".badge").first).to_have_text(node["state"])
+        boxes = await card.locator("li.dev").evaluate_all(
+            "els => els.map(e => [e.dataset.device, e.dataset.status])"
+        )
+        # Every device once, with the API's status (the page orders them by card).
+        assert sorted(boxes) == sorted([d["label"], d["status"]] for d in node["devices"])
+
+    a1 = page.locator('article[data-node="gpu-a1"]')
+    # MIG instances labelled card/migN, with the replica that holds one.
+    await expect(a1.locator('li[data-device="0/mig0"]')).to_contain_text("used by r-chat-1")
+    await expect(a1.locator('li[data-device="0/mig1"]')).to_contain_text("free")
+    await expect(a1.locator('li[data-device="0/mig1"]')).to_contain_text("3g.40gb")
+    await expect(a1.locator('li[data-device="2"]')).to_have_attribute("data-status", "unhealthy")
+    await expect(a1.locator(".reasons")).to_contain_text(f"2 unhealthy: {ECC_REASON}")
+    await expect(a1.locator('[data-card="card 0"]')).to_contain_text("51 °C · 210 W")
+    b1 = page.locator('article[data-node="gpu-b1"]')
+    await expect(b1.locator('li[data-device="1"]')).to_have_attribute("data-status", "unplaceable")
+    await expect(b1.locator(".reasons")).to_contain_text(f"1 out of placement: {NOT_CARVED}")
+    await page.screenshot(path=shots / "nodes.png", full_page=True)
+
+    # Filters: by state, by class, by name; the address keeps them.
+    await page.get_by_label("State").select_option("unreachable")
+    await expect(page.locator("article.node")).to_have_count(1)
+    await expect(page.locator('article[data-node="gpu-c1"]')).to_be_visible()
+    await page.get_by_label("State").select_option("")
+    await page.get_by_label("Device class").select_option(MIG_CLASS)
+    await expect(page.locator("article.node")).to_have_count(1)
+    assert "class=a100-80g-mig-3g.40gb" in page.url
+    await page.get_by_label("Device class").select_option("")
+    await page.get_by_label("Name").fill("gpu-b")
+    await expect(page.locator("article.node")).to_have_count(2)
+    await expect(page.locator("#node-count")).to_contain_text("of 2 nodes (5 in all)")
+
+
+async def test_cordon_uncordon_drain_from_the_nodes_page(
+    console: Console, watched: Watched
+) -> None:
+    page = watched.page
+    await sign_in(console, page, "#/nodes?q=gpu-a2")
+    card = page.locator('article[data-node="gpu-a2"]')
+    await card.get_by_role("button", name="Cordon gpu-a2").click()
+    await expect(card.locator(".badge").first).to_have_text("cordoned")
+    assert (await console.get("/nodes/gpu-a2"))["state"] == "cordoned"
+    assert (await console.get("/summary"))["nodes"]["cordoned"] == 1
+
+    await card.get_by_role("button", name="Uncordon gpu-a2").click()
+    await expect(card.locator(".badge").first).to_have_text("ready")
+    assert (await console.get("/nodes/gpu-a2"))["state"] == "ready"
+
+    # Drain asks for a second click before it moves replicas away.
+    await card.get_by_role("button", name="Drain gpu-a2").click()
+    assert (await console.get("/nodes/gpu-a2"))["state"] == "ready"
+    await card.get_by_role("button", name="Confirm drain of gpu-a2").click()
+    await expect(card.locator(".badge").first).to_have_text("draining")
+    assert (await console.get("/nodes/gpu-a2"))["state"] == "draining"
+    await card.get_by_role("button", name="Uncordon gpu-a2").click()
+    await expect(card.locator(".badge").first).to_have_text("ready")
+
+
+async def test_models_page_and_apply_with_inline_errors(
+    console: Console, watched: Watched, shots: Path
+) -> None:
+    page = watched.page
+    await sign_in(console, page, "#/models")
+    models = await console.get("/models")
+    await expect(page.locator("#model-list tbody tr")).to_have_count(len(models))
+    for m in models:
+        row = page.locator(f'#model-list tr[data-model="{m["name"]}"]')
+        cells = await row.locator("td").all_inner_texts()
+        assert cells[4:7] == [str(m["desired"]), str(m["ready"]), str(m["starting"])]
+    chat = page.locator('#model-list tr[data-model="chat-small"]')
+    await expect(chat).to_contain_text("r-chat-1")
+    await expect(chat).to_contain_text("gpu-a1:0/mig0")
+    await expect(page.locator('#model-list tr[data-model="broken"]')).to_contain_text(PARK_ERROR)
+    await page.screenshot(path=shots / "models.png", full_page=True)
+
+    # A MIG class with tp 2 is refused, inline, naming the field.
+    watched.allow(r"422 \(Unprocessable")
+    editor = page.get_by_label("Entry (YAML")
+    await editor.fill(
+        f"name: wide-mig\nengine: sim\ngpu_classes: [{MIG_CLASS}]\ngpus: 2\ntp: 2\n"
+    )
+    await page.get_by_role("button", name="Dry run").click()
+    errors = page.locator("#apply-errors")
+    await expect(errors).to_contain_text("wide-mig")
+    await expect(errors).to_contain_text("tp")
+    await expect(page.get_by_role("button", name="Apply", exact=True)).to_be_disabled()
+    await page.screenshot(path=shots / "models-invalid.png", full_page=True)
+
+    await editor.fill("name: new-model\nengine: sim\ngpu_classes: [a100-80g]\nmin_replicas: 0\n")
+    await page.get_by_role("button", name="Dry run").click()
+    await expect(page.locator("#apply-result")).to_contain_text("new-model")
+    assert "new-model" not in {m["name"] for m in await console.get("/models")}
+    await page.get_by_role("button", name="Apply", exact=True).click()
+    await expect(page.locator("#apply-result")).to_contain_text("Applied")
+    await expect(page.locator('#model-list tr[data-model="new-model"]')).to_be_visible()
+    assert "new-model" in {m["name"] for m in await console.get("/models")}
+    await console.fleet.cp.delete_model("new-model")
+
+
+async def test_replicas_page(console: Console, watched: Watched, shots: Path) -> None:
+    page = watched.page
+    await sign_in(console, page, "#/replicas")
+    replicas = await console.get("/replicas")
+    await expect(page.locator("#replica-list tbody tr")).to_have_count(len(replicas))
+    for r in replicas:
+        row = page.locator(f'#replica-list tr[data-replica="{r["id"]}"]')
+        await expect(row.locator(".badge").first).to_have_text(r["state"])
+        for s in r["shards"]:
+            await expect(row).to_contain_text(f"{s['node']}: {', '.join(s['devices'])}")
+    llama = page.locator('#replica-list tr[data-replica="r-llama-1"]')
+    await expect(llama).to_contain_text("weights 34.0 GB of 100.0 GB (34 %)")
+    await expect(llama).to_contain_text("waiting for weights 34 %")
+    await llama.get_by_text("Engine log").click()
+    await expect(llama.locator("pre.log")).to_contain_text("model-00002-of-00004")
+    # The open log stays open across a refresh.
+    await page.wait_for_timeout(4500)
+    await expect(llama.locator("pre.log")).to_be_visible()
+    await page.screenshot(path=shots / "replicas.png", full_page=True)
+    await page.get_by_label("State").select_option("starting")
+    await expect(page.locator("#replica-list tbody tr")).to_have_count(
+        sum(1 for r in replicas if r["state"] == "starting")
+    )
+
+
+async def test_usage_page(console: Console, watched: Watched, shots: Path) -> None:
+    page = watched.page
+    await sign_in(console, page, "#/usage")
+    await expect(page.locator("#usage-by-model tbody tr").first).to_be_visible()
+    since = int(time.time()) // 60 * 60 - 3600
+    answer = await console.get("/usage", since=since)
+    per_model: dict[str, list[int]] = {}
+    for r in answer["by_key_model"]:
+        t = per_model.setdefault(r["model"], [0, 0, 0])
+        t[0] += r["requests"]
+        t[1] += r["prompt_tokens"]
+        t[2] += r["completion_tokens"]
+    assert set(per_model) == {"embed", "chat-small"}
+    for model, (requests, prompt, completion) in per_model.items():
+        cells = await page.locator(f'#usage-by-model tr[data-name="{model}"] td').all_inner_texts()
+        assert cells[1:4] == [f"{requests:,}", f"{prompt:,}", f"{completion:,}"]
+    await expect(page.locator("#usage-by-key tbody tr")).to_have_count(2)
+    # Four charts, each with one line per model or key.
+    await expect(page.locator("#usage-charts figure")).to_have_count(4)
+    await expect(page.locator("#usage-charts figure").first.locator("path.series")).to_have_count(2)
+    await page.screenshot(path=shots / "usage.png", full_page=True)
+
+
+async def test_events_page(console: Console, watched: Watched, shots: Path) -> None:
+    page = watched.page
+    await sign_in(console, page, "#/events")
+    await expect(page.locator("#event-list tbody tr").first).to_be_visible()
+    events = await console.get("/events", limit=500)
+    await expect(page.locator("#event-list tbody tr")).to_have_count(len(events))
+    await page.screenshot(path=shots / "events.png", full_page=True)
+    await page.get_by_label("Kind").select_option("parked")
+    await expect(page.locator("#event-list tbody tr")).to_have_count(
+        sum(1 for e in events if e["kind"] == "parked")
+    )
+    await expect(page.locator("#event-list tbody tr").first).to_contain_text("broken")
+    assert "kind=parked" in page.url
+
+
+async def test_plan_page_and_what_if(console: Console, watched: Watched, shots: Path) -> None:
+    page = watched.page
+    await sign_in(console, page, "#/plan")
+    await expect(page.locator("#plan-models tbody tr").first).to_be_visible()
+    plan = await console.get("/plan")
+    await expect(page.locator("#plan-models tbody tr")).to_have_count(len(plan["models"]))
+    for m in plan["models"]:
+        row = page.locator(f'#plan-models tr[data-model="{m["name"]}"]')
+        await expect(row.locator(".badge")).to_have_text(m["status"])
+        if m["reason"]:
+            await expect(row).to_contain_text(m["reason"])
+    for d in plan["devices"]:
+        row = page.locator(f'#plan-devices tr[data-class="{d["gpu_class"]}"] td')
+        cells = await row.all_inner_texts()
+        assert cells == [d["gpu_class"], *(f"{d[k]:,}" for k in (
+            "total", "used", "unhealthy", "out_of_placement", "free", "free_ready", "free_after"))]
+    await page.screenshot(path=shots / "plan.png", full_page=True)
+
+    await page.get_by_label("Model entry to try").fill(
+        "name: try-mig\nengine: sim\ngpu_classes: [a100-80g-mig-3g.40gb]\n"
+    )
+    await page.get_by_role("button", name="What if").click()
+    result = page.locator('#whatif-result tr[data-model="try-mig"]')
+    await expect(result).to_be_visible()
+    answer = await console.api.post("/admin/v1/plan", json={
+        "document": "name: try-mig\nengine: sim\ngpu_classes: [a100-80g-mig-3g.40gb]\n"})
+    expected = next(m for m in answer.json()["models"] if m["name"] == "try-mig")
+    await expect(result.locator(".badge")).to_have_text(expected["status"])
+    for r in expected["replicas"]:
+        await expect(result).to_contain_text(" ".join(r["devices"]))
+    assert "try-mig" not in {m["name"] for m in await console.get("/models")}
+    await page.screenshot(path=shots / "plan-what-if.png", full_page=True)
