@@ -41,7 +41,7 @@ from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
 from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
 from llmgw.agent.server import WeightsServer
 from llmgw.agent.state import StateStore
-from llmgw.agent.supervisor import Supervisor
+from llmgw.agent.supervisor import ProcessControl, Supervisor
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, LlmgwError, ValidationError
@@ -96,7 +96,7 @@ class Agent:
         *,
         inventory_provider: InventoryProvider | None = None,
         adapters: Mapping[EngineKind, EngineAdapter] | None = None,
-        supervisor: Supervisor | None = None,
+        supervisor: ProcessControl | None = None,
     ) -> None:
         self.config = config
         self.data_dir = config.data_dir
@@ -105,7 +105,7 @@ class Agent:
             config.cpu_slots, config.class_overrides
         )
         self.adapters = dict(adapters) if adapters is not None else dict(default_adapters())
-        self.supervisor = supervisor or Supervisor(self.data_dir / "logs")
+        self.supervisor: ProcessControl = supervisor or Supervisor(self.data_dir / "logs")
         self.weights = WeightsCache(self.data_dir / "weights", hf_endpoint=config.hf_endpoint)
         self.state = StateStore(self.data_dir / "engines.json")
         self.ports = PortAllocator(self.bind_host, config.port_range)

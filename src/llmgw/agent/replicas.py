@@ -23,7 +23,7 @@ import aiohttp
 from llmgw.agent.engines.base import EngineAdapter, LaunchContext
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.state import EngineRecord, StateStore
-from llmgw.agent.supervisor import EngineProcess, ExitStatus, Supervisor, describe_exit
+from llmgw.agent.supervisor import EngineProcess, ExitStatus, ProcessControl, describe_exit
 from llmgw.agent.weights import Progress, WeightsCache
 from llmgw.errors import EngineError
 from llmgw.wire import Device, ReplicaAssignment, ReplicaState, ReplicaStatus
@@ -39,7 +39,7 @@ REASON_LINES = 3
 class RunnerDeps:
     """What every runner shares with the agent; one instance per agent."""
 
-    supervisor: Supervisor
+    supervisor: ProcessControl
     weights: WeightsCache
     ports: PortAllocator
     state: StateStore

@@ -25,6 +25,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import psutil
 
@@ -45,6 +46,9 @@ class EngineProcess:
     pid: int
     create_time: float
     popen: subprocess.Popen[bytes] | None = None  # None for an adopted engine
+    # What a non-process ProcessControl (e.g. a simulated fleet running its
+    # engines inside one Python process) needs to find its engine again.
+    handle: Any = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,22 @@ class ExitStatus:
 
 
 RUNNING = ExitStatus(exited=False)
+
+
+class ProcessControl(Protocol):
+    """What the agent needs from whatever runs its engines (the seam for fakes)."""
+
+    def spawn(self, replica_id: str, launch: EngineLaunch) -> EngineProcess: ...
+
+    def adopt(self, pid: int, create_time: float) -> EngineProcess | None: ...
+
+    def poll(self, proc: EngineProcess) -> ExitStatus: ...
+
+    async def stop(self, proc: EngineProcess, grace_s: float) -> ExitStatus: ...
+
+    def log_tail(self, replica_id: str, lines: int = ...) -> list[str]: ...
+
+    def rotate_if_large(self, replica_id: str) -> None: ...
 
 
 def describe_exit(code: int | None) -> str:
