@@ -107,3 +107,18 @@ async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent:
         within=240,
     )
     assert again.replicas[0].pid != status.pid
+
+
+async def test_simulated_engine_that_cannot_load_is_failed(
+    fake_cp: FakeControlPlane, real_agent: Agent
+) -> None:
+    spec = ModelSpec(
+        name="sim-bad",
+        engine=EngineKind.SIM,
+        sim=SimParams(startup_s=0.2, fault="fail_at_start"),
+        start_timeout_s=60,
+    )
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    failed = await fake_cp.wait_state("r1", ReplicaState.FAILED, within=60)
+    assert failed.exit_code == 1
+    assert failed.reason and failed.reason.startswith("engine exited with code 1")
