@@ -57,6 +57,7 @@ async def make_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
         *,
         join_token: str | None = "llmgw-join-test",
         run: bool = True,
+        inventory_provider: Callable[[], NodeInventory] | None = None,
         **kwargs: object,
     ) -> Agent:
         directory = data_dir or tmp_path / name
@@ -71,7 +72,7 @@ async def make_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
         )
         agent = Agent(
             config,
-            inventory_provider=lambda: cpu_inventory(),
+            inventory_provider=inventory_provider or (lambda: cpu_inventory()),
             adapters={EngineKind.SIM: StubAdapter()},
         )
         task = asyncio.create_task(agent.run()) if run else None

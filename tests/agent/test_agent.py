@@ -11,12 +11,13 @@ from pathlib import Path
 
 import aiohttp
 import psutil
-from tests.agent.conftest import AgentFactory
+from tests.agent.conftest import AgentFactory, cpu_inventory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, model
 from tests.agent.test_weights import plant
 
-from llmgw.wire import ModelSpec, ReplicaState, WeightsSource
+from llmgw.errors import DiscoveryError
+from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, WeightsSource
 
 
 def stub_model(
@@ -272,3 +273,22 @@ async def test_refused_node_token_registers_again(
     before = len(fake_cp.reports)
     await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before, within=20)
     assert fake_cp.registrations == 2
+
+
+async def test_a_failing_discovery_does_not_end_the_loop(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    calls = 0
+
+    def flaky() -> NodeInventory:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            raise DiscoveryError("nvidia-smi -q -x: root element is <html>")
+        return cpu_inventory()
+
+    make_agent("n1", inventory_provider=flaky)
+    report = await fake_cp.wait_for(lambda r: bool(r.inventory.warnings))
+    assert "discovery failed: nvidia-smi" in report.inventory.warnings[0]
+    assert len(report.inventory.devices) == 4  # the last inventory seen, flagged
+    await fake_cp.wait_for(lambda r: calls >= 3)

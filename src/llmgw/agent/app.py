@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from llmgw.agent.state import StateStore
 from llmgw.agent.supervisor import ProcessControl, Supervisor
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import ensure_data_dir
-from llmgw.errors import AuthError, ConfigError, LlmgwError, ValidationError
+from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.wire import (
     AgentRegistration,
     AgentReport,
@@ -186,13 +187,20 @@ class Agent:
             except ValidationError as exc:
                 log.error("%s", exc)
                 wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
+            except ConfigError:
+                raise  # e.g. no node token and no join token: a person must act
+            except Exception:
+                # A bug must not end the loop: engines keep running unwatched
+                # and the node would go unreachable for no good reason.
+                log.exception("agent report failed")
+                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
             else:
                 backoff = 1.0
                 wait = self._interval
                 try:
                     self.converge(answer)
-                except LlmgwError as exc:  # never let one bad answer end the loop
-                    log.error("cannot apply the control plane's answer: %s", exc)
+                except Exception:  # never let one bad answer end the loop
+                    log.exception("cannot apply the control plane's answer")
             await self._wait_for_change(wait)
 
     async def shutdown(self, stop_engines: bool = True) -> None:
@@ -222,7 +230,7 @@ class Agent:
     async def report_once(self) -> AgentReportAnswer:
         await self.start()
         client = self._require_client()
-        self.inventory = await asyncio.to_thread(self._inventory_provider)
+        self.inventory = await self._read_inventory()
         if self.identity is None:
             await self._register(client, self.inventory)
         identity = self.identity
@@ -264,6 +272,16 @@ class Agent:
         )
         save_identity(self.data_dir, self.identity)
         log.info("registered node %s with %s", answer.node, self.config.control_plane)
+
+    async def _read_inventory(self) -> NodeInventory:
+        """This node's inventory; when discovery fails, the last one, with the failure."""
+        try:
+            return await asyncio.to_thread(self._inventory_provider)
+        except Exception as exc:
+            message = f"discovery failed: {exc}"
+            log.error("%s", message)
+            last = self.inventory or NodeInventory(hostname=socket.gethostname())
+            return last.model_copy(update={"warnings": [message]})
 
     def build_report(self, inventory: NodeInventory) -> AgentReport:
         return AgentReport(
