@@ -66,7 +66,12 @@ async def test_bad_join_token_is_one_line_and_exit_2(
         "n",
         stderr=asyncio.subprocess.PIPE,
     )
-    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 2
     lines = err.decode().strip().splitlines()
     assert lines[-1].startswith("llmgw: ") and "401" in lines[-1]
