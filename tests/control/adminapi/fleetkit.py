@@ -201,7 +201,6 @@ def served_control_plane(tmp: Path, fleet: FleetState | None = None) -> Iterator
             port = sock.getsockname()[1]
             server = uvicorn.Server(uvicorn.Config(admin_app(cp), lifespan="off",
                                                    log_level="warning", access_log=False))
-            server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
             task = asyncio.create_task(server.serve(sockets=[sock]))
             while not server.started:
                 if task.done():

@@ -9,11 +9,11 @@ from typing import Any
 
 import httpx2
 import pytest
+from tests.control.adminapi.fleetkit import Fleet, Served, gpu, gpus, served_control_plane
 
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import fleet_summary
 from llmgw.wire import AgentRegistration, ReplicaState, ReplicaStatus, UsageRecord
-from tests.control.adminapi.fleetkit import Fleet, Served, gpu, gpus, served_control_plane
 
 MIG_TP2 = {"name": "bad", "engine": "sim", "gpu_classes": ["a100-80g-mig-3g.40gb"],
            "gpus": 2, "tp": 2}

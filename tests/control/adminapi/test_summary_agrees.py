@@ -11,13 +11,13 @@ from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.control.adminapi.fleetkit import Fleet, gpu, mig
 
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary, summarize
 from llmgw.control.adminapi.views import FleetViews, desired_now, fleet_views
 from llmgw.control.scheduler.decide import _desired as scheduler_desired
 from llmgw.wire import NodeState, ReplicaState
-from tests.control.adminapi.fleetkit import Fleet, gpu, mig
 
 CLASSES = ["h100-80g", "a100-80g", "cpu"]
 STATES = list(ReplicaState)
@@ -135,7 +135,7 @@ def test_summary_agrees_with_the_listings(fleet: Fleet) -> None:
     assert [(i.idle_seconds, i.id, i.gpus) for i in s.idle_replicas] == want["idle"]
     assert (s.models.total, s.models.satisfied, s.models.short) == want["models"]
     assert [p.model for p in s.parked] == want["parked"]
-    assert set(s.unplaceable).isdisjoint(want["parked"])  # type: ignore[arg-type]
+    assert set(s.unplaceable).isdisjoint(want["parked"])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

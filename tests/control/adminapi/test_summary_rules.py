@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
+
 from llmgw.control.adminapi.patroni import StoreMember, StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, Summary, fleet_summary
 from llmgw.control.adminapi.views import fleet_views
 from llmgw.wire import NodeState, ReplicaState
-from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
 
 
 def summary_of(fleet: Fleet, store: StoreStatus | None = None) -> Summary:
