@@ -17,28 +17,19 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-import aiohttp
 import orjson
 
 from llmgw.gateway.auth import KeyRecord, authorize, limit
+from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.prefix import render_chat, render_completion
-from llmgw.gateway.proxy import (
-    RETRYABLE,
-    StreamRelay,
-    Upstream,
-    UpstreamUnavailable,
-    Usage,
-    find_usage,
-    read_all,
-    sse_error,
-)
+from llmgw.gateway.proxy import StreamRelay, Upstream, Usage, find_usage, sse_error
 from llmgw.gateway.responses import (
     JSON,
     REQUEST_ID,
@@ -404,39 +395,39 @@ async def _proxy(
         prefill = _Prefill(replica, pick.uncached_tokens)
         metrics.in_flight(model, 1)
         before = time.perf_counter() - started - waited
+        response: Response | None = None
         try:
             response = await rt.upstream.post(
-                rt.upstream.url(replica.url, path), upstream_body, request_id
+                rt.upstream.target(replica.url, path), upstream_body, request_id
             )
             replica.connect_succeeded()
             if stream and response.status == 200:
                 # Nothing goes to the client before the first chunk, so a replica
                 # that dies during prefill is still retried elsewhere.
-                chunks = response.content.iter_any()
-                first = await _first_chunk(response, chunks)
+                first = await response.next_chunk()
                 prefill.done()
                 metrics.ttft(model, time.perf_counter() - started - waited)
-                return await _relay(
-                    rt, response, chunks, first, model, record, injected, before, id_header, send
-                )
+                relayed, response = response, None
+                return await _relay(rt, relayed, first or b"", model, record, injected,
+                                    before, id_header, send)  # fmt: skip
             prefill.done()
-            data = await read_all(response)
-            return await _answer(
-                rt, response, data, model, record, before, time.perf_counter(), id_header, send
-            )
-        except UpstreamUnavailable as exc:
+            data = await response.read()
+            return await _answer(rt, response, data, model, record, before,
+                                 time.perf_counter(), id_header, send)  # fmt: skip
+        except (ConnectFailed, BodyBroken) as exc:
+            # Nothing reached the client yet: another replica may answer.
             log.info("%s: replica %s unavailable: %s", request_id, replica.replica_id, exc)
             replica.connect_failed(settings.cooldown_after, settings.cooldown_s)
             tried.append(replica)
             metrics.retried(model)
-        except TimeoutError:
+        except UpstreamTimeout:
             raise ApiError(
-                504,
-                f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
-                kind="server_error",
-                code="upstream_timeout",
-            ) from None
+                504, f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
+                kind="server_error", code="upstream_timeout",
+            ) from None  # fmt: skip
         finally:
+            if response is not None:
+                response.release()
             replica.in_flight -= 1
             prefill.done()
             metrics.in_flight(model, -1)
@@ -460,79 +451,43 @@ def _account(rt: Runtime, model: str, record: KeyRecord, usage: Usage | None, er
 
 
 async def _answer(
-    rt: Runtime,
-    response: aiohttp.ClientResponse,
-    data: bytes,
-    model: str,
-    record: KeyRecord,
-    before: float,
-    read_at: float,
-    id_header: tuple[bytes, bytes],
-    send: Send,
-) -> int:
+    rt: Runtime, response: Response, data: bytes, model: str, record: KeyRecord,
+    before: float, read_at: float, id_header: tuple[bytes, bytes], send: Send,
+) -> int:  # fmt: skip
     status = response.status
     ok = status < 400
     _account(rt, model, record, find_usage(data) if ok else None, not ok)
-    content_type = response.headers.get("Content-Type")
     overhead = before + (time.perf_counter() - read_at)
     rt.metrics.overhead(overhead)
     await send_bytes(
-        send,
-        status,
-        data,
-        content_type.encode("latin-1") if content_type else JSON,
-        [id_header, overhead_header(overhead)],
+        send, status, data, response.content_type or JSON, [id_header, overhead_header(overhead)]
     )
     return status
 
 
-async def _first_chunk(response: aiohttp.ClientResponse, chunks: AsyncIterator[bytes]) -> bytes:
-    try:
-        return await anext(chunks)
-    except StopAsyncIteration:
-        return b""
-    except RETRYABLE as exc:
-        response.release()
-        raise UpstreamUnavailable(f"stream cut before its first byte: {exc!r}") from None
-
-
 async def _relay(
-    rt: Runtime,
-    response: aiohttp.ClientResponse,
-    chunks: AsyncIterator[bytes],
-    first: bytes,
-    model: str,
-    record: KeyRecord,
-    injected: bool,
-    before: float,
-    id_header: tuple[bytes, bytes],
-    send: Send,
-) -> int:
+    rt: Runtime, response: Response, first: bytes, model: str, record: KeyRecord,
+    injected: bool, before: float, id_header: tuple[bytes, bytes], send: Send,
+) -> int:  # fmt: skip
     relay = StreamRelay(strip_usage=injected)
     rt.metrics.overhead(before)
     failed = False
     try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [*_SSE_HEADERS, id_header, overhead_header(before)],
-            }
-        )
+        await send({
+            "type": "http.response.start", "status": 200,
+            "headers": [*_SSE_HEADERS, id_header, overhead_header(before)],
+        })  # fmt: skip
         try:
-            chunk = first
-            while True:
+            chunk: bytes | None = first
+            while chunk is not None:
                 out = relay.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
-                try:
-                    chunk = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-        except (*RETRYABLE, TimeoutError) as exc:
+                chunk = await response.next_chunk()
+        except (BodyBroken, ConnectFailed, UpstreamTimeout) as exc:
             failed = True
-            log.info("stream of %s broke after it started: %r", model, exc)
-            tail = relay.flush() + sse_error(f"The model `{model}` stopped answering: {exc!r}")
+            log.info("stream of %s broke after it started: %s", model, exc)
+            tail = relay.flush() + sse_error(f"The model `{model}` stopped answering: {exc}")
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return 200
         await send({"type": "http.response.body", "body": relay.flush(), "more_body": False})

@@ -1,36 +1,21 @@
-"""Talking to engines: one pooled aiohttp client, usage extraction, the SSE relay.
-
-aiohttp rather than httpx: as a proxy client httpx's pool was the bottleneck
-in LiteLLM's measurements (research/gateway.md §1). One session, keep-alive,
-no cookie jar, no decompression (bodies are passed through as they are).
+"""Talking to engines: the upstream client, usage extraction, the SSE relay.
 
 Only failures that happen before the engine's answer could have reached the
-client are :class:`UpstreamUnavailable` (and so retried elsewhere); anything
-after the first byte was relayed is the stream's problem, reported in-band.
+client are retried elsewhere (:class:`~llmgw.gateway.http1.ConnectFailed`,
+and for a non-streaming answer a body cut short, since nothing was relayed
+yet); anything after the first byte was relayed is reported in-band.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
-import aiohttp
 import orjson
-from yarl import URL
 
+from llmgw.gateway.http1 import Pool, Response, render_post
 from llmgw.gateway.settings import GatewaySettings
-
-# Connection-level failures: refused, reset, closed before the answer, or a
-# connect that timed out. A response that arrived (any status) is not one.
-RETRYABLE = (
-    aiohttp.ClientConnectionError,  # refused, reset, server disconnected, connect timeout
-    aiohttp.ClientPayloadError,  # body cut short (non-streaming: nothing relayed yet)
-    ConnectionError,
-)
-
-
-class UpstreamUnavailable(Exception):
-    """The replica could not be reached or dropped the connection before answering."""
 
 
 @dataclass(slots=True)
@@ -40,83 +25,62 @@ class Usage:
     cached: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    host: str
+    port: int
+    path: str
+
+
 class Upstream:
     """The gateway's client for engines (one per gateway, created in ``start``)."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self._settings = settings
-        self._session: aiohttp.ClientSession | None = None
-        self._urls: dict[tuple[str, str], URL] = {}
+        self._pool: Pool | None = None
+        self._targets: dict[tuple[str, str], Target] = {}
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(
-            limit=0,  # bounded by the engines' own queues, not by an arbitrary pool size
-            keepalive_timeout=60.0,
-            ttl_dns_cache=300,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
-            timeout=aiohttp.ClientTimeout(
-                total=self._settings.upstream_timeout_s,
-                sock_connect=self._settings.connect_timeout_s,
-            ),
-        )
+        self._pool = Pool(self._settings.connect_timeout_s, self._settings.upstream_timeout_s)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
-    def url(self, base: str, path: str) -> URL:
-        # yarl parses and quotes on every construction; engines and paths are few.
+    def target(self, base: str, path: str) -> Target:
+        """Where ``base`` + ``path`` goes, parsed once per endpoint and path."""
         key = (base, path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) > 4096:
-                self._urls.clear()
-            url = self._urls[key] = URL(base + path, encoded=True)
-        return url
+        target = self._targets.get(key)
+        if target is None:
+            parts = urlsplit(base)
+            if parts.scheme != "http" or not parts.hostname:
+                # Engines are reached on the cluster network; TLS to an engine
+                # would need a certificate story the catalog does not have.
+                raise ValueError(f"endpoint URL {base!r} must be http://host:port")
+            if len(self._targets) > 4096:
+                self._targets.clear()
+            target = Target(parts.hostname, parts.port or 80, parts.path.rstrip("/") + path)
+            self._targets[key] = target
+        return target
 
-    async def post(self, url: URL, body: bytes, request_id: str) -> aiohttp.ClientResponse:
-        session = self._session
-        if session is None:
-            raise UpstreamUnavailable("gateway is not started")
-        try:
-            return await session.post(
-                url,
-                data=body,
-                headers={"Content-Type": "application/json", "X-Request-Id": request_id},
-            )
-        except RETRYABLE as exc:
-            raise UpstreamUnavailable(f"{url.host}:{url.port}: {exc!r}") from None
-        except TimeoutError:
-            raise UpstreamUnavailable(f"{url.host}:{url.port}: connect timed out") from None
-
-
-async def read_all(response: aiohttp.ClientResponse) -> bytes:
-    """The whole body; a cut-off body is UpstreamUnavailable (nothing was relayed yet)."""
-    try:
-        return await response.read()
-    except RETRYABLE as exc:
-        raise UpstreamUnavailable(f"body cut short: {exc!r}") from None
-    finally:
-        response.release()
+    async def post(self, target: Target, body: bytes, request_id: str) -> Response:
+        pool = self._pool
+        if pool is None:
+            raise RuntimeError("the gateway's upstream client is not started")
+        payload = render_post(
+            target.host, target.port, target.path, body,
+            [b"X-Request-Id: " + request_id.encode("latin-1")],
+        )  # fmt: skip
+        return await pool.request(target.host, target.port, payload)
 
 
 def _closing_brace(data: bytes, start: int) -> int:
-    depth = 0
-    for index in range(start, min(len(data), start + 4096)):
-        char = data[index]
-        if char == 0x7B:  # {
-            depth += 1
-        elif char == 0x7D:  # }
-            depth -= 1
-            if depth == 0:
-                return index
-    return -1
+    """Index of the ``}`` closing the object at ``start`` (objects without braces in strings)."""
+    end = data.find(b"}", start)
+    while end >= 0 and data.count(b"{", start, end + 1) > data.count(b"}", start, end + 1):
+        end = data.find(b"}", end + 1)
+    return end
 
 
 def find_usage(data: bytes) -> Usage | None:

@@ -1,0 +1,463 @@
+"""What the gateway adds to a request: latency at several rates, and the rate it holds.
+
+Three processes, so the gateway has a core of its own (on a machine with two
+or more cores they are pinned: gateway on one core, the rest on the others):
+
+* upstream: a minimal OpenAI-compatible server (raw asyncio + uvloop, one
+  canned chat completion with usage), as fast as a Python server gets;
+* gateway: the real `Gateway` under uvicorn (httptools, uvloop), configured
+  through an in-memory link with one model, one API key, prefix routing;
+* load generator (this process): a raw HTTP/1.1 keep-alive client sending an
+  open-loop, constant-rate load (a new connection when all are busy, so a
+  slow server cannot slow the sender down).
+
+At each rate the same load is sent directly to the upstream and through the
+gateway, alternately; the added latency at a percentile is the difference of
+the two percentiles. Latency is measured from the moment the request was
+written to the moment its whole answer was read. The gateway's own overhead
+header (`x-llmgw-overhead-ms`) is summarised too. The ramp then raises the
+rate until the added p99 reaches 50 ms, requests fail, or the sender cannot
+reach the rate.
+
+    python bench/gateway.py [--quick] [--seconds 8] [--no-pin]
+
+Last line: JSON with added_p50_ms_at_1000, added_p99_ms_at_1000,
+max_rps_p99_under_50ms (and the per-rate table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import uvloop
+
+MODEL = "bench"
+KEY = "sk-llmgw-bench-0123456789abcdefghijklmnopqrstuv"
+REQUEST_BODY = json.dumps(
+    {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "You are a terse assistant."},
+            {"role": "user", "content": "Say hello to the benchmark in one short sentence."},
+        ],
+        "max_tokens": 16,
+    }
+).encode()
+ANSWER_BODY = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "Hello, benchmark!"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 31, "completion_tokens": 5, "total_tokens": 36},
+    }
+).encode()
+
+
+def _pin(cpus: set[int] | None) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+# ---------------------------------------------------------------------------
+# Upstream: the fastest OpenAI-shaped answer a Python process can give
+# ---------------------------------------------------------------------------
+
+
+class _UpstreamProtocol(asyncio.Protocol):
+    response = (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(ANSWER_BODY)).encode()
+        + b"\r\n\r\n"
+        + ANSWER_BODY
+    )
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses: no isinstance.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data
+        while True:
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
+                break
+            length = _content_length(buffer[:end])
+            if len(buffer) < end + 4 + length:
+                break
+            buffer = buffer[end + 4 + length :]
+            assert self.transport is not None
+            self.transport.write(self.response)
+        self.buffer = buffer
+
+
+def _content_length(head: bytes) -> int:
+    lower = head.lower()
+    at = lower.find(b"content-length:")
+    if at < 0:
+        return 0
+    stop = lower.find(b"\r\n", at)
+    return int(lower[at + 15 : stop if stop >= 0 else None])
+
+
+async def _run_upstream() -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(_UpstreamProtocol, "127.0.0.1", 0, backlog=4096)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+
+# ---------------------------------------------------------------------------
+# Gateway: the real one, under uvicorn
+# ---------------------------------------------------------------------------
+
+
+async def _run_gateway(upstream_url: str) -> None:
+    import logging
+
+    import uvicorn
+
+    from llmgw import secrets, wire
+    from llmgw.gateway.app import Gateway
+    from llmgw.gateway.link import MemoryLink
+
+    logging.basicConfig(level=logging.WARNING)
+    config = wire.GatewayConfig(
+        routing=wire.RoutingTable(
+            version=1,
+            models=[
+                wire.ModelRoute(
+                    name=MODEL,
+                    served_name=MODEL,
+                    endpoints=[wire.Endpoint(replica_id="up", url=upstream_url)],
+                )
+            ],
+        ),
+        keys=[wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(KEY))],
+    )
+    gateway = Gateway(MemoryLink(config, poll_timeout_s=3600))
+    await gateway.start()
+    await gateway.wait_configured(10)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            gateway, lifespan="off", http="httptools", ws="none", access_log=False,
+            log_level="warning", backlog=4096,
+        )
+    )  # fmt: skip
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    print(sock.getsockname()[1], flush=True)
+    await task
+
+
+# ---------------------------------------------------------------------------
+# Load generator
+# ---------------------------------------------------------------------------
+
+
+class _Client(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.waiter: asyncio.Future[tuple[int, float | None]] | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses: no isinstance.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer + data
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            self.buffer = buffer
+            return
+        head = buffer[:end]
+        length = _content_length(head)
+        if len(buffer) < end + 4 + length:
+            self.buffer = buffer
+            return
+        self.buffer = buffer[end + 4 + length :]
+        status = int(head[9:12])
+        overhead = None
+        at = head.find(b"x-llmgw-overhead-ms: ")
+        if at >= 0:
+            overhead = float(head[at + 21 : head.find(b"\r\n", at)])
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result((status, overhead))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("connection lost"))
+
+
+@dataclass
+class Phase:
+    rate: int
+    target: str
+    latencies_ms: list[float] = field(default_factory=list)
+    overheads_ms: list[float] = field(default_factory=list)
+    errors: int = 0
+    sent: int = 0
+    elapsed_s: float = 0.0
+    late_sends: int = 0
+
+    def pct(self, q: float, values: list[float] | None = None) -> float:
+        data = sorted(self.latencies_ms if values is None else values)
+        if not data:
+            return float("nan")
+        return data[min(len(data) - 1, int(q * len(data)))]
+
+    @property
+    def achieved(self) -> float:
+        return self.sent / self.elapsed_s if self.elapsed_s else 0.0
+
+
+class LoadGenerator:
+    def __init__(self, port: int, *, auth: bool) -> None:
+        self.port = port
+        headers = [
+            b"POST /v1/chat/completions HTTP/1.1",
+            b"Host: 127.0.0.1",
+            b"Content-Type: application/json",
+            b"Content-Length: " + str(len(REQUEST_BODY)).encode(),
+        ]
+        if auth:
+            headers.append(b"Authorization: Bearer " + KEY.encode())
+        self.request = b"\r\n".join(headers) + b"\r\n\r\n" + REQUEST_BODY
+        self.idle: list[_Client] = []
+
+    async def _connect(self) -> _Client:
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(_Client, "127.0.0.1", self.port)
+        return protocol
+
+    async def open(self, count: int) -> None:
+        self.idle.extend(await asyncio.gather(*(self._connect() for _ in range(count))))
+
+    def close(self) -> None:
+        for client in self.idle:
+            if client.transport is not None:
+                client.transport.close()
+        self.idle.clear()
+
+    async def _one(self, phase: Phase) -> None:
+        client = self.idle.pop() if self.idle else await self._connect()
+        loop = asyncio.get_running_loop()
+        client.waiter = loop.create_future()
+        started = time.perf_counter()
+        assert client.transport is not None
+        client.transport.write(self.request)
+        try:
+            status, overhead = await client.waiter
+        except ConnectionError:
+            phase.errors += 1
+            return
+        phase.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+        if overhead is not None:
+            phase.overheads_ms.append(overhead)
+        if status != 200:
+            phase.errors += 1
+        self.idle.append(client)
+
+    async def run(self, rate: int, seconds: float, target: str) -> Phase:
+        phase = Phase(rate, target)
+        interval = 1.0 / rate
+        total = int(rate * seconds)
+        pending: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        begin = time.perf_counter()
+        for index in range(total):
+            due = begin + index * interval
+            now = time.perf_counter()
+            if due > now:
+                await asyncio.sleep(due - now)
+            elif now - due > 0.005:
+                phase.late_sends += 1
+            task = loop.create_task(self._one(phase))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            phase.sent += 1
+        phase.elapsed_s = time.perf_counter() - begin
+        if pending:
+            await asyncio.wait(pending, timeout=30)
+        return phase
+
+
+# ---------------------------------------------------------------------------
+# Orchestration
+# ---------------------------------------------------------------------------
+
+
+def _spawn(role: str, *args: str, cpus: set[int] | None) -> tuple[subprocess.Popen[str], int]:
+    command = [sys.executable, __file__, "--role", role, *args]
+    if cpus:
+        command += ["--cpus", ",".join(map(str, sorted(cpus)))]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.strip():
+        process.kill()
+        raise SystemExit(f"{role} process did not start")
+    return process, int(line)
+
+
+def _row(rate: int, direct: Phase, through: Phase) -> dict[str, Any]:
+    return {
+        "rate": rate,
+        "achieved_rps": round(through.achieved, 1),
+        "direct_p50_ms": round(direct.pct(0.50), 3),
+        "direct_p99_ms": round(direct.pct(0.99), 3),
+        "gateway_p50_ms": round(through.pct(0.50), 3),
+        "gateway_p99_ms": round(through.pct(0.99), 3),
+        "added_p50_ms": round(through.pct(0.50) - direct.pct(0.50), 3),
+        "added_p99_ms": round(through.pct(0.99) - direct.pct(0.99), 3),
+        "overhead_header_p50_ms": round(through.pct(0.50, through.overheads_ms), 3),
+        "overhead_header_p99_ms": round(through.pct(0.99, through.overheads_ms), 3),
+        "errors": through.errors + direct.errors,
+        "late_sends": through.late_sends + direct.late_sends,
+    }
+
+
+async def _measure(args: argparse.Namespace, upstream_port: int, gateway_port: int) -> None:
+    direct = LoadGenerator(upstream_port, auth=False)
+    through = LoadGenerator(gateway_port, auth=True)
+    await direct.open(32)
+    await through.open(32)
+    seconds = args.seconds
+    # Warm-up: connection pools on both sides, and the interpreter's caches.
+    await direct.run(300, 1.0, "direct")
+    await through.run(300, 1.0, "gateway")
+
+    async def both(rate: int) -> dict[str, Any]:
+        d = await direct.run(rate, seconds, "direct")
+        g = await through.run(rate, seconds, "gateway")
+        row = _row(rate, d, g)
+        print(
+            f"rate {rate:>5}/s  achieved {row['achieved_rps']:>7}/s   "
+            f"direct p50 {row['direct_p50_ms']:6.3f} p99 {row['direct_p99_ms']:7.3f} ms   "
+            f"gateway p50 {row['gateway_p50_ms']:6.3f} p99 {row['gateway_p99_ms']:7.3f} ms   "
+            f"added p50 {row['added_p50_ms']:6.3f} p99 {row['added_p99_ms']:7.3f} ms   "
+            f"header p50 {row['overhead_header_p50_ms']:.3f} p99 "
+            f"{row['overhead_header_p99_ms']:.3f} ms   errors {row['errors']}",
+            flush=True,
+        )
+        return row
+
+    rows = [await both(rate) for rate in args.rates]
+    at_1000 = next((r for r in rows if r["rate"] == 1000), None)
+    best = 0
+    limited_by = "not reached"
+    for row in rows:
+        if _holds(row):
+            best = max(best, row["rate"])
+    for rate in args.ramp:
+        row = await both(rate)
+        rows.append(row)
+        if not _holds(row):
+            limited_by = (
+                "errors" if row["errors"] else
+                "rate not reached" if row["achieved_rps"] < 0.97 * rate else "p99 added >= 50 ms"
+            )  # fmt: skip
+            break
+        best = max(best, rate)
+    direct.close()
+    through.close()
+    result = {
+        "added_p50_ms_at_1000": at_1000["added_p50_ms"] if at_1000 else None,
+        "added_p99_ms_at_1000": at_1000["added_p99_ms"] if at_1000 else None,
+        "max_rps_p99_under_50ms": best,
+        "ramp_stopped_by": limited_by,
+        "overhead_header_p50_ms_at_1000": at_1000["overhead_header_p50_ms"] if at_1000 else None,
+        "overhead_header_p99_ms_at_1000": at_1000["overhead_header_p99_ms"] if at_1000 else None,
+        "seconds_per_phase": seconds,
+        "pinned": args.pin,
+        "rows": rows,
+    }
+    print(json.dumps(result))
+
+
+def _holds(row: dict[str, Any]) -> bool:
+    return (
+        row["errors"] == 0
+        and row["added_p99_ms"] < 50.0
+        and row["achieved_rps"] >= 0.97 * row["rate"]
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="about a minute in all")
+    parser.add_argument("--seconds", type=float, default=None, help="per rate and target")
+    parser.add_argument("--no-pin", dest="pin", action="store_false", help="no CPU pinning")
+    parser.add_argument("--role", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", help=argparse.SUPPRESS)
+    parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        _pin({int(c) for c in args.cpus.split(",")} if args.cpus else None)
+        if args.role == "upstream":
+            uvloop.run(_run_upstream())
+        else:
+            uvloop.run(_run_gateway(args.upstream_url))
+        return
+    if args.seconds is None:
+        args.seconds = 2.5 if args.quick else 8.0
+    args.rates = [100, 500, 1000, 2000]
+    args.ramp = (
+        [2500, 3000, 3500, 4000, 5000]
+        if args.quick
+        else [2500, 3000, 3500, 4000, 4500, 5000, 6000, 7000, 8000]
+    )
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    gateway_cpus = others = None
+    if args.pin and len(cpus) >= 2:
+        gateway_cpus, others = {cpus[-1]}, set(cpus[:-1])
+    else:
+        args.pin = False
+    upstream, upstream_port = _spawn("upstream", cpus=others)
+    gateway, gateway_port = _spawn(
+        "gateway", "--upstream-url", f"http://127.0.0.1:{upstream_port}", cpus=gateway_cpus
+    )
+    try:
+        _pin(others)
+        print(
+            f"upstream :{upstream_port}  gateway :{gateway_port}  pinned: "
+            f"{'gateway on cpu ' + str(gateway_cpus) if args.pin else 'no'}",
+            flush=True,
+        )
+        uvloop.run(_measure(args, upstream_port, gateway_port))
+    finally:
+        for process in (gateway, upstream):
+            process.terminate()
+        for process in (gateway, upstream):
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+if __name__ == "__main__":
+    main()
