@@ -24,6 +24,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
+from starlette.convertors import Convertor, register_url_convertor
 
 from llmgw import secrets
 from llmgw.control.adminapi import schemas
@@ -42,6 +43,26 @@ from llmgw.control.adminapi.views import (
 from llmgw.control.service import ControlPlane
 from llmgw.errors import AuthError, LlmgwError, NotFoundError, StoreError, ValidationError
 from llmgw.wire import ModelSpec, NodeState
+
+
+class _NamePath(Convertor[str]):
+    """Names that may hold slashes (``meta-llama/Llama-3-8B``) or anything else.
+
+    Starlette's ``path`` convertor is ``.*``, which stops at a newline, so a
+    name with an encoded newline matched no route and got the framework's own
+    404 body instead of this API's error shape (found by schemathesis).
+    """
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("name", _NamePath())
 
 _bearer = HTTPBearer(auto_error=False, description="The admin token (llmgw-admin-...).")
 
@@ -175,7 +196,7 @@ def build_admin_router(
         ]
         return json_response(views)
 
-    @router.get("/nodes/{name:path}", response_model=NodeView, responses=not_found,
+    @router.get("/nodes/{name:name}", response_model=NodeView, responses=not_found,
                 tags=["nodes"])
     async def get_node(name: str) -> Response:
         return json_response(_node(name))
@@ -184,24 +205,24 @@ def build_admin_router(
         await cp.set_node_state(name, target)
         return json_response(_node(name))
 
-    @router.post("/nodes/{name:path}/cordon", response_model=NodeView, responses=not_found,
+    @router.post("/nodes/{name:name}/cordon", response_model=NodeView, responses=not_found,
                  tags=["nodes"])
     async def cordon(name: str) -> Response:
         """Place nothing new here; replicas stay."""
         return await _set_node(name, NodeState.CORDONED)
 
-    @router.post("/nodes/{name:path}/uncordon", response_model=NodeView, responses=not_found,
+    @router.post("/nodes/{name:name}/uncordon", response_model=NodeView, responses=not_found,
                  tags=["nodes"])
     async def uncordon(name: str) -> Response:
         return await _set_node(name, NodeState.READY)
 
-    @router.post("/nodes/{name:path}/drain", response_model=NodeView, responses=not_found,
+    @router.post("/nodes/{name:name}/drain", response_model=NodeView, responses=not_found,
                  tags=["nodes"])
     async def drain_node(name: str) -> Response:
         """Place nothing new here and move its replicas away (make before break)."""
         return await _set_node(name, NodeState.DRAINING)
 
-    @router.delete("/nodes/{name:path}", response_model=schemas.Done, responses=not_found,
+    @router.delete("/nodes/{name:name}", response_model=schemas.Done, responses=not_found,
                    tags=["nodes"])
     async def delete_node(name: str) -> Response:
         """Forget a node (its agent must register again with a join token)."""
@@ -226,7 +247,7 @@ def build_admin_router(
         ]
         return json_response(views)
 
-    @router.get("/replicas/{replica_id:path}", response_model=ReplicaView, responses=not_found,
+    @router.get("/replicas/{replica_id:name}", response_model=ReplicaView, responses=not_found,
                 tags=["replicas"])
     async def get_replica(replica_id: str) -> Response:
         replica = state.replicas.get(replica_id)
@@ -234,7 +255,7 @@ def build_admin_router(
             raise NotFoundError(f"replica {replica_id!r} does not exist")
         return json_response(replica_view(replica, state.nodes, time.time()))
 
-    @router.post("/replicas/{replica_id:path}/drain", response_model=ReplicaView,
+    @router.post("/replicas/{replica_id:name}/drain", response_model=ReplicaView,
                  responses=not_found, tags=["replicas"])
     async def drain_replica(replica_id: str) -> Response:
         """Stop routing to it; in-flight requests finish, then it stops."""
@@ -259,12 +280,12 @@ def build_admin_router(
         return json_response([model_view(state.models[n], tally, now)
                               for n in sorted(state.models)])
 
-    @router.get("/models/{name:path}", response_model=ModelView, responses=not_found,
+    @router.get("/models/{name:name}", response_model=ModelView, responses=not_found,
                 tags=["models"])
     async def get_model(name: str) -> Response:
         return json_response(_model(name))
 
-    @router.put("/models/{name:path}", response_model=ModelView, tags=["models"])
+    @router.put("/models/{name:name}", response_model=ModelView, tags=["models"])
     async def put_model(name: str, spec: Annotated[ModelSpec, Body()]) -> Response:
         """Add or replace one catalog entry."""
         if spec.name != name:
@@ -275,14 +296,14 @@ def build_admin_router(
         await cp.put_models([spec])
         return json_response(_model(name))
 
-    @router.delete("/models/{name:path}", response_model=schemas.Done, responses=not_found,
+    @router.delete("/models/{name:name}", response_model=schemas.Done, responses=not_found,
                    tags=["models"])
     async def delete_model(name: str) -> Response:
         """Remove a model and stop its replicas."""
         await cp.delete_model(name)
         return json_response(schemas.Done(message=f"model {name} deleted"))
 
-    @router.post("/models/{name:path}/unpark", response_model=ModelView, responses=not_found,
+    @router.post("/models/{name:name}/unpark", response_model=ModelView, responses=not_found,
                  tags=["models"])
     async def unpark(name: str) -> Response:
         """Retry a parked model from zero failures."""
