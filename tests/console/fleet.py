@@ -108,10 +108,10 @@ class Fleet:
 
 
 def _replica(rid: str, model: str, node: str, numbers: list[int], state: ReplicaState,
-             now: float, **extra: object) -> ReplicaRecord:
+             created: float, **extra: object) -> ReplicaRecord:
     shard = ShardAssignment(node=node, device_numbers=numbers,
                             device_uuids=[f"dev-{node}-{n}" for n in numbers])
-    return ReplicaRecord(id=rid, model=model, created_at=now - 4000, shards=[shard], state=state,
+    return ReplicaRecord(id=rid, model=model, created_at=created, shards=[shard], state=state,
                          **extra)  # type: ignore[arg-type]
 
 
@@ -150,11 +150,13 @@ async def build(cp: ControlPlane, join_token: str) -> Fleet:
     await cp.put_models(MODELS)
     replicas = [
         # Idle: ready an hour ago, last asked for 25 minutes ago.
-        _replica("r-chat-1", "chat-small", "gpu-a1", [mig_number(0, 0)], ReplicaState.READY, now,
+        _replica("r-chat-1", "chat-small", "gpu-a1", [mig_number(0, 0)], ReplicaState.READY,
+                 now - 4000,
                  port=9001, ready_at=now - 3600, last_request_at=now - 1500),
-        _replica("r-embed-1", "embed", "gpu-a1", [1], ReplicaState.READY, now,
+        _replica("r-embed-1", "embed", "gpu-a1", [1], ReplicaState.READY, now - 4000,
                  port=9002, ready_at=now - 600, last_request_at=now - 5),
-        _replica("r-llama-1", "llama-dl", "gpu-b1", [0], ReplicaState.STARTING, now),
+        # Still fetching its weights, well within its start timeout.
+        _replica("r-llama-1", "llama-dl", "gpu-b1", [0], ReplicaState.STARTING, now - 120),
     ]
     for r in replicas:
         cp.state.replicas[r.id] = r
@@ -171,14 +173,16 @@ async def build(cp: ControlPlane, join_token: str) -> Fleet:
     key_ids.append(second.key_id)
     minute = int(now) // 60 * 60
     usage = []
-    for i in range(1, 31):
+    for i in range(1, 46):
         usage.append(UsageRecord(minute=minute - 60 * i, key_id=key_ids[0], model="embed",
                                  requests=10 + i % 5, prompt_tokens=900 + 10 * i,
                                  completion_tokens=30 * i))
-        if i % 3 == 0:
-            usage.append(UsageRecord(minute=minute - 60 * i, key_id=key_ids[1],
-                                     model="chat-small", requests=4, prompt_tokens=2000,
-                                     completion_tokens=500, cached_tokens=1200))
+        usage.append(UsageRecord(minute=minute - 60 * i, key_id=key_ids[1], model="chat-small",
+                                 requests=2 + i % 4, prompt_tokens=600 * (2 + i % 4),
+                                 completion_tokens=150 * (2 + i % 4), cached_tokens=300 * (i % 4)))
+        if i % 5 == 0:
+            usage.append(UsageRecord(minute=minute - 60 * i, key_id=key_ids[1], model="embed",
+                                     requests=3, prompt_tokens=500, completion_tokens=20))
     await cp.record_usage(usage)
     return Fleet(cp=cp, node_tokens=tokens, key_ids=key_ids)
 

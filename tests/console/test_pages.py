@@ -8,6 +8,7 @@ each page is saved under $LLMGW_TEST_OUTPUT/console/.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -173,7 +174,7 @@ async def test_nodes_page_maps_devices_like_the_api(
     await page.get_by_label("State").select_option("")
     await page.get_by_label("Device class").select_option(MIG_CLASS)
     await expect(page.locator("article.node")).to_have_count(1)
-    assert "class=a100-80g-mig-3g.40gb" in page.url
+    await expect(page).to_have_url(re.compile(r"#/nodes\?class=a100-80g-mig-3g\.40gb$"))
     await page.get_by_label("Device class").select_option("")
     await page.get_by_label("Name").fill("gpu-b")
     await expect(page.locator("article.node")).to_have_count(2)
@@ -306,7 +307,7 @@ async def test_events_page(console: Console, watched: Watched, shots: Path) -> N
         sum(1 for e in events if e["kind"] == "parked")
     )
     await expect(page.locator("#event-list tbody tr").first).to_contain_text("broken")
-    assert "kind=parked" in page.url
+    await expect(page).to_have_url(re.compile(r"#/events\?kind=parked$"))
 
 
 async def test_plan_page_and_what_if(console: Console, watched: Watched, shots: Path) -> None:

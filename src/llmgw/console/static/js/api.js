@@ -49,7 +49,12 @@ function messageOf(status, body, fallback) {
  * Call the admin API. `path` is relative to /admin/v1 ("/summary").
  * Options: method, query (object), json (body), text + contentType (raw body).
  */
-export async function api(path, { method = "GET", query, json, text, contentType } = {}) {
+export async function api(path, options = {}) {
+  return (await apiWithHeaders(path, options)).body;
+}
+
+/** As api(), answering {body, headers} for the few callers that read a header. */
+export async function apiWithHeaders(path, { method = "GET", query, json, text, contentType } = {}) {
   const token = getToken();
   if (!token) {
     onUnauthorized("Sign in with the admin token.");
@@ -98,5 +103,5 @@ export async function api(path, { method = "GET", query, json, text, contentType
   if (!response.ok) {
     throw new ApiError(response.status, messageOf(response.status, parsed, response.statusText), parsed);
   }
-  return parsed;
+  return { body: parsed, headers: response.headers };
 }

@@ -29,11 +29,13 @@ export function colour(i) {
   return PALETTE[i % PALETTE.length];
 }
 
+/** A round top for the y axis whose quarters are round too (1, 2, 2.5 or 5 × 10^k each). */
 function niceMax(v) {
-  if (v <= 0) return 1;
-  const p = 10 ** Math.floor(Math.log10(v));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
-  return 10 * p;
+  if (v <= 0) return 4;
+  const quarter = v / 4;
+  const p = 10 ** Math.floor(Math.log10(quarter));
+  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= quarter) return 4 * m * p;
+  return 40 * p;
 }
 
 function shortNum(v) {

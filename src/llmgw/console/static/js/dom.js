@@ -48,8 +48,12 @@ export function s(tag, attrs, ...children) {
   return el;
 }
 
+// One formatter each, made once: Number.toLocaleString builds a new one per
+// call, which on a page of 40 nodes × 8 devices was most of the render time.
+const INT = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+
 export function fmtInt(n) {
-  return n === null || n === undefined ? "–" : Number(n).toLocaleString("en-US");
+  return n === null || n === undefined ? "–" : INT.format(n);
 }
 
 export function fmtDuration(seconds) {
@@ -73,10 +77,13 @@ export function fmtBytes(n) {
   return `${v.toFixed(i === 0 ? 0 : 1)} ${units[i]}`;
 }
 
+const pad = (n) => String(n).padStart(2, "0");
+
+/** Local time as 2026-10-05 14:03:07: unambiguous whatever the browser's locale. */
 export function fmtTime(unixSeconds) {
   if (!unixSeconds) return "–";
   const d = new Date(unixSeconds * 1000);
-  return d.toLocaleString("en-GB", { hour12: false });
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
 export function fmtAgo(unixSeconds) {

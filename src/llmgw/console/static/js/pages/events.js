@@ -43,7 +43,7 @@ export default {
           (!subj || (e.subject || "").toLowerCase().includes(subj)) &&
           (!words || e.message.toLowerCase().includes(words)),
       );
-      count.textContent = `${fmtInt(rows.length)} of the last ${fmtInt(events.length)} events`;
+      count.textContent = `${fmtInt(rows.length)} of the last ${fmtInt(events.length)} ${kindValue ? `${kindValue} ` : ""}events`;
       redraw(list, () =>
         table(
           [
@@ -71,12 +71,15 @@ export default {
     kind.addEventListener("change", () => {
       kindValue = kind.value;
       render();
+      ctx.refreshNow();
     });
     subject.addEventListener("input", render);
     text.addEventListener("input", render);
 
     async function refresh() {
-      const answer = await api("/events", { query: { limit: LIMIT } });
+      // The kind is the API's filter, so "parked" finds the last 500 parkings,
+      // not the parkings among the last 500 events.
+      const answer = await api("/events", { query: { limit: LIMIT, kind: kindValue } });
       // The API answers oldest first; the log reads newest first.
       events = [...answer].reverse();
       updateKinds();

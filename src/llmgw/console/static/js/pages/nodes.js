@@ -5,8 +5,13 @@
 // full render is 16,000 boxes and several hundred milliseconds of layout on
 // every refresh, while a page of 40 is a few milliseconds however large the
 // fleet grows.
+//
+// State and class filters are the API's own (?state=, ?gpu_class=), so a
+// filtered view downloads only what it shows. When the API pages too (it
+// answers X-Total-Count for ?name=&offset=&limit=), only the shown page is
+// fetched; otherwise the page filters and pages the full list here.
 
-import { api } from "../api.js";
+import { api, apiWithHeaders } from "../api.js";
 import { badge, errorText, fmtAgo, fmtInt, h, redraw } from "../dom.js";
 
 const PAGE_SIZE = 40;
@@ -115,6 +120,9 @@ export default {
     const next = h("button", { type: "button", class: "secondary" }, "Next");
     const list = h("div", { class: "node-list", id: "node-list" });
     let nodes = [];
+    // Set when the API paged for us: the fleet's size for the filters given.
+    let serverTotal = null;
+    let debounce = null;
     // Two clicks for drain: it moves every replica off the node.
     let armedDrain = null;
 
@@ -143,6 +151,7 @@ export default {
     );
 
     function filtered() {
+      if (serverTotal !== null) return nodes;
       const needle = q.value.trim().toLowerCase();
       return nodes.filter(
         (n) =>
@@ -210,42 +219,61 @@ export default {
 
     function render() {
       const rows = filtered();
-      const pages = Math.max(1, Math.ceil(rows.length / PAGE_SIZE));
+      const matching = serverTotal ?? rows.length;
+      const pages = Math.max(1, Math.ceil(matching / PAGE_SIZE));
       page = Math.min(page, pages - 1);
-      const shown = rows.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE);
-      count.textContent = rows.length
-        ? `${fmtInt(page * PAGE_SIZE + 1)}–${fmtInt(page * PAGE_SIZE + shown.length)} of ${fmtInt(rows.length)} nodes` +
-          (rows.length !== nodes.length ? ` (${fmtInt(nodes.length)} in all)` : "")
-        : `0 of ${fmtInt(nodes.length)} nodes`;
+      const shown = serverTotal !== null ? rows : rows.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE);
+      const filtering = q.value.trim() || state.value || classValue;
+      count.textContent = matching
+        ? `${fmtInt(page * PAGE_SIZE + 1)}–${fmtInt(page * PAGE_SIZE + shown.length)} of ${fmtInt(matching)} nodes` +
+          (serverTotal === null && filtering && rows.length !== nodes.length ? ` (${fmtInt(nodes.length)} in all)` : "")
+        : filtering
+          ? "0 nodes match."
+          : "No node has registered yet.";
       prev.disabled = page === 0;
       next.disabled = page >= pages - 1;
-      redraw(list, () => (shown.length ? shown.map(nodeCard) : [h("p", { class: "empty" }, "No node matches.")]));
+      redraw(list, () => (shown.length ? shown.map(nodeCard) : [h("p", { class: "empty" }, filtering ? "No node matches these filters." : "Nodes appear here once their agent registers (llmgw agent --join-token ...).")]));
       ctx.setParams({ q: q.value.trim(), state: state.value, class: classValue, page: page ? String(page) : "" });
     }
 
-    function refilter() {
+    // Filters the API applies need a new fetch; the name filter redraws at
+    // once from what is loaded (and refetches shortly after when the API pages).
+    function refetch() {
       page = 0;
       render();
+      ctx.refreshNow();
     }
 
-    q.addEventListener("input", refilter);
-    state.addEventListener("change", refilter);
+    function turnPage(delta) {
+      page += delta;
+      if (serverTotal !== null) ctx.refreshNow();
+      else render();
+    }
+
+    q.addEventListener("input", () => {
+      page = 0;
+      if (serverTotal === null) {
+        render();
+        return;
+      }
+      clearTimeout(debounce);
+      debounce = setTimeout(() => ctx.refreshNow(), 250);
+    });
+    state.addEventListener("change", refetch);
     cls.addEventListener("change", () => {
       classValue = cls.value;
-      refilter();
+      refetch();
     });
-    prev.addEventListener("click", () => {
-      page -= 1;
-      render();
-    });
-    next.addEventListener("click", () => {
-      page += 1;
-      render();
-    });
+    prev.addEventListener("click", () => turnPage(-1));
+    next.addEventListener("click", () => turnPage(1));
+
+    // Classes seen on any node so far: a class filter narrows the list to
+    // that class, which must not take the other classes out of the menu.
+    const seen = new Set();
 
     function updateClasses() {
-      const seen = new Set();
       for (const n of nodes) for (const c of n.classes) seen.add(c.gpu_class);
+      if (classValue) seen.add(classValue);
       const wanted = [...seen].sort();
       const have = [...cls.options].slice(1).map((o) => o.value);
       if (wanted.join("\n") === have.join("\n")) return;
@@ -254,7 +282,12 @@ export default {
     }
 
     async function refresh() {
-      nodes = await api("/nodes");
+      const { body, headers } = await apiWithHeaders("/nodes", {
+        query: { state: state.value, gpu_class: classValue, name: q.value.trim(), offset: page * PAGE_SIZE, limit: PAGE_SIZE },
+      });
+      const total = headers.get("X-Total-Count");
+      serverTotal = total === null ? null : Number(total);
+      nodes = body;
       updateClasses();
       render();
     }
