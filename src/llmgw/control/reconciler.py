@@ -18,6 +18,7 @@ from typing import Any
 
 from llmgw.control.scheduler.decide import Decisions, Policy, decide
 from llmgw.control.scheduler.placement import Placer
+from llmgw.control.scheduler.snapshot import DeviceCache
 from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord, ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotFoundError
@@ -67,6 +68,7 @@ class Reconciler:
             evict_min_idle_s=evict_min_idle_s,
         )
         self.placer = placer or Placer()
+        self._devices = DeviceCache()
         self.last_pass: PassResult | None = None
         # When each draining replica was first seen draining (memory only; a
         # new leader restarts the clock, which only delays removal).
@@ -83,6 +85,7 @@ class Reconciler:
                 self.policy,
                 placer=self.placer,
                 draining_since=self._draining_since,
+                cache=self._devices,
             )
             await self.store.write_replicas(
                 [replica_row(r) for r in decisions.new]

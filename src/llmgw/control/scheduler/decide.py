@@ -16,12 +16,12 @@ models before on-demand ones and larger shapes before smaller ones
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmgw.control.scheduler.explain import CAN_NEVER_FIT, CANNOT_FIT_NOW
 from llmgw.control.scheduler.filters import Request
 from llmgw.control.scheduler.placement import Placement, Placer, Unplaceable, commit
-from llmgw.control.scheduler.snapshot import Snapshot, build_snapshot
+from llmgw.control.scheduler.snapshot import DeviceCache, Snapshot, build_snapshot
 from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord, ReplicaRecord
 from llmgw.secrets import new_id
 from llmgw.wire import Event, ModelSpec, NodeState, ReplicaState
@@ -133,6 +133,7 @@ def decide(
     placer: Placer | None = None,
     draining_since: Mapping[str, float] | None = None,
     always_snapshot: bool = False,
+    cache: DeviceCache | None = None,
 ) -> Decisions:
     policy = policy or Policy()
     placer = placer or Placer()
@@ -173,12 +174,13 @@ def decide(
     pending = [w for w in work if w.to_place > 0]
     if pending or always_snapshot:
         removed = [r.replica.id for r in out.removals]
-        out.snapshot = build_snapshot(state, now, exclude=removed)
+        out.snapshot = build_snapshot(state, now, exclude=removed, cache=cache)
     if pending and out.snapshot is not None:
         evictable = _evictable(state, out, now, policy)
         pending.sort(key=lambda w: (w.record.spec.on_demand, -w.record.spec.gpus, w.record.name))
+        failed_shapes: set[Request] = set()
         for item in pending:
-            _place_model(out, out.snapshot, placer, item, evictable)
+            _place_model(out, out.snapshot, placer, item, evictable, failed_shapes)
     for item in work:
         record = item.record
         reason = item.outcome.reason if item.outcome.unplaceable is not None else None
@@ -494,18 +496,22 @@ def _place_model(
     placer: Placer,
     item: _Work,
     evictable: list[ReplicaRecord],
+    failed_shapes: set[Request],
 ) -> None:
     spec = item.record.spec
     request = Request.for_spec(spec)
+    shape = replace(request, model="")
     outcome = item.outcome
     outcome.status = PLACING
     for index in range(item.to_place):
-        result = placer.place(snapshot, request)
+        expect_failure = item.record.unplaceable_reason is not None or shape in failed_shapes
+        result = placer.place(snapshot, request, expect_unplaceable=expect_failure)
         if isinstance(result, Unplaceable) and result.status == CANNOT_FIT_NOW:
             evicted = _make_room(out, snapshot, placer, request, evictable)
             if evicted is not None:
                 result = evicted
         if isinstance(result, Unplaceable):
+            failed_shapes.add(shape)
             outcome.unplaceable = result
             outcome.status = result.status
             placed = len(outcome.placed)

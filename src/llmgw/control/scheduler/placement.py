@@ -108,6 +108,11 @@ class Placer:
         self._weight_sum = sum(s.weight for s in self.scorers) or 1.0
         self.candidate_limit = candidate_limit
         self.show_top = show_top
+        # Unplaceable answers by request shape and what the filters can see
+        # of the nodes of its classes (Snapshot.fingerprint): a model that
+        # did not fit last pass, on a fleet that did not change where it
+        # could go, gets the same answer without a fleet-wide explanation.
+        self._memo: dict[tuple[object, ...], Unplaceable] = {}
 
     # -- building blocks ---------------------------------------------------------
 
@@ -134,12 +139,39 @@ class Placer:
 
     # -- placing -----------------------------------------------------------------
 
-    def place(self, snapshot: Snapshot, request: Request) -> Placement | Unplaceable:
+    def place(
+        self, snapshot: Snapshot, request: Request, *, expect_unplaceable: bool = False
+    ) -> Placement | Unplaceable:
+        """Place one replica, or say why not.
+
+        ``expect_unplaceable``: the caller saw this shape fail recently, so
+        looking up an earlier answer (which costs a fingerprint of the
+        shape's nodes) is likely to pay; the answer is the same either way.
+        """
+        key = self._memo_key(snapshot, request) if expect_unplaceable else None
+        if key is not None:
+            known = self._memo.get(key)
+            if known is not None:
+                return Unplaceable(request, known.status, known.reason, dict(known.counts))
         placement = self.try_place(snapshot, request)
         if placement is not None:
             return placement
         status, reason, counts = explain(self, snapshot, request)
-        return Unplaceable(request, status, reason, counts)
+        result = Unplaceable(request, status, reason, counts)
+        if len(self._memo) >= 4096:
+            self._memo.clear()
+        self._memo[key or self._memo_key(snapshot, request)] = result
+        return result
+
+    def _memo_key(self, snapshot: Snapshot, request: Request) -> tuple[object, ...]:
+        return (
+            request.classes,
+            request.mig_refused,
+            request.per_node,
+            request.nodes,
+            len(snapshot.nodes),
+            tuple(snapshot.fingerprint(c) for c in request.all_classes),
+        )
 
     def try_place(self, snapshot: Snapshot, request: Request) -> Placement | None:
         """A placement, or None without the (fleet-wide) explanation."""

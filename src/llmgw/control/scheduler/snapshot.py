@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import NodeState
+from llmgw.wire import NodeInventory, NodeState
 
 # An insertion-ordered set: iteration order must not depend on string hash
 # seeds, or the planner and the reconciler could pick different nodes for the
@@ -29,7 +29,11 @@ OrderedSet = dict[str, None]
 
 @dataclass(slots=True)
 class NodeView:
-    """What placement needs to know about one node, by device class."""
+    """What placement needs to know about one node, by device class.
+
+    Only ``free``, ``used``, ``replicas`` and ``used_total`` change during a
+    pass; the other maps are shared with the inventory cache.
+    """
 
     name: str
     state: NodeState
@@ -78,6 +82,9 @@ class Snapshot:
         self._holders: dict[str, OrderedSet] = {}
         # class -> nodes having at least one device of it (any state).
         self._class_nodes: dict[str, OrderedSet] = {}
+        # class -> what placement can see of the nodes having it (see
+        # ``fingerprint``); dropped whenever one of those nodes changes.
+        self._fingerprints: dict[str, tuple[object, ...]] = {}
         for view in nodes.values():
             for model in view.weights:
                 self._holders.setdefault(model, {})[view.name] = None
@@ -130,12 +137,44 @@ class Snapshot:
     def class_nodes(self, gpu_class: str) -> OrderedSet:
         return self._class_nodes.get(gpu_class, {})
 
+    def fingerprint(self, gpu_class: str) -> tuple[object, ...]:
+        """Everything a filter or an explanation reads of ``gpu_class`` nodes.
+
+        Two snapshots with equal fingerprints for a request's classes (and
+        the same number of nodes) give that request the same placement
+        answer, which lets the reconciler reuse an "unplaceable" from the
+        previous pass instead of explaining it again every pass.
+        """
+        found = self._fingerprints.get(gpu_class)
+        if found is None:
+            nodes = self.nodes
+            found = tuple(
+                (
+                    name,
+                    view.state,
+                    len(view.free.get(gpu_class, ())),
+                    view.capacity.get(gpu_class, 0),
+                    view.total.get(gpu_class, 0),
+                    view.used_total,
+                    view.fabrics,
+                )
+                for name in self._class_nodes.get(gpu_class, {})
+                for view in (nodes[name],)
+            )
+            self._fingerprints[gpu_class] = found
+        return found
+
+    def _touched(self, view: NodeView) -> None:
+        for gpu_class in view.total:
+            self._fingerprints.pop(gpu_class, None)
+
     # -- changes made during a pass ---------------------------------------------
 
     def allocate(self, node: str, numbers: Iterable[int], model: str) -> None:
         """Mark devices of ``node`` as held by a replica of ``model``."""
         view = self.nodes[node]
         self._unindex(view)
+        self._touched(view)
         taken = set(numbers)
         for number in taken:
             gpu_class = view.device_class.get(number)
@@ -155,6 +194,7 @@ class Snapshot:
         if view is None:
             return
         self._unindex(view)
+        self._touched(view)
         for number in set(numbers):
             gpu_class = view.device_class.get(number)
             if gpu_class is None or number not in view.placeable:
@@ -183,43 +223,116 @@ class Snapshot:
             self.release(shard.node, shard.device_numbers, replica.model)
 
 
-def node_view(node: NodeRecord, now: float) -> NodeView:
-    view = NodeView(
+@dataclass(slots=True)
+class _Devices:
+    """What a node's inventory says, independent of replicas and time.
+
+    Shared (never mutated) by every NodeView built from the same inventory
+    object; only the free lists are copied per snapshot.
+    """
+
+    free: dict[str, list[int]] = field(default_factory=dict)
+    capacity: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+    unhealthy: dict[str, int] = field(default_factory=dict)
+    out_of_placement: dict[str, int] = field(default_factory=dict)
+    uuids: dict[int, str] = field(default_factory=dict)
+    device_class: dict[int, str] = field(default_factory=dict)
+    placeable: set[int] = field(default_factory=set)
+    capacity_total: int = 0
+
+
+def _devices(inventory: NodeInventory | None) -> _Devices:
+    out = _Devices()
+    if inventory is None:
+        return out
+    for device in inventory.devices:
+        gpu_class = device.gpu_class
+        out.total[gpu_class] = out.total.get(gpu_class, 0) + 1
+        out.uuids[device.number] = device.uuid
+        out.device_class[device.number] = gpu_class
+        # Unhealthy devices are neither used nor free: counting them as free is
+        # how a fleet looks like it has room it does not have.
+        if not device.healthy:
+            out.unhealthy[gpu_class] = out.unhealthy.get(gpu_class, 0) + 1
+        elif not device.placeable:
+            out.out_of_placement[gpu_class] = out.out_of_placement.get(gpu_class, 0) + 1
+        else:
+            out.capacity[gpu_class] = out.capacity.get(gpu_class, 0) + 1
+            out.free.setdefault(gpu_class, []).append(device.number)
+            out.placeable.add(device.number)
+            out.capacity_total += 1
+    for free in out.free.values():
+        free.sort()
+    return out
+
+
+class DeviceCache:
+    """Inventories already digested, by node, keyed by the inventory object.
+
+    Digesting 2,000 inventories is most of a snapshot's cost, and between
+    two passes almost none of them change. The key is the object itself:
+    the control plane replaces a node's inventory when a report brings a
+    different one and never edits it in place, so the same object means
+    the same devices. (A report handler that replaces even equal
+    inventories only costs hits, never correctness.)
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[NodeInventory | None, _Devices]] = {}
+
+    def get(self, node: NodeRecord) -> _Devices:
+        entry = self._entries.get(node.name)
+        if entry is not None and entry[0] is node.inventory:
+            return entry[1]
+        devices = _devices(node.inventory)
+        self._entries[node.name] = (node.inventory, devices)
+        return devices
+
+    def forget_missing(self, names: Iterable[str]) -> None:
+        keep = set(names)
+        for name in [n for n in self._entries if n not in keep]:
+            del self._entries[name]
+
+
+def node_view(node: NodeRecord, now: float, cache: DeviceCache | None = None) -> NodeView:
+    devices = cache.get(node) if cache is not None else _devices(node.inventory)
+    return NodeView(
         name=node.name,
         state=node.state(now),
         fabrics=tuple(node.fabrics),
         weights=frozenset(w.model for w in node.weights),
+        free={c: list(numbers) for c, numbers in devices.free.items()},
+        capacity=devices.capacity,
+        total=devices.total,
+        used={},
+        unhealthy=devices.unhealthy,
+        out_of_placement=devices.out_of_placement,
+        uuids=devices.uuids,
+        device_class=devices.device_class,
+        placeable=devices.placeable,
+        replicas={},
+        used_total=0,
+        capacity_total=devices.capacity_total,
     )
-    if node.inventory is None:
-        return view
-    for device in node.inventory.devices:
-        gpu_class = device.gpu_class
-        view.total[gpu_class] = view.total.get(gpu_class, 0) + 1
-        view.uuids[device.number] = device.uuid
-        view.device_class[device.number] = gpu_class
-        # Unhealthy devices are neither used nor free: counting them as free is
-        # how a fleet looks like it has room it does not have.
-        if not device.healthy:
-            view.unhealthy[gpu_class] = view.unhealthy.get(gpu_class, 0) + 1
-        elif not device.placeable:
-            view.out_of_placement[gpu_class] = view.out_of_placement.get(gpu_class, 0) + 1
-        else:
-            view.capacity[gpu_class] = view.capacity.get(gpu_class, 0) + 1
-            view.free.setdefault(gpu_class, []).append(device.number)
-            view.placeable.add(device.number)
-            view.capacity_total += 1
-    for free in view.free.values():
-        free.sort()
-    return view
 
 
-def build_snapshot(state: FleetState, now: float, *, exclude: Iterable[str] = ()) -> Snapshot:
+def build_snapshot(
+    state: FleetState,
+    now: float,
+    *,
+    exclude: Iterable[str] = (),
+    cache: DeviceCache | None = None,
+) -> Snapshot:
     """The fleet as placement sees it at ``now``.
 
     ``exclude`` names replicas whose devices count as free (replicas the
-    current pass is removing).
+    current pass is removing); ``cache`` keeps digested inventories between
+    passes.
     """
-    views = {name: node_view(node, now) for name, node in sorted(state.nodes.items())}
+    views = {name: node_view(node, now, cache) for name, node in sorted(state.nodes.items())}
+    if cache is not None:
+        cache.forget_missing(views)
     skip = set(exclude)
     for replica in state.replicas.values():
         if replica.id in skip:

@@ -1,0 +1,188 @@
+"""Scheduler benchmark: a full reconcile pass from empty, a steady-state pass,
+placements per second including the store's writes, the planner, peak RSS.
+
+    .venv/bin/python bench/scheduler.py            # 2,000 nodes x 8 GPUs, 1,000 models
+    .venv/bin/python bench/scheduler.py --quick    # 500 nodes, 250 models
+    .venv/bin/python bench/scheduler.py --pg postgresql://user@host/db   # also PostgreSQL
+
+The fleet comes from ``llmgw.control.scheduler.fleetgen.generate``: four
+classes, 10 % of cards in MIG mode (some with nothing carved), four fabrics,
+some unhealthy cards, a few cordoned, draining and unreachable nodes, weights
+cached on a few nodes per model. The catalog mixes 1/2/4/8-GPU models,
+2-node x 8 models, MIG models and on-demand ones, plus a few models that
+cannot fit, so every steady-state pass also explains why.
+
+Baseline measured in the same run: the pure placement pass (``decide``, no
+store) on the same fleet, so ``store_share`` says how much of a pass is the
+store's writes. The last line is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from llmgw.control.reconciler import Reconciler
+from llmgw.control.scheduler import fleetgen
+from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.planner import plan
+from llmgw.control.state import FleetState, ModelRecord
+from llmgw.control.store.repo import Store
+from llmgw.wire import ReplicaState
+
+NOW = 1_000_000.0
+TARGETS = {"steady_pass_ms": 100.0, "placements_per_s": 2000.0, "planner_ms": 1000.0}
+
+
+def build(nodes: int, models: int, seed: int) -> FleetState:
+    state = fleetgen.generate(nodes=nodes, models=models, seed=seed, now=NOW)
+    # Models that cannot be placed: a class nobody has, and more 8-GPU L4
+    # replicas than there are L4 nodes.
+    extra = [
+        fleetgen.model("bench-never", classes=["b200-192g"], gpus=8),
+        fleetgen.model(
+            "bench-short", classes=["l4-24g"], gpus=8, min_replicas=nodes, max_replicas=nodes
+        ),
+    ]
+    for spec in extra:
+        state.models[spec.name] = ModelRecord(spec=spec, created_at=NOW, updated_at=NOW)
+    return state
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
+    store = await Store.open(url)
+    try:
+        epoch = await store.bump_epoch()
+        state = build(args.nodes, args.models, args.seed)
+        reconciler = Reconciler(state, store)
+        started = time.perf_counter()
+        first = await reconciler.run_pass(NOW, epoch)
+        full_s = time.perf_counter() - started
+        # Agents report: every replica is up.
+        for replica in state.replicas.values():
+            replica.state = ReplicaState.READY
+            replica.ready_at = NOW + 1
+        steady = []
+        for step in range(args.steady_passes):
+            started = time.perf_counter()
+            result = await reconciler.run_pass(NOW + 2 + step, epoch)
+            steady.append(time.perf_counter() - started)
+            if result.placed or result.removed:
+                print(f"  note: steady pass {step} changed {result.placed}+{result.removed}")
+        started = time.perf_counter()
+        planned = plan(state, NOW + 3, policy=reconciler.policy)
+        planner_s = time.perf_counter() - started
+        if args.cleanup:
+            await store.write_replicas([], list(state.replicas), epoch=epoch)
+        return {
+            "placed": first.placed,
+            "unplaceable": first.unplaceable,
+            "full_s": full_s,
+            "steady_s": statistics.median(steady),
+            "steady_max_s": max(steady),
+            "planner_s": planner_s,
+            "planned_models": len(planned.models),
+            "replicas": len(state.replicas),
+        }
+    finally:
+        await store.close()
+
+
+def baseline(args: argparse.Namespace) -> dict[str, float]:
+    state = build(args.nodes, args.models, args.seed)
+    started = time.perf_counter()
+    decisions = decide(state, NOW)
+    return {"placed": len(decisions.new), "decide_s": time.perf_counter() - started}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="500 nodes, 250 models")
+    parser.add_argument("--nodes", type=int, default=None)
+    parser.add_argument("--models", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--steady-passes", type=int, default=5)
+    parser.add_argument("--pg", default=None, help="also run against this PostgreSQL URL")
+    args = parser.parse_args()
+    args.nodes = args.nodes or (500 if args.quick else 2000)
+    args.models = args.models or (250 if args.quick else 1000)
+    args.cleanup = False
+
+    base = baseline(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        sqlite = asyncio.run(reconcile("sqlite:///" + str(Path(tmp) / "bench.db"), args))
+    pg = None
+    if args.pg:
+        args.cleanup = True
+        pg = asyncio.run(reconcile(args.pg, args))
+
+    gpus = sum(
+        len(n.inventory.devices) if n.inventory else 0
+        for n in build(args.nodes, 0, args.seed).nodes.values()
+    )
+    placements_per_s = sqlite["placed"] / sqlite["full_s"]
+    decide_per_s = base["placed"] / base["decide_s"]
+    print(
+        f"fleet: {args.nodes} nodes, {gpus} placeable units (cards, MIG instances), "
+        f"{args.models + 2} models"
+    )
+    print(
+        f"full pass from empty (SQLite): {sqlite['full_s'] * 1000:.0f} ms, "
+        f"{sqlite['placed']:.0f} replicas placed, {sqlite['unplaceable']:.0f} models unplaceable"
+    )
+    print(
+        f"placements/s incl. store writes: {placements_per_s:.0f} "
+        f"(placement alone: {decide_per_s:.0f}/s)"
+    )
+    print(
+        f"steady-state pass: median {sqlite['steady_s'] * 1000:.1f} ms, "
+        f"max {sqlite['steady_max_s'] * 1000:.1f} ms over {args.steady_passes} passes"
+    )
+    print(f"planner: {sqlite['planner_s'] * 1000:.0f} ms for {sqlite['planned_models']:.0f} models")
+    if pg is not None:
+        print(
+            f"PostgreSQL: full pass {pg['full_s'] * 1000:.0f} ms "
+            f"({pg['placed'] / pg['full_s']:.0f} placements/s), "
+            f"steady {pg['steady_s'] * 1000:.1f} ms"
+        )
+    rss = peak_rss_mb()
+    print(f"peak RSS: {rss:.0f} MB")
+    report = {
+        "nodes": args.nodes,
+        "gpus": gpus,
+        "models": args.models + 2,
+        "replicas": int(sqlite["replicas"]),
+        "full_pass_ms": round(sqlite["full_s"] * 1000, 1),
+        "steady_pass_ms": round(sqlite["steady_s"] * 1000, 1),
+        "placements_per_s": round(placements_per_s),
+        "planner_ms": round(sqlite["planner_s"] * 1000, 1),
+        "peak_rss_mb": round(rss, 1),
+        "baseline_placements_per_s_without_store": round(decide_per_s),
+        "store_share": round(1 - (base["decide_s"] / sqlite["full_s"]), 3),
+        "targets_met": {
+            "steady_pass_ms": sqlite["steady_s"] * 1000 <= TARGETS["steady_pass_ms"],
+            "placements_per_s": placements_per_s >= TARGETS["placements_per_s"],
+            "planner_ms": sqlite["planner_s"] * 1000 <= TARGETS["planner_ms"],
+        },
+    }
+    if pg is not None:
+        report["pg_full_pass_ms"] = round(pg["full_s"] * 1000, 1)
+        report["pg_placements_per_s"] = round(pg["placed"] / pg["full_s"])
+        report["pg_steady_pass_ms"] = round(pg["steady_s"] * 1000, 1)
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
