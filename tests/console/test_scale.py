@@ -15,25 +15,27 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 from playwright.async_api import expect
+from tests.console.conftest import Console, Watched, sign_in
+from tests.console.fleet import A100, Fleet
+from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane
-from llmgw.control.state import NodeRecord, ReplicaRecord
+from llmgw.control.state import ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.wire import (
     Device,
+    EngineKind,
     ModelSpec,
     NodeInventory,
     NodeState,
     ReplicaState,
     ShardAssignment,
 )
-from tests.console.conftest import Console, Watched, sign_in
-from tests.console.fleet import A100, Fleet
-from tests.servers import serve_asgi
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -65,10 +67,8 @@ def big_fleet(cp: ControlPlane, now: float) -> None:
             )
 
 
-def _model(now: float):  # type: ignore[no-untyped-def]
-    from llmgw.control.state import ModelRecord
-
-    return ModelRecord(spec=ModelSpec(name="m", engine="sim", gpu_classes=["a100-80g"],
+def _model(now: float) -> ModelRecord:
+    return ModelRecord(spec=ModelSpec(name="m", engine=EngineKind.SIM, gpu_classes=["a100-80g"],
                                       gpus=4, tp=4, max_replicas=1000, min_replicas=667),
                        created_at=now, updated_at=now)
 
@@ -91,8 +91,6 @@ async def big(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Console
                     node.last_seen = seen
 
         task = asyncio.create_task(keep_seen())
-        import httpx
-
         async with serve_asgi(create_app(cp)) as url, httpx.AsyncClient(
             base_url=url, headers={"Authorization": f"Bearer {creds.admin_token}"}, timeout=30
         ) as api:
@@ -117,7 +115,7 @@ async def test_nodes_page_with_2000_nodes(big: Console, watched: Watched, shots:
     await page.get_by_role("link", name="Nodes").click()
     await expect(page.locator("article.node").first).to_be_visible()
     first_render_s = time.perf_counter() - start
-    await expect(page.locator("#node-count")).to_have_text(f"1–40 of {NODES:,} nodes")
+    await expect(page.locator("#node-count")).to_have_text(f"1\u201340 of {NODES:,} nodes")
     # Only one page of nodes is in the DOM, however large the fleet.
     assert await page.locator("article.node").count() == 40
 
@@ -133,7 +131,7 @@ async def test_nodes_page_with_2000_nodes(big: Console, watched: Watched, shots:
             return performance.now() - t;
         }"""
     )
-    await expect(page.locator("#node-count")).to_have_text("1–40 of 100 nodes (2,000 in all)")
+    await expect(page.locator("#node-count")).to_have_text("1\u201340 of 100 nodes (2,000 in all)")
     next_page_ms = await page.evaluate(
         """() => {
             const t = performance.now();
@@ -142,7 +140,7 @@ async def test_nodes_page_with_2000_nodes(big: Console, watched: Watched, shots:
             return performance.now() - t;
         }"""
     )
-    await expect(page.locator("#node-count")).to_have_text("41–80 of 100 nodes (2,000 in all)")
+    await expect(page.locator("#node-count")).to_have_text("41\u201380 of 100 nodes (2,000 in all)")
     await expect(page.locator('article[data-node="node-1940"]')).to_be_visible()
 
     # What one refresh costs the browser (fetch, parse, render a page).
