@@ -137,6 +137,7 @@ def decide(
 ) -> Decisions:
     policy = policy or Policy()
     placer = placer or Placer()
+    cache = cache if cache is not None else DeviceCache()
     out = Decisions(now=now)
     known_draining = dict(draining_since or {})
 
@@ -162,7 +163,7 @@ def decide(
             )
 
     work: list[_Work] = []
-    shapes = _ShapeCheck(state)
+    shapes = _ShapeCheck(state, cache)
     for name in sorted(state.models):
         record = state.models[name]
         replicas = sorted(by_model.get(name, []), key=lambda r: r.id)
@@ -437,9 +438,9 @@ class _ShapeCheck:
     draining node. Device classes are looked up lazily per node.
     """
 
-    def __init__(self, state: FleetState) -> None:
+    def __init__(self, state: FleetState, cache: DeviceCache) -> None:
         self.state = state
-        self._classes: dict[str, dict[int, str]] = {}
+        self._cache = cache
 
     def fits(self, replica: ReplicaRecord, spec: ModelSpec) -> bool:
         if len(replica.shards) != spec.nodes:
@@ -458,13 +459,8 @@ class _ShapeCheck:
         return True
 
     def _node_classes(self, node: str) -> dict[int, str]:
-        classes = self._classes.get(node)
-        if classes is None:
-            record = self.state.nodes.get(node)
-            devices = record.inventory.devices if record and record.inventory else []
-            classes = {d.number: d.gpu_class for d in devices}
-            self._classes[node] = classes
-        return classes
+        record = self.state.nodes.get(node)
+        return self._cache.get(record).device_class if record is not None else {}
 
 
 # ---------------------------------------------------------------------------
