@@ -163,7 +163,7 @@ async def _run_gateway(upstream_url: str) -> None:
     server = uvicorn.Server(
         uvicorn.Config(
             gateway, lifespan="off", http="httptools", ws="none", access_log=False,
-            log_level="warning", backlog=4096,
+            log_level="warning", backlog=4096, proxy_headers=False,
         )
     )  # fmt: skip
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -264,7 +264,18 @@ class LoadGenerator:
         self.idle.clear()
 
     async def _one(self, phase: Phase) -> None:
-        client = self.idle.pop() if self.idle else await self._connect()
+        client = None
+        while self.idle:
+            candidate = self.idle.pop()
+            if candidate.transport is not None and not candidate.transport.is_closing():
+                client = candidate
+                break
+        if client is None:
+            try:
+                client = await self._connect()
+            except OSError:
+                phase.errors += 1
+                return
         loop = asyncio.get_running_loop()
         client.waiter = loop.create_future()
         started = time.perf_counter()
@@ -282,11 +293,12 @@ class LoadGenerator:
             phase.errors += 1
         self.idle.append(client)
 
-    async def run(self, rate: int, seconds: float, target: str) -> Phase:
-        phase = Phase(rate, target)
+    async def run(
+        self, rate: int, seconds: float, phase: Phase, pending: set[asyncio.Task[None]]
+    ) -> None:
+        """Send ``rate`` requests per second for ``seconds`` (open loop), into ``phase``."""
         interval = 1.0 / rate
-        total = int(rate * seconds)
-        pending: set[asyncio.Task[None]] = set()
+        total = max(1, int(rate * seconds))
         loop = asyncio.get_running_loop()
         begin = time.perf_counter()
         for index in range(total):
@@ -300,10 +312,26 @@ class LoadGenerator:
             pending.add(task)
             task.add_done_callback(pending.discard)
             phase.sent += 1
-        phase.elapsed_s = time.perf_counter() - begin
-        if pending:
-            await asyncio.wait(pending, timeout=30)
-        return phase
+        phase.elapsed_s += time.perf_counter() - begin
+
+
+async def interleaved(
+    direct: LoadGenerator, through: LoadGenerator, rate: int, seconds: float
+) -> tuple[Phase, Phase]:
+    """The same load, direct and through the gateway, in alternating half-second slices.
+
+    Alternating keeps both sides exposed to the same background noise (other
+    processes on a shared machine), which a direct-then-gateway order does not.
+    """
+    d, g = Phase(rate, "direct"), Phase(rate, "gateway")
+    pending: set[asyncio.Task[None]] = set()
+    slices = max(1, round(seconds / 0.5))
+    for _ in range(slices):
+        await direct.run(rate, seconds / slices, d, pending)
+        await through.run(rate, seconds / slices, g, pending)
+    if pending:
+        await asyncio.wait(pending, timeout=30)
+    return d, g
 
 
 # ---------------------------------------------------------------------------
@@ -348,12 +376,10 @@ async def _measure(args: argparse.Namespace, upstream_port: int, gateway_port: i
     await through.open(32)
     seconds = args.seconds
     # Warm-up: connection pools on both sides, and the interpreter's caches.
-    await direct.run(300, 1.0, "direct")
-    await through.run(300, 1.0, "gateway")
+    await interleaved(direct, through, 300, 1.0)
 
     async def both(rate: int) -> dict[str, Any]:
-        d = await direct.run(rate, seconds, "direct")
-        g = await through.run(rate, seconds, "gateway")
+        d, g = await interleaved(direct, through, rate, seconds)
         row = _row(rate, d, g)
         print(
             f"rate {rate:>5}/s  achieved {row['achieved_rps']:>7}/s   "

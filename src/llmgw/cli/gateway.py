@@ -71,6 +71,8 @@ async def serve_gateway(
             http="httptools",
             ws="none",
             access_log=False,
+            # Client addresses are not used; the middleware costs per request.
+            proxy_headers=False,
             log_level=logging.getLevelName(logging.getLogger().level).lower(),
         )
         server = uvicorn.Server(config)

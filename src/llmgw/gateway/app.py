@@ -46,13 +46,14 @@ class Gateway:
     def __init__(self, link: ControlPlaneLink, settings: GatewaySettings | None = None) -> None:
         self.link = link
         self.settings = settings or GatewaySettings()
-        self.metrics = GatewayMetrics()
+        room = WaitRoom(self.settings.queue_length)
+        self.metrics = GatewayMetrics(waiting=room.waiting)
         self.runtime = Runtime(
             settings=self.settings,
             metrics=self.metrics,
             upstream=Upstream(self.settings),
             usage=UsageBatcher(self.settings.usage_max_rows),
-            room=WaitRoom(self.settings.queue_length),
+            room=room,
             demand=self._demand,
         )
         self._tasks: list[asyncio.Task[None]] = []
@@ -113,7 +114,7 @@ class Gateway:
             return False
         snapshot = Snapshot(config, self.settings, current)
         self.runtime.snapshot = snapshot
-        self.metrics.config_version.set(snapshot.version)
+        self.metrics.config_version = snapshot.version
         self._configured.set()
         self.runtime.room.wake(snapshot.served_models())
         return True

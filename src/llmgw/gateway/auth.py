@@ -98,6 +98,8 @@ class Refusal:
     retry_after_s: float | None = None
 
 
+_HEADER_CACHE = 10_000
+
 ANONYMOUS = wire.ApiKeyInfo(key_id="anonymous", name="anonymous", secret_hash="")
 
 
@@ -114,9 +116,18 @@ class KeyTable:
             self.by_hash[info.secret_hash] = record
         self.anonymous = KeyRecord(ANONYMOUS, before.get(ANONYMOUS.key_id))
         self.by_id[ANONYMOUS.key_id] = self.anonymous
+        # Raw Authorization header -> key, for keys already seen in this
+        # version: skips decoding and hashing on every request. Only valid keys
+        # enter, so made-up keys cannot grow it; the bound covers the rest.
+        self.by_header: dict[bytes, KeyRecord] = {}
 
     def lookup(self, secret: str) -> KeyRecord | None:
         return self.by_hash.get(hashlib.sha256(secret.encode("utf-8")).hexdigest())
+
+    def remember(self, header: bytes, record: KeyRecord) -> None:
+        if len(self.by_header) >= _HEADER_CACHE:
+            self.by_header.clear()
+        self.by_header[header] = record
 
 
 def authorize(record: KeyRecord, now_wall: float) -> Refusal | None:

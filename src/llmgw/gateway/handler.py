@@ -80,14 +80,28 @@ class Runtime:
     loop_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
+# A request answered faster than this never pays for a disconnect watcher
+# (a task per request was ~5 % of the gateway's CPU); a client that leaves a
+# long generation is noticed at most this late.
+_WATCH_AFTER_S = 0.05
+
+
 class _Watch:
     """Shared between a request and its disconnect watcher."""
 
-    __slots__ = ("done", "gone")
+    __slots__ = ("done", "gone", "task")
 
     def __init__(self) -> None:
         self.done = False
         self.gone = False
+        self.task: asyncio.Task[None] | None = None
+
+
+def _start_watch(receive: Receive, request: asyncio.Task[Any], watch: _Watch) -> None:
+    if not watch.done:
+        watch.task = asyncio.get_running_loop().create_task(
+            _watch_disconnect(receive, request, watch)
+        )
 
 
 async def _watch_disconnect(receive: Receive, request: asyncio.Task[Any], watch: _Watch) -> None:
@@ -120,12 +134,15 @@ def authenticate(rt: Runtime, snapshot: Snapshot, scope: Scope) -> KeyRecord:
             "You didn't provide an API key. Send it as 'Authorization: Bearer sk-llmgw-...'.",
             code="invalid_api_key",
         )
-    scheme, _, token = raw.decode("latin-1").partition(" ")
-    token = token.strip()
-    record = snapshot.keys.lookup(token) if scheme.lower() == "bearer" and token else None
+    record = snapshot.keys.by_header.get(raw)
     if record is None:
-        shown = f"{token[:8]}****{token[-4:]}" if len(token) > 16 else "****"
-        raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+        scheme, _, token = raw.decode("latin-1").partition(" ")
+        token = token.strip()
+        record = snapshot.keys.lookup(token) if scheme.lower() == "bearer" and token else None
+        if record is None:
+            shown = f"{token[:8]}****{token[-4:]}" if len(token) > 16 else "****"
+            raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+        snapshot.keys.remember(raw, record)
     refusal = authorize(record, time.time())
     if refusal is not None:
         raise ApiError(refusal.status, refusal.message, kind=refusal.kind, code=refusal.code)
@@ -205,7 +222,7 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
     model = "-"
     record: KeyRecord | None = None
     watch = _Watch()
-    watcher: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None
     status = 500
     try:
         snapshot = rt.snapshot
@@ -233,8 +250,8 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
             )
         task = asyncio.current_task()
         if task is not None:
-            watcher = asyncio.get_running_loop().create_task(
-                _watch_disconnect(receive, task, watch)
+            timer = asyncio.get_running_loop().call_later(
+                _WATCH_AFTER_S, _start_watch, receive, task, watch
             )
         status = await _proxy(
             rt, scope["path"], payload, body, router, record, started, request_id, id_header, send
@@ -266,8 +283,10 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
             await send_error(send, failure, [id_header])
     finally:
         watch.done = True
-        if watcher is not None:
-            watcher.cancel()
+        if timer is not None:
+            timer.cancel()
+        if watch.task is not None:
+            watch.task.cancel()
     rt.metrics.request(model, status)
     rt.metrics.latency(model, time.perf_counter() - started)
 
@@ -300,7 +319,6 @@ async def _replica_for(
     deadline = began + rt.settings.queue_wait_s
     if rt.room.enter(name):
         rt.demand(name)
-    rt.metrics.waiting.labels(name).inc()
     try:
         while True:
             woke = await rt.room.wait(name, deadline)
@@ -321,7 +339,6 @@ async def _replica_for(
                 )
     finally:
         rt.room.leave(name)
-        rt.metrics.waiting.labels(name).dec()
 
 
 def _upstream_body(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, cast
+from typing import cast
 
 import httptools
 
@@ -52,7 +52,6 @@ class Response:
     __slots__ = (
         "_chunks",
         "_conn",
-        "_deadline",
         "_error",
         "_headers_waiter",
         "_size",
@@ -74,7 +73,6 @@ class Response:
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._headers_waiter: asyncio.Future[None] | None = None
-        self._deadline: asyncio.TimerHandle | None = None
 
     # -- fed by the connection ---------------------------------------------------
 
@@ -148,12 +146,10 @@ class Response:
         Closing an unfinished answer is how an engine learns the client left:
         it sees the connection drop and stops generating.
         """
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        conn.pool._active.pop(self, None)
         if self.complete and conn.reusable():
             conn.park()
         else:
@@ -164,7 +160,7 @@ class _Connection(asyncio.Protocol):
     """One keep-alive connection to an engine."""
 
     def __init__(self, pool: Pool, key: tuple[str, int]) -> None:
-        self._pool = pool
+        self.pool = pool
         self._key = key
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
@@ -197,7 +193,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._pool._forget(self._key, self)
+        self.pool._forget(self._key, self)
         response = self._response
         if response is not None and not response.complete:
             if response.started:
@@ -238,7 +234,7 @@ class _Connection(asyncio.Protocol):
 
     def park(self) -> None:
         self._response = None
-        self._pool._park(self._key, self)
+        self.pool._park(self._key, self)
 
     def pause(self) -> None:
         if not self._paused and self._transport is not None:
@@ -269,6 +265,10 @@ class Pool:
         self._deadline = deadline_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._closed = False
+        # Answers in progress and when they must be done by. One sweep a second
+        # enforces the deadline: a timer per request cost more than the check.
+        self._active: dict[Response, float] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     def _park(self, key: tuple[str, int], conn: _Connection) -> None:
         idle = self._idle.setdefault(key, [])
@@ -316,7 +316,9 @@ class Pool:
         response = Response(conn)
         loop = asyncio.get_running_loop()
         waiter = response._headers_waiter = loop.create_future()
-        response._deadline = loop.call_later(self._deadline, _expire, response)
+        self._active[response] = loop.time() + self._deadline
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep())
         try:
             conn.send(payload, response)
             await waiter
@@ -327,8 +329,20 @@ class Pool:
             response._headers_waiter = None
         return response
 
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(1.0)
+            now = loop.time()
+            for response, deadline in list(self._active.items()):
+                if deadline <= now:
+                    _expire(response)
+
     def close(self) -> None:
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
@@ -339,16 +353,18 @@ def _expire(response: Response) -> None:
     response._fail(UpstreamTimeout("the engine did not finish its answer in time"))
     conn = response._conn
     if conn is not None:
+        conn.pool._active.pop(response, None)
         conn.close()
 
 
-def render_post(host: str, port: int, path: str, body: bytes, extra: list[Any]) -> bytes:
-    """A complete POST with a JSON body, in one buffer (one write, one segment)."""
-    lines = [
-        b"POST " + path.encode("latin-1") + b" HTTP/1.1",
-        b"Host: " + f"{host}:{port}".encode("latin-1"),
-        b"Content-Type: application/json",
-        b"Content-Length: " + str(len(body)).encode(),
-        *extra,
-    ]
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+def request_head(host: str, port: int, path: str) -> bytes:
+    """The constant start of every POST to one engine path (rendered once per target)."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/json\r\nContent-Length: "
+    ).encode("latin-1")
+
+
+def render_post(head: bytes, body: bytes, extra: bytes) -> bytes:
+    """A complete POST in one buffer (one write, one segment): ``extra`` is header lines."""
+    return b"".join((head, str(len(body)).encode(), b"\r\n", extra, b"\r\n", body))

@@ -23,7 +23,7 @@ processes (the rendezvous key of a new prefix) uses :func:`stable_key`.
 
 from __future__ import annotations
 
-import hashlib
+import zlib
 from collections import OrderedDict
 from typing import Any
 
@@ -103,9 +103,13 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
 
 
 def stable_key(text: str, block_chars: int) -> int:
-    """A 64-bit key of the first block that every gateway process computes alike."""
-    digest = hashlib.blake2b(text[:block_chars].encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+    """A key of the first block that every gateway process computes alike.
+
+    CRC-32 rather than a cryptographic hash: it only has to be stable across
+    processes (the rendezvous mixes it well afterwards), and it is the
+    cheapest stable hash in the standard library.
+    """
+    return zlib.crc32(text[:block_chars].encode("utf-8"))
 
 
 class PrefixIndex:
@@ -154,6 +158,17 @@ class PrefixIndex:
         if not candidates:
             return 0, []
         return matched, candidates
+
+    def held(self, hashes: list[int], replica_id: str) -> int:
+        """How many leading blocks of ``hashes`` ``replica_id`` holds."""
+        owners = self._owners
+        matched = 0
+        for block in hashes:
+            holders = owners.get(block)
+            if holders is None or replica_id not in holders:
+                break
+            matched += 1
+        return matched
 
     def record(self, replica_id: str, hashes: list[int]) -> None:
         lru = self._lru.get(replica_id)

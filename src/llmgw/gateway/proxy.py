@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from llmgw.gateway.http1 import Pool, Response, render_post
+from llmgw.gateway.http1 import Pool, Response, render_post, request_head
 from llmgw.gateway.settings import GatewaySettings
 
 
@@ -30,6 +30,7 @@ class Target:
     host: str
     port: int
     path: str
+    head: bytes  # the request line and constant headers, rendered once
 
 
 class Upstream:
@@ -60,7 +61,9 @@ class Upstream:
                 raise ValueError(f"endpoint URL {base!r} must be http://host:port")
             if len(self._targets) > 4096:
                 self._targets.clear()
-            target = Target(parts.hostname, parts.port or 80, parts.path.rstrip("/") + path)
+            port = parts.port or 80
+            full = parts.path.rstrip("/") + path
+            target = Target(parts.hostname, port, full, request_head(parts.hostname, port, full))
             self._targets[key] = target
         return target
 
@@ -68,10 +71,8 @@ class Upstream:
         pool = self._pool
         if pool is None:
             raise RuntimeError("the gateway's upstream client is not started")
-        payload = render_post(
-            target.host, target.port, target.path, body,
-            [b"X-Request-Id: " + request_id.encode("latin-1")],
-        )  # fmt: skip
+        extra = b"X-Request-Id: " + request_id.encode() + b"\r\n"
+        payload = render_post(target.head, body, extra)
         return await pool.request(target.host, target.port, payload)
 
 

@@ -224,12 +224,21 @@ class ModelRouter:
         if self.policy == "least-loaded" or not prompt:
             return Pick(least_loaded(replicas, self._units, self._counter), UNROUTED, [], 0.0)
         hashes = block_hashes(prompt, self._block_chars)
-        allowed = {r.replica_id: r for r in replicas}
-        matched, holder_ids = self._index.longest(hashes, allowed)
-        holders = [allowed[r] for r in holder_ids]
-        key = stable_key(prompt, self._block_chars)
-        replica, outcome = prefix_choice(replicas, holders, key, self._threshold, self._units)
-        cached_chars = matched * self._block_chars if replica in holders else 0
+        if len(replicas) == 1:
+            # No choice to make, but the index is still kept: it is what sends
+            # known prefixes back here once a second replica appears.
+            replica = replicas[0]
+            matched = self._index.held(hashes, replica.replica_id)
+            outcome = HIT if matched else MISS
+        else:
+            allowed = {r.replica_id: r for r in replicas}
+            matched, holder_ids = self._index.longest(hashes, allowed)
+            holders = [allowed[r] for r in holder_ids]
+            key = stable_key(prompt, self._block_chars)
+            replica, outcome = prefix_choice(replicas, holders, key, self._threshold, self._units)
+            if replica not in holders:
+                matched = 0
+        cached_chars = matched * self._block_chars
         uncached = max(0.0, (len(prompt) - cached_chars) / self._chars_per_token)
         self._index.record(replica.replica_id, hashes)
         return Pick(replica, outcome, hashes, uncached)
