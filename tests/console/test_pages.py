@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Page, expect
+from playwright.async_api import Page, Request, expect
 from tests.console.conftest import Console, Watched, sign_in
 from tests.console.fleet import ECC_REASON, MIG_CLASS, NOT_CARVED, PARK_ERROR, UNPLACEABLE_REASON
+
+from llmgw.wire import NodeState
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -53,19 +55,29 @@ async def test_sign_in_refuses_a_wrong_token_and_401_returns_to_the_form(
     assert await page.evaluate("sessionStorage.getItem('llmgw.adminToken')") is None
 
 
-async def test_every_request_carries_the_bearer_token(console: Console, watched: Watched) -> None:
+async def test_every_request_is_local_and_api_calls_carry_the_token(
+    console: Console, watched: Watched
+) -> None:
     page = watched.page
-    seen: list[str | None] = []
-    page.on(
-        "request",
-        lambda req: seen.append(req.headers.get("authorization"))
-        if "/admin/v1/" in req.url
-        else None,
-    )
+    urls: list[str] = []
+    tokens: list[str | None] = []
+
+    def on_request(req: Request) -> None:
+        urls.append(req.url)
+        if "/admin/v1/" in req.url:
+            tokens.append(req.headers.get("authorization"))
+
+    page.on("request", on_request)
     await sign_in(console, page)
     await expect(page.locator("#node-totals")).to_be_visible()
-    assert seen
-    assert set(seen) == {f"Bearer {console.admin_token}"}
+    for name in ("Nodes", "Models", "Replicas", "Plan", "Usage", "Events"):
+        await page.get_by_role("link", name=name, exact=True).click()
+        await expect(page.get_by_role("heading", level=1)).to_have_text(name)
+        await expect(page.locator("#status")).to_contain_text("Updated")
+    # Air-gapped: everything the console loads comes from the control plane.
+    assert urls and all(u.startswith(console.url + "/") for u in urls), urls
+    assert any(u.endswith("/console/static/favicon.svg") for u in urls)
+    assert tokens and set(tokens) == {f"Bearer {console.admin_token}"}
 
 
 async def test_overview_shows_the_summary(console: Console, watched: Watched, shots: Path) -> None:
@@ -342,3 +354,45 @@ async def test_plan_page_and_what_if(console: Console, watched: Watched, shots: 
         await expect(result).to_contain_text(" ".join(r["devices"]))
     assert "try-mig" not in {m["name"] for m in await console.get("/models")}
     await page.screenshot(path=shots / "plan-what-if.png", full_page=True)
+
+
+async def test_pages_update_live_and_pause_while_hidden(
+    console: Console, watched: Watched
+) -> None:
+    page = watched.page
+    calls: list[float] = []
+    page.on("request", lambda req: calls.append(time.monotonic())
+            if "/admin/v1/summary" in req.url else None)
+    await sign_in(console, page)
+    cordoned = page.locator("#node-totals .stat").filter(has_text="cordoned").locator(".stat-value")
+    await expect(cordoned).to_have_text("0")
+    # A change made elsewhere (ctl, another console) shows up without a reload.
+    await console.fleet.cp.set_node_state("gpu-b2", NodeState.CORDONED)
+    try:
+        await expect(cordoned).to_have_text("1", timeout=8000)
+    finally:
+        await console.fleet.cp.set_node_state("gpu-b2", NodeState.READY)
+
+    # Hidden tab: no polling at all.
+    await page.evaluate(
+        """() => {
+            Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});
+            Object.defineProperty(document, 'visibilityState',
+                                  {configurable: true, get: () => 'hidden'});
+            document.dispatchEvent(new Event('visibilitychange'));
+        }"""
+    )
+    await page.wait_for_timeout(500)  # a refresh already on the wire may land
+    hidden_at = time.monotonic()
+    await page.wait_for_timeout(6000)  # one and a half poll intervals
+    assert [t for t in calls if t > hidden_at] == []
+    # Visible again: it refreshes at once, showing the state as it is now.
+    await page.evaluate(
+        """() => {
+            delete document.hidden;
+            delete document.visibilityState;
+            document.dispatchEvent(new Event('visibilitychange'));
+        }"""
+    )
+    await expect(cordoned).to_have_text("0", timeout=2000)
+    assert [t for t in calls if t > hidden_at]

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
+
+if TYPE_CHECKING:
+    from llmgw.control.service import ControlPlane
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class _ConsoleFiles(StaticFiles):
         return response
 
 
-def mount_console(app: FastAPI, cp: Any) -> None:
+def mount_console(app: FastAPI, cp: ControlPlane) -> None:
     """Add the console's routes to the control plane's app.
 
     ``cp`` is accepted for symmetry with the other mounts; the console reads
