@@ -62,6 +62,7 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
              "--port", str(port), "--log-level", "info"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
+    engine_pid = -1
     try:
         up_json = data_dir / "up.json"
         deadline = time.monotonic() + 60
@@ -110,14 +111,39 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
                     first_token_s = time.monotonic() - started
                 pieces.append(chunk.choices[0].delta.content)
         assert len(pieces) > 1, "a stream should arrive in several chunks"
+
+        engines = [p for p in descendants(proc.pid) if "llama_cpp.server" in " ".join(p.cmdline())]
+        assert len(engines) == 1, "the engine should run as a child of llmgw up"
+        engine_pid = engines[0].pid
+
+        # Killing `llmgw up` as a whole (no clean stop) and starting it again on
+        # the same data dir adopts the running engine: no restart, same process.
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert psutil.pid_exists(engine_pid), "the engine must survive its agent"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "llmgw.cli.main", "up", "--data-dir", str(data_dir),
+                 "--port", str(port), "--log-level", "info"],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        readopted = wait_ready(client, proc, log)
+        again = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Say yes."}], max_tokens=4
+        )
+        assert again.choices[0].message.content is not None
+        assert psutil.pid_exists(engine_pid)
+        engines_now = [p.pid for p in psutil.process_iter(["cmdline"])
+                       if "llama_cpp.server" in " ".join(p.info["cmdline"] or [])
+                       and str(data_dir) in " ".join(p.info["cmdline"] or [])]
+        assert engines_now == [engine_pid], "the engine was restarted instead of adopted"
         (test_output / "up-e2e-timings.json").write_text(
             json.dumps({"ready_after_s": round(waited, 2),
-                        "first_token_s": round(first_token_s or -1, 3)})
+                        "first_token_s": round(first_token_s or -1, 3),
+                        "ready_again_after_restart_s": round(readopted, 2)})
         )
-
-        engines = descendants(proc.pid)
-        assert engines, "the engine should run as a child of llmgw up"
     finally:
+        children = []
         if proc.poll() is None:
             children = descendants(proc.pid)
             os.kill(proc.pid, signal.SIGINT)
@@ -130,3 +156,7 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
     time.sleep(0.5)
     left = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"processes left behind: {[c.cmdline() for c in left]}"
+    # The adopted engine is not a child of the second `up`, and must be gone too.
+    assert not psutil.pid_exists(engine_pid) or (
+        psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
+    )
