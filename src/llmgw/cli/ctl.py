@@ -228,8 +228,9 @@ def _bytes(n: float | None) -> str:
 
 
 def _table(*columns: str, title: str | None = None) -> Table:
+    # min_width: a title wider than a narrow table would otherwise wrap.
     table = Table(title=title, title_justify="left", box=None, header_style="bold",
-                  pad_edge=False)
+                  pad_edge=False, min_width=len(title) + 1 if title else None)
     for column in columns:
         table.add_column(column, overflow="fold")
     return table

@@ -1,0 +1,243 @@
+"""``llmgw ctl`` against a running control plane (uvicorn on loopback, SQLite store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.control.adminapi.fleetkit import Fleet, Served, gpu, gpus, mig, served_control_plane
+from typer.testing import CliRunner, Result
+
+from llmgw.cli.ctl import app
+from llmgw.wire import DownloadProgress, ReplicaState, ReplicaStatus, UsageRecord
+
+
+def ctl_fleet() -> Fleet:
+    fleet = Fleet(now=time.time())
+    fleet.node("gpu-1", [mig(0, 0), mig(0, 1), gpu(1, "a100-80g"),
+                         gpu(2, "a100-80g", healthy=False, reason="pending row remap")],
+               weights=("llama",))
+    fleet.node("gpu-2", gpus(4), fabrics=("ib-b",))
+    fleet.model("llama", gpu_classes=["a100-80g"], max_replicas=2)
+    fleet.model("huge", min_replicas=0, gpus=8, tp=8, demand_at=fleet.now - 5,
+                unplaceable_reason="needs 8 free h100-80g on one node; gpu-2 has 4")
+    fleet.model("broken", parked=True, failures=5, last_error="engine exited (1)")
+    fleet.replica("llama", "gpu-1", [1], idle=3600)
+    starting = fleet.replica("llama", "gpu-2", [0], state=ReplicaState.STARTING)
+    fleet.state.nodes["gpu-2"].statuses[starting.id] = ReplicaStatus(
+        replica_id=starting.id, state=ReplicaState.STARTING,
+        download=DownloadProgress(bytes_done=8 << 30, bytes_total=16 << 30, eta_s=90),
+    )
+    return fleet
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    with served_control_plane(tmp_path, ctl_fleet().state) as s:
+        yield s
+
+
+def run(served: Served | None, *args: str, token: str | None = None,
+        env: dict[str, str] | None = None, data_dir: Path | None = None) -> Result:
+    base = ["--url", served.url, "--token", token or served.admin_token] if served else []
+    # None unsets: the suite's own environment must not leak into the command.
+    environment: dict[str, str | None] = {
+        "COLUMNS": "220", "LLMGW_DATA_DIR": str(data_dir or "/nonexistent-llmgw"),
+        "LLMGW_URL": None, "LLMGW_ADMIN_TOKEN": None, **(env or {}),
+    }
+    return CliRunner().invoke(app, [*base, *args], env=environment)
+
+
+def ok(result: Result) -> str:
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    return result.stdout
+
+
+def one_line_error(result: Result) -> str:
+    assert result.exit_code == 1, (result.stdout, result.stderr)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("llmgw ctl: "), result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_status_screen(served: Served) -> None:
+    out = ok(run(served, "status"))
+    assert "3 total" not in out.splitlines()[0]  # nodes line says 2
+    assert "2 total: 2 ready" in out
+    assert "a100-80g-mig-3g.40gb" in out and "Devices by class" in out
+    assert "huge: needs 8 free h100-80g on one node; gpu-2 has 4" in out
+    assert "broken: 5 failures: engine exited (1)" in out
+    assert "Idle replicas (10 min or more)" in out
+    assert any(line.split()[:3] == ["r0001", "llama", "60m"] for line in out.splitlines())
+    assert "Store: a single database" in out
+
+
+def test_status_json_is_the_summary(served: Served) -> None:
+    summary = json.loads(ok(run(served, "status", "--json")))
+    assert summary["unplaceable"] == ["huge"]
+    assert summary["models"] == {"total": 3, "satisfied": 1, "short": 2}
+
+
+def test_nodes_show_devices_by_class_mig_labels_and_health(served: Served) -> None:
+    out = ok(run(served, "nodes"))
+    assert "a100-80g-mig-3g.40gb 2/2 free [0/mig0 0/mig1]" in out
+    assert "2 unhealthy: pending row remap" in out
+    detail = ok(run(served, "nodes", "show", "gpu-1"))
+    assert "0/mig1" in detail and "r0001" in detail and "pending row remap" in detail
+    listed = json.loads(ok(run(served, "nodes", "--json", "--fabric", "ib-b")))
+    assert [n["name"] for n in listed] == ["gpu-2"]
+
+
+def test_models_and_replicas_with_download_progress(served: Served) -> None:
+    out = ok(run(served, "models"))
+    assert "llama" in out and "1/1" in out and "parked" in out and "unplaceable" in out
+    replicas = ok(run(served, "replicas"))
+    assert "weights 50% of 16.0 GiB, 90s left" in replicas
+    assert "gpu-2:0" in replicas
+    only = json.loads(ok(run(served, "replicas", "--json", "--state", "ready")))
+    assert [r["id"] for r in only] == ["r0001"]
+    shown = json.loads(ok(run(served, "replicas", "show", "r0002")))
+    assert shown["download"]["bytes_total"] == 16 << 30
+
+
+def test_cordon_uncordon_drain_and_delete(served: Served) -> None:
+    assert ok(run(served, "cordon", "gpu-2")).strip() == "node gpu-2 is cordoned"
+    assert json.loads(ok(run(served, "status", "--json")))["nodes"]["cordoned"] == 1
+    assert ok(run(served, "uncordon", "gpu-2")).strip() == "node gpu-2 is ready"
+    assert ok(run(served, "drain", "gpu-2")).strip() == "node gpu-2 is draining"
+    assert "gpu-2" in ok(run(served, "nodes", "delete", "gpu-2"))
+    assert "does not exist" in one_line_error(run(served, "cordon", "gpu-2"))
+
+
+def test_apply_dry_run_then_for_real(served: Served, tmp_path: Path) -> None:
+    catalog = tmp_path / "models.yaml"
+    catalog.write_text(
+        "models:\n"
+        "  - {name: fresh, engine: sim, gpu_classes: [h100-80g]}\n"
+        "  - {name: llama, engine: sim, gpu_classes: [a100-80g], max_replicas: 3}\n"
+    )
+    dry = ok(run(served, "apply", "-f", str(catalog), "--dry-run"))
+    assert "+ fresh" in dry and "~ llama  (max_replicas)" in dry and "would be applied" in dry
+    assert "Devices by class" in dry
+    assert "fresh" not in ok(run(served, "models"))
+    assert "1 added, 1 changed (were applied)" in ok(run(served, "apply", "-f", str(catalog)))
+    assert "fresh" in ok(run(served, "models"))
+
+
+def test_apply_refuses_a_bad_file_in_one_line(served: Served, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [{name: x, engine: sim, gpu_classes: [a100-80g-mig-3g.40gb], "
+                   "gpus: 2, tp: 2}]\n")
+    result = run(served, "apply", "-f", str(bad))
+    assert result.exit_code == 1 and "MIG" in result.stderr
+    assert "cannot read" in one_line_error(run(served, "apply", "-f", str(tmp_path / "no")))
+
+
+def test_plan_and_what_if(served: Served, tmp_path: Path) -> None:
+    out = ok(run(served, "plan"))
+    assert "llama" in out and "huge" in out
+    what_if = tmp_path / "what-if.yaml"
+    what_if.write_text("{name: giant, engine: sim, gpus: 16, tp: 16, gpu_classes: [h100-80g]}")
+    plan = json.loads(ok(run(served, "plan", "--what-if", str(what_if), "--json")))
+    assert plan["what_if"] == ["giant"] and "giant" in plan["unplaceable"]
+
+
+def test_unpark_and_events(served: Served) -> None:
+    assert ok(run(served, "unpark", "broken")).strip() == "model broken unparked"
+    out = ok(run(served, "events", "--kind", "unpark"))
+    assert "model broken unparked" in out
+    data = json.loads(ok(run(served, "events", "--json", "--subject", "broken")))
+    assert [e["kind"] for e in data] == ["unpark"]
+
+
+def test_keys_create_list_revoke(served: Served) -> None:
+    created = json.loads(ok(run(served, "keys", "create", "--name", "ci", "--model", "llama",
+                                "--rpm", "60", "--json")))
+    assert created["secret"].startswith("sk-llmgw-")
+    listed = ok(run(served, "keys"))
+    assert created["key"]["key_id"] in listed and created["secret"] not in listed
+    assert "revoked" in ok(run(served, "keys", "revoke", created["key"]["key_id"]))
+    people = ok(run(served, "keys", "create", "--name", "people"))
+    assert "shown only this once" in people and "sk-llmgw-" in people
+    assert "does not exist" in one_line_error(run(served, "keys", "revoke", "nope"))
+
+
+def test_usage(served: Served) -> None:
+    minute = int(time.time()) // 60 * 60
+    served.call(lambda: served.cp.record_usage([
+        UsageRecord(minute=minute, key_id="k1", model="llama", requests=3, prompt_tokens=30),
+    ]))
+    out = ok(run(served, "usage"))
+    assert "k1" in out and "llama" in out and "30" in out
+    data = json.loads(ok(run(served, "usage", "--json", "--model", "nothing")))
+    assert data["total"]["requests"] == 0
+
+
+def test_join_token(served: Served) -> None:
+    token = ok(run(served, "join-token", "--rotate")).strip()
+    assert token.startswith("llmgw-join-")
+    assert "--rotate" in one_line_error(run(served, "join-token"))
+
+
+def test_unreachable_control_plane_is_one_line() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    result = run(None, "--url", f"http://127.0.0.1:{port}", "--token", "x", "status")
+    assert f"cannot reach the control plane at http://127.0.0.1:{port}" in one_line_error(result)
+
+
+def test_wrong_token_is_one_line(served: Served) -> None:
+    for token in ("llmgw-admin-wrong", served.api_key):
+        line = one_line_error(run(served, "nodes", token=token))
+        assert "refused the admin token" in line
+
+
+def test_no_token_anywhere_is_one_line(tmp_path: Path) -> None:
+    line = one_line_error(run(None, "status", data_dir=tmp_path))
+    assert "no admin token" in line
+
+
+def test_address_and_token_from_up_json_and_env(served: Served, tmp_path: Path) -> None:
+    (tmp_path / "up.json").write_text(json.dumps({
+        "api_url": served.url + "/v1", "admin_url": served.url,
+        "console_url": served.url + "/console", "admin_token": served.admin_token,
+    }))
+    assert json.loads(ok(run(None, "status", "--json", data_dir=tmp_path)))["nodes"]["total"] == 2
+    env = {"LLMGW_URL": served.url + "/admin/v1", "LLMGW_ADMIN_TOKEN": served.admin_token}
+    assert "gpu-1" in ok(run(None, "nodes", env=env))
+    # A flag wins over up.json: a wrong one is refused even though up.json is right.
+    result = run(None, "--token", "llmgw-admin-wrong", "status", data_dir=tmp_path)
+    assert "refused" in one_line_error(result)
+    (tmp_path / "up.json").write_text("{not json")
+    assert "up.json is not valid JSON" in one_line_error(run(None, "status", data_dir=tmp_path))
+
+
+def test_status_watch_refreshes_until_interrupted(served: Served) -> None:
+    env = {**os.environ, "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llmgw.cli.ctl", "--url", served.url, "--token",
+         served.admin_token, "status", "--watch", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "Devices by class" in out and "Traceback" not in err
