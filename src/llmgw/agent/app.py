@@ -98,6 +98,7 @@ class Agent:
         inventory_provider: InventoryProvider | None = None,
         adapters: Mapping[EngineKind, EngineAdapter] | None = None,
         supervisor: ProcessControl | None = None,
+        session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.config = config
         self.data_dir = config.data_dir
@@ -124,6 +125,9 @@ class Agent:
         self._stopping_devices: dict[str, set[int]] = {}
         self._changed = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
+        # A simulated fleet runs hundreds of agents in one process: one shared
+        # session (one connection pool) instead of hundreds; the owner closes it.
+        self._shared_session = session
         self._client: ControlPlaneClient | None = None
         self._deps: RunnerDeps | None = None
         self._opened = False
@@ -139,7 +143,7 @@ class Agent:
         ensure_data_dir(self.data_dir)
         self.identity = load_identity(self.data_dir, self.config.name)
         await asyncio.to_thread(self.weights.clean_partial)
-        self._session = aiohttp.ClientSession()
+        self._session = self._shared_session or aiohttp.ClientSession()
         self._client = ControlPlaneClient(self.config.control_plane, self._session)
         self._deps = RunnerDeps(
             supervisor=self.supervisor,
@@ -221,7 +225,8 @@ class Agent:
             await self.server.stop()
             self.server = None
         if self._session is not None:
-            await self._session.close()
+            if self._session is not self._shared_session:
+                await self._session.close()
             self._session = None
         self._opened = False
 
