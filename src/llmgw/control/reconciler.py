@@ -87,17 +87,17 @@ class Reconciler:
                 draining_since=self._draining_since,
                 cache=self._devices,
             )
+            # One fenced transaction for the whole pass: replicas, models and
+            # events land together or not at all, and memory changes only after.
             await self.store.write_replicas(
                 [replica_row(r) for r in decisions.new]
                 + [replica_row(r, draining=True) for r in decisions.mark_draining],
                 [removal.replica.id for removal in decisions.removals],
                 epoch=epoch,
                 events=[event_row(e) for e in decisions.events],
+                models=self._model_rows(decisions, now),
             )
             self._apply_replicas(decisions)
-            model_rows = self._model_rows(decisions, now)
-            if model_rows:
-                await self.store.upsert_models(model_rows, epoch=epoch)
             self._apply_models(decisions)
             if decisions.changes_replicas:
                 await self.state.bump_routing()

@@ -216,7 +216,10 @@ class ControlPlane:
         node.agent_port = report.agent_port
         node.fabrics = list(report.fabrics)
         node.weights = list(report.weights)
-        node.inventory = report.inventory
+        if inventory_changed:
+            # Replaced, never edited in place, and only when it changed: the
+            # scheduler caches per-node device indexes keyed by this object.
+            node.inventory = report.inventory
         node.last_seen = now
         node.refused = dict(report.refused)
         node.statuses = {s.replica_id: s for s in report.replicas}

@@ -33,6 +33,7 @@ class Store:
         self.engine = engine
         self.url = url
         self.is_sqlite = is_sqlite(url)
+        self._upserts: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     # -- opening -----------------------------------------------------------
 
@@ -81,11 +82,32 @@ class Store:
         except SQLAlchemyError as exc:
             raise StoreError(f"store read failed: {_first_line(exc)}") from exc
 
-    def _upsert(self, table: Table, rows: Sequence[Row], keys: Sequence[str]) -> Any:
-        dialect_insert = sqlite.insert if self.is_sqlite else postgresql.insert
-        stmt = dialect_insert(table).values(list(rows))
-        updates = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
-        return stmt.on_conflict_do_update(index_elements=list(keys), set_=updates)
+    def _upsert_statement(self, table: Table, keys: Sequence[str]) -> Any:
+        """INSERT ... ON CONFLICT DO UPDATE, executed with the rows as parameters.
+
+        Rows go in as an executemany parameter list, not a multi-VALUES
+        statement: compiling a VALUES clause of 2,000 rows took SQLAlchemy
+        ~0.7 s, the same statement executed with a parameter list ~0.05 s.
+        """
+        cache_key = (table.name, tuple(keys))
+        stmt = self._upserts.get(cache_key)
+        if stmt is None:
+            dialect_insert = sqlite.insert if self.is_sqlite else postgresql.insert
+            base = dialect_insert(table)
+            updates = {c.name: base.excluded[c.name] for c in table.columns if c.name not in keys}
+            stmt = self._upserts[cache_key] = base.on_conflict_do_update(
+                index_elements=list(keys), set_=updates
+            )
+        return stmt
+
+    async def _execute_upsert(
+        self, conn: AsyncConnection, table: Table, rows: Sequence[Row], keys: Sequence[str]
+    ) -> None:
+        if not rows:
+            return
+        # Callers pass whole rows (every column), so one compiled statement
+        # serves the whole list and an update never resets a column it skipped.
+        await conn.execute(self._upsert_statement(table, keys), list(rows))
 
     # -- settings and leader epoch -------------------------------------------
 
@@ -95,7 +117,7 @@ class Store:
 
     async def set_setting(self, key: str, value: str) -> None:
         async with self.transaction() as conn:
-            await conn.execute(self._upsert(schema.settings, [{"key": key, "value": value}], ["key"]))
+            await self._execute_upsert(conn, schema.settings, [{"key": key, "value": value}], ["key"])
 
     async def set_setting_if_absent(self, key: str, value: str) -> bool:
         """Write ``key`` only if nothing is there; True when this call wrote it."""
@@ -113,8 +135,8 @@ class Store:
         async with self.transaction() as conn:
             current = await self._epoch(conn, lock=True)
             new = current + 1
-            await conn.execute(
-                self._upsert(schema.settings, [{"key": EPOCH_KEY, "value": str(new)}], ["key"])
+            await self._execute_upsert(
+                conn, schema.settings, [{"key": EPOCH_KEY, "value": str(new)}], ["key"]
             )
             return new
 
@@ -149,7 +171,7 @@ class Store:
         if not rows:
             return
         async with self.transaction() as conn:
-            await conn.execute(self._upsert(schema.nodes, rows, ["name"]))
+            await self._execute_upsert(conn, schema.nodes, rows, ["name"])
 
     async def touch_nodes(self, last_seen: dict[str, float]) -> None:
         """Record heartbeats in one statement per batch, not one per report."""
@@ -187,7 +209,7 @@ class Store:
         if not rows:
             return
         async with self._write(epoch) as conn:
-            await conn.execute(self._upsert(schema.models, rows, ["name"]))
+            await self._execute_upsert(conn, schema.models, rows, ["name"])
 
     async def delete_models(self, names: Iterable[str], *, epoch: int | None = None) -> None:
         names = list(names)
@@ -208,17 +230,20 @@ class Store:
         *,
         epoch: int | None = None,
         events: Sequence[Row] = (),
+        models: Sequence[Row] = (),
     ) -> None:
-        """Apply one reconcile pass's replica changes and events atomically."""
+        """Apply one reconcile pass's replica and model changes and events atomically."""
         deletes = list(deletes)
-        if not upserts and not deletes and not events:
+        if not upserts and not deletes and not events and not models:
             return
         async with self._write(epoch) as conn:
             if upserts:
                 rows = [dict(r, epoch=epoch or 0) for r in upserts]
-                await conn.execute(self._upsert(schema.replicas, rows, ["id"]))
+                await self._execute_upsert(conn, schema.replicas, rows, ["id"])
             if deletes:
                 await conn.execute(delete(schema.replicas).where(schema.replicas.c.id.in_(deletes)))
+            if models:
+                await self._execute_upsert(conn, schema.models, models, ["name"])
             if events:
                 await conn.execute(schema.events.insert(), list(events))
 
