@@ -22,6 +22,10 @@ import httpx
 import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright
+from starlette.applications import Starlette
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 from tests.console.fleet import Fleet, build, keep_reporting
 from tests.servers import serve_asgi
 
@@ -61,6 +65,28 @@ class Watched:
         return [e for e in self.errors if not any(p.search(e) for p in self.allowed)]
 
 
+# A replicated store as Patroni 4 describes it (lag in bytes, "unknown", or
+# absent on the leader), for the overview's store section.
+PATRONI_CLUSTER = {
+    "scope": "llmgw",
+    "members": [
+        {"name": "pg-1", "role": "leader", "state": "running", "host": "127.0.0.11",
+         "port": 5432, "timeline": 4},
+        {"name": "pg-2", "role": "sync_standby", "state": "streaming", "host": "127.0.0.12",
+         "port": 5432, "timeline": 4, "lag": 0},
+        {"name": "pg-3", "role": "replica", "state": "streaming", "host": "127.0.0.13",
+         "port": 5432, "timeline": 4, "lag": 1048576},
+    ],
+}
+
+
+def fake_patroni() -> Starlette:
+    async def cluster(_: StarletteRequest) -> JSONResponse:
+        return JSONResponse(PATRONI_CLUSTER)
+
+    return Starlette(routes=[Route("/cluster", cluster)])
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def console(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Console]:
     path = tmp_path_factory.mktemp("console") / "cp.db"
@@ -71,10 +97,14 @@ async def console(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Con
         creds = await cp.ensure_credentials()
         assert creds.admin_token and creds.join_token
         fleet = await build(cp, creds.join_token)
-        async with serve_asgi(create_app(cp)) as url, keep_reporting(cp, fleet.node_tokens):
-            headers = {"Authorization": f"Bearer {creds.admin_token}"}
-            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as api:
-                yield Console(url=url, admin_token=creds.admin_token, fleet=fleet, api=api)
+        async with serve_asgi(fake_patroni()) as patroni:
+            with pytest.MonkeyPatch.context() as env:
+                env.setenv("LLMGW_PATRONI_URL", patroni)
+                app = create_app(cp)
+            async with serve_asgi(app) as url, keep_reporting(cp, fleet.node_tokens):
+                headers = {"Authorization": f"Bearer {creds.admin_token}"}
+                async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as api:
+                    yield Console(url=url, admin_token=creds.admin_token, fleet=fleet, api=api)
     finally:
         await store.close()
 

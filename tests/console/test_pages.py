@@ -12,11 +12,23 @@ import re
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.async_api import Page, Request, expect
 from tests.console.conftest import Console, Watched, sign_in
-from tests.console.fleet import ECC_REASON, MIG_CLASS, NOT_CARVED, PARK_ERROR, UNPLACEABLE_REASON
+from tests.console.fleet import (
+    ECC_REASON,
+    MIG_CLASS,
+    NOT_CARVED,
+    PARK_ERROR,
+    UNPLACEABLE_REASON,
+    Fleet,
+)
+from tests.servers import free_port, serve_asgi
 
+from llmgw.control.app import create_app
+from llmgw.control.service import ControlPlane
+from llmgw.control.store.repo import Store
 from llmgw.wire import NodeState
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -128,8 +140,17 @@ async def test_overview_shows_the_summary(console: Console, watched: Watched, sh
         "chat-small", f"{summary['idle_replicas'][0]['idle_seconds'] // 60} min",
         str(summary["idle_replicas"][0]["gpus"]),
     ]
-    await expect(page.locator("#sec-store")).to_be_visible()
-    await expect(page.get_by_text("A single database")).to_be_visible()
+    # The store's members, as Patroni reported them through the summary.
+    assert [m["name"] for m in summary["store"]] == ["pg-1", "pg-2", "pg-3"]
+    assert summary["store_error"] is None
+    store_rows = await page.locator("#store tbody tr").evaluate_all(
+        "rows => rows.map(r => [...r.cells].map(c => c.innerText.trim()))"
+    )
+    assert store_rows == [
+        [m["name"], m["host"], m["role"], m["state"],
+         "unknown" if m["lag"] < 0 else f"{m['lag']:,}"]
+        for m in summary["store"]
+    ]
     await page.screenshot(path=shots / "overview.png", full_page=True)
 
 
@@ -396,3 +417,41 @@ async def test_pages_update_live_and_pause_while_hidden(
     )
     await expect(cordoned).to_have_text("0", timeout=2000)
     assert [t for t in calls if t > hidden_at]
+
+
+async def test_an_empty_fleet_and_an_unreadable_store(
+    tmp_path: Path, watched: Watched, shots: Path
+) -> None:
+    """A first start: no nodes, no models, no usage; Patroni down. Every page still loads."""
+    store = await Store.open("sqlite:///" + str(tmp_path / "empty.db"))
+    try:
+        cp = ControlPlane(store)
+        await cp.load()
+        creds = await cp.ensure_credentials(first_api_key=False)
+        assert creds.admin_token
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("LLMGW_PATRONI_URL", f"http://127.0.0.1:{free_port()}")
+            app = create_app(cp)
+        async with serve_asgi(app) as url, httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {creds.admin_token}"}
+        ) as api:
+            empty = Console(url=url, admin_token=creds.admin_token,
+                            fleet=Fleet(cp=cp, node_tokens={}, key_ids=[]), api=api)
+            page = watched.page
+            await sign_in(empty, page)
+            summary = await empty.get("/summary")
+            assert summary["store_error"]
+            await expect(page.locator("#store-error")).to_contain_text(summary["store_error"])
+            await expect(page.locator("#gpu-bars")).to_contain_text("No devices reported yet.")
+            await page.screenshot(path=shots / "overview-empty.png", full_page=True)
+            for name, text in (("Nodes", "No node has registered yet."),
+                               ("Models", "The catalog is empty"),
+                               ("Replicas", "0 of 0 replicas"),
+                               ("Plan", "No models in the catalog."),
+                               ("Usage", "No requests in this range."),
+                               ("Events", "events")):
+                await page.get_by_role("link", name=name, exact=True).click()
+                await expect(page.locator("#page")).to_contain_text(text)
+                await expect(page.locator("#status")).to_contain_text("Updated")
+    finally:
+        await store.close()

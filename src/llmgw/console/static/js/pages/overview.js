@@ -56,7 +56,7 @@ function classBars(gpus) {
 
 function storeSection(summary) {
   const parts = [];
-  if (summary.store_error) parts.push(h("p", { class: "error", id: "store-error" }, `Cannot read the store's members: ${summary.store_error}`));
+  if (summary.store_error) parts.push(h("p", { class: "error", id: "store-error" }, summary.store_error));
   if (summary.store.length) {
     parts.push(
       table(
@@ -73,7 +73,7 @@ function storeSection(summary) {
   } else if (!summary.store_error) {
     parts.push(h("p", { class: "muted" }, "A single database: no replicated members to show."));
   }
-  return section("Store", parts);
+  return section("Store", h("div", { id: "store" }, parts));
 }
 
 export default {
@@ -105,7 +105,7 @@ export default {
       redraw(body, () => [
         h(
           "div",
-          { class: "grid" },
+          { class: "grid totals" },
           section(
             "Nodes",
             h(
@@ -175,7 +175,7 @@ export default {
                       h("li", { dataset: { model: name } }, h("strong", {}, name), ": ", reasons.get(name) || "short of replicas and none starting"),
                     ),
                   )
-                : h("p", { class: "empty" }, "Every model that is short has a replica on its way."),
+                : h("p", { class: "empty" }, "None: every model has what it needs, or a replica on its way."),
             ),
           ),
         ),
