@@ -4,6 +4,8 @@ against a real control plane (uvicorn on loopback, SQLite in tmp) and a real gat
 from __future__ import annotations
 
 import asyncio
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -416,3 +418,49 @@ async def test_a_refused_join_token_is_reported(tmp_path: Path) -> None:
                 await fleet.wait_registered(timeout_s=10.0)
         finally:
             await fleet.shutdown()
+
+
+# -- llmgw sim fleet ------------------------------------------------------------------
+
+
+def test_cli_refuses_a_bad_spec_naming_the_field(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from llmgw.cli.sim import app
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("nodes: [{count: 2, class: h100-80g, gpus: 2, unhealthy: 5}]\n")
+    result = CliRunner().invoke(app, ["fleet", str(bad), "--control-plane", "http://127.0.0.1:9"])
+    assert result.exit_code == 2
+    assert "bad.yaml: nodes[0]: unhealthy: 5 but the node has 2 gpus" in result.output
+    models = EXAMPLES / "fleet-small.yaml"
+    result = CliRunner().invoke(
+        app,
+        ["fleet", str(models), "--control-plane", "http://127.0.0.1:9"],
+        env={"LLMGW_ADMIN_TOKEN": ""},
+    )
+    assert result.exit_code == 2 and "--admin-token" in result.output
+
+
+async def test_cli_runs_a_fleet_until_sigterm(tmp_path: Path) -> None:
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text("nodes: [{count: 3, class: l4-24g, gpus: 1}]\n")
+    async with control_plane(tmp_path) as plane:
+        assert plane.creds.join_token
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "llmgw.cli.main", "sim", "fleet", str(spec),
+            "--control-plane", plane.url, "--join-token", plane.creds.join_token,
+            "--data-dir", str(tmp_path / "fleet"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), 30)
+            assert b"3 nodes registered" in line, line
+            assert sorted(plane.cp.state.nodes) == ["l4-24g-000", "l4-24g-001", "l4-24g-002"]
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()

@@ -1,20 +1,28 @@
-"""``llmgw sim ...``: run simulated engines (and, later, fleets) from the shell.
+"""``llmgw sim ...``: run simulated engines and simulated fleets from the shell.
 
-Mounted by the main command as a typer sub-app. Flags override fields of
-``--params-json`` (a ``wire.SimParams`` document), so a saved parameter set
-can be reused with one value changed.
+Mounted by the main command as a typer sub-app. ``engine``: flags override
+fields of ``--params-json`` (a ``wire.SimParams`` document), so a saved
+parameter set can be reused with one value changed. ``fleet``: many simulated
+nodes from a YAML spec, each a real agent reporting to a control plane.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import asyncio
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 import pydantic
 import typer
 
-from llmgw.errors import ValidationError
+from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.sim import engine as sim_engine
 from llmgw.sim.core import check_params
+from llmgw.sim.fleetspec import FleetSpec, load_fleet_spec
 from llmgw.wire import SimParams
 
 app = typer.Typer(
@@ -75,3 +83,119 @@ def engine_command(
         )
         raise typer.Exit(1) from None
     raise typer.Exit(code)
+
+
+EngineChoice = Literal["inprocess", "subprocess"]
+
+
+@app.command("fleet")
+def fleet_command(
+    spec: Annotated[
+        Path, typer.Argument(help="The fleet spec (YAML), e.g. examples/fleet-demo.yaml.")
+    ],
+    control_plane: Annotated[
+        str, typer.Option(envvar="LLMGW_CONTROL_PLANE", help="Control plane base URL.")
+    ],
+    join_token: Annotated[
+        str | None, typer.Option(envvar="LLMGW_JOIN_TOKEN", help="Join token (first start).")
+    ] = None,
+    data_dir: Annotated[
+        Path, typer.Option(help="Where each node keeps its identity and state.")
+    ] = Path("sim-fleet"),
+    engines: Annotated[
+        EngineChoice,
+        typer.Option(help="inprocess: engines inside this process; subprocess: one each."),
+    ] = "inprocess",
+    admin_token: Annotated[
+        str | None,
+        typer.Option(envvar="LLMGW_ADMIN_TOKEN", help="Admin token, to apply the spec's models."),
+    ] = None,
+    apply_models: Annotated[
+        bool, typer.Option(help="Apply the spec's models through the admin API first.")
+    ] = True,
+    register_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for every node to register.")
+    ] = 120.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+) -> None:
+    """Run a simulated fleet against a control plane until SIGINT or SIGTERM."""
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        fleet_spec = load_fleet_spec(spec)
+    except ValidationError as exc:
+        typer.echo(f"llmgw sim fleet: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if fleet_spec.models and apply_models and not admin_token:
+        typer.echo(
+            f"llmgw sim fleet: {spec} has {len(fleet_spec.models)} model(s) to apply: give"
+            " --admin-token (or LLMGW_ADMIN_TOKEN), or --no-apply-models",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        code = asyncio.run(
+            _run_fleet(
+                fleet_spec,
+                control_plane,
+                join_token,
+                data_dir,
+                engines=engines,
+                admin_token=admin_token if apply_models else None,
+                register_timeout=register_timeout,
+            )
+        )
+    except (ConfigError, AuthError, ValidationError) as exc:
+        typer.echo(f"llmgw sim fleet: {exc}", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)
+
+
+async def _run_fleet(
+    fleet_spec: FleetSpec,
+    control_plane: str,
+    join_token: str | None,
+    data_dir: Path,
+    *,
+    engines: EngineChoice,
+    admin_token: str | None,
+    register_timeout: float,
+) -> int:
+    from llmgw.sim.fleet import start_fleet
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    started = time.monotonic()
+    fleet = await start_fleet(
+        fleet_spec,
+        control_plane,
+        join_token,
+        data_dir,
+        engines=engines,
+        admin_token=admin_token,
+        apply=admin_token is not None,
+    )
+    try:
+        waiting = asyncio.create_task(fleet.wait_registered(register_timeout))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({waiting, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            waiting.result()  # a refused join token or a timeout ends the run here
+            print(
+                f"llmgw sim fleet: {len(fleet.agents)} nodes registered with {control_plane}"
+                f" in {time.monotonic() - started:.1f} s ({engines} engines); Ctrl-C stops",
+                flush=True,
+            )
+        else:
+            waiting.cancel()
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await fleet.shutdown(stop_engines=True)
+    return 0
