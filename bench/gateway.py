@@ -1,7 +1,7 @@
 """What the gateway adds to a request: latency at several rates, and the rate it holds.
 
-Three processes, so the gateway has a core of its own (on a machine with two
-or more cores they are pinned: gateway on one core, the rest on the others):
+Three processes, so the gateway has a core of its own (``--pin`` pins it to
+one core and the others to the rest, for machines with cores to spare):
 
 * upstream: a minimal OpenAI-compatible server (raw asyncio + uvloop, one
   canned chat completion with usage), as fast as a Python server gets;
@@ -19,7 +19,7 @@ header (`x-llmgw-overhead-ms`) is summarised too. The ramp then raises the
 rate until the added p99 reaches 50 ms, requests fail, or the sender cannot
 reach the rate.
 
-    python bench/gateway.py [--quick] [--seconds 8] [--no-pin]
+    python bench/gateway.py [--quick] [--seconds 8] [--pin] [--nice -5]
 
 Last line: JSON with added_p50_ms_at_1000, added_p99_ms_at_1000,
 max_rps_p99_under_50ms (and the per-rate table).
@@ -138,7 +138,7 @@ async def _run_gateway(upstream_url: str) -> None:
     import uvicorn
 
     from llmgw import secrets, wire
-    from llmgw.gateway.app import Gateway
+    from llmgw.gateway.app import Gateway, freeze_startup_objects
     from llmgw.gateway.link import MemoryLink
 
     logging.basicConfig(level=logging.WARNING)
@@ -158,6 +158,7 @@ async def _run_gateway(upstream_url: str) -> None:
     gateway = Gateway(MemoryLink(config, poll_timeout_s=3600))
     await gateway.start()
     await gateway.wait_configured(10)
+    freeze_startup_objects()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(
@@ -168,6 +169,8 @@ async def _run_gateway(upstream_url: str) -> None:
     )  # fmt: skip
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
+        if task.done():
+            task.result()
         await asyncio.sleep(0.01)
     print(sock.getsockname()[1], flush=True)
     await task
@@ -420,6 +423,8 @@ async def _measure(args: argparse.Namespace, upstream_port: int, gateway_port: i
         "overhead_header_p99_ms_at_1000": at_1000["overhead_header_p99_ms"] if at_1000 else None,
         "seconds_per_phase": seconds,
         "pinned": args.pin,
+        "nice": args.nice,
+        "cpus": os.cpu_count(),
         "rows": rows,
     }
     print(json.dumps(result))
@@ -437,7 +442,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="about a minute in all")
     parser.add_argument("--seconds", type=float, default=None, help="per rate and target")
-    parser.add_argument("--no-pin", dest="pin", action="store_false", help="no CPU pinning")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="pin the gateway to a core of its own (worth it with 4+ idle cores; on a shared"
+        " 2-core VM it only takes half the machine away from the gateway)",
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness for all three processes (e.g. -5 on a machine busy with other work)",
+    )
     parser.add_argument("--role", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
@@ -457,6 +473,8 @@ def main() -> None:
         if args.quick
         else [2500, 3000, 3500, 4000, 4500, 5000, 6000, 7000, 8000]
     )
+    if args.nice:
+        os.nice(args.nice)  # inherited by the upstream and gateway processes
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     gateway_cpus = others = None
     if args.pin and len(cpus) >= 2:

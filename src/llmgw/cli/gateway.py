@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from llmgw.errors import AuthError, ConfigError
-from llmgw.gateway.app import Gateway
+from llmgw.gateway.app import Gateway, freeze_startup_objects
 from llmgw.gateway.link import ControlPlaneUnavailable, HttpControlPlaneLink
 from llmgw.gateway.settings import GatewaySettings
 
@@ -65,6 +65,7 @@ async def serve_gateway(
         except (ControlPlaneUnavailable, TimeoutError) as exc:
             log.warning("control plane not reachable yet (%s); answering 503 until it is", exc)
         await gateway.start()
+        freeze_startup_objects()
         config = uvicorn.Config(
             gateway,
             lifespan="off",
