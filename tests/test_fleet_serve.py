@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from tests.servers import free_port
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main"]

@@ -19,7 +19,6 @@ import httpx
 import psutil
 import pytest
 from openai import OpenAI
-
 from tests.servers import free_port
 
 pytestmark = pytest.mark.slow

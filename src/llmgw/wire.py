@@ -74,7 +74,7 @@ def is_mig_class(gpu_class: str) -> bool:
 
 
 def mig_number(card_index: int, instance: int) -> int:
-    """The placement number of a MIG instance: ``1000 + 100 × card + instance``.
+    """The placement number of a MIG instance: ``1000 + 100 x card + instance``.
 
     Instances need numbers that can never collide with a card index and still
     say which card they live on; ``card/migN`` is how they are shown.
@@ -118,7 +118,7 @@ class Device(Wire):
     mode appears only as its instances and a CPU-only node as its slots.
     """
 
-    number: int  # card index, MIG number (1000 + 100 × card + instance) or CPU slot
+    number: int  # card index, MIG number (1000 + 100 x card + instance) or CPU slot
     label: str  # "0", "0/mig1", "cpu0"
     uuid: str  # GPU-…, MIG-…, or a stable id for a CPU slot
     name: str  # product name, "NVIDIA A100-SXM4-80GB"; "cpu" for slots
@@ -223,7 +223,7 @@ RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]
 
 class ModelSpec(Wire):
     """One catalog entry (DESIGN.md §3). Field-level shape is checked here;
-    cross-field rules (MIG limits, gpus = tp × pp, ...) in control.catalog."""
+    cross-field rules (MIG limits, gpus = tp x pp, ...) in control.catalog."""
 
     name: str
     aliases: list[str] = Field(default_factory=list)

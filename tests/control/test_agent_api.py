@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials, replica_row
@@ -21,7 +22,6 @@ from llmgw.wire import (
     ReplicaStatus,
     ShardAssignment,
 )
-from tests.servers import serve_asgi
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ async def test_register_report_and_assignment(
 async def test_credentials_are_not_interchangeable(
     plane: tuple[ControlPlane, NewCredentials, str],
 ) -> None:
-    cp, creds, url = plane
+    _, creds, url = plane
     assert creds.join_token and creds.admin_token and creds.api_key
     async with httpx.AsyncClient() as client:
         bad = await client.post(f"{url}/agent/v1/register",
@@ -120,11 +120,11 @@ async def test_credentials_are_not_interchangeable(
             assert answer.status_code == 401
         # Gateway routes take the gateway (or admin) token, never a node token or API key.
         for wrong in (token_1, creds.api_key):
-            answer = await client.get(f"{url}/gateway/v1/config?timeout=0",
+            answer = await client.get(f"{url}/gateway/v1/config?wait=0",
                                       headers={"Authorization": f"Bearer {wrong}"})
             assert answer.status_code == 401
         assert creds.gateway_token
-        ok = await client.get(f"{url}/gateway/v1/config?timeout=0",
+        ok = await client.get(f"{url}/gateway/v1/config?wait=0",
                               headers={"Authorization": f"Bearer {creds.gateway_token}"})
         assert ok.status_code == 200 and "routing" in ok.json()
 
@@ -156,7 +156,7 @@ async def test_watch_config_wakes_on_change(
     version = cp.state.routing_version
     async with httpx.AsyncClient(timeout=10) as client:
         waiting = asyncio.create_task(client.get(
-            f"{url}/gateway/v1/config?after={version}&timeout=5",
+            f"{url}/gateway/v1/config?after={version}&wait=5",
             headers={"Authorization": f"Bearer {creds.gateway_token}"},
         ))
         await asyncio.sleep(0.2)

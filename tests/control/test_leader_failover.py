@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from tests.servers import free_port
 
 

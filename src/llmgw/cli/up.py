@@ -31,7 +31,7 @@ from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.db import normalise_url
 from llmgw.control.store.repo import Store
-from llmgw.errors import ConfigError
+from llmgw.errors import ConfigError, LlmgwError
 from llmgw.wire import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -114,16 +114,15 @@ def load_catalog_file(path: Path) -> list[ModelSpec]:
     try:
         specs = parse_models(text, source=str(path))
         validate_catalog(specs)
-    except Exception as exc:
-        raise ConfigError(f"catalog {path} is invalid: {exc}") from None
+    except LlmgwError as exc:
+        problems = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise ConfigError(f"catalog {path} is invalid: {problems}") from None
     # Everything runs on this machine, so a local weights path that is not
     # here can never be served: say so now rather than after a failed start.
     for spec in specs:
-        if spec.weights.kind == "local" and spec.weights.path:
-            if not Path(spec.weights.path).exists():
-                raise ConfigError(
-                    f"model {spec.name}: weights file {spec.weights.path} does not exist"
-                )
+        local = spec.weights.path if spec.weights.kind == "local" else None
+        if local and not Path(local).exists():
+            raise ConfigError(f"model {spec.name}: weights file {local} does not exist")
     return specs
 
 
@@ -204,7 +203,8 @@ def print_banner(info: dict[str, Any], creds: NewCredentials, *, up: bool) -> No
             "",
             "Try it:",
             f"  curl {info['api_url']}/chat/completions \\",
-            f"    -H 'Authorization: Bearer {info['api_key']}' -H 'Content-Type: application/json' \\",
+            f"    -H 'Authorization: Bearer {info['api_key']}' \\",
+            "    -H 'Content-Type: application/json' \\",
             "    -d '{\"model\": \"" + info.get("model", "default")
             + "\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
         ]
@@ -262,7 +262,9 @@ async def _serve_http(app: Any, host: str, port: int, stop: asyncio.Event) -> uv
         access_log=False, loop="none", http="httptools", timeout_keep_alive=30,
     )
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    # Signals are ours: SIGINT/SIGTERM must stop the agent and its engines
+    # before the HTTP server, so uvicorn must not take them over.
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -111,9 +111,9 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
             raise AuthError("a gateway token is required")
 
     @app.get("/gateway/v1/config", include_in_schema=False)
-    async def gateway_config(request: Request, after: int = -1, timeout: float = 25.0) -> Response:
+    async def gateway_config(request: Request, after: int = -1, wait: float = 25.0) -> Response:
         _gateway(request)
-        config = await cp.watch_config(after, timeout=max(0.0, min(timeout, 60.0)))
+        config = await cp.watch_config(after, wait_s=max(0.0, min(wait, 60.0)))
         return _json(config)
 
     @app.post("/gateway/v1/load", include_in_schema=False, status_code=204)

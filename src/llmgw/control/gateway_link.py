@@ -17,7 +17,7 @@ class InProcessLink:
         self.watch_timeout_s = watch_timeout_s
 
     async def watch_config(self, after_version: int) -> GatewayConfig:
-        return await self.cp.watch_config(after_version, timeout=self.watch_timeout_s)
+        return await self.cp.watch_config(after_version, wait_s=self.watch_timeout_s)
 
     async def demand(self, model: str) -> None:
         await self.cp.demand(model)

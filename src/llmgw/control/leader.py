@@ -100,7 +100,9 @@ class LeaderElection:
                     conninfo, autocommit=True, connect_timeout=5
                 )
                 while True:
-                    cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
+                    cur = await conn.execute(
+                        "SELECT pg_try_advisory_lock(%s)", (ADVISORY_LOCK_KEY,)
+                    )
                     row = await cur.fetchone()
                     if row and row[0]:
                         break

@@ -10,6 +10,7 @@ rules hold whichever API a change came through.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -384,17 +385,16 @@ class ControlPlane:
         self._gateway_config, self._gateway_config_version = config, version
         return config
 
-    async def watch_config(self, after_version: int, timeout: float = 25.0) -> GatewayConfig:
+    async def watch_config(self, after_version: int, wait_s: float = 25.0) -> GatewayConfig:
+        """The config once it is newer than ``after_version``, or after ``wait_s``."""
         cond = self.state.changed()
         if self.state.routing_version <= after_version:
             async with cond:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         cond.wait_for(lambda: self.state.routing_version > after_version),
-                        timeout,
+                        wait_s,
                     )
-                except TimeoutError:
-                    pass
         return self.gateway_config()
 
     async def demand(self, model_name: str) -> None:
@@ -609,11 +609,9 @@ class ControlPlane:
     def wake_reconciler(self) -> None:
         self._reconcile_wakeup.set()
 
-    async def wait_for_wakeup(self, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(self._reconcile_wakeup.wait(), timeout)
-        except TimeoutError:
-            pass
+    async def wait_for_wakeup(self, at_most_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reconcile_wakeup.wait(), at_most_s)
         self._reconcile_wakeup.clear()
 
 

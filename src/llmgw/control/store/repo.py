@@ -117,7 +117,8 @@ class Store:
 
     async def set_setting(self, key: str, value: str) -> None:
         async with self.transaction() as conn:
-            await self._execute_upsert(conn, schema.settings, [{"key": key, "value": value}], ["key"])
+            row = {"key": key, "value": value}
+            await self._execute_upsert(conn, schema.settings, [row], ["key"])
 
     async def set_setting_if_absent(self, key: str, value: str) -> bool:
         """Write ``key`` only if nothing is there; True when this call wrote it."""
