@@ -55,7 +55,10 @@ function clock(t) {
  * series: [{name, points: [[unixSeconds, value], ...]}], all on one x range
  * [from, to]. Returns a <figure> with the chart, a legend and a caption.
  */
-export function lineChart(title, series, { from, to, unit = "" } = {}) {
+export function lineChart(title, series, { from, to, unit = "", colourOf } = {}) {
+  // One colour per name across every chart of a page, so "embed" is the
+  // same line in the requests chart and in the tokens chart.
+  const pick = (se, i) => colour(colourOf ? colourOf(se.name) : i);
   const W = 640;
   const H = 220;
   const L = 48;
@@ -89,11 +92,11 @@ export function lineChart(title, series, { from, to, unit = "" } = {}) {
   series.forEach((se, i) => {
     const pts = [...se.points].sort((a, b) => a[0] - b[0]);
     if (pts.length === 1) {
-      svg.append(s("circle", { cx: X(pts[0][0]), cy: Y(pts[0][1]), r: 3, fill: colour(i) }, s("title", {}, `${se.name}: ${fmtInt(pts[0][1])}`)));
+      svg.append(s("circle", { cx: X(pts[0][0]), cy: Y(pts[0][1]), r: 3, fill: pick(se, i) }, s("title", {}, `${se.name}: ${fmtInt(pts[0][1])}`)));
       return;
     }
     const d = pts.map((p, j) => `${j ? "L" : "M"}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ");
-    svg.append(s("path", { d, class: "series", stroke: colour(i), "vector-effect": "non-scaling-stroke" }, s("title", {}, se.name)));
+    svg.append(s("path", { d, class: "series", stroke: pick(se, i), "vector-effect": "non-scaling-stroke" }, s("title", {}, se.name)));
   });
   const legend = h(
     "div",
@@ -101,7 +104,7 @@ export function lineChart(title, series, { from, to, unit = "" } = {}) {
     series.map((se, i) => {
       const sum = se.points.reduce((acc, p) => acc + p[1], 0);
       const sw = h("span", { class: "swatch" });
-      sw.style.background = colour(i);
+      sw.style.background = pick(se, i);
       return h("span", {}, sw, `${se.name} (${fmtInt(sum)})`);
     }),
   );

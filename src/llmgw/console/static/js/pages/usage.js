@@ -88,14 +88,22 @@ export default {
       const byKey = (r) => keyName.get(r.key_id) || r.key_id;
       const tokens = (r) => r.prompt_tokens + r.completion_tokens;
       const requests = (r) => r.requests;
+      const modelTotals = totals(rows, byModel);
+      const keyTotals = totals(rows, byKey);
+      const rank = (list) => {
+        const index = new Map(list.map((t, i) => [t.name, i]));
+        return (name) => index.get(name) ?? list.length;
+      };
+      const modelColour = rank(modelTotals);
+      const keyColour = rank(keyTotals);
       redraw(charts, () =>
         h(
           "div",
           { class: "chart-grid" },
-          lineChart("Requests per model", series(rows, byModel, requests, from, to, bucket), { from, to, unit: "requests" }),
-          lineChart("Tokens per model (prompt + completion)", series(rows, byModel, tokens, from, to, bucket), { from, to, unit: "tokens" }),
-          lineChart("Requests per key", series(rows, byKey, requests, from, to, bucket), { from, to, unit: "requests" }),
-          lineChart("Tokens per key (prompt + completion)", series(rows, byKey, tokens, from, to, bucket), { from, to, unit: "tokens" }),
+          lineChart("Requests per model", series(rows, byModel, requests, from, to, bucket), { from, to, unit: "requests", colourOf: modelColour }),
+          lineChart("Tokens per model (prompt + completion)", series(rows, byModel, tokens, from, to, bucket), { from, to, unit: "tokens", colourOf: modelColour }),
+          lineChart("Requests per key", series(rows, byKey, requests, from, to, bucket), { from, to, unit: "requests", colourOf: keyColour }),
+          lineChart("Tokens per key (prompt + completion)", series(rows, byKey, tokens, from, to, bucket), { from, to, unit: "tokens", colourOf: keyColour }),
         ),
       );
       const columns = (label) => [
@@ -110,8 +118,8 @@ export default {
         h(
           "div",
           { class: "grid" },
-          section("Totals per model", h("div", { id: "usage-by-model" }, table(columns("Model"), totals(rows, byModel), { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
-          section("Totals per key", h("div", { id: "usage-by-key" }, table(columns("Key"), totals(rows, byKey), { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
+          section("Totals per model", h("div", { id: "usage-by-model" }, table(columns("Model"), modelTotals, { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
+          section("Totals per key", h("div", { id: "usage-by-key" }, table(columns("Key"), keyTotals, { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
         ),
       );
       ctx.setParams({ range: range.value === "3600" ? "" : range.value });
