@@ -33,6 +33,7 @@ class FakeUpstream:
     tokens: int = 3
     token_delay_s: float = 0.0
     break_stream_after: int | None = None  # chunks sent before the connection is cut
+    keepalive_s: float = 75.0  # how long an idle keep-alive connection stays open
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0
     port: int = 0
@@ -51,7 +52,12 @@ class FakeUpstream:
         return app
 
     async def start(self) -> FakeUpstream:
-        self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
+        self._runner = web.AppRunner(
+            self.app(),
+            handler_cancellation=True,
+            access_log=None,
+            keepalive_timeout=self.keepalive_s,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()

@@ -102,3 +102,39 @@ async def test_client_disconnect_cancels_upstream(upstreams: Any, link: MemoryLi
         assert dripping.cancelled == 1
         assert all(r.in_flight == 0 for r in gateway.snapshot.replicas.values())  # type: ignore[union-attr]
         assert 'status="499"' in gateway.metrics.render().decode()
+
+
+async def test_idle_connection_closed_by_the_engine_is_not_a_failure(
+    upstreams: Any, link: MemoryLink
+) -> None:
+    engine = await upstreams("e1", keepalive_s=0.1)
+    link.publish(make_config(1, [route("m", [engine])]))
+    async with running_gateway(link) as (gateway, url):
+        client = async_client(url)
+        for _ in range(3):
+            answer = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+            assert answer.choices[0].message.content == "hello from e1"
+            await asyncio.sleep(0.3)  # the engine closes the pooled connection meanwhile
+        replica = gateway.snapshot.replicas["e1"]  # type: ignore[union-attr]
+        assert replica.failures == 0 and replica.cooled_until == 0.0
+        assert "llmgw_gateway_upstream_retries_total{" not in gateway.metrics.render().decode()
+
+
+async def test_engine_past_its_deadline_is_a_504(upstreams: Any, link: MemoryLink) -> None:
+    stuck = await upstreams("stuck", delay_s=30.0)
+    link.publish(make_config(1, [route("m", [stuck])]))
+    async with running_gateway(link, fast_settings(upstream_timeout_s=0.3)) as (gateway, url):
+        with pytest.raises(openai.APIStatusError) as timed_out:
+            await async_client(url).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert timed_out.value.status_code == 504
+        assert timed_out.value.code == "upstream_timeout"
+        for _ in range(50):
+            if stuck.cancelled:
+                break
+            await asyncio.sleep(0.05)
+        assert stuck.cancelled == 1  # the engine was told to stop
+        assert gateway.snapshot.replicas["stuck"].in_flight == 0  # type: ignore[union-attr]

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import count
 from typing import Any
 
@@ -77,7 +77,6 @@ class Runtime:
     room: WaitRoom
     demand: Callable[[str], None]
     snapshot: Snapshot | None = None
-    loop_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 # A request answered faster than this never pays for a disconnect watcher
