@@ -38,7 +38,9 @@ from llmgw.control.adminapi.views import (
     iter_node_views,
     model_view,
     node_view,
+    paused_gc,
     replica_view,
+    used_by_node,
 )
 from llmgw.control.service import ControlPlane
 from llmgw.errors import AuthError, LlmgwError, NotFoundError, StoreError, ValidationError
@@ -90,6 +92,13 @@ def json_response(value: object, status: int = 200) -> Response:
     """orjson straight from views: dataclasses need no conversion step."""
     return Response(orjson.dumps(value, default=_default), status_code=status,
                     media_type="application/json")
+
+
+def json_of(build: Callable[[], object], status: int = 200) -> Response:
+    """Build views and serialise them with the collector paused (see paused_gc)."""
+    with paused_gc():
+        body = orjson.dumps(build(), default=_default)
+    return Response(body, status_code=status, media_type="application/json")
 
 
 def _problems(errors: Sequence[Any]) -> str:
@@ -170,8 +179,9 @@ def build_admin_router(
     async def get_summary() -> Response:
         """The whole fleet in one answer."""
         store = await patroni.status()
-        summary = fleet_summary(state, time.time(), store)
-        return Response(summary.model_dump_json(), media_type="application/json")
+        with paused_gc():  # see paused_gc: the bytes are made before the views are freed
+            body = fleet_summary(state, time.time(), store).model_dump_json()
+        return Response(body, media_type="application/json")
 
     # -- nodes -------------------------------------------------------------------
 
@@ -179,7 +189,7 @@ def build_admin_router(
         record = state.nodes.get(name)
         if record is None:
             raise NotFoundError(f"node {name!r} does not exist")
-        return node_view(record, time.time(), state.used_devices())
+        return node_view(record, time.time(), used_by_node(state).get(name, {}))
 
     @router.get("/nodes", response_model=list[NodeView], tags=["nodes"])
     async def list_nodes(
@@ -188,13 +198,12 @@ def build_admin_router(
         gpu_class: str | None = None,
     ) -> Response:
         """Nodes with their devices by class (MIG instances as ``card/migN``)."""
-        views = [
+        return json_of(lambda: [
             v for v in iter_node_views(state, time.time())
             if (node_state is None or v.state == node_state)
             and (fabric is None or fabric in v.fabrics)
             and (gpu_class is None or any(c.gpu_class == gpu_class for c in v.classes))
-        ]
-        return json_response(views)
+        ])
 
     @router.get("/nodes/{name:name}", response_model=NodeView, responses=not_found,
                 tags=["nodes"])
@@ -238,14 +247,13 @@ def build_admin_router(
         replica_state: Annotated[ReplicaStateName | None, Query(alias="state")] = None,
     ) -> Response:
         now = time.time()
-        views = [
+        return json_of(lambda: [
             replica_view(state.replicas[rid], state.nodes, now)
             for rid in sorted(state.replicas)
             if (model is None or state.replicas[rid].model == model)
             and (node is None or node in state.replicas[rid].nodes)
             and (replica_state is None or state.replicas[rid].state == replica_state)
-        ]
-        return json_response(views)
+        ])
 
     @router.get("/replicas/{replica_id:name}", response_model=ReplicaView, responses=not_found,
                 tags=["replicas"])
@@ -274,11 +282,13 @@ def build_admin_router(
 
     @router.get("/models", response_model=list[ModelView], tags=["models"])
     async def list_models() -> Response:
-        now = time.time()
-        replicas = [replica_view(r, state.nodes, now) for r in state.replicas.values()]
-        tally = ReplicaTally(replicas)
-        return json_response([model_view(state.models[n], tally, now)
-                              for n in sorted(state.models)])
+        def build() -> list[ModelView]:
+            now = time.time()
+            tally = ReplicaTally(replica_view(r, state.nodes, now)
+                                 for r in state.replicas.values())
+            return [model_view(state.models[n], tally, now) for n in sorted(state.models)]
+
+        return json_of(build)
 
     @router.get("/models/{name:name}", response_model=ModelView, responses=not_found,
                 tags=["models"])

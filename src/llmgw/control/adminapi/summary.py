@@ -16,6 +16,8 @@ unhealthy), which the reference computes on demand.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw.control.adminapi.patroni import StoreMember, StoreStatus
@@ -138,29 +140,28 @@ class Summary(BaseModel):
 
 
 class SummaryBuilder:
-    """Folds views into a summary one at a time (see views.py on why one at a time)."""
+    """Folds views into a summary one at a time (see views.py on why one at a time).
+
+    Counts are plain ints until ``finish``: attribute writes on pydantic
+    models cost about a microsecond each, thousands of times per summary.
+    """
 
     def __init__(self, store: StoreStatus) -> None:
-        self.summary = Summary(store=list(store.members), store_error=store.error)
+        self._store = store
+        self._nodes: Counter[str] = Counter()
+        self._replicas: Counter[str] = Counter()
         # class -> [total, used, unhealthy]
         self._classes: dict[str, list[int]] = {}
         # fabric -> [nodes, nodes_with_weights, largest_free_block]
         self._fabrics: dict[str, list[int]] = {}
         self._fabric_models: dict[str, set[str]] = {}
-        self._idle: list[IdleReplica] = []
+        self._idle: list[tuple[int, str, str, int]] = []
+        self._models = [0, 0, 0]  # total, satisfied, short
         self._unplaceable: list[str] = []
+        self._parked: list[ParkedModel] = []
 
     def add_node(self, node: NodeView) -> None:
-        totals = self.summary.nodes
-        totals.total += 1
-        if node.state == "ready":
-            totals.ready += 1
-        elif node.state == "cordoned":
-            totals.cordoned += 1
-        elif node.state == "draining":
-            totals.draining += 1
-        else:
-            totals.unreachable += 1
+        self._nodes[node.state] += 1
         # Each class its own devices, which a node with a card in MIG mode
         # needs: its instances are one class or several, and any whole card
         # beside them another.
@@ -190,53 +191,64 @@ class SummaryBuilder:
                 row[2] += 1
 
     def add_replica(self, replica: ReplicaView) -> None:
-        totals = self.summary.replicas
         state = replica.state
+        self._replicas[state] += 1
         if state == "ready":
-            totals.ready += 1
             idle = replica.idle_seconds
             if idle is not None and idle >= IDLE_THRESHOLD_S:
-                self._idle.append(IdleReplica(id=replica.id, model=replica.model,
-                                              idle_seconds=idle, gpus=replica.gpus))
-        elif state == "draining":
-            totals.draining += 1
-        elif state == "failed":
-            totals.failed += 1
-        else:
-            totals.starting += 1
+                self._idle.append((-idle, replica.id, replica.model, replica.gpus))
 
     def add_model(self, model: ModelView) -> None:
-        s = self.summary
-        s.models.total += 1
+        counts = self._models
+        counts[0] += 1
         if model.parked:
-            s.parked.append(ParkedModel(model=model.name, failures=model.failures,
-                                        reason=model.reason))
+            self._parked.append(ParkedModel(model=model.name, failures=model.failures,
+                                            reason=model.reason))
         # Against what it should have now, not its minimum: an on-demand
         # model's minimum is 0, so one that was asked for and fitted nowhere
         # would count as satisfied.
         if model.ready >= model.desired and not model.parked:
-            s.models.satisfied += 1
+            counts[1] += 1
             return
-        s.models.short += 1
+        counts[2] += 1
         # Short of replicas and unable to place more is the actionable case;
         # short and still starting is just a cluster doing its job.
         if model.unplaceable or (model.total <= model.ready and not model.parked):
             self._unplaceable.append(model.name)
 
     def finish(self) -> Summary:
-        s = self.summary
-        s.gpus = [
-            ClassUse(gpu_class=name, total=t, used=u, unhealthy=b, free=t - u - b)
-            for name, (t, u, b) in sorted(self._classes.items())
-        ]
-        s.fabrics = [
-            FabricUse(fabric=name, nodes=n, nodes_with_weights=w,
-                      models_present=len(self._fabric_models[name]), largest_free_block=b)
-            for name, (n, w, b) in sorted(self._fabrics.items())
-        ]
-        s.idle_replicas = sorted(self._idle, key=lambda i: (-i.idle_seconds, i.id))
-        s.unplaceable = sorted(self._unplaceable)
-        return s
+        nodes, replicas = self._nodes, self._replicas
+        ready, cordoned, draining = nodes["ready"], nodes["cordoned"], nodes["draining"]
+        total = sum(nodes.values())
+        self._idle.sort()
+        return Summary(
+            store=list(self._store.members),
+            store_error=self._store.error,
+            nodes=NodeTotals(total=total, ready=ready, cordoned=cordoned, draining=draining,
+                             unreachable=total - ready - cordoned - draining),
+            gpus=[
+                ClassUse(gpu_class=name, total=t, used=u, unhealthy=b, free=t - u - b)
+                for name, (t, u, b) in sorted(self._classes.items())
+            ],
+            fabrics=[
+                FabricUse(fabric=name, nodes=n, nodes_with_weights=w,
+                          models_present=len(self._fabric_models[name]),
+                          largest_free_block=b)
+                for name, (n, w, b) in sorted(self._fabrics.items())
+            ],
+            replicas=ReplicaTotal(
+                ready=replicas["ready"], draining=replicas["draining"],
+                failed=replicas["failed"],
+                starting=sum(replicas.values()) - replicas["ready"] - replicas["draining"]
+                - replicas["failed"],
+            ),
+            models=ModelTotals(total=self._models[0], satisfied=self._models[1],
+                               short=self._models[2]),
+            unplaceable=sorted(self._unplaceable),
+            parked=self._parked,
+            idle_replicas=[IdleReplica(id=rid, model=model, idle_seconds=-neg, gpus=gpus)
+                           for neg, rid, model, gpus in self._idle],
+        )
 
 
 def summarize(views: FleetViews, store: StoreStatus) -> Summary:
