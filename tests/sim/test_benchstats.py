@@ -1,0 +1,138 @@
+"""The routing benchmark's pieces: its numbers (pure) and its load generator (real HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tests.sim.helpers import StartEngine
+
+from llmgw.sim import benchstats, loadgen
+from llmgw.sim.benchstats import HITS, QUERIES, RequestResult
+from llmgw.sim.workloads import RateStage, SharedPrefixSpec, shared_prefix
+
+
+def test_percentile_interpolates_and_refuses_bad_q() -> None:
+    assert benchstats.percentile([], 50) is None
+    assert benchstats.percentile([3.0], 99) == 3.0
+    values = [float(v) for v in range(1, 11)]  # 1..10
+    assert benchstats.percentile(values, 50) == pytest.approx(5.5)
+    assert benchstats.percentile(values, 90) == pytest.approx(9.1)
+    assert benchstats.percentile(list(reversed(values)), 0) == 1.0
+    with pytest.raises(ValueError, match=r"0\.\.100"):
+        benchstats.percentile(values, 101)
+
+
+def test_ttfts_censor_unanswered_requests_instead_of_dropping_them() -> None:
+    results = [
+        RequestResult(0, 0, sent_at=1.0, first_token_at=1.5, done_at=2.0),
+        RequestResult(1, 0, sent_at=2.0, error="unfinished"),
+        RequestResult(2, 0, sent_at=3.0),  # still waiting when the run ended
+        RequestResult(3, 0, sent_at=4.0, done_at=4.1, error="HTTP 503: busy"),
+    ]
+    assert benchstats.ttfts(results, censor_at=10.0) == [0.5, 8.0, 7.0]
+
+
+def test_output_rate_credits_tokens_to_the_window_they_were_made_in() -> None:
+    results = [
+        RequestResult(0, 0, 0.0, first_token_at=1.0, done_at=3.0, output_tokens=20),
+        RequestResult(1, 0, 0.0, first_token_at=2.5, done_at=2.5, output_tokens=1),
+        RequestResult(2, 0, 0.0, first_token_at=None, output_tokens=50),
+    ]
+    # [0, 2): half of request 0's span -> 10 tokens over 2 s.
+    assert benchstats.output_rate(results, 0.0, 2.0) == pytest.approx(5.0)
+    # [2, 4): the other 10 of request 0 and the single token of request 1.
+    assert benchstats.output_rate(results, 2.0, 4.0) == pytest.approx(5.5)
+    assert benchstats.output_rate(results, 4.0, 4.0) == 0.0
+
+
+def test_counters_and_hit_rate_from_prometheus_text() -> None:
+    text = (
+        "# HELP vllm:prefix_cache_hits Prompt tokens found in the prefix cache.\n"
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{model_name="sim"} 300.0\n'
+        'vllm:prefix_cache_hits_created{model_name="sim"} 1.7e9\n'
+        'vllm:prefix_cache_queries_total{model_name="sim"} 1000.0\n'
+        'vllm:prefix_cache_queries_total{model_name="other"} 1000.0\n'
+        "garbage_total not-a-number\n"
+    )
+    counters = benchstats.parse_counters(text)
+    assert counters == {HITS: 300.0, QUERIES: 2000.0}
+    later = {HITS: 1300.0, QUERIES: 4000.0}
+    assert benchstats.hit_rate(counters, later) == pytest.approx(0.5)
+    assert benchstats.hit_rate(counters, counters) is None
+    both = benchstats.add_counters([counters, later])
+    assert both == {HITS: 1600.0, QUERIES: 6000.0}
+
+
+def test_saturation_rate_is_the_first_rate_past_ten_times_the_lowest() -> None:
+    assert benchstats.saturation_rate([]) is None
+    ladder = [(4.0, 0.4), (8.0, 0.5), (12.0, 3.9), (16.0, 4.1), (20.0, 30.0)]
+    assert benchstats.saturation_rate(ladder) == 16.0
+    assert benchstats.saturation_rate([(4.0, 0.4), (8.0, 3.0)]) is None
+    # A rate with no measurement is skipped, not taken as zero.
+    assert benchstats.saturation_rate([(4.0, None), (8.0, 0.2), (12.0, 2.5)]) == 12.0
+
+
+async def test_loadgen_streams_measures_ttft_and_alternates_urls(
+    sim_engine: StartEngine,
+) -> None:
+    # Two engines stand in for two gateways: request k must go to urls[k % 2].
+    slow = await sim_engine(prefill_tokens_per_s=2000.0)
+    fast = await sim_engine(prefill_tokens_per_s=200_000.0)
+    # Every prompt distinct (no cache hit can blur the two engines' speeds).
+    spec = SharedPrefixSpec(
+        groups=20,
+        prompts_per_group=1,
+        system_tokens=200,
+        question_tokens=20,
+        output_tokens=5,
+        stages=(RateStage(20.0, 0.5),),
+        seed=3,
+    )
+    requests = list(shared_prefix(spec))
+    assert len(requests) >= 4
+    fired: list[float] = []
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    probe = loadgen.Probe(at_s=0.2, action=lambda: fired.append(loop.time() - t0))
+    run = await loadgen.run(
+        requests, [f"{slow.url}/v1", f"{fast.url}/v1"], probes=[probe], drain_s=10.0
+    )
+    assert [r.index for r in run.results] == [r.index for r in requests]
+    assert all(r.error is None for r in run.results), run.results
+    assert all(r.output_tokens == 5 for r in run.results)
+    assert fired and 0.15 < fired[0] < 0.5
+    slow_ttft = [r.ttft for r in run.results if r.index % 2 == 0]
+    fast_ttft = [r.ttft for r in run.results if r.index % 2 == 1]
+    # ~230 prompt tokens at 2,000 tok/s is >= 0.1 s; at 200,000 tok/s ~1 ms.
+    assert min(t for t in slow_ttft if t is not None) >= 0.09
+    assert max(t for t in fast_ttft if t is not None) < 0.09
+    assert slow.core.counters.finished + fast.core.counters.finished == len(requests)
+    # Sent at their workload times (open loop), not one after another.
+    for result, request in zip(run.results, requests, strict=True):
+        assert result.sent_at == pytest.approx(request.at_s, abs=0.05)
+
+
+async def test_loadgen_counts_requests_cut_off_by_the_drain_limit(
+    sim_engine: StartEngine,
+) -> None:
+    hang = await sim_engine(fault="hang")
+    spec = SharedPrefixSpec(groups=1, prompts_per_group=1, stages=(RateStage(20.0, 0.5),))
+    requests = list(shared_prefix(spec))
+    assert requests
+    run = await loadgen.run(requests, [f"{hang.url}/v1"], drain_s=0.3)
+    assert run.results and all(r.error == "unfinished" for r in run.results)
+    values = benchstats.ttfts(run.results, censor_at=run.ended_at)
+    assert len(values) == len(requests) and min(values) > 0.0
+
+
+async def test_loadgen_reports_http_errors(sim_engine: StartEngine) -> None:
+    engine = await sim_engine(model="other")
+    spec = SharedPrefixSpec(groups=1, prompts_per_group=1, stages=(RateStage(20.0, 0.5),))
+    requests = list(shared_prefix(spec))
+    assert requests
+    run = await loadgen.run(requests, [f"{engine.url}/v1"], drain_s=5.0)
+    assert run.results and all((r.error or "").startswith("HTTP 404") for r in run.results)
+    with pytest.raises(ValueError, match="at least one URL"):
+        await loadgen.run([], [])
