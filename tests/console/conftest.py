@@ -38,16 +38,24 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 @dataclass
-class Console:
+class Plane:
+    """A control plane the browser is pointed at, and an admin API client for it."""
+
     url: str
     admin_token: str
-    fleet: Fleet
     api: httpx.AsyncClient
 
     async def get(self, path: str, **params: Any) -> Any:
         answer = await self.api.get(f"/admin/v1{path}", params=params)
         answer.raise_for_status()
         return answer.json()
+
+
+@dataclass
+class Console(Plane):
+    """An in-process control plane with the fleet of tests/console/fleet.py."""
+
+    fleet: Fleet
 
 
 @dataclass
@@ -151,7 +159,7 @@ def shots(test_output: Path) -> Path:
     return path
 
 
-async def sign_in(console: Console, page: Page, hash_: str = "#/overview") -> None:
+async def sign_in(console: Plane, page: Page, hash_: str = "#/overview") -> None:
     await page.goto(f"{console.url}/console/{hash_}")
     await page.get_by_label("Admin token").fill(console.admin_token)
     await page.get_by_role("button", name="Sign in").click()

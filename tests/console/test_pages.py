@@ -15,14 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.async_api import Page, Request, expect
-from tests.console.conftest import Console, Watched, sign_in
+from tests.console.conftest import Console, Plane, Watched, sign_in
 from tests.console.fleet import (
     ECC_REASON,
     MIG_CLASS,
     NOT_CARVED,
     PARK_ERROR,
     UNPLACEABLE_REASON,
-    Fleet,
 )
 from tests.servers import free_port, serve_asgi
 
@@ -435,8 +434,7 @@ async def test_an_empty_fleet_and_an_unreadable_store(
         async with serve_asgi(app) as url, httpx.AsyncClient(
             base_url=url, headers={"Authorization": f"Bearer {creds.admin_token}"}
         ) as api:
-            empty = Console(url=url, admin_token=creds.admin_token,
-                            fleet=Fleet(cp=cp, node_tokens={}, key_ids=[]), api=api)
+            empty = Plane(url=url, admin_token=creds.admin_token, api=api)
             page = watched.page
             await sign_in(empty, page)
             summary = await empty.get("/summary")

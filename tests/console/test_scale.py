@@ -19,8 +19,8 @@ import httpx
 import pytest
 import pytest_asyncio
 from playwright.async_api import expect
-from tests.console.conftest import Console, Watched, sign_in
-from tests.console.fleet import A100, Fleet
+from tests.console.conftest import Plane, Watched, sign_in
+from tests.console.fleet import A100
 from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
@@ -74,7 +74,7 @@ def _model(now: float) -> ModelRecord:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def big(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Console]:
+async def big(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane]:
     store = await Store.open("sqlite:///" + str(tmp_path_factory.mktemp("big") / "cp.db"))
     try:
         cp = ControlPlane(store)
@@ -94,8 +94,7 @@ async def big(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Console
         async with serve_asgi(create_app(cp)) as url, httpx.AsyncClient(
             base_url=url, headers={"Authorization": f"Bearer {creds.admin_token}"}, timeout=30
         ) as api:
-            yield Console(url=url, admin_token=creds.admin_token,
-                          fleet=Fleet(cp=cp, node_tokens={}, key_ids=[]), api=api)
+            yield Plane(url=url, admin_token=creds.admin_token, api=api)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -103,7 +102,7 @@ async def big(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Console
         await store.close()
 
 
-async def test_nodes_page_with_2000_nodes(big: Console, watched: Watched, shots: Path) -> None:
+async def test_nodes_page_with_2000_nodes(big: Plane, watched: Watched, shots: Path) -> None:
     page = watched.page
     t0 = time.perf_counter()
     answer = await big.api.get("/admin/v1/nodes")
