@@ -248,7 +248,7 @@ class Gateway:
                 else:
                     await self._refuse(send, 405, f"Use GET for {path}.")
             elif path == "/metrics":
-                await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, [])
+                await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
             elif path in ("/health", "/healthz"):
                 await self._health(send)
             else:
@@ -256,18 +256,21 @@ class Gateway:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
+    @staticmethod
+    def _id() -> list[tuple[bytes, bytes]]:
+        return [(b"x-request-id", handler.new_request_id().encode())]
+
     async def _refuse(self, send: Send, status: int, message: str) -> None:
-        extra = [(b"x-request-id", handler.new_request_id().encode())]
-        await send_error(send, ApiError(status, message), extra)
+        await send_error(send, ApiError(status, message), self._id())
 
     async def _health(self, send: Send) -> None:
         snapshot = self.runtime.snapshot
         if snapshot is None:
-            await send_json(send, 503, {"status": "waiting_for_config"}, [(b"retry-after", b"1")])
+            retry = [*self._id(), (b"retry-after", b"1")]
+            await send_json(send, 503, {"status": "waiting_for_config"}, retry)
             return
-        await send_json(
-            send, 200, {"status": "ok", "version": snapshot.version, "time": time.time()}, []
-        )
+        body = {"status": "ok", "version": snapshot.version, "time": time.time()}
+        await send_json(send, 200, body, self._id())
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

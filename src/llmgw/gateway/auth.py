@@ -130,11 +130,11 @@ class KeyTable:
         self.by_header[header] = record
 
 
-def authorize(record: KeyRecord, now_wall: float) -> Refusal | None:
+def authorize(record: KeyRecord) -> Refusal | None:
     """Checks that do not depend on the model: revoked, expired."""
     if record.revoked:
         return Refusal(401, "invalid_api_key", "invalid_request_error", "This API key was revoked.")
-    if record.expires_at is not None and record.expires_at <= now_wall:
+    if record.expires_at is not None and record.expires_at <= time.time():
         return Refusal(401, "invalid_api_key", "invalid_request_error", "This API key has expired.")
     return None
 

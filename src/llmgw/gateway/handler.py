@@ -142,7 +142,7 @@ def authenticate(rt: Runtime, snapshot: Snapshot, scope: Scope) -> KeyRecord:
             shown = f"{token[:8]}****{token[-4:]}" if len(token) > 16 else "****"
             raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
         snapshot.keys.remember(raw, record)
-    refusal = authorize(record, time.time())
+    refusal = authorize(record)
     if refusal is not None:
         raise ApiError(refusal.status, refusal.message, kind=refusal.kind, code=refusal.code)
     return record
