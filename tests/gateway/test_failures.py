@@ -9,7 +9,14 @@ from typing import Any
 
 import openai
 import pytest
-from tests.gateway.conftest import async_client, fast_settings, make_config, route, running_gateway
+from tests.gateway.conftest import (
+    SECRET,
+    async_client,
+    fast_settings,
+    make_config,
+    route,
+    running_gateway,
+)
 
 from llmgw.gateway.link import MemoryLink
 
@@ -138,3 +145,33 @@ async def test_engine_past_its_deadline_is_a_504(upstreams: Any, link: MemoryLin
             await asyncio.sleep(0.05)
         assert stuck.cancelled == 1  # the engine was told to stop
         assert gateway.snapshot.replicas["stuck"].in_flight == 0  # type: ignore[union-attr]
+
+
+async def test_client_gone_mid_body_is_a_499_not_a_crash(upstreams: Any, link: MemoryLink) -> None:
+    engine = await upstreams("e1")
+    link.publish(make_config(1, [route("m", [engine])]))
+    async with running_gateway(link) as (gateway, url):
+        port = int(url.rsplit(":", 1)[1])
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer " + SECRET.encode() + b"\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"model": '
+        )
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(50):
+            if 'status="499"' in gateway.metrics.render().decode():
+                break
+            await asyncio.sleep(0.02)
+        assert 'llmgw_gateway_requests_total{model="-",status="499"} 1.0' in (
+            gateway.metrics.render().decode()
+        )
+        # ...and the gateway still serves.
+        answer = await async_client(url).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.choices[0].message.content == "hello from e1"
+        assert engine.seen and len(engine.seen) == 1

@@ -85,6 +85,10 @@ class Runtime:
 _WATCH_AFTER_S = 0.05
 
 
+class _ClientGone(Exception):
+    """The client hung up before its request was complete."""
+
+
 class _Watch:
     """Shared between a request and its disconnect watcher."""
 
@@ -167,7 +171,7 @@ async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
     while message.get("more_body", False):
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
+            raise _ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
@@ -261,13 +265,15 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
         await send_error(send, refused, [id_header, overhead])
         if record is not None and model != "-":
             rt.usage.add(int(time.time()) // 60 * 60, record.key_id, model, 0, 0, 0, True)
+    except _ClientGone:
+        status = 499  # nginx's "client closed request": nobody to answer
     except asyncio.CancelledError:
         if not watch.gone:
             raise
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        status = 499  # nginx's "client closed request": nobody to answer
+        status = 499
     except Exception:
         log.exception("request %s failed inside the gateway", request_id)
         status = 500
