@@ -189,7 +189,15 @@ export default {
             armedDrain = null;
             act(n.name, "drain", b);
           } else {
+            // Armed for a few seconds only: a confirm button left waiting
+            // is a drain one stray click away.
             armedDrain = n.name;
+            setTimeout(() => {
+              if (armedDrain === n.name) {
+                armedDrain = null;
+                render();
+              }
+            }, 8000);
             render();
           }
         });
@@ -226,7 +234,8 @@ export default {
       const filtering = q.value.trim() || state.value || classValue;
       count.textContent = matching
         ? `${fmtInt(page * PAGE_SIZE + 1)}–${fmtInt(page * PAGE_SIZE + shown.length)} of ${fmtInt(matching)} nodes` +
-          (serverTotal === null && filtering && rows.length !== nodes.length ? ` (${fmtInt(nodes.length)} in all)` : "")
+          // The fleet's size, when it is what was loaded (no API-side filter).
+          (serverTotal === null && !state.value && !classValue && rows.length !== nodes.length ? ` (${fmtInt(nodes.length)} in all)` : "")
         : filtering
           ? "0 nodes match."
           : "No node has registered yet.";
