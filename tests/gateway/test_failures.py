@@ -175,3 +175,19 @@ async def test_client_gone_mid_body_is_a_499_not_a_crash(upstreams: Any, link: M
         )
         assert answer.choices[0].message.content == "hello from e1"
         assert engine.seen and len(engine.seen) == 1
+
+
+async def test_unusable_endpoint_url_is_skipped_like_a_dead_replica(
+    upstreams: Any, link: MemoryLink
+) -> None:
+    engine = await upstreams("e1")
+    link.publish(
+        make_config(1, [route("m", ["https://127.0.0.1:1", engine], routing="round-robin")])
+    )
+    async with running_gateway(link) as (_, url):
+        client = async_client(url)
+        for _ in range(3):
+            answer = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}]
+            )
+            assert answer.choices[0].message.content == "hello from e1"

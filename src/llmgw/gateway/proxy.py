@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from llmgw.gateway.http1 import Pool, Response, render_post, request_head
+from llmgw.gateway.http1 import ConnectFailed, Pool, Response, render_post, request_head
 from llmgw.gateway.settings import GatewaySettings
 
 
@@ -58,7 +58,9 @@ class Upstream:
             if parts.scheme != "http" or not parts.hostname:
                 # Engines are reached on the cluster network; TLS to an engine
                 # would need a certificate story the catalog does not have.
-                raise ValueError(f"endpoint URL {base!r} must be http://host:port")
+                # Raised as a connection failure: the request moves to another
+                # replica and this one cools down, as if it were unreachable.
+                raise ConnectFailed(f"endpoint URL {base!r} is not http://host:port")
             if len(self._targets) > 4096:
                 self._targets.clear()
             port = parts.port or 80
