@@ -404,6 +404,11 @@ async def _measure(args: argparse.Namespace, upstream_port: int, gateway_port: i
             best = max(best, row["rate"])
     for rate in args.ramp:
         row = await both(rate)
+        if not _holds(row) and row["achieved_rps"] >= 0.97 * rate:
+            # One retry: on a shared machine a single stall of another job
+            # can push one short phase's p99 over the line.
+            print(f"rate {rate}: retrying once", flush=True)
+            row = await both(rate)
         rows.append(row)
         if not _holds(row):
             limited_by = (
