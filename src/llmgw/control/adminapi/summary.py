@@ -269,7 +269,7 @@ def fleet_summary(state: FleetState, now: float, store: StoreStatus) -> Summary:
     for node in iter_node_views(state, now, with_devices=False):
         builder.add_node(node)
     tally = ReplicaTally()
-    for replica in iter_replica_views(state, now):
+    for replica in iter_replica_views(state, now, detail=False):
         builder.add_replica(replica)
         tally.add(replica)
     for model in iter_model_views(state, now, tally):

@@ -376,18 +376,24 @@ def _label(number: int) -> str:
     return label
 
 
-def replica_view(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now: float) -> ReplicaView:
+def replica_view(
+    replica: ReplicaRecord, nodes: dict[str, NodeRecord], now: float, *, detail: bool = True
+) -> ReplicaView:
+    """One replica. Without ``detail`` (the summary's pass) shards, URL, download
+    and log stay empty; every count the summary reads is made the same way."""
     shards: list[ShardView] = []
     download: DownloadProgress | None = None
     log_tail: list[str] = []
     gpus = 0
     rid, generation = replica.id, replica.generation
-    # The leader shard (first) is looked at first: it is the one that serves,
-    # and its log is the one that explains a failed start.
     for shard in replica.shards:
         numbers = shard.device_numbers
         gpus += len(numbers)
+        if not detail:
+            continue
         shards.append(ShardView(shard.node, shard.rank, [_label(n) for n in numbers], numbers))
+        # The leader shard (first) is looked at first: it is the one that
+        # serves, and its log is the one that explains a failed start.
         node = nodes.get(shard.node)
         status = node.statuses.get(rid) if node is not None else None
         if status is None or status.generation != generation:
@@ -396,8 +402,11 @@ def replica_view(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now: floa
             download = status.download
         if not log_tail and status.log_tail:
             log_tail = status.log_tail
-    leader = nodes.get(replica.shards[0].node) if replica.shards else None
     port = replica.port
+    url = None
+    if detail and port and replica.shards:
+        leader = nodes.get(replica.shards[0].node)
+        url = f"http://{leader.address}:{port}" if leader is not None else None
     since = replica.last_request_at or replica.ready_at
     return ReplicaView(
         id=rid,
@@ -408,7 +417,7 @@ def replica_view(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now: floa
         nodes=[s.node for s in shards],
         shards=shards,
         port=port,
-        url=f"http://{leader.address}:{port}" if leader is not None and port else None,
+        url=url,
         reason=replica.reason,
         created_at=replica.created_at,
         ready_at=replica.ready_at,
@@ -421,10 +430,12 @@ def replica_view(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now: floa
     )
 
 
-def iter_replica_views(state: FleetState, now: float) -> Iterator[ReplicaView]:
+def iter_replica_views(
+    state: FleetState, now: float, *, detail: bool = True
+) -> Iterator[ReplicaView]:
     replicas, nodes = state.replicas, state.nodes
     for rid in sorted(replicas):
-        yield replica_view(replicas[rid], nodes, now)
+        yield replica_view(replicas[rid], nodes, now, detail=detail)
 
 
 class ReplicaTally:
