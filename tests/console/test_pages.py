@@ -189,8 +189,11 @@ async def test_nodes_page_maps_devices_like_the_api(
     a1 = page.locator('article[data-node="gpu-a1"]')
     # MIG instances labelled card/migN, with the replica that holds one.
     await expect(a1.locator('li[data-device="0/mig0"]')).to_contain_text("used by r-chat-1")
-    await expect(a1.locator('li[data-device="0/mig1"]')).to_contain_text("free")
-    await expect(a1.locator('li[data-device="0/mig1"]')).to_contain_text("3g.40gb")
+    mig1 = await a1.locator('li[data-device="0/mig1"]').inner_text()
+    assert mig1.split("\n") == ["0/mig1", "3g.40gb", "free"]
+    # A whole card carries its own temperature and power.
+    card1 = await a1.locator('li[data-device="1"]').inner_text()
+    assert card1.split("\n") == ["1", "a100-80g", "used by r-embed-1", "47 °C · 180 W"]
     await expect(a1.locator('li[data-device="2"]')).to_have_attribute("data-status", "unhealthy")
     await expect(a1.locator(".reasons")).to_contain_text(f"2 unhealthy: {ECC_REASON}")
     await expect(a1.locator('[data-card="card 0"]')).to_contain_text("51 °C · 210 W")

@@ -31,7 +31,8 @@ function groupByCard(devices) {
   return groups;
 }
 
-function deviceBox(d) {
+/** One device; `heat` is its card's temperature and power when the box stands for the card. */
+function deviceBox(d, heat) {
   const detail =
     d.status === "used"
       ? h("a", { href: `#/replicas?q=${encodeURIComponent(d.used_by)}`, class: "mono" }, d.used_by)
@@ -54,6 +55,7 @@ function deviceBox(d) {
     h("span", { class: "dev-kind" }, d.mig_profile || (d.gpu_class === "cpu" ? "cpu slot" : d.gpu_class)),
     h("br"),
     h("span", { class: "dev-state" }, d.status === "used" ? ["used by ", detail] : detail),
+    heat ? [h("br"), h("span", { class: "dev-heat" }, heat)] : null,
   );
 }
 
@@ -82,6 +84,11 @@ function deviceMap(node) {
       { class: "cards" },
       [...groups.entries()].map(([key, devs]) => {
         const mig = devs.some((d) => d.number >= 1000);
+        // A whole card is one box with its own heat line; only a card in
+        // MIG mode (and the CPU slots) needs a frame around several boxes.
+        if (!mig && key !== "cpu" && devs.length === 1) {
+          return h("ul", { class: "devices", "aria-label": `${node.name} ${key}`, dataset: { card: key } }, deviceBox(devs[0], cardHeat(devs)));
+        }
         return h(
           "div",
           { class: "gpu-card", dataset: { card: key } },
@@ -92,7 +99,7 @@ function deviceMap(node) {
             mig ? h("span", {}, "MIG") : null,
             h("span", {}, cardHeat(devs)),
           ),
-          h("ul", { class: "devices", "aria-label": `${node.name} ${key} devices` }, devs.map(deviceBox)),
+          h("ul", { class: "devices", "aria-label": `${node.name} ${key} devices` }, devs.map((d) => deviceBox(d))),
         );
       }),
     ),
