@@ -12,7 +12,7 @@ TEST_OUTPUT ?= $(CURDIR)/test-output
 LLMGW_TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
 export LLMGW_TEST_PG_URL
 
-.PHONY: setup run test lint bench bench-quick postgres clean console-assets
+.PHONY: setup run test lint bench bench-quick postgres clean
 
 setup: $(STAMP)
 

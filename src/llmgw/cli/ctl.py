@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
-import httpx2
+import httpx
 import typer
 from rich.console import Console, Group
 from rich.live import Live
@@ -87,7 +87,7 @@ class AdminClient:
 
     def __init__(self, base_url: str, token: str) -> None:
         self.base_url = base_url.rstrip("/").removesuffix(ADMIN_PREFIX)
-        self._http = httpx2.Client(
+        self._http = httpx.Client(
             base_url=self.base_url + ADMIN_PREFIX,
             headers={"Authorization": f"Bearer {token}"},
             timeout=REQUEST_TIMEOUT_S,
@@ -101,10 +101,10 @@ class AdminClient:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             response = self._http.request(method, path, json=body, params=clean)
-        except httpx2.TimeoutException:
+        except httpx.TimeoutException:
             raise CtlError(f"the control plane at {self.base_url} did not answer within "
                            f"{REQUEST_TIMEOUT_S:g} s") from None
-        except httpx2.HTTPError as exc:
+        except httpx.HTTPError as exc:
             reason = str(exc) or type(exc).__name__
             raise CtlError(f"cannot reach the control plane at {self.base_url}: {reason}") from None
         if response.status_code == 401:
@@ -121,7 +121,7 @@ class AdminClient:
                            "is this an llmgw control plane?") from None
 
 
-def _error_text(response: httpx2.Response) -> str:
+def _error_text(response: httpx.Response) -> str:
     try:
         body = response.json()
         message = body["error"]["message"]

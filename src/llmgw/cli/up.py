@@ -126,6 +126,20 @@ def load_catalog_file(path: Path) -> list[ModelSpec]:
     return specs
 
 
+def load_sim_fleet(path: Path) -> Any:
+    """A simulated fleet spec, checked before anything starts."""
+    from llmgw.control.catalog import validate_catalog
+    from llmgw.sim.fleetspec import load_fleet_spec
+
+    try:
+        spec = load_fleet_spec(path)
+        validate_catalog(list(spec.models))
+    except LlmgwError as exc:
+        problems = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise ConfigError(f"fleet spec {path} is invalid: {problems}") from None
+    return spec
+
+
 def resolve_store_url(data_dir: Path, database_url: str | None) -> str:
     return normalise_url(database_url) if database_url else sqlite_url(data_dir)
 
@@ -222,11 +236,16 @@ def run_up(options: UpOptions) -> int:
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
     catalog: list[ModelSpec] | None = None
+    fleet: Any = None
+    if options.sim is not None:
+        fleet = load_sim_fleet(options.sim)
     if options.catalog is not None:
         catalog = load_catalog_file(options.catalog)
-    elif options.sim is None:
+    elif fleet is not None:
+        catalog = list(fleet.models) or None
+    else:
         check_starter_model()
-    return _run(_up(options, data_dir, url, catalog))
+    return _run(_up(options, data_dir, url, catalog, fleet))
 
 
 def run_serve(options: ServeOptions) -> int:
@@ -312,7 +331,9 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str) -> int:
     return 0
 
 
-async def _up(options: UpOptions, data_dir: Path, url: str, catalog: list[ModelSpec] | None) -> int:
+async def _up(
+    options: UpOptions, data_dir: Path, url: str, catalog: list[ModelSpec] | None, fleet: Any
+) -> int:
     store, cp, creds = await _open(url)
     stop = asyncio.Event()
     _install_stop_signals(stop)
@@ -331,12 +352,15 @@ async def _up(options: UpOptions, data_dir: Path, url: str, catalog: list[ModelS
     join_token = creds.join_token
     agents: list[Any] = []
     try:
-        if options.sim is not None:
-            from llmgw.sim.fleet import start_fleet  # type: ignore[attr-defined,unused-ignore]
+        if fleet is not None:
+            from llmgw.sim.fleet import start_fleet
 
             if join_token is None:
                 join_token = await cp.rotate_join_token()
-            agents.append(await start_fleet(options.sim, base, join_token, data_dir / "sim"))
+            # The fleet's models were applied above, in-process.
+            agents.append(
+                await start_fleet(fleet, base, join_token, data_dir / "sim", apply=False)
+            )
         else:
             agents.append(await _start_local_agent(cp, base, data_dir, options, join_token))
     except BaseException:
