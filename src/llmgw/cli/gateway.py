@@ -74,6 +74,10 @@ async def serve_gateway(
             access_log=False,
             # Client addresses are not used; the middleware costs per request.
             proxy_headers=False,
+            # Longer than uvicorn's 5 s: OpenAI clients keep pooled connections
+            # for a while, and a close racing their next request is an error
+            # they have to retry.
+            timeout_keep_alive=30,
             log_level=logging.getLevelName(logging.getLogger().level).lower(),
         )
         server = uvicorn.Server(config)
