@@ -166,6 +166,9 @@ async def _run_gateway(upstream_url: str) -> None:
         uvicorn.Config(
             gateway, lifespan="off", http="httptools", ws="none", access_log=False,
             log_level="warning", backlog=4096, proxy_headers=False,
+            # The load generator keeps idle connections between rates; with
+            # uvicorn's 5 s default they would close under its feet.
+            timeout_keep_alive=75,
         )
     )  # fmt: skip
     task = asyncio.create_task(server.serve(sockets=[sock]))
