@@ -1,0 +1,509 @@
+"""Routing benchmark: a shared-prefix workload through a gateway to K simulated engines.
+
+For each policy -- round-robin, least-loaded, prefix, and prefix with two
+gateway instances sharing the traffic (requests alternate between them) --
+the same seeded workload climbs a ladder of Poisson rates. Per rate: TTFT
+p50/p90/p99 (client side, first content chunk), output tokens/s, and the
+engines' own prefix-cache hit rate (delta of ``vllm:prefix_cache_hits_total``
+over ``vllm:prefix_cache_queries_total``). ``saturation_rate`` is the first
+rate where round-robin's TTFT p90 exceeds 10x its value at the lowest rate;
+the targets (issue 7) are read there.
+
+The workload is llm-d's "B2B-SaaS" shape (research/routing.md §6.2) scaled
+down by 10 in tokens (150 groups x 5 prompts, system 600 and question 120
+tokens instead of 6,000 and 1,200; KV sized so the working set is 70 % of the
+fleet's) and by 10 in prefill speed (2,048 tok/s, chunks of 819 tokens instead
+of 20,480 and 8,192), so a cold prompt costs what it costs there (~0.35 s)
+and the rates are the published ones; output is cut to 32 tokens to save CPU
+(see docs/simulator.md, "Routing benchmark").
+
+Processes: the engines (one process, all policies' engines, each policy on
+fresh ones), the gateways (one process for the single-gateway policies and
+the first prefix_2gw instance, another for the second), and this one, the
+load generator. Gateways get a static config through a MemoryLink, so the
+benchmark measures routing, not the scheduler.
+
+    python bench/routing.py [--quick] [--engines 8] [--rates 4,8,...] [--stage-s 12]
+    python bench/routing.py --router-url http://127.0.0.1:9000/v1 --policies external \\
+        --engine-port 18000      # measure another router against the same engines
+
+Last line: one JSON object, per policy and rate ttft_p50_s, ttft_p90_s,
+ttft_p99_s, hit_rate, output_tok_s; plus saturation_rate and the targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+
+from llmgw.sim import benchstats, loadgen
+from llmgw.sim.workloads import RateStage, SharedPrefixSpec, TimedRequest, shared_prefix
+from llmgw.wire import SimParams
+
+API_KEY = "sk-llmgw-bench-routing-0123456789abcdefghijklmnop"
+MODEL = "sim"
+POLICIES = {
+    "round_robin": "round-robin",
+    "least_loaded": "least-loaded",
+    "prefix": "prefix",
+    "prefix_2gw": "prefix",
+}
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Setup:
+    engines: int
+    groups: int
+    prompts_per_group: int
+    system_tokens: int
+    question_tokens: int
+    output_tokens: int
+    rates: tuple[float, ...]
+    stage_s: float
+    kv_fraction: float
+    prefill_tps: float
+    prefill_chunk: int
+    decode_ms: float
+    time_factor: float
+    drain_s: float
+    seed: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        # The rendered chat adds a few tokens of role markers (llmgw.sim.tokens).
+        return self.system_tokens + self.question_tokens + 10
+
+    @property
+    def working_set_tokens(self) -> int:
+        return self.groups * (self.system_tokens + self.prompts_per_group * self.question_tokens)
+
+    @property
+    def kv_blocks(self) -> int:
+        per_engine = self.working_set_tokens / self.kv_fraction / self.engines
+        return max(64, math.ceil(per_engine / 16))
+
+    def sim_params(self) -> SimParams:
+        return SimParams(
+            startup_s=0.0,
+            prefill_tokens_per_s=self.prefill_tps,
+            prefill_chunk_tokens=self.prefill_chunk,
+            decode_ms_per_token=self.decode_ms,
+            decode_batch_alpha=0.02,
+            kv_blocks=self.kv_blocks,
+            block_tokens=16,
+            max_running=64,
+            time_factor=self.time_factor,
+        )
+
+    def workload(self) -> list[TimedRequest]:
+        spec = SharedPrefixSpec(
+            model=MODEL,
+            groups=self.groups,
+            prompts_per_group=self.prompts_per_group,
+            system_tokens=self.system_tokens,
+            question_tokens=self.question_tokens,
+            output_tokens=self.output_tokens,
+            stages=tuple(RateStage(r, self.stage_s) for r in self.rates),
+            seed=self.seed,
+        )
+        return list(shared_prefix(spec))
+
+
+FULL = Setup(
+    engines=8, groups=150, prompts_per_group=5, system_tokens=600, question_tokens=120,
+    output_tokens=32, rates=(4, 8, 12, 16, 20, 24, 28, 32, 36), stage_s=12.0, kv_fraction=0.70,
+    prefill_tps=2048.0, prefill_chunk=819, decode_ms=11.0, time_factor=1.0, drain_s=60.0, seed=0,
+)  # fmt: skip
+# Quick: half the engines and 20 groups (same 70 % working set, so prefixes
+# recur within seconds), three short stages; the same per-request costs, so
+# the rates are about halved too.
+QUICK = replace(FULL, engines=4, groups=20, rates=(3, 9, 15), stage_s=3.5, drain_s=10.0)
+
+
+# ---------------------------------------------------------------------------
+# Child processes
+# ---------------------------------------------------------------------------
+
+
+def _spawn(argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=sys.stderr,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _read_urls(proc: subprocess.Popen[str], marker: str, count: int) -> list[str]:
+    urls: list[str] = []
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    if proc.stdout is None:
+        raise RuntimeError("child started without a stdout pipe")
+    while len(urls) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{marker!r}: only {len(urls)} of {count} came up")
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"child exited ({proc.poll()}) before announcing {marker!r}")
+        if marker in line:
+            urls.append(line.strip().rsplit(" ", 1)[-1])
+    return urls
+
+
+def start_engines(setup: Setup, count: int, port: int) -> tuple[subprocess.Popen[str], list[str]]:
+    argv = [
+        sys.executable, "-m", "llmgw.sim.engine", "--model", MODEL, "--count", str(count),
+        "--port", str(port), "--params-json", setup.sim_params().model_dump_json(),
+    ]  # fmt: skip
+    proc = _spawn(argv)
+    return proc, _read_urls(proc, "listening on", count)
+
+
+def start_gateways(routes: list[dict[str, Any]]) -> tuple[subprocess.Popen[str], list[str]]:
+    proc = _spawn([sys.executable, __file__, "--serve-gateways", json.dumps(routes)])
+    return proc, _read_urls(proc, "gateway listening on", len(routes))
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---------------------------------------------------------------------------
+# The gateway process
+# ---------------------------------------------------------------------------
+
+
+async def _serve_gateways(routes: list[dict[str, Any]]) -> None:
+    import socket
+
+    import uvicorn
+
+    from llmgw import secrets, wire
+    from llmgw.gateway.app import Gateway
+    from llmgw.gateway.link import MemoryLink
+    from llmgw.gateway.settings import GatewaySettings
+
+    servers = []
+    gateways = []
+    for i, item in enumerate(routes):
+        route = wire.ModelRoute(
+            name=MODEL,
+            served_name=MODEL,
+            routing=item["routing"],
+            endpoints=[wire.Endpoint(**e) for e in item["endpoints"]],
+        )
+        key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(API_KEY))
+        config = wire.GatewayConfig(
+            routing=wire.RoutingTable(version=1, models=[route]), keys=[key]
+        )
+        gateway = Gateway(MemoryLink(config), GatewaySettings(gateway_id=f"bench-{i}"))
+        await gateway.start()
+        if not await gateway.wait_configured(10.0):
+            raise RuntimeError("gateway got no config")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                gateway.asgi, lifespan="off", log_level="warning", access_log=False,
+                loop="none", http="httptools", ws="none",
+            )
+        )  # fmt: skip
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        servers.append((server, task))
+        gateways.append(gateway)
+        print(f"gateway listening on http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
+    stopped = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopped.set)
+    await stopped.wait()
+    for server, _ in servers:
+        server.should_exit = True
+    await asyncio.gather(*(t for _, t in servers), return_exceptions=True)
+    for gateway in gateways:
+        await gateway.stop()
+
+
+def serve_gateways(raw: str) -> int:
+    import uvloop
+
+    uvloop.run(_serve_gateways(json.loads(raw)))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# One policy
+# ---------------------------------------------------------------------------
+
+
+async def scrape(session: aiohttp.ClientSession, engines: list[str]) -> dict[str, float]:
+    async def one(url: str) -> dict[str, float]:
+        async with session.get(f"{url}/metrics") as resp:
+            return benchstats.parse_counters(await resp.text())
+
+    return benchstats.add_counters(await asyncio.gather(*(one(u) for u in engines)))
+
+
+async def wait_router(url: str, timeout_s: float) -> None:
+    """Wait until ``url`` (an external router's /v1) answers a tiny request."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.post(
+                    f"{url}/chat/completions", json=body, headers=headers
+                ) as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"router {url} did not answer within {timeout_s:g} s")
+            await asyncio.sleep(1.0)
+
+
+async def run_policy(
+    setup: Setup, requests: list[TimedRequest], urls: list[str], engines: list[str]
+) -> dict[str, Any]:
+    snapshots: list[dict[str, float]] = []
+    async with aiohttp.ClientSession() as session:
+
+        async def take() -> None:
+            snapshots.append(await scrape(session, engines))
+
+        await take()
+        probes = [
+            loadgen.Probe(at_s=(i + 1) * setup.stage_s, action=take)
+            for i in range(len(setup.rates) - 1)
+        ]
+        run = await loadgen.run(
+            requests, urls, api_key=API_KEY, probes=probes, drain_s=setup.drain_s
+        )
+        await take()
+    per_rate: dict[str, Any] = {}
+    for i, rate in enumerate(setup.rates):
+        start, end = i * setup.stage_s, (i + 1) * setup.stage_s
+        stage = [r for r in run.results if r.stage == i]
+        values = benchstats.ttfts(stage, censor_at=run.ended_at)
+        hit = (
+            benchstats.hit_rate(snapshots[i], snapshots[i + 1]) if i + 1 < len(snapshots) else None
+        )
+        per_rate[f"{rate:g}"] = {
+            "ttft_p50_s": _round(benchstats.percentile(values, 50)),
+            "ttft_p90_s": _round(benchstats.percentile(values, 90)),
+            "ttft_p99_s": _round(benchstats.percentile(values, 99)),
+            "hit_rate": _round(hit),
+            "output_tok_s": _round(benchstats.output_rate(run.results, start, end), 1),
+            "requests": len(stage),
+            "errors": sum(1 for r in stage if r.error is not None),
+        }
+    overall = benchstats.hit_rate(snapshots[0], snapshots[-1])
+    return {"rates": per_rate, "hit_rate_all": _round(overall)}
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# ---------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------
+
+
+def targets(results: dict[str, Any], saturation: float | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"saturation_rate": saturation}
+    rr, prefix, two = (results.get(p) for p in ("round_robin", "prefix", "prefix_2gw"))
+    if saturation is not None and rr is not None and prefix is not None:
+        key = f"{saturation:g}"
+        rr_p90 = rr["rates"][key]["ttft_p90_s"]
+        prefix_p90 = prefix["rates"][key]["ttft_p90_s"]
+        if rr_p90 is not None and prefix_p90:
+            ratio = rr_p90 / prefix_p90
+            out["rr_over_prefix_ttft_p90_at_saturation"] = round(ratio, 2)
+            out["prefix_10x_lower_at_saturation"] = ratio >= 10.0
+    if prefix is not None and two is not None:
+        a, b = prefix["hit_rate_all"], two["hit_rate_all"]
+        if a is not None and b is not None:
+            gap = abs(a - b) * 100
+            out["hit_rate_gap_2gw_points"] = round(gap, 2)
+            out["two_gateways_within_5_points"] = gap <= 5.0
+    return out
+
+
+def print_table(name: str, result: dict[str, Any]) -> None:
+    print(f"\n{name}  (hit rate over the run: {result['hit_rate_all']})", file=sys.stderr)
+    print("  rate  p50_s   p90_s   p99_s   hit    out_tok/s  reqs  errs", file=sys.stderr)
+    for rate, row in result["rates"].items():
+        cells = [row[k] for k in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate")]
+        text = "  ".join("  -   " if c is None else f"{c:6.3f}" for c in cells)
+        print(
+            f"  {rate:>4}  {text}  {row['output_tok_s']:9.1f}  {row['requests']:4d}"
+            f"  {row['errors']:4d}",
+            file=sys.stderr,
+        )
+
+
+async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    if args.router_url and "external" not in policies:
+        policies.append("external")
+    for policy in policies:
+        if policy not in POLICIES and policy != "external":
+            raise SystemExit(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}, external")
+    if "external" in policies and not args.router_url:
+        raise SystemExit("policy external needs --router-url")
+    requests = setup.workload()
+    procs: list[subprocess.Popen[str]] = []
+    results: dict[str, Any] = {}
+    started = time.monotonic()
+    try:
+        engine_proc, urls = start_engines(setup, setup.engines * len(policies), args.engine_port)
+        procs.append(engine_proc)
+        sets = {
+            p: urls[i * setup.engines : (i + 1) * setup.engines] for i, p in enumerate(policies)
+        }
+        capacity = setup.kv_blocks * 16
+        first: list[dict[str, Any]] = []
+        second: list[dict[str, Any]] = []
+        for policy in policies:
+            if policy == "external":
+                continue
+            endpoints = [
+                {"replica_id": f"{policy}-{i}", "url": u, "kv_capacity_tokens": capacity}
+                for i, u in enumerate(sets[policy])
+            ]
+            route = {"routing": POLICIES[policy], "endpoints": endpoints}
+            first.append(route)
+            if policy == "prefix_2gw":
+                second.append(route)
+        gateway_urls: dict[str, list[str]] = {}
+        if first:
+            proc, got = start_gateways(first)
+            procs.append(proc)
+            names = [p for p in policies if p != "external"]
+            gateway_urls = {p: [u] for p, u in zip(names, got, strict=True)}
+        if second:
+            proc, got = start_gateways(second)
+            procs.append(proc)
+            gateway_urls["prefix_2gw"].append(got[0])
+        if "external" in policies:
+            print("engines for the external router (model 'sim'):", file=sys.stderr)
+            for url in sets["external"]:
+                print(f"  {url}/v1", file=sys.stderr)
+            await wait_router(args.router_url.rstrip("/"), args.router_wait_s)
+            gateway_urls["external"] = [args.router_url.rstrip("/")]
+        print(
+            f"workload: {len(requests)} requests, {setup.groups} groups x"
+            f" {setup.prompts_per_group}, prompt ~{setup.prompt_tokens} tokens, output"
+            f" {setup.output_tokens}; {setup.engines} engines x {setup.kv_blocks * 16} KV tokens"
+            f" (working set {setup.working_set_tokens} = {setup.kv_fraction:.0%} of the fleet's)",
+            file=sys.stderr,
+        )
+        for policy in policies:
+            t0 = time.monotonic()
+            results[policy] = await run_policy(setup, requests, gateway_urls[policy], sets[policy])
+            print_table(f"{policy} ({time.monotonic() - t0:.0f} s)", results[policy])
+    finally:
+        stop(procs)
+    rr = results.get("round_robin")
+    saturation = (
+        benchstats.saturation_rate(
+            [(float(rate), row["ttft_p90_s"]) for rate, row in rr["rates"].items()]
+        )
+        if rr is not None
+        else None
+    )
+    out: dict[str, Any] = {"bench": "routing", "quick": bool(args.quick)}
+    for policy, result in results.items():
+        out[policy] = result["rates"]
+        out[f"{policy}_hit_rate_all"] = result["hit_rate_all"]
+    out["saturation_rate"] = saturation
+    out["targets"] = targets(results, saturation)
+    out["setup"] = {k: v for k, v in setup.__dict__.items() if k not in ("rates",)} | {
+        "rates": list(setup.rates),
+        "kv_tokens_per_engine": setup.kv_blocks * 16,
+    }
+    out["elapsed_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="about a minute, smaller fleet")
+    parser.add_argument("--engines", type=int, help="engines per policy")
+    parser.add_argument("--groups", type=int)
+    parser.add_argument("--prompts-per-group", type=int)
+    parser.add_argument("--system-tokens", type=int)
+    parser.add_argument("--question-tokens", type=int)
+    parser.add_argument("--output-tokens", type=int)
+    parser.add_argument("--rates", help="comma-separated requests/s, e.g. 4,8,16")
+    parser.add_argument("--stage-s", type=float, help="seconds per rate")
+    parser.add_argument("--kv-fraction", type=float, help="working set / fleet KV")
+    parser.add_argument("--prefill-tps", type=float, help="engine prefill tokens/s")
+    parser.add_argument("--prefill-chunk", type=int, help="prefill tokens per engine step")
+    parser.add_argument("--decode-ms", type=float, help="decode ms per token")
+    parser.add_argument("--time-factor", type=float, help="multiplies every engine duration")
+    parser.add_argument("--drain-s", type=float, help="wait for stragglers after the last stage")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--policies", help=f"subset of {','.join(POLICIES)},external")
+    parser.add_argument("--router-url", help="an external router's base URL (ending in /v1)")
+    parser.add_argument("--router-wait-s", type=float, default=300.0)
+    parser.add_argument("--engine-port", type=int, default=0, help="first engine port (0: any)")
+    parser.add_argument("--serve-gateways", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    setup = QUICK if args.quick else FULL
+    overrides: dict[str, Any] = {}
+    for name in (
+        "engines", "groups", "prompts_per_group", "system_tokens", "question_tokens",
+        "output_tokens", "stage_s", "kv_fraction", "prefill_tps", "prefill_chunk",
+        "decode_ms", "time_factor", "drain_s", "seed",
+    ):  # fmt: skip
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value
+    if args.rates:
+        overrides["rates"] = tuple(float(r) for r in args.rates.split(","))
+    return args, replace(setup, **overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, setup = parse_args(argv)
+    if args.serve_gateways:
+        return serve_gateways(args.serve_gateways)
+    import uvloop
+
+    out = uvloop.run(bench(args, setup))
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
