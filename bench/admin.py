@@ -7,7 +7,7 @@ nodes, and replicas of 1, 2, 4 and 8 GPUs filling about 70 % of the cards,
 most ready (some idle for hours), some starting with a download under way.
 
 The summary is asked for through the real HTTP route: uvicorn on 127.0.0.1
-(an ephemeral port) serving the control plane's app, and an httpx2 client in
+(an ephemeral port) serving the control plane's app, and an httpx client in
 the same process making one request at a time, so each latency includes the
 client's own work. A baseline in the same run asks for the summary of an
 empty fleet (everything but the fleet-sized work), and the views + summary
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx2
+import httpx
 import uvicorn
 from fastapi import FastAPI
 
@@ -189,7 +189,7 @@ async def _serve(app: FastAPI) -> tuple[uvicorn.Server, asyncio.Task[None], str]
     return server, task, f"http://127.0.0.1:{port}"
 
 
-async def _timings(client: httpx2.AsyncClient, url: str, calls: int) -> list[float]:
+async def _timings(client: httpx.AsyncClient, url: str, calls: int) -> list[float]:
     out = []
     for _ in range(calls):
         start = time.perf_counter()
@@ -238,7 +238,7 @@ async def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
         for label, plane in (("empty", empty_cp), ("fleet", cp)):
             server, task, base = await _serve(_app(plane))
             try:
-                async with httpx2.AsyncClient(base_url=base, headers=headers,
+                async with httpx.AsyncClient(base_url=base, headers=headers,
                                               timeout=30) as client:
                     await _timings(client, "/admin/v1/summary", 5)  # warm-up
                     _FULL_COLLECTIONS[0] = 0
@@ -256,7 +256,7 @@ async def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:
         "devices": sum(c["total"] for c in body["gpus"]),
         "replicas": len(fleet.replicas),
         "calls": calls,
-        "transport": "uvicorn+httptools on 127.0.0.1, httpx2 client in the same process",
+        "transport": "uvicorn+httptools on 127.0.0.1, httpx client in the same process",
         "fleet_generate_s": round(gen_s, 2),
         "direct_p50_ms": round(statistics.median(direct), 2),
         "load_avg_1m": round(os.getloadavg()[0], 2),

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
-from llmgw.wire import Device, DownloadProgress, ModelSpec, ReplicaState, device_label
+from llmgw.wire import (
+    Device,
+    DownloadProgress,
+    ModelSpec,
+    NodeInventory,
+    ReplicaState,
+    device_label,
+)
 
 DeviceStatus = Literal["free", "used", "unhealthy", "unplaceable"]
 
@@ -280,21 +287,32 @@ def used_by_node(state: FleetState) -> dict[str, dict[int, str]]:
 _NOTHING_HELD: dict[int, str] = {}
 
 
-def node_view(
-    node: NodeRecord,
-    now: float,
-    held: dict[int, str],
-    *,
-    with_devices: bool = True,
-) -> NodeView:
-    """One node; ``held`` is its entry of :func:`used_by_node`."""
-    inventory = node.inventory
-    name = node.name
-    devices: list[DeviceView] = []
+@dataclass(slots=True)
+class _Counted:
+    """A node's device counts, and what they were computed from."""
+
+    inventory: object
+    held: tuple[tuple[int, str], ...]
+    classes: list[ClassCount]
+    totals: tuple[int, int, int, int]
+    holders: list[str]
+
+
+# node name -> its last counts. A steady fleet changes few nodes between two
+# summaries, and the device loop below is most of a summary's cost (16,000
+# devices at 2,000 nodes): a node whose inventory object and held devices are
+# the ones counted last time reuses that count. Inventories are replaced,
+# never edited in place (ControlPlane.report), so identity is a safe key.
+_COUNTED: dict[str, _Counted] = {}
+
+
+def _count_devices(
+    inventory: NodeInventory | None, held: dict[int, str], devices: list[DeviceView] | None
+) -> tuple[list[ClassCount], tuple[int, int, int, int], list[str]]:
     holders: list[str] = []
     # class -> [total, used, free, unhealthy]; the hottest loop of the
-    # summary (16,000 devices), hence the inlined status and the reuse of
-    # the previous device's row (a node's cards are mostly of one class).
+    # summary, hence the inlined status and the reuse of the previous
+    # device's row (a node's cards are mostly of one class).
     counts: dict[str, list[int]] = {}
     last_class, row = "", [0, 0, 0, 0]
     for device in inventory.devices if inventory is not None else ():
@@ -314,7 +332,7 @@ def node_view(
             row[2] += 1
         else:
             row[1] += 1
-        if with_devices:
+        if devices is not None:
             devices.append(_device_view(device, _device_status(device, holder), holder))
     total = used_n = free = bad = 0
     classes: list[ClassCount] = []
@@ -325,6 +343,30 @@ def node_view(
         used_n += u
         free += f
         bad += b
+    return classes, (total, used_n, free, bad), holders
+
+
+def node_view(
+    node: NodeRecord,
+    now: float,
+    held: dict[int, str],
+    *,
+    with_devices: bool = True,
+) -> NodeView:
+    """One node; ``held`` is its entry of :func:`used_by_node`."""
+    inventory = node.inventory
+    name = node.name
+    devices: list[DeviceView] = []
+    if with_devices:
+        classes, totals, holders = _count_devices(inventory, held, devices)
+    else:
+        held_key = tuple(held.items()) if held else ()
+        counted = _COUNTED.get(name)
+        if counted is None or counted.inventory is not inventory or counted.held != held_key:
+            classes, totals, holders = _count_devices(inventory, held, None)
+            counted = _COUNTED[name] = _Counted(inventory, held_key, classes, totals, holders)
+        classes, totals, holders = counted.classes, counted.totals, counted.holders
+    total, used_n, free, bad = totals
     return NodeView(
         name=name,
         # Enum members are str: no .value lookups in the 2,000-node loop.
@@ -345,7 +387,7 @@ def node_view(
         gpu_free=free,
         gpu_unhealthy=bad,
         models=sorted({w.model for w in node.weights}) if node.weights else [],
-        replicas=sorted(set(holders)) if holders else holders,
+        replicas=sorted(set(holders)) if holders else [],
         refused=node.refused,
     )
 
@@ -357,6 +399,9 @@ def iter_node_views(
     reads are made by the same loop either way."""
     used = used_by_node(state)
     nodes = state.nodes
+    if len(_COUNTED) > 2 * len(nodes) + 64:  # forget nodes that left the fleet
+        for gone in [n for n in _COUNTED if n not in nodes]:
+            del _COUNTED[gone]
     for name in sorted(nodes):
         yield node_view(nodes[name], now, used.get(name, _NOTHING_HELD),
                         with_devices=with_devices)
