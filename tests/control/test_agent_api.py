@@ -164,3 +164,17 @@ async def test_watch_config_wakes_on_change(
         await cp.put_models([ModelSpec(name="late", engine="sim")])
         answer = await asyncio.wait_for(waiting, 2)
         assert [m["name"] for m in answer.json()["routing"]["models"]] == ["late"]
+
+
+async def test_unknown_paths_answer_in_the_error_shape(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    _, _, url = plane
+    async with httpx.AsyncClient() as client:
+        for path in ("/nothing-here", "/admin/v1/no-such-resource", "/agent/v1/nope"):
+            answer = await client.get(f"{url}{path}")
+            assert answer.status_code in (401, 404), path
+            assert set(answer.json()["error"]) >= {"message", "type"}, answer.text
+        wrong_method = await client.get(f"{url}/agent/v1/report")
+        assert wrong_method.status_code == 405
+        assert wrong_method.json()["error"]["type"] == "invalid_request_error"

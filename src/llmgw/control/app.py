@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmgw import secrets
 from llmgw.control.service import ControlPlane
@@ -82,6 +83,17 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
             {"error": {"message": str(exc), "type": "store_error", "code": None}},
             status_code=503,
             headers={"Retry-After": "2"},
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths and wrong methods answer in the same shape as every
+        # other error, not FastAPI's {"detail": ...}.
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(
+            {"error": {"message": str(exc.detail), "type": kind, "code": None}},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
         )
 
     @app.get("/healthz", include_in_schema=False)
