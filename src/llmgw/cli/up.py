@@ -165,6 +165,12 @@ class PathDispatcher:
         await self.control(scope, receive, send)
 
 
+def freeze_startup_objects() -> None:
+    from llmgw.gateway.app import freeze_startup_objects as freeze
+
+    freeze()
+
+
 def build_gateway(cp: ControlPlane) -> Any:
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.settings import GatewaySettings
@@ -321,6 +327,7 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str) -> int:
         write_up_json(data_dir, {**info, "admin_token": creds.admin_token,
                                  "api_key": creds.api_key})
     print_banner(info, creds, up=False)
+    freeze_startup_objects()
     try:
         await stop.wait()
     finally:
@@ -381,6 +388,7 @@ async def _up(
     path = write_up_json(data_dir, info)
     saved = json.loads(path.read_text())
     print_banner({**saved, "up_json": str(path)}, creds, up=True)
+    freeze_startup_objects()
     try:
         await stop.wait()
     finally:

@@ -1,4 +1,4 @@
-"""The admin API over real HTTP: a uvicorn on loopback, a SQLite store, httpx2."""
+"""The admin API over real HTTP: a uvicorn on loopback, a SQLite store, httpx."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2
+import httpx
 import pytest
 from tests.control.adminapi.fleetkit import Fleet, Served, gpu, gpus, served_control_plane
 
@@ -36,16 +36,16 @@ def served(tmp_path: Path) -> Iterator[Served]:
         yield s
 
 
-def client(served: Served, token: str | None = None) -> httpx2.Client:
+def client(served: Served, token: str | None = None) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx2.Client(base_url=served.url + "/admin/v1", headers=headers, timeout=30)
+    return httpx.Client(base_url=served.url + "/admin/v1", headers=headers, timeout=30)
 
 
-def admin(served: Served) -> httpx2.Client:
+def admin(served: Served) -> httpx.Client:
     return client(served, served.admin_token)
 
 
-def error_of(response: httpx2.Response) -> dict[str, Any]:
+def error_of(response: httpx.Response) -> dict[str, Any]:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"}
     return dict(body["error"])
@@ -64,7 +64,7 @@ PARAMS = {"name": "n1", "replica_id": "r0001", "key_id": "nope"}
 
 
 def admin_routes(served: Served) -> list[tuple[str, str]]:
-    with httpx2.Client(base_url=served.url, timeout=30) as c:
+    with httpx.Client(base_url=served.url, timeout=30) as c:
         schema = c.get("/admin/v1/openapi.json").json()
     routes = [
         (method, path.removeprefix("/admin/v1"))
@@ -144,6 +144,25 @@ def test_nodes_listing_and_one_node(served: Served) -> None:
     assert n2["devices"][0]["unhealthy_reasons"] == ["uncorrectable ECC errors: 1"]
     assert n2["devices"][1]["used_by"] == "r0002"
     assert missing.status_code == 404 and error_of(missing)["code"] == "not_found"
+
+
+def test_nodes_paged_and_filtered_by_name(tmp_path: Path) -> None:
+    fleet = Fleet(now=time.time())
+    for i in range(25):
+        fleet.node(f"gpu-{i:02d}", fabrics=("ib-a",) if i % 2 else ("ib-b",))
+    fleet.node("cpu-box", [])
+    with served_control_plane(tmp_path, fleet.state) as s, admin(s) as c:
+        page = c.get("/nodes", params={"name": "gpu-", "offset": 10, "limit": 5})
+        assert page.headers["X-Total-Count"] == "25"
+        assert [n["name"] for n in page.json()] == [f"gpu-{i:02d}" for i in range(10, 15)]
+        assert len(page.json()[0]["devices"]) == 8
+        last = c.get("/nodes", params={"name": "gpu-", "fabric": "ib-a", "offset": 10,
+                                       "limit": 5})
+        assert last.headers["X-Total-Count"] == "12"
+        assert [n["name"] for n in last.json()] == ["gpu-21", "gpu-23"]
+        everything = c.get("/nodes")
+        assert everything.headers["X-Total-Count"] == "26" and len(everything.json()) == 26
+        assert c.get("/nodes", params={"limit": 0}).status_code == 422
 
 
 def test_cordon_uncordon_drain_delete(served: Served) -> None:

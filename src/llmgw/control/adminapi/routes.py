@@ -35,7 +35,6 @@ from llmgw.control.adminapi.views import (
     NodeView,
     ReplicaTally,
     ReplicaView,
-    iter_node_views,
     model_view,
     node_view,
     paused_gc,
@@ -196,14 +195,40 @@ def build_admin_router(
         node_state: Annotated[NodeStateName | None, Query(alias="state")] = None,
         fabric: str | None = None,
         gpu_class: str | None = None,
+        name: Annotated[str | None, Query(max_length=200)] = None,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int | None, Query(ge=1, le=10_000)] = None,
     ) -> Response:
-        """Nodes with their devices by class (MIG instances as ``card/migN``)."""
-        return json_of(lambda: [
-            v for v in iter_node_views(state, time.time())
-            if (node_state is None or v.state == node_state)
-            and (fabric is None or fabric in v.fabrics)
-            and (gpu_class is None or any(c.gpu_class == gpu_class for c in v.classes))
-        ])
+        """Nodes with their devices by class (MIG instances as ``card/migN``).
+
+        ``name`` keeps nodes whose name contains it; ``offset``/``limit`` page
+        the filtered list, whose full length is in ``X-Total-Count``. Filters
+        run on the cheap per-node counts; device lists are built only for the
+        page, which is what keeps a 2,000-node console page fast.
+        """
+        now = time.time()
+        used = used_by_node(state)
+
+        names: list[str] = []
+        for node_name in sorted(state.nodes):
+            record = state.nodes[node_name]
+            if name and name not in node_name:
+                continue
+            if node_state is not None and record.state(now) != node_state:
+                continue
+            if fabric is not None and fabric not in record.fabrics:
+                continue
+            if gpu_class is not None:
+                counts = node_view(record, now, used.get(node_name, {}), with_devices=False)
+                if not any(c.gpu_class == gpu_class for c in counts.classes):
+                    continue
+            names.append(node_name)
+        page = names[offset:] if limit is None else names[offset : offset + limit]
+        response = json_of(
+            lambda: [node_view(state.nodes[n], now, used.get(n, {})) for n in page]
+        )
+        response.headers["X-Total-Count"] = str(len(names))
+        return response
 
     @router.get("/nodes/{name:name}", response_model=NodeView, responses=not_found,
                 tags=["nodes"])
