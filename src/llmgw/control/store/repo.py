@@ -8,6 +8,7 @@ StoreError once, here.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -45,9 +46,11 @@ class Store:
         becomes a one-line ConfigError naming the store.
         """
         url = normalise_url(url)
+        where = _describe(url)
+        if is_sqlite(url):
+            _check_sqlite_place(where)
         engine = create_engine(url, pool_size=pool_size)
         store = cls(engine, url)
-        where = _describe(url)
         try:
             async with engine.connect() as conn:
                 await conn.exec_driver_sql("SELECT 1")
@@ -330,6 +333,18 @@ class Store:
     async def count(self, table: Table) -> int:
         rows = await self._read(select(func.count()).select_from(table))
         return int(next(iter(rows[0].values())))
+
+
+def _check_sqlite_place(database: str) -> None:
+    """Refuse a SQLite file whose directory is missing or read-only, before
+    the driver tries: its failed connect leaves a worker thread behind."""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return
+    folder = os.path.dirname(os.path.abspath(database)) or "."
+    if not os.path.isdir(folder):
+        raise ConfigError(f"cannot open the store at {database}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot open the store at {database}: {folder} is not writable")
 
 
 def now() -> float:
