@@ -270,10 +270,10 @@ async def scrape(session: aiohttp.ClientSession, engines: list[str]) -> dict[str
     return benchstats.add_counters(await asyncio.gather(*(one(u) for u in engines)))
 
 
-async def wait_router(url: str, timeout_s: float) -> None:
+async def wait_router(url: str, key: str, timeout_s: float) -> None:
     """Wait until ``url`` (an external router's /v1) answers a tiny request."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+    headers = {"Authorization": f"Bearer {key}"}
     deadline = time.monotonic() + timeout_s
     async with aiohttp.ClientSession() as session:
         while True:
@@ -291,7 +291,11 @@ async def wait_router(url: str, timeout_s: float) -> None:
 
 
 async def run_policy(
-    setup: Setup, requests: list[TimedRequest], urls: list[str], engines: list[str]
+    setup: Setup,
+    requests: list[TimedRequest],
+    urls: list[str],
+    engines: list[str],
+    key: str = API_KEY,
 ) -> dict[str, Any]:
     snapshots: list[dict[str, float]] = []
     async with aiohttp.ClientSession() as session:
@@ -304,9 +308,7 @@ async def run_policy(
             loadgen.Probe(at_s=(i + 1) * setup.stage_s, action=take)
             for i in range(len(setup.rates) - 1)
         ]
-        run = await loadgen.run(
-            requests, urls, api_key=API_KEY, probes=probes, drain_s=setup.drain_s
-        )
+        run = await loadgen.run(requests, urls, api_key=key, probes=probes, drain_s=setup.drain_s)
         await take()
     per_rate: dict[str, Any] = {}
     for i, rate in enumerate(setup.rates):
@@ -418,7 +420,7 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
             print("engines for the external router (model 'sim'):", file=sys.stderr)
             for url in sets["external"]:
                 print(f"  {url}/v1", file=sys.stderr)
-            await wait_router(args.router_url.rstrip("/"), args.router_wait_s)
+            await wait_router(args.router_url.rstrip("/"), args.router_key, args.router_wait_s)
             gateway_urls["external"] = [args.router_url.rstrip("/")]
         print(
             f"workload: {len(requests)} requests, {setup.groups} groups x"
@@ -429,7 +431,10 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
         )
         for policy in policies:
             t0 = time.monotonic()
-            results[policy] = await run_policy(setup, requests, gateway_urls[policy], sets[policy])
+            key = args.router_key if policy == "external" else API_KEY
+            results[policy] = await run_policy(
+                setup, requests, gateway_urls[policy], sets[policy], key
+            )
             print_table(f"{policy} ({time.monotonic() - t0:.0f} s)", results[policy])
     finally:
         stop(procs)
@@ -475,6 +480,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup
     parser.add_argument("--seed", type=int)
     parser.add_argument("--policies", help=f"subset of {','.join(POLICIES)},external")
     parser.add_argument("--router-url", help="an external router's base URL (ending in /v1)")
+    parser.add_argument("--router-key", default=API_KEY, help="Bearer token for that router")
     parser.add_argument("--router-wait-s", type=float, default=300.0)
     parser.add_argument("--engine-port", type=int, default=0, help="first engine port (0: any)")
     parser.add_argument("--serve-gateways", help=argparse.SUPPRESS)

@@ -136,3 +136,61 @@ async def test_loadgen_reports_http_errors(sim_engine: StartEngine) -> None:
     assert run.results and all((r.error or "").startswith("HTTP 404") for r in run.results)
     with pytest.raises(ValueError, match="at least one URL"):
         await loadgen.run([], [])
+
+
+# -- bench/routing.py as a whole ------------------------------------------------------
+
+
+def test_routing_bench_setup_sizes_kv_from_the_working_set() -> None:
+    from bench.routing import FULL, QUICK
+
+    for setup in (FULL, QUICK):
+        fleet_kv = setup.kv_blocks * 16 * setup.engines
+        assert setup.working_set_tokens / fleet_kv == pytest.approx(setup.kv_fraction, rel=0.01)
+    assert FULL.working_set_tokens == 150 * (600 + 5 * 120)
+    # A cold prompt costs what the published setup's does: ~0.36 s of prefill.
+    assert FULL.prompt_tokens / FULL.prefill_tps == pytest.approx(0.36, abs=0.01)
+
+
+def test_routing_bench_targets_are_read_at_the_saturation_rate() -> None:
+    from bench.routing import targets
+
+    def policy(p90s: dict[str, float], hit: float) -> dict[str, object]:
+        return {"rates": {r: {"ttft_p90_s": v} for r, v in p90s.items()}, "hit_rate_all": hit}
+
+    results = {
+        "round_robin": policy({"4": 0.4, "32": 4.2}, 0.16),
+        "prefix": policy({"4": 0.4, "32": 0.2}, 0.86),
+        "prefix_2gw": policy({"4": 0.4, "32": 0.3}, 0.80),
+    }
+    out = targets(results, 32.0)
+    assert out["rr_over_prefix_ttft_p90_at_saturation"] == pytest.approx(21.0)
+    assert out["prefix_10x_lower_at_saturation"] is True
+    assert out["hit_rate_gap_2gw_points"] == pytest.approx(6.0)
+    assert out["two_gateways_within_5_points"] is False
+    assert "rr_over_prefix_ttft_p90_at_saturation" not in targets(results, None)
+
+
+def test_routing_bench_runs_end_to_end_in_miniature() -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "routing.py"
+    argv = [
+        sys.executable, str(script), "--engines", "2", "--groups", "3", "--rates", "3,6",
+        "--stage-s", "1", "--drain-s", "10", "--policies", "round_robin,prefix_2gw",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(out) >= {"round_robin", "prefix_2gw", "saturation_rate", "targets"}
+    for policy in ("round_robin", "prefix_2gw"):
+        assert list(out[policy]) == ["3", "6"]
+        for row in out[policy].values():
+            assert set(row) >= {"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "hit_rate"}
+            assert row["errors"] == 0
+            assert row["ttft_p90_s"] is None or row["ttft_p90_s"] > 0
+        assert out[f"{policy}_hit_rate_all"] is not None
+    assert "gateway listening" not in done.stderr  # children's stdout is read, not leaked
