@@ -161,6 +161,9 @@ class InProcessEngines:
         self.running.clear()
         for entry in entries:
             entry.starting.cancel()
+        # Awaited so that a start that failed (a taken port) is not left as
+        # an exception nobody retrieved.
+        await asyncio.gather(*(e.starting for e in entries), return_exceptions=True)
         await asyncio.gather(*(e.engine.stop() for e in entries), return_exceptions=True)
 
     @staticmethod
