@@ -165,6 +165,7 @@ class Agent:
                 host=self.bind_host,
                 port=self.config.server_port,
                 node=self.config.name,
+                on_nudge=self._changed.set,
             )
             await self.server.start()
 

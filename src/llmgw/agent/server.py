@@ -21,6 +21,9 @@ from llmgw.agent.fetchers import FILE_PATH, MANIFEST_PATH
 from llmgw.agent.weights import WeightsCache, manifest_json
 from llmgw.secrets import bearer
 
+# Also named in llmgw.control.nudge, which calls it; the path is the contract.
+NUDGE_PATH = "/agent/v1/nudge"
+
 
 class WeightsServer:
     def __init__(
@@ -31,9 +34,11 @@ class WeightsServer:
         host: str = "127.0.0.1",
         port: int = 0,
         node: str = "",
+        on_nudge: Callable[[], None] | None = None,
     ) -> None:
         self.cache = cache
         self._token = token
+        self._on_nudge = on_nudge
         self.host = host
         self.port = port
         self.node = node
@@ -44,6 +49,7 @@ class WeightsServer:
         app.router.add_get("/agent/v1/health", self._health)
         app.router.add_get(MANIFEST_PATH, self._manifest)
         app.router.add_get(FILE_PATH, self._file)
+        app.router.add_post(NUDGE_PATH, self._nudge)
         return app
 
     async def start(self) -> int:
@@ -74,6 +80,17 @@ class WeightsServer:
             if not expected or not given or not hmac.compare_digest(given, expected):
                 return web.json_response({"error": "a valid peer token is required"}, status=401)
         return await handler(request)
+
+    async def _nudge(self, request: web.Request) -> web.Response:
+        """The control plane's hint that this node's assignments changed.
+
+        Carries nothing: the agent just reports now instead of at its next
+        interval, and learns what changed from the answer. A placement then
+        starts within a round trip, not within a report interval.
+        """
+        if self._on_nudge is not None:
+            self._on_nudge()
+        return web.json_response({"ok": True}, status=202)
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"node": self.node, "ok": True})

@@ -14,6 +14,7 @@ import logging
 import time
 
 from llmgw.control.leader import LeaderElection
+from llmgw.control.nudge import Nudger, assignment_signature, changed_nodes
 from llmgw.control.service import HEARTBEAT_FLUSH_S, ControlPlane
 from llmgw.errors import NotLeaderError
 
@@ -37,6 +38,7 @@ class ControlPlaneRuntime:
         self.failure_limit = failure_limit
         self.election = LeaderElection(cp.store, self._on_leadership, name=name)
         self._tasks: list[asyncio.Task[None]] = []
+        self._nudger = Nudger(cp.peer_token)
         self._reconcile_task: asyncio.Task[None] | None = None
         self.passes = 0
         self.last_pass_ms = 0.0
@@ -61,6 +63,7 @@ class ControlPlaneRuntime:
                 await task
         with contextlib.suppress(Exception):
             await self.cp.flush_heartbeats()
+        await self._nudger.close()
 
     async def _on_leadership(self, leader: bool, epoch: int) -> None:
         self.cp.is_leader, self.cp.epoch = leader, epoch
@@ -79,10 +82,20 @@ class ControlPlaneRuntime:
         from llmgw.control.reconciler import Reconciler
 
         reconciler = Reconciler(self.cp.state, self.cp.store, failure_limit=self.failure_limit)
+        last = assignment_signature(self.cp.state)
         while True:
             started = time.perf_counter()
             try:
                 await reconciler.run_pass(time.time(), epoch)
+                # Changes since the last pass, this pass's and those made
+                # between passes (a catalog edit, a drain), reach their
+                # agents now rather than at their next report.
+                current = assignment_signature(self.cp.state)
+                nodes = self.cp.state.nodes
+                self._nudger.nudge(
+                    nodes[n] for n in changed_nodes(last, current) if n in nodes
+                )
+                last = current
             except NotLeaderError as exc:
                 log.warning("reconcile pass refused, stepping down: %s", exc)
                 self.election.is_leader = self.cp.is_leader = False
