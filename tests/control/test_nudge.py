@@ -6,6 +6,8 @@ import asyncio
 import time
 from pathlib import Path
 
+from tests.servers import serve_asgi
+
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.app import create_app
 from llmgw.control.nudge import assignment_signature, changed_nodes
@@ -14,7 +16,6 @@ from llmgw.control.service import ControlPlane
 from llmgw.control.state import FleetState, ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.wire import ModelSpec, ReplicaState, ShardAssignment, SimParams
-from tests.servers import serve_asgi
 
 
 def test_signature_changes_name_the_nodes_affected() -> None:
