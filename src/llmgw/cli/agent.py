@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import socket
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from llmgw.agent.app import Agent, AgentConfig
+from llmgw.cli.logs import setup_logging
 from llmgw.errors import AuthError, ConfigError
 
 app = typer.Typer(name="agent", add_completion=False, pretty_exceptions_enable=False)
@@ -82,11 +81,7 @@ def agent(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run this node's agent: report to the control plane and run what it assigns."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(log_level)
     try:
         config = AgentConfig(
             control_plane=control_plane,

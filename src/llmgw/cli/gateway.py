@@ -13,13 +13,13 @@ import asyncio
 import logging
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Coroutine
 from typing import Annotated, Any
 
 import typer
 
+from llmgw.cli.logs import setup_logging
 from llmgw.errors import AuthError, ConfigError
 from llmgw.gateway.app import Gateway, freeze_startup_objects
 from llmgw.gateway.link import ControlPlaneUnavailable, HttpControlPlaneLink
@@ -119,11 +119,7 @@ def gateway(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, following a control plane."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(log_level)
     try:
         settings = GatewaySettings(
             queue_wait_s=queue_wait_s,

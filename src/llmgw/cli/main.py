@@ -7,7 +7,6 @@ traceback for a typo in a flag is a person who stops trusting the tool.
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +14,7 @@ from typing import Annotated
 import typer
 
 from llmgw import __version__
+from llmgw.cli.logs import setup_logging
 from llmgw.errors import ConfigError
 
 app = typer.Typer(
@@ -31,14 +31,6 @@ EXIT_CONFIG = 2
 def fail(message: str, code: int = EXIT_CONFIG) -> None:
     typer.echo(f"llmgw: {message}", err=True)
     raise typer.Exit(code)
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 @app.command()
