@@ -178,3 +178,38 @@ async def test_unknown_paths_answer_in_the_error_shape(
         wrong_method = await client.get(f"{url}/agent/v1/report")
         assert wrong_method.status_code == 405
         assert wrong_method.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_telemetry_alone_is_not_written_to_the_store(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    writes: list[str] = []
+    real_replace = cp.store.replace_gpus
+
+    async def counting_replace(node: str, rows: list[dict[str, object]]) -> None:
+        writes.append(node)
+        await real_replace(node, rows)
+
+    cp.store.replace_gpus = counting_replace  # type: ignore[method-assign]
+    gpu = Device(number=0, label="0", uuid="GPU-1", name="NVIDIA H100", gpu_class="h100-80g",
+                 memory_total_mib=81559, temperature_c=40)
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        headers = {"Authorization": f"Bearer {token}"}
+        for temperature in (41, 42, 43):
+            hot = gpu.model_copy(update={"temperature_c": temperature})
+            report = AgentReport(node="n1", inventory=NodeInventory(hostname="n1", devices=[hot]))
+            answer = await client.post(f"{url}/agent/v1/report",
+                                       content=report.model_dump_json(), headers=headers)
+            assert answer.status_code == 200
+        assert writes == ["n1"]  # the first report; the rest only warmed the card
+        inventory = cp.state.nodes["n1"].inventory
+        assert inventory is not None and inventory.devices[0].temperature_c == 43
+        sick = gpu.model_copy(update={"healthy": False, "unhealthy_reasons": ["ECC"]})
+        report = AgentReport(node="n1", inventory=NodeInventory(hostname="n1", devices=[sick]))
+        await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
+                          headers=headers)
+        assert writes == ["n1", "n1"]
+        assert (await cp.store.list_gpus("n1"))[0]["healthy"] is False

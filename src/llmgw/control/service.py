@@ -213,6 +213,14 @@ class ControlPlane:
             or node.weights != report.weights
         )
         inventory_changed = node.inventory != report.inventory
+        # Temperatures, power and memory in use change on every report of a
+        # busy GPU node; only what placement and the views' health read is
+        # worth a write (2,000 nodes would otherwise rewrite their GPU rows
+        # 400 times a second). The in-memory inventory is always the latest.
+        placement_changed = inventory_changed and (
+            node.inventory is None
+            or _placement_facts(node.inventory) != _placement_facts(report.inventory)
+        )
         node.address = report.address
         node.agent_port = report.agent_port
         node.fabrics = list(report.fabrics)
@@ -225,11 +233,11 @@ class ControlPlane:
         node.refused = dict(report.refused)
         node.statuses = {s.replica_id: s for s in report.replicas}
         routing_changed = was_unreachable
-        if changed_row or inventory_changed:
+        if changed_row or placement_changed:
             await self.store.upsert_nodes([_node_row(node)])
         else:
             self._pending_heartbeats[node.name] = now
-        if inventory_changed:
+        if placement_changed:
             await self.store.replace_gpus(node.name, _gpu_rows(report.inventory))
         routing_changed |= await self._mirror_statuses(node, now)
         for replica_id, reason in report.refused.items():
@@ -435,7 +443,9 @@ class ControlPlane:
                 model.load_demand = wanted
                 self.wake_reconciler()
         for name, waiting in report.waiting.items():
-            if waiting > 0:
+            # A model deleted since the gateway's last config is no reason to
+            # drop the rest of its report.
+            if waiting > 0 and self.state.resolve_model(name) is not None:
                 await self.demand(name)
 
     async def record_usage(self, records: Iterable[UsageRecord]) -> None:
@@ -646,6 +656,14 @@ def _node_from_row(row: Row) -> NodeRecord:
         weights=[WeightsEntry.model_validate(w) for w in row["weights"] or []],
         last_seen=row["last_seen"],
     )
+
+
+def _placement_facts(inventory: NodeInventory) -> list[tuple[object, ...]]:
+    return [
+        (d.number, d.uuid, d.gpu_class, d.healthy, tuple(d.unhealthy_reasons), d.placeable,
+         d.unplaceable_reason, d.memory_total_mib)
+        for d in inventory.devices
+    ]
 
 
 def _gpu_rows(inventory: NodeInventory) -> list[Row]:
