@@ -162,6 +162,8 @@ def test_nodes_paged_and_filtered_by_name(tmp_path: Path) -> None:
         assert [n["name"] for n in last.json()] == ["gpu-21", "gpu-23"]
         everything = c.get("/nodes")
         assert everything.headers["X-Total-Count"] == "26" and len(everything.json()) == 26
+        assert page.headers["X-Fleet-Count"] == "26"
+        assert c.get("/nodes", params={"name": "GPU-0"}).headers["X-Total-Count"] == "10"
         assert c.get("/nodes", params={"limit": 0}).status_code == 422
 
 

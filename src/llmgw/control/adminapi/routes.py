@@ -201,8 +201,9 @@ def build_admin_router(
     ) -> Response:
         """Nodes with their devices by class (MIG instances as ``card/migN``).
 
-        ``name`` keeps nodes whose name contains it; ``offset``/``limit`` page
-        the filtered list, whose full length is in ``X-Total-Count``. Filters
+        ``name`` keeps nodes whose name contains it (any case); ``offset``/
+        ``limit`` page the filtered list, whose length is in ``X-Total-Count``
+        (the fleet's in ``X-Fleet-Count``). Filters
         run on the cheap per-node counts; device lists are built only for the
         page, which is what keeps a 2,000-node console page fast.
         """
@@ -210,9 +211,10 @@ def build_admin_router(
         used = used_by_node(state)
 
         names: list[str] = []
+        needle = name.lower() if name else None
         for node_name in sorted(state.nodes):
             record = state.nodes[node_name]
-            if name and name not in node_name:
+            if needle and needle not in node_name.lower():
                 continue
             if node_state is not None and record.state(now) != node_state:
                 continue
@@ -228,6 +230,7 @@ def build_admin_router(
             lambda: [node_view(state.nodes[n], now, used.get(n, {})) for n in page]
         )
         response.headers["X-Total-Count"] = str(len(names))
+        response.headers["X-Fleet-Count"] = str(len(state.nodes))
         return response
 
     @router.get("/nodes/{name:name}", response_model=NodeView, responses=not_found,

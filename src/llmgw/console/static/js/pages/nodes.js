@@ -129,6 +129,8 @@ export default {
     let nodes = [];
     // Set when the API paged for us: the fleet's size for the filters given.
     let serverTotal = null;
+    // The fleet's size as the API reports it beside a filtered page.
+    let serverFleet = null;
     let debounce = null;
     // Two clicks for drain: it moves every replica off the node.
     let armedDrain = null;
@@ -242,7 +244,10 @@ export default {
       count.textContent = matching
         ? `${fmtInt(page * PAGE_SIZE + 1)}–${fmtInt(page * PAGE_SIZE + shown.length)} of ${fmtInt(matching)} nodes` +
           // The fleet's size, when it is what was loaded (no API-side filter).
-          (serverTotal === null && !state.value && !classValue && rows.length !== nodes.length ? ` (${fmtInt(nodes.length)} in all)` : "")
+          (() => {
+            const all = serverTotal === null ? nodes.length : serverFleet;
+            return !state.value && !classValue && all !== null && matching !== all ? ` (${fmtInt(all)} in all)` : "";
+          })()
         : filtering
           ? "0 nodes match."
           : "No node has registered yet.";
@@ -303,6 +308,8 @@ export default {
       });
       const total = headers.get("X-Total-Count");
       serverTotal = total === null ? null : Number(total);
+      const fleet = headers.get("X-Fleet-Count");
+      serverFleet = fleet === null ? null : Number(fleet);
       nodes = body;
       updateClasses();
       render();
