@@ -10,7 +10,8 @@ import pytest
 from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane, NewCredentials, replica_row
+from llmgw.control.rows import replica_row
+from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.wire import (

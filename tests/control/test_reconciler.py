@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.control.reconciler import Reconciler, model_row, unpark
+from llmgw.control.reconciler import Reconciler, unpark
+from llmgw.control.rows import model_row
 from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.control.rows import event_row, model_row, replica_row
 from llmgw.control.scheduler.decide import Decisions, Policy, decide
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import DeviceCache
-from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord, ReplicaRecord
+from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotFoundError
 from llmgw.wire import Event
@@ -165,47 +166,8 @@ def _result(decisions: Decisions, duration_s: float) -> PassResult:
 
 
 # ---------------------------------------------------------------------------
-# Rows for the store, and unpark
+# Unpark
 # ---------------------------------------------------------------------------
-
-
-def replica_row(replica: ReplicaRecord, *, draining: bool | None = None) -> Row:
-    return {
-        "id": replica.id,
-        "model": replica.model,
-        "generation": replica.generation,
-        "shards": [s.model_dump() for s in replica.shards],
-        "state": str(replica.state),
-        "reason": replica.reason,
-        "port": replica.port,
-        "created_at": replica.created_at,
-        "ready_at": replica.ready_at,
-        "last_request_at": replica.last_request_at,
-        "draining": replica.draining if draining is None else draining,
-    }
-
-
-def model_row(record: ModelRecord, *, updated_at: float | None = None) -> Row:
-    return {
-        "name": record.name,
-        "spec": record.spec.model_dump(mode="json"),
-        "parked": record.parked,
-        "failures": record.failures,
-        "last_error": record.last_error,
-        "demand_at": record.demand_at,
-        "created_at": record.created_at,
-        "updated_at": record.updated_at if updated_at is None else updated_at,
-    }
-
-
-def event_row(event: Event) -> Row:
-    return {
-        "at": event.at,
-        "kind": event.kind,
-        "subject": event.subject,
-        "message": event.message,
-        "data": dict(event.data),
-    }
 
 
 def unpark(state: FleetState, name: str) -> ModelRecord:

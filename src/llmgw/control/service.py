@@ -17,6 +17,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmgw import secrets
+from llmgw.control.reconciler import unpark
+from llmgw.control.rows import (
+    gpu_rows,
+    key_from_row,
+    model_from_row,
+    model_row,
+    node_from_row,
+    node_row,
+    replica_from_row,
+    replica_row,
+)
 from llmgw.control.state import (
     UNREACHABLE_AFTER_S,
     FleetState,
@@ -42,9 +53,7 @@ from llmgw.wire import (
     ReplicaAssignment,
     ReplicaState,
     RoutingTable,
-    ShardAssignment,
     UsageRecord,
-    WeightsEntry,
 )
 
 log = logging.getLogger(__name__)
@@ -104,12 +113,12 @@ class ControlPlane:
         state.models.clear()
         state.replicas.clear()
         for row in await self.store.list_nodes():
-            state.nodes[row["name"]] = _node_from_row(row)
+            state.nodes[row["name"]] = node_from_row(row)
         for row in await self.store.list_models():
-            record = _model_from_row(row)
+            record = model_from_row(row)
             state.models[record.name] = record
         for row in await self.store.list_replicas():
-            replica = _replica_from_row(row)
+            replica = replica_from_row(row)
             state.replicas[replica.id] = replica
         await self._load_keys()
         self._admin_hash = await self.store.get_setting(ADMIN_HASH)
@@ -194,9 +203,9 @@ class ControlPlane:
         if reg.inventory is not None:
             node.inventory = reg.inventory
         self.state.nodes[node.name] = node
-        await self.store.upsert_nodes([_node_row(node)])
+        await self.store.upsert_nodes([node_row(node)])
         if reg.inventory is not None:
-            await self.store.replace_gpus(node.name, _gpu_rows(reg.inventory))
+            await self.store.replace_gpus(node.name, gpu_rows(reg.inventory))
         await self.event("node", node.name, f"node {node.name} registered")
         return AgentRegistrationAnswer(node=node.name, node_token=token)
 
@@ -234,11 +243,11 @@ class ControlPlane:
         node.statuses = {s.replica_id: s for s in report.replicas}
         routing_changed = was_unreachable
         if changed_row or placement_changed:
-            await self.store.upsert_nodes([_node_row(node)])
+            await self.store.upsert_nodes([node_row(node)])
         else:
             self._pending_heartbeats[node.name] = now
         if placement_changed:
-            await self.store.replace_gpus(node.name, _gpu_rows(report.inventory))
+            await self.store.replace_gpus(node.name, gpu_rows(report.inventory))
         routing_changed |= await self._mirror_statuses(node, now)
         for replica_id, reason in report.refused.items():
             replica = self.state.replicas.get(replica_id)
@@ -505,12 +514,7 @@ class ControlPlane:
         await self.state.bump_routing()
 
     async def unpark(self, name: str) -> None:
-        model = self.state.models.get(name)
-        if model is None:
-            raise NotFoundError(f"model {name!r} does not exist")
-        model.parked = False
-        model.failures = 0
-        model.backoff_until = 0.0
+        model = unpark(self.state, name)
         await self.store.upsert_models([model_row(model)])
         await self.event("unpark", name, f"model {name} unparked")
         await self.state.bump_routing()
@@ -526,7 +530,7 @@ class ControlPlane:
             raise ValidationError("a node cannot be set unreachable", field="state")
         if node.admin_state != target:
             node.admin_state = target
-            await self.store.upsert_nodes([_node_row(node)])
+            await self.store.upsert_nodes([node_row(node)])
             verb = {"ready": "uncordoned", "cordoned": "cordoned", "draining": "draining"}
             await self.event("drain" if target == NodeState.DRAINING else "node", name,
                              f"node {name} {verb[target.value]}")
@@ -558,7 +562,7 @@ class ControlPlane:
     async def _load_keys(self) -> None:
         self._keys = {}
         for row in await self.store.list_api_keys():
-            info = _key_from_row(row)
+            info = key_from_row(row)
             self._keys[info.key_id] = info
 
     async def create_api_key(
@@ -625,127 +629,9 @@ class ControlPlane:
         self._reconcile_wakeup.clear()
 
 
-# -- rows <-> records ---------------------------------------------------------
-
-
-def _node_row(node: NodeRecord) -> Row:
-    return {
-        "name": node.name,
-        "admin_state": node.admin_state.value,
-        "token_hash": node.token_hash,
-        "address": node.address,
-        "agent_port": node.agent_port,
-        "fabrics": list(node.fabrics),
-        "inventory": node.inventory.model_dump(mode="json") if node.inventory else None,
-        "weights": [w.model_dump(mode="json") for w in node.weights],
-        "registered_at": node.registered_at,
-        "last_seen": node.last_seen,
-    }
-
-
-def _node_from_row(row: Row) -> NodeRecord:
-    return NodeRecord(
-        name=row["name"],
-        registered_at=row["registered_at"],
-        admin_state=NodeState(row["admin_state"]),
-        token_hash=row["token_hash"],
-        address=row["address"],
-        agent_port=row["agent_port"],
-        fabrics=list(row["fabrics"] or []),
-        inventory=NodeInventory.model_validate(row["inventory"]) if row["inventory"] else None,
-        weights=[WeightsEntry.model_validate(w) for w in row["weights"] or []],
-        last_seen=row["last_seen"],
-    )
-
-
 def _placement_facts(inventory: NodeInventory) -> list[tuple[object, ...]]:
     return [
         (d.number, d.uuid, d.gpu_class, d.healthy, tuple(d.unhealthy_reasons), d.placeable,
          d.unplaceable_reason, d.memory_total_mib)
         for d in inventory.devices
     ]
-
-
-def _gpu_rows(inventory: NodeInventory) -> list[Row]:
-    return [
-        {
-            "number": d.number,
-            "uuid": d.uuid,
-            "gpu_class": d.gpu_class,
-            "healthy": d.healthy,
-            "placeable": d.placeable,
-            "reason": "; ".join(d.unhealthy_reasons) or d.unplaceable_reason,
-            "memory_total_mib": d.memory_total_mib,
-        }
-        for d in inventory.devices
-    ]
-
-
-def model_row(model: ModelRecord) -> Row:
-    return {
-        "name": model.name,
-        "spec": model.spec.model_dump(mode="json"),
-        "parked": model.parked,
-        "failures": model.failures,
-        "last_error": model.last_error,
-        "demand_at": model.demand_at,
-        "created_at": model.created_at,
-        "updated_at": model.updated_at,
-    }
-
-
-def _model_from_row(row: Row) -> ModelRecord:
-    return ModelRecord(
-        spec=ModelSpec.model_validate(row["spec"]),
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        parked=bool(row["parked"]),
-        failures=row["failures"],
-        last_error=row["last_error"],
-        demand_at=row["demand_at"],
-    )
-
-
-def replica_row(replica: ReplicaRecord) -> Row:
-    return {
-        "id": replica.id,
-        "model": replica.model,
-        "generation": replica.generation,
-        "shards": [s.model_dump(mode="json") for s in replica.shards],
-        "state": replica.state.value,
-        "reason": replica.reason,
-        "port": replica.port,
-        "created_at": replica.created_at,
-        "ready_at": replica.ready_at,
-        "last_request_at": replica.last_request_at,
-        "draining": replica.draining,
-    }
-
-
-def _replica_from_row(row: Row) -> ReplicaRecord:
-    return ReplicaRecord(
-        id=row["id"],
-        model=row["model"],
-        created_at=row["created_at"],
-        shards=[ShardAssignment.model_validate(s) for s in row["shards"]],
-        generation=row["generation"],
-        state=ReplicaState(row["state"]),
-        reason=row["reason"],
-        port=row["port"],
-        ready_at=row["ready_at"],
-        last_request_at=row["last_request_at"],
-        draining=bool(row["draining"]),
-    )
-
-
-def _key_from_row(row: Row) -> ApiKeyInfo:
-    return ApiKeyInfo(
-        key_id=row["id"],
-        name=row["name"],
-        secret_hash=row["secret_hash"],
-        models=list(row["models"] or []),
-        expires_at=row["expires_at"],
-        rpm=row["rpm"],
-        tpm=row["tpm"],
-        revoked=bool(row["revoked"]),
-    )

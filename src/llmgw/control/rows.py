@@ -1,0 +1,147 @@
+"""Records <-> store rows: the one place that knows both shapes.
+
+The control plane keeps records in memory (llmgw.control.state) and the store
+keeps rows (llmgw.control.store.schema); every write and every load goes
+through these functions, so a column added in one place cannot be forgotten
+in another.
+"""
+
+from __future__ import annotations
+
+from llmgw.control.state import ModelRecord, NodeRecord, ReplicaRecord
+from llmgw.control.store.repo import Row
+from llmgw.wire import (
+    ApiKeyInfo,
+    Event,
+    ModelSpec,
+    NodeInventory,
+    NodeState,
+    ReplicaState,
+    ShardAssignment,
+    WeightsEntry,
+)
+
+
+def node_row(node: NodeRecord) -> Row:
+    return {
+        "name": node.name,
+        "admin_state": node.admin_state.value,
+        "token_hash": node.token_hash,
+        "address": node.address,
+        "agent_port": node.agent_port,
+        "fabrics": list(node.fabrics),
+        "inventory": node.inventory.model_dump(mode="json") if node.inventory else None,
+        "weights": [w.model_dump(mode="json") for w in node.weights],
+        "registered_at": node.registered_at,
+        "last_seen": node.last_seen,
+    }
+
+
+def node_from_row(row: Row) -> NodeRecord:
+    return NodeRecord(
+        name=row["name"],
+        registered_at=row["registered_at"],
+        admin_state=NodeState(row["admin_state"]),
+        token_hash=row["token_hash"],
+        address=row["address"],
+        agent_port=row["agent_port"],
+        fabrics=list(row["fabrics"] or []),
+        inventory=NodeInventory.model_validate(row["inventory"]) if row["inventory"] else None,
+        weights=[WeightsEntry.model_validate(w) for w in row["weights"] or []],
+        last_seen=row["last_seen"],
+    )
+
+
+def gpu_rows(inventory: NodeInventory) -> list[Row]:
+    return [
+        {
+            "number": d.number,
+            "uuid": d.uuid,
+            "gpu_class": d.gpu_class,
+            "healthy": d.healthy,
+            "placeable": d.placeable,
+            "reason": "; ".join(d.unhealthy_reasons) or d.unplaceable_reason,
+            "memory_total_mib": d.memory_total_mib,
+        }
+        for d in inventory.devices
+    ]
+
+
+def model_row(model: ModelRecord, *, updated_at: float | None = None) -> Row:
+    return {
+        "name": model.name,
+        "spec": model.spec.model_dump(mode="json"),
+        "parked": model.parked,
+        "failures": model.failures,
+        "last_error": model.last_error,
+        "demand_at": model.demand_at,
+        "created_at": model.created_at,
+        "updated_at": model.updated_at if updated_at is None else updated_at,
+    }
+
+
+def model_from_row(row: Row) -> ModelRecord:
+    return ModelRecord(
+        spec=ModelSpec.model_validate(row["spec"]),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        parked=bool(row["parked"]),
+        failures=row["failures"],
+        last_error=row["last_error"],
+        demand_at=row["demand_at"],
+    )
+
+
+def replica_row(replica: ReplicaRecord, *, draining: bool | None = None) -> Row:
+    return {
+        "id": replica.id,
+        "model": replica.model,
+        "generation": replica.generation,
+        "shards": [s.model_dump(mode="json") for s in replica.shards],
+        "state": replica.state.value,
+        "reason": replica.reason,
+        "port": replica.port,
+        "created_at": replica.created_at,
+        "ready_at": replica.ready_at,
+        "last_request_at": replica.last_request_at,
+        "draining": replica.draining if draining is None else draining,
+    }
+
+
+def replica_from_row(row: Row) -> ReplicaRecord:
+    return ReplicaRecord(
+        id=row["id"],
+        model=row["model"],
+        created_at=row["created_at"],
+        shards=[ShardAssignment.model_validate(s) for s in row["shards"]],
+        generation=row["generation"],
+        state=ReplicaState(row["state"]),
+        reason=row["reason"],
+        port=row["port"],
+        ready_at=row["ready_at"],
+        last_request_at=row["last_request_at"],
+        draining=bool(row["draining"]),
+    )
+
+
+def key_from_row(row: Row) -> ApiKeyInfo:
+    return ApiKeyInfo(
+        key_id=row["id"],
+        name=row["name"],
+        secret_hash=row["secret_hash"],
+        models=list(row["models"] or []),
+        expires_at=row["expires_at"],
+        rpm=row["rpm"],
+        tpm=row["tpm"],
+        revoked=bool(row["revoked"]),
+    )
+
+
+def event_row(event: Event) -> Row:
+    return {
+        "at": event.at,
+        "kind": event.kind,
+        "subject": event.subject,
+        "message": event.message,
+        "data": dict(event.data),
+    }
