@@ -109,17 +109,13 @@ def serve(
 
 def _mount_subcommands() -> None:
     """Commands owned by their own modules (agent, gateway, ctl, sim, doctor)."""
-    from llmgw.cli import agent, doctor, gateway, sim
+    from llmgw.cli import agent, ctl, doctor, gateway, sim
 
     app.add_typer(agent.app, name="agent")
     app.add_typer(gateway.app, name="gateway")
     app.add_typer(sim.app, name="sim")
-    app.command("doctor")(doctor.doctor)
-    try:
-        from llmgw.cli import ctl
-    except ImportError:  # pragma: no cover - while ctl is being written
-        return
     app.add_typer(ctl.app, name="ctl")
+    app.command("doctor")(doctor.doctor)
 
 
 _mount_subcommands()

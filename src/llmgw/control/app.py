@@ -19,6 +19,8 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmgw import secrets
+from llmgw.console.server import mount_console
+from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.service import ControlPlane
 from llmgw.errors import AuthError, NotFoundError, StoreError, ValidationError
 from llmgw.wire import (
@@ -147,21 +149,6 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
         await cp.record_usage(_usage_list.validate_python(await _body(request)))
         return Response(status_code=204)
 
-    _mount_optional(app, cp)
+    app.include_router(build_admin_router(cp), prefix="/admin/v1")
+    mount_console(app, cp)
     return app
-
-
-def _mount_optional(app: FastAPI, cp: ControlPlane) -> None:
-    """Admin API and console, which live in their own packages."""
-    try:
-        from llmgw.control.adminapi.routes import build_admin_router
-    except ImportError:  # pragma: no cover - only while the package is incomplete
-        log.warning("admin API not available in this build")
-    else:
-        app.include_router(build_admin_router(cp), prefix="/admin/v1")
-    try:
-        from llmgw.console.server import mount_console
-    except ImportError:  # pragma: no cover
-        pass
-    else:
-        mount_console(app, cp)
