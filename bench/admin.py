@@ -164,14 +164,8 @@ def _place_replicas(state: FleetState, specs: list[ModelSpec], rng: random.Rando
 
 
 def _app(cp: ControlPlane) -> FastAPI:
-    try:
-        from llmgw.control.app import create_app
-    except ImportError:
-        from llmgw.control.adminapi.routes import build_admin_router
+    from llmgw.control.app import create_app
 
-        app = FastAPI()
-        app.include_router(build_admin_router(cp), prefix="/admin/v1")
-        return app
     return create_app(cp)
 
 

@@ -142,15 +142,9 @@ class Fleet:
 
 
 def admin_app(cp: ControlPlane) -> FastAPI:
-    """The lead's app when it is there (the real mounting), else the router alone."""
-    try:
-        from llmgw.control.app import create_app
-    except ImportError:  # pragma: no cover - only before app.py exists
-        from llmgw.control.adminapi.routes import build_admin_router
+    """The control plane's real app, with the admin API mounted as in production."""
+    from llmgw.control.app import create_app
 
-        app = FastAPI()
-        app.include_router(build_admin_router(cp), prefix="/admin/v1")
-        return app
     return create_app(cp)
 
 
