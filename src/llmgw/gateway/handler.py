@@ -228,15 +228,7 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
     timer: asyncio.TimerHandle | None = None
     status = 500
     try:
-        snapshot = rt.snapshot
-        if snapshot is None:
-            raise ApiError(
-                503,
-                "The gateway has not received its configuration yet.",
-                kind="service_unavailable_error",
-                code="not_ready",
-                retry_after=1,
-            )
+        snapshot = configured_snapshot(rt)
         record = authenticate(rt, snapshot, scope)
         body = await read_body(scope, receive, rt.settings.max_body_bytes)
         payload = parse(body)
@@ -523,19 +515,25 @@ async def _relay(
         _account(rt, model, record, usage, failed)
 
 
+def configured_snapshot(rt: Runtime) -> Snapshot:
+    """The routing snapshot, or a 503 before the first config has arrived."""
+    snapshot = rt.snapshot
+    if snapshot is None:
+        raise ApiError(
+            503,
+            "The gateway has not received its configuration yet.",
+            kind="service_unavailable_error",
+            code="not_ready",
+            retry_after=1,
+        )
+    return snapshot
+
+
 async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
     request_id = new_request_id()
     extra = [(REQUEST_ID, request_id.encode())]
     try:
-        snapshot = rt.snapshot
-        if snapshot is None:
-            raise ApiError(
-                503,
-                "The gateway has not received its configuration yet.",
-                kind="service_unavailable_error",
-                code="not_ready",
-                retry_after=1,
-            )
+        snapshot = configured_snapshot(rt)
         record = authenticate(rt, snapshot, scope)
         path: str = scope["path"]
         if path in ("/v1/models", "/v1/models/"):
