@@ -26,7 +26,7 @@ def test_records_survive_a_restart_and_the_file_is_private(tmp_path: Path) -> No
             assignment=a,
             port=20001,
             pid=123,
-            create_time=1.5,
+            birth="boot:1500",
         )
     )
     assert stat.S_IMODE((tmp_path / "engines.json").stat().st_mode) == 0o600

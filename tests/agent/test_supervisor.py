@@ -9,12 +9,18 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from tests.agent.fakes import STUB
 
 from llmgw.agent.engines.base import EngineLaunch
 from llmgw.agent.ports import PortAllocator, port_is_free
-from llmgw.agent.supervisor import Supervisor, describe_exit, engine_environment
+from llmgw.agent.supervisor import (
+    Supervisor,
+    describe_exit,
+    engine_environment,
+    process_birth,
+)
 
 
 def stub_launch(port: int, *extra: str) -> EngineLaunch:
@@ -64,13 +70,26 @@ async def test_adoption_checks_the_start_time(tmp_path: Path) -> None:
     port = PortAllocator("127.0.0.1").allocate("r1")
     proc = sup.spawn("r1", stub_launch(port))
     try:
-        adopted = Supervisor.adopt(proc.pid, proc.create_time)
+        adopted = Supervisor.adopt(proc.pid, proc.birth)
         assert adopted is not None and not Supervisor.poll(adopted).exited
         # Same pid, another start time: a reused pid, not our engine.
-        assert Supervisor.adopt(proc.pid, proc.create_time - 3600) is None
+        boot, tick = proc.birth.rsplit(":", 1)
+        assert Supervisor.adopt(proc.pid, f"{boot}:{int(tick) - 100}") is None
     finally:
         await sup.stop(proc, 5.0)
-    assert Supervisor.adopt(proc.pid, proc.create_time) is None
+    assert Supervisor.adopt(proc.pid, proc.birth) is None
+
+
+def test_process_birth_does_not_follow_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    # psutil's create_time moves when the boot time derived from the wall
+    # clock does (a second at a time); an adopted engine must not look like
+    # another process then, or its agent takes it for exited and kills it.
+    before = process_birth(os.getpid())
+    moved = psutil.boot_time() + 1.0
+    monkeypatch.setattr(psutil, "boot_time", lambda: moved)
+    monkeypatch.setattr(psutil._pslinux, "boot_time", lambda: moved)  # what create_time uses
+    assert before is not None and process_birth(os.getpid()) == before
+    assert process_birth(os.getpid()) != process_birth(os.getppid())
 
 
 async def test_missing_executable_is_an_engine_error(tmp_path: Path) -> None:

@@ -179,7 +179,7 @@ async def test_in_process_engine_serves_then_stops() -> None:
     assert await engine.wait_ready()
     assert engines.poll(proc).exited is False
     assert any("listening on" in line for line in engines.log_tail("r1"))
-    assert engines.adopt(proc.pid, proc.create_time) is None
+    assert engines.adopt(proc.pid, proc.birth) is None
     status = await engines.stop(proc, grace_s=1.0)
     assert status.exited and status.code == 0
     assert engine.state == "stopped" and not engines.engines()

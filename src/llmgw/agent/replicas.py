@@ -107,8 +107,8 @@ class ReplicaRunner:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
             return
         proc = None
-        if record.pid is not None and record.create_time is not None:
-            proc = self.deps.supervisor.adopt(record.pid, record.create_time)
+        if record.pid is not None and record.birth is not None:
+            proc = self.deps.supervisor.adopt(record.pid, record.birth)
         if proc is None:
             self._mark_failed(describe_exit(None) + self._last_words(), None)
             return
@@ -320,7 +320,7 @@ class ReplicaRunner:
             assignment=self.assignment,
             port=self.port or 0,
             pid=self.proc.pid if self.proc else None,
-            create_time=self.proc.create_time if self.proc else None,
+            birth=self.proc.birth if self.proc else None,
             health_path=self.health_path,
             started_at=self.started_at,
             ready_at=self.ready_at,

@@ -33,7 +33,7 @@ class EngineRecord(BaseModel):
     assignment: ReplicaAssignment
     port: int
     pid: int | None = None
-    create_time: float | None = None  # psutil's process start time, pid-reuse guard
+    birth: str | None = None  # supervisor.process_birth: pid-reuse guard
     health_path: str | None = "/health"
     started_at: float | None = None
     ready_at: float | None = None

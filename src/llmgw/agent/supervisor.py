@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -36,15 +37,12 @@ LOG_MAX_BYTES = 8 * 1024 * 1024
 LOG_BACKUPS = 2
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 400
-# psutil derives start times from clock ticks since boot; two reads of the
-# same process can differ by a tick.
-CREATE_TIME_TOLERANCE_S = 0.5
 
 
 @dataclass
 class EngineProcess:
     pid: int
-    create_time: float
+    birth: str  # see process_birth: with the pid, names this very process
     popen: subprocess.Popen[bytes] | None = None  # None for an adopted engine
     # What a non-process ProcessControl (e.g. a simulated fleet running its
     # engines inside one Python process) needs to find its engine again.
@@ -65,7 +63,7 @@ class ProcessControl(Protocol):
 
     def spawn(self, replica_id: str, launch: EngineLaunch) -> EngineProcess: ...
 
-    def adopt(self, pid: int, create_time: float) -> EngineProcess | None: ...
+    def adopt(self, pid: int, birth: str) -> EngineProcess | None: ...
 
     def poll(self, proc: EngineProcess) -> ExitStatus: ...
 
@@ -136,38 +134,33 @@ class Supervisor:
                 ) from None
             except OSError as exc:
                 raise EngineError(f"cannot start {launch.argv[0]}: {exc}") from None
-        try:
-            create_time = psutil.Process(popen.pid).create_time()
-        except psutil.Error:
-            create_time = time.time()  # already gone; poll() will say so
-        return EngineProcess(pid=popen.pid, create_time=create_time, popen=popen)
+        # None: already gone, and poll() says so from the Popen.
+        birth = process_birth(popen.pid) or ""
+        return EngineProcess(pid=popen.pid, birth=birth, popen=popen)
 
     @staticmethod
-    def adopt(pid: int, create_time: float) -> EngineProcess | None:
+    def adopt(pid: int, birth: str) -> EngineProcess | None:
         """The engine recorded as ``pid`` if that very process still runs, else None."""
+        if not birth or process_birth(pid) != birth:
+            return None  # gone, or the pid now belongs to another process
         try:
-            proc = psutil.Process(pid)
-            same = abs(proc.create_time() - create_time) <= CREATE_TIME_TOLERANCE_S
-            alive = proc.status() != psutil.STATUS_ZOMBIE
+            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return None
-        if not same:
-            return None  # the pid now belongs to another process
         if not alive:
             _reap(pid)
             return None
-        return EngineProcess(pid=pid, create_time=create_time)
+        return EngineProcess(pid=pid, birth=birth)
 
     @staticmethod
     def poll(proc: EngineProcess) -> ExitStatus:
         if proc.popen is not None:
             code = proc.popen.poll()
             return RUNNING if code is None else ExitStatus(exited=True, code=code)
+        if process_birth(proc.pid) != proc.birth:
+            return ExitStatus(exited=True)
         try:
-            ps = psutil.Process(proc.pid)
-            if abs(ps.create_time() - proc.create_time) > CREATE_TIME_TOLERANCE_S:
-                return ExitStatus(exited=True)
-            if ps.status() == psutil.STATUS_ZOMBIE:
+            if psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE:
                 return ExitStatus(exited=True, code=_reap(proc.pid))
         except psutil.NoSuchProcess:
             return ExitStatus(exited=True)
@@ -229,6 +222,49 @@ class Supervisor:
             if older.exists():
                 with contextlib.suppress(OSError):
                     os.replace(older, path.with_name(f"{path.name}.{index + 1}"))
+
+
+def process_birth(pid: int) -> str | None:
+    """A name for process ``pid`` that no other process gets while the machine runs.
+
+    A pid alone is reused; pid plus psutil's ``create_time`` is not enough
+    either: that is the start tick plus the boot time, and Linux derives the
+    boot time from the wall clock in whole seconds, so it moves by a second
+    when NTP nudges the clock across a second boundary. The same engine then
+    looks like a stranger, and an agent that adopted it would take it for
+    exited and kill it. The start tick itself never changes; with the boot id
+    it also survives a reboot that hands out the same pids again. None when
+    the process does not exist.
+    """
+    if not _HAS_PROC:
+        return _birth_from_psutil(pid)
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:  # no such process, or it ended while we read
+        return None
+    # The command name may hold spaces and parentheses: fields follow the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return f"{_boot_id()}:{int(fields[19])}"
+
+
+_HAS_PROC = os.path.isdir("/proc/self")
+
+
+def _birth_from_psutil(pid: int) -> str | None:
+    """Where there is no /proc (not Linux): the wall-clock start time, to a second."""
+    try:
+        return f"ctime:{psutil.Process(pid).create_time():.0f}"
+    except psutil.Error:
+        return None
+
+
+@functools.cache
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "boot"
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

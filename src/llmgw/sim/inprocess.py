@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -114,9 +113,9 @@ class InProcessEngines:
         self.running[replica_id] = entry
         # The agent records pid and start time to find a process again; the
         # fleet's own pid is the honest answer, and adopt() refuses it.
-        return EngineProcess(pid=self._pid, create_time=time.time(), handle=entry)
+        return EngineProcess(pid=self._pid, birth=f"sim:{replica_id}", handle=entry)
 
-    def adopt(self, pid: int, create_time: float) -> EngineProcess | None:
+    def adopt(self, pid: int, birth: str) -> EngineProcess | None:
         return None  # an in-process engine never outlives the process that ran it
 
     def poll(self, proc: EngineProcess) -> ExitStatus:
