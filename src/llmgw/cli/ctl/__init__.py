@@ -1,0 +1,65 @@
+"""``llmgw ctl``: the admin API from a terminal.
+
+Tables for people, ``--json`` for scripts (the admin API's own JSON, as it
+came), ``--watch`` where a screen that refreshes saves re-typing.
+
+This package assembles the typer app; each module owns one part:
+``client`` (where to connect, with what token, and one-line errors),
+``render`` (tables, ``--json``, ``--watch``), and the commands by subject:
+``status``, ``nodes``, ``models``, ``catalog`` (apply, plan), ``replicas``,
+``events`` and ``access`` (keys, usage, join token).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmgw.cli.ctl import access, catalog, events, models, nodes, replicas, status
+from llmgw.cli.ctl.client import Settings
+
+app = typer.Typer(
+    name="ctl",
+    help="Operate a running llmgw: fleet status, nodes, models, replicas, keys.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+ctl = app
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    url: Annotated[str | None, typer.Option(
+        envvar="LLMGW_URL", help="Control plane base URL, e.g. http://127.0.0.1:8080.")] = None,
+    token: Annotated[str | None, typer.Option(
+        envvar="LLMGW_ADMIN_TOKEN", help="The admin token.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(
+        envvar="LLMGW_DATA_DIR", help="Where up.json is (default: llmgw's data dir).")] = None,
+) -> None:
+    ctx.obj = Settings(url=url, token=token, data_dir=data_dir)
+
+
+# Every command is registered here, in one place, because the order they are
+# added in is the order ``llmgw ctl --help`` lists them (typer lists commands,
+# then groups, each as added); decorators spread over the modules would make
+# that order depend on import order, which the import sorter rewrites.
+app.command()(status.status)
+app.add_typer(nodes.nodes_app, name="nodes")
+app.command()(nodes.cordon)
+app.command()(nodes.uncordon)
+app.command()(nodes.drain)
+app.add_typer(models.models_app, name="models")
+app.command()(models.unpark)
+app.command()(catalog.apply)
+app.command()(catalog.plan)
+app.add_typer(replicas.replicas_app, name="replicas")
+app.command()(events.events)
+app.add_typer(access.keys_app, name="keys")
+app.command()(access.usage)
+app.command("join-token")(access.join_token)
+
+__all__ = ["app", "ctl"]

@@ -1,0 +1,105 @@
+"""Who may use the fleet: ``llmgw ctl keys`` (list, create, revoke), ``usage``, ``join-token``."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from llmgw.cli.ctl.client import CtlError, admin_client, guarded
+from llmgw.cli.ctl.render import JsonOpt, local_time, make_console, new_table, print_json
+
+keys_app = typer.Typer(help="API keys: list (default), create, revoke.")
+
+
+@keys_app.callback(invoke_without_command=True)
+@guarded
+def keys(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """API keys (never their secrets)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    data = admin_client(ctx).call("GET", "/keys")
+    if as_json:
+        print_json(data)
+        return
+    table = new_table("KEY", "NAME", "MODELS", "RPM", "TPM", "EXPIRES", "REVOKED")
+    for k in data:
+        table.add_row(k["key_id"], k["name"], ",".join(k["models"]) or "all",
+                      str(k["rpm"] or "-"), str(k["tpm"] or "-"), local_time(k["expires_at"]),
+                      "yes" if k["revoked"] else "")
+    make_console().print(table if data else "No API keys.")
+
+
+@keys_app.command("create")
+@guarded
+def key_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Option(help="A label for people.")] = "",
+    model: Annotated[list[str] | None, typer.Option(
+        "--model", help="A model it may use (repeat; default all).")] = None,
+    rpm: Annotated[int | None, typer.Option(help="Requests per minute.", min=1)] = None,
+    tpm: Annotated[int | None, typer.Option(help="Tokens per minute.", min=1)] = None,
+    expires_in_days: Annotated[float | None, typer.Option(help="Expire after N days.",
+                                                          min=0)] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create an API key; its secret is shown now and never again."""
+    body = {"name": name, "models": model or [], "rpm": rpm, "tpm": tpm,
+            "expires_at": None if expires_in_days is None
+            else time.time() + expires_in_days * 86400}
+    created = admin_client(ctx).call("POST", "/keys", body=body)
+    if as_json:
+        print_json(created)
+        return
+    typer.echo(f"key {created['key']['key_id']} created. Its secret, shown only this once:")
+    typer.echo(created["secret"])
+
+
+@keys_app.command("revoke")
+@guarded
+def key_revoke(ctx: typer.Context, key_id: str) -> None:
+    """Revoke an API key (gateways refuse it at their next config update)."""
+    k = admin_client(ctx).call("DELETE", f"/keys/{key_id}")
+    typer.echo(f"key {k['key_id']} revoked")
+
+
+@guarded
+def usage(
+    ctx: typer.Context,
+    minutes: Annotated[int, typer.Option(help="Over the last N minutes.", min=1)] = 60,
+    key: Annotated[str | None, typer.Option(help="Only this key id.")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model.")] = None,
+    per_minute: Annotated[bool, typer.Option(help="One row per minute.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Requests and tokens per key and model."""
+    since = int(time.time()) - minutes * 60
+    data = admin_client(ctx).call("GET", "/usage", params={"since": since, "key_id": key,
+                                                           "model": model})
+    if as_json:
+        print_json(data)
+        return
+    rows = data["rows"] if per_minute else data["by_key_model"]
+    columns = ("MINUTE",) if per_minute else ()
+    table = new_table(*columns, "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "CACHED",
+                      "ERRORS")
+    for row in [*rows, {**data["total"], "key_id": "total", "model": ""}]:
+        minute = (local_time(row["minute"]) if "minute" in row else "",) if per_minute else ()
+        table.add_row(*minute, row["key_id"] or "", row["model"] or "", str(row["requests"]),
+                      str(row["prompt_tokens"]), str(row["completion_tokens"]),
+                      str(row["cached_tokens"]), str(row["errors"]))
+    make_console().print(table)
+
+
+@guarded
+def join_token(
+    ctx: typer.Context,
+    rotate: Annotated[bool, typer.Option("--rotate", help="Make a new join token.")] = False,
+) -> None:
+    """Make a new join token for agents (the old one stops working)."""
+    if not rotate:
+        raise CtlError("join tokens are stored only as hashes and cannot be shown; "
+                       "make a new one with --rotate")
+    token = admin_client(ctx).call("POST", "/join-token/rotate")["join_token"]
+    typer.echo(token)

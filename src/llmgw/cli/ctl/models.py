@@ -1,0 +1,59 @@
+"""``llmgw ctl models`` (list, show, delete) and ``unpark``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from llmgw.cli.ctl.client import admin_client, guarded
+from llmgw.cli.ctl.render import JsonOpt, make_console, new_table, print_json
+
+models_app = typer.Typer(help="Models: list (default), show, delete.")
+
+
+def _model_status(m: dict[str, Any]) -> str:
+    if m["parked"]:
+        return "parked"
+    if m["ready"] >= m["desired"]:
+        return "ok"
+    return "unplaceable" if m["unplaceable"] or m["total"] <= m["ready"] else "starting"
+
+
+@models_app.callback(invoke_without_command=True)
+@guarded
+def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Models: replicas ready against what they should have now."""
+    if ctx.invoked_subcommand is not None:
+        return
+    data = admin_client(ctx).call("GET", "/models")
+    if as_json:
+        print_json(data)
+        return
+    table = new_table("MODEL", "ENGINE", "READY", "STARTING", "MIN-MAX", "STATUS", "REASON")
+    for m in data:
+        table.add_row(m["name"], m["spec"]["engine"], f"{m['ready']}/{m['desired']}",
+                      str(m["starting"]), f"{m['min_replicas']}-{m['max_replicas']}",
+                      _model_status(m), m["reason"] or "")
+    make_console().print(table if data else "No models in the catalog (llmgw ctl apply -f FILE).")
+
+
+@models_app.command("show")
+@guarded
+def model_show(ctx: typer.Context, name: str) -> None:
+    """One model and its entry, as JSON."""
+    print_json(admin_client(ctx).call("GET", f"/models/{name}"))
+
+
+@models_app.command("delete")
+@guarded
+def model_delete(ctx: typer.Context, name: str) -> None:
+    """Remove a model from the catalog and stop its replicas."""
+    typer.echo(admin_client(ctx).call("DELETE", f"/models/{name}")["message"])
+
+
+@guarded
+def unpark(ctx: typer.Context, model: str) -> None:
+    """Retry a parked model from zero failures."""
+    m = admin_client(ctx).call("POST", f"/models/{model}/unpark")
+    typer.echo(f"model {m['name']} unparked")

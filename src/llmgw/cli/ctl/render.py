@@ -1,0 +1,84 @@
+"""How ``llmgw ctl`` prints: tables for people, ``--json`` for scripts, ``--watch``.
+
+``--json`` prints the admin API's own JSON as it came, so a script reads the
+same fields the API documents; the tables are for people and may change.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="The API's JSON, for scripts.")]
+WatchOpt = Annotated[float | None, typer.Option(
+    "--watch", help="Refresh every N seconds until Ctrl-C.", min=0.1)]
+
+
+def make_console() -> Console:
+    return Console(highlight=False, soft_wrap=False)
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+def watch_live(fetch: Callable[[], Any], render: Callable[[Any], Any], every: float) -> None:
+    """Redraw ``render(fetch())`` every ``every`` seconds until Ctrl-C."""
+    console = make_console()
+    with Live(render(fetch()), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(every)
+                live.update(render(fetch()), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+def ago(at: float | None) -> str:
+    if at is None:
+        return "never"
+    return duration(max(0.0, time.time() - at)) + " ago"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m"
+    if s < 172800:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d"
+
+
+def byte_size(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def new_table(*columns: str, title: str | None = None) -> Table:
+    # min_width: a title wider than a narrow table would otherwise wrap.
+    table = Table(title=title, title_justify="left", box=None, header_style="bold",
+                  pad_edge=False, min_width=len(title) + 1 if title else None)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    return table
+
+
+def local_time(at: float | None) -> str:
+    return "-" if at is None else datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
