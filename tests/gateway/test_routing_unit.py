@@ -38,6 +38,7 @@ def router(
         chars_per_token=4.0,
         threshold=kw.get("threshold", 2.0),
         tokens_per_unit=2048.0,
+        miss_slack=kw.get("miss_slack", 1.0),
     )
 
 
@@ -113,16 +114,21 @@ def test_policies() -> None:
     others = [r for r in (a, b, c) if r is not chosen]
     assert rendezvous([chosen, others[0]], key) is chosen
     # Prefix: a holder within the threshold wins; beyond it, the least loaded.
-    assert prefix_choice([a, b, c], [b], key, 2.0, 2048.0) == (b, HIT)
-    assert prefix_choice([a, b, c], [a], key, 2.0, 2048.0)[1] == OVERLOADED
-    assert prefix_choice([a, b, c], [a], key, 10.0, 2048.0) == (a, HIT)
-    # New prefixes never go to a replica above the threshold.
+    assert prefix_choice([a, b, c], [b], key, 2.0, 2048.0, 1.0) == (b, HIT)
+    assert prefix_choice([a, b, c], [a], key, 2.0, 2048.0, 1.0)[1] == OVERLOADED
+    assert prefix_choice([a, b, c], [a], key, 10.0, 2048.0, 1.0) == (a, HIT)
+    # New prefixes never go to a replica above the miss slack, even one that
+    # a holder could be at (inside the affinity threshold).
+    a.in_flight = 3
     for k in range(50):
-        picked, outcome = prefix_choice([a, b, c], [], k, 2.0, 2048.0)
+        picked, outcome = prefix_choice([a, b, c], [], k, 10.0, 2048.0, 1.0)
         assert outcome == MISS and picked is not a
+    # ...and spread by the hash among those that are not.
+    assert {prefix_choice([a, b, c], [], k, 10.0, 2048.0, 1.0)[0] for k in range(50)} == {b, c}
     # Pending prefill counts as load.
     b.pending_prefill = 4096 * 4
-    assert prefix_choice([a, b, c], [b], key, 2.0, 2048.0)[1] == OVERLOADED
+    assert prefix_choice([a, b, c], [b], key, 2.0, 2048.0, 1.0)[1] == OVERLOADED
+    assert prefix_choice([a, b, c], [], key, 10.0, 2048.0, 1.0)[0] is c
 
 
 def test_router_policies_and_cooldown() -> None:

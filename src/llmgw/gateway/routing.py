@@ -118,14 +118,19 @@ def prefix_choice(
     key: int,
     threshold: float,
     tokens_per_unit: float,
+    miss_slack: float,
 ) -> tuple[Replica, str]:
     """The prefix policy given who holds the longest prefix (``holders``, maybe empty).
 
     Affinity wins unless it would pile work on a replica: a holder more than
     ``threshold`` above the least-loaded replica loses to the least loaded
     (prefix-only routing collapses under skewed prefixes, see research/routing.md).
-    A new prefix goes by rendezvous among the replicas within the threshold,
-    so gateways that share no state still agree on where it lands.
+    A new prefix goes by rendezvous, so gateways that share no state still
+    agree on where it lands -- but only among the replicas within
+    ``miss_slack`` of the least loaded: a miss has nothing to gain from any
+    particular replica, and with the wide affinity threshold a hash alone
+    stacks cold prompts on busy replicas while others idle (in a cold start
+    that made prefix routing slower than round-robin).
     """
     min_load = min(r.load(tokens_per_unit) for r in replicas)
     if holders:
@@ -133,7 +138,7 @@ def prefix_choice(
         if best.load(tokens_per_unit) - min_load <= threshold:
             return best, HIT
         return least_loaded(replicas, tokens_per_unit, key), OVERLOADED
-    eligible = [r for r in replicas if r.load(tokens_per_unit) - min_load <= threshold]
+    eligible = [r for r in replicas if r.load(tokens_per_unit) - min_load <= miss_slack]
     return rendezvous(eligible, key), MISS
 
 
@@ -158,6 +163,7 @@ class ModelRouter:
         "_chars_per_token",
         "_counter",
         "_index",
+        "_miss_slack",
         "_threshold",
         "_units",
         "policy",
@@ -175,6 +181,7 @@ class ModelRouter:
         chars_per_token: float,
         threshold: float,
         tokens_per_unit: float,
+        miss_slack: float,
     ) -> None:
         self.route = route
         self.policy = route.routing
@@ -183,6 +190,7 @@ class ModelRouter:
         self._block_chars = block_chars
         self._chars_per_token = chars_per_token
         self._threshold = threshold
+        self._miss_slack = miss_slack
         self._units = tokens_per_unit
         self._counter = 0
         index.sync(
@@ -235,7 +243,9 @@ class ModelRouter:
             matched, holder_ids = self._index.longest(hashes, allowed)
             holders = [allowed[r] for r in holder_ids]
             key = stable_key(prompt, self._block_chars)
-            replica, outcome = prefix_choice(replicas, holders, key, self._threshold, self._units)
+            replica, outcome = prefix_choice(
+                replicas, holders, key, self._threshold, self._units, self._miss_slack
+            )
             if replica not in holders:
                 matched = 0
         cached_chars = matched * self._block_chars

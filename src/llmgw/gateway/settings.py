@@ -66,6 +66,9 @@ class GatewaySettings:
     # tokens still being prefilled.
     load_threshold: float = 8.0
     prefill_tokens_per_unit: float = 2048.0
+    # A prefix no replica holds goes by rendezvous among the replicas whose
+    # load is within this of the least loaded (see routing.prefix_choice).
+    miss_load_slack: float = 2.0
     # Upstream streams always ask for usage (needed for limits and metering);
     # the final usage chunk is removed for clients that did not ask for it.
     inject_stream_usage: bool = True
@@ -93,6 +96,7 @@ class GatewaySettings:
             "cooldown_after": self.cooldown_after,
             "retry_after_s": self.retry_after_s,
             "load_threshold": self.load_threshold,
+            "miss_load_slack": self.miss_load_slack,
         }.items():
             if value < 0:
                 raise ConfigError(f"gateway setting {name} must be >= 0, got {value}")

@@ -57,6 +57,7 @@ class Snapshot:
                 block_chars=settings.prefix_block_chars,
                 chars_per_token=settings.chars_per_token,
                 threshold=settings.load_threshold,
+                miss_slack=settings.miss_load_slack,
                 tokens_per_unit=settings.prefill_tokens_per_unit,
             )
             # The canonical name wins over another model's alias of the same spelling.
