@@ -15,7 +15,8 @@ from tests.control.adminapi.fleetkit import Fleet, gpu, mig
 
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary, summarize
-from llmgw.control.adminapi.views import FleetViews, desired_now, fleet_views
+from llmgw.control.adminapi.views.fleet import FleetViews, fleet_views
+from llmgw.control.adminapi.views.models import desired_now
 from llmgw.control.scheduler.decide import _desired as scheduler_desired
 from llmgw.wire import NodeState, ReplicaState
 

@@ -6,7 +6,7 @@ from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
 
 from llmgw.control.adminapi.patroni import StoreMember, StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, Summary, fleet_summary
-from llmgw.control.adminapi.views import fleet_views
+from llmgw.control.adminapi.views.fleet import fleet_views
 from llmgw.wire import NodeState, ReplicaState
 
 

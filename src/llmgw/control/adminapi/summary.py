@@ -4,9 +4,9 @@ A per-node listing is the right tool for four nodes and the wrong one for two
 hundred: the questions that matter at that size -- how full am I, what is
 broken, what is holding cards it is not using -- are aggregates, and reading
 them off a long table is a chore that gets skipped. Everything here is
-computed from the same views the listings return (views.py), in one pass, so
-it can never disagree with them; it is a different question asked of the
-same facts.
+computed from the same views the listings return (the views package), in
+one pass, so it can never disagree with them; it is a different question
+asked of the same facts.
 
 The fields and their rules are fixed by the reference (shared/seed/). Lists
 are always present (empty rather than absent) and ``store_error`` is null
@@ -21,16 +21,10 @@ from collections import Counter
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw.control.adminapi.patroni import StoreMember, StoreStatus
-from llmgw.control.adminapi.views import (
-    FleetViews,
-    ModelView,
-    NodeView,
-    ReplicaTally,
-    ReplicaView,
-    iter_model_views,
-    iter_node_views,
-    iter_replica_views,
-)
+from llmgw.control.adminapi.views.fleet import FleetViews
+from llmgw.control.adminapi.views.models import ModelView, ReplicaTally, iter_model_views
+from llmgw.control.adminapi.views.nodes import NodeView, iter_node_views
+from llmgw.control.adminapi.views.replicas import ReplicaView, iter_replica_views
 from llmgw.control.state import FleetState
 
 # How long a replica must go unasked-for to be worth naming. Minutes rather
@@ -140,7 +134,7 @@ class Summary(BaseModel):
 
 
 class SummaryBuilder:
-    """Folds views into a summary one at a time (see views.py on why one at a time).
+    """Folds views into a summary one at a time (see the views package on why one at a time).
 
     Counts are plain ints until ``finish``: attribute writes on pydantic
     models cost about a microsecond each, thousands of times per summary.

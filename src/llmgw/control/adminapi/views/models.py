@@ -1,0 +1,155 @@
+"""Model views: replica counts taken from the replica views, and what each should have."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from llmgw.control.adminapi.views.replicas import ReplicaView
+from llmgw.control.state import FleetState, ModelRecord
+from llmgw.wire import ModelSpec, ReplicaState
+
+
+@dataclass(slots=True)
+class ModelView:
+    name: str
+    spec: ModelSpec
+    on_demand: bool
+    min_replicas: int
+    max_replicas: int
+    # What it should have now: clamp(min, demand, max); see desired_now.
+    desired: int
+    # Asked for within its idle timeout (on-demand models).
+    demanded: bool
+    load_demand: int
+    ready: int
+    starting: int
+    draining: int
+    failed: int
+    # Replicas serving or on their way to it: ready + starting.
+    total: int
+    parked: bool
+    failures: int
+    last_error: str | None
+    # The one line to show: why parked, why unplaceable, or the last error.
+    reason: str | None
+    # The scheduler could not place what it is short of (never for a parked
+    # model: that one is not being placed at all, and says why).
+    unplaceable: bool
+    unplaceable_reason: str | None
+
+
+# -- desired replicas -----------------------------------------------------------
+
+
+def demanded(model: ModelRecord, now: float) -> bool:
+    """Asked for recently enough that its idle timeout has not run out."""
+    return model.demand_at is not None and now - model.demand_at <= model.spec.idle_timeout_s
+
+
+def desired_now(model: ModelRecord, now: float, last_used: float | None = None) -> int:
+    """clamp(min, demand, max): what the model should have now.
+
+    Against this, not the minimum: an on-demand model's minimum is 0, so one
+    that was asked for and fits nowhere would otherwise count as satisfied.
+    The rule is the scheduler's (scheduler/decide.py), so that the summary's
+    "short" is what the reconciler is working on; a test pins the two
+    together. An on-demand model is in demand when asked for within its idle
+    timeout, or while one of its live replicas was used (or started) within
+    it (``last_used``: ReplicaTally.last_used); load demand is extra on top.
+    """
+    spec = model.spec
+    if spec.on_demand:
+        in_use = last_used is not None and now - last_used < spec.idle_timeout_s
+        base = 1 if demanded(model, now) or in_use else 0
+    else:
+        base = spec.min_replicas
+    return max(spec.min_replicas, min(base + max(0, model.load_demand), spec.max_replicas))
+
+
+# -- replica counts ---------------------------------------------------------------
+
+
+class ReplicaTally:
+    """Replicas per model and state, counted from replica views.
+
+    Model views take their counts from here, so a model's ``ready`` is the
+    number of ready replicas the replica listing shows for it.
+    """
+
+    __slots__ = ("_counts", "_last_used")
+
+    def __init__(self, replicas: Iterable[ReplicaView] = ()) -> None:
+        self._counts: dict[str, dict[str, int]] = {}
+        self._last_used: dict[str, float] = {}
+        for replica in replicas:
+            self.add(replica)
+
+    def add(self, replica: ReplicaView) -> None:
+        model, state = replica.model, replica.state
+        per_state = self._counts.get(model)
+        if per_state is None:
+            per_state = self._counts[model] = {}
+        per_state[state] = per_state.get(state, 0) + 1
+        if state in _LIVE and not replica.draining:
+            # When it was last used, started or became ready; busy is now.
+            latest = math.inf if replica.in_flight > 0 else max(
+                replica.last_request_at or 0.0, replica.ready_at or 0.0, replica.created_at
+            )
+            if latest > self._last_used.get(model, -math.inf):
+                self._last_used[model] = latest
+
+    def of(self, model: str) -> dict[str, int]:
+        return self._counts.get(model, {})
+
+    def last_used(self, model: str) -> float | None:
+        return self._last_used.get(model)
+
+
+_LIVE = frozenset({ReplicaState.READY.value, ReplicaState.STARTING.value})
+
+
+# -- models -----------------------------------------------------------------------
+
+
+def model_view(model: ModelRecord, tally: ReplicaTally, now: float) -> ModelView:
+    """One model, its replica counts taken from the replica views (``tally``)."""
+    counts = tally.of(model.name)
+    ready = counts.get(ReplicaState.READY.value, 0)
+    starting = counts.get(ReplicaState.STARTING.value, 0)
+    unplaceable = model.unplaceable_reason is not None and not model.parked
+    if model.parked:
+        reason = model.last_error
+    elif unplaceable:
+        reason = model.unplaceable_reason
+    else:
+        reason = model.last_error
+    spec = model.spec
+    return ModelView(
+        name=model.name,
+        spec=spec,
+        on_demand=spec.on_demand,
+        min_replicas=spec.min_replicas,
+        max_replicas=spec.max_replicas,
+        desired=desired_now(model, now, tally.last_used(model.name)),
+        demanded=demanded(model, now),
+        load_demand=model.load_demand,
+        ready=ready,
+        starting=starting,
+        draining=counts.get(ReplicaState.DRAINING.value, 0),
+        failed=counts.get(ReplicaState.FAILED.value, 0),
+        total=ready + starting,
+        parked=model.parked,
+        failures=model.failures,
+        last_error=model.last_error,
+        reason=reason,
+        unplaceable=unplaceable,
+        unplaceable_reason=model.unplaceable_reason if unplaceable else None,
+    )
+
+
+def iter_model_views(state: FleetState, now: float, tally: ReplicaTally) -> Iterator[ModelView]:
+    models = state.models
+    for name in sorted(models):
+        yield model_view(models[name], tally, now)
