@@ -216,6 +216,10 @@ class SimParams(Wire):
     max_waiting: int | None = Field(None, ge=0)
     # With fault crash_mid_stream: output tokens sent before the connection drops.
     crash_after_tokens: int = Field(2, ge=0)
+    # Seconds after it became ready (times time_factor) when the engine wedges,
+    # as a deadlocked one does: running requests stop, and every request,
+    # /health included, is accepted and never answered. None: never.
+    hang_after_s: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]

@@ -7,11 +7,14 @@ import time
 
 import aiohttp
 import openai
+import pydantic
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
-from tests.sim.helpers import StartEngine
+from tests.sim.helpers import StartEngine, params, until
 
+from llmgw.errors import ValidationError
 from llmgw.sim import tokens
+from llmgw.sim.core import check_params
 
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me"}]
 
@@ -94,3 +97,42 @@ async def test_slow_is_ten_times_slower(sim_engine: StartEngine) -> None:
     # Modelled: 20 ms + 9 x 2 ms = 38 ms normal, 380 ms slow.
     assert durations[1] >= 0.38
     assert durations[1] > 5 * durations[0]
+
+
+async def test_hang_after_wedges_health_and_everything_else(sim_engine: StartEngine) -> None:
+    engine = await sim_engine("m", hang_after_s=0.3, decode_ms_per_token=50.0)
+    short = aiohttp.ClientTimeout(total=0.3)
+    async with aiohttp.ClientSession() as http, client_for(engine.url, timeout=10) as client:
+        async with http.get(engine.url + "/health", timeout=short) as resp:
+            assert resp.status == 200
+        # A request running when the engine wedges gets no further.
+        stream = await client.completions.create(model="m", prompt="x", max_tokens=100, stream=True)
+        received = 0
+
+        async def read() -> None:
+            nonlocal received
+            async for _ in stream:
+                received += 1
+
+        reader = asyncio.create_task(read())
+        await until(lambda: engine.state == "hung", within_s=2)
+        await asyncio.sleep(0.2)
+        stalled_at = received
+        await asyncio.sleep(0.3)
+        assert received == stalled_at and 0 < stalled_at < 100
+        for path in ("/health", "/v1/models", "/metrics"):
+            with pytest.raises(TimeoutError):
+                async with http.get(engine.url + path, timeout=short):
+                    pass
+        started = time.monotonic()
+        await engine.stop()
+        assert time.monotonic() - started < 2
+        with pytest.raises(openai.APIConnectionError):
+            await reader
+
+
+def test_hang_after_needs_an_engine_that_becomes_ready() -> None:
+    with pytest.raises(ValidationError, match=r"hang_after_s.*fail_at_start"):
+        check_params(params(fault="fail_at_start", hang_after_s=1.0))
+    with pytest.raises(pydantic.ValidationError, match="hang_after_s"):
+        params(hang_after_s=-1.0)

@@ -55,6 +55,10 @@ def engine_command(
         str | None,
         typer.Option(help="none, fail_at_start, crash_mid_stream, hang or slow."),
     ] = None,
+    hang_after_s: Annotated[
+        float | None,
+        typer.Option(help="Seconds after ready when the engine wedges, /health included."),
+    ] = None,
 ) -> None:
     """Run simulated OpenAI-compatible engines until SIGINT or SIGTERM."""
     overrides: dict[str, Any] = {
@@ -66,6 +70,7 @@ def engine_command(
         "max_running": max_running,
         "time_factor": time_factor,
         "fault": fault,
+        "hang_after_s": hang_after_s,
     }
     try:
         base = sim_engine.parse_params(params_json)

@@ -24,6 +24,13 @@ start-up delay (``startup_s * time_factor``), then 200. Faults
   200, the worst case for a router.
 - ``slow``: prefill and decode take 10 times longer.
 
+``hang_after_s`` (beside any fault but ``fail_at_start``): that long after it
+became ready, the engine wedges the way a deadlocked engine or a stuck CUDA
+context does. Its process lives on, running requests stop producing tokens,
+and every request, ``/health`` and ``/metrics`` included, is accepted and
+never answered until the engine is stopped. Unlike ``hang``, a health check
+sees it, which is what the agent's liveness probe is for.
+
 ``python -m llmgw.sim.engine --host H --port P --model NAME --params-json '{...}'``
 runs engines as a process (the agent starts replicas that way, with an argv
 list); ``llmgw sim engine`` is the same with friendlier flags.
@@ -35,10 +42,11 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -50,11 +58,14 @@ from llmgw.sim import metrics, openai_api
 from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
 from llmgw.wire import SimParams
 
-EngineState = Literal["created", "starting", "ready", "failed", "stopped"]
+EngineState = Literal["created", "starting", "ready", "hung", "failed", "stopped"]
+
+log = logging.getLogger("llmgw.sim.engine")
 
 # Long enough for in-flight streams to notice, short enough that stopping
 # dozens of engines in a test or a benchmark does not add up to minutes.
 _SHUTDOWN_TIMEOUT_S = 0.5
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _ids = itertools.count(1)
 
 
@@ -72,6 +83,7 @@ class SimEngine:
         self._requests = itertools.count(1)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._core_task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._settled = asyncio.Event()
         self._exit: asyncio.Future[int] | None = None
@@ -96,7 +108,9 @@ class SimEngine:
         """
         if self.state != "created":
             raise RuntimeError(f"engine already {self.state}")
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        # Only an engine that will wedge pays for the middleware that wedges it.
+        wedges = [self._wedged] if self.params.hang_after_s is not None else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=wedges)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -125,8 +139,9 @@ class SimEngine:
         self.started_at = time.time()
         loop = asyncio.get_running_loop()
         self._exit = loop.create_future()
+        self._core_task = loop.create_task(self.core.run(), name=f"sim-core-{self._id}")
         self._tasks = [
-            loop.create_task(self.core.run(), name=f"sim-core-{self._id}"),
+            self._core_task,
             loop.create_task(self._start_up(), name=f"sim-start-{self._id}"),
         ]
         return self.port
@@ -141,6 +156,17 @@ class SimEngine:
             self.state = "ready"
             self.ready_at = time.time()
         self._settled.set()
+        hang_after = self.params.hang_after_s
+        if self.state == "ready" and hang_after is not None:
+            await asyncio.sleep(hang_after * self.params.time_factor)
+            self._wedge()
+
+    def _wedge(self) -> None:
+        log.warning("sim engine %s on port %s hangs now (hang_after_s)", self.model, self.port)
+        self.state = "hung"
+        # No more engine steps: running requests wait for tokens that never come.
+        if self._core_task is not None:
+            self._core_task.cancel()
 
     async def wait_ready(self) -> bool:
         """Wait out the start-up delay: True when ready, False when it failed."""
@@ -199,6 +225,14 @@ class SimEngine:
         if self.state == "failed":
             return _error(500, "engine failed at start (fault fail_at_start)", "server_error", 500)
         return _error(503, f"engine is {self.state}", "service_unavailable", 503, retry_after=True)
+
+    @web.middleware
+    async def _wedged(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        if self.state == "hung":
+            await self._stopping.wait()
+            _drop(request)
+            return web.Response(status=503)
+        return await handler(request)
 
     async def _health(self, request: web.Request) -> web.Response:
         refusal = self._not_serving()
