@@ -2,7 +2,9 @@
 
 It answers ``/health`` (503 until ``--ready-after`` seconds have passed, then
 200) and ``/v1/models``, prints a few log lines, and can misbehave on
-request: exit with a code after a while, or ignore SIGTERM.
+request: exit with a code after a while, ignore SIGTERM, or stop answering
+``/health`` (hold the request unanswered) from ``--health-stall-after``
+seconds after its start, for ``--health-stall-for`` seconds or for good.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def main() -> None:
     parser.add_argument("--exit-after", type=float, default=None)
     parser.add_argument("--exit-code", type=int, default=3)
     parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--health-stall-after", type=float, default=None)
+    parser.add_argument("--health-stall-for", type=float, default=None)
     args = parser.parse_args()
     started = time.monotonic()
     if args.ignore_term:
@@ -32,10 +36,23 @@ def main() -> None:
     print(f"stub engine {args.model} pid {os.getpid()} on {args.host}:{args.port}", flush=True)
     print(f"env CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
 
+    def stall_left() -> float:
+        if args.health_stall_after is None:
+            return 0.0
+        into = time.monotonic() - started - args.health_stall_after
+        if into < 0:
+            return 0.0
+        if args.health_stall_for is None:
+            return 3600.0
+        return max(0.0, args.health_stall_for - into)
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             ready = time.monotonic() - started >= args.ready_after
             if self.path == "/health":
+                stall_s = stall_left()
+                if stall_s > 0:
+                    time.sleep(stall_s)  # this request's thread only: /v1/models still answers
                 self._send(200 if ready else 503, {"ready": ready})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": args.model}]})

@@ -87,6 +87,7 @@ def test_vllm_rank1_of_two_nodes_is_headless() -> None:
     assert flag(launch.argv, "--master-port") == "29500"
     assert "--headless" in launch.argv
     assert launch.health_path is None  # no API server on a headless rank
+    assert launch.serving_probe is None
     leader = VllmAdapter().build(ctx(assign(spec, d, rank=0, leader="10.0.0.1:29500"), d))
     assert "--headless" not in leader.argv and leader.health_path == "/health"
 
@@ -172,6 +173,9 @@ def test_llamacpp_python_server_on_cpu() -> None:
     assert "--n_gpu_layers" not in launch.argv
     assert launch.env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU slot never takes a GPU
     assert launch.health_path == "/v1/models"  # llama_cpp.server answers 404 on /health
+    # ... and its /v1/models waits for the model lock (and cuts a running
+    # stream short): while serving, the lock-free docs page is probed instead.
+    assert launch.serving_probe == "/docs"
 
 
 def test_llamacpp_catalog_chat_format_wins() -> None:
@@ -205,7 +209,7 @@ def test_llamacpp_binary_single_gpu_and_tp4() -> None:
     assert flag(launch.argv, "--alias") == "llama-3-70b"
     assert flag(launch.argv, "--port") == "21000"
     assert flag(launch.argv, "--n-gpu-layers") == "999"
-    assert launch.health_path == "/health"
+    assert launch.health_path == "/health" and launch.serving_probe == "/health"
     assert launch.env["CUDA_VISIBLE_DEVICES"] == d[0].uuid
     d4 = [gpu(i) for i in range(4)]
     launch4 = adapter.build(ctx(assign(model("llamacpp", tp=4), d4), d4, weights=GGUF))

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 from tests.agent.conftest import cpu_inventory
 from tests.agent.fakes import FakeControlPlane
@@ -23,6 +24,7 @@ from tests.agent.helpers import assign, cpu_slot
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.engines import LlamaCppAdapter, SimAdapter
+from llmgw.agent.liveness import Liveness
 from llmgw.wire import EngineKind, ModelSpec, ReplicaState, SimParams, WeightsSource
 
 
@@ -35,6 +37,9 @@ async def real_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
             name="n1",
             join_token=fake_cp.join_token,
             stop_grace_s=5.0,
+            # Far stricter than the defaults: a real engine busy generating
+            # must still pass, and a wedged one is caught within seconds.
+            liveness=Liveness(interval_s=0.2, timeout_s=1.0, failures=3, window_s=2.0),
         ),
         inventory_provider=lambda: cpu_inventory(2),
         adapters={
@@ -90,9 +95,26 @@ async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent:
             messages=[{"role": "user", "content": "Say hello."}],
             max_tokens=8,
         )
+        assert reply.choices[0].message.content
+        # Probed five times a second while it generates, the engine is neither
+        # declared hung nor cut short: llama_cpp.server ends a running stream
+        # as soon as another request waits for its model lock, so the probe
+        # must not be one of those requests.
+        stream = await client.chat.completions.create(
+            model="gemma-3-270m",
+            messages=[{"role": "user", "content": "Tell a long story about a lighthouse."}],
+            max_tokens=160,
+            stream=True,
+        )
+        finish = None
+        async for chunk in stream:
+            for choice in chunk.choices:
+                finish = choice.finish_reason or finish
     finally:
         await client.close()
-    assert reply.choices[0].message.content
+    assert finish in ("length", "stop"), "the stream ended without a finish reason"
+    busy = fake_cp.reports[-1].replicas[0]
+    assert busy.state == ReplicaState.READY and busy.reason is None and busy.pid == status.pid
 
     assert status.pid is not None
     os.kill(status.pid, signal.SIGKILL)
@@ -107,6 +129,25 @@ async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent:
         within=240,
     )
     assert again.replicas[0].pid != status.pid
+
+
+async def test_simulated_engine_that_hangs_after_ready_is_killed(
+    fake_cp: FakeControlPlane, real_agent: Agent
+) -> None:
+    spec = ModelSpec(
+        name="sim-wedged",
+        engine=EngineKind.SIM,
+        sim=SimParams(startup_s=0.2, hang_after_s=1.0),
+        start_timeout_s=60,
+    )
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    ready = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
+    failed = await fake_cp.wait_state("r1", ReplicaState.FAILED, within=30)
+    assert failed.reason is not None
+    assert failed.reason.startswith("engine stopped answering /health for ")
+    assert "; killed; last output: " in failed.reason and "hangs now" in failed.reason
+    assert failed.exit_code == 0  # it still obeyed SIGTERM: only its server was wedged
+    assert ready.pid is not None and not psutil.pid_exists(ready.pid)
 
 
 async def test_simulated_engine_that_cannot_load_is_failed(

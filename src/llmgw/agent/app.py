@@ -38,6 +38,7 @@ from llmgw.agent.client import ControlPlaneClient, ControlPlaneUnavailable
 from llmgw.agent.engines import default_adapters
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.identity import Identity, load_identity, save_identity
+from llmgw.agent.liveness import Liveness
 from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
 from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
 from llmgw.agent.server import WeightsServer
@@ -79,6 +80,8 @@ class AgentConfig:
     server_port: int = 0
     report_interval_s: float = 5.0  # until the control plane says otherwise
     stop_grace_s: float = 15.0
+    # When a ready engine that stops answering its health probe is killed.
+    liveness: Liveness = field(default_factory=Liveness)
     port_range: tuple[int, int] = DEFAULT_RANGE
     hf_endpoint: str | None = None
 
@@ -156,6 +159,7 @@ class Agent:
             peers=lambda model: list(self._weight_peers.get(model, [])),
             peer_token=lambda: self._peer_token,
             stop_grace_s=self.config.stop_grace_s,
+            liveness=self.config.liveness,
         )
         self._adopt()
         if self.config.serve_weights:

@@ -7,6 +7,11 @@ created by the agent when the control plane sends a new generation.
 
 The state a report needs (state, reason, port, progress) lives on the runner
 and is read without waiting, so building a report never blocks on a process.
+
+Once ready, the engine is watched two ways: its process (an exit fails the
+replica at once) and its HTTP server (a sustained run of failed probes, see
+:mod:`llmgw.agent.liveness`, gets it killed and failed), because a deadlocked
+engine keeps its process and would otherwise stay READY forever.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
 from llmgw.agent.engines.base import EngineAdapter, LaunchContext
+from llmgw.agent.liveness import FailedProbes, Liveness
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.state import EngineRecord, StateStore
 from llmgw.agent.supervisor import EngineProcess, ExitStatus, ProcessControl, describe_exit
@@ -51,6 +57,7 @@ class RunnerDeps:
     stop_grace_s: float = 15.0
     poll_s: float = 0.25
     monitor_s: float = 1.0
+    liveness: Liveness = field(default_factory=Liveness)
 
 
 def _probe_host(host: str) -> str:
@@ -82,6 +89,8 @@ class ReplicaRunner:
         self.ready_at: float | None = None
         self.progress: Progress | None = None
         self.health_path: str | None = "/health"
+        self.liveness_path: str | None = "/health"
+        self._failed_probes = FailedProbes(deps.liveness)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -102,6 +111,7 @@ class ReplicaRunner:
         self.port = record.port
         self.started_at = record.started_at
         self.health_path = record.health_path
+        self.liveness_path = record.liveness_path
         self.deps.ports.restore(self.replica_id, record.port)
         if record.failed:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
@@ -218,6 +228,7 @@ class ReplicaRunner:
             )
         )
         self.health_path = launch.health_path
+        self.liveness_path = launch.serving_probe
         self.started_at = time.time()
         # The record (and so the port) is on disk before the process exists:
         # an agent that dies right after the spawn still knows the port is taken.
@@ -240,7 +251,8 @@ class ReplicaRunner:
             if status.exited:
                 await self._exited(status)
                 return
-            if self.health_path is None or await self._healthy():
+            path = self.health_path
+            if path is None or await self._probe(path, HEALTH_TIMEOUT_S) is None:
                 self.ready_at = time.time()
                 self.deps.state.put(self._record())
                 self._set(ReplicaState.READY, None)
@@ -258,7 +270,9 @@ class ReplicaRunner:
         if self.state == ReplicaState.FAILED:
             return
         proc = self._proc()
+        liveness = self.deps.liveness
         last_rotate = time.monotonic()
+        next_probe = time.monotonic() + liveness.interval_s
         while True:
             status = self.deps.supervisor.poll(proc)
             if status.exited:
@@ -267,17 +281,62 @@ class ReplicaRunner:
             if time.monotonic() - last_rotate > LOG_ROTATE_EVERY_S:
                 await asyncio.to_thread(self.deps.supervisor.rotate_if_large, self.replica_id)
                 last_rotate = time.monotonic()
-            await asyncio.sleep(self.deps.monitor_s)
+            if self.liveness_path is not None and time.monotonic() >= next_probe:
+                if await self._hung(proc, self.liveness_path):
+                    return
+                next_probe = time.monotonic() + liveness.interval_s
+            wait = self.deps.monitor_s
+            if self.liveness_path is not None:
+                wait = min(wait, max(0.0, next_probe - time.monotonic()))
+            await asyncio.sleep(wait)
 
-    async def _healthy(self) -> bool:
-        url = f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{self.health_path}"
+    async def _hung(self, proc: EngineProcess, path: str) -> bool:
+        """Probe a serving engine; kill and fail it once it has been hung long enough.
+
+        True when the replica failed (hung, or its process turned out to be gone).
+        """
+        failed = self._failed_probes
+        began, began_wall = time.monotonic(), time.time()
+        error = await self._probe(path, self.deps.liveness.timeout_s)
+        now = time.monotonic()
+        if error is None:
+            if failed.passed():
+                log.info("replica %s answers %s again", self.replica_id, path)
+                self._set(self.state, None, notify=True)
+            return False
+        first = not failed.failing
+        # The engine has not answered since this probe was sent: the window
+        # starts there, not when the probe gave up.
+        failed.failed(error, began, began_wall)
+        if not failed.hung(now):
+            if first:
+                log.warning("replica %s: %s probe failed: %s", self.replica_id, path, error)
+            # Still routed to: one slow answer is not a hung engine. The reason
+            # shows in reports (and `llmgw ctl replicas`) while it lasts.
+            self._set(self.state, failed.failing_reason(path), notify=first)
+            return False
+        status = self.deps.supervisor.poll(proc)
+        if status.exited:  # the probe failed because the engine had just exited
+            await self._exited(status)
+            return True
+        reason = failed.hung_reason(path, now)
+        log.error("replica %s: %s; stopping it", self.replica_id, reason)
+        stopped = await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
+        await self._fail(reason + self._last_words(), stopped.code)
+        return True
+
+    async def _probe(self, path: str, timeout_s: float) -> str | None:
+        """GET ``path`` on the engine: None when it answers 200, else what went wrong."""
+        url = f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
         try:
             async with self.deps.session.get(
-                url, timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s)
             ) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+                return None if resp.status == 200 else f"HTTP {resp.status}"
+        except TimeoutError:
+            return f"no answer within {timeout_s:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            return str(exc) or type(exc).__name__
 
     async def _exited(self, status: ExitStatus) -> None:
         # The leader is gone; workers it forked into its group may linger
@@ -300,11 +359,11 @@ class ReplicaRunner:
         tail = self.deps.supervisor.log_tail(self.replica_id, REASON_LINES)
         return f"; last output: {' | '.join(tail)}" if tail else ""
 
-    def _set(self, state: ReplicaState, reason: str | None) -> None:
+    def _set(self, state: ReplicaState, reason: str | None, *, notify: bool = False) -> None:
         changed = state != self.state
         self.state = state
         self.reason = reason
-        if changed:
+        if changed or notify:
             self.deps.on_change()
 
     def _proc(self) -> EngineProcess:
@@ -322,6 +381,7 @@ class ReplicaRunner:
             pid=self.proc.pid if self.proc else None,
             birth=self.proc.birth if self.proc else None,
             health_path=self.health_path,
+            liveness_path=self.liveness_path,
             started_at=self.started_at,
             ready_at=self.ready_at,
             failed=self.state == ReplicaState.FAILED,

@@ -35,6 +35,10 @@ class EngineRecord(BaseModel):
     pid: int | None = None
     birth: str | None = None  # supervisor.process_birth: pid-reuse guard
     health_path: str | None = "/health"
+    # Probed while the engine serves (EngineLaunch.serving_probe). None also
+    # for a record written before liveness checks: such an engine is not
+    # probed, since its health path may not be safe to probe mid-generation.
+    liveness_path: str | None = None
     started_at: float | None = None
     ready_at: float | None = None
     failed: bool = False

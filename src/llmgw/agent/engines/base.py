@@ -62,6 +62,19 @@ class EngineLaunch:
     # Path polled for readiness; None for a shard that serves no HTTP (a
     # non-leader rank of a multi-node replica), which is ready once it runs.
     health_path: str | None = "/health"
+    # Path probed while the engine serves, to catch one that hangs after it
+    # was ready (agent.liveness); None: the health path. It differs where the
+    # readiness path waits behind generation: llama_cpp.server's /v1/models
+    # takes the model lock, so a probe would stall for a whole completion,
+    # and one that arrives mid-stream makes the server cut the stream short.
+    liveness_path: str | None = None
+
+    @property
+    def serving_probe(self) -> str | None:
+        """What to probe while serving; None when the shard serves no HTTP."""
+        if self.health_path is None:
+            return None
+        return self.liveness_path or self.health_path
 
 
 class EngineAdapter(Protocol):

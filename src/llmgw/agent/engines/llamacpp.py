@@ -89,6 +89,9 @@ class LlamaCppAdapter:
         extra = spec.engine_args
         gemma = _looks_like_gemma(spec.name, path)
         gpu = uses_gpus(ctx.devices)
+        # None: probe the health path while serving too (llama-server answers
+        # /health from its HTTP threads, beside the busy slots).
+        liveness: str | None = None
         if self.server_binary:
             argv = [
                 self.server_binary,
@@ -129,7 +132,13 @@ class LlamaCppAdapter:
             if not has_flag(extra, "--cache"):
                 argv += ["--cache", "true"]
             health = "/v1/models"
+            # Every model route of llama_cpp.server waits for the model lock,
+            # and a request waiting for it makes a running stream stop early
+            # (interrupt_requests). While serving, probe the FastAPI app's own
+            # docs page instead: it needs no lock, so it proves the server
+            # answers, though not that the model still computes.
+            liveness = "/docs"
         argv += extra
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=self.vulkan))
-        return EngineLaunch(argv=argv, env=env, health_path=health)
+        return EngineLaunch(argv=argv, env=env, health_path=health, liveness_path=liveness)
