@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.control.rows import event_row, model_row, replica_row
-from llmgw.control.scheduler.decide import Decisions, Policy, decide
+from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decisions import Decisions, Policy
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import DeviceCache
 from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord

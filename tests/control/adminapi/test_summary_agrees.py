@@ -17,7 +17,7 @@ from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary, summarize
 from llmgw.control.adminapi.views.fleet import FleetViews, fleet_views
 from llmgw.control.adminapi.views.models import desired_now
-from llmgw.control.scheduler.decide import _desired as scheduler_desired
+from llmgw.control.scheduler.demand import desired_count as scheduler_desired
 from llmgw.wire import NodeState, ReplicaState
 
 CLASSES = ["h100-80g", "a100-80g", "cpu"]

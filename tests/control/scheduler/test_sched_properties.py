@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from llmgw.control.reconciler import Reconciler
-from llmgw.control.scheduler.decide import Decisions, Policy, decide
+from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decisions import Decisions, Policy
 from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, NodeRecord
@@ -203,7 +204,7 @@ def test_invariants_hold_over_several_passes(
     # Replica ids break ties (which extra goes first): random ids would make
     # one example behave differently on replay, which hypothesis refuses.
     ids = (f"r{n:04d}" for n in itertools.count())
-    with patch("llmgw.control.scheduler.decide.new_id", lambda: next(ids)):
+    with patch("llmgw.control.scheduler.shortfall.new_id", lambda: next(ids)):
         for _ in range(6):
             before = copy_nodes(state)
             decisions = decide(state, NOW, policy)

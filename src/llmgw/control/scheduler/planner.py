@@ -12,7 +12,8 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
-from llmgw.control.scheduler.decide import Decisions, ModelOutcome, Policy, decide
+from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decisions import Decisions, ModelOutcome, Policy
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import Snapshot, build_snapshot
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord

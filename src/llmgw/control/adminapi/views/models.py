@@ -53,7 +53,7 @@ def desired_now(model: ModelRecord, now: float, last_used: float | None = None) 
 
     Against this, not the minimum: an on-demand model's minimum is 0, so one
     that was asked for and fits nowhere would otherwise count as satisfied.
-    The rule is the scheduler's (scheduler/decide.py), so that the summary's
+    The rule is the scheduler's (scheduler/demand.py), so that the summary's
     "short" is what the reconciler is working on; a test pins the two
     together. An on-demand model is in demand when asked for within its idle
     timeout, or while one of its live replicas was used (or started) within

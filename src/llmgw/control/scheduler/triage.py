@@ -1,0 +1,197 @@
+"""Phase one of a pass: sort each model's replicas, count failures, decide removals.
+
+For one model at a time: failed starts are counted (and the model parked
+after too many), replicas on lost nodes are replaced, drains are finished,
+replicas on a draining node or of an outdated shape are moved
+make-before-break, extras are retired, and what is still missing is left
+for phase two to place (shortfall.py).
+"""
+
+from __future__ import annotations
+
+from llmgw.control.scheduler.decisions import (
+    BACKING_OFF,
+    PARKED,
+    Decisions,
+    ModelOutcome,
+    ModelUpdate,
+    ModelWork,
+    Policy,
+    Removal,
+)
+from llmgw.control.scheduler.demand import desired_count, idle_for
+from llmgw.control.scheduler.retire import finish_drain, retire, retire_order
+from llmgw.control.scheduler.snapshot import DeviceCache
+from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
+from llmgw.wire import ModelSpec, ReplicaState
+
+
+class ShapeCheck:
+    """Does a replica still match its model's entry (shards, devices, class)?
+
+    A catalog edit that changes the shape (gpus, nodes, classes) makes old
+    replicas wrong; they are replaced make-before-break like those on a
+    draining node. Device classes are looked up lazily per node.
+    """
+
+    def __init__(self, state: FleetState, cache: DeviceCache) -> None:
+        self.state = state
+        self._cache = cache
+
+    def fits(self, replica: ReplicaRecord, spec: ModelSpec) -> bool:
+        if len(replica.shards) != spec.nodes:
+            return False
+        per_node = spec.gpus // max(1, spec.nodes)
+        for shard in replica.shards:
+            if len(shard.device_numbers) != per_node:
+                return False
+            classes = self._node_classes(shard.node)
+            for number in shard.device_numbers:
+                gpu_class = classes.get(number)
+                # A device missing from the inventory is the agent's to
+                # explain (it reports the replica failed); not a shape change.
+                if gpu_class is not None and gpu_class not in spec.gpu_classes:
+                    return False
+        return True
+
+    def _node_classes(self, node: str) -> dict[int, str]:
+        record = self.state.nodes.get(node)
+        return self._cache.get(record).device_class if record is not None else {}
+
+
+def triage_model(
+    out: Decisions,
+    record: ModelRecord,
+    replicas: list[ReplicaRecord],
+    now: float,
+    policy: Policy,
+    lost_nodes: set[str],
+    draining_nodes: set[str],
+    shapes: ShapeCheck,
+    known_draining: dict[str, float],
+) -> ModelWork:
+    spec = record.spec
+    failures, parked = record.failures, record.parked
+    last_error, backoff_until = record.last_error, record.backoff_until
+
+    # A start that succeeded after the last failure breaks the run of
+    # consecutive failures; a replica that was ready all along does not (a
+    # model whose every new start fails must still be parked).
+    last_failure = backoff_until - policy.backoff(failures)
+    if failures and any(
+        r.state is ReplicaState.READY and r.created_at >= last_failure for r in replicas
+    ):
+        failures, backoff_until = 0, 0.0
+
+    live: list[ReplicaRecord] = []
+    moving: list[ReplicaRecord] = []
+    for replica in replicas:
+        failed_reason = _failure(replica, spec, now)
+        if failed_reason is not None:
+            out.removals.append(Removal(replica, "failed"))
+            failures += 1
+            last_error = failed_reason
+            backoff_until = now + policy.backoff(failures)
+            out.event(
+                "failed",
+                spec.name,
+                f"replica {replica.id} of {spec.name} failed on {', '.join(replica.nodes)}:"
+                f" {failed_reason} (failure {failures} of {policy.failure_limit})",
+                replica=replica.id,
+                failures=failures,
+            )
+            continue
+        gone = [n for n in replica.nodes if n in lost_nodes or n not in shapes.state.nodes]
+        if gone:
+            out.removals.append(Removal(replica, "replaced"))
+            out.event(
+                "replaced",
+                spec.name,
+                f"replica {replica.id} of {spec.name} lost with node {gone[0]}"
+                f" (no report for more than {policy.replace_after_s:g} s); placing it elsewhere",
+                replica=replica.id,
+                node=gone[0],
+            )
+            continue
+        if replica.draining:
+            finish_drain(out, replica, now, policy, known_draining)
+            continue
+        if any(n in draining_nodes for n in replica.nodes) or not shapes.fits(replica, spec):
+            moving.append(replica)
+        else:
+            live.append(replica)
+
+    if failures >= policy.failure_limit and not parked:
+        parked = True
+        out.event(
+            "parked",
+            spec.name,
+            f"{spec.name} parked after {failures} consecutive failed starts;"
+            f" last error: {last_error}",
+            failures=failures,
+            last_error=last_error,
+        )
+    if (failures, parked, last_error, backoff_until) != (
+        record.failures,
+        record.parked,
+        record.last_error,
+        record.backoff_until,
+    ):
+        out.models[spec.name] = ModelUpdate(spec.name, failures, parked, last_error, backoff_until)
+
+    desired = desired_count(record, live + moving, now)
+    outcome = ModelOutcome(spec.name, desired)
+    out.outcomes[spec.name] = outcome
+
+    # Extras go idle-first: the replica nobody is using costs nothing to stop.
+    if len(live) > desired:
+        order = sorted(live, key=lambda r: retire_order(r, now))
+        for replica in order[: len(live) - desired]:
+            idle = idle_for(replica, now)
+            kind = (
+                "unloaded"
+                if spec.on_demand and desired == 0 and idle >= spec.idle_timeout_s
+                else "scaled-down"
+            )
+            retire(out, replica, kind, f"idle for {idle:.0f} s", now)
+        keep = {r.id for r in order[len(live) - desired :]}
+        live = [r for r in live if r.id in keep]
+
+    # Make-before-break: a replica leaving a draining node (or one whose
+    # entry changed shape) is marked draining only once a ready replica
+    # elsewhere has taken its seat.
+    ready_live = sum(1 for r in live if r.state is ReplicaState.READY)
+    can_retire = max(0, min(len(moving), ready_live + len(moving) - desired))
+    for replica in sorted(moving, key=lambda r: retire_order(r, now))[:can_retire]:
+        retire(out, replica, "drained", "its replacement is ready", now, always_drain=True)
+    outcome.kept = live
+    outcome.moving = moving
+
+    to_place = max(0, desired - len(live))
+    if to_place and parked:
+        outcome.status = PARKED
+        outcome.reason = f"parked after {failures} failed starts; last error: {last_error}"
+        to_place = 0
+    elif to_place and backoff_until > now:
+        outcome.status = BACKING_OFF
+        outcome.reason = (
+            f"retrying after {failures} failed start{'s' if failures != 1 else ''}"
+            f" in {backoff_until - now:.0f} s; last error: {last_error}"
+        )
+        to_place = 0
+    return ModelWork(record, outcome, to_place, [r.id for r in moving])
+
+
+def _failure(replica: ReplicaRecord, spec: ModelSpec, now: float) -> str | None:
+    # A replica that was being stopped anyway is not a failed start.
+    if replica.draining:
+        return None
+    if replica.state is ReplicaState.FAILED:
+        return replica.reason or "the engine failed"
+    if (
+        replica.state is ReplicaState.STARTING
+        and not replica.draining
+        and now - replica.created_at > spec.start_timeout_s
+    ):
+        return f"not ready within its start timeout of {spec.start_timeout_s:g} s"
+    return None
