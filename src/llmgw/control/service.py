@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from llmgw import secrets
 from llmgw.control.reconciler import unpark
+from llmgw.control.reports import apply_report, assignments_for, weight_peers
 from llmgw.control.rows import (
     gpu_rows,
     key_from_row,
@@ -48,9 +49,7 @@ from llmgw.wire import (
     GatewayLoadReport,
     ModelRoute,
     ModelSpec,
-    NodeInventory,
     NodeState,
-    ReplicaAssignment,
     ReplicaState,
     RoutingTable,
     UsageRecord,
@@ -214,146 +213,26 @@ class ControlPlane:
         if report.node != node.name:
             raise AuthError(f"this token speaks for node {node.name!r}, not {report.node!r}")
         now = time.time()
-        was_unreachable = node.state(now) == NodeState.UNREACHABLE
-        changed_row = (
-            node.address != report.address
-            or node.agent_port != report.agent_port
-            or node.fabrics != report.fabrics
-            or node.weights != report.weights
-        )
-        inventory_changed = node.inventory != report.inventory
-        # Temperatures, power and memory in use change on every report of a
-        # busy GPU node; only what placement and the views' health read is
-        # worth a write (2,000 nodes would otherwise rewrite their GPU rows
-        # 400 times a second). The in-memory inventory is always the latest.
-        placement_changed = inventory_changed and (
-            node.inventory is None
-            or _placement_facts(node.inventory) != _placement_facts(report.inventory)
-        )
-        node.address = report.address
-        node.agent_port = report.agent_port
-        node.fabrics = list(report.fabrics)
-        node.weights = list(report.weights)
-        if inventory_changed:
-            # Replaced, never edited in place, and only when it changed: the
-            # scheduler caches per-node device indexes keyed by this object.
-            node.inventory = report.inventory
-        node.last_seen = now
-        node.refused = dict(report.refused)
-        node.statuses = {s.replica_id: s for s in report.replicas}
-        routing_changed = was_unreachable
-        if changed_row or placement_changed:
+        effects = apply_report(self.state, node, report, now)
+        if effects.write_node:
             await self.store.upsert_nodes([node_row(node)])
         else:
             self._pending_heartbeats[node.name] = now
-        if placement_changed:
+        if effects.write_gpus:
             await self.store.replace_gpus(node.name, gpu_rows(report.inventory))
-        routing_changed |= await self._mirror_statuses(node, now)
-        for replica_id, reason in report.refused.items():
-            replica = self.state.replicas.get(replica_id)
-            if replica is not None and replica.state != ReplicaState.FAILED:
-                replica.state = ReplicaState.FAILED
-                replica.reason = f"refused by agent on {node.name}: {reason}"
-                routing_changed = True
-                self.wake_reconciler()
-        if routing_changed:
+        if effects.replicas:
+            await self.store.write_replicas([replica_row(r) for r in effects.replicas])
+        if effects.wake_reconciler:
+            self.wake_reconciler()
+        if effects.routing_changed:
             await self.state.bump_routing()
         return AgentReportAnswer(
             node=node.name,
-            assignments=self.assignments_for(node.name),
+            assignments=assignments_for(self.state, node.name),
             report_interval_s=REPORT_INTERVAL_S,
-            weight_peers=self._weight_peers(node),
+            weight_peers=weight_peers(self.state, node),
             peer_token=self.peer_token,
         )
-
-    async def _mirror_statuses(self, node: NodeRecord, now: float) -> bool:
-        """Copy what the agent says about replicas into their records.
-
-        Only the leader shard's status decides readiness (it is the one that
-        serves); any shard failing fails the whole replica.
-        """
-        changed = False
-        persist: list[ReplicaRecord] = []
-        for status in node.statuses.values():
-            replica = self.state.replicas.get(status.replica_id)
-            if replica is None or status.generation != replica.generation:
-                continue
-            if replica.state == ReplicaState.FAILED:
-                continue
-            if status.state == ReplicaState.FAILED:
-                replica.state = ReplicaState.FAILED
-                replica.reason = status.reason or f"engine exited ({status.exit_code})"
-                persist.append(replica)
-                changed = True
-                self.wake_reconciler()
-                continue
-            if replica.leader_node != node.name:
-                continue
-            if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
-                replica.state = ReplicaState.READY
-                replica.port = status.port
-                replica.ready_at = status.ready_at or now
-                replica.reason = None
-                persist.append(replica)
-                changed = True
-                self.wake_reconciler()
-            elif replica.state == ReplicaState.STARTING:
-                replica.port = status.port
-                replica.reason = status.reason
-            elif replica.state == ReplicaState.READY and status.port != replica.port:
-                replica.port = status.port
-                persist.append(replica)
-                changed = True
-        if persist:
-            await self.store.write_replicas([replica_row(r) for r in persist])
-        return changed
-
-    def assignments_for(self, node_name: str) -> list[ReplicaAssignment]:
-        out: list[ReplicaAssignment] = []
-        for replica in self.state.replicas.values():
-            if replica.state == ReplicaState.FAILED:
-                continue
-            shard = next((s for s in replica.shards if s.node == node_name), None)
-            model = self.state.models.get(replica.model)
-            if shard is None or model is None:
-                continue
-            leader = self.state.nodes.get(replica.leader_node)
-            out.append(
-                ReplicaAssignment(
-                    replica_id=replica.id,
-                    generation=replica.generation,
-                    model=model.spec,
-                    shard=shard,
-                    nodes=len(replica.shards),
-                    leader_address=leader.address if leader and len(replica.shards) > 1 else None,
-                    draining=replica.draining,
-                )
-            )
-        return out
-
-    def _weight_peers(self, node: NodeRecord) -> dict[str, list[str]]:
-        wanted = {
-            r.model
-            for r in self.state.replicas.values()
-            if node.name in r.nodes and r.model not in {w.model for w in node.weights}
-        }
-        if not wanted:
-            return {}
-        peers: dict[str, list[str]] = {}
-        fabrics = set(node.fabrics)
-        now = time.time()
-        for other in self.state.nodes.values():
-            if other.name == node.name or other.agent_port is None:
-                continue
-            if fabrics and not fabrics & set(other.fabrics):
-                continue
-            if other.state(now) == NodeState.UNREACHABLE:
-                continue
-            for entry in other.weights:
-                if entry.model in wanted:
-                    url = f"http://{other.address}:{other.agent_port}"
-                    peers.setdefault(entry.model, []).append(url)
-        return peers
 
     async def flush_heartbeats(self) -> None:
         pending, self._pending_heartbeats = self._pending_heartbeats, {}
@@ -628,10 +507,3 @@ class ControlPlane:
             await asyncio.wait_for(self._reconcile_wakeup.wait(), at_most_s)
         self._reconcile_wakeup.clear()
 
-
-def _placement_facts(inventory: NodeInventory) -> list[tuple[object, ...]]:
-    return [
-        (d.number, d.uuid, d.gpu_class, d.healthy, tuple(d.unhealthy_reasons), d.placeable,
-         d.unplaceable_reason, d.memory_total_mib)
-        for d in inventory.devices
-    ]

@@ -1,0 +1,169 @@
+"""An agent's report applied to the fleet's memory, and the answer it gets.
+
+Pure with respect to I/O: :func:`apply_report` changes the in-memory records
+and returns what must be written (:class:`ReportEffects`); the control plane
+(llmgw.control.service) does the writing. Keeping the two apart is what lets
+the rules below (which status wins, what is worth a write) be read, and
+tested, without a store.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
+from llmgw.wire import AgentReport, NodeInventory, NodeState, ReplicaAssignment, ReplicaState
+
+
+@dataclass
+class ReportEffects:
+    """What one report changed that outlives memory or concerns others."""
+
+    # The node's row (address, ports, fabrics, weights) or its placement facts.
+    write_node: bool = False
+    # The GPU rows: only when placement facts changed (see apply_report).
+    write_gpus: bool = False
+    replicas: list[ReplicaRecord] = field(default_factory=list)
+    routing_changed: bool = False
+    wake_reconciler: bool = False
+
+
+def apply_report(
+    state: FleetState, node: NodeRecord, report: AgentReport, now: float
+) -> ReportEffects:
+    """Take in a node's report: its facts, its heartbeat and its replicas' states."""
+    effects = ReportEffects()
+    effects.routing_changed = node.state(now) == NodeState.UNREACHABLE
+    changed_row = (
+        node.address != report.address
+        or node.agent_port != report.agent_port
+        or node.fabrics != report.fabrics
+        or node.weights != report.weights
+    )
+    inventory_changed = node.inventory != report.inventory
+    # Temperatures, power and memory in use change on every report of a
+    # busy GPU node; only what placement and the views' health read is
+    # worth a write (2,000 nodes would otherwise rewrite their GPU rows
+    # 400 times a second). The in-memory inventory is always the latest.
+    effects.write_gpus = inventory_changed and (
+        node.inventory is None
+        or _placement_facts(node.inventory) != _placement_facts(report.inventory)
+    )
+    effects.write_node = changed_row or effects.write_gpus
+    node.address = report.address
+    node.agent_port = report.agent_port
+    node.fabrics = list(report.fabrics)
+    node.weights = list(report.weights)
+    if inventory_changed:
+        # Replaced, never edited in place, and only when it changed: the
+        # scheduler caches per-node device indexes keyed by this object.
+        node.inventory = report.inventory
+    node.last_seen = now
+    node.refused = dict(report.refused)
+    node.statuses = {s.replica_id: s for s in report.replicas}
+    _mirror_statuses(state, node, now, effects)
+    for replica_id, reason in report.refused.items():
+        replica = state.replicas.get(replica_id)
+        if replica is not None and replica.state != ReplicaState.FAILED:
+            replica.state = ReplicaState.FAILED
+            replica.reason = f"refused by agent on {node.name}: {reason}"
+            effects.routing_changed = effects.wake_reconciler = True
+    return effects
+
+
+def _mirror_statuses(
+    state: FleetState, node: NodeRecord, now: float, effects: ReportEffects
+) -> None:
+    """Copy what the agent says about replicas into their records.
+
+    Only the leader shard's status decides readiness (it is the one that
+    serves); any shard failing fails the whole replica.
+    """
+    for status in node.statuses.values():
+        replica = state.replicas.get(status.replica_id)
+        if replica is None or status.generation != replica.generation:
+            continue
+        if replica.state == ReplicaState.FAILED:
+            continue
+        if status.state == ReplicaState.FAILED:
+            replica.state = ReplicaState.FAILED
+            replica.reason = status.reason or f"engine exited ({status.exit_code})"
+            effects.replicas.append(replica)
+            effects.routing_changed = effects.wake_reconciler = True
+            continue
+        if replica.leader_node != node.name:
+            continue
+        if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
+            replica.state = ReplicaState.READY
+            replica.port = status.port
+            replica.ready_at = status.ready_at or now
+            replica.reason = None
+            effects.replicas.append(replica)
+            effects.routing_changed = effects.wake_reconciler = True
+        elif replica.state == ReplicaState.STARTING:
+            replica.port = status.port
+            replica.reason = status.reason
+        elif replica.state == ReplicaState.READY and status.port != replica.port:
+            replica.port = status.port
+            effects.replicas.append(replica)
+            effects.routing_changed = True
+
+
+def assignments_for(state: FleetState, node_name: str) -> list[ReplicaAssignment]:
+    """Every replica shard the node must run: the answer to each report."""
+    out: list[ReplicaAssignment] = []
+    for replica in state.replicas.values():
+        if replica.state == ReplicaState.FAILED:
+            continue
+        shard = next((s for s in replica.shards if s.node == node_name), None)
+        model = state.models.get(replica.model)
+        if shard is None or model is None:
+            continue
+        leader = state.nodes.get(replica.leader_node)
+        out.append(
+            ReplicaAssignment(
+                replica_id=replica.id,
+                generation=replica.generation,
+                model=model.spec,
+                shard=shard,
+                nodes=len(replica.shards),
+                leader_address=leader.address if leader and len(replica.shards) > 1 else None,
+                draining=replica.draining,
+            )
+        )
+    return out
+
+
+def weight_peers(state: FleetState, node: NodeRecord) -> dict[str, list[str]]:
+    """Agents of the node's fabrics that hold weights it needs: model -> agent URLs."""
+    wanted = {
+        r.model
+        for r in state.replicas.values()
+        if node.name in r.nodes and r.model not in {w.model for w in node.weights}
+    }
+    if not wanted:
+        return {}
+    peers: dict[str, list[str]] = {}
+    fabrics = set(node.fabrics)
+    now = time.time()
+    for other in state.nodes.values():
+        if other.name == node.name or other.agent_port is None:
+            continue
+        if fabrics and not fabrics & set(other.fabrics):
+            continue
+        if other.state(now) == NodeState.UNREACHABLE:
+            continue
+        for entry in other.weights:
+            if entry.model in wanted:
+                url = f"http://{other.address}:{other.agent_port}"
+                peers.setdefault(entry.model, []).append(url)
+    return peers
+
+
+def _placement_facts(inventory: NodeInventory) -> list[tuple[object, ...]]:
+    return [
+        (d.number, d.uuid, d.gpu_class, d.healthy, tuple(d.unhealthy_reasons), d.placeable,
+         d.unplaceable_reason, d.memory_total_mib)
+        for d in inventory.devices
+    ]
