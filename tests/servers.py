@@ -19,11 +19,17 @@ def free_port() -> int:
 
 
 @asynccontextmanager
-async def serve_asgi(app: Any, port: int | None = None) -> AsyncIterator[str]:
-    """Serve ``app`` on 127.0.0.1 and yield its base URL."""
+async def serve_asgi(
+    app: Any, port: int | None = None, *, graceful_s: float | None = None
+) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 and yield its base URL.
+
+    ``graceful_s`` bounds how long stopping waits for requests in flight (a
+    gateway's long poll, say) before cutting them off; None waits for them.
+    """
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port or free_port(), lifespan="off", log_level="warning",
-        access_log=False, loop="none",
+        access_log=False, loop="none", timeout_graceful_shutdown=graceful_s,
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]

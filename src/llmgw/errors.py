@@ -4,6 +4,7 @@
     ├── ConfigError            bad settings: exit code 2 with one line, no traceback
     ├── StoreError             the store cannot be reached or is inconsistent
     │   └── NotLeaderError     a write from a deposed reconciler (stale epoch)
+    ├── StandbyError           a write sent to a control-plane instance that is not the leader
     ├── ValidationError        a catalog entry, request or report that is malformed
     ├── NotFoundError          a named node, model, replica or key does not exist
     ├── AuthError              a missing or wrong credential
@@ -31,6 +32,15 @@ class StoreError(LlmgwError):
 
 class NotLeaderError(StoreError):
     """A write carried a leader epoch older than the current one."""
+
+
+class StandbyError(LlmgwError):
+    """This control-plane instance is a standby: the write belongs to the leader.
+
+    Answered as HTTP 503 with the leader's URL when known (llmgw.wire.LEADER_HEADER).
+    A standby that took the write itself would act on views up to seconds old
+    and change memory the leader never reads.
+    """
 
 
 class ValidationError(LlmgwError):

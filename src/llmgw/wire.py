@@ -369,6 +369,19 @@ class AgentReportAnswer(Wire):
 
 
 # ---------------------------------------------------------------------------
+# Several control-plane instances (one leader, hot standbys)
+# ---------------------------------------------------------------------------
+
+# A standby answers the agent API and the gateway link with HTTP 503, an error
+# body whose ``code`` is STANDBY_CODE, and the leader's advertised URL in
+# LEADER_HEADER when the store knows it. Agents and gateways read these two to
+# move to the leader instead of taking a standby's answer (stale assignments,
+# heartbeats the leader never sees) or retrying it forever.
+STANDBY_CODE = "standby"
+LEADER_HEADER = "X-Llmgw-Leader"
+
+
+# ---------------------------------------------------------------------------
 # Routing table (control plane -> gateway) and load (gateway -> control plane)
 # ---------------------------------------------------------------------------
 

@@ -79,3 +79,16 @@ def test_nonsense_numbers_are_usage_errors(tmp_path: Path, flag: str) -> None:
     result = run("up", "--data-dir", str(tmp_path), flag, "many")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
+
+
+def test_advertise_url_without_a_scheme(tmp_path: Path) -> None:
+    result = run("serve", "--data-dir", str(tmp_path), "--advertise-url", "cp1.example:8080")
+    assert_one_line_error(result, "--advertise-url 'cp1.example:8080' must start with http://")
+    assert not (tmp_path / "llmgw.db").exists()
+
+
+@pytest.mark.parametrize("command", ["agent", "gateway"])
+def test_control_plane_list_with_a_bad_url(tmp_path: Path, command: str) -> None:
+    extra = ["--data-dir", str(tmp_path)] if command == "agent" else ["--token", "t"]
+    result = run(command, "--control-plane", "http://cp1:8080,cp2:8080", *extra)
+    assert_one_line_error(result, "control plane URL 'cp2:8080' must start with http://")

@@ -85,3 +85,24 @@ async def test_link_errors_name_the_problem() -> None:
     with pytest.raises(ControlPlaneUnavailable):
         await gone.demand("m")
     await gone.close()
+
+
+async def test_a_restarted_control_plane_is_asked_for_its_whole_config() -> None:
+    plane = await FakeControlPlane(make_config(7, [])).start()
+    link = HttpControlPlaneLink(plane.url, TOKEN)
+    try:
+        assert (await link.watch_config(-1)).routing.version == 7
+        await link.watch_config(7)  # the same instance: "newer than 7" means something
+        assert plane.polls == [-1, 7]
+        port = plane.port
+        await plane.stop()
+        with pytest.raises(ControlPlaneUnavailable):
+            await link.watch_config(7)
+        # Back, counting versions from its own start: asked for "newer than 7"
+        # it would hold the poll for nothing.
+        plane = await FakeControlPlane(make_config(2, []), port=port).start()
+        assert (await link.watch_config(7)).routing.version == 2
+        assert plane.polls == [-1]
+    finally:
+        await link.close()
+        await plane.stop()

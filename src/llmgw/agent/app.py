@@ -47,6 +47,7 @@ from llmgw.agent.supervisor import ProcessControl, Supervisor
 from llmgw.agent.weights import WeightsCache
 from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, ValidationError
+from llmgw.failover import parse_control_plane_urls
 from llmgw.wire import (
     AgentRegistration,
     AgentReport,
@@ -65,6 +66,8 @@ MAX_BACKOFF_S = 30.0
 
 @dataclass
 class AgentConfig:
+    # One URL, or several comma-separated (a leader and its standbys): reports
+    # go to whichever leads (llmgw.failover).
     control_plane: str
     data_dir: Path
     name: str
@@ -104,6 +107,8 @@ class Agent:
         session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.config = config
+        # Checked here so a malformed list fails before anything starts.
+        self._control_plane_urls = parse_control_plane_urls(config.control_plane)
         self.data_dir = config.data_dir
         self.bind_host = config.bind_host or config.address
         self._inventory_provider = inventory_provider or pinning.Discoverer(
@@ -147,7 +152,7 @@ class Agent:
         self.identity = load_identity(self.data_dir, self.config.name)
         await asyncio.to_thread(self.weights.clean_partial)
         self._session = self._shared_session or aiohttp.ClientSession()
-        self._client = ControlPlaneClient(self.config.control_plane, self._session)
+        self._client = ControlPlaneClient(self._control_plane_urls, self._session)
         self._deps = RunnerDeps(
             supervisor=self.supervisor,
             weights=self.weights,
@@ -281,7 +286,7 @@ class Agent:
             control_plane=self.config.control_plane,
         )
         save_identity(self.data_dir, self.identity)
-        log.info("registered node %s with %s", answer.node, self.config.control_plane)
+        log.info("registered node %s with %s", answer.node, client.base_url)
 
     async def _read_inventory(self) -> NodeInventory:
         """This node's inventory; when discovery fails, the last one, with the failure."""

@@ -5,17 +5,23 @@ with that token and receive the full set of assignments. Transport errors
 and HTTP statuses are translated here, once, into the error tree, so the
 agent's loop handles three cases: unreachable (retry), refused credentials
 (re-register or stop), malformed report (a bug: log it loudly, retry).
+
+The client may be given several control-plane instances (comma-separated);
+each call goes to the leader among them (llmgw.failover). A node token is
+kept in the shared store, so it is good at whichever instance leads.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TypeVar
 
 import aiohttp
 from pydantic import ValidationError as PydanticValidationError
 
 from llmgw.errors import AuthError, LlmgwError, ValidationError
+from llmgw.failover import ControlPlaneUnreachable, LeaderFinder
 from llmgw.wire import AgentRegistration, AgentRegistrationAnswer, AgentReport, AgentReportAnswer
 
 log = logging.getLogger("llmgw.agent.client")
@@ -31,10 +37,24 @@ class ControlPlaneUnavailable(LlmgwError):
 
 
 class ControlPlaneClient:
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, timeout_s: float = 30.0):
-        self.base_url = base_url.rstrip("/")
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        session: aiohttp.ClientSession,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
+    ):
+        self.leader = LeaderFinder(urls)
         self.session = session
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # A short connect limit: an instance whose machine is gone (no reset,
+        # just silence) would otherwise hold every report for the whole
+        # timeout before the next instance is tried.
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+
+    @property
+    def base_url(self) -> str:
+        """The instance calls go to now."""
+        return self.leader.current
 
     async def register(self, registration: AgentRegistration) -> AgentRegistrationAnswer:
         body = await self._post(REGISTER_PATH, registration.model_dump_json(), token=None)
@@ -48,17 +68,13 @@ class ControlPlaneClient:
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        url = self.base_url + path
         try:
-            async with self.session.post(
-                url, data=payload, headers=headers, timeout=self.timeout
-            ) as resp:
-                body = await resp.read()
-                status = resp.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ControlPlaneUnavailable(
-                f"control plane {self.base_url} unreachable: {exc}"
-            ) from None
+            answer = await self.leader.request(
+                self.session, "POST", path, data=payload, headers=headers, limits=self.timeout
+            )
+        except ControlPlaneUnreachable as exc:
+            raise ControlPlaneUnavailable(str(exc)) from None
+        status, body = answer.status, answer.body
         if status in (401, 403):
             raise AuthError(f"{path}: HTTP {status}: {_message(body)}")
         if status == 422:
@@ -66,7 +82,9 @@ class ControlPlaneClient:
                 f"{path}: the control plane refused the message: {_message(body)}"
             )
         if status >= 300:
-            raise ControlPlaneUnavailable(f"{path}: HTTP {status}: {_message(body)}")
+            raise ControlPlaneUnavailable(
+                f"{answer.url}{path}: HTTP {status}: {_message(body)}"
+            )
         return body
 
 

@@ -48,7 +48,11 @@ def _parse_range(text: str) -> tuple[int, int]:
 @app.callback(invoke_without_command=True)
 def agent(
     control_plane: Annotated[
-        str, typer.Option(envvar="LLMGW_CONTROL_PLANE", help="Control plane URL.")
+        str,
+        typer.Option(
+            envvar="LLMGW_CONTROL_PLANE",
+            help="Control plane URL, or several comma-separated (leader and standbys).",
+        ),
     ],
     data_dir: Annotated[
         Path, typer.Option(envvar="LLMGW_DATA_DIR", help="Node token, engine state, weights, logs.")

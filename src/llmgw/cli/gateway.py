@@ -1,4 +1,4 @@
-"""``llmgw gateway --control-plane URL --token T``: the gateway on its own.
+"""``llmgw gateway --control-plane URL[,URL...] --token T``: the gateway on its own.
 
 It learns routes and keys from the control plane's watch stream and keeps
 serving the last ones it knew while the control plane is away. A token the
@@ -99,7 +99,11 @@ async def serve_gateway(
 @app.callback(invoke_without_command=True)
 def gateway(
     control_plane: Annotated[
-        str, typer.Option(envvar="LLMGW_CONTROL_PLANE", help="Control plane URL.")
+        str,
+        typer.Option(
+            envvar="LLMGW_CONTROL_PLANE",
+            help="Control plane URL, or several comma-separated (leader and standbys).",
+        ),
     ],
     token: Annotated[
         str, typer.Option(envvar="LLMGW_GATEWAY_TOKEN", help="Gateway token (llmgw-gw-...).")

@@ -87,7 +87,12 @@ def serve(
         str | None, typer.Option(help="postgresql://user@host/db (default: embedded SQLite).")
     ] = None,
     advertise: Annotated[
-        str | None, typer.Option(help="URL agents and ctl use to reach this control plane.")
+        str | None,
+        typer.Option(
+            "--advertise-url", "--advertise",
+            help="URL agents, gateways and ctl use to reach this instance; standbys send "
+            "them here while it leads (default: http://<host name>:<port>).",
+        ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:

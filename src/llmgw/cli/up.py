@@ -254,11 +254,28 @@ def run_up(options: UpOptions) -> int:
     return _run(_up(options, data_dir, url, catalog, fleet))
 
 
+def advertise_url(options: ServeOptions) -> str:
+    """The URL standbys hand to agents and gateways when this instance leads.
+
+    A wildcard bind says nothing about how other machines reach this one; the
+    host's name is the best guess (127.0.0.1 would send a remote agent to
+    itself). ``--advertise-url`` says it exactly.
+    """
+    if options.advertise:
+        url = options.advertise.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--advertise-url {url!r} must start with http:// or https://")
+        return url
+    host = socket.getfqdn() if options.host in ("0.0.0.0", "::", "") else options.host
+    return f"http://{f'[{host}]' if ':' in host else host}:{options.port}"
+
+
 def run_serve(options: ServeOptions) -> int:
+    advertise = advertise_url(options)
     data_dir = ensure_data_dir(options.data_dir or default_data_dir())
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
-    return _run(_serve(options, data_dir, url))
+    return _run(_serve(options, data_dir, url, advertise))
 
 
 def _run(main: Any) -> int:
@@ -306,11 +323,11 @@ def _install_stop_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
-async def _serve(options: ServeOptions, data_dir: Path, url: str) -> int:
+async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str) -> int:
     store, cp, creds = await _open(url)
     stop = asyncio.Event()
     _install_stop_signals(stop)
-    runtime = ControlPlaneRuntime(cp)
+    runtime = ControlPlaneRuntime(cp, advertise_url=advertise)
     gateway = build_gateway(cp)
     await runtime.start()
     await gateway.start()
@@ -327,6 +344,7 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str) -> int:
         write_up_json(data_dir, {**info, "admin_token": creds.admin_token,
                                  "api_key": creds.api_key})
     print_banner(info, creds, up=False)
+    print(await _role_line(cp, runtime), flush=True)
     freeze_startup_objects()
     try:
         await stop.wait()
@@ -336,6 +354,15 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str) -> int:
         await runtime.stop()
         await store.close()
     return 0
+
+
+async def _role_line(cp: ControlPlane, runtime: ControlPlaneRuntime) -> str:
+    own = runtime.election.advertise_url
+    if cp.is_leader:
+        return f"Role: leader (epoch {cp.epoch}), advertised as {own}"
+    leader = await cp.leader_hint.url()
+    return (f"Role: standby (leader: {leader or 'unknown'}); takes over when the leader "
+            f"goes; advertised as {own}")
 
 
 async def _up(
@@ -348,7 +375,8 @@ async def _up(
         await cp.put_models(catalog)
     elif options.sim is None and not cp.state.models:
         await cp.put_models([ModelSpec.model_validate(STARTER_MODEL)])
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0)
+    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0,
+                                  advertise_url=f"http://{_public_host(options.host)}:{options.port}")
     gateway = build_gateway(cp)
     await runtime.start()
     await gateway.start()

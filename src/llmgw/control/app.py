@@ -4,6 +4,10 @@ Each API takes exactly one kind of credential (llmgw.secrets): node tokens on
 /agent, the gateway token on /gateway, the admin token on /admin. A node
 token that works on the admin API, or an API key that works anywhere but
 /v1, would turn one leaked secret into a leaked fleet.
+
+On a standby (llmgw.control.standby) the agent API and the gateway link
+answer 503 with the leader's URL, and so do admin writes; admin reads are
+served from the standby's refreshed views.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ from llmgw import secrets
 from llmgw.console.server import mount_console
 from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.service import ControlPlane
-from llmgw.errors import AuthError, NotFoundError, StoreError, ValidationError
+from llmgw.control.standby import standby_response
+from llmgw.errors import AuthError, NotFoundError, StandbyError, StoreError, ValidationError
 from llmgw.wire import (
     AgentRegistration,
     AgentReport,
@@ -44,6 +49,10 @@ def error_body(status: int, message: str, kind: str, code: str | None = None) ->
 
 def _json(model: Any) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
+
+
+def _json_dict(value: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(value), media_type="application/json")
 
 
 async def _body(request: Request) -> Any:
@@ -74,6 +83,10 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
         )
         return error_body(422, problems, "invalid_request_error")
 
+    @app.exception_handler(StandbyError)
+    async def _standby(_: Request, exc: StandbyError) -> Response:
+        return await standby_response(cp.leader_hint, exc)
+
     @app.exception_handler(NotFoundError)
     async def _missing(_: Request, exc: NotFoundError) -> JSONResponse:
         return error_body(404, str(exc), "not_found_error", "not_found")
@@ -102,15 +115,26 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "leader": cp.is_leader, "epoch": cp.epoch}
 
+    @app.get("/healthz/leader", include_in_schema=False)
+    async def healthz_leader() -> Response:
+        """200 on the leader, 503 on a standby: a load balancer's health check."""
+        cp.require_leader()
+        return _json_dict({"status": "ok", "leader": True, "epoch": cp.epoch})
+
     # -- agent API ---------------------------------------------------------
+    # The standby check comes before the credentials: a standby's view of the
+    # nodes is up to seconds old, and refusing a just-registered node's token
+    # would make its agent throw the token away and try to register again.
 
     @app.post("/agent/v1/register", include_in_schema=False)
     async def register(request: Request) -> Response:
+        cp.require_leader()
         reg = AgentRegistration.model_validate(await _body(request))
         return _json(await cp.register(reg))
 
     @app.post("/agent/v1/report", include_in_schema=False)
     async def report(request: Request) -> Response:
+        cp.require_leader()
         node = cp.node_for_token(secrets.bearer(request.headers.get("authorization")))
         body = AgentReport.model_validate(await _body(request))
         if body.node != node.name:
@@ -119,8 +143,15 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
         return _json(await cp.report(node, body))
 
     # -- gateway link API ----------------------------------------------------
+    # All of it, the config watch included, is the leader's: a gateway that
+    # watched a standby would route from views refreshed only every few
+    # seconds (a new replica, or a lost node, reaches it late), and routing
+    # versions are one instance's counter, so following two instances at once
+    # would compare numbers that mean nothing to each other. The gateway keeps
+    # its last config while it moves.
 
     def _gateway(request: Request) -> None:
+        cp.require_leader()
         if not cp.is_gateway(secrets.bearer(request.headers.get("authorization"))):
             raise AuthError("a gateway token is required")
 
@@ -128,6 +159,7 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
     async def gateway_config(request: Request, after: int = -1, wait: float = 25.0) -> Response:
         _gateway(request)
         config = await cp.watch_config(after, wait_s=max(0.0, min(wait, 60.0)))
+        cp.require_leader()  # it may have stepped down during the wait
         return _json(config)
 
     @app.post("/gateway/v1/load", include_in_schema=False, status_code=204)
@@ -145,6 +177,10 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
 
     @app.post("/gateway/v1/usage", include_in_schema=False, status_code=204)
     async def gateway_usage(request: Request) -> Response:
+        # Usage counters are additive, so any instance could write them (the
+        # in-process gateway of a standby does); the refusal in _gateway keeps
+        # a standalone gateway's calls together on the leader, where its
+        # demand and load must go anyway.
         _gateway(request)
         await cp.record_usage(_usage_list.validate_python(await _body(request)))
         return Response(status_code=204)

@@ -3,6 +3,13 @@
 ``llmgw up`` and ``llmgw serve`` run the gateway beside the control plane;
 this object gives it the same four calls the HTTP link makes
 (llmgw.gateway.link.ControlPlaneLink), without a round trip through HTTP.
+
+On a standby ``llmgw serve`` the gateway routes from the standby's views
+(refreshed every few seconds) and records usage in the store, which any
+instance may add to; demand is refused (the gateway logs it, and the request
+waits, then gets 503), and load reports are dropped: both are the leader's
+to act on, and this process holds no credential to forward them with. Hence
+docs/install.md: send /v1 traffic to the leader (GET /healthz/leader).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ class InProcessLink:
         await self.cp.demand(model)
 
     async def report_load(self, report: GatewayLoadReport) -> None:
+        if not self.cp.is_leader:
+            return  # see the module's docstring; a warning a second would be noise
         await self.cp.record_load(report)
 
     async def report_usage(self, records: list[UsageRecord]) -> None:

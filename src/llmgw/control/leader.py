@@ -44,12 +44,19 @@ OnChange = Callable[[bool, int], Awaitable[None]]
 class LeaderElection:
     """Runs until cancelled, calling ``on_change(is_leader, epoch)`` on each change."""
 
-    def __init__(self, store: Store, on_change: OnChange, *, name: str = "") -> None:
+    def __init__(
+        self, store: Store, on_change: OnChange, *, name: str = "", advertise_url: str = ""
+    ) -> None:
         self.store = store
         self.on_change = on_change
         self.name = name or f"pid-{os.getpid()}"
+        # Recorded with the epoch on winning, so standbys can send clients here.
+        self.advertise_url = advertise_url
         self.is_leader = False
         self.epoch = 0
+        # Set once the first try has an outcome (won, lost, or failed), so a
+        # starting instance knows its role before it answers anyone.
+        self.settled = asyncio.Event()
 
     async def run(self) -> None:
         if self.store.is_sqlite:
@@ -61,7 +68,7 @@ class LeaderElection:
         if leader == self.is_leader:
             return
         if leader:
-            self.epoch = await self.store.bump_epoch()
+            self.epoch = await self.store.bump_epoch(self.advertise_url)
         self.is_leader = leader
         log.info("%s %s (epoch %d)", self.name,
                  "became leader" if leader else "stepped down", self.epoch)
@@ -79,8 +86,12 @@ class LeaderElection:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    self.settled.set()
                     await asyncio.sleep(RETRY_INTERVAL_S)
-            await self._become(True)
+            try:
+                await self._become(True)
+            finally:
+                self.settled.set()
             await asyncio.Event().wait()  # hold until cancelled
         finally:
             with contextlib.suppress(OSError):
@@ -106,8 +117,10 @@ class LeaderElection:
                     row = await cur.fetchone()
                     if row and row[0]:
                         break
+                    self.settled.set()
                     await asyncio.sleep(RETRY_INTERVAL_S)
                 await self._become(True)
+                self.settled.set()
                 while True:
                     await asyncio.sleep(CHECK_INTERVAL_S)
                     await asyncio.wait_for(conn.execute("SELECT 1"), timeout=5)
@@ -115,6 +128,7 @@ class LeaderElection:
                 raise
             except Exception as exc:  # any error of the lock connection: step down
                 log.warning("leader lock connection failed: %s", exc)
+                self.settled.set()
                 await self._become(False)
                 await asyncio.sleep(RETRY_INTERVAL_S)
             finally:

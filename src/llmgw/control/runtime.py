@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 
 RECONCILE_INTERVAL_S = 2.0
 STANDBY_REFRESH_S = 5.0
+# How long start() waits to learn whether this instance leads. The first try
+# takes milliseconds; the bound only matters when the store is slow, and then
+# the instance starts as a standby and takes over when the election says so.
+FIRST_ELECTION_WAIT_S = 5.0
 
 
 class ControlPlaneRuntime:
@@ -32,11 +36,19 @@ class ControlPlaneRuntime:
         reconcile_interval_s: float = RECONCILE_INTERVAL_S,
         name: str = "",
         failure_limit: int = 5,
+        advertise_url: str = "",
     ) -> None:
         self.cp = cp
         self.reconcile_interval_s = reconcile_interval_s
         self.failure_limit = failure_limit
-        self.election = LeaderElection(cp.store, self._on_leadership, name=name)
+        self.election = LeaderElection(
+            cp.store, self._on_leadership, name=name, advertise_url=advertise_url
+        )
+        cp.leader_hint.own_url = advertise_url or None
+        # One load at a time: a standby refresh still reading when this
+        # instance wins would put its older rows over what the first reports
+        # to the new leader just changed.
+        self._loading = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._nudger = Nudger(cp.peer_token)
         self._reconcile_task: asyncio.Task[None] | None = None
@@ -48,13 +60,21 @@ class ControlPlaneRuntime:
         return self.election.is_leader
 
     async def start(self) -> None:
+        # A standby until the election says otherwise: answering an agent
+        # before knowing would be acting as a leader that may not be one.
+        self.cp.is_leader = False
         self._tasks = [
             asyncio.create_task(self.election.run(), name="leader-election"),
             asyncio.create_task(self._flush_loop(), name="heartbeat-flush"),
             asyncio.create_task(self._standby_refresh(), name="standby-refresh"),
         ]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.election.settled.wait(), FIRST_ELECTION_WAIT_S)
 
     async def stop(self) -> None:
+        # The lock goes with the election task: from here on another instance
+        # may lead, so this one must stop answering as if it did.
+        self.cp.is_leader = False
         tasks = [*self._tasks, *([self._reconcile_task] if self._reconcile_task else [])]
         for task in tasks:
             task.cancel()
@@ -66,17 +86,22 @@ class ControlPlaneRuntime:
         await self._nudger.close()
 
     async def _on_leadership(self, leader: bool, epoch: int) -> None:
-        self.cp.is_leader, self.cp.epoch = leader, epoch
         if leader:
             # Whatever the previous leader decided is in the store, not in
-            # this instance's memory: read it before acting on it.
-            await self.cp.load()
+            # this instance's memory: read it before acting on it, and before
+            # taking reports (a node missing from half-loaded memory would
+            # have its token refused and its agent try to register again).
+            async with self._loading:
+                await self.cp.load()
+                self.cp.is_leader, self.cp.epoch = True, epoch
             await self.cp.event("leader", self.election.name,
                                 f"{self.election.name} became leader (epoch {epoch})")
             self._reconcile_task = asyncio.create_task(self._reconcile_loop(epoch))
-        elif self._reconcile_task is not None:
-            self._reconcile_task.cancel()
-            self._reconcile_task = None
+        else:
+            self.cp.is_leader, self.cp.epoch = False, epoch
+            if self._reconcile_task is not None:
+                self._reconcile_task.cancel()
+                self._reconcile_task = None
 
     async def _reconcile_loop(self, epoch: int) -> None:
         from llmgw.control.reconciler import Reconciler
@@ -99,7 +124,8 @@ class ControlPlaneRuntime:
             except NotLeaderError as exc:
                 log.warning("reconcile pass refused, stepping down: %s", exc)
                 self.election.is_leader = self.cp.is_leader = False
-                await self.cp.load()
+                async with self._loading:
+                    await self.cp.load()
                 return
             except Exception:
                 log.exception("reconcile pass failed; retrying on the next tick")
@@ -125,9 +151,9 @@ class ControlPlaneRuntime:
         """A standby keeps its views close to the store so it can answer reads."""
         while True:
             await asyncio.sleep(STANDBY_REFRESH_S)
-            if self.is_leader:
-                continue
             try:
-                await self.cp.load()
+                async with self._loading:
+                    if not self.cp.is_leader:
+                        await self.cp.load()
             except Exception:
                 log.exception("standby refresh failed")

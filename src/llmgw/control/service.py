@@ -29,6 +29,7 @@ from llmgw.control.rows import (
     replica_from_row,
     replica_row,
 )
+from llmgw.control.standby import LeaderHint
 from llmgw.control.state import (
     UNREACHABLE_AFTER_S,
     FleetState,
@@ -37,7 +38,7 @@ from llmgw.control.state import (
     ReplicaRecord,
 )
 from llmgw.control.store.repo import Row, Store
-from llmgw.errors import AuthError, NotFoundError, ValidationError
+from llmgw.errors import AuthError, NotFoundError, StandbyError, ValidationError
 from llmgw.wire import (
     AgentRegistration,
     AgentRegistrationAnswer,
@@ -99,9 +100,13 @@ class ControlPlane:
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
         self.peer_token = secrets.new_secret("llmgw-peer-")
-        # Set by the runtime's leader election; shown by /healthz.
-        self.is_leader = False
+        # Set by the runtime's leader election; shown by /healthz. True until
+        # then: a control plane with no election (tests, benchmarks, embedding)
+        # is the only instance. ControlPlaneRuntime.start makes it a standby
+        # until it wins.
+        self.is_leader = True
         self.epoch = 0
+        self.leader_hint = LeaderHint(store)
 
     # -- start-up ------------------------------------------------------------
 
@@ -145,11 +150,17 @@ class ControlPlane:
         return created
 
     async def rotate_join_token(self) -> str:
+        self.require_leader()
         secret = secrets.new_secret(secrets.JOIN_PREFIX)
         await self.store.set_setting(JOIN_HASH, secrets.hash_secret(secret))
         self._join_hash = secrets.hash_secret(secret)
         await self.event("credentials", "join-token", "join token rotated")
         return secret
+
+    def require_leader(self) -> None:
+        """Refuse a write on a standby (llmgw.control.standby says why)."""
+        if not self.is_leader:
+            raise StandbyError("this control-plane instance is a standby")
 
     # -- credentials checks ----------------------------------------------------
 
@@ -187,6 +198,7 @@ class ControlPlane:
     # -- agents -------------------------------------------------------------
 
     async def register(self, reg: AgentRegistration) -> AgentRegistrationAnswer:
+        self.require_leader()
         if not (self._join_hash and secrets.matches(reg.join_token, self._join_hash)):
             raise AuthError("invalid join token")
         existing = self.state.nodes.get(reg.node)
@@ -210,6 +222,7 @@ class ControlPlane:
 
     async def report(self, node: NodeRecord, report: AgentReport) -> AgentReportAnswer:
         """Take in a node's report; answer with everything it must run."""
+        self.require_leader()
         if report.node != node.name:
             raise AuthError(f"this token speaks for node {node.name!r}, not {report.node!r}")
         now = time.time()
@@ -294,6 +307,7 @@ class ControlPlane:
         return self.gateway_config()
 
     async def demand(self, model_name: str) -> None:
+        self.require_leader()
         model = self.state.resolve_model(model_name)
         if model is None:
             raise NotFoundError(f"model {model_name!r} does not exist")
@@ -307,6 +321,7 @@ class ControlPlane:
         self.wake_reconciler()
 
     async def record_load(self, report: GatewayLoadReport) -> None:
+        self.require_leader()
         per_model: dict[str, list[int]] = {}
         for load in report.replicas:
             replica = self.state.replicas.get(load.replica_id)
@@ -343,6 +358,7 @@ class ControlPlane:
 
     async def put_models(self, specs: list[ModelSpec]) -> tuple[list[str], list[str]]:
         """Add or replace catalog entries (already validated). Returns (added, changed)."""
+        self.require_leader()
         now = time.time()
         added: list[str] = []
         changed: list[str] = []
@@ -381,6 +397,7 @@ class ControlPlane:
         return added, changed
 
     async def delete_model(self, name: str) -> None:
+        self.require_leader()
         if name not in self.state.models:
             raise NotFoundError(f"model {name!r} does not exist")
         doomed = [r.id for r in self.state.replicas_of(name)]
@@ -393,6 +410,7 @@ class ControlPlane:
         await self.state.bump_routing()
 
     async def unpark(self, name: str) -> None:
+        self.require_leader()
         model = unpark(self.state, name)
         await self.store.upsert_models([model_row(model)])
         await self.event("unpark", name, f"model {name} unparked")
@@ -402,6 +420,7 @@ class ControlPlane:
     # -- nodes --------------------------------------------------------------
 
     async def set_node_state(self, name: str, target: NodeState) -> NodeRecord:
+        self.require_leader()
         node = self.state.nodes.get(name)
         if node is None:
             raise NotFoundError(f"node {name!r} does not exist")
@@ -417,6 +436,7 @@ class ControlPlane:
         return node
 
     async def delete_node(self, name: str) -> None:
+        self.require_leader()
         if name not in self.state.nodes:
             raise NotFoundError(f"node {name!r} does not exist")
         await self.store.delete_node(name)
@@ -425,6 +445,7 @@ class ControlPlane:
         self.wake_reconciler()
 
     async def drain_replica(self, replica_id: str) -> ReplicaRecord:
+        self.require_leader()
         replica = self.state.replicas.get(replica_id)
         if replica is None:
             raise NotFoundError(f"replica {replica_id!r} does not exist")
@@ -453,6 +474,7 @@ class ControlPlane:
         rpm: int | None = None,
         tpm: int | None = None,
     ) -> tuple[ApiKeyInfo, str]:
+        self.require_leader()
         secret = secrets.new_secret(secrets.API_KEY_PREFIX)
         info = ApiKeyInfo(
             key_id=secrets.new_id(12),
@@ -485,6 +507,7 @@ class ControlPlane:
         return list(self._keys.values())
 
     async def revoke_api_key(self, key_id: str) -> None:
+        self.require_leader()
         if key_id not in self._keys or not await self.store.revoke_api_key(key_id):
             raise NotFoundError(f"API key {key_id!r} does not exist")
         self._keys[key_id] = self._keys[key_id].model_copy(update={"revoked": True})
@@ -506,4 +529,3 @@ class ControlPlane:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._reconcile_wakeup.wait(), at_most_s)
         self._reconcile_wakeup.clear()
-

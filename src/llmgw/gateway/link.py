@@ -9,7 +9,7 @@ way: keep the last config, keep serving, try again later.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 import aiohttp
@@ -17,6 +17,7 @@ import orjson
 
 from llmgw import wire
 from llmgw.errors import AuthError, LlmgwError
+from llmgw.failover import ControlPlaneUnreachable, LeaderFinder
 
 CONFIG_PATH = "/gateway/v1/config"
 LOAD_PATH = "/gateway/v1/load"
@@ -47,23 +48,29 @@ class HttpControlPlaneLink:
     The long poll is answered by the control plane after ~25 s at most; the
     client allows ``poll_timeout_s`` beyond that so a slow answer is not taken
     for an outage.
+
+    Given several control-plane instances (a list, or comma-separated), every
+    call goes to the leader among them (llmgw.failover).
     """
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         token: str,
         *,
         poll_timeout_s: float = 40.0,
         request_timeout_s: float = 10.0,
     ) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise LlmgwError(f"control plane URL {base_url!r} must start with http:// or https://")
-        self._base = base_url.rstrip("/")
+        self.leader = LeaderFinder(base_url)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._poll_timeout = aiohttp.ClientTimeout(total=poll_timeout_s, connect=request_timeout_s)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        # The instance whose routing version the gateway holds. Versions are
+        # one instance's counter (a new leader, or a restarted one, counts
+        # from its own start): elsewhere the gateway's version means nothing,
+        # and asking for "newer than" it could wait out a whole long poll.
+        self._versions_from: str | None = None
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -76,49 +83,59 @@ class HttpControlPlaneLink:
             self._session = None
 
     async def watch_config(self, after_version: int) -> wire.GatewayConfig:
-        url = f"{self._base}{CONFIG_PATH}"
-        body = await self._call("GET", url, None, self._poll_timeout, {"after": after_version})
+        def query(url: str) -> dict[str, int | str]:
+            return {"after": after_version if url == self._versions_from else -1}
+
         try:
-            return wire.GatewayConfig.model_validate_json(body)
+            url, body = await self._call("GET", CONFIG_PATH, None, self._poll_timeout, query)
+        except ControlPlaneUnavailable:
+            self._versions_from = None  # it may come back restarted
+            raise
+        try:
+            config = wire.GatewayConfig.model_validate_json(body)
         except ValueError as exc:
-            raise ControlPlaneUnavailable(f"GET {url}: malformed config: {exc}") from None
+            raise ControlPlaneUnavailable(
+                f"GET {url}{CONFIG_PATH}: malformed config: {exc}"
+            ) from None
+        self._versions_from = url
+        return config
 
     async def demand(self, model: str) -> None:
         payload = wire.DemandRequest(model=model).model_dump_json().encode()
-        await self._call("POST", f"{self._base}{DEMAND_PATH}", payload, self._timeout)
+        await self._call("POST", DEMAND_PATH, payload, self._timeout)
 
     async def report_load(self, report: wire.GatewayLoadReport) -> None:
         payload = report.model_dump_json().encode()
-        await self._call("POST", f"{self._base}{LOAD_PATH}", payload, self._timeout)
+        await self._call("POST", LOAD_PATH, payload, self._timeout)
 
     async def report_usage(self, records: list[wire.UsageRecord]) -> None:
         payload = orjson.dumps([r.model_dump() for r in records])
-        await self._call("POST", f"{self._base}{USAGE_PATH}", payload, self._timeout)
+        await self._call("POST", USAGE_PATH, payload, self._timeout)
 
     async def _call(
         self,
         method: str,
-        url: str,
+        path: str,
         payload: bytes | None,
         limits: aiohttp.ClientTimeout,
-        params: dict[str, int] | None = None,
-    ) -> bytes:
+        params: Callable[[str], Mapping[str, int | str]] | None = None,
+    ) -> tuple[str, bytes]:
         headers = {"Content-Type": "application/json"} if payload is not None else None
         try:
-            async with self._client().request(
-                method, url, data=payload, params=params, headers=headers, timeout=limits
-            ) as response:
-                body = await response.read()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise ControlPlaneUnavailable(f"{method} {url}: {exc!r}") from None
+            answer = await self.leader.request(
+                self._client(), method, path, data=payload, headers=headers, params=params,
+                limits=limits,
+            )
+        except ControlPlaneUnreachable as exc:
+            raise ControlPlaneUnavailable(str(exc)) from None
+        url, status, body = answer.url + path, answer.status, answer.body
         if status in (401, 403):
             raise AuthError(
                 f"{method} {url}: the control plane refused the gateway token ({status})"
             )
         if status >= 300:
             raise ControlPlaneUnavailable(f"{method} {url}: HTTP {status}: {body[:200]!r}")
-        return body
+        return answer.url, body
 
 
 class MemoryLink:

@@ -7,7 +7,8 @@ never work here: one leaked node token must not become a leaked fleet.
 
 Errors leave as ``{"error": {"message", "type", "code"}}``, translated here
 once from llmgw's error tree, so the router behaves the same whichever app
-mounts it.
+mounts it. On a standby control-plane instance, writes are refused with 503
+and the leader's URL (llmgw.control.standby); reads are served.
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ from llmgw.control.adminapi.views.models import ModelView, ReplicaTally, model_v
 from llmgw.control.adminapi.views.nodes import NodeView, node_view, used_by_node
 from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
 from llmgw.control.service import ControlPlane
-from llmgw.errors import AuthError, LlmgwError, NotFoundError, StoreError, ValidationError
+from llmgw.control.standby import standby_response
+from llmgw.errors import (
+    AuthError,
+    LlmgwError,
+    NotFoundError,
+    StandbyError,
+    StoreError,
+    ValidationError,
+)
 from llmgw.wire import ModelSpec, NodeState
 
 
@@ -134,6 +143,8 @@ def _admin_route_class(cp: ControlPlane) -> type[APIRoute]:
                                           "invalid_token")
                 except StoreError as exc:
                     return error_response(503, str(exc), "store_error", "store_unavailable")
+                except StandbyError as exc:
+                    return await standby_response(cp.leader_hint, exc)
                 except LlmgwError as exc:
                     return error_response(400, str(exc), "invalid_request_error", None)
 

@@ -27,6 +27,8 @@ from llmgw.errors import ConfigError, NotLeaderError, StoreError
 Row = dict[str, Any]
 
 EPOCH_KEY = "leader_epoch"
+# The leader's advertised URL, written with the epoch it took (bump_epoch).
+LEADER_URL_KEY = "leader_url"
 
 
 class Store:
@@ -134,14 +136,19 @@ class Store:
             await conn.execute(schema.settings.insert().values(key=key, value=value))
             return True
 
-    async def bump_epoch(self) -> int:
-        """A new leader takes the next epoch; writes under an older one fail."""
+    async def bump_epoch(self, leader_url: str | None = None) -> int:
+        """A new leader takes the next epoch; writes under an older one fail.
+
+        ``leader_url`` is recorded in the same transaction (empty when not
+        given), so the URL that standbys hand out never belongs to an older
+        epoch than the current one.
+        """
         async with self.transaction() as conn:
             current = await self._epoch(conn, lock=True)
             new = current + 1
-            await self._execute_upsert(
-                conn, schema.settings, [{"key": EPOCH_KEY, "value": str(new)}], ["key"]
-            )
+            rows = [{"key": EPOCH_KEY, "value": str(new)},
+                    {"key": LEADER_URL_KEY, "value": leader_url or ""}]
+            await self._execute_upsert(conn, schema.settings, rows, ["key"])
             return new
 
     async def _epoch(self, conn: AsyncConnection, *, lock: bool = False) -> int:

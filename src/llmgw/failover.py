@@ -1,0 +1,165 @@
+"""How agents and gateways find the control-plane leader among several instances.
+
+``llmgw serve`` may run as a leader and hot standbys on one PostgreSQL store
+(docs/install.md). Only the leader may take agent reports and gateway writes,
+so a client given several URLs sends each call to the instance it last found
+leading and moves on when that stops working:
+
+- a standby answer (HTTP 503, error code ``wire.STANDBY_CODE``) names the
+  leader in ``wire.LEADER_HEADER`` when it knows it: go there next, even if
+  that URL is not in the configured list (an operator may list only a load
+  balancer or one instance); without a name, try the next configured URL;
+- a connection error or timeout: try the next configured URL.
+
+One call tries at most twice as many instances as are configured, without
+sleeping in between; when none took it, it fails with
+:class:`ControlPlaneUnreachable` and the caller's own backoff decides when to
+try again. The cap is what stops two standbys whose hints name each other
+(each read the store just before a failover) from bouncing a call forever.
+
+Used by the agent (llmgw.agent.client) and the standalone gateway
+(llmgw.gateway.link); it imports neither, nor the control plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from llmgw.errors import ConfigError, LlmgwError
+from llmgw.wire import LEADER_HEADER, STANDBY_CODE
+
+
+class ControlPlaneUnreachable(LlmgwError):
+    """No configured control-plane instance took the call (down, or only standbys)."""
+
+
+def parse_control_plane_urls(value: str | Sequence[str]) -> list[str]:
+    """``"http://a:8080, http://b:8080"`` (or a list of such strings) as clean URLs.
+
+    Comma-separated so that one ``--control-plane`` flag or one
+    ``LLMGW_CONTROL_PLANE`` variable can carry them all; a single URL reads as
+    it always did.
+    """
+    items = [value] if isinstance(value, str) else list(value)
+    urls: list[str] = []
+    for item in items:
+        for part in item.split(","):
+            url = part.strip().rstrip("/")
+            if not url:
+                continue
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(
+                    f"control plane URL {url!r} must start with http:// or https://"
+                )
+            if url not in urls:
+                urls.append(url)
+    if not urls:
+        raise ConfigError("no control plane URL given")
+    return urls
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A control-plane instance's answer that was not a standby's refusal."""
+
+    url: str
+    status: int
+    body: bytes
+
+
+def standby_hint(status: int, headers: Mapping[str, str], body: bytes) -> tuple[bool, str | None]:
+    """(is this a standby's refusal, the leader URL it names if any)."""
+    if status != 503:
+        return False, None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False, None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict) or error.get("code") != STANDBY_CODE:
+        return False, None
+    hint = (headers.get(LEADER_HEADER) or "").strip().rstrip("/")
+    return True, hint if hint.startswith(("http://", "https://")) else None
+
+
+class LeaderFinder:
+    """The configured instances and the one calls go to now (sticky until it fails)."""
+
+    def __init__(self, urls: str | Sequence[str]) -> None:
+        self.urls = parse_control_plane_urls(urls)
+        self._index = 0
+        # A leader named by a standby's hint; dropped when it stops answering.
+        self._hinted: str | None = None
+
+    @property
+    def current(self) -> str:
+        return self._hinted or self.urls[self._index]
+
+    def unreachable(self, url: str) -> None:
+        # Concurrent calls (a gateway's long poll beside its load reports) may
+        # both fail on one instance; only the first moves on, or the second
+        # would skip a healthy instance.
+        if url == self.current:
+            self._move_on()
+
+    def standby(self, url: str, hint: str | None) -> None:
+        if url != self.current:
+            return
+        if hint and hint != url:
+            if hint in self.urls:
+                self._index, self._hinted = self.urls.index(hint), None
+            else:
+                self._hinted = hint
+        else:
+            self._move_on()
+
+    def _move_on(self) -> None:
+        # Past a hinted leader that failed too: the configured instance that
+        # named it is a standby, so the next one is the better bet.
+        self._hinted = None
+        self._index = (self._index + 1) % len(self.urls)
+
+    async def request(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        *,
+        data: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Callable[[str], Mapping[str, int | str]] | None = None,
+        limits: aiohttp.ClientTimeout | None = None,
+    ) -> Answer:
+        """Send one call to the leader, moving between instances as described above.
+
+        ``params`` is asked per instance tried: a query may depend on where it
+        goes (the gateway's routing version means something only to the
+        instance that issued it).
+        """
+        problems: list[str] = []
+        for _ in range(2 * len(self.urls)):
+            url = self.current
+            try:
+                async with session.request(
+                    method, url + path, data=data, headers=headers,
+                    params=params(url) if params is not None else None, timeout=limits,
+                ) as response:
+                    body = await response.read()
+                    status = response.status
+                    is_standby, hint = standby_hint(status, response.headers, body)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                problems.append(f"{url}: {exc!r}")
+                self.unreachable(url)
+                continue
+            if is_standby:
+                problems.append(f"{url}: standby" + (f" (leader: {hint})" if hint else ""))
+                self.standby(url, hint)
+                continue
+            return Answer(url=url, status=status, body=body)
+        raise ControlPlaneUnreachable(
+            f"{method} {path}: no control plane took the call: " + "; ".join(problems)
+        )
