@@ -61,6 +61,30 @@ async def test_cached_prefix_cuts_time_to_first_token(sim_engine: StartEngine) -
     assert cold_again > 4 * warm
 
 
+async def test_a_stream_says_nothing_until_prefill_is_done(sim_engine: StartEngine) -> None:
+    # As vLLM does: even the role chunk waits for the first token. The gateway
+    # takes the first chunk as the end of a replica's queued prefill.
+    engine = await sim_engine("m", prefill_tokens_per_s=40_000.0, prefill_chunk_tokens=8192)
+    system = tokens.random_words(random.Random(5), 8000)  # 200 ms of prefill
+    async with client_for(engine) as client:
+        started = time.monotonic()
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": "q"}],
+            max_tokens=2,
+            stream=True,
+        )
+        first_chunk_s: float | None = None
+        chunks = []
+        async for chunk in stream:
+            if first_chunk_s is None:
+                first_chunk_s = time.monotonic() - started
+            chunks.append(chunk)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert first_chunk_s is not None and first_chunk_s >= 0.2
+
+
 async def test_decode_slows_as_the_batch_grows(sim_engine: StartEngine) -> None:
     engine = await sim_engine("m", decode_ms_per_token=5.0, decode_batch_alpha=1.0)
 

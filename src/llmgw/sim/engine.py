@@ -317,8 +317,10 @@ class SimEngine:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await resp.prepare(request)
-        if parsed.chat:
-            await resp.write(out.role())
+        # Like vLLM, the role chunk goes out with the first token, after
+        # prefill: a router that waits for the first chunk (the gateway, to
+        # know when a replica's queued prefill is done) must not see it early.
+        role_due = parsed.chat
         sent = 0
         while True:
             await sim.changed.wait()
@@ -328,6 +330,9 @@ class SimEngine:
                 return resp
             upto = min(sim.produced, crash_at) if crash_at is not None else sim.produced
             if upto > sent:
+                if role_due:
+                    await resp.write(out.role())
+                    role_due = False
                 await resp.write(out.tokens(sent, upto))
                 sent = upto
             if crash_at is not None and sent >= crash_at:
@@ -336,6 +341,8 @@ class SimEngine:
             if sim.phase is Phase.DONE:
                 break
         tail = out.finish("length")
+        if role_due:
+            tail = out.role() + tail
         if parsed.include_usage:
             tail += out.usage(openai_api.usage(sim.prompt_tokens, sent, sim.cached_tokens))
         await resp.write(tail + out.done())
