@@ -92,6 +92,52 @@ async def test_register_report_and_assignment(
         assert rows[0]["state"] == "ready" and rows[0]["port"] == 4321
 
 
+async def test_a_ready_replica_shows_its_failing_probe_then_fails_when_hung(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token and creds.admin_token
+    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    replica = ReplicaRecord(id="r1", model="m", created_at=0.0,
+                            shards=[ShardAssignment(node="n1", device_numbers=[0])])
+    cp.state.replicas["r1"] = replica
+    await cp.store.write_replicas([replica_row(replica)])
+    admin = {"Authorization": f"Bearer {creds.admin_token}"}
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        agent = {"Authorization": f"Bearer {token}"}
+
+        async def report(state: ReplicaState, reason: str | None) -> None:
+            status = ReplicaStatus(replica_id="r1", state=state, port=4321, reason=reason)
+            body = AgentReport(node="n1", inventory=inventory("n1"), replicas=[status])
+            answer = await client.post(f"{url}/agent/v1/report",
+                                       content=body.model_dump_json(), headers=agent)
+            assert answer.status_code == 200, answer.text
+
+        async def shown() -> tuple[str, str | None]:
+            (view,) = (await client.get(f"{url}/admin/v1/replicas", headers=admin)).json()
+            return view["state"], view["reason"]
+
+        await report(ReplicaState.READY, None)
+        assert await shown() == ("ready", None)
+        # The agent's liveness probe fails, not yet for long: still routed to,
+        # and `llmgw ctl replicas` says why it may not be for long.
+        failing = "health probe /health failing since 12:00:00 UTC (1 probe failed in a row, ..."
+        await report(ReplicaState.READY, failing)
+        assert await shown() == ("ready", failing)
+        assert cp.gateway_config().routing.models[0].endpoints
+        await report(ReplicaState.READY, None)  # it answered again
+        assert await shown() == ("ready", None)
+        # Hung for good: killed by the agent, failed here like any failed
+        # replica (the reconciler replaces it) and routed to no more.
+        hung = "engine stopped answering /health for 35 s (...); killed; last output: ..."
+        await report(ReplicaState.FAILED, hung)
+        assert await shown() == ("failed", hung)
+        assert not cp.gateway_config().routing.models[0].endpoints
+        (row,) = await cp.store.list_replicas()
+        assert (row["state"], row["reason"]) == ("failed", hung)
+
+
 async def test_credentials_are_not_interchangeable(
     plane: tuple[ControlPlane, NewCredentials, str],
 ) -> None:

@@ -104,10 +104,15 @@ def _mirror_statuses(
         elif replica.state == ReplicaState.STARTING:
             replica.port = status.port
             replica.reason = status.reason
-        elif replica.state == ReplicaState.READY and status.port != replica.port:
-            replica.port = status.port
-            effects.replicas.append(replica)
-            effects.routing_changed = True
+        elif replica.state == ReplicaState.READY:
+            # What the agent says about a serving replica, e.g. that its health
+            # probe has been failing (agent.liveness), for `llmgw ctl replicas`;
+            # memory only, like a starting replica's progress.
+            replica.reason = status.reason
+            if status.port != replica.port:
+                replica.port = status.port
+                effects.replicas.append(replica)
+                effects.routing_changed = True
 
 
 def assignments_for(state: FleetState, node_name: str) -> list[ReplicaAssignment]:
