@@ -126,12 +126,22 @@ class ControlPlaneRuntime:
                 self.election.is_leader = self.cp.is_leader = False
                 async with self._loading:
                     await self.cp.load()
+                # Let go of the lock as well and contend again: an instance
+                # that holds it without leading leaves the fleet leaderless.
+                await self._restart_election()
                 return
             except Exception:
                 log.exception("reconcile pass failed; retrying on the next tick")
             self.passes += 1
             self.last_pass_ms = (time.perf_counter() - started) * 1000
             await self.cp.wait_for_wakeup(self.reconcile_interval_s)
+
+    async def _restart_election(self) -> None:
+        old = self._tasks[0]
+        old.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await old  # its finally releases the lock
+        self._tasks[0] = asyncio.create_task(self.election.run(), name="leader-election")
 
     async def _flush_loop(self) -> None:
         while True:

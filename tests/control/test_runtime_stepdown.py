@@ -1,0 +1,48 @@
+"""A leader whose write is refused for a stale epoch steps down and contends again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from llmgw.control.reconciler import PassResult, Reconciler
+from llmgw.control.runtime import ControlPlaneRuntime
+from llmgw.control.service import ControlPlane
+from llmgw.control.store.repo import Store
+from llmgw.errors import NotLeaderError
+
+
+async def test_a_refused_pass_lets_go_of_the_lock_and_contends_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_pass = Reconciler.run_pass
+    refused = 0
+
+    async def refused_once(self: Reconciler, now: float, epoch: int) -> PassResult:
+        nonlocal refused
+        if refused == 0:
+            refused += 1
+            raise NotLeaderError(f"epoch {epoch} is no longer current")
+        return await real_pass(self, now, epoch)
+
+    monkeypatch.setattr(Reconciler, "run_pass", refused_once)
+    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+    cp = ControlPlane(store)
+    await cp.load()
+    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.1)
+    await runtime.start()
+    try:
+        first_epoch = runtime.election.epoch
+        assert first_epoch >= 1
+        deadline = time.monotonic() + 10
+        # Stepping down while still holding the lock would leave no leader
+        # at all: nobody else can take it, and this instance does not lead.
+        while not (refused and cp.is_leader and runtime.election.epoch > first_epoch):
+            assert time.monotonic() < deadline, (refused, cp.is_leader, runtime.election.epoch)
+            await asyncio.sleep(0.05)
+    finally:
+        await runtime.stop()
+        await store.close()
