@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import sys
 import time
@@ -137,15 +138,28 @@ def test_describe_exit() -> None:
     assert "unknown" in describe_exit(None)
 
 
+def free_range(count: int) -> int:
+    """The first of ``count`` free consecutive ports, below the kernel's ephemeral
+    range (where any outgoing connection of another test could take one)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 30_000)
+        if all(port_is_free("127.0.0.1", base + i) for i in range(count)):
+            return base
+    raise AssertionError("no free port range")
+
+
 def test_ports_never_collide_and_skip_busy_ones() -> None:
     import socket
 
-    alloc = PortAllocator("127.0.0.1", (40100, 40103))
+    base = free_range(4)
+    first, busy_port, last = base, base + 1, base + 3
+    alloc = PortAllocator("127.0.0.1", (first, last))
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 40101))
+        busy.bind(("127.0.0.1", busy_port))
         busy.listen()
         got = {alloc.allocate(f"r{i}") for i in range(3)}
-        assert got == {40100, 40102, 40103}
+        assert got == {first, base + 2, last}
         try:
             alloc.allocate("r4")
         except Exception as exc:
@@ -154,8 +168,8 @@ def test_ports_never_collide_and_skip_busy_ones() -> None:
             raise AssertionError("allocated from a full range")
     assert alloc.allocate("r1") in got  # the same replica keeps its port
     alloc.release("r1")
-    restarted = PortAllocator("127.0.0.1", (40100, 40103))
+    restarted = PortAllocator("127.0.0.1", (first, last))
     for rid, port in alloc.taken().items():
         restarted.restore(rid, port)  # as the agent does from its engine records
     assert restarted.allocate("new") not in alloc.taken().values()
-    assert port_is_free("127.0.0.1", 40101)
+    assert port_is_free("127.0.0.1", busy_port)
