@@ -72,6 +72,31 @@ def test_a_failure_already_acted_on_does_not_move_again() -> None:
     assert finder.current == B
 
 
+def test_a_walk_tries_each_instance_once_when_asked() -> None:
+    # llmgw ctl: a refused write goes once to the leader named, never back.
+    finder = LeaderFinder([A, B])
+    walk = finder.walk(once_each=True)
+    steps = iter(walk)
+    assert next(steps) == A
+    walk.standby(A, B)
+    assert next(steps) == B
+    walk.standby(B, A)  # B lost the lead a moment ago and names A
+    assert list(steps) == []
+    assert walk.saw_standby
+    assert walk.summary() == f"{A}: standby (leader: {B}); {B}: standby (leader: {A})"
+
+
+def test_a_walk_without_once_each_stops_at_twice_the_instances() -> None:
+    finder = LeaderFinder([A, B])
+    walk = finder.walk()
+    tried = []
+    for url in walk:
+        tried.append(url)
+        walk.unreachable(url, "refused")
+    assert tried == [A, B, A, B]
+    assert not walk.saw_standby and walk.summary().count("refused") == 4
+
+
 Start = Callable[[str, str | None], Awaitable[str]]
 
 

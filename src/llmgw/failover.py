@@ -16,14 +16,24 @@ sleeping in between; when none took it, it fails with
 :class:`ControlPlaneUnreachable` and the caller's own backoff decides when to
 try again. The cap is what stops two standbys whose hints name each other
 (each read the store just before a failover) from bouncing a call forever.
+A caller with no backoff of its own (a person typing ``llmgw ctl``) asks for
+``once_each``: each instance is tried at most once per call, so a refused
+write goes once to the leader named, and a list of dead instances costs one
+timeout each, not two.
 
-Used by the agent (llmgw.agent.client) and the standalone gateway
-(llmgw.gateway.link); it imports neither, nor the control plane.
+:class:`LeaderFinder` keeps where calls go; :class:`CallWalk` is one call's
+way through the instances, apart from the HTTP library, so that the async
+clients (:meth:`LeaderFinder.request`, aiohttp) and the synchronous ``llmgw
+ctl`` (httpx) share these rules instead of each keeping a copy.
+
+Used by the agent (llmgw.agent.client), the standalone gateway
+(llmgw.gateway.link), ``llmgw ctl`` (llmgw.cli.ctl.client) and the simulated
+fleet (llmgw.sim.fleet); it imports none of them, nor the control plane.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -133,16 +143,16 @@ class LeaderFinder:
         headers: Mapping[str, str] | None = None,
         params: Callable[[str], Mapping[str, int | str]] | None = None,
         limits: aiohttp.ClientTimeout | None = None,
+        once_each: bool = False,
     ) -> Answer:
         """Send one call to the leader, moving between instances as described above.
 
         ``params`` is asked per instance tried: a query may depend on where it
         goes (the gateway's routing version means something only to the
-        instance that issued it).
+        instance that issued it). ``once_each``: see the module's docstring.
         """
-        problems: list[str] = []
-        for _ in range(2 * len(self.urls)):
-            url = self.current
+        walk = self.walk(once_each=once_each)
+        for url in walk:
             try:
                 async with session.request(
                     method, url + path, data=data, headers=headers,
@@ -152,14 +162,59 @@ class LeaderFinder:
                     status = response.status
                     is_standby, hint = standby_hint(status, response.headers, body)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                problems.append(f"{url}: {exc!r}")
-                self.unreachable(url)
+                walk.unreachable(url, repr(exc))
                 continue
             if is_standby:
-                problems.append(f"{url}: standby" + (f" (leader: {hint})" if hint else ""))
-                self.standby(url, hint)
+                walk.standby(url, hint)
                 continue
             return Answer(url=url, status=status, body=body)
         raise ControlPlaneUnreachable(
-            f"{method} {path}: no control plane took the call: " + "; ".join(problems)
+            f"{method} {path}: no control plane took the call: {walk.summary()}"
         )
+
+    def walk(self, *, once_each: bool = False) -> CallWalk:
+        """One call's way through the instances (for callers with their own HTTP client)."""
+        return CallWalk(self, once_each=once_each)
+
+
+class CallWalk:
+    """Where one call goes next, and what each instance it tried said.
+
+    Iterate for the URL to try; report each failure with :meth:`unreachable`
+    or :meth:`standby` (which move the finder on) before the next step. The
+    iteration ends when the cap is spent, or with ``once_each`` when the next
+    instance was already tried in this call.
+    """
+
+    def __init__(self, finder: LeaderFinder, *, once_each: bool = False) -> None:
+        self.finder = finder
+        self.once_each = once_each
+        # (url, what happened), in the order tried: the caller's error names them.
+        self.tried: list[tuple[str, str]] = []
+        self._left = 2 * len(finder.urls)
+
+    def __iter__(self) -> Iterator[str]:
+        while self._left > 0:
+            url = self.finder.current
+            if self.once_each and any(url == seen for seen, _ in self.tried):
+                return
+            self._left -= 1
+            yield url
+
+    def unreachable(self, url: str, problem: str) -> None:
+        """``url`` did not answer (``problem`` says how)."""
+        self.tried.append((url, problem))
+        self.finder.unreachable(url)
+
+    def standby(self, url: str, hint: str | None) -> None:
+        """``url`` is a standby; ``hint`` is the leader it named, if any."""
+        self.tried.append((url, "standby" + (f" (leader: {hint})" if hint else "")))
+        self.finder.standby(url, hint)
+
+    @property
+    def saw_standby(self) -> bool:
+        return any(what.startswith("standby") for _, what in self.tried)
+
+    def summary(self) -> str:
+        """``"http://a: standby (leader: http://b); http://b: <problem>"``."""
+        return "; ".join(f"{url}: {what}" for url, what in self.tried)
