@@ -10,22 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 from tests.agent.fakes import StubAdapter
 from tests.agent.helpers import cpu_slot
-from tests.servers import free_port, serve_asgi
+from tests.control.standby_kit import Instance, leader_and_standby
 
 from llmgw.agent.app import Agent, AgentConfig
-from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
-from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
-from llmgw.control.store.repo import Store
 from llmgw.errors import StandbyError
 from llmgw.gateway.link import HttpControlPlaneLink
 from llmgw.wire import (
@@ -40,54 +36,11 @@ from llmgw.wire import (
 )
 
 
-@dataclass
-class Instance:
-    """One ``llmgw serve`` worth of control plane, in this process."""
-
-    url: str
-    store: Store
-    cp: ControlPlane
-    runtime: ControlPlaneRuntime
-    stop: Callable[[], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def instance(database_url: str) -> AsyncIterator[Instance]:
-    store = await Store.open(database_url)
-    cp = ControlPlane(store)
-    await cp.load()
-    await cp.ensure_credentials()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.3, advertise_url=url)
-    await runtime.start()
-    stopped = False
-    server = serve_asgi(create_app(cp), port, graceful_s=0.2)
-    await server.__aenter__()
-
-    async def stop() -> None:
-        nonlocal stopped
-        if not stopped:
-            stopped = True
-            await runtime.stop()
-            await server.__aexit__(None, None, None)
-            await store.close()
-
-    try:
-        yield Instance(url, store, cp, runtime, stop)
-    finally:
-        await stop()
-
-
 @pytest.fixture
 async def pair(pg_database_url: str) -> AsyncIterator[tuple[Instance, Instance, NewCredentials]]:
     """(leader, standby, credentials) on one fresh database."""
-    store = await Store.open(pg_database_url)
-    creds = await ControlPlane(store).ensure_credentials()
-    await store.close()
-    async with instance(pg_database_url) as leader, instance(pg_database_url) as standby:
-        assert leader.cp.is_leader and not standby.cp.is_leader
-        yield leader, standby, creds
+    async with leader_and_standby(pg_database_url) as started:
+        yield started
 
 
 async def eventually(check: Callable[[], bool], within_s: float, what: str) -> None:
