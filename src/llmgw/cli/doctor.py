@@ -5,7 +5,8 @@ confusing failure a fleet has: the control plane sees a healthy node, the
 operator sees nothing happening. Doctor asks every question whose "no" means
 that nothing can run -- MIG enabled with nothing carved, every GPU unhealthy,
 no engine installed, a data dir that cannot be written, a control plane that
-does not answer -- and exits 1 when one of them is "no".
+does not answer or has no leader -- and exits 1 when one of them is "no".
+Given several control-plane instances, it shows each one's role.
 
 It probes NVML and nvidia-smi separately (not just the first that answers),
 because "NVML fails but nvidia-smi works" is itself worth knowing: it is what
@@ -20,8 +21,6 @@ import os
 import shutil
 import socket
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from llmgw.agent.discovery import LastSeen, NvmlApi, cpu_devices, inventory_from
 from llmgw.agent.discovery.base import CardFacts, Snapshot, Source, SourceUnavailable
 from llmgw.agent.discovery.nvidia_smi import NvidiaSmiSource
 from llmgw.agent.discovery.nvml import NvmlSource
+from llmgw.cli.doctor_control_plane import judge_leadership, probe_control_plane
 from llmgw.config import default_data_dir
 from llmgw.errors import DiscoveryError, LlmgwError
 from llmgw.wire import CPU_CLASS, Device, NodeInventory
@@ -47,7 +47,6 @@ ENGINE_PROBES: dict[str, tuple[str, str]] = {
     "llamacpp": ("llama-server", "llama_cpp"),
 }
 CPU_ENGINES = frozenset({"llamacpp"})
-CONTROL_PLANE_TIMEOUT_S = 3.0
 
 EngineFinder = Callable[[], dict[str, str | None]]
 
@@ -163,22 +162,6 @@ def _data_dir(path: Path) -> dict[str, Any]:
     return state
 
 
-def _control_plane(url: str) -> dict[str, Any]:
-    state: dict[str, Any] = {"url": url, "reachable": False, "detail": ""}
-    if not url.startswith(("http://", "https://")):
-        state["detail"] = "not an http:// or https:// URL"
-        return state
-    try:
-        with urllib.request.urlopen(url, timeout=CONTROL_PLANE_TIMEOUT_S) as answer:
-            state.update(reachable=True, detail=f"HTTP {answer.status}")
-    except urllib.error.HTTPError as exc:  # it answered: reachable, whatever it said
-        state.update(reachable=True, detail=f"HTTP {exc.code}")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        state["detail"] = f"no answer: {reason}"
-    return state
-
-
 def check(
     *,
     data_dir: Path,
@@ -228,7 +211,7 @@ def check(
         foreign_memory_mib=0,
         engines=found,
         data_dir=_data_dir(data_dir),
-        control_plane=_control_plane(control_plane) if control_plane else None,
+        control_plane=probe_control_plane(control_plane) if control_plane else None,
         warnings=warnings,
     )
     report.foreign_memory_mib = sum(p["used_memory_mib"] for p in report.foreign_processes)
@@ -266,15 +249,21 @@ def _judge(report: DoctorReport, devices: list[Device]) -> None:
     if not report.data_dir["writable"]:
         warn(f"data dir {report.data_dir['path']} {report.data_dir['detail']}")
     cp = report.control_plane
-    if cp is not None and not cp["reachable"]:
-        warn(f"control plane {cp['url']} is unreachable: {cp['detail']}")
+    leaderless = False
+    if cp is not None:
+        for instance in cp["instances"]:
+            if not instance["reachable"]:
+                warn(f"control plane {instance['url']} is unreachable: {instance['detail']}")
+        leaderless = judge_leadership(cp["instances"], warn)
     if report.foreign_memory_mib:
         warn(
             f"{report.foreign_memory_mib} MiB of GPU memory is held by "
             f"{len(report.foreign_processes)} process(es) llmgw did not start"
         )
     report.can_run = (
-        bool(runnable) and report.data_dir["writable"] and (cp is None or bool(cp["reachable"]))
+        bool(runnable)
+        and report.data_dir["writable"]
+        and (cp is None or (bool(cp["reachable"]) and not leaderless))
     )
 
 
@@ -316,9 +305,9 @@ def _show(report: DoctorReport, console: Console) -> None:
     console.print(f"Engines: {engines}")
     console.print(f"Data dir: {report.data_dir['path']} ({report.data_dir['detail']})")
     if report.control_plane:
-        console.print(
-            f"Control plane: {report.control_plane['url']} ({report.control_plane['detail']})"
-        )
+        for instance in report.control_plane["instances"]:
+            console.print(f"Control plane {instance['url']}: {escape(instance['detail'])}",
+                          highlight=False)
     for line in report.warnings:
         console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False)
     verdict = (
@@ -368,7 +357,12 @@ def doctor(
         Path | None, typer.Option("--data-dir", help="The data dir to check.")
     ] = None,
     control_plane: Annotated[
-        str | None, typer.Option("--control-plane", help="Control plane URL to reach.")
+        str | None,
+        typer.Option(
+            "--control-plane",
+            help="Control plane URL to reach; several comma-separated (leader and standbys):"
+            " each one's role is shown.",
+        ),
     ] = None,
 ) -> None:
     """Check GPUs, MIG, engines and settings; exit 1 when nothing can run."""

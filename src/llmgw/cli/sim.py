@@ -99,7 +99,11 @@ def fleet_command(
         Path, typer.Argument(help="The fleet spec (YAML), e.g. examples/fleet-demo.yaml.")
     ],
     control_plane: Annotated[
-        str, typer.Option(envvar="LLMGW_CONTROL_PLANE", help="Control plane base URL.")
+        str,
+        typer.Option(
+            envvar="LLMGW_CONTROL_PLANE",
+            help="Control plane base URL; several comma-separated (leader and standbys).",
+        ),
     ],
     join_token: Annotated[
         str | None, typer.Option(envvar="LLMGW_JOIN_TOKEN", help="Join token (first start).")

@@ -41,6 +41,7 @@ from llmgw.agent.ports import PortAllocator
 from llmgw.agent.supervisor import ProcessControl, Supervisor
 from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, ValidationError
+from llmgw.failover import ControlPlaneUnreachable, LeaderFinder, parse_control_plane_urls
 from llmgw.sim.engine import SimEngine
 from llmgw.sim.fleetspec import FleetSpec, load_fleet_spec
 from llmgw.sim.inprocess import InProcessEngines
@@ -219,30 +220,35 @@ async def apply_models(
     models: Sequence[ModelSpec],
     session: aiohttp.ClientSession | None = None,
 ) -> dict[str, Any]:
-    """Apply catalog entries through the admin API (``POST /admin/v1/apply``)."""
+    """Apply catalog entries through the admin API (``POST /admin/v1/apply``).
+
+    ``control_plane_url`` may list several instances, comma-separated: the
+    apply goes to the leader (llmgw.failover), as a standby refuses it.
+    """
     body = orjson.dumps({"models": [m.model_dump(mode="json") for m in models]})
-    url = control_plane_url.rstrip("/") + APPLY_PATH
     headers = {"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"}
+    leader = LeaderFinder(control_plane_url)
     own = session is None
     client = session or aiohttp.ClientSession()
     try:
-        async with client.post(
-            url, data=body, headers=headers, timeout=aiohttp.ClientTimeout(total=30)
-        ) as resp:
-            raw = await resp.read()
-            status = resp.status
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise ConfigError(f"cannot apply the fleet's models: {url}: {exc}") from None
+        answer = await leader.request(
+            client, "POST", APPLY_PATH, data=body, headers=headers,
+            # A one-off call with no backoff around it: no instance twice.
+            limits=aiohttp.ClientTimeout(total=30), once_each=True,
+        )
+    except ControlPlaneUnreachable as exc:
+        raise ConfigError(f"cannot apply the fleet's models: {exc}") from None
     finally:
         if own:
             await client.close()
+    raw, status = answer.body, answer.status
     message = _error_message(raw)
     if status in (401, 403):
         raise AuthError(f"the control plane refused the admin token ({status}): {message}")
     if status == 422:
         raise ValidationError(f"the control plane refused the fleet's models: {message}")
     if status >= 300:
-        raise ConfigError(f"applying the fleet's models: HTTP {status}: {message}")
+        raise ConfigError(f"applying the fleet's models at {answer.url}: HTTP {status}: {message}")
     result: dict[str, Any] = orjson.loads(raw)
     return result
 
@@ -268,6 +274,9 @@ async def start_fleet(
 ) -> Fleet:
     """Start the fleet described by ``spec`` against the control plane; returns at once.
 
+    ``control_plane_url`` may list several instances (leader and standbys),
+    comma-separated; the agents and the apply follow the leader among them.
+
     The spec's models are applied first through the admin API when ``apply``
     is true and an admin token is at hand (``admin_token`` or the
     ``LLMGW_ADMIN_TOKEN`` environment variable); a caller that applies them
@@ -276,6 +285,8 @@ async def start_fleet(
     """
     if engines not in ("inprocess", "subprocess"):
         raise ConfigError(f"engines must be inprocess or subprocess, not {engines!r}")
+    # A bad URL is one error here, not one per agent after the fleet started.
+    control_plane_url = ",".join(parse_control_plane_urls(control_plane_url))
     fleet_spec = spec if isinstance(spec, FleetSpec) else load_fleet_spec(spec)
     root = ensure_data_dir(Path(data_dir))
     session = aiohttp.ClientSession()

@@ -22,7 +22,12 @@ from llmgw.cli.ctl.client import Settings
 
 app = typer.Typer(
     name="ctl",
-    help="Operate a running llmgw: fleet status, nodes, models, replicas, keys.",
+    help=(
+        "Operate a running llmgw: fleet status, nodes, models, replicas, keys.\n\n"
+        "With a leader and standbys, give every instance: --url http://cp1:8080,http://cp2:8080"
+        " (or LLMGW_URL). Reads come from the first that answers; a write a standby refuses"
+        " goes to the leader it names, or to the next URL."
+    ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -34,7 +39,9 @@ ctl = app
 def main(
     ctx: typer.Context,
     url: Annotated[str | None, typer.Option(
-        envvar="LLMGW_URL", help="Control plane base URL, e.g. http://127.0.0.1:8080.")] = None,
+        envvar="LLMGW_URL",
+        help="Control plane base URL, e.g. http://127.0.0.1:8080; several comma-separated "
+             "(leader and standbys).")] = None,
     token: Annotated[str | None, typer.Option(
         envvar="LLMGW_ADMIN_TOKEN", help="The admin token.")] = None,
     data_dir: Annotated[Path | None, typer.Option(

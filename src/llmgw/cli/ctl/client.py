@@ -3,17 +3,20 @@
 Where to connect and with what, first found wins: ``--url``/``--token``,
 then ``LLMGW_URL``/``LLMGW_ADMIN_TOKEN``, then ``up.json`` in the data dir
 (written by ``llmgw up`` and ``llmgw serve``), then http://127.0.0.1:8080.
+The address may list several control-plane instances (leader and standbys),
+comma-separated, or as a JSON list in ``up.json``'s ``admin_url``.
 
 A control plane that cannot be reached, or refuses the token, is one line
 on stderr and exit code 1: someone typing ``ctl status`` during an incident
-needs the reason, not a traceback.
+needs the reason, not a traceback. With several instances the line names
+each one tried and what it said.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -22,12 +25,17 @@ import httpx
 import typer
 
 from llmgw.config import default_data_dir
+from llmgw.errors import ConfigError
+from llmgw.failover import CallWalk, LeaderFinder, parse_control_plane_urls, standby_hint
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 ADMIN_PREFIX = "/admin/v1"
 # Long enough for a summary of a large fleet on a busy control plane, short
 # enough that a black-holed address fails while someone is still looking.
 REQUEST_TIMEOUT_S = 15.0
+# With several instances listed, a dead one costs this before the next is
+# tried; a control plane on a working network accepts in milliseconds.
+CONNECT_TIMEOUT_S = 5.0
 EXIT_ERROR = 1
 
 P = ParamSpec("P")
@@ -61,14 +69,25 @@ def _up_json(data_dir: Path | None) -> dict[str, Any]:
 
 
 class AdminClient:
-    """The admin API over HTTP; every failure becomes a CtlError with one line."""
+    """The admin API over HTTP; every failure becomes a CtlError with one line.
 
-    def __init__(self, base_url: str, token: str) -> None:
-        self.base_url = base_url.rstrip("/").removesuffix(ADMIN_PREFIX)
+    Given several instances, it walks them as llmgw.failover says, each at
+    most once per call: a read is served by the first that answers (a standby
+    serves reads), a write refused by a standby goes to the leader it names,
+    or else to the next URL. Within one invocation calls stay where the last
+    one was taken, so ``status --watch`` keeps reading one instance.
+    """
+
+    def __init__(self, urls: str | Sequence[str], token: str) -> None:
+        try:
+            parsed = parse_control_plane_urls(urls)
+        except ConfigError as exc:
+            raise CtlError(str(exc)) from None
+        # ``--url http://cp:8080/admin/v1`` works too: people paste what the banner shows.
+        self.leader = LeaderFinder([url.removesuffix(ADMIN_PREFIX) for url in parsed])
         self._http = httpx.Client(
-            base_url=self.base_url + ADMIN_PREFIX,
             headers={"Authorization": f"Bearer {token}"},
-            timeout=REQUEST_TIMEOUT_S,
+            timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
         )
 
     def close(self) -> None:
@@ -77,26 +96,61 @@ class AdminClient:
     def call(self, method: str, path: str, *, body: Any = None,
              params: dict[str, Any] | None = None) -> Any:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
-        try:
-            response = self._http.request(method, path, json=body, params=clean)
-        except httpx.TimeoutException:
-            raise CtlError(f"the control plane at {self.base_url} did not answer within "
-                           f"{REQUEST_TIMEOUT_S:g} s") from None
-        except httpx.HTTPError as exc:
-            reason = str(exc) or type(exc).__name__
-            raise CtlError(f"cannot reach the control plane at {self.base_url}: {reason}") from None
-        if response.status_code == 401:
-            raise CtlError(f"the control plane at {self.base_url} refused the admin token "
-                           "(pass --token, set LLMGW_ADMIN_TOKEN, or check up.json)")
-        if response.status_code >= 400:
-            raise CtlError(_error_text(response))
-        if not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError:
-            raise CtlError(f"{self.base_url} answered {path} with something that is not JSON; "
-                           "is this an llmgw control plane?") from None
+        walk = self.leader.walk(once_each=True)
+        for url in walk:
+            try:
+                response = self._http.request(method, url + ADMIN_PREFIX + path, json=body,
+                                              params=clean)
+            except httpx.HTTPError as exc:
+                walk.unreachable(url, _transport_problem(exc))
+                if method != "GET" and not isinstance(exc, _NOT_SENT):
+                    # The request may have reached it and been acted on: sent
+                    # elsewhere, a standby would pass it back to the leader and
+                    # a second key would be created, a second catalog applied.
+                    raise CtlError(f"{_failure(walk, method, path)} (not retried elsewhere: "
+                                   "it may have been applied)") from None
+                continue
+            is_standby, hint = standby_hint(response.status_code, response.headers,
+                                            response.content)
+            if is_standby:
+                walk.standby(url, hint)
+                continue
+            return _answer(url, path, response)
+        raise CtlError(_failure(walk, method, path))
+
+
+# Failures before the request left this machine: safe to send elsewhere, writes included.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
+
+
+def _transport_problem(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        limit = CONNECT_TIMEOUT_S if isinstance(exc, httpx.ConnectTimeout) else REQUEST_TIMEOUT_S
+        return f"no answer within {limit:g} s"
+    return str(exc) or type(exc).__name__
+
+
+def _failure(walk: CallWalk, method: str, path: str) -> str:
+    """One line naming every instance tried and what it said."""
+    if walk.saw_standby:
+        return f"no control-plane leader took {method} {path} (tried {walk.summary()})"
+    # One instance reads as it always did: "cannot reach the control plane at URL: why".
+    return "cannot reach the control plane at " + walk.summary()
+
+
+def _answer(url: str, path: str, response: httpx.Response) -> Any:
+    if response.status_code == 401:
+        raise CtlError(f"the control plane at {url} refused the admin token "
+                       "(pass --token, set LLMGW_ADMIN_TOKEN, or check up.json)")
+    if response.status_code >= 400:
+        raise CtlError(_error_text(response))
+    if not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        raise CtlError(f"{url} answered {path} with something that is not JSON; "
+                       "is this an llmgw control plane?") from None
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -112,15 +166,28 @@ def _error_text(response: httpx.Response) -> str:
 def admin_client(ctx: typer.Context) -> AdminClient:
     """The client for this invocation, from the options the app's callback stored."""
     settings: Settings = ctx.obj or Settings()
-    url, token = settings.url, settings.token
-    if not url or not token:
+    urls: str | list[str] | None = settings.url
+    token = settings.token
+    if not urls or not token:
         up = _up_json(settings.data_dir)
-        url = url or up.get("admin_url") or DEFAULT_URL
+        urls = urls or _up_json_urls(up, settings.data_dir) or DEFAULT_URL
         token = token or up.get("admin_token")
     if not token:
         raise CtlError("no admin token: pass --token, set LLMGW_ADMIN_TOKEN, "
                        "or run `llmgw up` (it writes one to up.json)")
-    return AdminClient(str(url), str(token))
+    return AdminClient(urls, str(token))
+
+
+def _up_json_urls(up: dict[str, Any], data_dir: Path | None) -> str | list[str] | None:
+    # up.json names one instance; an operator with several may write a
+    # comma-separated string or a list there, as on the command line.
+    value = up.get("admin_url")
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    path = (data_dir or default_data_dir()) / "up.json"
+    raise CtlError(f"{path}: admin_url must be a URL, comma-separated URLs, or a list of URLs")
 
 
 def guarded(fn: Callable[P, R]) -> Callable[P, R]:
