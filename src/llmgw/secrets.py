@@ -1,9 +1,11 @@
 """Credentials: how they are made, shown once, and stored only as hashes.
 
-Four kinds, never interchangeable (each route accepts one kind): the admin
-token (operators), the join token (a new agent registers once), node tokens
-(an agent speaks for its own node only), gateway tokens (a standalone gateway
-reads routes and writes usage) and API keys (clients of /v1).
+Five kinds, never interchangeable (each route accepts one kind): the admin
+token (operators), the join token (a new agent registers once), node tokens (an
+agent speaks for its own node only), gateway tokens (a standalone gateway
+reads routes and writes usage) and API keys (clients of /v1). Agent keys are
+made by the agent, not the control plane: a per-data-dir secret that lets an
+agent whose registration answer was lost register its node again.
 
 Secrets are 256 random bits, so a single SHA-256 is enough to store them:
 slow password hashes protect guessable secrets, and these are not guessable;
@@ -21,6 +23,7 @@ JOIN_PREFIX = "llmgw-join-"
 NODE_PREFIX = "llmgw-node-"
 GATEWAY_PREFIX = "llmgw-gw-"
 API_KEY_PREFIX = "sk-llmgw-"
+AGENT_KEY_PREFIX = "llmgw-agent-key-"
 
 
 def new_secret(prefix: str) -> str:

@@ -327,11 +327,21 @@ class ReplicaStatus(Wire):
 
 
 class AgentRegistration(Wire):
-    """First contact: a join token buys a node token, once per node name."""
+    """First contact: a join token buys a node token, once per node name.
+
+    ``agent_key`` is a secret the agent made for its data dir before it first
+    registered. Without it, an agent whose answer was lost (a timeout, a reset
+    after the control plane committed) would hold no node token while its
+    name is taken, and a person would have to delete the node. With it, the
+    same data dir may register its node again; the join token alone never
+    can, or any holder of it could take over a running node's identity.
+    """
 
     node: str
     join_token: str
     inventory: NodeInventory | None = None
+    # Long enough to be unguessable: the control plane trusts it as a credential.
+    agent_key: str | None = Field(default=None, min_length=32, max_length=256)
 
 
 class AgentRegistrationAnswer(Wire):

@@ -66,6 +66,7 @@ class FakeControlPlane:
         self.interval = 0.3
         self.reports: list[AgentReport] = []
         self.registrations = 0
+        self.agent_keys: list[str | None] = []  # as each registration carried it
         self.url = ""
         self._new_report = asyncio.Condition()
 
@@ -82,6 +83,7 @@ class FakeControlPlane:
         token = new_secret(NODE_PREFIX)
         self.tokens[token] = reg.node
         self.registrations += 1
+        self.agent_keys.append(reg.agent_key)
         return web.Response(
             body=AgentRegistrationAnswer(node=reg.node, node_token=token).model_dump_json(),
             content_type="application/json",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import stat
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+import pytest
 from tests.agent.conftest import AgentFactory, cpu_inventory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, model
@@ -273,6 +275,27 @@ async def test_refused_node_token_registers_again(
     before = len(fake_cp.reports)
     await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before, within=20)
     assert fake_cp.registrations == 2
+
+
+async def test_every_registration_carries_the_data_dirs_agent_key(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    agent = make_agent("n1")
+    await fake_cp.wait_for(lambda r: True)
+    key_file = tmp_path / "n1" / "agent.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = key_file.read_text()
+    assert fake_cp.agent_keys == [key] and len(key) >= 32
+    await agent.shutdown()
+    # Its node token lost, the same data dir registers with the same key: the
+    # one thing that lets the control plane give it its node back.
+    (tmp_path / "n1" / "node.json").unlink()
+    make_agent("n1")
+    await fake_cp.wait_for(lambda r: fake_cp.registrations == 2)
+    assert fake_cp.agent_keys == [key, key]
+    assert key not in caplog.text
 
 
 async def test_a_failing_discovery_does_not_end_the_loop(

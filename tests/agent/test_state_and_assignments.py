@@ -5,11 +5,12 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
+import pytest
 from tests.agent.helpers import assign, gpu, mig_instance, model
 
 from llmgw.agent.assignments import check_assignments
 from llmgw.agent.engines import EngineAdapter, LlamaCppAdapter, VllmAdapter
-from llmgw.agent.identity import Identity, load_identity, save_identity
+from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.state import EngineRecord, StateStore
 from llmgw.errors import ConfigError
 from llmgw.wire import EngineKind, NodeInventory, WeightsSource
@@ -53,6 +54,24 @@ def test_identity_belongs_to_one_node(tmp_path: Path) -> None:
         assert "belongs to node 'n1'" in str(exc)
     else:
         raise AssertionError("another node's data dir was accepted")
+
+
+def test_agent_key_is_made_once_private_and_kept(tmp_path: Path) -> None:
+    data_dir = tmp_path / "fresh"  # not there yet: the key may be its first file
+    key = agent_key(data_dir)
+    assert key.startswith("llmgw-agent-key-") and len(key) >= 32
+    assert stat.S_IMODE((data_dir / "agent.key").stat().st_mode) == 0o600
+    assert agent_key(data_dir) == key
+    assert [p.name for p in data_dir.iterdir()] == ["agent.key"]  # no temp file left
+    assert agent_key(tmp_path / "other") != key
+
+
+def test_a_damaged_agent_key_is_refused_without_showing_it(tmp_path: Path) -> None:
+    (tmp_path / "agent.key").write_text("llmgw-agent-key-trunc")
+    with pytest.raises(ConfigError, match="not a valid agent key; remove it") as caught:
+        agent_key(tmp_path)
+    assert "trunc" not in str(caught.value)
+    assert "llmgw ctl nodes delete" in str(caught.value)
 
 
 ADAPTERS: dict[EngineKind, EngineAdapter] = {

@@ -14,11 +14,13 @@ from llmgw.control.rows import replica_row
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
+from llmgw.errors import AuthError
 from llmgw.wire import (
     AgentReport,
     Device,
     ModelSpec,
     NodeInventory,
+    NodeState,
     ReplicaState,
     ReplicaStatus,
     ShardAssignment,
@@ -43,11 +45,20 @@ def inventory(host: str) -> NodeInventory:
     )
 
 
-async def register(client: httpx.AsyncClient, url: str, join: str, node: str) -> str:
-    answer = await client.post(f"{url}/agent/v1/register", json={"node": node, "join_token": join})
+async def register(
+    client: httpx.AsyncClient, url: str, join: str, node: str, agent_key: str | None = None
+) -> str:
+    body = {"node": node, "join_token": join}
+    if agent_key is not None:
+        body["agent_key"] = agent_key
+    answer = await client.post(f"{url}/agent/v1/register", json=body)
     assert answer.status_code == 200, answer.text
     token: str = answer.json()["node_token"]
     return token
+
+
+KEY = "llmgw-agent-key-" + "k" * 43
+OTHER_KEY = "llmgw-agent-key-" + "o" * 43
 
 
 async def test_register_report_and_assignment(
@@ -260,3 +271,119 @@ async def test_telemetry_alone_is_not_written_to_the_store(
                           headers=headers)
         assert writes == ["n1", "n1"]
         assert (await cp.store.list_gpus("n1"))[0]["healthy"] is False
+
+
+async def post_report(client: httpx.AsyncClient, url: str, token: str, node: str) -> int:
+    report = AgentReport(node=node, inventory=inventory(node))
+    answer = await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
+                               headers={"Authorization": f"Bearer {token}"})
+    return answer.status_code
+
+
+async def test_the_same_agent_registers_again_and_the_node_keeps_its_state(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    async with httpx.AsyncClient() as client:
+        first = await register(client, url, creds.join_token, "n1", agent_key=KEY)
+        assert await post_report(client, url, first, "n1") == 200
+        await cp.set_node_state("n1", NodeState.CORDONED)
+        replica = ReplicaRecord(id="r1", model="m", created_at=0.0,
+                                shards=[ShardAssignment(node="n1", device_numbers=[0])])
+        cp.state.replicas["r1"] = replica
+        await cp.store.write_replicas([replica_row(replica)])
+        gpus_before = await cp.store.list_gpus("n1")
+
+        # The answer to the first registration never arrived: the agent asks again.
+        second = await register(client, url, creds.join_token, "n1", agent_key=KEY)
+        assert second != first
+        assert await post_report(client, url, first, "n1") == 401  # revoked
+        assert await post_report(client, url, second, "n1") == 200
+    node = cp.state.nodes["n1"]
+    assert node.admin_state == NodeState.CORDONED
+    assert "r1" in cp.state.replicas and await cp.store.list_gpus("n1") == gpus_before
+    messages = [e["message"] for e in await cp.store.list_events(subject="n1")]
+    assert any("registered again by its own agent" in m for m in messages), messages
+    assert not any(KEY in m for m in messages)
+    # Durable: after a restart the new token works and the old one does not.
+    restarted = ControlPlane(cp.store)
+    await restarted.load()
+    assert restarted.node_for_token(second).name == "n1"
+    with pytest.raises(AuthError):
+        restarted.node_for_token(first)
+
+
+async def test_another_or_no_agent_key_is_refused_with_what_to_do(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token and creds.admin_token
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1", agent_key=KEY)
+        row_before = await cp.store.list_nodes()
+        for body, why in (
+            ({"agent_key": OTHER_KEY}, "not the one it registered with"),
+            ({}, "carries no agent key"),
+        ):
+            answer = await client.post(f"{url}/agent/v1/register",
+                                       json={"node": "n1", "join_token": creds.join_token, **body})
+            assert answer.status_code == 422, answer.text
+            message = answer.json()["error"]["message"]
+            assert why in message and "llmgw ctl nodes delete n1" in message
+            assert OTHER_KEY not in answer.text and KEY not in answer.text
+        # The right key is no use without the join token.
+        stolen = await client.post(f"{url}/agent/v1/register",
+                                   json={"node": "n1", "join_token": "llmgw-join-guess",
+                                         "agent_key": KEY})
+        assert stolen.status_code == 401
+        # Refusals changed nothing: the running agent keeps its token.
+        assert await cp.store.list_nodes() == row_before
+        assert await post_report(client, url, token, "n1") == 200
+        # What the message says to do works: deleted, the node registers anew,
+        # under the new agent's key.
+        deleted = await client.delete(f"{url}/admin/v1/nodes/n1",
+                                      headers={"Authorization": f"Bearer {creds.admin_token}"})
+        assert deleted.status_code == 200, deleted.text
+        fresh = await register(client, url, creds.join_token, "n1", agent_key=OTHER_KEY)
+        assert await post_report(client, url, fresh, "n1") == 200
+        await register(client, url, creds.join_token, "n1", agent_key=OTHER_KEY)
+        again = await client.post(f"{url}/agent/v1/register",
+                                  json={"node": "n1", "join_token": creds.join_token,
+                                        "agent_key": KEY})
+        assert again.status_code == 422
+
+
+async def test_a_node_registered_without_an_agent_key_keeps_the_old_rule(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        await register(client, url, creds.join_token, "old")  # an agent from before agent keys
+        assert cp.state.nodes["old"].agent_key_hash is None
+        for body in ({}, {"agent_key": KEY}):
+            answer = await client.post(f"{url}/agent/v1/register",
+                                       json={"node": "old", "join_token": creds.join_token,
+                                             **body})
+            assert answer.status_code == 422, answer.text
+            message = answer.json()["error"]["message"]
+            assert "before agents sent an agent key" in message
+            assert "llmgw ctl nodes delete old" in message
+
+
+async def test_a_short_agent_key_is_refused(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(f"{url}/agent/v1/register",
+                                   json={"node": "n1", "join_token": creds.join_token,
+                                         "agent_key": "short-secret"})
+    assert answer.status_code == 422
+    message = answer.json()["error"]["message"]
+    assert "agent_key" in message and "32 characters" in message
+    assert "short-secret" not in message
+    assert "n1" not in cp.state.nodes

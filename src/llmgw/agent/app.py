@@ -37,7 +37,7 @@ from llmgw.agent.assignments import check_assignments
 from llmgw.agent.client import ControlPlaneClient, ControlPlaneUnavailable
 from llmgw.agent.engines import default_adapters
 from llmgw.agent.engines.base import EngineAdapter
-from llmgw.agent.identity import Identity, load_identity, save_identity
+from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
 from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
@@ -268,10 +268,16 @@ class Agent:
                 f"node {self.config.name!r} has no node token in {self.data_dir} and no join"
                 " token was given (--join-token)"
             )
+        # On disk before the registration leaves: if its answer is lost, the
+        # next try sends the same key and the control plane lets it in again.
+        key = await asyncio.to_thread(agent_key, self.data_dir)
         try:
             answer = await client.register(
                 AgentRegistration(
-                    node=self.config.name, join_token=self.config.join_token, inventory=inventory
+                    node=self.config.name,
+                    join_token=self.config.join_token,
+                    inventory=inventory,
+                    agent_key=key,
                 )
             )
         except AuthError as exc:

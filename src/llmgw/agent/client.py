@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 import aiohttp
+import orjson
 from pydantic import ValidationError as PydanticValidationError
 
 from llmgw.errors import AuthError, LlmgwError, ValidationError
@@ -89,6 +90,19 @@ class ControlPlaneClient:
 
 
 def _message(body: bytes) -> str:
+    """The error's message when the body has the usual shape, else the body itself.
+
+    A refusal such as "already registered; run llmgw ctl nodes delete ..." is
+    logged by the agent for a person to act on: the sentence, not its JSON.
+    """
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        message = parsed["error"].get("message")
+        if isinstance(message, str) and message:
+            return message[:500]
     return body.decode("utf-8", errors="replace").strip()[:500] or "(no body)"
 
 

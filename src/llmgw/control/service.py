@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from llmgw import secrets
 from llmgw.control.reconciler import unpark
+from llmgw.control.registration import agent_key_hash, check_registering_again
 from llmgw.control.reports import apply_report, assignments_for, weight_peers
 from llmgw.control.rows import (
     gpu_rows,
@@ -202,22 +203,28 @@ class ControlPlane:
         if not (self._join_hash and secrets.matches(reg.join_token, self._join_hash)):
             raise AuthError("invalid join token")
         existing = self.state.nodes.get(reg.node)
-        if existing is not None and existing.token_hash:
-            raise ValidationError(
-                f"node {reg.node!r} is already registered; an agent that lost its node "
-                f"token must be removed first (llmgw ctl nodes delete {reg.node})",
-                field="node",
-            )
+        registered = existing if existing is not None and existing.token_hash else None
+        if registered is not None:
+            # Only its own agent, whose answer was lost: it gets a fresh token
+            # and the node keeps its state, GPUs and replicas (see
+            # llmgw.control.registration for why the join token is not enough).
+            check_registering_again(registered, reg.agent_key)
         token = secrets.new_secret(secrets.NODE_PREFIX)
         node = existing or NodeRecord(name=reg.node, registered_at=time.time())
-        node.token_hash = secrets.hash_secret(token)
+        node.token_hash = secrets.hash_secret(token)  # the old token stops working
+        if registered is None:
+            node.agent_key_hash = agent_key_hash(reg.agent_key)
         if reg.inventory is not None:
             node.inventory = reg.inventory
         self.state.nodes[node.name] = node
         await self.store.upsert_nodes([node_row(node)])
         if reg.inventory is not None:
             await self.store.replace_gpus(node.name, gpu_rows(reg.inventory))
-        await self.event("node", node.name, f"node {node.name} registered")
+        if registered is not None:
+            await self.event("node", node.name, f"node {node.name} registered again by its"
+                             " own agent (same agent key); its previous node token is revoked")
+        else:
+            await self.event("node", node.name, f"node {node.name} registered")
         return AgentRegistrationAnswer(node=node.name, node_token=token)
 
     async def report(self, node: NodeRecord, report: AgentReport) -> AgentReportAnswer:

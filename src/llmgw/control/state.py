@@ -40,6 +40,7 @@ class NodeRecord:
     registered_at: float
     admin_state: NodeState = NodeState.READY  # ready, cordoned or draining
     token_hash: str | None = None
+    agent_key_hash: str | None = None  # see the nodes table (store/schema.py)
     address: str = "127.0.0.1"
     agent_port: int | None = None
     fabrics: list[str] = field(default_factory=list)

@@ -5,18 +5,26 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import select, update
 
+from llmgw.control.service import ControlPlane
 from llmgw.control.store import schema
-from llmgw.control.store.migrate import current_revision
+from llmgw.control.store.db import create_engine
+from llmgw.control.store.migrate import MIGRATIONS, current_revision
 from llmgw.control.store.repo import Store
-from llmgw.errors import ConfigError, NotLeaderError
+from llmgw.errors import ConfigError, NotLeaderError, ValidationError
+from llmgw.wire import AgentRegistration
+
+HEAD = "0002"
 
 
 async def test_migrates_from_empty_to_head(store: Store) -> None:
-    assert await current_revision(store.engine) == "0001"
+    assert await current_revision(store.engine) == HEAD
     for table in schema.metadata.sorted_tables:
         assert await store.count(table) == 0
 
@@ -28,15 +36,91 @@ async def test_opening_twice_keeps_data(store_url: str) -> None:
     second = await Store.open(store_url)
     try:
         assert await second.get_setting("k") == "v"
-        assert await current_revision(second.engine) == "0001"
+        assert await current_revision(second.engine) == HEAD
     finally:
         await second.close()
+
+
+async def migrate_to(store_url: str, revision: str, *, down: bool = False) -> None:
+    """Put a store's schema at ``revision``, as an older llmgw would have left it."""
+    engine = create_engine(store_url)
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    move = command.downgrade if down else command.upgrade
+    try:
+        async with engine.connect() as conn:
+            def run(sync_conn: Any) -> None:
+                config.attributes["connection"] = sync_conn
+                move(config, revision)
+
+            await conn.run_sync(run)
+            await conn.commit()
+    finally:
+        await engine.dispose()
+
+
+async def test_a_store_of_the_previous_release_upgrades_and_keeps_its_rows(
+    store_url: str,
+) -> None:
+    # A node written by a control plane from before agent keys (revision 0001).
+    await migrate_to(store_url, "0001")
+    engine = create_engine(store_url)
+    try:
+        async with engine.begin() as conn:
+            # Only the columns given are written: agent_key_hash does not exist yet.
+            await conn.execute(schema.nodes.insert().values(
+                name="n1", admin_state="cordoned", token_hash="t" * 64, address="10.0.0.1",
+                agent_port=None, fabrics=["ib-a"], inventory=None, weights=[],
+                registered_at=1.0, last_seen=2.0,
+            ))
+            await conn.execute(schema.gpus.insert().values(
+                node="n1", number=0, uuid="GPU-0", gpu_class="h100-80g", healthy=True,
+                placeable=True, reason=None, memory_total_mib=81559,
+            ))
+    finally:
+        await engine.dispose()
+
+    store = await Store.open(store_url)  # what `llmgw serve` does at start
+    try:
+        assert await current_revision(store.engine) == HEAD
+        (node,) = await store.list_nodes()
+        assert (node["name"], node["admin_state"], node["token_hash"]) == (
+            "n1", "cordoned", "t" * 64)
+        assert node["agent_key_hash"] is None  # registered before agent keys: the old rule
+        # gpus references nodes with ON DELETE CASCADE: a migration that
+        # rebuilt nodes would have emptied it.
+        assert [g["uuid"] for g in await store.list_gpus("n1")] == ["GPU-0"]
+        # Its agent cannot prove it is the one that registered: refused as before.
+        cp = ControlPlane(store)
+        await cp.load()
+        join = (await cp.ensure_credentials(first_api_key=False)).join_token
+        assert join
+        with pytest.raises(ValidationError, match="before agents sent an agent key"):
+            await cp.register(AgentRegistration(node="n1", join_token=join,
+                                                agent_key="llmgw-agent-key-" + "k" * 43))
+        await store.upsert_nodes([dict(node, agent_key_hash="k" * 64)])
+        assert (await store.list_nodes())[0]["agent_key_hash"] == "k" * 64
+    finally:
+        await store.close()
+    # And back: the downgrade drops the column and nothing else.
+    await migrate_to(store_url, "0001", down=True)
+    engine = create_engine(store_url)
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.exec_driver_sql("SELECT * FROM nodes")).mappings().all()
+        assert [r["name"] for r in rows] == ["n1"] and "agent_key_hash" not in rows[0]
+        async with engine.connect() as conn:
+            gpus = (await conn.exec_driver_sql("SELECT uuid FROM gpus")).all()
+        assert [g[0] for g in gpus] == ["GPU-0"]
+    finally:
+        await engine.dispose()
 
 
 async def test_round_trips(store: Store) -> None:
     now = time.time()
     await store.upsert_nodes([{
-        "name": "n1", "admin_state": "ready", "token_hash": None, "address": "10.0.0.1",
+        "name": "n1", "admin_state": "ready", "token_hash": None, "agent_key_hash": None,
+        "address": "10.0.0.1",
         "agent_port": None, "fabrics": ["ib-a"], "inventory": {"hostname": "n1"},
         "weights": [], "registered_at": now, "last_seen": now,
     }])

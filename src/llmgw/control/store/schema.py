@@ -41,6 +41,10 @@ nodes = Table(
     # not stuck in it.
     Column("admin_state", String(16), nullable=False, default="ready"),
     Column("token_hash", String(128), nullable=True),
+    # The hash of the key the node's agent made for its data dir: the same
+    # data dir may register the node again (a lost answer), another may not.
+    # None for nodes registered before agent keys (migration 0002).
+    Column("agent_key_hash", String(128), nullable=True),
     Column("address", String(255), nullable=False, default="127.0.0.1"),
     Column("agent_port", Integer, nullable=True),
     Column("fabrics", JSON, nullable=False, default=list),
