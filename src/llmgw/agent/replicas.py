@@ -92,6 +92,7 @@ class ReplicaRunner:
         self.liveness_path: str | None = "/health"
         self._failed_probes = FailedProbes(deps.liveness)
         self._task: asyncio.Task[None] | None = None
+        self._weights_key: str | None = None  # held while starting or running
 
     @property
     def replica_id(self) -> str:
@@ -104,6 +105,10 @@ class ReplicaRunner:
     # -- control ---------------------------------------------------------------
 
     def start(self) -> None:
+        # Held from the start, before the fetch: weights another replica's
+        # fetch evicts in between would have to come back over the network.
+        if self._weights_key is None:
+            self._weights_key = self.deps.weights.hold(self.assignment.model)
         self._task = asyncio.create_task(self._life(), name=f"replica-{self.replica_id}")
 
     def adopt(self, record: EngineRecord) -> None:
@@ -141,10 +146,17 @@ class ReplicaRunner:
             log.info("stopped %s: %s", self.replica_id, describe_exit(status.code))
         self.deps.state.remove(self.replica_id)
         self.deps.ports.release(self.replica_id)
+        self._release_weights()
 
     async def detach(self) -> None:
         """Stop watching but leave the engine running, for the next agent to adopt."""
         await self._cancel_task()
+        self._release_weights()  # the next agent holds them again when it adopts
+
+    def _release_weights(self) -> None:
+        key, self._weights_key = self._weights_key, None
+        if key is not None:
+            self.deps.weights.release(key)
 
     async def _cancel_task(self) -> None:
         task, self._task = self._task, None
@@ -350,6 +362,7 @@ class ReplicaRunner:
 
     def _mark_failed(self, reason: str, exit_code: int | None, *, persist: bool = True) -> None:
         self.exit_code = exit_code
+        self._release_weights()  # no engine reads them any more
         log.warning("replica %s failed: %s", self.replica_id, reason)
         self._set(ReplicaState.FAILED, reason)
         if persist and self.port is not None:

@@ -4,7 +4,8 @@ Layout under ``<data_dir>/weights``::
 
     <key>/meta.json       the entry: model, source, files with size and sha256
     <key>/...             the files themselves
-    .tmp/<key>-<random>/  a fetch in progress
+    .tmp/<key>-<random>/  a fetch in progress (or an evicted entry being deleted)
+    last-used.json        when each entry was last used (:mod:`llmgw.agent.lastuse`)
 
 An entry exists only once its directory has been renamed from ``.tmp`` with
 its ``meta.json`` inside, after every file was verified. A rename is atomic,
@@ -15,6 +16,11 @@ would load and fail on minutes later.
 The key is the model name plus a digest of its source: a catalog change of
 repo, revision or file gives a new entry instead of silently serving the old
 weights.
+
+A fetch whose size is known asks for disk room first (:mod:`llmgw.agent.diskroom`)
+and may evict entries to get it. Replicas *hold* the entry they run on from
+their start until they stop or fail; held entries, entries being fetched and
+operator-given local paths are never evicted.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
 
-from llmgw.agent import fetchers
+from llmgw.agent import diskroom, fetchers
+from llmgw.agent.diskroom import DiskReserve, NotEnoughDisk, RoomCheck, Unused, size_text
+from llmgw.agent.lastuse import LastUse
 from llmgw.agent.manifest import (
     META,
     CacheEntry,
@@ -48,7 +57,9 @@ from llmgw.wire import ModelSpec, WeightsEntry
 
 __all__ = [
     "CacheEntry",
+    "DiskReserve",
     "FileDigest",
+    "NotEnoughDisk",
     "Progress",
     "WeightsCache",
     "WeightsError",
@@ -61,6 +72,10 @@ __all__ = [
 log = logging.getLogger("llmgw.agent.weights")
 
 STAGING = ".tmp"
+LAST_USED = "last-used.json"
+# Sources whose weights live in the cache (and so may be evicted); "local"
+# paths are the operator's and "none" has nothing.
+CACHED_KINDS = frozenset({"hf", "package"})
 
 
 class WeightsCache:
@@ -72,12 +87,21 @@ class WeightsCache:
         *,
         hf_endpoint: str | None = None,
         peer_timeout_s: float = 30.0,
+        reserve: DiskReserve | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.root = root
         self.hf_endpoint = hf_endpoint
         self.peer_timeout_s = peer_timeout_s
+        self.reserve = reserve or DiskReserve()
         self._locks: dict[str, asyncio.Lock] = {}
         self._local: dict[str, WeightsEntry] = {}
+        self._holds: Counter[str] = Counter()
+        # staging dir name -> (expected size, its progress): bytes promised
+        # to fetches in flight, so two fetches do not both count the same room.
+        self._pending: dict[str, tuple[int, Progress]] = {}
+        self._room_lock = asyncio.Lock()
+        self._last_use = LastUse(root / LAST_USED, clock)
 
     # -- what the cache holds ------------------------------------------------
 
@@ -130,6 +154,27 @@ class WeightsCache:
         out.extend(w for m, w in sorted(self._local.items()) if m not in cached)
         return out
 
+    # -- in use ------------------------------------------------------------------
+
+    def hold(self, spec: ModelSpec) -> str | None:
+        """Mark the model's cached weights in use (a replica starting or running).
+
+        Returns the key to ``release``; None for weights the cache does not keep.
+        """
+        if spec.weights.kind not in CACHED_KINDS:
+            return None
+        key = cache_key(spec.name, spec.weights)
+        self._holds[key] += 1
+        return key
+
+    def release(self, key: str) -> None:
+        """One holder let go; the last one makes the entry evictable, as used now."""
+        self._holds[key] -= 1
+        if self._holds[key] <= 0:
+            del self._holds[key]
+            if (self.root / key).is_dir():
+                self._last_use.mark(key)
+
     # -- getting weights -----------------------------------------------------
 
     async def ensure(
@@ -151,9 +196,10 @@ class WeightsCache:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:  # two replicas of one model on one node fetch once
             found = self.lookup(spec)
-            if found is not None:
-                return str(found)
-            return str(await self._fetch(spec, key, progress, peers, peer_token, session))
+            if found is None:
+                found = await self._fetch(spec, key, progress, peers, peer_token, session)
+            self._last_use.mark(key)
+            return str(found)
 
     def _local_path(self, spec: ModelSpec) -> str:
         path = Path(spec.weights.path or "")
@@ -177,6 +223,10 @@ class WeightsCache:
         session: aiohttp.ClientSession | None,
     ) -> Path:
         staging = self.root / STAGING / f"{key}-{secrets.token_hex(4)}"
+
+        async def room(need: int) -> None:
+            await self._make_room(spec.name, staging.name, need, progress)
+
         try:
             staging.mkdir(parents=True, mode=0o700)
             entry: CacheEntry | None = None
@@ -191,10 +241,15 @@ class WeightsCache:
                     progress,
                     problems,
                     timeout_s=self.peer_timeout_s,
+                    room=room,
                 )
             if entry is None:
                 try:
-                    entry = await fetchers.from_origin(spec, staging, progress, self.hf_endpoint)
+                    entry = await fetchers.from_origin(
+                        spec, staging, progress, self.hf_endpoint, room=room
+                    )
+                except NotEnoughDisk:
+                    raise  # the peers' troubles are beside the point
                 except WeightsError as exc:
                     if problems:
                         raise WeightsError(
@@ -221,4 +276,78 @@ class WeightsCache:
                 ) from None
             raise WeightsError(f"cannot store weights of {spec.name!r}: {exc}") from None
         finally:
+            self._pending.pop(staging.name, None)
             shutil.rmtree(staging, ignore_errors=True)
+
+    # -- disk room ---------------------------------------------------------------
+
+    async def _make_room(self, model: str, staging: str, need: int, progress: Progress) -> None:
+        """Room for ``need`` more bytes, evicting unused weights; or NotEnoughDisk."""
+        # One check at a time: two fetches deciding together would both count
+        # the same free bytes, or evict for room the other already took.
+        async with self._room_lock:
+            check = self._room_check(model, staging, need)
+            victims = check.victims()
+            if victims is None:
+                raise NotEnoughDisk(check.refusal())
+            for victim in victims:
+                await self._evict(victim, model)
+            self._pending[staging] = (need, progress)
+
+    def _room_check(self, model: str, staging: str, need: int) -> RoomCheck:
+        self.root.mkdir(parents=True, exist_ok=True)
+        space = diskroom.disk_space(self.root)
+        pending = sum(
+            max(size - p.done, 0) for name, (size, p) in self._pending.items() if name != staging
+        )
+        return RoomCheck(
+            model=model,
+            where=self.root,
+            need=need,
+            space=space,
+            reserve=self.reserve.bytes_of(space.total),
+            pending=pending,
+            unused=self._unused(),
+        )
+
+    def _unused(self) -> list[Unused]:
+        busy = set(self._holds) | {k for k, lock in self._locks.items() if lock.locked()}
+        # An operator may point a "local" source into the cache; those files
+        # are theirs to remove, not ours.
+        local = [Path(w.path).resolve() for w in self._local.values() if w.path]
+        out = []
+        for key_dir, entry in self.all_entries():
+            if key_dir.name in busy:
+                continue
+            if any(p.is_relative_to(key_dir.resolve()) for p in local):
+                continue
+            out.append(
+                Unused(
+                    key=key_dir.name,
+                    model=entry.model,
+                    size_bytes=entry.size_bytes,
+                    last_used=self._last_use.get(key_dir.name, entry.created_at),
+                )
+            )
+        return out
+
+    async def _evict(self, victim: Unused, for_model: str) -> None:
+        doomed = self.root / STAGING / f"evicted-{victim.key}-{secrets.token_hex(4)}"
+        try:
+            doomed.parent.mkdir(parents=True, exist_ok=True)
+            # A rename first: lookups, peers and reports stop seeing the entry
+            # at once, and a crash mid-delete leaves only staging to clean.
+            os.rename(self.root / victim.key, doomed)
+        except OSError as exc:
+            raise WeightsError(
+                f"cannot evict weights of {victim.model!r} to make room for {for_model!r}: {exc}"
+            ) from None
+        self._last_use.forget(victim.key)
+        log.warning(
+            "evicted weights of %r (%s, last used %s) to make room for %r",
+            victim.model,
+            size_text(victim.size_bytes),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(victim.last_used)),
+            for_model,
+        )
+        await asyncio.to_thread(shutil.rmtree, doomed, True)

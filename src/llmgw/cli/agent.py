@@ -20,6 +20,7 @@ from typing import Annotated
 import typer
 
 from llmgw.agent.app import Agent, AgentConfig
+from llmgw.agent.diskroom import DiskReserve
 from llmgw.cli.logs import setup_logging
 from llmgw.errors import AuthError, ConfigError
 
@@ -79,6 +80,14 @@ def agent(
         int, typer.Option(help="Port of the agent's weights server (0: any).")
     ] = 0,
     port_range: Annotated[str, typer.Option(help="Ports for engines, LOW-HIGH.")] = "20000-29999",
+    weights_reserve: Annotated[
+        str | None,
+        typer.Option(
+            envvar="LLMGW_WEIGHTS_RESERVE",
+            help="Disk space weights downloads leave free: a share (5%) or a size (20GiB)."
+            " Default: 5% of the disk, at most 10 GiB.",
+        ),
+    ] = None,
     stop_engines: Annotated[
         bool, typer.Option(help="Stop the engines when the agent exits (default: leave them).")
     ] = False,
@@ -99,6 +108,9 @@ def agent(
             class_overrides=_parse_overrides(class_override or []),
             server_port=server_port,
             port_range=_parse_range(port_range),
+            weights_reserve=(
+                DiskReserve.parse(weights_reserve) if weights_reserve else DiskReserve()
+            ),
         )
         asyncio.run(run_agent(Agent(config), stop_engines=stop_engines))
     except (ConfigError, AuthError) as exc:
