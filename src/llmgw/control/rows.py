@@ -8,7 +8,9 @@ in another.
 
 from __future__ import annotations
 
-from llmgw.control.state import ModelRecord, NodeRecord, ReplicaRecord
+from collections.abc import Mapping
+
+from llmgw.control.state import ModelRecord, NodeFailure, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Row
 from llmgw.wire import (
     ApiKeyInfo,
@@ -76,9 +78,17 @@ def model_row(model: ModelRecord, *, updated_at: float | None = None) -> Row:
         "parked": model.parked,
         "failures": model.failures,
         "last_error": model.last_error,
+        "node_failures": node_failures_json(model.node_failures),
         "demand_at": model.demand_at,
         "created_at": model.created_at,
         "updated_at": model.updated_at if updated_at is None else updated_at,
+    }
+
+
+def node_failures_json(failures: Mapping[str, NodeFailure]) -> dict[str, Row]:
+    return {
+        node: {"failures": f.failures, "last_at": f.last_at, "current_run": f.current_run}
+        for node, f in sorted(failures.items())
     }
 
 
@@ -90,6 +100,10 @@ def model_from_row(row: Row) -> ModelRecord:
         parked=bool(row["parked"]),
         failures=row["failures"],
         last_error=row["last_error"],
+        node_failures={
+            node: NodeFailure(int(f["failures"]), float(f["last_at"]), bool(f["current_run"]))
+            for node, f in (row["node_failures"] or {}).items()
+        },
         demand_at=row["demand_at"],
     )
 

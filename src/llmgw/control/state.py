@@ -60,6 +60,23 @@ class NodeRecord:
         return sorted({w.model for w in self.weights})
 
 
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    """A model's failed starts on one node (persisted with the model).
+
+    A node with a broken card or driver fails every replica put on it;
+    counted per model only, that parks good models. Counted per node too,
+    placement can avoid the node for this model and parking can ask
+    whether the failures span several nodes (scheduler/node_failures.py).
+    """
+
+    failures: int  # consecutive failures here; dropped when a start here succeeds
+    last_at: float
+    # Part of the model's current run of consecutive failures (the run that
+    # can park it); false once a start of the model succeeded anywhere.
+    current_run: bool = True
+
+
 @dataclass(slots=True)
 class ModelRecord:
     spec: ModelSpec
@@ -69,6 +86,8 @@ class ModelRecord:
     # Consecutive failed starts; reset when a replica becomes ready.
     failures: int = 0
     last_error: str | None = None
+    # By node name; replaced whole, never edited in place (decide builds new ones).
+    node_failures: dict[str, NodeFailure] = field(default_factory=dict)
     # When a request last asked for this model (on-demand scale from zero).
     demand_at: float | None = None
     # Memory only: when the next start may be tried (backoff after failures),

@@ -12,7 +12,9 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import select, update
 
+from llmgw.control.rows import model_from_row, model_row
 from llmgw.control.service import ControlPlane
+from llmgw.control.state import NodeFailure
 from llmgw.control.store import schema
 from llmgw.control.store.db import create_engine
 from llmgw.control.store.migrate import MIGRATIONS, current_revision
@@ -20,7 +22,7 @@ from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError, NotLeaderError, ValidationError
 from llmgw.wire import AgentRegistration
 
-HEAD = "0002"
+HEAD = "0003"
 
 
 async def test_migrates_from_empty_to_head(store: Store) -> None:
@@ -114,6 +116,34 @@ async def test_a_store_of_the_previous_release_upgrades_and_keeps_its_rows(
         assert [g[0] for g in gpus] == ["GPU-0"]
     finally:
         await engine.dispose()
+
+
+async def test_a_models_failures_by_node_survive_an_upgrade_and_a_round_trip(
+    store_url: str,
+) -> None:
+    # A model row written before failures by node existed (revision 0002).
+    await migrate_to(store_url, "0002")
+    engine = create_engine(store_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(schema.models.insert().values(
+                name="m", spec={"name": "m", "engine": "sim"}, parked=False, failures=2,
+                last_error="boom", demand_at=None, created_at=1.0, updated_at=1.0,
+            ))
+    finally:
+        await engine.dispose()
+    store = await Store.open(store_url)
+    try:
+        (row,) = await store.list_models()
+        record = model_from_row(row)
+        assert (record.failures, record.node_failures) == (2, {})  # none known: none avoided
+        record.node_failures = {"n1": NodeFailure(2, 5.5), "n2": NodeFailure(1, 3.0, False)}
+        await store.upsert_models([model_row(record)])
+        (row,) = await store.list_models()
+        assert model_from_row(row).node_failures == record.node_failures
+    finally:
+        await store.close()
+    await migrate_to(store_url, "0002", down=True)
 
 
 async def test_round_trips(store: Store) -> None:

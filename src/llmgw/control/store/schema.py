@@ -79,6 +79,9 @@ models = Table(
     Column("parked", Boolean, nullable=False, default=False),
     Column("failures", Integer, nullable=False, default=0),
     Column("last_error", Text, nullable=True),
+    # {node: {"failures", "last_at", "current_run"}}: the model's failed
+    # starts by node (state.NodeFailure). NULL on rows from before 0003.
+    Column("node_failures", JSON, nullable=True),
     Column("demand_at", Float, nullable=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
