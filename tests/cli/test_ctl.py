@@ -11,12 +11,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from rich.console import Console
 from tests.control.adminapi.fleetkit import Fleet, Served, gpu, gpus, mig, served_control_plane
 from typer.testing import CliRunner, Result
 
 from llmgw.cli.ctl import app
+from llmgw.cli.ctl.catalog import plan_view
 from llmgw.wire import DownloadProgress, ReplicaState, ReplicaStatus, UsageRecord
 
 
@@ -241,3 +244,18 @@ def test_status_watch_refreshes_until_interrupted(served: Served) -> None:
             proc.wait()
     assert proc.returncode == 0, err
     assert "Devices by class" in out and "Traceback" not in err
+
+
+def rendered_plan(models: list[dict[str, Any]]) -> str:
+    console = Console(record=True, width=200)
+    console.print(plan_view({"models": models, "devices": []}))
+    return console.export_text()
+
+
+def test_plan_lists_the_nodes_a_model_avoids_after_failures() -> None:
+    line = "n3: model m failed there 2 times, last 40 s ago; avoided for 80 s"
+    model = {"name": "m", "status": "placing", "current": 0, "desired": 1, "reason": None}
+    assert f"Nodes avoided after failures:\n  {line}\n" in rendered_plan(
+        [dict(model, avoided=[line])]
+    )
+    assert "avoided" not in rendered_plan([dict(model, avoided=[])])

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from llmgw.control.reconciler import Reconciler, unpark
-from llmgw.control.rows import model_row
+from llmgw.control.rows import model_from_row, model_row
 from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
-from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
+from llmgw.control.state import FleetState, ModelRecord, NodeFailure, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotFoundError, NotLeaderError
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
@@ -121,12 +121,120 @@ async def test_failures_back_off_exponentially_then_park_and_unpark(store: Store
     # Parked: never retried, however long we wait.
     touch(state, now + 10_000)
     assert (await reconciler.run_pass(now + 10_000, epoch)).placed == 0
+    assert list(record.node_failures) == ["a"]
     unparked = unpark(state, "m")
-    assert (unparked.parked, unparked.failures) == (False, 0)
+    assert (unparked.parked, unparked.failures, unparked.node_failures) == (False, 0, {})
     await store.upsert_models([model_row(unparked)], epoch=epoch)
     assert (await reconciler.run_pass(now + 10_001, epoch)).placed == 1
     with pytest.raises(NotFoundError):
         unpark(state, "nope")
+
+
+def fail_all_starting(state: FleetState, reason: str = "CUDA error: unknown error") -> None:
+    for replica in state.replicas.values():
+        if replica.state is ReplicaState.STARTING:
+            replica.state, replica.reason = ReplicaState.FAILED, reason
+
+
+async def test_a_model_that_failed_on_a_node_is_next_placed_on_another(store: Store) -> None:
+    epoch = await store.bump_epoch()
+    nodes = [gpu_node("a", gpus=1, seen_at=T0, weights=["m"]), gpu_node("b", gpus=1, seen_at=T0)]
+    state = fleet(nodes, [model("m")], T0)
+    reconciler = Reconciler(state, store, backoff_base_s=5.0)
+    await reconciler.run_pass(T0, epoch)
+    assert only(state).nodes == ["a"]  # it holds the weights
+    fail_all_starting(state)
+    touch(state, T0 + 10)
+    await reconciler.run_pass(T0 + 10, epoch)
+    assert state.models["m"].node_failures == {"a": NodeFailure(1, T0 + 10)}
+    touch(state, T0 + 16)
+    assert (await reconciler.run_pass(T0 + 16, epoch)).placed == 1
+    assert only(state).nodes == ["b"]
+    # Persisted with the model: a new leader still knows to avoid a.
+    (row,) = await store.list_models()
+    assert row["node_failures"] == {"a": {"failures": 1, "last_at": T0 + 10, "current_run": True}}
+    assert model_from_row(row).node_failures == state.models["m"].node_failures
+    # b serves: the run of failures is over (a stays avoided until its
+    # backoff ends, and b's success says nothing about a).
+    ready(only(state), T0 + 20)
+    touch(state, T0 + 21)
+    await reconciler.run_pass(T0 + 21, epoch)
+    record = state.models["m"]
+    assert record.failures == 0
+    assert record.node_failures == {"a": NodeFailure(1, T0 + 10, current_run=False)}
+
+
+async def test_with_one_node_a_failed_model_is_retried_there_after_its_backoff(
+    store: Store,
+) -> None:
+    epoch = await store.bump_epoch()
+    state = fleet(one_gpu_nodes("a"), [model("m")], T0)
+    # The model's backoff (10 s) is far shorter than the node's (60 s): with
+    # nowhere else to go, the model's own backoff decides.
+    reconciler = Reconciler(state, store, backoff_base_s=10.0)
+    await reconciler.run_pass(T0, epoch)
+    fail_all_starting(state)
+    await reconciler.run_pass(T0 + 1, epoch)
+    touch(state, T0 + 10)
+    assert (await reconciler.run_pass(T0 + 10, epoch)).placed == 0
+    touch(state, T0 + 11)
+    assert (await reconciler.run_pass(T0 + 11, epoch)).placed == 1
+    assert only(state).nodes == ["a"]
+    placed = (await store.list_events(kind="placed", limit=1))[0]["message"]
+    assert placed.endswith(", although m failed there recently: no other node fits")
+
+
+async def test_a_model_failing_on_one_node_is_not_parked_while_others_serve_it(
+    store: Store,
+) -> None:
+    epoch = await store.bump_epoch()
+    # Three one-card nodes, a broken; two replicas wanted.
+    nodes = [gpu_node(n, gpus=1, seen_at=T0, weights=["m"] if n == "a" else []) for n in "abc"]
+    state = fleet(nodes, [model("m", min_replicas=2)], T0)
+    reconciler = Reconciler(state, store, failure_limit=3, backoff_base_s=1.0)
+    now = T0
+    await reconciler.run_pass(now, epoch)
+    for step in range(6):
+        # Whatever starts on a fails; elsewhere it comes up.
+        for replica in list(state.replicas.values()):
+            if replica.state is ReplicaState.STARTING:
+                if replica.nodes == ["a"]:
+                    replica.state, replica.reason = ReplicaState.FAILED, "Xid 79: GPU fell off"
+                else:
+                    ready(replica, now + 0.5)
+        now += 2.0 ** step + 1
+        touch(state, now)
+        await reconciler.run_pass(now, epoch)
+    record = state.models["m"]
+    assert not record.parked and record.failures == 0
+    assert sorted(r.nodes[0] for r in state.replicas.values()) == ["b", "c"]
+    assert all(r.state is ReplicaState.READY for r in state.replicas.values())
+    assert list(record.node_failures) == ["a"] and "parked" not in await kinds(store)
+
+
+async def test_a_model_failing_on_every_node_is_parked_as_before(store: Store) -> None:
+    epoch = await store.bump_epoch()
+    state = fleet(one_gpu_nodes("a", "b", "c", "d"), [model("m")], T0)
+    reconciler = Reconciler(state, store, failure_limit=3, backoff_base_s=1.0)
+    now = T0
+    await reconciler.run_pass(now, epoch)
+    tried = []
+    while not state.models["m"].parked:
+        assert len(tried) < 10
+        tried.append(only(state).nodes[0])
+        fail_all_starting(state, "exit code 1")
+        now += 10
+        touch(state, now)
+        await reconciler.run_pass(now, epoch)  # counts the failure
+        now += 10
+        touch(state, now)
+        await reconciler.run_pass(now, epoch)  # retries, unless parked
+    assert len(tried) == 3 and len(set(tried)) == 3  # never the same node twice
+    (parked,) = await store.list_events(kind="parked")
+    assert parked["message"] == (
+        f"m parked after 3 consecutive failed starts on 3 nodes ({', '.join(sorted(tried))});"
+        " last error: exit code 1"
+    )
 
 
 async def test_a_replica_that_becomes_ready_resets_the_failure_count(store: Store) -> None:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.control.rows import event_row, model_row, replica_row
+from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
 from llmgw.control.scheduler.placement import Placer
@@ -50,8 +50,11 @@ class Reconciler:
         store: Store,
         *,
         failure_limit: int = 5,
+        park_min_nodes: int = 2,
         backoff_base_s: float = 5.0,
         backoff_max_s: float = 300.0,
+        node_backoff_base_s: float = 60.0,
+        node_backoff_max_s: float = 3600.0,
         replace_after_s: float = REPLACE_AFTER_S,
         drain_grace_s: float = 5.0,
         drain_timeout_s: float = 120.0,
@@ -62,8 +65,11 @@ class Reconciler:
         self.store = store
         self.policy = Policy(
             failure_limit=failure_limit,
+            park_min_nodes=park_min_nodes,
             backoff_base_s=backoff_base_s,
             backoff_max_s=backoff_max_s,
+            node_backoff_base_s=node_backoff_base_s,
+            node_backoff_max_s=node_backoff_max_s,
             replace_after_s=replace_after_s,
             drain_grace_s=drain_grace_s,
             drain_timeout_s=drain_timeout_s,
@@ -135,7 +141,12 @@ class Reconciler:
             if record is None:
                 continue
             row = model_row(record, updated_at=now)
-            row.update(parked=update.parked, failures=update.failures, last_error=update.last_error)
+            row.update(
+                parked=update.parked,
+                failures=update.failures,
+                last_error=update.last_error,
+                node_failures=node_failures_json(update.node_failures),
+            )
             rows.append(row)
         return rows
 
@@ -148,6 +159,7 @@ class Reconciler:
             record.parked = update.parked
             record.last_error = update.last_error
             record.backoff_until = update.backoff_until
+            record.node_failures = update.node_failures
 
 
 def _result(decisions: Decisions, duration_s: float) -> PassResult:
@@ -174,9 +186,12 @@ def _result(decisions: Decisions, duration_s: float) -> PassResult:
 def unpark(state: FleetState, name: str) -> ModelRecord:
     """Let a parked model be retried: clears parked, failures and backoff.
 
-    Memory only; the caller persists ``model_row(record)`` (fenced) and
-    writes an event. The last error is kept as history: it says why the
-    model was parked until a new failure or a successful start replaces it.
+    Failures by node go too: an operator who unparks has usually fixed the
+    model or the nodes, and a node still avoided for an hour would make the
+    first retries go elsewhere for no reason. Memory only; the caller
+    persists ``model_row(record)`` (fenced) and writes an event. The last
+    error is kept as history: it says why the model was parked until a new
+    failure or a successful start replaces it.
     """
     record = state.resolve_model(name)
     if record is None:
@@ -184,5 +199,6 @@ def unpark(state: FleetState, name: str) -> ModelRecord:
     record.parked = False
     record.failures = 0
     record.backoff_until = 0.0
+    record.node_failures = {}
     record.unplaceable_reason = None
     return record

@@ -30,7 +30,15 @@ def plan_view(plan: dict[str, Any]) -> Group:
     for d in plan.get("devices", []):
         devices.add_row(d["gpu_class"], str(d["total"]), str(d["used"]), str(d["free"]),
                         str(d["unhealthy"]), str(d.get("free_after", "")))
-    lines: list[Any] = [table, Text(""), devices, Text("")]
+    lines: list[Any] = [table, Text("")]
+    # Why placement went past a node for a model: without it a plan that
+    # skips the node holding the weights looks like a scheduler bug.
+    avoided = [line for m in plan.get("models", []) for line in m.get("avoided", [])]
+    if avoided:
+        lines.append(Text("Nodes avoided after failures:", style="bold"))
+        lines.extend(Text(f"  {line}") for line in avoided)
+        lines.append(Text(""))
+    lines.extend([devices, Text("")])
     lines.append(Text(f"{plan.get('placements', 0)} placement(s), "
                       f"{plan.get('removals', 0)} removal(s)"))
     if plan.get("unplaceable"):

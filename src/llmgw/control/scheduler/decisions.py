@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmgw.control.scheduler.node_failures import Avoided
 from llmgw.control.scheduler.placement import Placement, Unplaceable
 from llmgw.control.scheduler.snapshot import Snapshot
-from llmgw.control.state import REPLACE_AFTER_S, ModelRecord, ReplicaRecord
+from llmgw.control.state import REPLACE_AFTER_S, ModelRecord, NodeFailure, ReplicaRecord
 from llmgw.wire import Event
 
 # A model's outcome status: one of these, or an Unplaceable's own status
@@ -26,9 +27,24 @@ BACKING_OFF = "backing off"
 class Policy:
     """The reconciler's knobs; the planner takes the same object."""
 
+    # Parking: a model is parked after ``failure_limit`` consecutive failed
+    # starts, once those failures have hit at least ``park_min_nodes``
+    # distinct nodes (or every ready node that could hold it, when fewer):
+    # one broken node failing every replica put on it says nothing about
+    # the model, and must not park it while other nodes run it fine. See
+    # triage.py (``_should_park``) and docs/catalog.md.
     failure_limit: int = 5
+    park_min_nodes: int = 2
     backoff_base_s: float = 5.0
     backoff_max_s: float = 300.0
+    # After a model fails on a node, placement avoids that node for this
+    # model: a minute after the first failure there, doubling per failure,
+    # at most an hour. Minutes, not the model's seconds: a node that fails
+    # a start (driver, ECC, a wedged card) rarely heals in seconds, and the
+    # avoidance only bites when another node can take the replica. Capped
+    # so a repaired node is used again within the hour without an operator.
+    node_backoff_base_s: float = 60.0
+    node_backoff_max_s: float = 3600.0
     replace_after_s: float = REPLACE_AFTER_S
     # A replica marked draining is removed once no request is in flight and
     # gateways have had this long to see the new routing table ...
@@ -42,9 +58,19 @@ class Policy:
     evict_min_idle_s: float = 60.0
 
     def backoff(self, failures: int) -> float:
-        if failures <= 0:
-            return 0.0
-        return float(min(self.backoff_max_s, self.backoff_base_s * 2 ** (failures - 1)))
+        return _doubling(self.backoff_base_s, self.backoff_max_s, failures)
+
+    def node_backoff(self, failures: int) -> float:
+        """How long a model avoids a node after ``failures`` failures there."""
+        return _doubling(self.node_backoff_base_s, self.node_backoff_max_s, failures)
+
+
+def _doubling(base: float, cap: float, failures: int) -> float:
+    if failures <= 0:
+        return 0.0
+    # The exponent is bounded: a model failing on one node only is never
+    # parked, so its count keeps growing, and 2 ** 1100 overflows a float.
+    return float(min(cap, base * 2.0 ** min(failures - 1, 60)))
 
 
 @dataclass(slots=True)
@@ -56,6 +82,8 @@ class ModelUpdate:
     parked: bool
     last_error: str | None
     backoff_until: float
+    # By node (persisted with the model; see state.NodeFailure).
+    node_failures: dict[str, NodeFailure] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -76,6 +104,10 @@ class ModelOutcome:
     status: str = SATISFIED
     reason: str | None = None
     unplaceable: Unplaceable | None = None
+    # Nodes placement avoids for this model after failures there, and those
+    # of them it used anyway because no other node fitted.
+    avoided: tuple[Avoided, ...] = ()
+    used_anyway: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)

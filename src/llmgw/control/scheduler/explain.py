@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from llmgw.control.scheduler.filters import (
     CORDONED,
     DRAINING,
+    FAILED_HERE,
     MIG_ONE_INSTANCE,
     NO_CLASS,
     NO_FABRIC,
@@ -202,6 +203,8 @@ def _phrase(key: tuple[str, str], n: int, request: Request, most_free: dict[str,
         return f"{n} not entirely free"
     if reason == NO_FABRIC:
         return f"{n} in no fabric"
+    if reason == FAILED_HERE:
+        return f"{n} avoided after failures of {request.model} there"
     return f"{n} {reason}"
 
 

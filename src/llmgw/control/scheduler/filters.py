@@ -9,7 +9,7 @@ that only said "no" would leave that sentence impossible to write.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from llmgw.control.scheduler.snapshot import NodeView
@@ -26,6 +26,7 @@ TOO_FEW_HEALTHY = "too-few-healthy"
 TOO_FEW_FREE = "too-few-free"
 NOT_ENTIRELY_FREE = "not-entirely-free"
 NO_FABRIC = "no-fabric"
+FAILED_HERE = "failed-here"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,9 @@ class Request:
     catalog's order of preference; MIG classes are dropped from it when the
     shape needs more than one device (``mig_refused``), since one process
     opens one MIG instance and instances share no NVLink.
+
+    ``avoid`` names nodes where this model failed recently
+    (node_failures.py); placement uses them only when nothing else fits.
     """
 
     model: str
@@ -43,6 +47,7 @@ class Request:
     per_node: int
     nodes: int = 1
     mig_refused: tuple[str, ...] = ()
+    avoid: frozenset[str] = frozenset()
 
     @classmethod
     def for_spec(cls, spec: ModelSpec) -> Request:
@@ -51,6 +56,10 @@ class Request:
         usable = tuple(c for c in spec.gpu_classes if not (sharded and is_mig_class(c)))
         refused = tuple(c for c in spec.gpu_classes if c not in usable)
         return cls(spec.name, usable, per_node, spec.nodes, refused)
+
+    def relaxed(self) -> Request:
+        """The same shape with no node avoided."""
+        return replace(self, avoid=frozenset()) if self.avoid else self
 
     @property
     def all_classes(self) -> tuple[str, ...]:
@@ -195,6 +204,25 @@ class InFabric:
         if not request.multi_node or node.fabrics:
             return None
         return Rejection(self.name, NO_FABRIC, "fabric")
+
+
+class AvoidFailedNodes:
+    """Not a node where this model failed recently (``Request.avoid``).
+
+    A filter rather than a negative score: no score can outweigh holding
+    the weights without also outweighing everything else, and a bad node
+    that holds the weights would win again. It is the one soft filter:
+    ``Placer.try_place`` drops it when no other node fits, so a one-node
+    fleet (or a model that only fits there) still retries, at the model's
+    own backoff.
+    """
+
+    name = "avoid-failed-nodes"
+
+    def check(self, node: NodeView, request: Request) -> Rejection | None:
+        if not request.avoid or node.name not in request.avoid:
+            return None
+        return Rejection(self.name, FAILED_HERE, "node")
 
 
 def usable_class(node: NodeView, request: Request) -> str | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from llmgw.control.scheduler.explain import CAN_NEVER_FIT, CANNOT_FIT_NOW, explain
 from llmgw.control.scheduler.filters import (
+    AvoidFailedNodes,
     ClassAccepted,
     EnoughFreeDevices,
     Filter,
@@ -93,7 +94,10 @@ class Placer:
         # per-class work; class and MIG checks look at the node's class list;
         # the multi-node checks are one attribute each; counting free devices
         # comes last. The order also decides which reason a node is counted
-        # under in an unplaceable sentence (its first rejection).
+        # under in an unplaceable sentence (its first rejection). Avoiding
+        # nodes where the model failed is after all of them: it is the only
+        # filter that relaxes (see try_place), so a node some hard rule
+        # refuses must be counted under that rule.
         self.filters: tuple[Filter, ...] = (
             NodeReady(),
             ClassAccepted(),
@@ -101,6 +105,7 @@ class Placer:
             InFabric(),
             WholeNode(),
             EnoughFreeDevices(),
+            AvoidFailedNodes(),
         )
         # Weights outrank everything (copying weights is minutes), spreading
         # one model outranks packing (failure isolation), packing breaks ties.
@@ -156,7 +161,9 @@ class Placer:
         placement = self.try_place(snapshot, request)
         if placement is not None:
             return placement
-        status, reason, counts = explain(self, snapshot, request)
+        # Nothing fits even with the avoided nodes (try_place relaxed it):
+        # the reason is the relaxed request's, and the memo holds for both.
+        status, reason, counts = explain(self, snapshot, request.relaxed())
         result = Unplaceable(request, status, reason, counts)
         if len(self._memo) >= 4096:
             self._memo.clear()
@@ -174,7 +181,18 @@ class Placer:
         )
 
     def try_place(self, snapshot: Snapshot, request: Request) -> Placement | None:
-        """A placement, or None without the (fleet-wide) explanation."""
+        """A placement, or None without the (fleet-wide) explanation.
+
+        Nodes in ``request.avoid`` are used only when no other node fits:
+        a model that failed on the one node that can take it is retried
+        there (after its own backoff) rather than left unplaced.
+        """
+        placement = self._try_place(snapshot, request)
+        if placement is None and request.avoid:
+            placement = self._try_place(snapshot, request.relaxed())
+        return placement
+
+    def _try_place(self, snapshot: Snapshot, request: Request) -> Placement | None:
         if request.multi_node:
             return self._place_multi(snapshot, request)
         return self._place_single(snapshot, request)

@@ -50,6 +50,9 @@ class ModelPlan(BaseModel):
     parked: bool = False
     failures: int = 0
     reason: str | None = None
+    # Nodes placement avoids for this model after failures there, e.g. "n3:
+    # model m failed there 2 times, last 40 s ago; avoided for 3 min".
+    avoided: list[str] = Field(default_factory=list)
     replicas: list[ReplicaPlan] = Field(default_factory=list)
     # The best nodes considered for the first placement, with each scorer's part.
     candidates: list[CandidateScore] = Field(default_factory=list)
@@ -106,7 +109,7 @@ def plan(
     draining = {r.id for r in decisions.mark_draining}
     for name in sorted(view.models):
         outcome = decisions.outcomes[name]
-        model_plan = _model_plan(view.models[name], outcome, view, removed, draining)
+        model_plan = _model_plan(view.models[name], outcome, view, removed, draining, now)
         result.models.append(model_plan)
         if outcome.unplaceable is not None:
             result.unplaceable.append(name)
@@ -127,6 +130,7 @@ def _with_what_if(state: FleetState, specs: list[ModelSpec], now: float) -> Flee
             record.parked, record.failures = old.parked, old.failures
             record.last_error, record.demand_at = old.last_error, old.demand_at
             record.backoff_until, record.load_demand = old.backoff_until, old.load_demand
+            record.node_failures = old.node_failures
         models[spec.name] = record
     return FleetState(nodes=state.nodes, models=models, replicas=state.replicas)
 
@@ -137,6 +141,7 @@ def _model_plan(
     state: FleetState,
     removed: dict[str, str],
     draining: set[str],
+    now: float,
 ) -> ModelPlan:
     plan_ = ModelPlan(
         name=record.name,
@@ -147,6 +152,10 @@ def _model_plan(
         parked=record.parked,
         failures=record.failures,
         reason=outcome.reason,
+        avoided=[
+            a.sentence(record.name, now, used=a.node in outcome.used_anyway)
+            for a in outcome.avoided
+        ],
     )
     moving = {r.id for r in outcome.moving}
     for replica in sorted(state.replicas_of(record.name), key=lambda r: r.id):

@@ -28,9 +28,13 @@ def place_shortfall(
     failed_shapes: set[Request],
 ) -> None:
     spec = item.record.spec
-    request = Request.for_spec(spec)
-    shape = replace(request, model="")
     outcome = item.outcome
+    request = Request.for_spec(spec)
+    # Shapes that failed are remembered without the model or its avoided
+    # nodes: an Unplaceable is the answer with every node allowed anyway.
+    shape = replace(request, model="")
+    if outcome.avoided:
+        request = replace(request, avoid=frozenset(a.node for a in outcome.avoided))
     outcome.status = PLACING
     for index in range(item.to_place):
         expect_failure = item.record.unplaceable_reason is not None or shape in failed_shapes
@@ -63,6 +67,14 @@ def place_shortfall(
         where = ", ".join(f"{s.node}[{','.join(str(n) for n in s.numbers)}]" for s in result.shards)
         replaces = item.moving_ids[index] if index < len(item.moving_ids) else None
         extra = f", replacing {replaces}" if replaces else ""
+        if request.avoid:
+            used = {s.node for s in result.shards} & request.avoid
+            outcome.used_anyway |= used
+            extra += (
+                f", although {spec.name} failed there recently: no other node fits"
+                if used
+                else f"; avoided {', '.join(sorted(request.avoid))} after failures there"
+            )
         score = result.candidates[0].score if result.candidates else None
         out.event(
             "placed",

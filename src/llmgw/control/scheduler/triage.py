@@ -1,10 +1,11 @@
 """Phase one of a pass: sort each model's replicas, count failures, decide removals.
 
-For one model at a time: failed starts are counted (and the model parked
-after too many), replicas on lost nodes are replaced, drains are finished,
-replicas on a draining node or of an outdated shape are moved
-make-before-break, extras are retired, and what is still missing is left
-for phase two to place (shortfall.py).
+For one model at a time: failed starts are counted, against the model and
+against the nodes they ran on (node_failures.py), and the model is parked
+after too many on too many nodes (``_should_park``); replicas on lost nodes
+are replaced, drains are finished, replicas on a draining node or of an
+outdated shape are moved make-before-break, extras are retired, and what is
+still missing is left for phase two to place (shortfall.py).
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from llmgw.control.scheduler.decisions import (
     Removal,
 )
 from llmgw.control.scheduler.demand import desired_count, idle_for
+from llmgw.control.scheduler.filters import Request
+from llmgw.control.scheduler.node_failures import NodeFailureBook, span
 from llmgw.control.scheduler.retire import finish_drain, retire, retire_order
 from llmgw.control.scheduler.snapshot import DeviceCache
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
-from llmgw.wire import ModelSpec, ReplicaState
+from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
 
 class ShapeCheck:
@@ -54,6 +57,24 @@ class ShapeCheck:
                     return False
         return True
 
+    def nodes_that_fit(self, spec: ModelSpec, now: float, at_most: int) -> int:
+        """Ready nodes with enough healthy devices of a class ``spec`` accepts
+        (free or not), counted up to ``at_most``: the nodes a model could
+        ever be retried on, for parking."""
+        request = Request.for_spec(spec)
+        found = 0
+        for node in self.state.nodes.values():
+            if found >= at_most:
+                break
+            if node.state(now) is not NodeState.READY:
+                continue
+            if request.multi_node and not node.fabrics:
+                continue
+            capacity = self._cache.get(node).capacity
+            if any(capacity.get(c, 0) >= request.per_node for c in request.classes):
+                found += 1
+        return found
+
     def _node_classes(self, node: str) -> dict[int, str]:
         record = self.state.nodes.get(node)
         return self._cache.get(record).device_class if record is not None else {}
@@ -73,6 +94,15 @@ def triage_model(
     spec = record.spec
     failures, parked = record.failures, record.parked
     last_error, backoff_until = record.last_error, record.backoff_until
+    by_node = NodeFailureBook(record.node_failures)
+    if by_node:
+        by_node.keep_only(shapes.state.nodes)
+        # A start that succeeded on a node clears the failures there (the
+        # node was repaired, or they were the model's own).
+        for replica in replicas:
+            if replica.state is ReplicaState.READY:
+                for node in replica.nodes:
+                    by_node.started(node, replica.created_at)
 
     # A start that succeeded after the last failure breaks the run of
     # consecutive failures; a replica that was ready all along does not (a
@@ -82,23 +112,37 @@ def triage_model(
         r.state is ReplicaState.READY and r.created_at >= last_failure for r in replicas
     ):
         failures, backoff_until = 0, 0.0
+        by_node.end_run()
 
     live: list[ReplicaRecord] = []
     moving: list[ReplicaRecord] = []
+    counted = 0
     for replica in replicas:
         failed_reason = _failure(replica, spec, now)
         if failed_reason is not None:
             out.removals.append(Removal(replica, "failed"))
             failures += 1
+            counted += 1
             last_error = failed_reason
             backoff_until = now + policy.backoff(failures)
+            by_node.failed(replica.nodes, now)
+            node = replica.nodes[0]
+            here = by_node.entries[node].failures
+            count = (
+                f"failure {failures} of {policy.failure_limit}"
+                if failures <= policy.failure_limit
+                else f"failure {failures}, past the limit of {policy.failure_limit}"
+            )
             out.event(
                 "failed",
                 spec.name,
                 f"replica {replica.id} of {spec.name} failed on {', '.join(replica.nodes)}:"
-                f" {failed_reason} (failure {failures} of {policy.failure_limit})",
+                f" {failed_reason} ({count}; {here} on {node},"
+                f" avoided there for {span(policy.node_backoff(here))})",
                 replica=replica.id,
                 failures=failures,
+                node=node,
+                node_failures=here,
             )
             continue
         gone = [n for n in replica.nodes if n in lost_nodes or n not in shapes.state.nodes]
@@ -121,27 +165,36 @@ def triage_model(
         else:
             live.append(replica)
 
-    if failures >= policy.failure_limit and not parked:
+    # Only a pass that counted a failure may park: deciding costs a look at
+    # the fleet (nodes_that_fit), which a model waiting out its backoff must
+    # not pay every pass.
+    run_nodes = by_node.run_nodes()
+    if counted and not parked and _should_park(failures, run_nodes, spec, policy, shapes, now):
         parked = True
         out.event(
             "parked",
             spec.name,
-            f"{spec.name} parked after {failures} consecutive failed starts;"
-            f" last error: {last_error}",
+            f"{spec.name} parked after {failures} consecutive failed starts"
+            f" on {_nodes_phrase(run_nodes)}; last error: {last_error}",
             failures=failures,
             last_error=last_error,
+            nodes=len(run_nodes),
         )
-    if (failures, parked, last_error, backoff_until) != (
+    if by_node.changed or (failures, parked, last_error, backoff_until) != (
         record.failures,
         record.parked,
         record.last_error,
         record.backoff_until,
     ):
-        out.models[spec.name] = ModelUpdate(spec.name, failures, parked, last_error, backoff_until)
+        out.models[spec.name] = ModelUpdate(
+            spec.name, failures, parked, last_error, backoff_until, by_node.entries
+        )
 
     desired = desired_count(record, live + moving, now)
     outcome = ModelOutcome(spec.name, desired)
     out.outcomes[spec.name] = outcome
+    if by_node:
+        outcome.avoided = by_node.avoided(now, policy.node_backoff)
 
     # Extras go idle-first: the replica nobody is using costs nothing to stop.
     if len(live) > desired:
@@ -178,8 +231,46 @@ def triage_model(
             f"retrying after {failures} failed start{'s' if failures != 1 else ''}"
             f" in {backoff_until - now:.0f} s; last error: {last_error}"
         )
+        if failures >= policy.failure_limit and run_nodes:
+            outcome.reason += (
+                f"; not parked: it failed on {_nodes_phrase(run_nodes)} only,"
+                " and other nodes can take it"
+            )
         to_place = 0
     return ModelWork(record, outcome, to_place, [r.id for r in moving])
+
+
+def _should_park(
+    failures: int,
+    run_nodes: list[str],
+    spec: ModelSpec,
+    policy: Policy,
+    shapes: ShapeCheck,
+    now: float,
+) -> bool:
+    """Park after ``failure_limit`` consecutive failures that hit several nodes.
+
+    Several: ``park_min_nodes`` distinct nodes (2 by default), or every
+    ready node that can hold the model when there are fewer (a one-node
+    fleet parks as it always did). A multi-node replica's failure counts on
+    all the nodes it spans, so it needs one node more than it spans: two
+    different placements. Failures that all hit one node while other nodes
+    could take the model point at the node, not the model: it keeps being
+    retried (elsewhere first, see node_failures.py) at the model's backoff.
+    """
+    if failures < policy.failure_limit:
+        return False
+    needed = max(1, policy.park_min_nodes + spec.nodes - 1)
+    if len(run_nodes) >= needed:
+        return True
+    return len(run_nodes) >= shapes.nodes_that_fit(spec, now, at_most=needed)
+
+
+def _nodes_phrase(nodes: list[str]) -> str:
+    if len(nodes) == 1:
+        return f"1 node ({nodes[0]})"
+    shown = ", ".join(nodes[:5]) + (", ..." if len(nodes) > 5 else "")
+    return f"{len(nodes)} nodes ({shown})"
 
 
 def _failure(replica: ReplicaRecord, spec: ModelSpec, now: float) -> str | None:
