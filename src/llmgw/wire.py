@@ -363,6 +363,12 @@ class AgentReport(Wire):
     agent_port: int | None = None
     # Replica ids the agent refused, with the reason (malformed assignment).
     refused: dict[str, str] = Field(default_factory=dict)
+    # The hash (llmgw.secrets.hash_secret) of this data dir's agent key. A
+    # node registered before agent keys has none stored, so an agent of it
+    # whose registration answer is lost could never register again; the
+    # report (authenticated by the node token) gives it one. The hash, not
+    # the key: the key then never travels outside a registration.
+    agent_key_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 class AgentReportAnswer(Wire):

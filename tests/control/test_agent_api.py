@@ -15,6 +15,7 @@ from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import AuthError
+from llmgw.secrets import hash_secret
 from llmgw.wire import (
     AgentReport,
     Device,
@@ -273,8 +274,10 @@ async def test_telemetry_alone_is_not_written_to_the_store(
         assert (await cp.store.list_gpus("n1"))[0]["healthy"] is False
 
 
-async def post_report(client: httpx.AsyncClient, url: str, token: str, node: str) -> int:
-    report = AgentReport(node=node, inventory=inventory(node))
+async def post_report(
+    client: httpx.AsyncClient, url: str, token: str, node: str, key_hash: str | None = None
+) -> int:
+    report = AgentReport(node=node, inventory=inventory(node), agent_key_hash=key_hash)
     answer = await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
                                headers={"Authorization": f"Bearer {token}"})
     return answer.status_code
@@ -387,3 +390,60 @@ async def test_a_short_agent_key_is_refused(
     assert "agent_key" in message and "32 characters" in message
     assert "short-secret" not in message
     assert "n1" not in cp.state.nodes
+
+
+async def test_a_node_registered_without_an_agent_key_gets_one_from_a_report(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "old")  # from before agent keys
+        assert await post_report(client, url, token, "old") == 200  # an agent that sends none
+        assert cp.state.nodes["old"].agent_key_hash is None
+        assert await post_report(client, url, token, "old", key_hash=hash_secret(KEY)) == 200
+        assert cp.state.nodes["old"].agent_key_hash == hash_secret(KEY)
+        [row] = await cp.store.list_nodes()
+        assert row["agent_key_hash"] == hash_secret(KEY)  # in the store, not only in memory
+        messages = [e["message"] for e in await cp.store.list_events(subject="old")]
+        assert any("recorded its agent's key" in m for m in messages), messages
+        # What it is for: the agent whose registration answer is lost gets back in.
+        again = await register(client, url, creds.join_token, "old", agent_key=KEY)
+        assert await post_report(client, url, again, "old") == 200
+
+
+async def test_a_report_never_replaces_a_nodes_agent_key(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1", agent_key=KEY)
+        assert await post_report(client, url, token, "n1", key_hash=hash_secret(OTHER_KEY)) == 200
+        assert cp.state.nodes["n1"].agent_key_hash == hash_secret(KEY)
+        [row] = await cp.store.list_nodes()
+        assert row["agent_key_hash"] == hash_secret(KEY)
+        # The registration still follows the first key, not the reported one.
+        stolen = await client.post(f"{url}/agent/v1/register",
+                                   json={"node": "n1", "join_token": creds.join_token,
+                                         "agent_key": OTHER_KEY})
+        assert stolen.status_code == 422
+        messages = [e["message"] for e in await cp.store.list_events(subject="n1")]
+        assert not any("recorded its agent's key" in m for m in messages), messages
+
+
+async def test_a_report_with_a_malformed_agent_key_hash_is_refused(
+    plane: tuple[ControlPlane, NewCredentials, str],
+) -> None:
+    cp, creds, url = plane
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "old")
+        body = AgentReport(node="old", inventory=inventory("old")).model_dump(mode="json")
+        body["agent_key_hash"] = KEY  # the key itself, not its hash
+        answer = await client.post(f"{url}/agent/v1/report", json=body,
+                                   headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 422
+    assert "agent_key_hash" in answer.json()["error"]["message"]
+    assert KEY not in answer.text
+    assert cp.state.nodes["old"].agent_key_hash is None

@@ -22,7 +22,7 @@ import pytest
 from tests.servers import serve_asgi
 
 from llmgw.agent.app import Agent, AgentConfig
-from llmgw.agent.identity import load_identity
+from llmgw.agent.identity import Identity, load_identity, save_identity
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane
 from llmgw.control.store.repo import Store
@@ -172,3 +172,34 @@ async def test_a_wiped_data_dir_waits_for_a_person(
     await until(reported(plane.cp, after=since), "a report once the node was deleted")
     key = (tmp_path / "wiped" / "agent.key").read_text()
     assert plane.cp.state.nodes["n1"].agent_key_hash == hash_secret(key)
+
+
+async def test_a_node_registered_before_agent_keys_learns_its_key_and_can_register_again(
+    plane: Plane, tmp_path: Path
+) -> None:
+    # A node and data dir as an agent from before agent keys left them: a
+    # node token on disk, no agent key anywhere.
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(f"{plane.url}/agent/v1/register",
+                                   json={"node": "n1", "join_token": plane.join_token})
+    assert answer.status_code == 200, answer.text
+    data_dir = tmp_path / "n1"
+    data_dir.mkdir()
+    save_identity(data_dir, Identity(node="n1", node_token=answer.json()["node_token"],
+                                     control_plane=plane.url))
+    assert plane.cp.state.nodes["n1"].agent_key_hash is None
+
+    first = plane.start_agent(data_dir)
+    await until(lambda: plane.cp.state.nodes["n1"].agent_key_hash is not None,
+                "the agent key's hash from a report")
+    key = (data_dir / "agent.key").read_text()
+    assert plane.cp.state.nodes["n1"].agent_key_hash == hash_secret(key)
+    await first.shutdown()
+
+    # Its node token lost (as after a lost registration answer): it gets its node back.
+    (data_dir / "node.json").unlink()
+    since = time.time()
+    plane.start_agent(data_dir)
+    await until(reported(plane.cp, after=since), "a report after registering again")
+    assert any("registered again by its own agent" in m
+               for m in await plane.registered_events())

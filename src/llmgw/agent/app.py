@@ -48,6 +48,7 @@ from llmgw.agent.weights import DiskReserve, WeightsCache
 from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.failover import parse_control_plane_urls
+from llmgw.secrets import hash_secret
 from llmgw.wire import (
     AgentRegistration,
     AgentReport,
@@ -129,6 +130,7 @@ class Agent:
         self.refused: dict[str, str] = {}
         self.inventory: NodeInventory | None = None
         self.identity: Identity | None = None
+        self._agent_key_hash: str | None = None
         self.server: WeightsServer | None = None
         self.reports_sent = 0
         self._interval = config.report_interval_s
@@ -156,6 +158,7 @@ class Agent:
         self._opened = True
         ensure_data_dir(self.data_dir)
         self.identity = load_identity(self.data_dir, self.config.name)
+        self._agent_key_hash = await asyncio.to_thread(self._read_agent_key_hash)
         await asyncio.to_thread(self.weights.clean_partial)
         self._session = self._shared_session or aiohttp.ClientSession()
         self._client = ControlPlaneClient(self._control_plane_urls, self._session)
@@ -268,6 +271,19 @@ class Agent:
         self._weight_peers = dict(answer.weight_peers)
         return answer
 
+    def _read_agent_key_hash(self) -> str | None:
+        """The hash of this data dir's agent key (made now if missing), for reports.
+
+        A node registered before agent keys learns its key from these. A key
+        file that cannot be read must not stop a registered node's reports:
+        it is said once, and the node keeps reporting without it.
+        """
+        try:
+            return hash_secret(agent_key(self.data_dir))
+        except ConfigError as exc:  # the message never holds the key
+            log.warning("%s; reports go without the agent key's hash", exc)
+            return None
+
     async def _register(self, client: ControlPlaneClient, inventory: NodeInventory) -> None:
         if not self.config.join_token:
             raise ConfigError(
@@ -321,6 +337,7 @@ class Agent:
             weights=self.weights.report(),
             agent_port=self.server.port if self.server else None,
             refused=dict(self.refused),
+            agent_key_hash=self._agent_key_hash,
         )
 
     # -- convergence ---------------------------------------------------------------

@@ -11,7 +11,8 @@ The agent key settles it: the agent makes a secret for its data dir before
 it first registers and sends it every time; the node keeps its hash. The
 same data dir may register again; another (a wiped disk, a second machine
 under the same name) may not. Nodes registered before agent keys have no
-hash and keep the old rule.
+hash until their agent's next report brings one (llmgw.control.reports);
+until then they keep the old rule.
 """
 
 from __future__ import annotations

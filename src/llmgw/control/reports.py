@@ -27,6 +27,8 @@ class ReportEffects:
     replicas: list[ReplicaRecord] = field(default_factory=list)
     routing_changed: bool = False
     wake_reconciler: bool = False
+    # The node had no agent key hash and the report gave it one (an event).
+    agent_key_recorded: bool = False
 
 
 def apply_report(
@@ -59,6 +61,12 @@ def apply_report(
         # Replaced, never edited in place, and only when it changed: the
         # scheduler caches per-node device indexes keyed by this object.
         node.inventory = report.inventory
+    if node.agent_key_hash is None and report.agent_key_hash is not None:
+        # Only ever the first: once a node has a hash, a report with another
+        # one must not move it, or a node token alone (copied, leaked) would
+        # be enough to take over who may register the node again.
+        node.agent_key_hash = report.agent_key_hash
+        effects.agent_key_recorded = effects.write_node = True
     node.last_seen = now
     node.refused = dict(report.refused)
     node.statuses = {s.replica_id: s for s in report.replicas}

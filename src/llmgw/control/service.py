@@ -242,6 +242,9 @@ class ControlPlane:
             await self.store.replace_gpus(node.name, gpu_rows(report.inventory))
         if effects.replicas:
             await self.store.write_replicas([replica_row(r) for r in effects.replicas])
+        if effects.agent_key_recorded:
+            await self.event("node", node.name, f"node {node.name} recorded its agent's key"
+                             " from a report; its agent may now register it again")
         if effects.wake_reconciler:
             self.wake_reconciler()
         if effects.routing_changed:
