@@ -29,6 +29,7 @@ from llmgw.agent.discovery.fake import FakeNvml
 from llmgw.cli.ctl import app as ctl_app
 from llmgw.cli.doctor import run_doctor
 from llmgw.cli.doctor_control_plane import judge_leadership
+from llmgw.cli.up import serve_admin_urls, write_up_json
 from llmgw.control.service import NewCredentials
 from llmgw.errors import ConfigError
 from llmgw.sim.fleet import apply_models, start_fleet
@@ -96,6 +97,22 @@ async def test_ctl_reads_from_the_first_that_answers_and_writes_at_the_leader(
     # Given only the standby, the write follows the leader it names.
     assert ok(await ctl([standby.url], token, "uncordon", "n1")).startswith("node n1")
     assert leader.cp.state.nodes["n1"].admin_state == NodeState.READY
+
+
+async def test_ctl_finds_the_leader_from_the_up_json_serve_writes_with_peer_urls(
+    pair: Pair, tmp_path: Path
+) -> None:
+    leader, _, creds = pair
+    # What `llmgw serve --peer-url <leader>` wrote on a machine whose own
+    # instance has since gone: ctl there still reaches the leader, no flags.
+    write_up_json(tmp_path, {"admin_url": serve_admin_urls(dead_url(), [leader.url]),
+                             "admin_token": creds.admin_token})
+    environment = {"COLUMNS": "200", "LLMGW_DATA_DIR": str(tmp_path), "LLMGW_URL": None,
+                   "LLMGW_ADMIN_TOKEN": None}
+    result = await asyncio.to_thread(CliRunner().invoke, ctl_app, ["cordon", "n1"],
+                                     env=environment)
+    assert ok(result).startswith("node n1")
+    assert leader.cp.state.nodes["n1"].admin_state == NodeState.CORDONED
 
 
 async def test_ctl_names_every_instance_it_tried_in_one_line() -> None:

@@ -94,6 +94,15 @@ def serve(
             "them here while it leads (default: http://<host name>:<port>).",
         ),
     ] = None,
+    peer_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--peer-url",
+            help="Another instance on the same store (repeatable or comma-separated); "
+            "written with this one to up.json so `llmgw ctl` here finds the leader "
+            "after a failover.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
@@ -104,7 +113,7 @@ def serve(
         code = run_serve(
             ServeOptions(
                 data_dir=data_dir, host=host, port=port, database_url=database_url,
-                advertise=advertise,
+                advertise=advertise, peer_urls=list(peer_url or []),
             )
         )
     except ConfigError as exc:

@@ -18,7 +18,8 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.db import normalise_url
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError, LlmgwError
+from llmgw.failover import parse_control_plane_urls
 from llmgw.wire import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class ServeOptions:
     port: int = 8080
     database_url: str | None = None
     advertise: str | None = None
+    # The other instances on the same store (--peer-url), for up.json.
+    peer_urls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -201,6 +205,24 @@ def write_up_json(data_dir: Path, info: dict[str, Any]) -> Path:
     return path
 
 
+def serve_admin_urls(own: str, peers: Sequence[str]) -> str | list[str]:
+    """up.json's ``admin_url`` for ``serve``: this instance, then its peers.
+
+    With one URL, ``llmgw ctl`` on this machine loses the fleet whenever this
+    instance is down or a standby that cannot name a leader; with the peers
+    listed it reads from whichever answers and writes at the leader after a
+    failover, without flags. A plain string when there are no peers, as
+    before.
+    """
+    if not peers:
+        return own
+    try:
+        urls = parse_control_plane_urls([own, *peers])
+    except ConfigError as exc:
+        raise ConfigError(f"--peer-url: {exc}") from None
+    return urls if len(urls) > 1 else urls[0]
+
+
 def print_banner(info: dict[str, Any], creds: NewCredentials, *, up: bool) -> None:
     lines = [
         "",
@@ -272,6 +294,7 @@ def advertise_url(options: ServeOptions) -> str:
 
 def run_serve(options: ServeOptions) -> int:
     advertise = advertise_url(options)
+    serve_admin_urls(advertise, options.peer_urls)  # a bad --peer-url fails before anything
     data_dir = ensure_data_dir(options.data_dir or default_data_dir())
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
@@ -339,10 +362,11 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str
         "api_url": f"{base}/v1", "admin_url": base, "console_url": f"{base}/console",
         "up_json": None,
     }
-    if creds.admin_token or creds.api_key:
-        # serve keeps these for `llmgw ctl` on this machine, like up does.
-        write_up_json(data_dir, {**info, "admin_token": creds.admin_token,
-                                 "api_key": creds.api_key})
+    if creds.admin_token or creds.api_key or options.peer_urls:
+        # serve keeps these for `llmgw ctl` on this machine, like up does;
+        # a standby (no new secrets) still records where its peers are.
+        write_up_json(data_dir, {**info, "admin_url": serve_admin_urls(base, options.peer_urls),
+                                 "admin_token": creds.admin_token, "api_key": creds.api_key})
     print_banner(info, creds, up=False)
     print(await _role_line(cp, runtime), flush=True)
     freeze_startup_objects()
