@@ -27,6 +27,7 @@ from tests.servers import free_port, serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane
+from llmgw.control.state import NodeFailure
 from llmgw.control.store.repo import Store
 from llmgw.wire import NodeState
 
@@ -377,6 +378,29 @@ async def test_plan_page_and_what_if(console: Console, watched: Watched, shots: 
         await expect(result).to_contain_text(" ".join(r["devices"]))
     assert "try-mig" not in {m["name"] for m in await console.get("/models")}
     await page.screenshot(path=shots / "plan-what-if.png", full_page=True)
+
+
+async def test_plan_page_shows_the_nodes_a_model_avoids_after_failures(
+    console: Console, watched: Watched, shots: Path
+) -> None:
+    page = watched.page
+    embed = console.fleet.cp.state.models["embed"]
+    # Memory only, as the last pass left it; no reconciler runs here to change it.
+    embed.node_failures = {"gpu-b2": NodeFailure(failures=2, last_at=time.time() - 40)}
+    try:
+        plan = await console.get("/plan")
+        avoided = next(m for m in plan["models"] if m["name"] == "embed")["avoided"]
+        assert len(avoided) == 1 and avoided[0].startswith("gpu-b2: model embed failed there 2")
+        await sign_in(console, page, "#/plan")
+        lines = page.locator('#plan-models tr[data-model="embed"] .avoided li')
+        await expect(lines).to_have_text(avoided)
+        await expect(page.locator('#plan-models tr[data-model="embed"] .avoided')).to_contain_text(
+            "Nodes avoided after failures:")
+        # Models with nothing avoided show no such list.
+        await expect(page.locator("#plan-models .avoided")).to_have_count(1)
+        await page.screenshot(path=shots / "plan-avoided.png", full_page=True)
+    finally:
+        embed.node_failures = {}
 
 
 async def test_pages_update_live_and_pause_while_hidden(

@@ -49,6 +49,19 @@ function candidates(m) {
   );
 }
 
+// Nodes placement passes over for this model after failures there. Without
+// them, a plan that skips the node holding the weights looks like a bug.
+function avoidedList(m) {
+  const lines = m.avoided || [];
+  if (!lines.length) return null;
+  return h(
+    "div",
+    { class: "avoided" },
+    h("span", { class: "muted" }, "Nodes avoided after failures:"),
+    h("ul", { class: "problems" }, lines.map((line) => h("li", {}, line))),
+  );
+}
+
 /** The per-model table of a plan; `only` limits it to some models (what-if). */
 export function modelTable(plan, only) {
   const models = only ? plan.models.filter((m) => only.includes(m.name)) : plan.models;
@@ -62,7 +75,7 @@ export function modelTable(plan, only) {
         label: "Where",
         cell: (m) => [m.replicas.length ? h("ul", { class: "problems" }, m.replicas.map(replicaLine)) : h("span", { class: "muted" }, "nowhere"), candidates(m)],
       },
-      { label: "Why not", cell: (m) => m.reason || "" },
+      { label: "Why not", cell: (m) => [m.reason || "", avoidedList(m)] },
     ],
     models,
     { empty: "No models in the catalog.", rowAttrs: (m) => ({ dataset: { model: m.name, status: m.status } }) },
