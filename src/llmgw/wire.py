@@ -220,6 +220,11 @@ class SimParams(Wire):
     # as a deadlocked one does: running requests stop, and every request,
     # /health included, is accepted and never answered. None: never.
     hang_after_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    # Seconds after it became ready (times time_factor) when the engine stops
+    # making progress while its HTTP server answers on, as vLLM stuck inside a
+    # CUDA call does: running requests stay running with no more tokens, the
+    # token counters in /metrics freeze, /health answers 200. None: never.
+    stall_after_s: float | None = Field(None, ge=0, allow_inf_nan=False)
 
 
 RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]

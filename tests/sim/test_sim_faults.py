@@ -131,8 +131,56 @@ async def test_hang_after_wedges_health_and_everything_else(sim_engine: StartEng
             await reader
 
 
+async def test_stall_after_freezes_progress_while_health_and_metrics_answer(
+    sim_engine: StartEngine,
+) -> None:
+    engine = await sim_engine("m", stall_after_s=0.3, decode_ms_per_token=20.0)
+    short = aiohttp.ClientTimeout(total=0.5)
+
+    async def running_and_tokens() -> tuple[float, float, float]:
+        async with http.get(engine.url + "/metrics", timeout=short) as resp:
+            assert resp.status == 200
+            lines = (await resp.text()).splitlines()
+        value = {ln.split("{")[0]: float(ln.split()[-1]) for ln in lines if ln.startswith("vllm:")}
+        return (
+            value["vllm:num_requests_running"],
+            value["vllm:generation_tokens_total"],
+            value["vllm:prompt_tokens_total"],
+        )
+
+    async with aiohttp.ClientSession() as http, client_for(engine.url, timeout=10) as client:
+        stream = await client.completions.create(model="m", prompt="x", max_tokens=100, stream=True)
+        received = 0
+
+        async def read() -> None:
+            nonlocal received
+            async for _ in stream:
+                received += 1
+
+        reader = asyncio.create_task(read())
+        await until(lambda: engine.stalled, within_s=2)
+        await asyncio.sleep(0.1)
+        stalled_at = received
+        frozen = await running_and_tokens()
+        await asyncio.sleep(0.3)
+        # The request still counts as running; no token, no counter moves.
+        assert received == stalled_at and 0 < stalled_at < 100
+        assert await running_and_tokens() == frozen
+        assert frozen[0] == 1 and frozen[1] > 0
+        assert engine.state == "ready" and engine.stats()["stalled"] is True
+        async with http.get(engine.url + "/health", timeout=short) as resp:
+            assert resp.status == 200
+        await engine.stop()
+        with pytest.raises(openai.APIConnectionError):
+            await reader
+
+
 def test_hang_after_needs_an_engine_that_becomes_ready() -> None:
     with pytest.raises(ValidationError, match=r"hang_after_s.*fail_at_start"):
         check_params(params(fault="fail_at_start", hang_after_s=1.0))
     with pytest.raises(pydantic.ValidationError, match="hang_after_s"):
         params(hang_after_s=-1.0)
+    with pytest.raises(ValidationError, match=r"stall_after_s.*fail_at_start"):
+        check_params(params(fault="fail_at_start", stall_after_s=1.0))
+    with pytest.raises(pydantic.ValidationError, match="stall_after_s"):
+        params(stall_after_s=float("inf"))

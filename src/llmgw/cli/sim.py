@@ -59,6 +59,10 @@ def engine_command(
         float | None,
         typer.Option(help="Seconds after ready when the engine wedges, /health included."),
     ] = None,
+    stall_after_s: Annotated[
+        float | None,
+        typer.Option(help="Seconds after ready when the engine stops making progress."),
+    ] = None,
 ) -> None:
     """Run simulated OpenAI-compatible engines until SIGINT or SIGTERM."""
     overrides: dict[str, Any] = {
@@ -71,6 +75,7 @@ def engine_command(
         "time_factor": time_factor,
         "fault": fault,
         "hang_after_s": hang_after_s,
+        "stall_after_s": stall_after_s,
     }
     try:
         base = sim_engine.parse_params(params_json)

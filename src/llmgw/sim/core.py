@@ -278,9 +278,13 @@ def check_params(params: SimParams) -> None:
     }.items():
         if value < 0:
             raise ValidationError(f"sim.{name} must be >= 0, got {value}", field=name)
-    if params.hang_after_s is not None and params.fault == "fail_at_start":
-        raise ValidationError(
-            "sim.hang_after_s: an engine with fault fail_at_start is never ready,"
-            " so it cannot hang after ready",
-            field="hang_after_s",
-        )
+    for name, after in (
+        ("hang_after_s", params.hang_after_s),
+        ("stall_after_s", params.stall_after_s),
+    ):
+        if after is not None and params.fault == "fail_at_start":
+            raise ValidationError(
+                f"sim.{name}: an engine with fault fail_at_start is never ready,"
+                " so it cannot hang or stall after ready",
+                field=name,
+            )

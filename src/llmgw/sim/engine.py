@@ -31,6 +31,13 @@ and every request, ``/health`` and ``/metrics`` included, is accepted and
 never answered until the engine is stopped. Unlike ``hang``, a health check
 sees it, which is what the agent's liveness probe is for.
 
+``stall_after_s`` (likewise): that long after it became ready, the engine
+stops making progress while its HTTP server answers on, as vLLM does with its
+engine core stuck inside a CUDA call: running requests stay running and get
+no more tokens, new ones queue, ``/health`` answers 200 and ``/metrics`` shows
+the running requests beside token counters that no longer move. That is what
+the agent's progress check is for.
+
 ``python -m llmgw.sim.engine --host H --port P --model NAME --params-json '{...}'``
 runs engines as a process (the agent starts replicas that way, with an argv
 list); ``llmgw sim engine`` is the same with friendlier flags.
@@ -90,6 +97,7 @@ class SimEngine:
         self._registry = metrics.make_registry(model, self.core)
         self.started_at: float | None = None
         self.ready_at: float | None = None
+        self.stalled = False  # stall_after_s has passed: no engine steps any more
 
     # -- life cycle ----------------------------------------------------------
 
@@ -156,10 +164,24 @@ class SimEngine:
             self.state = "ready"
             self.ready_at = time.time()
         self._settled.set()
-        hang_after = self.params.hang_after_s
-        if self.state == "ready" and hang_after is not None:
-            await asyncio.sleep(hang_after * self.params.time_factor)
-            self._wedge()
+        if self.state != "ready":
+            return
+        p = self.params
+        after = [(p.stall_after_s, self._stall), (p.hang_after_s, self._wedge)]
+        waited = 0.0
+        due = [(seconds, act) for seconds, act in after if seconds is not None]
+        for seconds, act in sorted(due, key=lambda item: item[0]):
+            await asyncio.sleep((seconds - waited) * p.time_factor)
+            waited = seconds
+            act()
+
+    def _stall(self) -> None:
+        log.warning("sim engine %s on port %s stalls now (stall_after_s)", self.model, self.port)
+        self.stalled = True
+        # The core's lists keep their requests: /metrics goes on counting them
+        # as running, and the token counters stop where they are.
+        if self._core_task is not None:
+            self._core_task.cancel()
 
     def _wedge(self) -> None:
         log.warning("sim engine %s on port %s hangs now (hang_after_s)", self.model, self.port)
@@ -203,6 +225,7 @@ class SimEngine:
             "model": self.model,
             "url": self.url if self.port is not None else None,
             "state": self.state,
+            "stalled": self.stalled,
             "running": self.core.running,
             "waiting": self.core.waiting,
             "kv_usage": kv.usage,

@@ -151,6 +151,8 @@ class InProcessEngines:
             out.append(f"sim engine {entry.engine.model}: failed at start (fault fail_at_start)")
         elif entry.engine.state == "hung":
             out.append(f"sim engine {entry.engine.model}: hangs now (hang_after_s)")
+        elif entry.engine.stalled:
+            out.append(f"sim engine {entry.engine.model}: stalls now (stall_after_s)")
         return out[-lines:]
 
     def rotate_if_large(self, replica_id: str) -> None:
