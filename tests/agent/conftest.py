@@ -15,6 +15,7 @@ from tests.agent.fakes import FakeControlPlane, StubAdapter, serve_app
 from tests.agent.helpers import cpu_slot
 
 from llmgw.agent.app import Agent, AgentConfig
+from llmgw.agent.engines.base import EngineAdapter
 from llmgw.wire import EngineKind, NodeInventory
 
 
@@ -58,6 +59,7 @@ async def make_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
         join_token: str | None = "llmgw-join-test",
         run: bool = True,
         inventory_provider: Callable[[], NodeInventory] | None = None,
+        adapters: dict[EngineKind, EngineAdapter] | None = None,
         **kwargs: object,
     ) -> Agent:
         directory = data_dir or tmp_path / name
@@ -73,7 +75,7 @@ async def make_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
         agent = Agent(
             config,
             inventory_provider=inventory_provider or (lambda: cpu_inventory()),
-            adapters={EngineKind.SIM: StubAdapter()},
+            adapters=adapters or {EngineKind.SIM: StubAdapter()},
         )
         task = asyncio.create_task(agent.run()) if run else None
         made.append((agent, task))

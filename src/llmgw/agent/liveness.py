@@ -11,6 +11,7 @@ API server under a burst, llama.cpp while a long prompt is prefilled), and
 killing a busy engine turns load into an outage. An engine is hung only after
 ``failures`` probes in a row have failed *and* ``window_s`` seconds have
 passed since the first of them; a single probe that passes ends the run.
+An engine that answers but computes nothing is :mod:`llmgw.agent.progress`'s.
 """
 
 from __future__ import annotations
@@ -33,9 +34,13 @@ class Liveness:
     # the engine is declared hung: both must be reached.
     failures: int = 3
     window_s: float = 30.0
+    # Seconds an engine may have requests running while its token counters
+    # stand still before it is declared stalled (agent.progress); scraped at
+    # the same interval as the probe.
+    stall_window_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("interval_s", "timeout_s"):
+        for name in ("interval_s", "timeout_s", "stall_window_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"liveness {name} must be > 0, got {getattr(self, name)}")
         if self.failures < 1:

@@ -8,10 +8,13 @@ created by the agent when the control plane sends a new generation.
 The state a report needs (state, reason, port, progress) lives on the runner
 and is read without waiting, so building a report never blocks on a process.
 
-Once ready, the engine is watched two ways: its process (an exit fails the
-replica at once) and its HTTP server (a sustained run of failed probes, see
+Once ready, the engine is watched three ways: its process (an exit fails the
+replica at once), its HTTP server (a sustained run of failed probes, see
 :mod:`llmgw.agent.liveness`, gets it killed and failed), because a deadlocked
-engine keeps its process and would otherwise stay READY forever.
+engine keeps its process and would otherwise stay READY forever, and, where
+its adapter names them, its metrics (requests running while the token
+counters stand still, see :mod:`llmgw.agent.progress`), because an engine
+stuck inside a CUDA call may still answer its health path.
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ import aiohttp
 from llmgw.agent.engines.base import EngineAdapter, LaunchContext
 from llmgw.agent.liveness import FailedProbes, Liveness
 from llmgw.agent.ports import PortAllocator
+from llmgw.agent.progress import (
+    MAX_METRICS_BYTES,
+    MetricsError,
+    ProgressMetrics,
+    StallWatch,
+    read_samples,
+)
 from llmgw.agent.state import EngineRecord, StateStore
 from llmgw.agent.supervisor import EngineProcess, ExitStatus, ProcessControl, describe_exit
 from llmgw.agent.weights import Progress, WeightsCache
@@ -90,7 +100,9 @@ class ReplicaRunner:
         self.progress: Progress | None = None
         self.health_path: str | None = "/health"
         self.liveness_path: str | None = "/health"
+        self.metrics: ProgressMetrics | None = None
         self._failed_probes = FailedProbes(deps.liveness)
+        self._stall = StallWatch(deps.liveness)
         self._task: asyncio.Task[None] | None = None
         self._weights_key: str | None = None  # held while starting or running
 
@@ -117,6 +129,7 @@ class ReplicaRunner:
         self.started_at = record.started_at
         self.health_path = record.health_path
         self.liveness_path = record.liveness_path
+        self.metrics = record.progress
         self.deps.ports.restore(self.replica_id, record.port)
         if record.failed:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
@@ -241,6 +254,7 @@ class ReplicaRunner:
         )
         self.health_path = launch.health_path
         self.liveness_path = launch.serving_probe
+        self.metrics = launch.progress if launch.serving_probe is not None else None
         self.started_at = time.time()
         # The record (and so the port) is on disk before the process exists:
         # an agent that dies right after the spawn still knows the port is taken.
@@ -296,6 +310,11 @@ class ReplicaRunner:
             if self.liveness_path is not None and time.monotonic() >= next_probe:
                 if await self._hung(proc, self.liveness_path):
                     return
+                # An engine that does not answer is the probe's to judge;
+                # scraping it as well would only time out a second time.
+                metrics = None if self._failed_probes.failing else self.metrics
+                if metrics is not None and await self._stalled(proc, metrics):
+                    return
                 next_probe = time.monotonic() + liveness.interval_s
             wait = self.deps.monitor_s
             if self.liveness_path is not None:
@@ -336,6 +355,64 @@ class ReplicaRunner:
         stopped = await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
         await self._fail(reason + self._last_words(), stopped.code)
         return True
+
+    async def _stalled(self, proc: EngineProcess, metrics: ProgressMetrics) -> bool:
+        """Scrape a serving engine's metrics; kill and fail it once it has stalled long enough.
+
+        True when the replica failed (stalled, or its process turned out to be gone).
+        """
+        stall = self._stall
+        began, began_wall = time.monotonic(), time.time()
+        try:
+            values = await self._scrape(metrics)
+        except (MetricsError, TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # Not a stall: the engine may just be between restarts of its
+            # metrics, and one that stopped answering is the probe's to catch.
+            # The still run is kept: no scrape says the counters moved.
+            log.debug("replica %s: metrics %s: %s", self.replica_id, metrics.path, exc)
+            return False
+        was_stalling = stall.stalling
+        stall.observe(
+            values[metrics.running],
+            values[metrics.generation],
+            values[metrics.prompt],
+            began,
+            began_wall,
+        )
+        now = time.monotonic()
+        if not stall.stalling:
+            if was_stalling:
+                log.info("replica %s makes progress again", self.replica_id)
+                self._set(self.state, None, notify=True)
+            return False
+        if not stall.stalled(now):
+            if not was_stalling:
+                log.warning("replica %s: %s", self.replica_id, stall.stalling_reason())
+            self._set(self.state, stall.stalling_reason(), notify=not was_stalling)
+            return False
+        status = self.deps.supervisor.poll(proc)
+        if status.exited:
+            await self._exited(status)
+            return True
+        reason = stall.stalled_reason(now)
+        log.error("replica %s: %s; stopping it", self.replica_id, reason)
+        stopped = await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
+        await self._fail(reason + self._last_words(), stopped.code)
+        return True
+
+    async def _scrape(self, metrics: ProgressMetrics) -> dict[str, float]:
+        url = f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{metrics.path}"
+        timeout = aiohttp.ClientTimeout(total=self.deps.liveness.timeout_s)
+        async with self.deps.session.get(url, timeout=timeout) as resp:
+            if resp.status != 200:
+                raise MetricsError(f"HTTP {resp.status}")
+            body = bytearray()
+            async for chunk in resp.content.iter_chunked(64 * 1024):
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    raise MetricsError(f"metrics larger than {MAX_METRICS_BYTES} bytes")
+        names = (metrics.running, metrics.generation, metrics.prompt)
+        return read_samples(body.decode("utf-8", errors="replace"), names)
 
     async def _probe(self, path: str, timeout_s: float) -> str | None:
         """GET ``path`` on the engine: None when it answers 200, else what went wrong."""
@@ -395,6 +472,7 @@ class ReplicaRunner:
             birth=self.proc.birth if self.proc else None,
             health_path=self.health_path,
             liveness_path=self.liveness_path,
+            progress=self.metrics,
             started_at=self.started_at,
             ready_at=self.ready_at,
             failed=self.state == ReplicaState.FAILED,

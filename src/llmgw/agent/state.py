@@ -19,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
+from llmgw.agent.progress import ProgressMetrics
 from llmgw.wire import ReplicaAssignment
 
 log = logging.getLogger("llmgw.agent.state")
@@ -39,6 +40,8 @@ class EngineRecord(BaseModel):
     # for a record written before liveness checks: such an engine is not
     # probed, since its health path may not be safe to probe mid-generation.
     liveness_path: str | None = None
+    # Scraped while it serves (EngineLaunch.progress); None: not scraped.
+    progress: ProgressMetrics | None = None
     started_at: float | None = None
     ready_at: float | None = None
     failed: bool = False

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from llmgw.agent.progress import ProgressMetrics
 from llmgw.errors import EngineError
 from llmgw.wire import CPU_CLASS, Device, EngineKind, ReplicaAssignment
 
@@ -68,6 +69,9 @@ class EngineLaunch:
     # takes the model lock, so a probe would stall for a whole completion,
     # and one that arrives mid-stream makes the server cut the stream short.
     liveness_path: str | None = None
+    # The engine's Prometheus metrics that show it makes progress
+    # (agent.progress); None: it has none, and only the probe watches it.
+    progress: ProgressMetrics | None = None
 
     @property
     def serving_probe(self) -> str | None:

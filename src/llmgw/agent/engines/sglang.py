@@ -14,10 +14,12 @@ from llmgw.agent.engines.base import (
     EngineLaunch,
     LaunchContext,
     check_common,
+    has_flag,
     require_leader,
     require_weights,
 )
 from llmgw.agent.pinning import engine_env
+from llmgw.agent.progress import SGLANG_METRICS
 from llmgw.errors import EngineError
 from llmgw.wire import EngineKind, ReplicaAssignment
 
@@ -86,7 +88,12 @@ class SglangAdapter:
             ]
             if assignment.shard.rank > 0:
                 health = None
+        progress = SGLANG_METRICS if health is not None else None
+        # SGLang serves /metrics only when asked; without it the agent could
+        # not tell a stuck engine from an idle one.
+        if progress is not None and not has_flag(spec.engine_args, "--enable-metrics"):
+            argv.append("--enable-metrics")
         argv += spec.engine_args
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=False))
-        return EngineLaunch(argv=argv, env=env, health_path=health)
+        return EngineLaunch(argv=argv, env=env, health_path=health, progress=progress)

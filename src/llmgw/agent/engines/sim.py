@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext, check_common
+from llmgw.agent.progress import VLLM_METRICS
 from llmgw.errors import EngineError
 from llmgw.wire import EngineKind, ReplicaAssignment, SimParams
 
@@ -46,4 +47,7 @@ class SimAdapter:
             params.model_dump_json(),
             *spec.engine_args,
         ]
-        return EngineLaunch(argv=argv, env=dict(spec.env), health_path="/health")
+        # It exports vLLM's metric names (llmgw.sim.metrics).
+        return EngineLaunch(
+            argv=argv, env=dict(spec.env), health_path="/health", progress=VLLM_METRICS
+        )

@@ -18,6 +18,7 @@ from llmgw.agent.engines.base import (
     require_weights,
 )
 from llmgw.agent.pinning import engine_env
+from llmgw.agent.progress import VLLM_METRICS
 from llmgw.errors import EngineError
 from llmgw.wire import EngineKind, ReplicaAssignment
 
@@ -90,4 +91,6 @@ class VllmAdapter:
         argv += spec.engine_args
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=False))
-        return EngineLaunch(argv=argv, env=env, health_path=health)
+        # Metrics, like HTTP, come from the rank that serves the API only.
+        progress = VLLM_METRICS if health is not None else None
+        return EngineLaunch(argv=argv, env=env, health_path=health, progress=progress)

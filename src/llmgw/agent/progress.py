@@ -1,0 +1,183 @@
+"""When a serving engine counts as stalled: answering, but making no progress.
+
+A health probe proves the HTTP server answers, not that the model computes.
+vLLM's API server runs apart from its engine core: with the core stuck inside
+a CUDA call, ``/health`` keeps answering 200, the replica stays READY, and
+every request routed there waits forever. The engine's Prometheus metrics
+show it: requests are running, yet the token counters stand still.
+
+So for an engine whose adapter names its metrics (:class:`ProgressMetrics`),
+the agent scrapes them at the liveness interval (``agent.replicas``) and this
+module decides. An engine is stalled once requests have been running for
+``Liveness.stall_window_s`` while neither its generation nor its prompt token
+counter moved. An idle engine (nothing running) never is, and one token in the
+window is progress: a slow engine is not a stuck one. The window must outlast
+the longest step a healthy engine takes without counting a token -- vLLM
+counts prompt tokens only when a prompt's prefill ends -- hence minutes, not
+seconds, by default.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmgw.agent.liveness import Liveness
+
+# vLLM's /metrics is a few hundred lines of histograms; one scrape reads only
+# the lines of the three series it needs, so a cap on the body is enough.
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+
+
+class ProgressMetrics(BaseModel):
+    """Where an engine exports its load and its work, and under which names.
+
+    Persisted with the engine's record, so an adopted engine is checked too.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = "/metrics"
+    running: str = Field(min_length=1)  # gauge: requests being computed now
+    generation: str = Field(min_length=1)  # counter: output tokens so far
+    prompt: str = Field(min_length=1)  # counter: prompt tokens so far
+
+
+VLLM_METRICS = ProgressMetrics(
+    running="vllm:num_requests_running",
+    generation="vllm:generation_tokens_total",
+    prompt="vllm:prompt_tokens_total",
+)
+SGLANG_METRICS = ProgressMetrics(
+    running="sglang:num_running_reqs",
+    generation="sglang:generation_tokens_total",
+    prompt="sglang:prompt_tokens_total",
+)
+
+
+class MetricsError(ValueError):
+    """A metrics page that lacks a needed series or holds an unreadable value."""
+
+
+def read_samples(text: str, names: Iterable[str]) -> dict[str, float]:
+    """Each named series' value, summed over its label sets (e.g. one per data-parallel rank).
+
+    Only lines that start with a wanted name are parsed. A name with no sample
+    is an error: a page that lacks the running gauge must not read as idle.
+    """
+    wanted = set(names)
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        cut = _name_end(line)
+        name = line[:cut]
+        if name not in wanted:
+            continue
+        rest = line[cut:]
+        if rest.startswith("{"):
+            rest = rest[_labels_end(rest, line) :]
+        fields = rest.split()
+        if not fields:
+            raise MetricsError(f"metric line without a value: {line[:200]!r}")
+        try:
+            value = float(fields[0])
+        except ValueError:
+            raise MetricsError(f"metric line with a bad value: {line[:200]!r}") from None
+        if math.isnan(value):
+            raise MetricsError(f"metric {name} is NaN")
+        totals[name] = totals.get(name, 0.0) + value
+    missing = sorted(wanted - totals.keys())
+    if missing:
+        raise MetricsError(f"no {', '.join(missing)} in the metrics")
+    return totals
+
+
+def _name_end(line: str) -> int:
+    for index, ch in enumerate(line):
+        if ch in "{ \t":
+            return index
+    return len(line)
+
+
+def _labels_end(rest: str, line: str) -> int:
+    """Index just past the ``}`` closing the label set; quoted values may hold ``}``."""
+    quoted = escaped = False
+    for index, ch in enumerate(rest):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = quoted
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == "}" and not quoted:
+            return index + 1
+    raise MetricsError(f"metric line with unclosed labels: {line[:200]!r}")
+
+
+class StallWatch:
+    """Whether one engine's token counters moved while it had requests running."""
+
+    def __init__(self, liveness: Liveness) -> None:
+        self.liveness = liveness
+        self.running = 0.0
+        self._counters: tuple[float, float] | None = None
+        self._since: float | None = None  # monotonic: first scrape of the still run
+        self._since_wall = 0.0
+        self._confirmed = False  # a later scrape saw the same counters, work still running
+
+    def observe(
+        self, running: float, generation: float, prompt: float, now: float,
+        wall: float | None = None,
+    ) -> None:  # fmt: skip
+        """One scrape's values; ``now`` is monotonic, ``wall`` the same moment as time.time()."""
+        self.running = running
+        counters = (generation, prompt)
+        if running <= 0 or counters != self._counters:
+            # Idle, or it counted tokens since the last scrape: no stall. A
+            # still run starts at the first scrape that saw these counters
+            # with work running, not earlier: the work may have just arrived.
+            self._counters = counters
+            self._since = None
+            self._confirmed = False
+            if running > 0:
+                self._start(now, wall)
+        elif self._since is None:
+            self._start(now, wall)
+        else:
+            self._confirmed = True
+
+    def _start(self, now: float, wall: float | None) -> None:
+        self._since = now
+        self._since_wall = time.time() if wall is None else wall
+        self._confirmed = False
+
+    @property
+    def stalling(self) -> bool:
+        """Work running and the same counters on two scrapes or more."""
+        return self._confirmed
+
+    def still_for(self, now: float) -> float:
+        return now - self._since if self._since is not None and self._confirmed else 0.0
+
+    def stalled(self, now: float) -> bool:
+        return self._confirmed and self.still_for(now) >= self.liveness.stall_window_s
+
+    def stalling_reason(self) -> str:
+        """What a replica still routed to says while its counters stand still."""
+        since = time.strftime("%H:%M:%S", time.gmtime(self._since_wall))
+        return f"no progress since {since} UTC: {self._tally()}"
+
+    def stalled_reason(self, now: float) -> str:
+        """Why a stalled engine was killed."""
+        seconds = self.still_for(now)
+        return f"engine made no progress for {seconds:.0f} s with {self._tally()}; killed"
+
+    def _tally(self) -> str:
+        requests = "request" if self.running == 1 else "requests"
+        return (
+            f"{self.running:g} {requests} running (generation and prompt token counters unchanged)"
+        )
