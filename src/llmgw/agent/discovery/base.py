@@ -56,6 +56,8 @@ class HealthFacts:
     lost: bool = False  # fallen off the bus ("GPU is lost")
     unknown_error: bool = False  # the driver answers "Unknown Error"
     detail: list[str] = field(default_factory=list)  # raw messages worth showing
+    # Xid errors NVML delivered for the whole card (discovery.xid), each a full reason.
+    xid_errors: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -69,6 +71,9 @@ class InstanceFacts:
     memory_total_mib: int = 0
     memory_used_mib: int = 0
     processes: list[ProcessFacts] = field(default_factory=list)
+    # Failures of this instance alone (an Xid event naming its GI/CI); the
+    # card's own health applies to every instance on top of these.
+    unhealthy_reasons: list[str] = field(default_factory=list)
 
 
 @dataclass

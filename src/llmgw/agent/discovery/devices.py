@@ -117,6 +117,7 @@ def _instance_devices(card: CardFacts, card_cls: str, warnings: list[str]) -> li
     devices = []
     for position, inst in enumerate(ordered):
         number = mig_number(card.index, position)
+        inst_why = [*why, *inst.unhealthy_reasons]
         devices.append(
             Device(
                 number=number,
@@ -129,8 +130,8 @@ def _instance_devices(card: CardFacts, card_cls: str, warnings: list[str]) -> li
                 utilization_pct=None,
                 temperature_c=card.temperature_c,
                 power_w=card.power_w,
-                healthy=not why,
-                unhealthy_reasons=list(why),
+                healthy=not inst_why,
+                unhealthy_reasons=inst_why,
                 mig=MigInfo(
                     parent_uuid=card.uuid,
                     parent_index=card.index,

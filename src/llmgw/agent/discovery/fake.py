@@ -13,6 +13,7 @@ same real capture drives both sources.
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +22,7 @@ import pynvml
 
 from llmgw.agent.discovery.base import CardFacts
 from llmgw.agent.discovery.nvml import GPU_IS_LOST, LIBRARY_NOT_FOUND, NOT_FOUND, NOT_SUPPORTED
+from llmgw.agent.discovery.xid import EVENT_XID_CRITICAL, TIMEOUT, WHOLE_GPU
 
 _MIB = 1024 * 1024
 
@@ -67,6 +69,17 @@ class FakeGpu:
     # After this many calls on its handles, every call raises GPU_IS_LOST.
     lost_after_calls: int | None = None
     calls: int = 0
+    # Event types the card supports (nvmlDeviceGetSupportedEventTypes).
+    event_types: int = EVENT_XID_CRITICAL
+
+
+class FakeEventSet:
+    """An NVML event set: the cards registered on it and the events waiting."""
+
+    def __init__(self) -> None:
+        self.registered: dict[int, int] = {}  # id(FakeGpu) -> event mask
+        self.events: queue.Queue[Any] = queue.Queue()
+        self.freed = False
 
 
 class FakeNvml:
@@ -85,6 +98,9 @@ class FakeNvml:
         self.cuda_version = cuda_version
         self.init_error = init_error
         self.initialised = False
+        self.event_sets: list[FakeEventSet] = []
+        # An NVML error code the next nvmlEventSetWait raises instead of waiting.
+        self.wait_error: int | None = None
 
     @classmethod
     def absent(cls) -> FakeNvml:
@@ -229,6 +245,59 @@ class FakeNvml:
         if _mig_on(gpu) or gpu.remapped_rows is None:
             raise pynvml.NVMLError(NOT_SUPPORTED)  # "If MIG is enabled" (nvml.h)
         return gpu.remapped_rows
+
+    # -- events -------------------------------------------------------------------
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        return self._gpu(handle, "nvmlDeviceGetSupportedEventTypes").event_types
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        event_set = FakeEventSet()
+        self.event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None:
+        if isinstance(handle, FakeMig):  # NVML: events on parent GPUs only
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        gpu = self._gpu(handle, "nvmlDeviceRegisterEvents")
+        event_set.registered[id(gpu)] = event_types
+
+    def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any:
+        if self.wait_error is not None:
+            raise pynvml.NVMLError(self.wait_error)
+        try:
+            return event_set.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise pynvml.NVMLError(TIMEOUT) from None
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        event_set.freed = True
+
+    def deliver_xid(
+        self,
+        index: int,
+        xid: int,
+        *,
+        gpu_instance_id: int = WHOLE_GPU,
+        compute_instance_id: int = WHOLE_GPU,
+    ) -> int:
+        """Raise Xid ``xid`` on card ``index``; returns how many event sets received it."""
+        gpu = self.gpus[index]
+        delivered = 0
+        for event_set in self.event_sets:
+            if event_set.freed or not event_set.registered.get(id(gpu), 0) & EVENT_XID_CRITICAL:
+                continue
+            event_set.events.put(
+                SimpleNamespace(
+                    device=gpu,
+                    eventType=EVENT_XID_CRITICAL,
+                    eventData=xid,
+                    gpuInstanceId=gpu_instance_id,
+                    computeInstanceId=compute_instance_id,
+                )
+            )
+            delivered += 1
+        return delivered
 
 
 def _mig_on(gpu: FakeGpu) -> bool:

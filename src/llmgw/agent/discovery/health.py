@@ -38,6 +38,7 @@ def reasons(health: HealthFacts) -> list[str]:
         found.append("the driver reports unrepairable memory: replace the GPU")
     if health.reset_required:
         found.append("the driver requires a GPU reset")
+    found.extend(health.xid_errors)
     return found
 
 

@@ -17,6 +17,7 @@ from llmgw.agent.discovery.devices import build_devices
 from llmgw.agent.discovery.health import LastSeen
 from llmgw.agent.discovery.nvidia_smi import NvidiaSmiSource
 from llmgw.agent.discovery.nvml import NvmlApi, NvmlSource
+from llmgw.agent.discovery.xid import XidMarks
 from llmgw.errors import ConfigError, DiscoveryError
 from llmgw.wire import CPU_CLASS, Device, NodeInventory
 
@@ -48,11 +49,14 @@ def inventory_from(
     cpu_slots: int = 1,
     class_overrides: Mapping[str, str] | None = None,
     cache: LastSeen | None = None,
+    xids: XidMarks | None = None,
 ) -> NodeInventory:
-    """The inventory one source's snapshot describes."""
+    """The inventory one source's snapshot describes, with the Xid marks in ``xids``."""
     seen = cache if cache is not None else _DEFAULT_CACHE
     for card in snapshot.cards:
         seen.apply(card)
+        if xids is not None:
+            xids.apply(card)
     warnings = list(snapshot.warnings)
     devices = build_devices(snapshot.cards, class_overrides=class_overrides, warnings=warnings)
     if not devices:  # the driver answers but has no GPU: a CPU node after all
@@ -75,11 +79,13 @@ def discover(
     nvidia_smi: str | None = None,
     cache: LastSeen | None = None,
     hostname: str | None = None,
+    xids: XidMarks | None = None,
 ) -> NodeInventory:
     """What this node has: GPUs (as cards or MIG instances) or CPU slots.
 
     ``nvml`` replaces the pynvml module (tests pass a FakeNvml); ``nvidia_smi``
-    the executable (else ``LLMGW_NVIDIA_SMI``, else ``nvidia-smi``).
+    the executable (else ``LLMGW_NVIDIA_SMI``, else ``nvidia-smi``); ``xids``
+    the marks an :class:`~llmgw.agent.discovery.xid.XidWatcher` records.
     """
     host = hostname or socket.gethostname()
     if cpu_slots < 0:
@@ -97,6 +103,7 @@ def discover(
                 cpu_slots=cpu_slots,
                 class_overrides=class_overrides,
                 cache=seen,
+                xids=xids,
             )
         except SourceUnavailable as absent:
             if absent.warning:
