@@ -90,6 +90,8 @@ class AgentConfig:
     hf_endpoint: str | None = None
     # Disk space a weights fetch leaves free (llmgw.agent.diskroom).
     weights_reserve: DiskReserve = field(default_factory=DiskReserve)
+    # Xids that leave a GPU healthy; None: LLMGW_IGNORED_XIDS, else the default.
+    ignored_xids: frozenset[int] | None = None
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -114,9 +116,15 @@ class Agent:
         self._control_plane_urls = parse_control_plane_urls(config.control_plane)
         self.data_dir = config.data_dir
         self.bind_host = config.bind_host or config.address
-        self._inventory_provider = inventory_provider or pinning.Discoverer(
-            config.cpu_slots, config.class_overrides
-        )
+        # The discoverer's Xid watch runs while the agent does.
+        self._discoverer: pinning.Discoverer | None = None
+        if isinstance(inventory_provider, pinning.Discoverer):
+            self._discoverer = inventory_provider
+        elif inventory_provider is None:
+            self._discoverer = inventory_provider = pinning.Discoverer(
+                config.cpu_slots, config.class_overrides, ignored_xids=config.ignored_xids
+            )
+        self._inventory_provider = inventory_provider
         self.adapters = dict(adapters) if adapters is not None else dict(default_adapters())
         self.supervisor: ProcessControl = supervisor or Supervisor(self.data_dir / "logs")
         self.weights = WeightsCache(
@@ -160,6 +168,8 @@ class Agent:
         self.identity = load_identity(self.data_dir, self.config.name)
         self._agent_key_hash = await asyncio.to_thread(self._read_agent_key_hash)
         await asyncio.to_thread(self.weights.clean_partial)
+        if self._discoverer is not None:
+            await asyncio.to_thread(self._discoverer.start_watching)
         self._session = self._shared_session or aiohttp.ClientSession()
         self._client = ControlPlaneClient(self._control_plane_urls, self._session)
         self._deps = RunnerDeps(
@@ -247,6 +257,8 @@ class Agent:
             if self._session is not self._shared_session:
                 await self._session.close()
             self._session = None
+        if self._discoverer is not None:
+            await asyncio.to_thread(self._discoverer.stop_watching)
         self._opened = False
 
     # -- one exchange ------------------------------------------------------------

@@ -12,11 +12,23 @@ Entry points other parts use:
 Layout: ``base`` (facts and the Source protocol), ``nvml`` and ``nvidia_smi``
 (+ ``smi_list``/``smi_xml`` parsers) the two sources, ``fake`` a fake NVML,
 ``devices`` the MIG rules, ``classes`` the class naming rule, ``health``
-health and wear, ``inventory`` the ``discover()`` entry point.
+health and wear, ``inventory`` the ``discover()`` entry point, ``xid`` the
+thread that marks GPUs hit by Xid errors.
 """
 
 from llmgw.agent.discovery.health import LastSeen
 from llmgw.agent.discovery.inventory import cpu_devices, discover, inventory_from
 from llmgw.agent.discovery.nvml import NvmlApi
+from llmgw.agent.discovery.xid import NvmlEventsApi, XidMarks, XidWatcher, ignored_xids_from_env
 
-__all__ = ["LastSeen", "NvmlApi", "cpu_devices", "discover", "inventory_from"]
+__all__ = [
+    "LastSeen",
+    "NvmlApi",
+    "NvmlEventsApi",
+    "XidMarks",
+    "XidWatcher",
+    "cpu_devices",
+    "discover",
+    "ignored_xids_from_env",
+    "inventory_from",
+]
