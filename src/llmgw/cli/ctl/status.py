@@ -90,7 +90,8 @@ def status(ctx: typer.Context, as_json: JsonOpt = False, watch: WatchOpt = None)
         return {"summary": summary, "models": models}
 
     if as_json:
-        print_json(fetch()["summary"])
+        # --json prints the summary alone; the models are only for the table's reasons.
+        print_json(client.call("GET", "/summary"))
     elif watch:
         watch_live(fetch, status_view, watch)
     else:
