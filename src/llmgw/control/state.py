@@ -162,15 +162,6 @@ class FleetState:
     def replicas_on(self, node: str) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if node in r.nodes]
 
-    def used_devices(self) -> dict[tuple[str, int], str]:
-        """(node, device number) -> replica id, for every device a replica holds."""
-        used: dict[tuple[str, int], str] = {}
-        for replica in self.replicas.values():
-            for shard in replica.shards:
-                for number in shard.device_numbers:
-                    used[(shard.node, number)] = replica.id
-        return used
-
     def resolve_model(self, name: str) -> ModelRecord | None:
         record = self.models.get(name)
         if record is not None:

@@ -119,8 +119,8 @@ def _device_view(device: Device, status: DeviceStatus, holder: str | None) -> De
 
 
 def used_by_node(state: FleetState) -> dict[str, dict[int, str]]:
-    """node -> device number -> replica id: FleetState.used_devices(), grouped once
-    per call so that each node looks up its own small dict."""
+    """node -> device number -> replica id, for every device a replica holds;
+    grouped by node so that each node looks up its own small dict."""
     out: dict[str, dict[int, str]] = {}
     for replica in state.replicas.values():
         rid = replica.id
