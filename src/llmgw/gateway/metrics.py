@@ -11,7 +11,8 @@ registry per Gateway lets several gateways share a process (tests, `llmgw up`).
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -75,16 +76,10 @@ class GatewayMetrics:
         self.requests[key] = self.requests.get(key, 0) + 1
 
     def ttft(self, model: str, seconds: float) -> None:
-        histogram = self.ttft_by.get(model)
-        if histogram is None:
-            histogram = self.ttft_by[model] = _Histogram(LATENCY_BUCKETS)
-        histogram.observe(seconds)
+        _observe(self.ttft_by, model, seconds)
 
     def latency(self, model: str, seconds: float) -> None:
-        histogram = self.latency_by.get(model)
-        if histogram is None:
-            histogram = self.latency_by[model] = _Histogram(LATENCY_BUCKETS)
-        histogram.observe(seconds)
+        _observe(self.latency_by, model, seconds)
 
     def overhead(self, seconds: float) -> None:
         self.overhead_hist.observe(seconds)
@@ -114,6 +109,23 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
+def _observe(by_model: dict[str, _Histogram], model: str, seconds: float) -> None:
+    histogram = by_model.get(model)
+    if histogram is None:
+        histogram = by_model[model] = _Histogram(LATENCY_BUCKETS)
+    histogram.observe(seconds)
+
+
+_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
+
+
+def _filled(family: _Family, values: Mapping[str, int] | Mapping[tuple[str, str], int]) -> _Family:
+    """``family`` with one sample per entry; a key is the label value(s)."""
+    for key, value in list(values.items()):
+        family.add_metric([key] if isinstance(key, str) else list(key), value)
+    return family
+
+
 class _Exporter(Collector):
     """Turns the plain numbers into Prometheus families at scrape time."""
 
@@ -122,13 +134,10 @@ class _Exporter(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self._m
-        requests = CounterMetricFamily(
+        yield _filled(CounterMetricFamily(
             "llmgw_gateway_requests", "Requests answered, by model and HTTP status.",
             labels=["model", "status"],
-        )  # fmt: skip
-        for (model, status), value in list(m.requests.items()):
-            requests.add_metric([model, status], value)
-        yield requests
+        ), m.requests)  # fmt: skip
         for name, doc, source in (
             ("llmgw_gateway_time_to_first_token_seconds",
              "From request arrival to the first body byte of a streamed answer.", m.ttft_by),
@@ -147,41 +156,26 @@ class _Exporter(Collector):
         points, total = m.overhead_hist.family_points()
         overhead.add_metric([], points, total)
         yield overhead
-        tokens = CounterMetricFamily(
+        yield _filled(CounterMetricFamily(
             "llmgw_gateway_tokens", "Tokens by model and kind (prompt, completion, cached).",
             labels=["model", "kind"],
-        )  # fmt: skip
-        for (model, kind), value in list(m.tokens_by.items()):
-            tokens.add_metric([model, kind], value)
-        yield tokens
-        in_flight = GaugeMetricFamily(
+        ), m.tokens_by)  # fmt: skip
+        yield _filled(GaugeMetricFamily(
             "llmgw_gateway_in_flight", "Requests in flight upstream, by model.", labels=["model"]
-        )
-        for model, value in list(m.in_flight_by.items()):
-            in_flight.add_metric([model], value)
-        yield in_flight
-        routing = CounterMetricFamily(
+        ), m.in_flight_by)  # fmt: skip
+        yield _filled(CounterMetricFamily(
             "llmgw_gateway_prefix_routing",
             "Routing decisions by outcome: hit (cached prefix), miss (new prefix),"
             " overloaded (holder too loaded), none (policy ignores prefixes).",
             labels=["model", "outcome"],
-        )
-        for (model, outcome), value in list(m.routing.items()):
-            routing.add_metric([model, outcome], value)
-        yield routing
-        retries = CounterMetricFamily(
+        ), m.routing)  # fmt: skip
+        yield _filled(CounterMetricFamily(
             "llmgw_gateway_upstream_retries", "Requests retried on another replica.",
             labels=["model"],
-        )  # fmt: skip
-        for model, value in list(m.retries.items()):
-            retries.add_metric([model], value)
-        yield retries
-        waiting = GaugeMetricFamily(
+        ), m.retries)  # fmt: skip
+        yield _filled(GaugeMetricFamily(
             "llmgw_gateway_waiting", "Requests waiting for an on-demand replica.", labels=["model"]
-        )
-        for model, value in m.waiting().items():
-            waiting.add_metric([model], value)
-        yield waiting
+        ), m.waiting())  # fmt: skip
         yield GaugeMetricFamily(
             "llmgw_gateway_config_version", "Routing version in use.", value=m.config_version
         )
