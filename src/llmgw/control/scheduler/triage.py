@@ -279,10 +279,6 @@ def _failure(replica: ReplicaRecord, spec: ModelSpec, now: float) -> str | None:
         return None
     if replica.state is ReplicaState.FAILED:
         return replica.reason or "the engine failed"
-    if (
-        replica.state is ReplicaState.STARTING
-        and not replica.draining
-        and now - replica.created_at > spec.start_timeout_s
-    ):
+    if replica.state is ReplicaState.STARTING and now - replica.created_at > spec.start_timeout_s:
         return f"not ready within its start timeout of {spec.start_timeout_s:g} s"
     return None
