@@ -346,14 +346,7 @@ class ReplicaRunner:
             # shows in reports (and `llmgw ctl replicas`) while it lasts.
             self._set(self.state, failed.failing_reason(path), notify=first)
             return False
-        status = self.deps.supervisor.poll(proc)
-        if status.exited:  # the probe failed because the engine had just exited
-            await self._exited(status)
-            return True
-        reason = failed.hung_reason(path, now)
-        log.error("replica %s: %s; stopping it", self.replica_id, reason)
-        stopped = await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
-        await self._fail(reason + self._last_words(), stopped.code)
+        await self._kill_and_fail(proc, failed.hung_reason(path, now))
         return True
 
     async def _stalled(self, proc: EngineProcess, metrics: ProgressMetrics) -> bool:
@@ -390,18 +383,21 @@ class ReplicaRunner:
                 log.warning("replica %s: %s", self.replica_id, stall.stalling_reason())
             self._set(self.state, stall.stalling_reason(), notify=not was_stalling)
             return False
+        await self._kill_and_fail(proc, stall.stalled_reason(now))
+        return True
+
+    async def _kill_and_fail(self, proc: EngineProcess, reason: str) -> None:
+        """Stop an engine judged hung or stalled and fail its replica with ``reason``."""
         status = self.deps.supervisor.poll(proc)
-        if status.exited:
+        if status.exited:  # the check failed because the engine had just exited
             await self._exited(status)
-            return True
-        reason = stall.stalled_reason(now)
+            return
         log.error("replica %s: %s; stopping it", self.replica_id, reason)
         stopped = await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
         await self._fail(reason + self._last_words(), stopped.code)
-        return True
 
     async def _scrape(self, metrics: ProgressMetrics) -> dict[str, float]:
-        url = f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{metrics.path}"
+        url = self._engine_url(metrics.path)
         timeout = aiohttp.ClientTimeout(total=self.deps.liveness.timeout_s)
         async with self.deps.session.get(url, timeout=timeout) as resp:
             if resp.status != 200:
@@ -414,9 +410,12 @@ class ReplicaRunner:
         names = (metrics.running, metrics.generation, metrics.prompt)
         return read_samples(body.decode("utf-8", errors="replace"), names)
 
+    def _engine_url(self, path: str) -> str:
+        return f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
+
     async def _probe(self, path: str, timeout_s: float) -> str | None:
         """GET ``path`` on the engine: None when it answers 200, else what went wrong."""
-        url = f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
+        url = self._engine_url(path)
         try:
             async with self.deps.session.get(
                 url, timeout=aiohttp.ClientTimeout(total=timeout_s)
