@@ -401,6 +401,11 @@ class AgentReportAnswer(Wire):
 STANDBY_CODE = "standby"
 LEADER_HEADER = "X-Llmgw-Leader"
 
+# The control plane POSTs here on an agent's own server (llmgw.agent.server)
+# when the node's assignments changed, so the agent reports now rather than
+# at its next interval (llmgw.control.nudge).
+NUDGE_PATH = "/agent/v1/nudge"
+
 
 # ---------------------------------------------------------------------------
 # Routing table (control plane -> gateway) and load (gateway -> control plane)

@@ -20,9 +20,7 @@ from aiohttp.typedefs import Handler
 from llmgw.agent.fetchers import FILE_PATH, MANIFEST_PATH
 from llmgw.agent.weights import WeightsCache, manifest_json
 from llmgw.secrets import bearer
-
-# Also named in llmgw.control.nudge, which calls it; the path is the contract.
-NUDGE_PATH = "/agent/v1/nudge"
+from llmgw.wire import NUDGE_PATH
 
 
 class WeightsServer:

@@ -17,10 +17,10 @@ from collections.abc import Iterable
 import aiohttp
 
 from llmgw.control.state import FleetState, NodeRecord
+from llmgw.wire import NUDGE_PATH
 
 log = logging.getLogger(__name__)
 
-NUDGE_PATH = "/agent/v1/nudge"  # served by llmgw.agent.server
 NUDGE_TIMEOUT_S = 1.0
 
 Signature = dict[str, frozenset[tuple[str, int, bool]]]
