@@ -119,8 +119,7 @@ def load_catalog_file(path: Path) -> list[ModelSpec]:
         specs = parse_models(text, source=str(path))
         validate_catalog(specs)
     except LlmgwError as exc:
-        problems = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        raise ConfigError(f"catalog {path} is invalid: {problems}") from None
+        raise ConfigError(f"catalog {path} is invalid: {_one_line(exc)}") from None
     # Everything runs on this machine, so a local weights path that is not
     # here can never be served: say so now rather than after a failed start.
     for spec in specs:
@@ -139,9 +138,13 @@ def load_sim_fleet(path: Path) -> Any:
         spec = load_fleet_spec(path)
         validate_catalog(list(spec.models))
     except LlmgwError as exc:
-        problems = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        raise ConfigError(f"fleet spec {path} is invalid: {problems}") from None
+        raise ConfigError(f"fleet spec {path} is invalid: {_one_line(exc)}") from None
     return spec
+
+
+def _one_line(exc: Exception) -> str:
+    """A multi-line validation error as one line, so the CLI's error stays one line."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
 def resolve_store_url(data_dir: Path, database_url: str | None) -> str:
