@@ -159,17 +159,6 @@ class PrefixIndex:
             return 0, []
         return matched, candidates
 
-    def held(self, hashes: list[int], replica_id: str) -> int:
-        """How many leading blocks of ``hashes`` ``replica_id`` holds."""
-        owners = self._owners
-        matched = 0
-        for block in hashes:
-            holders = owners.get(block)
-            if holders is None or replica_id not in holders:
-                break
-            matched += 1
-        return matched
-
     def record(self, replica_id: str, hashes: list[int]) -> None:
         lru = self._lru.get(replica_id)
         if lru is None:

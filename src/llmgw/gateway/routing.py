@@ -236,7 +236,7 @@ class ModelRouter:
             # No choice to make, but the index is still kept: it is what sends
             # known prefixes back here once a second replica appears.
             replica = replicas[0]
-            matched = self._index.held(hashes, replica.replica_id)
+            matched, _ = self._index.longest(hashes, {replica.replica_id: replica})
             outcome = HIT if matched else MISS
         else:
             allowed = {r.replica_id: r for r in replicas}
