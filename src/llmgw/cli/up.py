@@ -402,15 +402,14 @@ async def _up(
         await cp.put_models(catalog)
     elif options.sim is None and not cp.state.models:
         await cp.put_models([ModelSpec.model_validate(STARTER_MODEL)])
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0,
-                                  advertise_url=f"http://{_public_host(options.host)}:{options.port}")
+    base = f"http://{_public_host(options.host)}:{options.port}"
+    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0, advertise_url=base)
     gateway = build_gateway(cp)
     await runtime.start()
     await gateway.start()
     server = await _serve_http(
         PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop
     )
-    base = f"http://{_public_host(options.host)}:{options.port}"
     join_token = creds.join_token
     agents: list[Any] = []
     try:
