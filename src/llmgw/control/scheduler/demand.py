@@ -1,8 +1,8 @@
 """How many replicas a model should have now, and how long a replica has been idle.
 
-The admin views show the same count (adminapi/views/models.py, desired_now)
-so that the summary's "short" is what the reconciler is working on; a test
-pins the two together.
+The admin views apply the same rule (desired_given, from adminapi/views/
+models.py) so that the summary's "short" is what the reconciler is working
+on; a test pins the two together.
 """
 
 from __future__ import annotations
@@ -20,13 +20,27 @@ def desired_count(record: ModelRecord, replicas: list[ReplicaRecord], now: float
     always-on model.
     """
     spec = record.spec
+    in_use = spec.on_demand and any(idle_for(r, now) < spec.idle_timeout_s for r in replicas)
+    return desired_given(record, now, in_use=in_use)
+
+
+def desired_given(record: ModelRecord, now: float, *, in_use: bool) -> int:
+    """clamp(min, demand, max) once the caller knows whether a replica is in use.
+
+    The one rule both the reconciler (:func:`desired_count`) and the admin
+    views (which know use from replica views) apply; ``in_use`` only matters
+    for an on-demand model.
+    """
+    spec = record.spec
+    base = spec.min_replicas
     if spec.on_demand:
-        asked = record.demand_at is not None and now - record.demand_at <= spec.idle_timeout_s
-        in_use = any(idle_for(r, now) < spec.idle_timeout_s for r in replicas)
-        base = 1 if asked or in_use else 0
-    else:
-        base = spec.min_replicas
+        base = 1 if in_use or asked_for(record, now) else 0
     return max(spec.min_replicas, min(base + max(0, record.load_demand), spec.max_replicas))
+
+
+def asked_for(record: ModelRecord, now: float) -> bool:
+    """Asked for recently enough that its idle timeout has not run out."""
+    return record.demand_at is not None and now - record.demand_at <= record.spec.idle_timeout_s
 
 
 def idle_for(replica: ReplicaRecord, now: float) -> float:

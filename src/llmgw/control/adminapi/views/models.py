@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from llmgw.control.adminapi.views.replicas import ReplicaView
+from llmgw.control.scheduler.demand import asked_for, desired_given
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.wire import ModelSpec, ReplicaState
 
@@ -43,11 +44,6 @@ class ModelView:
 # -- desired replicas -----------------------------------------------------------
 
 
-def demanded(model: ModelRecord, now: float) -> bool:
-    """Asked for recently enough that its idle timeout has not run out."""
-    return model.demand_at is not None and now - model.demand_at <= model.spec.idle_timeout_s
-
-
 def desired_now(model: ModelRecord, now: float, last_used: float | None = None) -> int:
     """clamp(min, demand, max): what the model should have now.
 
@@ -59,13 +55,8 @@ def desired_now(model: ModelRecord, now: float, last_used: float | None = None) 
     timeout, or while one of its live replicas was used (or started) within
     it (``last_used``: ReplicaTally.last_used); load demand is extra on top.
     """
-    spec = model.spec
-    if spec.on_demand:
-        in_use = last_used is not None and now - last_used < spec.idle_timeout_s
-        base = 1 if demanded(model, now) or in_use else 0
-    else:
-        base = spec.min_replicas
-    return max(spec.min_replicas, min(base + max(0, model.load_demand), spec.max_replicas))
+    in_use = last_used is not None and now - last_used < model.spec.idle_timeout_s
+    return desired_given(model, now, in_use=in_use)
 
 
 # -- replica counts ---------------------------------------------------------------
@@ -133,7 +124,7 @@ def model_view(model: ModelRecord, tally: ReplicaTally, now: float) -> ModelView
         min_replicas=spec.min_replicas,
         max_replicas=spec.max_replicas,
         desired=desired_now(model, now, tally.last_used(model.name)),
-        demanded=demanded(model, now),
+        demanded=asked_for(model, now),
         load_demand=model.load_demand,
         ready=ready,
         starting=starting,
