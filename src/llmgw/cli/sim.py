@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,6 +18,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 import typer
 
+from llmgw.cli.logs import setup_logging
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.sim import engine as sim_engine
 from llmgw.sim.core import check_params
@@ -133,11 +133,7 @@ def fleet_command(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """Run a simulated fleet against a control plane until SIGINT or SIGTERM."""
-    logging.basicConfig(
-        level=getattr(logging, log_level.upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(log_level, fallback=logging.WARNING)
     try:
         fleet_spec = load_fleet_spec(spec)
     except ValidationError as exc:
