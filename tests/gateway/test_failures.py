@@ -35,7 +35,9 @@ async def _engine_process(name: str, delay_s: float) -> tuple[asyncio.subprocess
 async def test_killed_replica_mid_load_costs_no_client_error(
     upstreams: Any, link: MemoryLink
 ) -> None:
-    doomed, doomed_url = await _engine_process("doomed", 0.3)
+    # The doomed engine never answers before it is killed, however slowly this
+    # machine runs the test: every request it holds must be saved by a retry.
+    doomed, doomed_url = await _engine_process("doomed", 30.0)
     try:
         survivor = await upstreams("survivor", delay_s=0.05)
         config = make_config(1, [route("m", [doomed_url, survivor], routing="round-robin")])
