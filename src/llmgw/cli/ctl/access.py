@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 
 from llmgw.cli.ctl.client import CtlError, admin_client, guarded
-from llmgw.cli.ctl.render import JsonOpt, local_time, make_console, new_table, print_json
+from llmgw.cli.ctl.render import (
+    JsonOpt,
+    local_time,
+    make_console,
+    new_table,
+    print_json,
+    print_listing,
+)
 
 keys_app = typer.Typer(help="API keys: list (default), create, revoke.")
 
@@ -19,16 +26,14 @@ def keys(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """API keys (never their secrets)."""
     if ctx.invoked_subcommand is not None:
         return
-    data = admin_client(ctx).call("GET", "/keys")
-    if as_json:
-        print_json(data)
-        return
-    table = new_table("KEY", "NAME", "MODELS", "RPM", "TPM", "EXPIRES", "REVOKED")
-    for k in data:
-        table.add_row(k["key_id"], k["name"], ",".join(k["models"]) or "all",
-                      str(k["rpm"] or "-"), str(k["tpm"] or "-"), local_time(k["expires_at"]),
-                      "yes" if k["revoked"] else "")
-    make_console().print(table if data else "No API keys.")
+    print_listing(
+        admin_client(ctx).call("GET", "/keys"), as_json,
+        ("KEY", "NAME", "MODELS", "RPM", "TPM", "EXPIRES", "REVOKED"),
+        lambda k: (k["key_id"], k["name"], ",".join(k["models"]) or "all",
+                   str(k["rpm"] or "-"), str(k["tpm"] or "-"), local_time(k["expires_at"]),
+                   "yes" if k["revoked"] else ""),
+        "No API keys.",
+    )
 
 
 @keys_app.command("create")

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from llmgw.cli.ctl.client import admin_client, guarded
-from llmgw.cli.ctl.render import JsonOpt, local_time, make_console, new_table, print_json
+from llmgw.cli.ctl.render import JsonOpt, local_time, print_listing
 
 
 @guarded
@@ -23,10 +23,8 @@ def events(
     """What the control plane did and why, oldest first."""
     data = admin_client(ctx).call("GET", "/events", params={"kind": kind, "subject": subject,
                                                             "since": since, "limit": limit})
-    if as_json:
-        print_json(data)
-        return
-    table = new_table("ID", "TIME", "KIND", "SUBJECT", "MESSAGE")
-    for e in data:
-        table.add_row(str(e["id"]), local_time(e["at"]), e["kind"], e["subject"], e["message"])
-    make_console().print(table if data else "No events.")
+    print_listing(
+        data, as_json, ("ID", "TIME", "KIND", "SUBJECT", "MESSAGE"),
+        lambda e: (str(e["id"]), local_time(e["at"]), e["kind"], e["subject"], e["message"]),
+        "No events.",
+    )

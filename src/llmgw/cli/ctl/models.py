@@ -7,7 +7,7 @@ from typing import Any
 import typer
 
 from llmgw.cli.ctl.client import admin_client, guarded
-from llmgw.cli.ctl.render import JsonOpt, make_console, new_table, print_json
+from llmgw.cli.ctl.render import JsonOpt, print_json, print_listing
 
 models_app = typer.Typer(help="Models: list (default), show, delete.")
 
@@ -26,16 +26,14 @@ def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Models: replicas ready against what they should have now."""
     if ctx.invoked_subcommand is not None:
         return
-    data = admin_client(ctx).call("GET", "/models")
-    if as_json:
-        print_json(data)
-        return
-    table = new_table("MODEL", "ENGINE", "READY", "STARTING", "MIN-MAX", "STATUS", "REASON")
-    for m in data:
-        table.add_row(m["name"], m["spec"]["engine"], f"{m['ready']}/{m['desired']}",
-                      str(m["starting"]), f"{m['min_replicas']}-{m['max_replicas']}",
-                      _model_status(m), m["reason"] or "")
-    make_console().print(table if data else "No models in the catalog (llmgw ctl apply -f FILE).")
+    print_listing(
+        admin_client(ctx).call("GET", "/models"), as_json,
+        ("MODEL", "ENGINE", "READY", "STARTING", "MIN-MAX", "STATUS", "REASON"),
+        lambda m: (m["name"], m["spec"]["engine"], f"{m['ready']}/{m['desired']}",
+                   str(m["starting"]), f"{m['min_replicas']}-{m['max_replicas']}",
+                   _model_status(m), m["reason"] or ""),
+        "No models in the catalog (llmgw ctl apply -f FILE).",
+    )
 
 
 @models_app.command("show")

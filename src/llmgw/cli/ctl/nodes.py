@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from llmgw.cli.ctl.client import admin_client, guarded
-from llmgw.cli.ctl.render import JsonOpt, ago, make_console, new_table, print_json
+from llmgw.cli.ctl.render import JsonOpt, ago, make_console, new_table, print_json, print_listing
 
 nodes_app = typer.Typer(help="Nodes: list (default), show, delete.", no_args_is_help=False)
 
@@ -44,16 +44,14 @@ def nodes(
     """Nodes with their devices by class, health and reasons."""
     if ctx.invoked_subcommand is not None:
         return
-    data = admin_client(ctx).call("GET", "/nodes", params={"state": state, "fabric": fabric})
-    if as_json:
-        print_json(data)
-        return
-    table = new_table("NODE", "STATE", "FABRICS", "DEVICES", "HEALTH", "MODELS", "SEEN")
-    for node in data:
-        table.add_row(node["name"], node["state"], ",".join(node["fabrics"]) or "-",
+    print_listing(
+        admin_client(ctx).call("GET", "/nodes", params={"state": state, "fabric": fabric}),
+        as_json, ("NODE", "STATE", "FABRICS", "DEVICES", "HEALTH", "MODELS", "SEEN"),
+        lambda node: (node["name"], node["state"], ",".join(node["fabrics"]) or "-",
                       _node_devices(node), _node_issues(node), str(len(node["models"])),
-                      ago(node["last_seen"]))
-    make_console().print(table if data else "No nodes registered.")
+                      ago(node["last_seen"])),
+        "No nodes registered.",
+    )
 
 
 @nodes_app.command("show")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -69,6 +69,23 @@ def byte_size(n: float | None) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def print_listing(
+    data: list[dict[str, Any]],
+    as_json: bool,
+    columns: Sequence[str],
+    row: Callable[[dict[str, Any]], Sequence[str]],
+    empty: str,
+) -> None:
+    """A list from the API: its JSON, or a table of one ``row(item)`` each (``empty`` for none)."""
+    if as_json:
+        print_json(data)
+        return
+    table = new_table(*columns)
+    for item in data:
+        table.add_row(*row(item))
+    make_console().print(table if data else empty)
 
 
 def new_table(*columns: str, title: str | None = None) -> Table:
