@@ -13,10 +13,14 @@ from typing import Any
 import pynvml
 import pytest
 from rich.console import Console
-from tests.agent.discovery.smi_helpers import fixture_stand_in
+from tests.agent.discovery.smi_helpers import fixture_stand_in, list_text, xml_bytes
 from typer.testing import CliRunner
 
-from llmgw.agent.discovery.fake import FakeGpu, FakeNvml
+from llmgw.agent.discovery.devices import NOTHING_CARVED
+from llmgw.agent.discovery.fake import FakeGpu, FakeNvml, fake_from_cards
+from llmgw.agent.discovery.nvidia_smi import join
+from llmgw.agent.discovery.smi_list import parse_list
+from llmgw.agent.discovery.smi_xml import parse_xml
 from llmgw.cli.doctor import app, find_engines, run_doctor
 from llmgw.wire import Device
 
@@ -75,6 +79,25 @@ def test_mig_enabled_with_nothing_carved_cannot_run(tmp_path: Path) -> None:
     assert "GPU 0: MIG mode is enabled but no instances are carved" in text
     assert "GPU 1: MIG mode change pending" in text
     assert "no GPU can take work" in text
+
+
+@pytest.mark.parametrize("source", ["nvidia-smi", "nvml"])
+def test_mig_card_without_a_pending_mode_is_shown_out_of_placement(
+    tmp_path: Path, source: str
+) -> None:
+    name = "synthetic-a100-80gb-mig-no-pending.xml"
+    if source == "nvml":
+        cards = join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards)
+        code, report = doctor(tmp_path, nvml=fake_from_cards(cards))
+    else:
+        code, report = doctor(tmp_path, fixture=name)
+    assert code == 0 and report["can_run"] is True  # card 0's instances can
+    assert [c["mode"] for c in report["cards"]] == ["MIG", "MIG"]
+    assert report["cards"][1]["instances"] == []
+    empty = report["devices"][-1]
+    assert (empty["label"], empty["gpu_class"], empty["placeable"]) == ("1", "a100-80g", False)
+    assert empty["unplaceable_reason"] == NOTHING_CARVED
+    assert f"GPU 1: {NOTHING_CARVED}" in report["warnings"]
 
 
 def test_every_gpu_unhealthy_cannot_run(tmp_path: Path) -> None:

@@ -241,6 +241,17 @@ def test_both_sources_agree_on_the_same_capture(name: str) -> None:
     assert sick == [(d.uuid, d.unhealthy_reasons) for d in via_nvml.devices if not d.healthy]
 
 
+def test_capture_without_a_pending_mode_is_no_change_pending_through_nvml() -> None:
+    name = "synthetic-a100-80gb-mig-no-pending.xml"
+    fake = fake_from_cards(join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards))
+    assert [g.mig_mode for g in fake.gpus] == [(1, 1), (1, 1)]
+    *instances, empty = read(fake).devices
+    assert [d.label for d in instances] == ["0/mig0", "0/mig1", "0/mig2", "0/mig3"]
+    assert (empty.label, empty.gpu_class, empty.placeable) == ("1", "a100-80g", False)
+    assert empty.unplaceable_reason is not None
+    assert "no instances are carved" in empty.unplaceable_reason
+
+
 def test_vanished_gpu_keeps_its_uuid_across_discover_calls() -> None:
     fake = FakeNvml([a100(0)])
     cache = LastSeen()

@@ -118,6 +118,17 @@ def test_mig_enabled_with_nothing_carved_and_pending_change_stay_out_of_placemen
     assert pending.utilization_pct is None
 
 
+def test_mig_card_without_a_pending_mode_and_nothing_carved_stays_out_of_placement() -> None:
+    # <pending_mig> absent (drivers and trimmed outputs omit it): no change pending.
+    inv = inventory("synthetic-a100-80gb-mig-no-pending.xml")
+    *instances, empty = inv.devices
+    assert [d.label for d in instances] == ["0/mig0", "0/mig1", "0/mig2", "0/mig3"]
+    assert all(d.placeable for d in instances)
+    assert (empty.label, empty.gpu_class, empty.placeable) == ("1", "a100-80g", False)
+    assert empty.unplaceable_reason == NOTHING_CARVED
+    assert empty.healthy and empty.utilization_pct is None
+
+
 def test_health_signals_from_xml() -> None:
     inv = inventory("synthetic-h100-unhealthy.xml")
     lost, ecc, failed, ok = inv.devices

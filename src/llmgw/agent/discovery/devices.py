@@ -14,7 +14,8 @@ The MIG rules live here, once, for both sources:
   ``2c.3g.71gb``) each report the GPU instance's memory, because that is what
   an engine on either can use; :func:`memory_totals` counts it once.
 * A card in MIG mode with nothing carved, or with a mode change waiting for a
-  reset, is one device that is not placeable, with the reason.
+  reset, is one device that is not placeable, with the reason. A pending mode
+  the source does not give is no change pending (:func:`pending_mode`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ NOTHING_CARVED = (
     "MIG mode is enabled but no instances are carved: create them with "
     "`nvidia-smi mig -cgi <profiles> -C` or mig-parted"
 )
+
+
+def pending_mode(card: CardFacts) -> bool | None:
+    """The MIG mode the card will have after its next reset.
+
+    An unknown pending mode means "no change pending": drivers and trimmed
+    outputs leave ``<pending_mig>`` out, and reading its absence as "MIG off
+    after a reset" would turn a card in MIG mode with nothing carved into a
+    placeable whole card that no engine can open.
+    """
+    return card.mig_current if card.mig_pending is None else card.mig_pending
 
 
 def _pending_reason(current: bool, pending: bool) -> str:
@@ -69,10 +81,11 @@ def _card_device(card: CardFacts, gpu_class: str) -> Device:
         remapped_rows_pending=card.health.remapped_rows_pending,
         remapping_failed=card.health.remapping_failed,
     )
-    if card.mig_current is not None and card.mig_pending is not None:
-        if card.mig_current != card.mig_pending:
+    pending = pending_mode(card)
+    if card.mig_current is not None and pending is not None:
+        if card.mig_current != pending:
             device.placeable = False
-            device.unplaceable_reason = _pending_reason(card.mig_current, card.mig_pending)
+            device.unplaceable_reason = _pending_reason(card.mig_current, pending)
         elif card.mig_current and not card.instances:
             device.placeable = False
             device.unplaceable_reason = NOTHING_CARVED
@@ -173,7 +186,7 @@ def build_devices(
             memory_total_mib=card.memory_total_mib,
             overrides=class_overrides,
         )
-        carved = card.mig_current and card.instances and card.mig_pending is not False
+        carved = card.mig_current and card.instances and pending_mode(card)
         if carved:
             devices.extend(_instance_devices(card, cls, sink))
         else:

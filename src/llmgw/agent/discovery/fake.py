@@ -21,6 +21,7 @@ from typing import Any
 import pynvml
 
 from llmgw.agent.discovery.base import CardFacts
+from llmgw.agent.discovery.devices import pending_mode
 from llmgw.agent.discovery.nvml import GPU_IS_LOST, LIBRARY_NOT_FOUND, NOT_FOUND, NOT_SUPPORTED
 from llmgw.agent.discovery.xid import EVENT_XID_CRITICAL, TIMEOUT, WHOLE_GPU
 
@@ -310,7 +311,9 @@ def fake_from_cards(cards: list[CardFacts]) -> FakeNvml:
     for card in sorted(cards, key=lambda c: c.index):
         mode = None
         if card.mig_current is not None:
-            mode = (int(card.mig_current), int(bool(card.mig_pending)))
+            # NVML always answers both modes; a capture without <pending_mig>
+            # has no change pending, so the pending mode is the current one.
+            mode = (int(card.mig_current), int(bool(pending_mode(card))))
         migs = [
             FakeMig(
                 uuid=i.uuid,
