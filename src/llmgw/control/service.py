@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmgw import secrets
+from llmgw.control.inflight import InFlightBook
 from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
 from llmgw.control.reports import apply_report, assignments_for, weight_peers
@@ -97,6 +98,8 @@ class ControlPlane:
         self._join_hash: str | None = None
         self._gateway_hash: str | None = None
         self._node_by_token_hash: dict[str, str] = {}
+        # Requests in flight per replica and gateway (memory only, re-learnt).
+        self._in_flight = InFlightBook()
         # The secret agents present to each other when copying weights. Kept
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
@@ -332,12 +335,17 @@ class ControlPlane:
 
     async def record_load(self, report: GatewayLoadReport) -> None:
         self.require_leader()
+        now = time.time()
+        self._in_flight.forget_except(self.state.replicas)
         per_model: dict[str, list[int]] = {}
         for load in report.replicas:
             replica = self.state.replicas.get(load.replica_id)
             if replica is None:
                 continue
-            replica.in_flight = load.in_flight
+            # Summed over gateways: each reports only the requests it proxies.
+            replica.in_flight = self._in_flight.record(
+                replica.id, report.gateway_id, load.in_flight, now
+            )
             if load.last_request_at and (
                 replica.last_request_at is None or load.last_request_at > replica.last_request_at
             ):
@@ -345,7 +353,7 @@ class ControlPlane:
                 model = self.state.models.get(replica.model)
                 if model is not None:
                     model.demand_at = max(model.demand_at or 0.0, load.last_request_at)
-            per_model.setdefault(replica.model, []).append(load.in_flight)
+            per_model.setdefault(replica.model, []).append(replica.in_flight)
         for name, loads in per_model.items():
             model = self.state.models.get(name)
             if model is None:

@@ -130,9 +130,16 @@ class ReplicaRecord:
         return sum(len(s.device_numbers) for s in self.shards)
 
     def idle_seconds(self, now: float) -> float | None:
-        """Seconds since the last request, or since it became ready."""
+        """Seconds since the last request, or since it became ready; None before.
+
+        0 while a gateway reports a request in flight: a request that streams
+        for longer than the idle threshold is use, not idleness, and the
+        scheduler (scheduler/demand.idle_for) already treats it so.
+        """
         since = self.last_request_at or self.ready_at
-        return None if since is None else max(0.0, now - since)
+        if since is None:
+            return None
+        return 0.0 if self.in_flight > 0 else max(0.0, now - since)
 
 
 @dataclass

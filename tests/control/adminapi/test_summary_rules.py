@@ -7,6 +7,7 @@ from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
 from llmgw.control.adminapi.patroni import StoreMember, StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, Summary, fleet_summary
 from llmgw.control.adminapi.views.fleet import fleet_views
+from llmgw.control.scheduler.demand import idle_for
 from llmgw.wire import NodeState, ReplicaState
 
 
@@ -162,6 +163,26 @@ def test_idle_counts_from_the_last_request() -> None:
     replica = fleet.replica("m", "n1", [0], idle=7200)
     replica.last_request_at = fleet.now - 30
     assert summary_of(fleet).idle_replicas == []
+
+
+def test_a_replica_with_requests_in_flight_is_idle_nowhere() -> None:
+    # One request streaming for longer than the threshold is use, not idleness:
+    # the summary, the replica views and the scheduler all say 0.
+    fleet = Fleet()
+    fleet.node("n1")
+    fleet.model("m", min_replicas=0, max_replicas=1)
+    replica = fleet.replica("m", "n1", [0], idle=7200)
+    replica.last_request_at = fleet.now - 3 * IDLE_THRESHOLD_S
+    replica.in_flight = 1
+    fleet_summary(fleet.state, fleet.now - 60, StoreStatus(members=[]))  # memoised view
+    assert summary_of(fleet).idle_replicas == []
+    [listed] = fleet_views(fleet.state, fleet.now).replicas
+    assert listed.idle_seconds == 0
+    assert replica.idle_seconds(fleet.now) == 0
+    assert idle_for(replica, fleet.now) == 0
+    replica.in_flight = 0
+    [idle] = summary_of(fleet).idle_replicas
+    assert idle.idle_seconds == 3 * IDLE_THRESHOLD_S
 
 
 def test_node_totals_by_state() -> None:

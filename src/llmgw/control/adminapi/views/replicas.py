@@ -33,7 +33,8 @@ class ReplicaView:
     created_at: float
     ready_at: float | None
     last_request_at: float | None
-    # Whole seconds since the last request (or since ready); None before ready.
+    # Whole seconds since the last request (or since ready); None before ready,
+    # 0 while requests are in flight (ReplicaRecord.idle_seconds).
     idle_seconds: int | None
     gpus: int
     in_flight: int
@@ -85,7 +86,7 @@ def replica_view(
     if detail and port and replica.shards:
         leader = nodes.get(replica.shards[0].node)
         url = f"http://{leader.address}:{port}" if leader is not None else None
-    since = replica.last_request_at or replica.ready_at
+    idle = replica.idle_seconds(now)
     return ReplicaView(
         id=rid,
         model=replica.model,
@@ -100,7 +101,7 @@ def replica_view(
         created_at=replica.created_at,
         ready_at=replica.ready_at,
         last_request_at=replica.last_request_at,
-        idle_seconds=None if since is None else int(max(0.0, now - since)),
+        idle_seconds=None if idle is None else int(idle),
         gpus=gpus,
         in_flight=replica.in_flight,
         download=download,
@@ -126,8 +127,8 @@ def _replica_count_view(replica: ReplicaRecord, nodes: dict[str, NodeRecord],
         _REPLICA_VIEWS[replica.id] = (inputs, view)
         return view
     view = cached[1]
-    since = replica.last_request_at or replica.ready_at
-    view.idle_seconds = None if since is None else int(max(0.0, now - since))
+    idle = replica.idle_seconds(now)
+    view.idle_seconds = None if idle is None else int(idle)
     return view
 
 
