@@ -252,6 +252,10 @@ class ModelSpec(Wire):
     routing: RoutingPolicy = "prefix"
     # Tokens of KV cache one replica holds; sizes the gateway's prefix index.
     kv_capacity_tokens: int = Field(32768, ge=16)
+    # Most tokens one answer may generate; the gateway applies it (sets
+    # max_tokens when the client gave no limit, lowers a larger one). None: no
+    # cap, and a client that sets no limit lets the engine run to its context.
+    max_output_tokens: int | None = Field(None, ge=1)
     sim: SimParams | None = None
 
     @field_validator("name", "aliases")
@@ -428,6 +432,8 @@ class ModelRoute(Wire):
     endpoints: list[Endpoint] = Field(default_factory=list)
     parked: bool = False
     parked_reason: str | None = None
+    # The catalog's max_output_tokens (see ModelSpec).
+    max_output_tokens: int | None = None
 
 
 class RoutingTable(Wire):

@@ -100,9 +100,11 @@ class FakeUpstream:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
-        if "n" in body and not isinstance(body["n"], int):
-            error = {"message": "n must be an integer", "type": "invalid_request_error",
-                     "param": "n", "code": "engine_refused"}  # fmt: skip
+        # An engine extension the gateway does not know (it checks OpenAI's
+        # fields itself), so the engine's own refusal must come back as it is.
+        if "top_k" in body and not isinstance(body["top_k"], int):
+            error = {"message": "top_k must be an integer", "type": "invalid_request_error",
+                     "param": "top_k", "code": "engine_refused"}  # fmt: skip
             return web.json_response({"error": error}, status=400)
         if body.get("stream"):
             return await self._stream(request, body, chat=True)

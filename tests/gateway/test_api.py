@@ -133,10 +133,11 @@ async def test_client_errors_are_openai_shaped(upstreams: Any, link: MemoryLink)
 
         async with aiohttp.ClientSession() as http:
             headers = {"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"}
+            missing = "missing_required_parameter"
             cases = [
                 ("POST", "/v1/chat/completions", b"{not json", 400, "invalid_json"),
                 ("POST", "/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
-                ("POST", "/v1/chat/completions", b'{"messages": []}', 400, "missing_model"),
+                ("POST", "/v1/chat/completions", b'{"messages": []}', 400, missing),
                 ("POST", "/v1/nothing-here", b"{}", 404, None),
                 ("GET", "/v1/chat/completions", b"", 405, None),
             ]
@@ -191,10 +192,10 @@ async def test_upstream_errors_pass_through_and_stream_break_is_an_sse_error(
                 received.append(chunk.choices[0].delta.content or "")
         assert received == ["hello from e1", " t1"]
         assert "stopped answering" in broke.value.message
-        # Wrong parameters are the engine's to judge; its 4xx comes back as it is.
+        # Engines' own parameters are theirs to judge; their 4xx comes back as it is.
         with pytest.raises(openai.BadRequestError) as refused:
             await async_client(url).chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "hi"}], extra_body={"n": "x"}
+                model="m", messages=[{"role": "user", "content": "hi"}], extra_body={"top_k": "x"}
             )
         assert refused.value.code == "engine_refused"
 
@@ -210,7 +211,9 @@ async def test_metrics_and_health(upstreams: Any, link: MemoryLink) -> None:
         )
         _ = [c async for c in stream]
         with pytest.raises(openai.NotFoundError):
-            await client.chat.completions.create(model="x", messages=[])
+            await client.chat.completions.create(
+                model="x", messages=[{"role": "user", "content": "a"}]
+            )
         async with aiohttp.ClientSession() as http:
             async with http.get(url + "/metrics") as resp:
                 text = await resp.text()

@@ -99,7 +99,7 @@ async def test_usage_is_batched_per_key_model_minute(upstreams: Any, link: Memor
         await second.chat.completions.create(model="n", messages=MESSAGES)
         with pytest.raises(openai.BadRequestError):
             await second.chat.completions.create(
-                model="n", messages=MESSAGES, extra_body={"n": "x"}
+                model="n", messages=MESSAGES, extra_body={"top_k": "x"}
             )
         # The control plane is away for a while: nothing may be lost.
         link.fail = True

@@ -53,6 +53,9 @@ STARTER_MODEL = {
     "max_replicas": 1,
     "start_timeout_s": 300,
     "kv_capacity_tokens": 8192,
+    # A client that sets no limit gets at most this many tokens (about 40 s
+    # of decode on one CPU core): without it, one request runs to n_ctx.
+    "max_output_tokens": 1024,
     # The GGUF carries no chat template; llama.cpp's gemma format matches it.
     "engine_args": ["--chat_format", "gemma", "--n_ctx", "8192"],
 }

@@ -202,6 +202,18 @@ def _shape_problems(spec: ModelSpec) -> list[Problem]:
         )
     if len(set(spec.gpu_classes)) != len(spec.gpu_classes):
         problems.append(_problem(spec, "gpu_classes", "lists a class twice"))
+    # Prompt and answer share one replica's KV cache: a cap at or above its
+    # size could never be reached, and reads as a limit that is not one.
+    cap = spec.max_output_tokens
+    if cap is not None and cap >= spec.kv_capacity_tokens:
+        problems.append(
+            _problem(
+                spec,
+                "max_output_tokens",
+                f"must be below kv_capacity_tokens ({cap} >= {spec.kv_capacity_tokens}):"
+                " the prompt needs room in the same context",
+            )
+        )
     return problems
 
 

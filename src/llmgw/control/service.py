@@ -298,6 +298,7 @@ class ControlPlane:
                     endpoints=endpoints,
                     parked=model.parked,
                     parked_reason=model.last_error if model.parked else None,
+                    max_output_tokens=model.spec.max_output_tokens,
                 )
             )
         config = GatewayConfig(

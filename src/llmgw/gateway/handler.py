@@ -26,6 +26,7 @@ import orjson
 
 from llmgw.gateway.auth import KeyRecord, authorize, limit
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
+from llmgw.gateway.limits import cap_output_tokens
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.prefix import render_chat, render_completion
@@ -44,6 +45,7 @@ from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import Snapshot
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.usage import UsageBatcher
+from llmgw.gateway.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +234,12 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
         record = authenticate(rt, snapshot, scope)
         body = await read_body(scope, receive, rt.settings.max_body_bytes)
         payload = parse(body)
+        check_request(scope["path"], payload)  # before anything is routed or woken
         router = resolve(snapshot, record, payload)
         model = router.route.name
+        cap = router.route.max_output_tokens
+        if cap is not None and scope["path"] in STREAMABLE and cap_output_tokens(payload, cap):
+            body = orjson.dumps(payload)
         refusal = limit(record, time.monotonic())
         if refusal is not None:
             raise ApiError(
