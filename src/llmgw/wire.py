@@ -13,6 +13,7 @@ so nothing depends on exactly-once delivery.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -80,6 +81,51 @@ def mig_number(card_index: int, instance: int) -> int:
     say which card they live on; ``card/migN`` is how they are shown.
     """
     return MIG_NUMBER_BASE + 100 * card_index + instance
+
+
+# Node and fabric names reach URLs (``/admin/v1/nodes/NAME``), log lines,
+# tables in ``llmgw ctl`` and the console: a narrower alphabet than model
+# names (no ``/``, ``:``, ``@``, no brackets), so none of them can split a URL
+# path, pass for Rich markup or HTML, or be mistaken for an option.
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NODE_NAME_RE = re.compile(NODE_NAME_PATTERN)
+_HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+
+
+def check_node_name(value: str, what: str = "node name") -> str:
+    """``value`` if it is a valid node or fabric name; ValueError saying why not."""
+    if not _NODE_NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid {what}: use letters, digits and . _ -, starting"
+            " with a letter or digit, at most 128 characters"
+        )
+    return value
+
+
+def check_host(value: str) -> str:
+    """``value`` if it is a bare host name or IP address; ValueError saying why not.
+
+    A node's address is where the gateway sends prompts and peers send the
+    peer token; it goes between ``http://`` and ``:port``, so a scheme, a
+    port, a path or user info in it would aim those requests somewhere else.
+    """
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.split(".")
+    if len(value) > 253 or not all(_HOST_LABEL_RE.match(label) for label in labels):
+        raise ValueError(
+            f"{value!r} is not a host name or IP address (no scheme, port, path or user"
+            " info; e.g. 10.0.0.5 or gpu-01.example.com)"
+        )
+    return value
+
+
+def host_in_url(address: str) -> str:
+    """The address as it goes between ``scheme://`` and ``:port`` (IPv6 bracketed)."""
+    return f"[{address}]" if ":" in address else address
 
 
 def device_label(number: int) -> str:
@@ -347,10 +393,15 @@ class AgentRegistration(Wire):
     """
 
     node: str
-    join_token: str
+    join_token: str = Field(max_length=512)
     inventory: NodeInventory | None = None
     # Long enough to be unguessable: the control plane trusts it as a credential.
     agent_key: str | None = Field(default=None, min_length=32, max_length=256)
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        return check_node_name(value)
 
 
 class AgentRegistrationAnswer(Wire):
@@ -378,6 +429,25 @@ class AgentReport(Wire):
     # report (authenticated by the node token) gives it one. The hash, not
     # the key: the key then never travels outside a registration.
     agent_key_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("node")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        return check_node_name(value)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return check_host(value)
+
+    @field_validator("fabrics")
+    @classmethod
+    def _fabrics(cls, value: list[str]) -> list[str]:
+        if len(value) > 16:
+            raise ValueError(f"{len(value)} fabrics: a node belongs to at most 16")
+        for fabric in value:
+            check_node_name(fabric, "fabric name")
+        return value
 
 
 class AgentReportAnswer(Wire):

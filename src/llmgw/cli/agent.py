@@ -23,6 +23,7 @@ from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
 from llmgw.cli.logs import setup_logging
 from llmgw.errors import AuthError, ConfigError
+from llmgw.wire import check_host, check_node_name
 
 app = typer.Typer(name="agent", add_completion=False, pretty_exceptions_enable=False)
 
@@ -44,6 +45,17 @@ def _parse_range(text: str) -> tuple[int, int]:
     if not sep or not low.isdigit() or not high.isdigit():
         raise ConfigError(f"--port-range {text!r}: expected LOW-HIGH, e.g. 20000-29999")
     return int(low), int(high)
+
+
+def _check_identity(name: str, address: str, fabrics: list[str]) -> None:
+    """Refuse at start what the control plane would refuse at every report."""
+    try:
+        check_node_name(name)
+        check_host(address)
+        for item in fabrics:
+            check_node_name(item, "fabric name")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @app.callback(invoke_without_command=True)
@@ -96,6 +108,7 @@ def agent(
     """Run this node's agent: report to the control plane and run what it assigns."""
     setup_logging(log_level)
     try:
+        _check_identity(name or socket.gethostname(), address, fabric or [])
         config = AgentConfig(
             control_plane=control_plane,
             data_dir=data_dir,

@@ -103,6 +103,11 @@ def serve(
             "after a failover.",
         ),
     ] = None,
+    join_token_ttl: Annotated[
+        float,
+        typer.Option(help="Hours a join token works unless made with its own expiry"
+                     " (0: never).", min=0),
+    ] = 24.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
@@ -114,6 +119,7 @@ def serve(
             ServeOptions(
                 data_dir=data_dir, host=host, port=port, database_url=database_url,
                 advertise=advertise, peer_urls=list(peer_url or []),
+                join_token_ttl_s=join_token_ttl * 3600 or None,
             )
         )
     except ConfigError as exc:

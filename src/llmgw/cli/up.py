@@ -28,6 +28,7 @@ import uvicorn
 from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
 from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
+from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.db import normalise_url
@@ -70,6 +71,8 @@ class ServeOptions:
     advertise: str | None = None
     # The other instances on the same store (--peer-url), for up.json.
     peer_urls: list[str] = field(default_factory=list)
+    # Expiry of join tokens made without one (the first, rotations); None: never.
+    join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
 
 
 @dataclass
@@ -315,9 +318,12 @@ def _run(main: Any) -> int:
     return int(uvloop.run(main))
 
 
-async def _open(url: str) -> tuple[Store, ControlPlane, NewCredentials]:
+async def _open(
+    url: str, join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
+) -> tuple[Store, ControlPlane, NewCredentials]:
     store = await Store.open(url)
     cp = ControlPlane(store)
+    cp.join_token_ttl_s = join_token_ttl_s
     await cp.load()
     creds = await cp.ensure_credentials()
     return store, cp, creds
@@ -353,7 +359,7 @@ def _install_stop_signals(stop: asyncio.Event) -> None:
 
 
 async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str) -> int:
-    store, cp, creds = await _open(url)
+    store, cp, creds = await _open(url, options.join_token_ttl_s)
     stop = asyncio.Event()
     _install_stop_signals(stop)
     runtime = ControlPlaneRuntime(cp, advertise_url=advertise)
@@ -420,7 +426,7 @@ async def _up(
             from llmgw.sim.fleet import start_fleet
 
             if join_token is None:
-                join_token = await cp.rotate_join_token()
+                join_token = await _own_join_token(cp, uses=None)
             # The fleet's models were applied above, in-process.
             agents.append(
                 await start_fleet(fleet, base, join_token, data_dir / "sim", apply=False)
@@ -469,9 +475,9 @@ async def _start_local_agent(
     agent_dir = data_dir / "agent"
     name = socket.gethostname()
     if load_identity(agent_dir, name) is None and join_token is None:
-        # Only hashes of the join token are kept; this machine's own agent
-        # gets a fresh one (other agents registered earlier keep their tokens).
-        join_token = await cp.rotate_join_token()
+        # Only hashes of join tokens are kept; this machine's own agent gets
+        # a fresh single-use one (the operator's tokens keep working).
+        join_token = await _own_join_token(cp, uses=1)
     config = AgentConfig(
         control_plane=base,
         data_dir=agent_dir,
@@ -485,6 +491,13 @@ async def _start_local_agent(
     task = asyncio.create_task(agent.run(), name="local-agent")
     task.add_done_callback(_log_agent_exit)
     return agent
+
+
+async def _own_join_token(cp: ControlPlane, uses: int | None) -> str:
+    """A short-lived join token for the agents ``up`` starts itself."""
+    _, secret = await cp.create_join_token(ttl_s=600.0, max_uses=uses,
+                                           description="llmgw up's own agents")
+    return secret
 
 
 def _log_agent_exit(task: asyncio.Task[None]) -> None:

@@ -13,7 +13,14 @@ import time
 from dataclasses import dataclass, field
 
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import AgentReport, NodeInventory, NodeState, ReplicaAssignment, ReplicaState
+from llmgw.wire import (
+    AgentReport,
+    NodeInventory,
+    NodeState,
+    ReplicaAssignment,
+    ReplicaState,
+    host_in_url,
+)
 
 
 @dataclass
@@ -29,6 +36,9 @@ class ReportEffects:
     wake_reconciler: bool = False
     # The node had no agent key hash and the report gave it one (an event).
     agent_key_recorded: bool = False
+    # Replica ids the report spoke about (status or refusal) that exist but
+    # are not assigned to this node: ignored, and logged by the caller.
+    foreign: list[str] = field(default_factory=list)
 
 
 def apply_report(
@@ -68,10 +78,20 @@ def apply_report(
         node.agent_key_hash = report.agent_key_hash
         effects.agent_key_recorded = effects.write_node = True
     node.last_seen = now
-    node.refused = dict(report.refused)
-    node.statuses = {s.replica_id: s for s in report.replicas}
+    # A node token speaks for its own node only: what it says about a replica
+    # placed elsewhere is dropped before it can touch that replica (one rogue
+    # or confused agent must not fail, or mark ready, another node's work).
+    # Ids the control plane does not know (a replica deleted while its
+    # engine still stops) stay, as before: they change nothing.
+    effects.foreign = sorted(
+        rid for rid in {*report.refused, *(s.replica_id for s in report.replicas)}
+        if rid in state.replicas and node.name not in state.replicas[rid].nodes
+    )
+    foreign = set(effects.foreign)
+    node.refused = {k: v for k, v in report.refused.items() if k not in foreign}
+    node.statuses = {s.replica_id: s for s in report.replicas if s.replica_id not in foreign}
     _mirror_statuses(state, node, now, effects)
-    for replica_id, reason in report.refused.items():
+    for replica_id, reason in node.refused.items():
         replica = state.replicas.get(replica_id)
         if replica is not None and replica.state != ReplicaState.FAILED:
             replica.state = ReplicaState.FAILED
@@ -169,7 +189,7 @@ def weight_peers(state: FleetState, node: NodeRecord) -> dict[str, list[str]]:
             continue
         for entry in other.weights:
             if entry.model in wanted:
-                url = f"http://{other.address}:{other.agent_port}"
+                url = f"http://{host_in_url(other.address)}:{other.agent_port}"
                 peers.setdefault(entry.model, []).append(url)
     return peers
 

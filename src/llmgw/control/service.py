@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from llmgw import secrets
 from llmgw.control.inflight import InFlightBook
+from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
+from llmgw.control.jointokens import SETTING as JOIN_TOKENS
+from llmgw.control.jointokens import JoinToken, JoinTokens
 from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
 from llmgw.control.reports import apply_report, assignments_for, weight_peers
@@ -56,6 +59,7 @@ from llmgw.wire import (
     ReplicaState,
     RoutingTable,
     UsageRecord,
+    host_in_url,
 )
 
 log = logging.getLogger(__name__)
@@ -95,9 +99,13 @@ class ControlPlane:
         self._gateway_config_version = -1
         self._reconcile_wakeup = asyncio.Event()
         self._admin_hash: str | None = None
-        self._join_hash: str | None = None
+        self.join_tokens = JoinTokens()
+        # The expiry of join tokens made without one (the first one, rotations).
+        self.join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
         self._gateway_hash: str | None = None
         self._node_by_token_hash: dict[str, str] = {}
+        # The last set of other nodes' replica ids each node reported on.
+        self._foreign_reported: dict[str, list[str]] = {}
         # Requests in flight per replica and gateway (memory only, re-learnt).
         self._in_flight = InFlightBook()
         # The secret agents present to each other when copying weights. Kept
@@ -130,7 +138,7 @@ class ControlPlane:
             state.replicas[replica.id] = replica
         await self._load_keys()
         self._admin_hash = await self.store.get_setting(ADMIN_HASH)
-        self._join_hash = await self.store.get_setting(JOIN_HASH)
+        await self._load_join_tokens()
         self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
         await state.bump_routing()
 
@@ -139,7 +147,6 @@ class ControlPlane:
         created = NewCredentials()
         for key, prefix, attr in (
             (ADMIN_HASH, secrets.ADMIN_PREFIX, "admin_token"),
-            (JOIN_HASH, secrets.JOIN_PREFIX, "join_token"),
             (GATEWAY_HASH, secrets.GATEWAY_PREFIX, "gateway_token"),
         ):
             secret = secrets.new_secret(prefix)
@@ -149,17 +156,50 @@ class ControlPlane:
             info, secret = await self.create_api_key(name="first key")
             created.api_key, created.api_key_id = secret, info.key_id
         self._admin_hash = await self.store.get_setting(ADMIN_HASH)
-        self._join_hash = await self.store.get_setting(JOIN_HASH)
+        await self._load_join_tokens()
+        if not self.join_tokens.tokens:
+            fresh = JoinTokens()
+            _, secret = fresh.create(self.join_token_ttl_s, description="first")
+            if await self.store.set_setting_if_absent(JOIN_TOKENS, fresh.dump()):
+                created.join_token = secret
+            await self._load_join_tokens()
         self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
         return created
 
+    async def _load_join_tokens(self) -> None:
+        self.join_tokens = JoinTokens.parse(
+            await self.store.get_setting(JOIN_TOKENS), await self.store.get_setting(JOIN_HASH)
+        )
+
+    async def _save_join_tokens(self) -> None:
+        await self.store.set_setting(JOIN_TOKENS, self.join_tokens.dump())
+
     async def rotate_join_token(self) -> str:
+        """Revoke every join token and make one new one (default expiry)."""
         self.require_leader()
-        secret = secrets.new_secret(secrets.JOIN_PREFIX)
-        await self.store.set_setting(JOIN_HASH, secrets.hash_secret(secret))
-        self._join_hash = secrets.hash_secret(secret)
-        await self.event("credentials", "join-token", "join token rotated")
+        self.join_tokens.revoke_all()
+        token, secret = self.join_tokens.create(self.join_token_ttl_s, description="rotated")
+        await self._save_join_tokens()
+        await self.event("credentials", "join-token",
+                         f"join tokens rotated: all revoked, {token.id} made")
         return secret
+
+    async def create_join_token(
+        self, *, ttl_s: float | None, max_uses: int | None = None, description: str = ""
+    ) -> tuple[JoinToken, str]:
+        """One more join token; the secret is in the answer and nowhere else."""
+        self.require_leader()
+        token, secret = self.join_tokens.create(ttl_s, max_uses, description)
+        await self._save_join_tokens()
+        await self.event("credentials", "join-token", f"join token {token.id} made")
+        return token, secret
+
+    async def revoke_join_token(self, token_id: str) -> JoinToken:
+        self.require_leader()
+        token = self.join_tokens.revoke(token_id)
+        await self._save_join_tokens()
+        await self.event("credentials", "join-token", f"join token {token_id} revoked")
+        return token
 
     def require_leader(self) -> None:
         """Refuse a write on a standby (llmgw.control.standby says why)."""
@@ -203,7 +243,8 @@ class ControlPlane:
 
     async def register(self, reg: AgentRegistration) -> AgentRegistrationAnswer:
         self.require_leader()
-        if not (self._join_hash and secrets.matches(reg.join_token, self._join_hash)):
+        now = time.time()
+        if self.join_tokens.find(reg.join_token) is None:
             raise AuthError("invalid join token")
         existing = self.state.nodes.get(reg.node)
         registered = existing if existing is not None and existing.token_hash else None
@@ -212,6 +253,12 @@ class ControlPlane:
             # and the node keeps its state, GPUs and replicas (see
             # llmgw.control.registration for why the join token is not enough).
             check_registering_again(registered, reg.agent_key)
+        join = self.join_tokens.check(reg.join_token, now, retry=registered is not None)
+        if registered is None:
+            # Counted (and written) before the node exists: a crash in between
+            # costs a use, never grants one more.
+            join.uses += 1
+            await self._save_join_tokens()
         token = secrets.new_secret(secrets.NODE_PREFIX)
         node = existing or NodeRecord(name=reg.node, registered_at=time.time())
         node.token_hash = secrets.hash_secret(token)  # the old token stops working
@@ -248,6 +295,13 @@ class ControlPlane:
         if effects.agent_key_recorded:
             await self.event("node", node.name, f"node {node.name} recorded its agent's key"
                              " from a report; its agent may now register it again")
+        if effects.foreign and self._foreign_reported.get(node.name) != effects.foreign:
+            # Once per distinct set, not once per report every 5 s.
+            log.warning("node %s reported on replicas not assigned to it (ignored): %s",
+                        node.name, ", ".join(effects.foreign))
+            await self.event("node", node.name, f"node {node.name} reported on replicas not"
+                             " assigned to it; ignored", replicas=effects.foreign)
+        self._foreign_reported[node.name] = effects.foreign
         if effects.wake_reconciler:
             self.wake_reconciler()
         if effects.routing_changed:
@@ -277,7 +331,8 @@ class ControlPlane:
             endpoints = [
                 Endpoint(
                     replica_id=r.id,
-                    url=f"http://{self.state.nodes[r.leader_node].address}:{r.port}",
+                    url=f"http://{host_in_url(self.state.nodes[r.leader_node].address)}"
+                    f":{r.port}",
                     kv_capacity_tokens=model.spec.kv_capacity_tokens,
                 )
                 for r in sorted(self.state.replicas_of(model.name), key=lambda r: r.id)

@@ -68,5 +68,6 @@ app.command()(events.events)
 app.add_typer(access.keys_app, name="keys")
 app.command()(access.usage)
 app.command("join-token")(access.join_token)
+app.add_typer(access.join_tokens_app, name="join-tokens")
 
 __all__ = ["app", "ctl"]

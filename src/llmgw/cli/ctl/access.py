@@ -108,3 +108,57 @@ def join_token(
                        "make a new one with --rotate")
     token = admin_client(ctx).call("POST", "/join-token/rotate")["join_token"]
     typer.echo(token)
+
+
+join_tokens_app = typer.Typer(help="Join tokens: list (default), create, revoke.")
+
+
+@join_tokens_app.callback(invoke_without_command=True)
+@guarded
+def join_tokens(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Join tokens (never their secrets): expiry, uses, revoked."""
+    if ctx.invoked_subcommand is not None:
+        return
+    print_listing(
+        admin_client(ctx).call("GET", "/join-tokens"), as_json,
+        ("ID", "DESCRIPTION", "CREATED", "EXPIRES", "USES", "STATE"),
+        lambda t: (t["id"], t["description"], local_time(t["created_at"]),
+                   local_time(t["expires_at"]) if t["expires_at"] else "never",
+                   f"{t['uses']}/{t['max_uses'] or 'any'}",
+                   "usable" if t["usable"] else "revoked" if t["revoked"] else "spent"),
+        "No join tokens.",
+    )
+
+
+@join_tokens_app.command("create")
+@guarded
+def join_token_create(
+    ctx: typer.Context,
+    ttl: Annotated[float | None, typer.Option(
+        help="Hours until it stops working (0: never; default: the control plane's).",
+        min=0)] = None,
+    uses: Annotated[int | None, typer.Option(
+        help="How many nodes may register with it (default: any number).", min=1)] = None,
+    description: Annotated[str, typer.Option(help="A label for people.")] = "",
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a join token (others keep working); its secret is shown now and never again."""
+    body = {"ttl_s": None if ttl is None else ttl * 3600, "uses": uses,
+            "description": description}
+    created = admin_client(ctx).call("POST", "/join-tokens", body=body)
+    if as_json:
+        print_json(created)
+        return
+    token = created["token"]
+    expires = local_time(token["expires_at"]) if token["expires_at"] else "never"
+    typer.echo(f"join token {token['id']} created (expires {expires}, uses "
+               f"{token['max_uses'] or 'any'}). Its secret, shown only this once:", err=True)
+    typer.echo(created["join_token"])
+
+
+@join_tokens_app.command("revoke")
+@guarded
+def join_token_revoke(ctx: typer.Context, token_id: str) -> None:
+    """Stop a join token from working (registered nodes keep their node tokens)."""
+    token = admin_client(ctx).call("DELETE", f"/join-tokens/{token_id}")
+    typer.echo(f"join token {token['id']} revoked")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from llmgw.cli.ctl.client import admin_client, guarded
 from llmgw.cli.ctl.render import JsonOpt, ago, make_console, new_table, print_json, print_listing
@@ -63,8 +64,10 @@ def node_show(ctx: typer.Context, name: str, as_json: JsonOpt = False) -> None:
         print_json(node)
         return
     console = make_console()
-    console.print(f"[bold]{node['name']}[/]  {node['state']}  {node['address']}  "
-                  f"fabrics: {','.join(node['fabrics']) or '-'}  seen {ago(node['last_seen'])}")
+    console.print(Text.assemble(
+        (node["name"], "bold"),
+        f"  {node['state']}  {node['address']}  fabrics: {','.join(node['fabrics']) or '-'}"
+        f"  seen {ago(node['last_seen'])}"))
     table = new_table("DEVICE", "CLASS", "STATUS", "USED BY", "MEMORY", "TEMP", "POWER", "UTIL",
                       "REASON")
     for d in node["devices"]:

@@ -23,7 +23,11 @@ WatchOpt = Annotated[float | None, typer.Option(
 
 
 def make_console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    # markup=False: every string printed comes, at least in part, from the
+    # fleet (node names, reasons, engine log lines); with markup on, a
+    # "[link=...]" or "[/]" in one of them would restyle or break the output.
+    # Styles are given as Text styles instead.
+    return Console(highlight=False, soft_wrap=False, markup=False)
 
 
 def print_json(data: Any) -> None:

@@ -470,5 +470,30 @@ def build_admin_router(
         """A new join token; the old one stops working (registered nodes keep theirs)."""
         return json_response(schemas.JoinToken(join_token=await cp.rotate_join_token()))
 
+    @router.get("/join-tokens", response_model=list[schemas.JoinTokenView],
+                tags=["credentials"])
+    async def list_join_tokens() -> Response:
+        """Join tokens (never their secrets), newest first."""
+        now = time.time()
+        tokens = sorted(cp.join_tokens.tokens.values(), key=lambda t: -t.created_at)
+        return json_response([t.view(now) for t in tokens])
+
+    @router.post("/join-tokens", response_model=schemas.JoinTokenCreated, status_code=201,
+                 tags=["credentials"])
+    async def create_join_token(body: schemas.JoinTokenCreate) -> Response:
+        """A new join token (the others keep working); its secret is in this answer only."""
+        ttl = cp.join_token_ttl_s if body.ttl_s is None else (body.ttl_s or None)
+        token, secret = await cp.create_join_token(ttl_s=ttl, max_uses=body.uses,
+                                                   description=body.description)
+        return json_response({"token": token.view(time.time()), "join_token": secret},
+                             status=201)
+
+    @router.delete("/join-tokens/{token_id}", response_model=schemas.JoinTokenView,
+                   responses=not_found, tags=["credentials"])
+    async def revoke_join_token(token_id: str) -> Response:
+        """Stop a join token from working (nodes registered with it keep their own tokens)."""
+        token = await cp.revoke_join_token(token_id)
+        return json_response(token.view(time.time()))
+
     return router
 

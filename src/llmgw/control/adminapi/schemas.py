@@ -145,3 +145,29 @@ def usage_answer(since: int, rows: list[Row]) -> UsageAnswer:
 class JoinToken(BaseModel):
     # Shown once: agents register with it (llmgw agent --join-token).
     join_token: str
+
+
+class JoinTokenCreate(_Body):
+    # Seconds until it stops working; none: the control plane's default
+    # (llmgw serve --join-token-ttl); 0: never (kubeadm's convention).
+    ttl_s: float | None = Field(None, ge=0, le=10 * 365 * 86400)
+    # How many nodes may register with it; none: any number.
+    uses: int | None = Field(None, ge=1, le=100_000)
+    description: str = Field("", max_length=200)
+
+
+class JoinTokenView(BaseModel):
+    id: str
+    description: str
+    created_at: float
+    expires_at: float | None
+    max_uses: int | None
+    uses: int
+    revoked: bool
+    usable: bool
+
+
+class JoinTokenCreated(BaseModel):
+    token: JoinTokenView
+    # Shown once: agents register with it (llmgw agent --join-token-file).
+    join_token: str

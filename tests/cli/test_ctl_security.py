@@ -1,0 +1,41 @@
+"""``llmgw ctl`` and what the fleet sends it: markup stays text; join tokens (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+from tests.cli.test_ctl import ok, run, served  # noqa: F401 (fixture)
+from tests.control.adminapi.fleetkit import Served
+
+from llmgw.cli.ctl.render import make_console, print_listing
+from llmgw.wire import ReplicaState, ReplicaStatus
+
+
+def test_markup_from_the_fleet_is_printed_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    hostile = "[link=http://evil.example]click[/link] [/] [bold red]x"
+    print_listing([{"v": hostile}], False, ("V",), lambda item: (item["v"],), "none")
+    make_console().print(hostile)
+    out = capsys.readouterr().out
+    assert out.count(hostile) == 2
+
+
+def test_ctl_replicas_shows_an_engine_line_with_brackets_verbatim(served: Served) -> None:  # noqa: F811
+    replica = next(iter(served.cp.state.replicas.values()))
+    node = served.cp.state.nodes[replica.leader_node]
+    node.statuses[replica.id] = ReplicaStatus(replica_id=replica.id, state=ReplicaState.READY,
+                                              reason="[/] [red]boom")
+    replica.reason = "[/] [red]boom"
+    out = ok(run(served, "replicas"))
+    assert "[/] [red]boom" in out
+
+
+def test_join_tokens_create_list_revoke(served: Served) -> None:  # noqa: F811
+    secret = ok(run(served, "join-tokens", "create", "--uses", "1", "--ttl", "2",
+                    "--description", "rack-7")).strip()
+    assert secret.startswith("llmgw-join-") and "\n" not in secret
+    listing = ok(run(served, "join-tokens"))
+    line = next(x for x in listing.splitlines() if "rack-7" in x)
+    assert "0/1" in line and "usable" in line and secret not in listing
+    token_id = line.split()[0]
+    assert f"join token {token_id} revoked" in ok(run(served, "join-tokens", "revoke", token_id))
+    line = next(x for x in ok(run(served, "join-tokens")).splitlines() if "rack-7" in x)
+    assert "revoked" in line
