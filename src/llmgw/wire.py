@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -128,12 +129,33 @@ def host_in_url(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def device_label(number: int) -> str:
-    """``"3"`` for card 3, ``"0/mig1"`` for instance 1 of card 0."""
+def device_label(number: int, gpu_class: str | None = None) -> str:
+    """How every view and message names a device: ``"3"`` for card 3,
+    ``"0/mig1"`` for instance 1 of card 0, ``"cpu0"`` for CPU slot 0.
+
+    A CPU slot's number looks like a card's, so the label needs the class
+    (``gpu_class``) to tell them apart; MIG numbers say what they are.
+    """
+    if gpu_class == CPU_CLASS:
+        return f"cpu{number}"
     if number >= MIG_NUMBER_BASE:
         card, instance = divmod(number - MIG_NUMBER_BASE, 100)
         return f"{card}/mig{instance}"
     return str(number)
+
+
+def device_label_on(devices: Sequence[Device], number: int) -> str:
+    """:func:`device_label` of device ``number`` on a node that lists ``devices``.
+
+    For views and messages that hold only a shard's device numbers: the class
+    comes from the node's inventory. A number the inventory does not list is
+    named as a CPU slot on a node of CPU slots, and as a card otherwise.
+    """
+    for device in devices:
+        if device.number == number:
+            return device_label(number, device.gpu_class)
+    cpu_node = bool(devices) and all(d.gpu_class == CPU_CLASS for d in devices)
+    return device_label(number, CPU_CLASS if cpu_node else None)
 
 
 # ---------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from tests.agent.helpers import assign, gpu, mig_instance, model
+from tests.agent.helpers import assign, cpu_slot, gpu, mig_instance, model
 
 from llmgw.agent.assignments import check_assignments
 from llmgw.agent.engines import EngineAdapter, LlamaCppAdapter, VllmAdapter
@@ -131,3 +131,38 @@ def test_mig_with_two_devices_is_refused_by_pinning() -> None:
     )
     checked = check_assignments([a], node="n1", inventory=inventory(), adapters=ADAPTERS)
     assert "MIG instance must be an engine's only device" in checked.refused["m2"]
+
+
+def test_refusals_name_devices_by_their_labels() -> None:
+    # CPU slots read "cpu3", not "3"; MIG instances "0/mig5", not "1005".
+    cpu_model = model(
+        "llamacpp", weights=WeightsSource(kind="local", path="/m.gguf"), gpu_classes=["cpu"]
+    )
+    cpu_node = NodeInventory(hostname="n1", devices=[cpu_slot(0), cpu_slot(1)])
+    missing = assign(cpu_model, [cpu_slot(3)], replica_id="missing")
+    twice = assign(cpu_model, [cpu_slot(0), cpu_slot(0)], replica_id="twice")
+    twice.shard.device_uuids = []
+    checked = check_assignments([missing, twice], node="n1", inventory=cpu_node, adapters=ADAPTERS)
+    assert checked.refused == {
+        "missing": "device cpu3 is not on this node",
+        "twice": "the shard names a device twice: cpu0, cpu0",
+    }
+    gone = mig_instance().model_copy(update={"number": 1005, "uuid": "MIG-gone"})
+    lost = assign(model("vllm", gpu_classes=["a100-80g-mig-3g.40gb"]), [gone], replica_id="lost")
+    checked = check_assignments([lost], node="n1", inventory=inventory(), adapters=ADAPTERS)
+    assert checked.refused == {"lost": "device 0/mig5 is not on this node"}
+
+
+def test_a_device_out_of_placement_is_refused_with_its_reason() -> None:
+    # A MIG card with nothing carved (or a mode change pending) is healthy
+    # but can take no engine: the agent refuses it even if asked.
+    empty = gpu(4, "a100-80g").model_copy(
+        update={"placeable": False, "unplaceable_reason": "MIG mode is enabled but no instances"}
+    )
+    node = NodeInventory(hostname="n1", devices=[gpu(0), empty])
+    wanted = assign(model("vllm", gpu_classes=["a100-80g"]), [empty], replica_id="r-empty")
+    checked = check_assignments([wanted], node="n1", inventory=node, adapters=ADAPTERS)
+    assert checked.accepted == {}
+    assert checked.refused == {
+        "r-empty": "device 4 cannot take work (MIG mode is enabled but no instances)"
+    }

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from llmgw.agent.engines.base import EngineAdapter, LaunchContext
 from llmgw.errors import EngineError
-from llmgw.wire import Device, EngineKind, NodeInventory, ReplicaAssignment
+from llmgw.wire import Device, EngineKind, NodeInventory, ReplicaAssignment, device_label_on
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def check_assignments(
             result.accepted.pop(rid, None)
             continue
         try:
-            adapter, devices = _check_one(assignment, node, by_number, adapters)
+            adapter, devices = _check_one(assignment, node, inventory, by_number, adapters)
             for device in devices:
                 holder = claimed.get(device.number)
                 if holder is not None:
@@ -74,6 +74,7 @@ def check_assignments(
 def _check_one(
     assignment: ReplicaAssignment,
     node: str,
+    inventory: NodeInventory,
     by_number: Mapping[int, Device],
     adapters: Mapping[EngineKind, EngineAdapter],
 ) -> tuple[EngineAdapter, list[Device]]:
@@ -86,14 +87,16 @@ def _check_one(
     if not shard.device_numbers:
         raise EngineError("the shard names no devices")
     if len(set(shard.device_numbers)) != len(shard.device_numbers):
-        raise EngineError(f"the shard names a device twice: {shard.device_numbers}")
+        labels = [device_label_on(inventory.devices, n) for n in shard.device_numbers]
+        raise EngineError(f"the shard names a device twice: {', '.join(labels)}")
     if shard.device_uuids and len(shard.device_uuids) != len(shard.device_numbers):
         raise EngineError("device_uuids and device_numbers differ in length")
     devices: list[Device] = []
     for index, number in enumerate(shard.device_numbers):
         device = by_number.get(number)
         if device is None:
-            raise EngineError(f"device {number} is not on this node")
+            label = device_label_on(inventory.devices, number)
+            raise EngineError(f"device {label} is not on this node")
         if shard.device_uuids and shard.device_uuids[index] != device.uuid:
             raise EngineError(
                 f"device {device.label} is {device.uuid}, not {shard.device_uuids[index]}"

@@ -28,7 +28,7 @@ from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, NodeRecord
 from llmgw.control.store.repo import Store
-from llmgw.wire import ModelSpec, NodeState, ReplicaState, is_mig_class
+from llmgw.wire import ModelSpec, NodeState, ReplicaState, device_label_on, is_mig_class
 
 NOW = 10_000.0
 CLASSES = ["h100-80g", "a100-80g"]
@@ -252,7 +252,11 @@ async def _agree(node_list: list[NodeRecord], specs: list[ModelSpec], fails: lis
                 placed = sorted(
                     (
                         r.model,
-                        tuple(f"{s.node}:{_label(n)}" for s in r.shards for n in s.device_numbers),
+                        tuple(
+                            f"{s.node}:{_label(state, s.node, n)}"
+                            for s in r.shards
+                            for n in s.device_numbers
+                        ),
                     )
                     for r in state.replicas.values()
                     if r.created_at == now
@@ -272,7 +276,6 @@ async def _agree(node_list: list[NodeRecord], specs: list[ModelSpec], fails: lis
             await store.close()
 
 
-def _label(number: int) -> str:
-    from llmgw.wire import device_label
-
-    return device_label(number)
+def _label(state: FleetState, node: str, number: int) -> str:
+    inventory = state.nodes[node].inventory
+    return device_label_on(inventory.devices if inventory is not None else [], number)

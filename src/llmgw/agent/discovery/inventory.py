@@ -19,7 +19,7 @@ from llmgw.agent.discovery.nvidia_smi import NvidiaSmiSource
 from llmgw.agent.discovery.nvml import NvmlApi, NvmlSource
 from llmgw.agent.discovery.xid import XidMarks
 from llmgw.errors import ConfigError, DiscoveryError
-from llmgw.wire import CPU_CLASS, Device, NodeInventory
+from llmgw.wire import CPU_CLASS, Device, NodeInventory, device_label
 
 # Shared by every discover() call that brings no cache of its own, so wear seen
 # before a card entered MIG mode survives from one report to the next.
@@ -33,7 +33,7 @@ def cpu_devices(cpu_slots: int, hostname: str) -> list[Device]:
     return [
         Device(
             number=n,
-            label=f"cpu{n}",
+            label=device_label(n, CPU_CLASS),
             uuid=f"CPU-{hostname}-{n}",
             name="cpu",
             gpu_class=CPU_CLASS,

@@ -59,7 +59,7 @@ def gpu_node(
                 devices.append(
                     Device(
                         number=card,
-                        label=str(card),
+                        label=device_label(card, gpu_class),
                         uuid=card_uuid,
                         name=gpu_class,
                         gpu_class=gpu_class,
@@ -93,7 +93,7 @@ def gpu_node(
         devices.append(
             Device(
                 number=card,
-                label=str(card),
+                label=device_label(card, gpu_class),
                 uuid=card_uuid,
                 name=gpu_class,
                 gpu_class=gpu_class,
@@ -118,7 +118,7 @@ def cpu_node(
     devices = [
         Device(
             number=slot,
-            label=f"cpu{slot}",
+            label=device_label(slot, CPU_CLASS),
             uuid=f"CPU-{name}-{slot}",
             name="cpu",
             gpu_class=CPU_CLASS,

@@ -17,7 +17,7 @@ from llmgw.control.scheduler.decisions import Decisions, ModelOutcome, Policy
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import Snapshot, build_snapshot
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
-from llmgw.wire import ModelSpec, ShardAssignment, device_label
+from llmgw.wire import Device, ModelSpec, ShardAssignment, device_label_on
 
 
 class CandidateScore(BaseModel):
@@ -167,9 +167,9 @@ def _model_plan(
             action, why = "move", "waiting for its replacement"
         else:
             action, why = "keep", None
-        plan_.replicas.append(_replica_plan(replica, action, why))
+        plan_.replicas.append(_replica_plan(replica, action, why, state))
     for replica, placement in outcome.placed:
-        item = _replica_plan(replica, "place", None)
+        item = _replica_plan(replica, "place", None, state)
         item.fabric = placement.fabric
         item.score = placement.candidates[0].score if placement.candidates else None
         plan_.replicas.append(item)
@@ -181,16 +181,27 @@ def _model_plan(
     return plan_
 
 
-def _replica_plan(replica: ReplicaRecord, action: str, why: str | None) -> ReplicaPlan:
+def _replica_plan(
+    replica: ReplicaRecord, action: str, why: str | None, state: FleetState
+) -> ReplicaPlan:
     return ReplicaPlan(
         id=replica.id,
         action=action,
         state=str(replica.state),
         nodes=replica.nodes,
-        devices=[f"{s.node}:{device_label(n)}" for s in replica.shards for n in s.device_numbers],
+        devices=[
+            f"{s.node}:{device_label_on(_inventory_devices(state, s.node), n)}"
+            for s in replica.shards
+            for n in s.device_numbers
+        ],
         shards=list(replica.shards),
         why=why,
     )
+
+
+def _inventory_devices(state: FleetState, node: str) -> list[Device]:
+    record = state.nodes.get(node)
+    return record.inventory.devices if record is not None and record.inventory else []
 
 
 def _device_counts(current: Snapshot, decisions: Decisions) -> list[DeviceCount]:

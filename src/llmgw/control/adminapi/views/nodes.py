@@ -8,7 +8,7 @@ from typing import Literal
 
 from llmgw.control.adminapi.views.memo import Memo, forget_gone
 from llmgw.control.state import FleetState, NodeRecord
-from llmgw.wire import Device, NodeInventory
+from llmgw.wire import Device, NodeInventory, device_label
 
 DeviceStatus = Literal["free", "used", "unhealthy", "unplaceable"]
 
@@ -99,7 +99,7 @@ def _device_status(device: Device, holder: str | None) -> DeviceStatus:
 def _device_view(device: Device, status: DeviceStatus, holder: str | None) -> DeviceView:
     return DeviceView(
         number=device.number,
-        label=device.label,
+        label=device_label(device.number, device.gpu_class),
         gpu_class=device.gpu_class,
         uuid=device.uuid,
         name=device.name,

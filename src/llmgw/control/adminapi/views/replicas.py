@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from llmgw.control.adminapi.views.memo import Memo, forget_gone
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import DownloadProgress, device_label
+from llmgw.wire import CPU_CLASS, DownloadProgress, device_label
 
 
 @dataclass(slots=True)
@@ -43,16 +43,24 @@ class ReplicaView:
     log_tail: list[str] = field(default_factory=list)
 
 
-_LABELS: dict[int, str] = {}
+_LABELS: dict[tuple[int, bool], str] = {}
 
 
-def _label(number: int) -> str:
-    # Device labels are a handful of distinct strings fleet-wide; formatting
-    # each once keeps a 16,000-device pass from formatting 16,000 times.
-    label = _LABELS.get(number)
-    if label is None:
-        label = _LABELS[number] = device_label(number)
-    return label
+def _labels(numbers: list[int], node: NodeRecord | None) -> list[str]:
+    # A CPU slot's number alone reads as a card's ("0" for "cpu0"), so the
+    # label needs the node's kind. A node offers CPU slots only when it has
+    # no GPU (agent/discovery/inventory.py), so its first device tells.
+    # Labels are a handful of distinct strings fleet-wide; formatting each
+    # once keeps a 16,000-device listing from formatting 16,000 times.
+    devices = node.inventory.devices if node is not None and node.inventory is not None else []
+    cpu = bool(devices) and devices[0].gpu_class == CPU_CLASS
+    labels = []
+    for number in numbers:
+        label = _LABELS.get((number, cpu))
+        if label is None:
+            label = _LABELS[(number, cpu)] = device_label(number, CPU_CLASS if cpu else None)
+        labels.append(label)
+    return labels
 
 
 def replica_view(
@@ -70,10 +78,10 @@ def replica_view(
         gpus += len(numbers)
         if not detail:
             continue
-        shards.append(ShardView(shard.node, shard.rank, [_label(n) for n in numbers], numbers))
+        node = nodes.get(shard.node)
+        shards.append(ShardView(shard.node, shard.rank, _labels(numbers, node), numbers))
         # The leader shard (first) is looked at first: it is the one that
         # serves, and its log is the one that explains a failed start.
-        node = nodes.get(shard.node)
         status = node.statuses.get(rid) if node is not None else None
         if status is None or status.generation != generation:
             continue
