@@ -373,6 +373,30 @@ async def test_a_drain_with_nowhere_to_go_keeps_the_old_replica(store: Store) ->
 
 
 async def test_replicas_on_nodes_unreachable_past_the_grace_are_replaced(store: Store) -> None:
+    # The model keeps a routable replica elsewhere: the lost one is waited
+    # for (its node may come back with a warm cache), then replaced.
+    epoch = await store.bump_epoch()
+    state = fleet(one_gpu_nodes("a", "b", "c"), [model("m", min_replicas=2)], T0)
+    reconciler = Reconciler(state, store, replace_after_s=120.0)
+    await reconciler.run_pass(T0, epoch)
+    for replica in state.replicas.values():
+        ready(replica, T0)
+    lost = min(state.replicas.values(), key=lambda r: r.id)
+    for name, node in state.nodes.items():
+        if name not in lost.nodes:
+            node.last_seen = T0 + 60
+    # Unreachable (no report for 60 s) but within the grace: kept.
+    assert not (await reconciler.run_pass(T0 + 60, epoch)).changed
+    touch(state, T0 + 121)
+    state.nodes[lost.nodes[0]].last_seen = T0
+    result = await reconciler.run_pass(T0 + 121, epoch)
+    assert (result.removed, result.placed) == (1, 1)
+    assert lost.id not in state.replicas
+    assert lost.nodes[0] not in {n for r in state.replicas.values() for n in r.nodes}
+    assert "replaced" in await kinds(store)
+
+
+async def test_a_model_left_with_no_routable_replica_is_replaced_at_once(store: Store) -> None:
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a", "b"), [model("m")], T0)
     reconciler = Reconciler(state, store, replace_after_s=120.0)
@@ -380,14 +404,37 @@ async def test_replicas_on_nodes_unreachable_past_the_grace_are_replaced(store: 
     lost = only(state)
     ready(lost, T0)
     survivor = "b" if lost.nodes == ["a"] else "a"
-    state.nodes[survivor].last_seen = T0 + 60
-    # Unreachable (no report for 60 s) but within the grace: kept.
-    assert not (await reconciler.run_pass(T0 + 60, epoch)).changed
-    state.nodes[survivor].last_seen = T0 + 121
-    result = await reconciler.run_pass(T0 + 121, epoch)
-    assert (result.removed, result.placed) == (1, 1)
-    assert only(state).nodes == [survivor]
-    assert "replaced" in await kinds(store)
+    # Within the unreachable grace (30 s): nothing is known yet.
+    state.nodes[survivor].last_seen = T0 + 20
+    assert not (await reconciler.run_pass(T0 + 20, epoch)).changed
+    # Unreachable, long before the 120 s replacement grace: a replacement
+    # starts now, and the lost replica stays until it is ready (its node may
+    # still come back first).
+    state.nodes[survivor].last_seen = T0 + 40
+    result = await reconciler.run_pass(T0 + 40, epoch)
+    assert (result.placed, result.removed) == (1, 0)
+    replacement = next(r for r in state.replicas.values() if r.id != lost.id)
+    assert replacement.nodes == [survivor]
+    # Still starting: no second replacement, the lost one kept.
+    state.nodes[survivor].last_seen = T0 + 45
+    assert not (await reconciler.run_pass(T0 + 45, epoch)).changed
+    ready(replacement, T0 + 46)
+    state.nodes[survivor].last_seen = T0 + 50
+    result = await reconciler.run_pass(T0 + 50, epoch)
+    assert (result.placed, result.removed) == (0, 1)
+    assert only(state) is replacement
+
+
+async def test_with_nowhere_to_go_a_stranded_replica_is_kept(store: Store) -> None:
+    epoch = await store.bump_epoch()
+    state = fleet(one_gpu_nodes("a"), [model("m")], T0)
+    reconciler = Reconciler(state, store, replace_after_s=120.0)
+    await reconciler.run_pass(T0, epoch)
+    lost = only(state)
+    ready(lost, T0)
+    result = await reconciler.run_pass(T0 + 40, epoch)
+    assert (result.placed, result.removed) == (0, 0)
+    assert only(state) is lost
 
 
 async def test_extras_are_removed_idle_first(store: Store) -> None:

@@ -90,3 +90,44 @@ async def test_parked_model_is_refused_at_once(link: MemoryLink) -> None:
         assert refused.value.status_code == 503
         assert "3 failed starts" in refused.value.message
         assert link.demands == []
+
+
+async def test_requests_wait_out_the_loss_of_the_only_replica(upstreams: Any) -> None:
+    # The model's one replica is gone (its node died: connections refused);
+    # the control plane publishes a replacement a moment later. Requests sent
+    # meanwhile fail over to it instead of failing with 503.
+    replacement = await upstreams("replacement")
+    dead = "http://127.0.0.1:9"  # the discard port: refused
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(make_config(1, [route("lazy", [dead], on_demand=True)]))
+    published: list[float] = []
+
+    async def replace(model: str) -> None:
+        async def later() -> None:
+            await asyncio.sleep(0.5)  # the replacement starts elsewhere
+            published.append(time.monotonic())
+            link.publish(make_config(2, [route(model, [replacement], on_demand=True)]))
+
+        if not published:
+            asyncio.get_running_loop().create_task(later())
+
+    link.on_demand = replace
+    async with running_gateway(link, fast_settings(queue_wait_s=10.0)) as (gateway, url):
+        client = async_client(url)
+
+        async def ask(i: int) -> str:
+            await asyncio.sleep(i * 0.05)
+            answer = await client.chat.completions.create(
+                model="lazy", messages=[{"role": "user", "content": f"hi {i}"}]
+            )
+            return answer.choices[0].message.content or ""
+
+        answers = await asyncio.gather(*(ask(i) for i in range(8)))
+        assert answers == ["hello from replacement"] * 8
+        assert link.demands[:1] == ["lazy"]
+        dead_replica = gateway.snapshot.replicas.get(dead)  # type: ignore[union-attr]
+        assert dead_replica is None  # gone with the new config
+        # Nothing reached the replacement before it was published, and the
+        # waiting requests reached it right after.
+        assert min(seen.at for seen in replacement.seen) >= published[0]
+        assert min(seen.at for seen in replacement.seen) - published[0] < 0.25

@@ -111,7 +111,9 @@ class ControlPlaneRuntime:
         while True:
             started = time.perf_counter()
             try:
-                await reconciler.run_pass(time.time(), epoch)
+                now = time.time()
+                await self.cp.note_reachability(now)
+                await reconciler.run_pass(now, epoch)
                 # Changes since the last pass, this pass's and those made
                 # between passes (a catalog edit, a drain), reach their
                 # agents now rather than at their next report.

@@ -104,10 +104,12 @@ class ControlPlane:
         self.join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
         self._gateway_hash: str | None = None
         self._node_by_token_hash: dict[str, str] = {}
-        # The last set of other nodes' replica ids each node reported on.
-        self._foreign_reported: dict[str, list[str]] = {}
+        # Nodes unreachable at the last look (note_reachability); None before it.
+        self._unreachable: frozenset[str] | None = None
         # Requests in flight per replica and gateway (memory only, re-learnt).
         self._in_flight = InFlightBook()
+        # The last set of other nodes' replica ids each node reported on.
+        self._foreign_reported: dict[str, list[str]] = {}
         # The secret agents present to each other when copying weights. Kept
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
@@ -314,6 +316,26 @@ class ControlPlane:
             peer_token=self.peer_token,
         )
 
+    async def note_reachability(self, now: float) -> None:
+        """Act on nodes turning unreachable (or back) by time passing alone.
+
+        No event announces that reports stopped: without this look, the
+        gateways' routing table kept a dead node's replicas until something
+        else changed it, and every request to them failed. A change rebuilds
+        the table and wakes the reconciler, which replaces a lost replica at
+        once if its model has no other (scheduler/triage.py).
+        """
+        unreachable = self.state.unreachable_nodes(now)
+        before, self._unreachable = self._unreachable, unreachable
+        if unreachable == before:
+            return
+        for name in sorted(unreachable - (before or frozenset())):
+            if before is not None:
+                await self.event("node", name, f"node {name} is unreachable: no report for"
+                                 f" more than {UNREACHABLE_AFTER_S:g} s")
+        await self.state.bump_routing()
+        self.wake_reconciler()
+
     async def flush_heartbeats(self) -> None:
         pending, self._pending_heartbeats = self._pending_heartbeats, {}
         await self.store.touch_nodes(pending)
@@ -336,12 +358,7 @@ class ControlPlane:
                     kv_capacity_tokens=model.spec.kv_capacity_tokens,
                 )
                 for r in sorted(self.state.replicas_of(model.name), key=lambda r: r.id)
-                if r.state == ReplicaState.READY
-                and not r.draining
-                and r.port is not None
-                and r.leader_node in self.state.nodes
-                and self.state.nodes[r.leader_node].state(now, UNREACHABLE_AFTER_S)
-                != NodeState.UNREACHABLE
+                if self.state.routable(r, now) and r.port is not None
             ]
             routes.append(
                 ModelRoute(

@@ -51,8 +51,10 @@ class NodeRecord:
     statuses: dict[str, ReplicaStatus] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
 
-    def state(self, now: float, unreachable_after: float = UNREACHABLE_AFTER_S) -> NodeState:
-        if self.last_seen is None or now - self.last_seen > unreachable_after:
+    def state(self, now: float, unreachable_after: float | None = None) -> NodeState:
+        # The module's grace is read at call time, so a test can shorten it.
+        grace = UNREACHABLE_AFTER_S if unreachable_after is None else unreachable_after
+        if self.last_seen is None or now - self.last_seen > grace:
             return NodeState.UNREACHABLE
         return self.admin_state
 
@@ -169,6 +171,26 @@ class FleetState:
     def replicas_on(self, node: str) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if node in r.nodes]
 
+    def unreachable_nodes(self, now: float) -> frozenset[str]:
+        return frozenset(
+            name for name, node in self.nodes.items() if node.state(now) is NodeState.UNREACHABLE
+        )
+
+    def reachable(self, replica: ReplicaRecord, now: float) -> bool:
+        return replica_reachable(replica, self.nodes, now)
+
+    def routable(self, replica: ReplicaRecord, now: float) -> bool:
+        """Gateways may send it requests: ready, serving, and on reporting nodes.
+
+        The one rule behind the gateway's routing table, the scheduler's
+        "does this model still have a replica" and the summary's ready count.
+        """
+        return (
+            replica.state is ReplicaState.READY
+            and not replica.draining
+            and self.reachable(replica, now)
+        )
+
     def resolve_model(self, name: str) -> ModelRecord | None:
         record = self.models.get(name)
         if record is not None:
@@ -181,3 +203,12 @@ class FleetState:
 
 def now() -> float:
     return time.time()
+def replica_reachable(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now: float) -> bool:
+    """Every node the replica spans is known and reporting."""
+    for shard in replica.shards:
+        node = nodes.get(shard.node)
+        if node is None or node.state(now) is NodeState.UNREACHABLE:
+            return False
+    return True
+
+

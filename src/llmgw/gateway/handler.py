@@ -295,11 +295,20 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
 
 
 async def _replica_for(
-    rt: Runtime, router: ModelRouter, prompt: str | None, tried: list[Replica]
+    rt: Runtime, router: ModelRouter, prompt: str | None, tried: list[Replica], deadline: float
 ) -> tuple[ModelRouter, Pick | None, float]:
-    """A pick, waiting for an on-demand replica if the model has none (and the time waited)."""
-    pick = router.pick(prompt, tried)
-    if pick is not None or tried:
+    """A pick, waiting for a replica if the model has none to offer (and the time waited).
+
+    Any model waits while it has no replica at all. An on-demand model also
+    waits while every replica it has is cooling down or failed this request:
+    that is how its requests ride out the loss of its only replica's node,
+    until the control plane's replacement arrives (or the cooled replica
+    answers again), instead of failing with 503 meanwhile. ``deadline``
+    (time.monotonic()) is the request's, however many times it waits.
+    """
+    on_demand = router.route.on_demand
+    pick = router.pick(prompt, tried, fallback=not on_demand)
+    if pick is not None or (tried and not on_demand):
         return router, pick, 0.0
     name = router.route.name
     if router.route.parked:
@@ -319,20 +328,24 @@ async def _replica_for(
             retry_after=rt.settings.retry_after_s,
         )
     began = time.monotonic()
-    deadline = began + rt.settings.queue_wait_s
     if rt.room.enter(name):
         rt.demand(name)
     try:
         while True:
-            woke = await rt.room.wait(name, deadline)
+            # Woken by a config that serves the model, or when a cooled (or
+            # just failed) replica may be tried again: it may only have restarted.
+            wake_at = min(deadline, router.cooling_ends() or deadline)
+            if tried:
+                wake_at = min(wake_at, time.monotonic() + rt.settings.cooldown_s)
+            await rt.room.wait(name, wake_at)
             snapshot = rt.snapshot
             fresh = snapshot.routes.get(name) if snapshot is not None else None
             if fresh is not None:
                 router = fresh
-                pick = router.pick(prompt, tried)
+                pick = router.pick(prompt, fallback=not on_demand)
                 if pick is not None:
                     return router, pick, time.monotonic() - began
-            if not woke:
+            if time.monotonic() >= deadline:
                 raise ApiError(
                     503,
                     f"The model `{name}` is starting and was not ready in time.",
@@ -401,8 +414,10 @@ async def _proxy(
     model = router.route.name
     tried: list[Replica] = []
     waited = 0.0
-    for _attempt in range(settings.retries + 1):
-        router, pick, wait = await _replica_for(rt, router, prompt, tried)
+    wait_deadline = time.monotonic() + settings.queue_wait_s
+    attempts = 0
+    while attempts <= settings.retries:
+        router, pick, wait = await _replica_for(rt, router, prompt, tried, wait_deadline)
         waited += wait
         if pick is None:
             break
@@ -419,6 +434,9 @@ async def _proxy(
         try:
             response = await rt.upstream.post(
                 rt.upstream.target(replica.url, path), upstream_body, request_id
+        # After a wait the retries start again: what failed before it is
+        # gone or back, and the wait itself is bounded by its deadline.
+        attempts = 1 if wait else attempts + 1
             )
             replica.connect_succeeded()
             if stream and response.status == 200:

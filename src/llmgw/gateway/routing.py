@@ -200,11 +200,16 @@ class ModelRouter:
             }
         )
 
-    def candidates(self, exclude: Sequence[Replica] = ()) -> list[Replica]:
+    def candidates(
+        self, exclude: Sequence[Replica] = (), *, fallback: bool = True
+    ) -> list[Replica]:
         """Replicas that may take a request now: not excluded, not cooling down.
 
-        If every replica is cooling down, all of them are offered again: a
-        request that might fail is better than one refused for certain.
+        If every replica is cooling down, all of them are offered again when
+        ``fallback`` holds: a request that might fail is better than one
+        refused for certain. An on-demand model passes False instead: its
+        request waits for a replica (the cooled one's return or a
+        replacement) rather than being sent where connections just failed.
         """
         now = 0.0
         out: list[Replica] = []
@@ -216,12 +221,20 @@ class ModelRouter:
                 if replica.cooled_until > now:
                     continue
             out.append(replica)
-        if not out:
+        if not out and fallback:
             out = [r for r in self.replicas if r not in exclude]
         return out
 
-    def pick(self, prompt: str | None, exclude: Sequence[Replica] = ()) -> Pick | None:
-        replicas = self.candidates(exclude)
+    def cooling_ends(self) -> float | None:
+        """When (time.monotonic()) the first replica now cooling down may be tried again."""
+        now = time.monotonic()
+        ends = [r.cooled_until for r in self.replicas if r.cooled_until > now]
+        return min(ends) if ends else None
+
+    def pick(
+        self, prompt: str | None, exclude: Sequence[Replica] = (), *, fallback: bool = True
+    ) -> Pick | None:
+        replicas = self.candidates(exclude, fallback=fallback)
         if not replicas:
             return None
         self._counter += 1

@@ -11,7 +11,17 @@ asked of the same facts.
 The fields and their rules are fixed by the reference (shared/seed/). Lists
 are always present (empty rather than absent) and ``store_error`` is null
 when there is none; each class also carries ``free`` (total - used -
-unhealthy), which the reference computes on demand.
+unhealthy), which the reference computes on demand. Both on purpose: a
+client never has to tell "absent" from "none", and ``free`` is the number
+every reader wants. Said to users in docs/install.md and in the OpenAPI
+description (the Summary model's docstring).
+
+``unplaceable`` follows the reference's rule to the letter:
+``unplaceable or (total <= ready and not parked)``. A parked model is
+exempt from the second half only; it is listed when the scheduler's last
+pass called it unplaceable, which a pass after parking no longer does (a
+parked model is not placed at all), so in a steady fleet a parked model is
+under ``parked`` alone.
 """
 
 from __future__ import annotations
@@ -86,6 +96,9 @@ class ReplicaTotal(BaseModel):
     starting: int = 0
     draining: int = 0
     failed: int = 0
+    # Would be ready or starting, but a node of theirs stopped reporting:
+    # not routed to, and replaced (scheduler/triage.py).
+    unreachable: int = 0
 
 
 class ModelTotals(BaseModel):
@@ -114,6 +127,18 @@ class IdleReplica(BaseModel):
 
 
 class Summary(BaseModel):
+    """The whole fleet in one answer: the reference llmgw's summary, with two differences.
+
+    Every field is always present: lists are ``[]`` when empty and
+    ``store_error`` is null when the store was read, where the reference
+    omits empty fields (a client should treat absent and empty alike). Each
+    ``gpus`` entry also carries ``free`` (total - used - unhealthy), which the
+    reference computes on demand. ``unplaceable`` is the reference's rule:
+    short models the scheduler could not place, or with nothing starting
+    unless parked; sorted by name. A replica with a request in flight is
+    never in ``idle_replicas``.
+    """
+
     nodes: NodeTotals = Field(default_factory=NodeTotals)
     gpus: list[ClassUse] = Field(default_factory=list)
     fabrics: list[FabricUse] = Field(default_factory=list)
@@ -232,9 +257,9 @@ class SummaryBuilder:
             ],
             replicas=ReplicaTotal(
                 ready=replicas["ready"], draining=replicas["draining"],
-                failed=replicas["failed"],
+                failed=replicas["failed"], unreachable=replicas["unreachable"],
                 starting=sum(replicas.values()) - replicas["ready"] - replicas["draining"]
-                - replicas["failed"],
+                - replicas["failed"] - replicas["unreachable"],
             ),
             models=ModelTotals(total=self._models[0], satisfied=self._models[1],
                                short=self._models[2]),

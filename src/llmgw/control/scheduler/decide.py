@@ -51,6 +51,7 @@ def decide(
         if now - (node.last_seen if node.last_seen is not None else node.registered_at)
         > policy.replace_after_s
     }
+    unreachable_nodes = state.unreachable_nodes(now)
     draining_nodes = {
         name for name, node in state.nodes.items() if node.admin_state is NodeState.DRAINING
     }
@@ -72,7 +73,16 @@ def decide(
         record = state.models[name]
         replicas = sorted(by_model.get(name, []), key=lambda r: r.id)
         item = triage_model(
-            out, record, replicas, now, policy, lost_nodes, draining_nodes, shapes, known_draining
+            out,
+            record,
+            replicas,
+            now,
+            policy,
+            lost_nodes,
+            draining_nodes,
+            shapes,
+            known_draining,
+            unreachable_nodes,
         )
         work.append(item)
 

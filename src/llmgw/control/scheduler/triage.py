@@ -90,8 +90,15 @@ def triage_model(
     draining_nodes: set[str],
     shapes: ShapeCheck,
     known_draining: dict[str, float],
+    unreachable_nodes: frozenset[str] = frozenset(),
 ) -> ModelWork:
     spec = record.spec
+    # A model that still has a routable replica loses nothing by waiting for
+    # an unreachable node to come back (REPLACE_AFTER_S keeps its replicas'
+    # warm caches through a short outage); one with none is serving nobody,
+    # so its replicas there are replaced now, make-before-break, wherever
+    # there is room (if there is none, they stay and may yet come back).
+    stranded = not any(shapes.state.routable(r, now) for r in replicas)
     failures, parked = record.failures, record.parked
     last_error, backoff_until = record.last_error, record.backoff_until
     by_node = NodeFailureBook(record.node_failures)
@@ -160,7 +167,11 @@ def triage_model(
         if replica.draining:
             finish_drain(out, replica, now, policy, known_draining)
             continue
-        if any(n in draining_nodes for n in replica.nodes) or not shapes.fits(replica, spec):
+        if (
+            any(n in draining_nodes for n in replica.nodes)
+            or not shapes.fits(replica, spec)
+            or (stranded and any(n in unreachable_nodes for n in replica.nodes))
+        ):
             moving.append(replica)
         else:
             live.append(replica)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from llmgw.control.adminapi.views.replicas import ReplicaView
+from llmgw.control.adminapi.views.replicas import UNREACHABLE, ReplicaView
 from llmgw.control.scheduler.demand import asked_for, desired_given
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.wire import ModelSpec, ReplicaState
@@ -98,7 +98,8 @@ class ReplicaTally:
         return self._last_used.get(model)
 
 
-_LIVE = frozenset({ReplicaState.READY.value, ReplicaState.STARTING.value})
+# Unreachable ones too: the scheduler still counts them (it replaces them).
+_LIVE = frozenset({ReplicaState.READY.value, ReplicaState.STARTING.value, UNREACHABLE})
 
 
 # -- models -----------------------------------------------------------------------

@@ -6,8 +6,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from llmgw.control.adminapi.views.memo import Memo, forget_gone
-from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import CPU_CLASS, DownloadProgress, device_label
+from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord, replica_reachable
+from llmgw.wire import CPU_CLASS, DownloadProgress, ReplicaState, device_label
+
+# The state a view shows for a replica that would be starting or ready but
+# has a node that stopped reporting: it is not routed to, so counting it as
+# ready made a model with a dead node look satisfied (issue 14).
+UNREACHABLE = "unreachable"
+_HIDDEN_BY_NODE = frozenset({ReplicaState.READY, ReplicaState.STARTING})
 
 
 @dataclass(slots=True)
@@ -95,10 +101,13 @@ def replica_view(
         leader = nodes.get(replica.shards[0].node)
         url = f"http://{leader.address}:{port}" if leader is not None else None
     idle = replica.idle_seconds(now)
+    state: str = replica.state
+    if replica.state in _HIDDEN_BY_NODE and not replica_reachable(replica, nodes, now):
+        state = UNREACHABLE
     return ReplicaView(
         id=rid,
         model=replica.model,
-        state=replica.state,
+        state=state,
         draining=replica.draining,
         generation=generation,
         nodes=[s.node for s in shards],
@@ -127,7 +136,7 @@ def _replica_count_view(replica: ReplicaRecord, nodes: dict[str, NodeRecord],
     inputs = (
         replica.state, replica.draining, replica.generation, replica.shards, replica.port,
         replica.reason, replica.created_at, replica.ready_at, replica.last_request_at,
-        replica.in_flight, replica.model,
+        replica.in_flight, replica.model, replica_reachable(replica, nodes, now),
     )
     cached = _REPLICA_VIEWS.get(replica.id)
     if cached is None or cached[0] != inputs:
