@@ -106,10 +106,10 @@ class ControlPlane:
         self._node_by_token_hash: dict[str, str] = {}
         # Nodes unreachable at the last look (note_reachability); None before it.
         self._unreachable: frozenset[str] | None = None
-        # Requests in flight per replica and gateway (memory only, re-learnt).
-        self._in_flight = InFlightBook()
         # The last set of other nodes' replica ids each node reported on.
         self._foreign_reported: dict[str, list[str]] = {}
+        # Requests in flight per replica and gateway (memory only, re-learnt).
+        self._in_flight = InFlightBook()
         # The secret agents present to each other when copying weights. Kept
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.

@@ -168,9 +168,6 @@ class FleetState:
     def replicas_of(self, model: str) -> list[ReplicaRecord]:
         return [r for r in self.replicas.values() if r.model == model]
 
-    def replicas_on(self, node: str) -> list[ReplicaRecord]:
-        return [r for r in self.replicas.values() if node in r.nodes]
-
     def unreachable_nodes(self, now: float) -> frozenset[str]:
         return frozenset(
             name for name, node in self.nodes.items() if node.state(now) is NodeState.UNREACHABLE
@@ -191,6 +188,9 @@ class FleetState:
             and self.reachable(replica, now)
         )
 
+    def replicas_on(self, node: str) -> list[ReplicaRecord]:
+        return [r for r in self.replicas.values() if node in r.nodes]
+
     def resolve_model(self, name: str) -> ModelRecord | None:
         record = self.models.get(name)
         if record is not None:
@@ -201,8 +201,6 @@ class FleetState:
         return None
 
 
-def now() -> float:
-    return time.time()
 def replica_reachable(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now: float) -> bool:
     """Every node the replica spans is known and reporting."""
     for shard in replica.shards:
@@ -212,3 +210,5 @@ def replica_reachable(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now:
     return True
 
 
+def now() -> float:
+    return time.time()

@@ -421,6 +421,9 @@ async def _proxy(
         waited += wait
         if pick is None:
             break
+        # After a wait the retries start again: what failed before it is
+        # gone or back, and the wait itself is bounded by its deadline.
+        attempts = 1 if wait else attempts + 1
         replica = pick.replica
         if not tried:
             metrics.routed(model, pick.outcome)
@@ -434,9 +437,6 @@ async def _proxy(
         try:
             response = await rt.upstream.post(
                 rt.upstream.target(replica.url, path), upstream_body, request_id
-        # After a wait the retries start again: what failed before it is
-        # gone or back, and the wait itself is bounded by its deadline.
-        attempts = 1 if wait else attempts + 1
             )
             replica.connect_succeeded()
             if stream and response.status == 200:
