@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
 
 from llmgw.control.adminapi.patroni import StoreMember, StoreStatus
-from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, Summary, fleet_summary
+from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, Summary, fleet_summary, summarize
 from llmgw.control.adminapi.views.fleet import fleet_views
 from llmgw.control.scheduler.demand import idle_for
 from llmgw.wire import NodeState, ReplicaState
@@ -52,17 +52,41 @@ def test_short_model_with_nothing_starting_is_unplaceable_even_before_the_schedu
     assert summary_of(fleet).unplaceable == ["m"]
 
 
-def test_parked_model_is_neither_satisfied_nor_unplaceable() -> None:
+def test_parked_model_is_short_and_not_unplaceable_for_having_nothing_starting() -> None:
+    # The reference: Unplaceable || (Total <= Ready && !Parked). Parked
+    # models are exempt from the second half only.
     fleet = Fleet()
     fleet.node("n1")
-    fleet.model("bad", parked=True, failures=5, last_error="engine exited (1)",
-                unplaceable_reason="stale reason from before it was parked")
+    fleet.model("bad", parked=True, failures=5, last_error="engine exited (1)")
     s = summary_of(fleet)
     assert (s.models.satisfied, s.models.short) == (0, 1)
     assert s.unplaceable == []
     assert [(p.model, p.failures, p.reason) for p in s.parked] == [
         ("bad", 5, "engine exited (1)")
     ]
+
+
+def test_parked_model_the_scheduler_calls_unplaceable_is_listed_as_both() -> None:
+    # The first half of the reference's rule holds for parked models too.
+    fleet = Fleet()
+    fleet.node("n1")
+    fleet.model("bad", parked=True, failures=5, last_error="engine exited (1)",
+                unplaceable_reason="needs 8 free h100-80g; n1 has 2")
+    s = summary_of(fleet)
+    assert s.unplaceable == ["bad"] and [p.model for p in s.parked] == ["bad"]
+    [view] = fleet_views(fleet.state, fleet.now).models
+    assert view.unplaceable and view.reason == "engine exited (1)"  # parked says why first
+
+
+def test_unplaceable_is_sorted_by_name() -> None:
+    fleet = Fleet()
+    fleet.node("n1", gpus(2))
+    for name in ("zeta", "alpha", "Mid", "beta"):
+        fleet.model(name, gpus=8, tp=8, unplaceable_reason="needs 8 free h100-80g; n1 has 2")
+    assert summary_of(fleet).unplaceable == ["Mid", "alpha", "beta", "zeta"]  # byte order
+    views = fleet_views(fleet.state, fleet.now)
+    views.models.reverse()  # whatever order the views come in
+    assert summarize(views, StoreStatus(members=[])).unplaceable == ["Mid", "alpha", "beta", "zeta"]
 
 
 def test_parked_model_with_its_replicas_ready_is_still_not_satisfied() -> None:
@@ -230,6 +254,26 @@ def test_json_uses_the_reference_field_names() -> None:
                                        "models_present", "largest_free_block"}
     assert set(body["idle_replicas"][0]) == {"id", "model", "idle_seconds", "gpus"}
     assert set(body["models"]) == {"total", "satisfied", "short"}
+    assert set(body["nodes"]) == {"total", "ready", "cordoned", "draining", "unreachable"}
+    # "unreachable" is llmgw's addition (replicas whose node stopped reporting).
+    assert set(body["replicas"]) == {"ready", "starting", "draining", "failed", "unreachable"}
+    member = StoreMember(name="pg0", host="10.0.0.1", role="leader", state="running", lag=0)
+    fleet.model("bad", parked=True, failures=5, last_error="x")
+    body = summary_of(fleet, StoreStatus(members=[member])).model_dump(mode="json")
+    assert body["store"] == [
+        {"name": "pg0", "host": "10.0.0.1", "role": "leader", "state": "running", "lag": 0}
+    ]
+    assert body["parked"] == [{"model": "bad", "failures": 5, "reason": "x"}]
+
+
+def test_empty_fields_are_present_and_the_openapi_description_says_so() -> None:
+    body = summary_of(Fleet()).model_dump(mode="json")
+    for name in ("fabrics", "unplaceable", "parked", "idle_replicas", "store"):
+        assert body[name] == []
+    assert body["store_error"] is None
+    description = " ".join(Summary.model_json_schema()["description"].split())
+    assert "Every field is always present" in description
+    assert "also carries ``free``" in description
 
 
 def test_views_listing_path_gives_the_same_summary() -> None:

@@ -127,13 +127,14 @@ class IdleReplica(BaseModel):
 
 
 class Summary(BaseModel):
-    """The whole fleet in one answer: the reference llmgw's summary, with two differences.
+    """The whole fleet in one answer: the reference llmgw's summary, with differences.
 
     Every field is always present: lists are ``[]`` when empty and
     ``store_error`` is null when the store was read, where the reference
     omits empty fields (a client should treat absent and empty alike). Each
     ``gpus`` entry also carries ``free`` (total - used - unhealthy), which the
-    reference computes on demand. ``unplaceable`` is the reference's rule:
+    reference computes on demand, and ``replicas`` counts ``unreachable``
+    ones too (a node stopped reporting). ``unplaceable`` is the reference's rule:
     short models the scheduler could not place, or with nothing starting
     unless parked; sorted by name. A replica with a request in flight is
     never in ``idle_replicas``.

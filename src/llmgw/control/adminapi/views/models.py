@@ -35,8 +35,8 @@ class ModelView:
     last_error: str | None
     # The one line to show: why parked, why unplaceable, or the last error.
     reason: str | None
-    # The scheduler could not place what it is short of (never for a parked
-    # model: that one is not being placed at all, and says why).
+    # The scheduler could not place what it is short of, on its last pass. A
+    # parked model is not placed at all, so the pass after parking clears it.
     unplaceable: bool
     unplaceable_reason: str | None
 
@@ -110,7 +110,9 @@ def model_view(model: ModelRecord, tally: ReplicaTally, now: float) -> ModelView
     counts = tally.of(model.name)
     ready = counts.get(ReplicaState.READY.value, 0)
     starting = counts.get(ReplicaState.STARTING.value, 0)
-    unplaceable = model.unplaceable_reason is not None and not model.parked
+    # The scheduler's word as it stands, parked or not: the summary applies
+    # the reference's rule to it (summary.SummaryBuilder.add_model).
+    unplaceable = model.unplaceable_reason is not None
     if model.parked:
         reason = model.last_error
     elif unplaceable:
