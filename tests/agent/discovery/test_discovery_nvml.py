@@ -259,3 +259,25 @@ def test_vanished_gpu_keeps_its_uuid_across_discover_calls() -> None:
     fake.gpus[0].fail = {"nvmlDeviceGetHandleByIndex": GPU_IS_LOST}
     (lost,) = discover(nvml=fake, nvidia_smi="/nonexistent", cache=cache).devices
     assert (lost.uuid, lost.healthy, lost.gpu_class) == ("GPU-a100-0", False, "a100-80g")
+
+
+def test_instances_report_their_cards_ecc_counts() -> None:
+    # Wear is the card's: every instance shows the card's counters, never its own zero.
+    card = a100(mig=(1, 1), instances=3)
+    card.ecc_aggregate_uncorrected = 2
+    card.ecc_volatile_uncorrected = 0
+    card.retired_pages_pending = False
+    devices = read(FakeNvml([card])).devices
+    assert [d.label for d in devices] == ["0/mig0", "0/mig1", "0/mig2"]
+    assert [d.ecc_uncorrected for d in devices] == [2, 2, 2]
+    assert {d.retired_pages_pending for d in devices} == {False}
+
+
+def test_instances_in_an_nvidia_smi_capture_carry_the_cards_ecc_counts() -> None:
+    name = "telegraf-a100-sxm4-80gb-mig-v12.xml"
+    cards = join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards)
+    card_ecc = cards[0].health.ecc_aggregate_uncorrected
+    via_smi = inventory_from(Snapshot(source="nvidia-smi", cards=cards), hostname="n",
+                             cache=LastSeen())
+    assert card_ecc is not None
+    assert [d.ecc_uncorrected for d in via_smi.devices] == [card_ecc] * 4

@@ -179,3 +179,21 @@ def test_fleet_wide_wording_counts_each_node_once_by_its_first_reason() -> None:
         " 1 too few healthy h100-80g"
     )
     assert sum(refused.counts.values()) == 10
+
+
+def test_mig_class_refuses_tp_pp_and_nodes_above_one_each_on_its_own() -> None:
+    # Catalog validation refuses these too; placement refuses them again for
+    # a catalog edited around it. Built field by field, as such an edit would.
+    snapshot = snap(
+        gpu_node("a", seen_at=NOW, gpus=2, mig={1: ("3g.40gb", 2)}),
+        gpu_node("b", seen_at=NOW, gpus=2, mig={1: ("3g.40gb", 2)}),
+    )
+    one = model("m", classes=["h100-80g-mig-3g.40gb"])
+    for field, value in (("tp", 2), ("pp", 2), ("nodes", 2), ("gpus", 2)):
+        refused = refuse(snapshot, one.model_copy(update={field: value}))
+        assert refused.status == CAN_NEVER_FIT, field
+        assert refused.reason.endswith(
+            "accepts only MIG class h100-80g-mig-3g.40gb:"
+            " a replica on MIG runs on exactly one instance"
+        ), (field, refused.reason)
+    assert place(snapshot, one).shards[0].numbers == (1101,)  # the plain shape still fits

@@ -90,3 +90,14 @@ def test_what_if_places_an_added_model_without_changing_anything() -> None:
     # Larger and always-on first, then by name: m and extra fit, toomuch does not.
     assert statuses == {"extra": "placing", "m": "placing", "toomuch": "cannot fit now"}
     assert (dict(state.models), dict(state.replicas), state.routing_version) == before
+
+
+def test_the_planner_places_a_mig_replica_on_exactly_one_instance() -> None:
+    nodes = [gpu_node("a", gpus=2, mig={1: ("3g.40gb", 2)}, seen_at=NOW)]
+    state = fleet(nodes, [model("slice", classes=["h100-80g-mig-3g.40gb"], min_replicas=2)], NOW)
+    result = plan(state, NOW)
+    [slice_plan] = result.models
+    placed = [r for r in slice_plan.replicas if r.action == "place"]
+    assert [r.devices for r in placed] == [["a:1/mig1"], ["a:1/mig2"]]
+    assert all(len(r.shards) == 1 and len(r.shards[0].device_numbers) == 1 for r in placed)
+    assert result.unplaceable == []
