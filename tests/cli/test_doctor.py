@@ -86,11 +86,16 @@ def test_mig_card_without_a_pending_mode_is_shown_out_of_placement(
     tmp_path: Path, source: str
 ) -> None:
     name = "synthetic-a100-80gb-mig-no-pending.xml"
-    if source == "nvml":
-        cards = join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards)
-        code, report = doctor(tmp_path, nvml=fake_from_cards(cards))
-    else:
-        code, report = doctor(tmp_path, fixture=name)
+
+    def run(json_out: bool) -> tuple[int, Any]:
+        if source == "nvml":
+            cards = join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards)
+            return doctor(tmp_path, nvml=fake_from_cards(cards), json_out=json_out)
+        return doctor(tmp_path, fixture=name, json_out=json_out)
+
+    _, text = run(json_out=False)
+    assert "no: MIG mode is enabled but no" in text  # the Devices table's Placeable column
+    code, report = run(json_out=True)
     assert code == 0 and report["can_run"] is True  # card 0's instances can
     assert [c["mode"] for c in report["cards"]] == ["MIG", "MIG"]
     assert report["cards"][1]["instances"] == []
