@@ -49,6 +49,8 @@ async def serve_gateway(
     """Run a standalone gateway until cancelled or signalled."""
     import uvicorn
 
+    from llmgw.cli.httpserver import server_config
+
     sock = _bind(host, port)
     try:
         link = HttpControlPlaneLink(control_plane, token)
@@ -66,19 +68,8 @@ async def serve_gateway(
             log.warning("control plane not reachable yet (%s); answering 503 until it is", exc)
         await gateway.start()
         freeze_startup_objects()
-        config = uvicorn.Config(
-            gateway,
-            lifespan="off",
-            http="httptools",
-            ws="none",
-            access_log=False,
-            # Client addresses are not used; the middleware costs per request.
-            proxy_headers=False,
-            # Longer than uvicorn's 5 s: OpenAI clients keep pooled connections
-            # for a while, and a close racing their next request is an error
-            # they have to retry.
-            timeout_keep_alive=30,
-            log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        config = server_config(
+            gateway, log_level=logging.getLevelName(logging.getLogger().level).lower()
         )
         server = uvicorn.Server(config)
         actual = sock.getsockname()[1]

@@ -25,6 +25,7 @@ from typing import Any
 
 import uvicorn
 
+from llmgw.cli.httpserver import server_config
 from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
 from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
@@ -334,10 +335,7 @@ def _public_host(host: str) -> str:
 
 
 async def _serve_http(app: Any, host: str, port: int, stop: asyncio.Event) -> uvicorn.Server:
-    config = uvicorn.Config(
-        app, host=host, port=port, lifespan="off", log_level="warning",
-        access_log=False, loop="none", http="httptools", timeout_keep_alive=30,
-    )
+    config = server_config(app, host=host, port=port, log_level="warning", loop="none")
     server = uvicorn.Server(config)
     # Signals are ours: SIGINT/SIGTERM must stop the agent and its engines
     # before the HTTP server, so uvicorn must not take them over.

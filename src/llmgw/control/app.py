@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmgw import secrets
 from llmgw.console.server import mount_console
 from llmgw.control.adminapi.routes import build_admin_router
+from llmgw.control.limits import BodyLimit
 from llmgw.control.service import ControlPlane
 from llmgw.control.standby import standby_response
 from llmgw.errors import AuthError, NotFoundError, StandbyError, StoreError, ValidationError
@@ -67,6 +68,7 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
     app = FastAPI(title=title, version="1", docs_url="/admin/docs",
                   openapi_url="/admin/v1/openapi.json")
     app.state.cp = cp
+    app.add_middleware(BodyLimit)
 
     @app.exception_handler(AuthError)
     async def _auth(_: Request, exc: AuthError) -> JSONResponse:

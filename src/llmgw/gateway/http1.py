@@ -30,7 +30,11 @@ from typing import cast
 
 import httptools
 
-_HIGH_WATER = 1 << 20  # buffered answer bytes before the socket stops being read
+_HIGH_WATER = 1 << 20  # buffered answer bytes before a streamed answer stops being read
+# The largest answer read whole (non-streamed). Embeddings of a large batch
+# run to tens of MB; anything far past that is an engine gone wrong, and
+# buffering it would let one answer take the gateway's memory.
+MAX_ANSWER_BYTES = 256 << 20
 _MAX_IDLE_PER_HOST = 1024
 
 
@@ -40,6 +44,10 @@ class ConnectFailed(Exception):
 
 class BodyBroken(Exception):
     """The answer started, then the connection broke or the answer was malformed."""
+
+
+class AnswerTooLarge(BodyBroken):
+    """A non-streamed answer grew past the pool's ``max_answer_bytes``."""
 
 
 class UpstreamTimeout(Exception):
@@ -56,6 +64,7 @@ class Response:
         "_headers_waiter",
         "_size",
         "_waiter",
+        "_whole",
         "complete",
         "content_type",
         "started",
@@ -73,6 +82,9 @@ class Response:
         self._error: Exception | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._headers_waiter: asyncio.Future[None] | None = None
+        # read() wants the whole answer: the high-water mark (flow control
+        # for a relay that forwards chunks) no longer applies, the size cap does.
+        self._whole = False
 
     # -- fed by the connection ---------------------------------------------------
 
@@ -89,9 +101,19 @@ class Response:
     def _body(self, data: bytes) -> None:
         self._chunks.append(data)
         self._size += len(data)
-        if self._size > _HIGH_WATER and self._conn is not None:
+        if self._whole:
+            self._check_size()
+        elif self._size > _HIGH_WATER and self._conn is not None:
             self._conn.pause()
         self._wake()
+
+    def _check_size(self) -> None:
+        conn = self._conn
+        limit = conn.pool.max_answer_bytes if conn is not None else MAX_ANSWER_BYTES
+        if self._size > limit and not self.complete:
+            self._fail(AnswerTooLarge(f"the answer is over {limit} bytes"))
+            if conn is not None:
+                conn.close()
 
     def _finish(self) -> None:
         self.complete = True
@@ -116,7 +138,13 @@ class Response:
             self._waiter = None
 
     async def read(self) -> bytes:
-        """The whole body (raises BodyBroken or UpstreamTimeout)."""
+        """The whole body (raises BodyBroken, AnswerTooLarge or UpstreamTimeout)."""
+        # Before this, an answer over the high-water mark paused the socket
+        # and nothing resumed it: the request hung until the upstream deadline.
+        self._whole = True
+        self._check_size()
+        if self._conn is not None:
+            self._conn.resume()
         while not self.complete:
             if self._error is not None:
                 raise self._error
@@ -260,7 +288,11 @@ class _Connection(asyncio.Protocol):
 class Pool:
     """Idle keep-alive connections per (host, port)."""
 
-    def __init__(self, connect_timeout_s: float, deadline_s: float) -> None:
+    def __init__(
+        self, connect_timeout_s: float, deadline_s: float,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+    ) -> None:
+        self.max_answer_bytes = max_answer_bytes
         self._connect_timeout = connect_timeout_s
         self._deadline = deadline_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}

@@ -1,0 +1,175 @@
+"""Request limits on llmgw's servers: body caps before the body is read, request
+heads bounded in time and size, a connection limit (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from llmgw.cli.httpserver import GuardedHttpToolsProtocol, server_config
+from llmgw.control.app import create_app
+from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.store.repo import Store
+
+MiB = 1024 * 1024
+
+
+@asynccontextmanager
+async def _served(app: object, **overrides: object) -> AsyncIterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(server_config(app, log_level="warning", loop="none", **overrides))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        server.force_exit = True
+        await task
+        sock.close()
+
+
+@pytest.fixture
+async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, NewCredentials, int]]:
+    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+    cp = ControlPlane(store)
+    await cp.load()
+    creds = await cp.ensure_credentials()
+    async with _served(create_app(cp)) as port:
+        yield cp, creds, port
+    await store.close()
+
+
+async def _exchange(port: int, head: bytes, body: bytes = b"") -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + body)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(65536), 5.0)
+    finally:
+        writer.close()
+
+
+async def test_a_64_mib_registration_is_refused_before_its_body_or_token_is_read(
+    control: tuple[ControlPlane, NewCredentials, int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cp, _, port = control
+    looked_at: list[str] = []
+    real_find = cp.join_tokens.find
+    monkeypatch.setattr(cp.join_tokens, "find", lambda s: looked_at.append(s) or real_find(s))
+    head = (f"POST /agent/v1/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {64 * MiB}\r\n\r\n").encode()
+    started = time.monotonic()
+    # Only the head and 1 KB of the 64 MiB are ever sent: the answer must not wait for more.
+    answer = await _exchange(port, head, b'{"node": "n1", "join_token": "' + b"x" * 1000)
+    assert time.monotonic() - started < 2.0
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"request_too_large" in answer
+    assert looked_at == [] and cp.state.nodes == {}
+
+
+@pytest.mark.parametrize("path", ["/agent/v1/register", "/gateway/v1/load", "/admin/v1/apply",
+                                  "/admin/v1/keys"])
+async def test_chunked_bodies_over_the_limit_are_cut_off(
+    control: tuple[ControlPlane, NewCredentials, int], path: str,
+) -> None:
+    _, creds, port = control
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                 f"Authorization: Bearer {creds.admin_token}\r\n\r\n".encode())
+    chunk = f"{MiB:x}\r\n".encode() + b" " * MiB + b"\r\n"
+    sent = 0
+    answer = b""
+    with contextlib.suppress(ConnectionError):
+        while sent < 64 and not answer:
+            writer.write(chunk)
+            await writer.drain()
+            sent += 1
+            with contextlib.suppress(TimeoutError):
+                answer = await asyncio.wait_for(reader.read(65536), 0.05)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"request_too_large" in answer
+    assert sent <= 10  # refused at the 8 MiB limit, not after everything was sent
+
+
+async def test_small_bodies_still_work(control: tuple[ControlPlane, NewCredentials, int]) -> None:
+    _, creds, port = control
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(f"http://127.0.0.1:{port}/agent/v1/register",
+                                   json={"node": "n1", "join_token": creds.join_token})
+    assert answer.status_code == 200, answer.text
+
+
+async def test_a_request_head_trickled_slowly_is_cut_off(
+    control: tuple[ControlPlane, NewCredentials, int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(GuardedHttpToolsProtocol, "head_timeout_s", 0.5)
+    _, _, port = control
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        for _ in range(10):
+            await asyncio.sleep(0.2)
+            if reader.at_eof():
+                break
+            writer.write(b"X-Slow: 1\r\n")
+        assert await asyncio.wait_for(reader.read(), 3.0) == b""
+    except ConnectionResetError:
+        pass
+    finally:
+        writer.close()
+    assert time.monotonic() - started < 2.5
+    # An idle connection that never sends a byte is closed too.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await asyncio.wait_for(reader.read(), 3.0) == b""
+    writer.close()
+    # Other clients were not disturbed.
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200
+
+
+async def test_an_oversized_request_head_is_refused(
+    control: tuple[ControlPlane, NewCredentials, int],
+) -> None:
+    _, _, port = control
+    head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (200 * 1024) + b"\r\n\r\n"
+    with contextlib.suppress(ConnectionResetError):
+        answer = await _exchange(port, head)
+        assert answer.startswith(b"HTTP/1.1 400") or answer == b"", answer[:100]
+
+
+async def test_connections_past_the_limit_get_503() -> None:
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    async with _served(app, limit_concurrency=2) as port:
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        await asyncio.sleep(0.1)
+        answer = await _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:100]
+        for _, writer in held:
+            writer.close()
+
+
+def test_every_server_uses_the_limits() -> None:
+    config = server_config(object())
+    assert config.limit_concurrency == 4096 and config.timeout_keep_alive == 30
+    assert config.http is GuardedHttpToolsProtocol
