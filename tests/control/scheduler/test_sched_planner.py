@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import ReplicaRecord
@@ -101,3 +102,15 @@ def test_the_planner_places_a_mig_replica_on_exactly_one_instance() -> None:
     assert [r.devices for r in placed] == [["a:1/mig1"], ["a:1/mig2"]]
     assert all(len(r.shards) == 1 and len(r.shards[0].device_numbers) == 1 for r in placed)
     assert result.unplaceable == []
+
+
+def test_a_pass_says_nothing_is_unplaceable_about_a_parked_model() -> None:
+    # The summary lists a parked model under unplaceable only while the
+    # scheduler's last word says so (the reference's rule); a parked model is
+    # not placed, so the next pass clears a reason left from before parking.
+    state = fleet([gpu_node("a", gpus=1, seen_at=NOW)], [model("big", gpus=8)], NOW)
+    record = state.models["big"]
+    assert decide(state, NOW).reasons["big"] is not None  # 8 on a 1-card fleet
+    record.parked, record.failures, record.last_error = True, 5, "engine exited (1)"
+    record.unplaceable_reason = "needs 8 free h100-80g on one node"
+    assert decide(state, NOW).reasons["big"] is None
