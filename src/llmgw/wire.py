@@ -272,7 +272,16 @@ class SimParams(Wire):
     kv_blocks: int = 2048
     block_tokens: int = 16
     max_running: int = 64
-    fault: Literal["none", "fail_at_start", "crash_mid_stream", "hang", "slow"] = "none"
+    # cut_stream: a stream ends cleanly after crash_after_tokens tokens with
+    # no finish_reason (then [DONE]), as llama_cpp.server's interrupt_requests does.
+    fault: Literal[
+        "none", "fail_at_start", "crash_mid_stream", "cut_stream", "hang", "slow"
+    ] = "none"
+    # Dialect switches, to exercise the gateway's mending (EngineDialect):
+    # False makes the engine ignore max_completion_tokens / include_usage, as
+    # llama_cpp.server does.
+    max_completion_tokens: bool = True
+    stream_usage: bool = True
     # Multiplies every simulated duration (start-up, prefill, decode): 0.01
     # runs a scenario 100x faster for tests, keeping its ratios.
     time_factor: float = Field(1.0, gt=0)
@@ -282,7 +291,8 @@ class SimParams(Wire):
     decode_batch_alpha: float = Field(0.01, ge=0)
     # Requests queued beyond this get 503; None: unbounded, as in vLLM.
     max_waiting: int | None = Field(None, ge=0)
-    # With fault crash_mid_stream: output tokens sent before the connection drops.
+    # With fault crash_mid_stream (cut_stream): output tokens sent before the
+    # connection drops (the stream ends).
     crash_after_tokens: int = Field(2, ge=0)
     # Seconds after it became ready (times time_factor) when the engine wedges,
     # as a deadlocked one does: running requests stop, and every request,
@@ -387,6 +397,31 @@ class DownloadProgress(Wire):
     eta_s: float | None = None
 
 
+class EngineDialect(Wire):
+    """Where an engine's OpenAI API differs from OpenAI's, as its adapter declares it.
+
+    The gateway owns the OpenAI contract (DESIGN.md §6) and mends these per
+    endpoint, so every client sees one API whatever serves it. Without this,
+    llama_cpp.server ignores a client's ``max_completion_tokens`` (173 tokens
+    generated for a limit of 5) and never sends a stream's usage, so clients
+    that ask get none and per-key token limits meter a guess. The defaults
+    describe an engine that speaks OpenAI faithfully (vLLM, SGLang).
+    """
+
+    # False: the engine ignores ``max_completion_tokens``; the gateway sends
+    # the limit as ``max_tokens`` (the smaller one when both are given).
+    max_completion_tokens: bool = True
+    # False: the engine ignores ``stream_options.include_usage`` and sends no
+    # usage in streams; the gateway counts the stream with the engine's own
+    # tokenizer and adds the usage chunk itself.
+    stream_usage: bool = True
+    # The engine's tokenizer route, for counting what it does not report:
+    # POST ``{tokenize_field: text}`` answered by ``{"count": n}`` or
+    # ``{"tokens": [...]}``. None: it has none (then stream_usage must hold).
+    tokenize_path: str | None = Field(None, pattern=r"^/[A-Za-z0-9/_.-]{0,99}$")
+    tokenize_field: Literal["input", "content", "prompt"] = "input"
+
+
 class ReplicaStatus(Wire):
     """What the agent sees of one replica it runs."""
 
@@ -401,6 +436,9 @@ class ReplicaStatus(Wire):
     download: DownloadProgress | None = None
     started_at: float | None = None
     ready_at: float | None = None
+    # What its engine's API gets wrong (the adapter's declaration); None from
+    # an agent older than dialects.
+    dialect: EngineDialect | None = None
 
 
 class AgentRegistration(Wire):
@@ -512,6 +550,10 @@ class Endpoint(Wire):
     replica_id: str
     url: str  # base URL of the engine's OpenAI API, without /v1
     kv_capacity_tokens: int = 32768
+    # What the gateway mends for this engine; None: an agent too old to say,
+    # served unmended as before. Per endpoint, not per model: one model may
+    # run as llama-server on one node and llama_cpp.server on another.
+    dialect: EngineDialect | None = None
 
 
 class ModelRoute(Wire):

@@ -42,7 +42,7 @@ from llmgw.agent.state import EngineRecord, StateStore
 from llmgw.agent.supervisor import EngineProcess, ExitStatus, ProcessControl, describe_exit
 from llmgw.agent.weights import Progress, WeightsCache
 from llmgw.errors import EngineError
-from llmgw.wire import Device, ReplicaAssignment, ReplicaState, ReplicaStatus
+from llmgw.wire import Device, EngineDialect, ReplicaAssignment, ReplicaState, ReplicaStatus
 
 log = logging.getLogger("llmgw.agent.replicas")
 
@@ -101,6 +101,7 @@ class ReplicaRunner:
         self.health_path: str | None = "/health"
         self.liveness_path: str | None = "/health"
         self.metrics: ProgressMetrics | None = None
+        self.dialect: EngineDialect | None = None  # the adapter's, once built
         self._failed_probes = FailedProbes(deps.liveness)
         self._stall = StallWatch(deps.liveness)
         self._task: asyncio.Task[None] | None = None
@@ -130,6 +131,7 @@ class ReplicaRunner:
         self.health_path = record.health_path
         self.liveness_path = record.liveness_path
         self.metrics = record.progress
+        self.dialect = record.dialect
         self.deps.ports.restore(self.replica_id, record.port)
         if record.failed:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
@@ -201,6 +203,7 @@ class ReplicaRunner:
             download=download,
             started_at=self.started_at,
             ready_at=self.ready_at,
+            dialect=self.dialect,
         )
 
     # -- the life of a replica ---------------------------------------------------
@@ -255,6 +258,7 @@ class ReplicaRunner:
         self.health_path = launch.health_path
         self.liveness_path = launch.serving_probe
         self.metrics = launch.progress if launch.serving_probe is not None else None
+        self.dialect = launch.dialect
         self.started_at = time.time()
         # The record (and so the port) is on disk before the process exists:
         # an agent that dies right after the spawn still knows the port is taken.
@@ -472,6 +476,7 @@ class ReplicaRunner:
             health_path=self.health_path,
             liveness_path=self.liveness_path,
             progress=self.metrics,
+            dialect=self.dialect,
             started_at=self.started_at,
             ready_at=self.ready_at,
             failed=self.state == ReplicaState.FAILED,

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
 from llmgw.agent.progress import ProgressMetrics
-from llmgw.wire import ReplicaAssignment
+from llmgw.wire import EngineDialect, ReplicaAssignment
 
 log = logging.getLogger("llmgw.agent.state")
 
@@ -42,6 +42,8 @@ class EngineRecord(BaseModel):
     liveness_path: str | None = None
     # Scraped while it serves (EngineLaunch.progress); None: not scraped.
     progress: ProgressMetrics | None = None
+    # The adapter's dialect, reported again by an agent that adopts the engine.
+    dialect: EngineDialect | None = None
     started_at: float | None = None
     ready_at: float | None = None
     failed: bool = False

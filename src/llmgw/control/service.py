@@ -356,6 +356,7 @@ class ControlPlane:
                     url=f"http://{host_in_url(self.state.nodes[r.leader_node].address)}"
                     f":{r.port}",
                     kv_capacity_tokens=model.spec.kv_capacity_tokens,
+                    dialect=r.dialect,
                 )
                 for r in sorted(self.state.replicas_of(model.name), key=lambda r: r.id)
                 if self.state.routable(r, now) and r.port is not None

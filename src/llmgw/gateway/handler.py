@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from llmgw.gateway.auth import KeyRecord, authorize, limit
+from llmgw.gateway.dialect import Mending, StreamCounter, StreamTally, mend_request
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.limits import cap_output_tokens
 from llmgw.gateway.metrics import GatewayMetrics
@@ -358,13 +359,19 @@ async def _replica_for(
 
 
 def _upstream_body(
-    path: str, payload: dict[str, Any], body: bytes, served: str, inject_usage: bool
-) -> tuple[bytes, bool, bool]:
-    """(body to send, streaming, whether the gateway added include_usage)."""
+    path: str, payload: dict[str, Any], body: bytes, served: str, inject_usage: bool,
+    mending: Mending, stream: bool,
+) -> tuple[bytes, bool]:  # fmt: skip
+    """(body to send, whether the gateway added include_usage), ``payload`` mended in place.
+
+    Called again only when a retry lands on an engine of another dialect,
+    with the body sent before: what was mended then stays mended.
+    """
     changed = payload.get("model") != served
     if changed:
         payload["model"] = served
-    stream = payload.get("stream") is True and path in STREAMABLE
+    if mend_request(path, payload, mending):
+        changed = True
     injected = False
     if stream and inject_usage:
         options = payload.get("stream_options")
@@ -374,7 +381,12 @@ def _upstream_body(
         elif options.get("include_usage") is not True:
             options["include_usage"] = True
             injected = changed = True
-    return (orjson.dumps(payload) if changed else body), stream, injected
+    return (orjson.dumps(payload) if changed else body), injected
+
+
+def _asked_usage(payload: dict[str, Any]) -> bool:
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 class _Prefill:
@@ -408,9 +420,10 @@ async def _proxy(
     settings = rt.settings
     metrics = rt.metrics
     prompt = prompt_text(path, payload) if router.policy == "prefix" else None
-    upstream_body, stream, injected = _upstream_body(
-        path, payload, body, router.route.served_name, settings.inject_stream_usage
-    )
+    stream = payload.get("stream") is True and path in STREAMABLE
+    asked = stream and _asked_usage(payload)
+    upstream_body, injected = body, False
+    mending: Mending | None = None
     model = router.route.name
     tried: list[Replica] = []
     waited = 0.0
@@ -425,6 +438,13 @@ async def _proxy(
         # gone or back, and the wait itself is bounded by its deadline.
         attempts = 1 if wait else attempts + 1
         replica = pick.replica
+        if replica.mending is not mending:
+            mending = replica.mending
+            upstream_body, added = _upstream_body(
+                path, payload, upstream_body, router.route.served_name,
+                settings.inject_stream_usage, mending, stream,
+            )  # fmt: skip
+            injected = injected or added
         if not tried:
             metrics.routed(model, pick.outcome)
         replica.in_flight += 1
@@ -446,8 +466,13 @@ async def _proxy(
                 prefill.done()
                 metrics.ttft(model, time.perf_counter() - started - waited)
                 relayed, response = response, None
+                counter = (
+                    StreamCounter(rt.upstream, replica, path, payload, request_id)
+                    if replica.mending.count_streams else None
+                )  # fmt: skip
                 return await _relay(rt, relayed, first or b"", model, record, injected,
-                                    before, id_header, send)  # fmt: skip
+                                    before, id_header, send, counter, asked,
+                                    replica.mending.legacy)  # fmt: skip
             prefill.done()
             data = await response.read()
             return await _answer(rt, response, data, model, record, before,
@@ -506,10 +531,19 @@ async def _answer(
 async def _relay(
     rt: Runtime, response: Response, first: bytes, model: str, record: KeyRecord,
     injected: bool, before: float, id_header: tuple[bytes, bytes], send: Send,
+    counter: StreamCounter | None, asked: bool, legacy: bool,
 ) -> int:  # fmt: skip
-    relay = StreamRelay(strip_usage=injected)
+    """Relay a stream; ``counter`` given: the engine sends no usage, the gateway counts it."""
+    tally = StreamTally() if counter is not None else None
+    relay = StreamRelay(
+        strip_usage=injected,
+        hold_done=tally is not None,
+        observe=tally.add if tally is not None else None,
+    )
     rt.metrics.overhead(before)
     failed = False
+    usage: Usage | None = None
+    counted = False  # else a counted stream is counted after it, off the client's time
     try:
         await send({
             "type": "http.response.start", "status": 200,
@@ -528,15 +562,59 @@ async def _relay(
             tail = relay.flush() + sse_error(f"The model `{model}` stopped answering: {exc}")
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return 200
-        await send({"type": "http.response.body", "body": relay.flush(), "more_body": False})
+        tail = relay.flush()
+        if not relay.whole:
+            # Cut short by the engine yet ended as if complete: the client
+            # must not take the short answer for the whole one.
+            failed = True
+            log.info("stream of %s ended early (finish reason: %s, [DONE]: %s)",
+                     model, relay.finished, relay.done)  # fmt: skip
+            tail += sse_error(
+                f"The model `{model}` ended its answer before finishing it (the engine sent"
+                " no finish_reason); the answer is incomplete.",
+                code="upstream_incomplete",
+            )
+        elif counter is not None and tally is not None:
+            if asked:
+                usage, complete = await counter.usage(tally)
+                counted = True
+                if complete:
+                    tail += tally.usage_event(usage, counter.chat)
+            tail += b"data: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
         return 200
     finally:
         response.release()
-        usage = relay.usage
-        if usage is None and relay.events:
-            # Engines without include_usage: one event is about one token.
-            usage = Usage(completion=max(0, relay.events - 1))
+        if counter is not None and tally is not None and not counted:
+            # Also a stream that broke or was cut: what the client received
+            # was generated, and is metered.
+            _count_later(rt, model, record, counter, tally, failed)
+        else:
+            if usage is None:
+                usage = relay.usage
+            if usage is None and legacy and relay.events:
+                # An engine of an agent that declares no dialect may send no
+                # usage: one event is about one token (the old estimate).
+                usage = Usage(completion=max(0, relay.events - 1))
+            _account(rt, model, record, usage, failed)
+
+
+_later: set[asyncio.Task[None]] = set()
+
+
+def _count_later(
+    rt: Runtime, model: str, record: KeyRecord, counter: StreamCounter, tally: StreamTally,
+    failed: bool,
+) -> None:  # fmt: skip
+    """Count a stream the client did not want usage for after its answer ended."""
+
+    async def count() -> None:
+        usage, _ = await counter.usage(tally)
         _account(rt, model, record, usage, failed)
+
+    task = asyncio.get_running_loop().create_task(count())
+    _later.add(task)
+    task.add_done_callback(_later.discard)
 
 
 def configured_snapshot(rt: Runtime) -> Snapshot:

@@ -9,6 +9,7 @@ yet); anything after the first byte was relayed is reported in-band.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -123,6 +124,11 @@ def _int(value: object) -> int:
 _EVENT_SPLIT = re.compile(rb"(?:\r?\n){2}")
 _USAGE_MARK = b'"usage":{'
 _USAGE_MARK_SPACED = b'"usage": {'
+# A finish reason that is a string, not null: the answer really ended.
+_FINISH_MARK = b'"finish_reason":"'
+_FINISH_MARK_SPACED = b'"finish_reason": "'
+_DONE_MARK = b"[DONE]"
+_DONE_EVENTS = (b"data: [DONE]", b"data:[DONE]")
 
 
 def _last_boundary(data: bytes) -> int:
@@ -140,15 +146,41 @@ class StreamRelay:
     after a failure never lands in the middle of a half-sent line. When the
     gateway itself asked the engine for ``include_usage``, the usage-only event
     is removed so the client sees the stream it asked for.
+
+    A stream is whole only with a finish reason and then ``[DONE]``: an
+    engine that stops early without either (llama_cpp.server cuts a running
+    stream when another request arrives, and still sends ``[DONE]``) would
+    otherwise hand the client a short answer that looks complete. So
+    ``[DONE]`` is passed on only after a finish reason; the caller reports
+    an error for a stream that is not :attr:`whole`. With ``hold_done`` it is
+    never passed on: the caller adds what must precede it (a usage chunk it
+    counted), then ``[DONE]`` itself. ``observe`` sees every complete event
+    block before it is relayed (to count what the client received).
     """
 
-    __slots__ = ("_pending", "_strip", "events", "usage")
+    __slots__ = ("_hold_done", "_observe", "_pending", "_strip", "done", "events", "finished",
+                 "usage")  # fmt: skip
 
-    def __init__(self, strip_usage: bool) -> None:
+    def __init__(
+        self,
+        strip_usage: bool,
+        *,
+        hold_done: bool = False,
+        observe: Callable[[bytes], None] | None = None,
+    ) -> None:
         self._strip = strip_usage
+        self._hold_done = hold_done
+        self._observe = observe
         self._pending = b""
         self.usage: Usage | None = None
         self.events = 0
+        self.finished = False  # a finish reason was seen
+        self.done = False  # [DONE] was seen
+
+    @property
+    def whole(self) -> bool:
+        """The engine ended the stream properly: a finish reason, then [DONE]."""
+        return self.finished and self.done
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._pending + chunk if self._pending else chunk
@@ -159,13 +191,31 @@ class StreamRelay:
         self._pending = data[cut:]
         complete = data[:cut]
         self.events += complete.count(b"data:")
+        if not self.finished and (_FINISH_MARK in complete or _FINISH_MARK_SPACED in complete):
+            self.finished = True
+        if self._observe is not None:
+            self._observe(complete)
         if _USAGE_MARK in complete or _USAGE_MARK_SPACED in complete:
             complete = self._take_usage(complete)
+        if _DONE_MARK in complete:
+            complete = self._take_done(complete)
         return complete
 
     def flush(self) -> bytes:
         rest, self._pending = self._pending, b""
         return rest
+
+    def _take_done(self, block: bytes) -> bytes:
+        kept: list[bytes] = []
+        for event in _EVENT_SPLIT.split(block):
+            if not event:
+                continue
+            if event.strip() in _DONE_EVENTS:
+                self.done = True
+                if not self.finished or self._hold_done:
+                    continue
+            kept.append(event)
+        return b"".join(e + b"\n\n" for e in kept)
 
     def _take_usage(self, block: bytes) -> bytes:
         kept: list[bytes] = []

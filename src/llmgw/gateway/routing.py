@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmgw import wire
+from llmgw.gateway.dialect import mending_for
 from llmgw.gateway.prefix import PrefixIndex, block_hashes, stable_key
 
 _M64 = (1 << 64) - 1
@@ -42,6 +43,7 @@ class Replica:
         "in_flight",
         "kv_capacity_tokens",
         "last_request_at",
+        "mending",
         "pending_prefill",
         "replica_id",
         "requests",
@@ -53,6 +55,7 @@ class Replica:
         self.replica_id = endpoint.replica_id
         self.url = endpoint.url.rstrip("/")
         self.kv_capacity_tokens = endpoint.kv_capacity_tokens
+        self.mending = mending_for(endpoint.dialect)
         # Rendezvous seed from the id, so every gateway derives the same one.
         digest = hashlib.blake2b(self.replica_id.encode("utf-8"), digest_size=8).digest()
         self.seed = int.from_bytes(digest, "little")
@@ -68,6 +71,7 @@ class Replica:
     def update(self, endpoint: wire.Endpoint) -> None:
         self.url = endpoint.url.rstrip("/")
         self.kv_capacity_tokens = endpoint.kv_capacity_tokens
+        self.mending = mending_for(endpoint.dialect)
 
     def load(self, tokens_per_unit: float) -> float:
         return self.in_flight + self.pending_prefill / tokens_per_unit

@@ -61,7 +61,7 @@ import pydantic
 from aiohttp import web
 
 from llmgw.errors import ValidationError
-from llmgw.sim import metrics, openai_api
+from llmgw.sim import metrics, openai_api, tokens
 from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
 from llmgw.wire import SimParams
 
@@ -123,6 +123,7 @@ class SimEngine:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         # handler_cancellation: a client that hangs up cancels its handler,
@@ -293,6 +294,23 @@ class SimEngine:
             content_type="application/json",
         )
 
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize for a prompt: ``{"prompt"}`` -> ``{"count", "tokens", ...}``."""
+        refusal = self._not_serving()
+        if refusal is not None:
+            return refusal
+        try:
+            body = await _read_json(request)
+        except ValidationError as exc:
+            return _error(400, str(exc), "invalid_request_error", None)
+        text = body.get("prompt") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            return _error(400, "'prompt' must be a string", "invalid_request_error", None,
+                          param="prompt")  # fmt: skip
+        count = tokens.count_tokens(text)
+        max_len = self.params.kv_blocks * self.params.block_tokens
+        return _json({"count": count, "tokens": list(range(count)), "max_model_len": max_len})
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
 
@@ -304,7 +322,12 @@ class SimEngine:
         if refusal is not None:
             return refusal
         try:
-            parsed = openai_api.parse_completion(await _read_json(request), chat=chat)
+            parsed = openai_api.parse_completion(
+                await _read_json(request),
+                chat=chat,
+                max_completion_tokens=self.params.max_completion_tokens,
+                stream_usage=self.params.stream_usage,
+            )
         except ValidationError as exc:
             return _error(400, str(exc), "invalid_request_error", None, param=exc.field)
         if parsed.model != self.model:
@@ -359,7 +382,12 @@ class SimEngine:
                 await resp.write(out.tokens(sent, upto))
                 sent = upto
             if crash_at is not None and sent >= crash_at:
-                _drop(request)
+                if self.params.fault == "cut_stream":
+                    # Ended cleanly but unfinished: no finish_reason, then [DONE].
+                    await resp.write(out.done())
+                    await resp.write_eof()
+                else:
+                    _drop(request)
                 return resp
             if sim.phase is Phase.DONE:
                 break
@@ -394,7 +422,7 @@ class SimEngine:
         return web.Response(body=body, content_type="application/json")
 
     def _crash_at(self) -> int | None:
-        if self.params.fault != "crash_mid_stream":
+        if self.params.fault not in ("crash_mid_stream", "cut_stream"):
             return None
         return self.params.crash_after_tokens
 

@@ -45,7 +45,11 @@ def error_body(message: str, type_: str, code: str | int | None, param: str | No
     )
 
 
-def parse_completion(body: Any, *, chat: bool) -> ParsedCompletion:
+def parse_completion(
+    body: Any, *, chat: bool, max_completion_tokens: bool = True, stream_usage: bool = True
+) -> ParsedCompletion:
+    """The request; ``max_completion_tokens``/``stream_usage`` False ignore those
+    fields, as llama_cpp.server does (SimParams' dialect switches)."""
     if not isinstance(body, dict):
         raise ValidationError("request body must be a JSON object")
     model = body.get("model")
@@ -68,7 +72,9 @@ def parse_completion(body: Any, *, chat: bool) -> ParsedCompletion:
                 "'prompt' must be a string (or a list of one string)", field="prompt"
             )
         text = prompt
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_tokens")
+    if max_completion_tokens:
+        max_tokens = body.get("max_completion_tokens", max_tokens)
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -88,7 +94,7 @@ def parse_completion(body: Any, *, chat: bool) -> ParsedCompletion:
         prompt=text.encode("utf-8"),
         max_tokens=max_tokens,
         stream=bool(stream),
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=stream_usage and bool(options.get("include_usage", False)),
     )
 
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from llmgw.agent.progress import ProgressMetrics
 from llmgw.errors import EngineError
-from llmgw.wire import CPU_CLASS, Device, EngineKind, ReplicaAssignment
+from llmgw.wire import CPU_CLASS, Device, EngineDialect, EngineKind, ReplicaAssignment
 
 MAX_ENGINE_ARGS = 256
 MAX_ARG_CHARS = 4096
@@ -72,6 +72,9 @@ class EngineLaunch:
     # The engine's Prometheus metrics that show it makes progress
     # (agent.progress); None: it has none, and only the probe watches it.
     progress: ProgressMetrics | None = None
+    # Where the engine's OpenAI API falls short (reported to the gateway,
+    # which mends it); the default is an engine that speaks OpenAI faithfully.
+    dialect: EngineDialect = field(default_factory=EngineDialect)
 
     @property
     def serving_probe(self) -> str | None:

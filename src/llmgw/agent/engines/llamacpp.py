@@ -28,7 +28,7 @@ from llmgw.agent.engines.base import (
 )
 from llmgw.agent.pinning import engine_env
 from llmgw.errors import EngineError
-from llmgw.wire import EngineKind, ReplicaAssignment
+from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 
 SERVER_BINARY = "llama-server"
 
@@ -47,6 +47,23 @@ BINARY_MANAGED = (
     "--model-url",
 )
 PYTHON_MANAGED = ("--model", "--model_alias", "--host", "--port", "--api_key", "--config_file")
+
+
+# llama-server sends stream usage when asked (server-task.cpp, an empty-choices
+# chunk) but reads its limit from max_tokens/n_predict only: the gateway sends
+# max_completion_tokens as max_tokens. /tokenize takes {"content": ...}.
+SERVER_DIALECT = EngineDialect(
+    max_completion_tokens=False, tokenize_path="/tokenize", tokenize_field="content"
+)
+# llama_cpp.server's request models drop both max_completion_tokens and
+# stream_options (llama_cpp/server/types.py): no limit, no stream usage. Its
+# /extras/tokenize/count tokenizes as generation does (BOS, special tokens).
+PYTHON_DIALECT = EngineDialect(
+    max_completion_tokens=False,
+    stream_usage=False,
+    tokenize_path="/extras/tokenize/count",
+    tokenize_field="input",
+)
 
 
 def _looks_like_gemma(name: str, weights_path: str | None) -> bool:
@@ -141,4 +158,7 @@ class LlamaCppAdapter:
         argv += extra
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=self.vulkan))
-        return EngineLaunch(argv=argv, env=env, health_path=health, liveness_path=liveness)
+        dialect = SERVER_DIALECT if self.server_binary else PYTHON_DIALECT
+        return EngineLaunch(
+            argv=argv, env=env, health_path=health, liveness_path=liveness, dialect=dialect
+        )

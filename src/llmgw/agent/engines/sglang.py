@@ -21,7 +21,11 @@ from llmgw.agent.engines.base import (
 from llmgw.agent.pinning import engine_env
 from llmgw.agent.progress import SGLANG_METRICS
 from llmgw.errors import EngineError
-from llmgw.wire import EngineKind, ReplicaAssignment
+from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
+
+# SGLang honours max_completion_tokens and include_usage (its OpenAI
+# protocol); /v1/tokenize answers {"count", "tokens"} for {"prompt": ...}.
+DIALECT = EngineDialect(tokenize_path="/v1/tokenize", tokenize_field="prompt")
 
 MANAGED_FLAGS = (
     "--model-path",
@@ -96,4 +100,6 @@ class SglangAdapter:
         argv += spec.engine_args
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=False))
-        return EngineLaunch(argv=argv, env=env, health_path=health, progress=progress)
+        return EngineLaunch(
+            argv=argv, env=env, health_path=health, progress=progress, dialect=DIALECT
+        )

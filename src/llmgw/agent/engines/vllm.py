@@ -20,7 +20,11 @@ from llmgw.agent.engines.base import (
 from llmgw.agent.pinning import engine_env
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.errors import EngineError
-from llmgw.wire import EngineKind, ReplicaAssignment
+from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
+
+# vLLM honours max_completion_tokens and include_usage (its chat protocol);
+# its tokenizer route answers {"count", "tokens"} for {"prompt": ...}.
+DIALECT = EngineDialect(tokenize_path="/tokenize", tokenize_field="prompt")
 
 MANAGED_FLAGS = (
     "--model",
@@ -93,4 +97,6 @@ class VllmAdapter:
         env.update(engine_env(ctx.devices, vulkan=False))
         # Metrics, like HTTP, come from the rank that serves the API only.
         progress = VLLM_METRICS if health is not None else None
-        return EngineLaunch(argv=argv, env=env, health_path=health, progress=progress)
+        return EngineLaunch(
+            argv=argv, env=env, health_path=health, progress=progress, dialect=DIALECT
+        )

@@ -1,0 +1,332 @@
+"""Mending engine dialects: what the gateway changes so every engine speaks OpenAI.
+
+Each engine adapter declares what its engine gets wrong (:class:`wire.EngineDialect`);
+the control plane passes it with every endpoint. Here it is compiled once per
+endpoint into a :class:`Mending` (shared between endpoints that speak alike),
+so the request path reads two booleans instead of interpreting a dialect.
+
+Two things are mended:
+
+* a limit in ``max_completion_tokens`` (what current OpenAI clients send) is
+  sent as ``max_tokens`` to an engine that ignores the former, which would
+  otherwise generate until its context is full;
+* a stream from an engine that sends no usage is counted by the gateway after
+  the stream, with the engine's own tokenizer, and the usage chunk OpenAI
+  sends is added for a client that asked for it. Counts are exact, never
+  estimated from the number of events: the completion is the text the client
+  received, tokenized by the engine (less what its tokenizer adds to an empty
+  text, e.g. BOS); a chat prompt is what the engine itself reports for a
+  one-token, non-streamed copy of the request, since only the engine knows the
+  chat template it applied (a completion prompt given as one string is simply
+  tokenized, as the engine does before generating).
+
+An endpoint whose agent reported no dialect is served unmended, as before
+dialects existed (:data:`LEGACY`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from llmgw import wire
+from llmgw.gateway.http1 import BodyBroken, ConnectFailed, UpstreamTimeout
+from llmgw.gateway.proxy import Upstream, Usage, find_usage
+
+if TYPE_CHECKING:
+    from llmgw.gateway.routing import Replica
+
+log = logging.getLogger(__name__)
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+# Counting a stream runs after it, while a client that asked for usage waits
+# for the end of its stream: a tokenizer that does not answer in this long
+# costs the usage chunk, not the answer.
+COUNT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Mending:
+    """What the gateway does for one kind of endpoint, compiled from its dialect."""
+
+    # The engine ignores max_completion_tokens: send the limit as max_tokens.
+    rename_max_completion_tokens: bool
+    # The engine sends no usage in streams: count them (needs a tokenize route).
+    count_streams: bool
+    tokenize_path: str | None
+    tokenize_field: str
+    # No dialect was reported (an older agent): nothing is mended, and a
+    # stream without usage is metered by its number of events, as before.
+    legacy: bool = False
+
+
+LEGACY = Mending(False, False, None, "input", legacy=True)
+_compiled: dict[tuple[Any, ...], Mending] = {}
+
+
+def mending_for(dialect: wire.EngineDialect | None) -> Mending:
+    """The mending of one endpoint (called when a config arrives, never per request)."""
+    if dialect is None:
+        return LEGACY
+    key = (
+        dialect.max_completion_tokens,
+        dialect.stream_usage,
+        dialect.tokenize_path,
+        dialect.tokenize_field,
+    )
+    mending = _compiled.get(key)
+    if mending is None:
+        mending = Mending(
+            rename_max_completion_tokens=not dialect.max_completion_tokens,
+            count_streams=not dialect.stream_usage and dialect.tokenize_path is not None,
+            tokenize_path=dialect.tokenize_path,
+            tokenize_field=dialect.tokenize_field,
+        )
+        _compiled[key] = mending
+    return mending
+
+
+def mend_request(path: str, payload: dict[str, Any], mending: Mending) -> bool:
+    """Rewrite what the engine would ignore; True when ``payload`` changed.
+
+    ``max_completion_tokens`` moves to ``max_tokens`` where the engine ignores
+    it, and on ``/v1/completions`` for every engine: OpenAI's legacy endpoint
+    only knows ``max_tokens``, and engines there ignore the other name. Both
+    given: the smaller limit holds.
+    """
+    if "max_completion_tokens" not in payload:
+        return False
+    if not (mending.rename_max_completion_tokens or path == COMPLETIONS):
+        return False
+    limit = payload.pop("max_completion_tokens")
+    if limit is None:
+        return True
+    current = payload.get("max_tokens")
+    if isinstance(current, int) and isinstance(limit, int) and current <= limit:
+        return True
+    payload["max_tokens"] = limit
+    return True
+
+
+class StreamTally:
+    """The text a stream delivered, per choice, and the fields of its chunks.
+
+    Fed whole SSE events; parses each chunk (only for endpoints whose streams
+    the gateway counts: those engines generate a few dozen tokens a second,
+    and a chunk costs microseconds to parse).
+    """
+
+    __slots__ = ("head", "texts")
+
+    def __init__(self) -> None:
+        self.texts: dict[int, list[str]] = {}
+        self.head: dict[str, Any] | None = None
+
+    def add(self, block: bytes) -> None:
+        for line in block.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if not data.startswith(b"{"):
+                continue
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(chunk, dict):
+                self._chunk(chunk)
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        if self.head is None and "id" in chunk:
+            self.head = {
+                "id": chunk.get("id"),
+                "object": chunk.get("object"),
+                "created": chunk.get("created"),
+                "model": chunk.get("model"),
+            }
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            index = choice.get("index", 0)
+            pieces = self.texts.setdefault(index if isinstance(index, int) else 0, [])
+            text = choice.get("text")
+            if isinstance(text, str):
+                pieces.append(text)
+            delta = choice.get("delta")
+            if isinstance(delta, dict):
+                _delta_text(delta, pieces)
+
+    def completions(self) -> list[str]:
+        return ["".join(pieces) for _, pieces in sorted(self.texts.items())]
+
+    def usage_event(self, usage: Usage, chat: bool) -> bytes:
+        """OpenAI's last chunk of a stream with include_usage: empty choices, the usage."""
+        head = self.head or {}
+        created = head.get("created")
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        chunk: dict[str, Any] = {
+            "id": head.get("id") or "",
+            "object": head.get("object") or kind,
+            "created": created if isinstance(created, int) else int(time.time()),
+            "model": head.get("model") or "",
+            "choices": [],
+            "usage": {
+                "prompt_tokens": usage.prompt,
+                "completion_tokens": usage.completion,
+                "total_tokens": usage.prompt + usage.completion,
+            },
+        }
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def _delta_text(delta: dict[str, Any], pieces: list[str]) -> None:
+    for key in ("content", "reasoning_content"):
+        value = delta.get(key)
+        if isinstance(value, str):
+            pieces.append(value)
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                for key in ("name", "arguments"):
+                    value = function.get(key)
+                    if isinstance(value, str):
+                        pieces.append(value)
+
+
+# What each endpoint's tokenizer counts for an empty text (BOS and the like),
+# by (replica id, URL): asked once per endpoint, then remembered.
+_bases: dict[tuple[str, str], int] = {}
+_MAX_BASES = 4096
+
+
+class CountFailed(Exception):
+    """The engine's tokenizer (or its one-token answer) gave no count."""
+
+
+# Fields of a request that change what is generated but not the prompt: the
+# one-token copy that measures a chat prompt leaves them out.
+_PROBE_DROPS = frozenset(
+    {"stream", "stream_options", "max_tokens", "max_completion_tokens", "n", "best_of",
+     "logprobs", "top_logprobs", "echo"}
+)  # fmt: skip
+
+
+class StreamCounter:
+    """Counts one finished stream on the endpoint that produced it."""
+
+    __slots__ = ("_key", "_path", "_payload", "_replica_url", "_request_id", "_upstream", "mending")
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        replica: Replica,
+        path: str,
+        payload: dict[str, Any],
+        request_id: str,
+    ) -> None:
+        self._upstream = upstream
+        self._replica_url = replica.url
+        self._key = (replica.replica_id, replica.url)
+        self.mending = replica.mending
+        self._path = path
+        self._payload = payload
+        self._request_id = request_id
+
+    @property
+    def chat(self) -> bool:
+        return self._path == CHAT
+
+    async def usage(self, tally: StreamTally) -> tuple[Usage, bool]:
+        """The stream's usage, and whether every part of it was counted.
+
+        A part the engine could not count (logged) counts 0: what was counted
+        is still exact, and metered; a usage chunk is sent only when complete.
+        """
+        try:
+            return await asyncio.wait_for(self._usage(tally), COUNT_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("could not count a stream on %s within %ss", self._replica_url,
+                        COUNT_TIMEOUT_S)  # fmt: skip
+            return Usage(), False
+
+    async def _usage(self, tally: StreamTally) -> tuple[Usage, bool]:
+        prompt = self._payload.get("prompt")
+        if self._path == COMPLETIONS and isinstance(prompt, str) and "suffix" not in self._payload:
+            prompt_count = self._count(prompt)
+        else:
+            prompt_count = self._probe()
+        known = _bases.get(self._key)
+        counts = await asyncio.gather(
+            prompt_count,
+            self._count("") if known is None else _known(known),
+            *(self._count(text) for text in tally.completions()),
+            return_exceptions=True,
+        )
+        failures = [c for c in counts if isinstance(c, BaseException)]
+        for failure in failures:
+            if not isinstance(failure, (CountFailed, ConnectFailed, BodyBroken, UpstreamTimeout)):
+                raise failure
+            log.warning("could not count part of a stream on %s: %s", self._replica_url, failure)
+        prompt_tokens, base = counts[0], counts[1]
+        if isinstance(base, int):
+            if len(_bases) >= _MAX_BASES:
+                _bases.clear()
+            _bases[self._key] = base
+            completion = sum(max(0, n - base) for n in counts[2:] if isinstance(n, int))
+        else:
+            completion = 0
+        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else 0
+        return Usage(prompt=prompt_tokens, completion=completion), not failures
+
+    async def _post(self, path: str, body: dict[str, Any]) -> bytes:
+        target = self._upstream.target(self._replica_url, path)
+        response = await self._upstream.post(target, orjson.dumps(body), self._request_id)
+        try:
+            data = await response.read()
+        finally:
+            response.release()
+        if response.status != 200:
+            raise CountFailed(f"{path} answered {response.status}: {data[:200]!r}")
+        return data
+
+    async def _count(self, text: str) -> int:
+        path = self.mending.tokenize_path
+        if path is None:
+            raise CountFailed("the engine declares no tokenize route")
+        body = {"model": self._payload.get("model"), self.mending.tokenize_field: text}
+        try:
+            answer = orjson.loads(await self._post(path, body))
+        except orjson.JSONDecodeError as exc:
+            raise CountFailed(f"{path} answered no JSON: {exc}") from None
+        count = answer.get("count") if isinstance(answer, dict) else None
+        if isinstance(count, int):
+            return count
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if isinstance(tokens, list):
+            return len(tokens)
+        raise CountFailed(f"{path} answered neither a count nor tokens")
+
+    async def _probe(self) -> int:
+        body = {k: v for k, v in self._payload.items() if k not in _PROBE_DROPS}
+        body["stream"] = False
+        body["max_tokens"] = 1
+        usage = find_usage(await self._post(self._path, body))
+        if usage is None:
+            raise CountFailed(f"the one-token copy on {self._path} reported no usage")
+        return usage.prompt
+
+
+async def _known(value: int) -> int:
+    return value
