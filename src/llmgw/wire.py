@@ -222,6 +222,10 @@ class NodeInventory(Wire):
     # Problems met while discovering, e.g. "nvidia-smi -L: exit 9"; the node
     # still registers, with what could be found.
     warnings: list[str] = Field(default_factory=list)
+    # The node's RAM (llmgw.memory): CPU replicas are placed against it.
+    # None from an agent that does not report it: placement then takes the
+    # node's word that it fits, as it did before RAM was reported.
+    memory_total_mib: int | None = Field(None, ge=0)
 
 
 class WeightsEntry(Wire):
@@ -328,6 +332,11 @@ class ModelSpec(Wire):
     engine_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     routing: RoutingPolicy = "prefix"
+    # Host RAM one replica's engine may use (per node), in MiB: the budget
+    # the agent enforces and, for CPU replicas, what placement charges a
+    # node's RAM. None: estimated from the engine, weights and context
+    # (llmgw.memory.default_need_mib).
+    memory_mib: int | None = Field(None, ge=64, le=16 * 1024 * 1024)
     # Tokens of KV cache one replica holds; sizes the gateway's prefix index.
     kv_capacity_tokens: int = Field(32768, ge=16)
     # Most tokens one answer may generate; the gateway applies it (sets

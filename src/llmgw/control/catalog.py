@@ -18,8 +18,9 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import ValidationError as PydanticValidationError
 
+from llmgw import memory
 from llmgw.errors import ValidationError
-from llmgw.wire import ModelSpec, is_mig_class
+from llmgw.wire import EngineKind, ModelSpec, is_mig_class
 
 # Environment names engines will see; anything else is either a typo or an
 # attempt to smuggle something odd into a process environment.
@@ -138,6 +139,7 @@ def validate_catalog(specs: list[ModelSpec], existing: dict[str, ModelSpec] | No
     for spec in specs:
         problems.extend(_shape_problems(spec))
         problems.extend(_argument_problems(spec))
+        problems.extend(_memory_problems(spec))
     problems.extend(_name_problems(specs, existing or {}))
     if problems:
         raise ValidationError("\n".join(p.line for p in problems), field=problems[0].field)
@@ -239,6 +241,29 @@ def _argument_problems(spec: ModelSpec) -> list[Problem]:
         if "\x00" in value:
             problems.append(_problem(spec, f"env.{key}", "value must not contain NUL"))
     return problems
+
+
+def _memory_problems(spec: ModelSpec) -> list[Problem]:
+    """A stated memory need too small for the engine's fixed part and its context.
+
+    Such an engine would be failed for its budget as soon as it loaded, on
+    every node, until the model is parked: refusing the entry says why now.
+    """
+    if spec.memory_mib is None or spec.engine is not EngineKind.LLAMACPP:
+        return []
+    floor = memory.LLAMACPP_RUNTIME_MIB + memory.kv_cache_mib(spec)
+    if spec.memory_mib >= floor:
+        return []
+    return [
+        _problem(
+            spec,
+            "memory_mib",
+            f"{spec.memory_mib} MiB is below what llama.cpp needs before its weights"
+            f" ({floor} MiB: {memory.LLAMACPP_RUNTIME_MIB} MiB runtime and the KV cache of"
+            f" {memory.context_tokens(spec)} tokens of context); raise it or lower the"
+            " context (kv_capacity_tokens)",
+        )
+    ]
 
 
 def _name_problems(specs: list[ModelSpec], existing: dict[str, ModelSpec]) -> list[Problem]:

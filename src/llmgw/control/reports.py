@@ -94,7 +94,8 @@ def apply_report(
     for replica_id, reason in node.refused.items():
         replica = state.replicas.get(replica_id)
         if replica is not None and replica.state != ReplicaState.FAILED:
-            replica.move_to(ReplicaState.FAILED, f"refused by agent on {node.name}: {reason}")
+            replica.state = ReplicaState.FAILED
+            replica.reason = f"refused by agent on {node.name}: {reason}"
             effects.routing_changed = effects.wake_reconciler = True
     return effects
 
@@ -114,24 +115,18 @@ def _mirror_statuses(
         if replica.state == ReplicaState.FAILED:
             continue
         if status.state == ReplicaState.FAILED:
-            replica.move_to(
-                ReplicaState.FAILED, status.reason or f"engine exited ({status.exit_code})"
-            )
+            replica.state = ReplicaState.FAILED
+            replica.reason = status.reason or f"engine exited ({status.exit_code})"
             effects.replicas.append(replica)
             effects.routing_changed = effects.wake_reconciler = True
             continue
         if replica.leader_node != node.name:
             continue
-        if status.dialect != replica.dialect:
-            # The gateway mends per endpoint from it (memory only: every
-            # report carries it, so a restarted control plane has it again
-            # with the next report, and the routing table follows).
-            replica.dialect = status.dialect
-            effects.routing_changed = effects.routing_changed or replica.state == ReplicaState.READY
         if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
-            replica.move_to(ReplicaState.READY)
+            replica.state = ReplicaState.READY
             replica.port = status.port
             replica.ready_at = status.ready_at or now
+            replica.reason = None
             effects.replicas.append(replica)
             effects.routing_changed = effects.wake_reconciler = True
         elif replica.state == ReplicaState.STARTING:

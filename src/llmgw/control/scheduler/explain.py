@@ -24,6 +24,7 @@ from llmgw.control.scheduler.filters import (
     NOT_ENTIRELY_FREE,
     TOO_FEW_FREE,
     TOO_FEW_HEALTHY,
+    TOO_LITTLE_RAM,
     TOO_SMALL,
     UNREACHABLE,
     Rejection,
@@ -81,11 +82,35 @@ def explain(
             f" (the largest has {largest})",
             keyed,
         )
+    most_ram = _most_ram(snapshot, request)
+    if most_ram is not None and most_ram < request.memory_mib:
+        return (
+            CAN_NEVER_FIT,
+            f"needs {request.memory_mib} MiB of RAM per replica; the node with the most has"
+            f" {most_ram} MiB for engines: {_LESS_RAM}",
+            keyed,
+        )
     return (
         CANNOT_FIT_NOW,
         f"needs {request.per_node} free {cls} on one node; {fit}/{total} nodes fit: {breakdown}",
         keyed,
     )
+
+
+# What a person can change when a CPU replica does not fit in RAM.
+_LESS_RAM = "lower the model's memory_mib or its context (kv_capacity_tokens), or add RAM"
+
+
+def _most_ram(snapshot: Snapshot, request: Request) -> int | None:
+    """The most RAM any node with an accepted class offers engines; None: not RAM-placed."""
+    if not request.memory_mib:
+        return None
+    totals = [
+        snapshot.nodes[n].memory_total_mib for c in request.classes for n in snapshot.class_nodes(c)
+    ]
+    known = [t for t in totals if t is not None]
+    # A node that does not report its RAM may have enough of it.
+    return max(known) if known and len(known) == len(totals) else None
 
 
 def _explain_multi(
@@ -172,7 +197,7 @@ def _count(
             fit += 1
             continue
         counts[(rejection.reason, rejection.dimension)] += 1
-        if rejection.reason == TOO_FEW_FREE and rejection.available is not None:
+        if rejection.reason in (TOO_FEW_FREE, TOO_LITTLE_RAM) and rejection.available is not None:
             dim = rejection.dimension
             most_free[dim] = max(most_free.get(dim, 0), rejection.available)
     return counts, fit, most_free
@@ -199,6 +224,11 @@ def _phrase(key: tuple[str, str], n: int, request: Request, most_free: dict[str,
         return f"{n} too few healthy {dim}"
     if reason == TOO_FEW_FREE:
         return f"{n} too few free {dim} (at most {most_free.get(dim, 0)} free)"
+    if reason == TOO_LITTLE_RAM:
+        return (
+            f"{n} too little free RAM (needs {request.memory_mib} MiB, at most"
+            f" {most_free.get(dim, 0)} MiB free)"
+        )
     if reason == NOT_ENTIRELY_FREE:
         return f"{n} not entirely free"
     if reason == NO_FABRIC:

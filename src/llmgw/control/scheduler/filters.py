@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from llmgw.control.scheduler.snapshot import NodeView
-from llmgw.wire import ModelSpec, NodeState, is_mig_class
+from llmgw.wire import CPU_CLASS, ModelSpec, NodeState, is_mig_class
 
 # Fixed reasons (the words of the unplaceable sentence; a test pins them).
 UNREACHABLE = "unreachable"
@@ -27,6 +27,7 @@ TOO_FEW_FREE = "too-few-free"
 NOT_ENTIRELY_FREE = "not-entirely-free"
 NO_FABRIC = "no-fabric"
 FAILED_HERE = "failed-here"
+TOO_LITTLE_RAM = "too-little-ram"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,14 +49,16 @@ class Request:
     nodes: int = 1
     mig_refused: tuple[str, ...] = ()
     avoid: frozenset[str] = frozenset()
+    # RAM one shard on CPU slots needs (llmgw.memory); 0: not placed on RAM.
+    memory_mib: int = 0
 
     @classmethod
-    def for_spec(cls, spec: ModelSpec) -> Request:
+    def for_spec(cls, spec: ModelSpec, memory_mib: int = 0) -> Request:
         per_node = max(1, spec.gpus // max(1, spec.nodes))
         sharded = spec.gpus > 1 or spec.tp > 1 or spec.pp > 1 or spec.nodes > 1
         usable = tuple(c for c in spec.gpu_classes if not (sharded and is_mig_class(c)))
         refused = tuple(c for c in spec.gpu_classes if c not in usable)
-        return cls(spec.name, usable, per_node, spec.nodes, refused)
+        return cls(spec.name, usable, per_node, spec.nodes, refused, memory_mib=memory_mib)
 
     def relaxed(self) -> Request:
         """The same shape with no node avoided."""
@@ -172,6 +175,30 @@ class EnoughFreeDevices:
         else:
             reason = TOO_FEW_FREE
         return Rejection(self.name, reason, gpu_class, need, free, capacity)
+
+
+class EnoughMemory:
+    """A CPU replica fits the node's RAM: its need (llmgw.memory) against
+    what the node has left after the CPU replicas already placed there.
+
+    Without it a node with four CPU slots takes four engines whatever their
+    size, and the fifth gigabyte is found by the kernel's OOM killer. Only
+    CPU slots are checked: a node that offers the model a GPU class (or
+    does not report its RAM) is not refused here.
+    """
+
+    name = "enough-memory"
+
+    def check(self, node: NodeView, request: Request) -> Rejection | None:
+        need = request.memory_mib
+        free = node.memory_free_mib
+        if not need or free is None or free >= need:
+            return None
+        if any(c != CPU_CLASS and node.free_count(c) >= request.per_node for c in request.classes):
+            return None
+        return Rejection(
+            self.name, TOO_LITTLE_RAM, "ram", need, max(0, free), node.memory_total_mib
+        )
 
 
 class WholeNode:

@@ -24,6 +24,7 @@ from llmgw.control.scheduler.filters import (
     AvoidFailedNodes,
     ClassAccepted,
     EnoughFreeDevices,
+    EnoughMemory,
     Filter,
     InFabric,
     MigSingleInstance,
@@ -93,11 +94,12 @@ class Placer:
         # and rules out cordoned, draining and unreachable nodes before any
         # per-class work; class and MIG checks look at the node's class list;
         # the multi-node checks are one attribute each; counting free devices
-        # comes last. The order also decides which reason a node is counted
-        # under in an unplaceable sentence (its first rejection). Avoiding
-        # nodes where the model failed is after all of them: it is the only
-        # filter that relaxes (see try_place), so a node some hard rule
-        # refuses must be counted under that rule.
+        # comes next, then the RAM a CPU replica needs (only meaningful
+        # once a free slot was found). The order also decides which reason a
+        # node is counted under in an unplaceable sentence (its first
+        # rejection). Avoiding nodes where the model failed is after all of
+        # them: it is the only filter that relaxes (see try_place), so a node
+        # some hard rule refuses must be counted under that rule.
         self.filters: tuple[Filter, ...] = (
             NodeReady(),
             ClassAccepted(),
@@ -105,6 +107,7 @@ class Placer:
             InFabric(),
             WholeNode(),
             EnoughFreeDevices(),
+            EnoughMemory(),
             AvoidFailedNodes(),
         )
         # Weights outrank everything (copying weights is minutes), spreading
@@ -176,6 +179,7 @@ class Placer:
             request.mig_refused,
             request.per_node,
             request.nodes,
+            request.memory_mib,
             len(snapshot.nodes),
             tuple(snapshot.fingerprint(c) for c in request.all_classes),
         )

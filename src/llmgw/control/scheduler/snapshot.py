@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from llmgw import memory
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import NodeInventory, NodeState
+from llmgw.wire import CPU_CLASS, NodeInventory, NodeState
 
 # An insertion-ordered set: iteration order must not depend on string hash
 # seeds, or the planner and the reconciler could pick different nodes for the
@@ -58,6 +59,10 @@ class NodeView:
     replicas: dict[str, int] = field(default_factory=dict)
     used_total: int = 0
     capacity_total: int = 0
+    # The node's RAM (None: its agent does not say) and what the CPU
+    # replicas placed here are charged for it (llmgw.memory).
+    memory_total_mib: int | None = None
+    memory_used_mib: int = 0
 
     def free_count(self, gpu_class: str) -> int:
         free = self.free.get(gpu_class)
@@ -67,13 +72,28 @@ class NodeView:
     def entirely_free(self) -> bool:
         return self.used_total == 0
 
+    @property
+    def memory_free_mib(self) -> int | None:
+        if self.memory_total_mib is None:
+            return None
+        return self.memory_total_mib - self.memory_used_mib
+
+    def on_cpu(self, numbers: Iterable[int]) -> bool:
+        """Whether a shard on these devices runs on CPU slots (and so in RAM)."""
+        return any(self.device_class.get(n) == CPU_CLASS for n in numbers)
+
 
 class Snapshot:
     """Nodes by name plus the indexes over them; see the module docstring."""
 
-    def __init__(self, now: float, nodes: dict[str, NodeView]) -> None:
+    def __init__(
+        self, now: float, nodes: dict[str, NodeView], ram_need: dict[str, int] | None = None
+    ) -> None:
         self.now = now
         self.nodes = nodes
+        # model -> MiB of RAM one shard on CPU slots is charged (llmgw.memory);
+        # models absent here are not placed against RAM.
+        self.ram_need = ram_need or {}
         # class -> free count -> ready nodes with exactly that many free.
         self._buckets: dict[str, dict[int, OrderedSet]] = {}
         # class -> fabric -> ready nodes with nothing placed on them.
@@ -157,6 +177,7 @@ class Snapshot:
                     view.total.get(gpu_class, 0),
                     view.used_total,
                     view.fabrics,
+                    view.memory_free_mib,
                 )
                 for name in self._class_nodes.get(gpu_class, {})
                 for view in (nodes[name],)
@@ -186,6 +207,8 @@ class Snapshot:
                 view.used[gpu_class] = view.used.get(gpu_class, 0) + 1
                 view.used_total += 1
         view.replicas[model] = view.replicas.get(model, 0) + 1
+        if model in self.ram_need and view.on_cpu(taken):
+            view.memory_used_mib += self.ram_need[model]
         self._index(view)
 
     def release(self, node: str, numbers: Iterable[int], model: str) -> None:
@@ -195,7 +218,10 @@ class Snapshot:
             return
         self._unindex(view)
         self._touched(view)
-        for number in set(numbers):
+        given = set(numbers)
+        if model in self.ram_need and view.on_cpu(given):
+            view.memory_used_mib -= self.ram_need[model]
+        for number in given:
             gpu_class = view.device_class.get(number)
             if gpu_class is None or number not in view.placeable:
                 continue
@@ -314,7 +340,32 @@ def node_view(node: NodeRecord, now: float, cache: DeviceCache | None = None) ->
         replicas={},
         used_total=0,
         capacity_total=devices.capacity_total,
+        memory_total_mib=_usable_ram(node.inventory),
     )
+
+
+def _usable_ram(inventory: NodeInventory | None) -> int | None:
+    if inventory is None or inventory.memory_total_mib is None:
+        return None
+    return memory.usable_mib(inventory.memory_total_mib)
+
+
+def ram_needs(state: FleetState) -> dict[str, int]:
+    """What one CPU shard of each RAM-placed model is charged (llmgw.memory.need_mib).
+
+    The weights size is the largest any node reports for the model; before
+    any node holds them the estimate has its fixed part only, and the agent,
+    which knows the file, enforces the whole of it.
+    """
+    specs = {n: r.spec for n, r in state.models.items() if memory.places_on_ram(r.spec)}
+    if not specs:
+        return {}
+    sizes: dict[str, int] = {}
+    for node in state.nodes.values():
+        for entry in node.weights:
+            if entry.model in specs and entry.size_bytes > sizes.get(entry.model, 0):
+                sizes[entry.model] = entry.size_bytes
+    return {name: memory.need_mib(spec, sizes.get(name)) for name, spec in specs.items()}
 
 
 def build_snapshot(
@@ -334,6 +385,7 @@ def build_snapshot(
     if cache is not None:
         cache.forget_missing(views)
     skip = set(exclude)
+    ram_need = ram_needs(state)
     for replica in state.replicas.values():
         if replica.id in skip:
             continue
@@ -351,4 +403,6 @@ def build_snapshot(
                     view.used[gpu_class] = view.used.get(gpu_class, 0) + 1
                     view.used_total += 1
             view.replicas[replica.model] = view.replicas.get(replica.model, 0) + 1
-    return Snapshot(now, views)
+            if replica.model in ram_need and view.on_cpu(shard.device_numbers):
+                view.memory_used_mib += ram_need[replica.model]
+    return Snapshot(now, views, ram_need)

@@ -10,6 +10,7 @@ still missing is left for phase two to place (shortfall.py).
 
 from __future__ import annotations
 
+from llmgw import memory
 from llmgw.control.scheduler.decisions import (
     BACKING_OFF,
     PARKED,
@@ -124,12 +125,18 @@ def triage_model(
     live: list[ReplicaRecord] = []
     moving: list[ReplicaRecord] = []
     counted = 0
+    # This failure and the one before it ran out of the model's own memory
+    # budget (see _should_park).
+    over_budget_again = False
     for replica in replicas:
         failed_reason = _failure(replica, spec, now)
         if failed_reason is not None:
             out.removals.append(Removal(replica, "failed"))
             failures += 1
             counted += 1
+            over_budget_again = memory.budget_failure(failed_reason) and (
+                failures == 1 or memory.budget_failure(last_error)
+            )
             last_error = failed_reason
             backoff_until = now + policy.backoff(failures)
             by_node.failed(replica.nodes, now)
@@ -180,7 +187,17 @@ def triage_model(
     # the fleet (nodes_that_fit), which a model waiting out its backoff must
     # not pay every pass.
     run_nodes = by_node.run_nodes()
-    if counted and not parked and _should_park(failures, run_nodes, spec, policy, shapes, now):
+    # Running out of the model's memory budget is the model's own doing
+    # (its memory_mib, its context) wherever it runs: those failures park it
+    # after the limit even on one node, where a node's fault would not.
+    if (
+        counted
+        and not parked
+        and (
+            (over_budget_again and failures >= policy.failure_limit)
+            or _should_park(failures, run_nodes, spec, policy, shapes, now)
+        )
+    ):
         parked = True
         out.event(
             "parked",
