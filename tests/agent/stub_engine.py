@@ -5,6 +5,8 @@ It answers ``/health`` (503 until ``--ready-after`` seconds have passed, then
 request: exit with a code after a while, ignore SIGTERM, or stop answering
 ``/health`` (hold the request unanswered) from ``--health-stall-after``
 seconds after its start, for ``--health-stall-for`` seconds or for good.
+``--grow-mib`` makes it take that much more memory (touched, so resident)
+once ready, ``--grow-step-mib`` at a time, as a leaking engine does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def main() -> None:
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--health-stall-after", type=float, default=None)
     parser.add_argument("--health-stall-for", type=float, default=None)
+    parser.add_argument("--grow-mib", type=int, default=0)
+    parser.add_argument("--grow-step-mib", type=int, default=8)
     args = parser.parse_args()
     started = time.monotonic()
     if args.ignore_term:
@@ -79,6 +83,19 @@ def main() -> None:
             os._exit(args.exit_code)
 
         threading.Thread(target=leave, daemon=True).start()
+    if args.grow_mib:
+        held: list[bytearray] = []
+
+        def grow() -> None:
+            grown = 0
+            while grown < args.grow_mib:
+                step = min(args.grow_step_mib, args.grow_mib - grown)
+                held.append(bytearray(b"x" * (step << 20)))  # written: resident, not lazy
+                grown += step
+                time.sleep(0.02)
+            print(f"stub engine grew by {grown} MiB", flush=True)
+
+        threading.Thread(target=grow, daemon=True).start()
     print("stub engine ready to serve", flush=True)
     server.serve_forever()
 

@@ -169,7 +169,10 @@ def test_llamacpp_python_server_on_cpu() -> None:
     assert flag(launch.argv, "--host") == "10.0.0.5"
     assert flag(launch.argv, "--port") == "21000"
     assert flag(launch.argv, "--chat_format") == "gemma"  # the GGUF has no template
-    assert flag(launch.argv, "--cache") == "true"
+    # No per-token logits (about 1 MB a token for Gemma), and no RAM prompt
+    # cache, whose cache_size does not count what it holds (test_memory_budget).
+    assert flag(launch.argv, "--logits_all") == "false"
+    assert "--cache" not in launch.argv
     assert "--n_gpu_layers" not in launch.argv
     assert launch.env["CUDA_VISIBLE_DEVICES"] == ""  # a CPU slot never takes a GPU
     assert launch.health_path == "/v1/models"  # llama_cpp.server answers 404 on /health

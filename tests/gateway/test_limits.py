@@ -10,11 +10,12 @@ from tests.gateway.conftest import async_client, make_config, route, running_gat
 
 from llmgw.control.catalog import validate_catalog
 from llmgw.control.service import ControlPlane
+from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import ValidationError
 from llmgw.gateway.limits import cap_output_tokens
 from llmgw.gateway.link import MemoryLink
-from llmgw.wire import GatewayConfig, ModelSpec
+from llmgw.wire import GatewayConfig, ModelSpec, ReplicaState, ShardAssignment
 
 CASES: list[tuple[dict[str, Any], int | None, dict[str, Any], bool]] = [
     # (client's limits, cap, limits sent upstream, re-encoded)
@@ -107,3 +108,30 @@ async def test_the_cap_reaches_the_gateway_in_the_routing_table(tmp_path: Path) 
     received = GatewayConfig.model_validate_json(config.model_dump_json())
     caps = {r.name: r.max_output_tokens for r in received.routing.models}
     assert caps == {"capped": 256, "free": None}
+
+
+async def test_a_new_cap_restarts_no_engine(tmp_path: Path) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+    try:
+        cp = ControlPlane(store)
+        await cp.load()
+        spec = ModelSpec(name="m", engine="sim", max_output_tokens=256)
+        await cp.put_models([spec])
+        shard = ShardAssignment(node="n1", device_numbers=[0])
+        replica = ReplicaRecord(
+            id="r1", model="m", created_at=0.0, state=ReplicaState.READY, shards=[shard]
+        )
+        cp.state.replicas["r1"] = replica
+        version = cp.state.routing_version
+        gateway_only = spec.model_copy(
+            update={"max_output_tokens": 64, "aliases": ["small"], "routing": "least-loaded"}
+        )
+        assert await cp.put_models([gateway_only]) == ([], ["m"])
+        assert (replica.generation, replica.state) == (1, ReplicaState.READY)
+        assert cp.state.routing_version > version  # the gateways learn the new cap
+        assert cp.gateway_config().routing.models[0].max_output_tokens == 64
+        engine_side = gateway_only.model_copy(update={"engine_args": ["--flag"]})
+        await cp.put_models([engine_side])
+        assert (replica.generation, replica.state) == (2, ReplicaState.STARTING)
+    finally:
+        await store.close()

@@ -39,6 +39,7 @@ from llmgw.agent.engines import default_adapters
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
+from llmgw.agent.memguard import GuardMode, MemoryGuard, node_memory_mib
 from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
 from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
 from llmgw.agent.server import WeightsServer
@@ -92,6 +93,9 @@ class AgentConfig:
     weights_reserve: DiskReserve = field(default_factory=DiskReserve)
     # Xids that leave a GPU healthy; None: LLMGW_IGNORED_XIDS, else the default.
     ignored_xids: frozenset[int] | None = None
+    # How engines are held to their memory budgets (agent.memguard): "auto"
+    # takes a cgroup where the agent can make one, else watches RSS.
+    memory_guard: GuardMode = "auto"
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -156,6 +160,7 @@ class Agent:
         self._deps: RunnerDeps | None = None
         self._opened = False
         self._run_task: asyncio.Task[None] | None = None
+        self._ram_mib: int | None = None  # read once: RAM does not change under us
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -172,6 +177,13 @@ class Agent:
             await asyncio.to_thread(self._discoverer.start_watching)
         self._session = self._shared_session or aiohttp.ClientSession()
         self._client = ControlPlaneClient(self._control_plane_urls, self._session)
+        guard = None
+        # Only engines this agent really spawned get a guard: a fake process
+        # control's pids may name unrelated processes.
+        if isinstance(self.supervisor, Supervisor) and self.config.memory_guard != "off":
+            tag = hash_secret(str(self.data_dir.resolve()))[:12]
+            guard = await asyncio.to_thread(MemoryGuard, tag, self.config.memory_guard)
+            log.info("engines' memory budgets enforced by %s", guard.kind)
         self._deps = RunnerDeps(
             supervisor=self.supervisor,
             weights=self.weights,
@@ -184,6 +196,7 @@ class Agent:
             peer_token=lambda: self._peer_token,
             stop_grace_s=self.config.stop_grace_s,
             liveness=self.config.liveness,
+            memory=guard,
         )
         self._adopt()
         if self.config.serve_weights:
@@ -331,12 +344,19 @@ class Agent:
     async def _read_inventory(self) -> NodeInventory:
         """This node's inventory; when discovery fails, the last one, with the failure."""
         try:
-            return await asyncio.to_thread(self._inventory_provider)
+            inventory = await asyncio.to_thread(self._inventory_provider)
         except Exception as exc:
             message = f"discovery failed: {exc}"
             log.error("%s", message)
             last = self.inventory or NodeInventory(hostname=socket.gethostname())
             return last.model_copy(update={"warnings": [message]})
+        # This machine's RAM, for placing CPU replicas (llmgw.memory); only
+        # with real discovery: a fake inventory describes another machine.
+        if inventory.memory_total_mib is None and self._discoverer is not None:
+            if self._ram_mib is None:
+                self._ram_mib = await asyncio.to_thread(node_memory_mib)
+            inventory = inventory.model_copy(update={"memory_total_mib": self._ram_mib})
+        return inventory
 
     def build_report(self, inventory: NodeInventory) -> AgentReport:
         return AgentReport(

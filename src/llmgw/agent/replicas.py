@@ -22,14 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from llmgw import memory
 from llmgw.agent.engines.base import EngineAdapter, LaunchContext
 from llmgw.agent.liveness import FailedProbes, Liveness
+from llmgw.agent.memguard import EngineMemory, MemoryGuard
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.progress import (
     MAX_METRICS_BYTES,
@@ -42,7 +45,14 @@ from llmgw.agent.state import EngineRecord, StateStore
 from llmgw.agent.supervisor import EngineProcess, ExitStatus, ProcessControl, describe_exit
 from llmgw.agent.weights import Progress, WeightsCache
 from llmgw.errors import EngineError
-from llmgw.wire import Device, EngineDialect, ReplicaAssignment, ReplicaState, ReplicaStatus
+from llmgw.wire import (
+    CPU_CLASS,
+    Device,
+    EngineDialect,
+    ReplicaAssignment,
+    ReplicaState,
+    ReplicaStatus,
+)
 
 log = logging.getLogger("llmgw.agent.replicas")
 
@@ -68,6 +78,9 @@ class RunnerDeps:
     poll_s: float = 0.25
     monitor_s: float = 1.0
     liveness: Liveness = field(default_factory=Liveness)
+    # Holds engines to their memory budgets (agent.memguard); None: nothing
+    # is enforced (fake process controls, whose pids are not real engines).
+    memory: MemoryGuard | None = None
 
 
 def _probe_host(host: str) -> str:
@@ -102,6 +115,7 @@ class ReplicaRunner:
         self.liveness_path: str | None = "/health"
         self.metrics: ProgressMetrics | None = None
         self.dialect: EngineDialect | None = None  # the adapter's, once built
+        self.memory: EngineMemory | None = None  # once the budget is known
         self._failed_probes = FailedProbes(deps.liveness)
         self._stall = StallWatch(deps.liveness)
         self._task: asyncio.Task[None] | None = None
@@ -143,6 +157,8 @@ class ReplicaRunner:
             self._mark_failed(describe_exit(None) + self._last_words(), None)
             return
         self.proc = proc
+        if record.memory_budget_mib is not None:
+            self._hold_memory(record.memory_budget_mib)
         if record.ready_at is not None:
             # It served before the agent went away and the very same process
             # still runs: keep routing to it instead of a starting blip.
@@ -162,11 +178,16 @@ class ReplicaRunner:
         self.deps.state.remove(self.replica_id)
         self.deps.ports.release(self.replica_id)
         self._release_weights()
+        self._release_memory()
 
     async def detach(self) -> None:
         """Stop watching but leave the engine running, for the next agent to adopt."""
         await self._cancel_task()
         self._release_weights()  # the next agent holds them again when it adopts
+
+    def _release_memory(self) -> None:
+        if self.memory is not None:
+            self.memory.close()  # the engine's cgroup, once its processes are gone
 
     def _release_weights(self) -> None:
         key, self._weights_key = self._weights_key, None
@@ -246,6 +267,9 @@ class ReplicaRunner:
         else:
             path = None
         self.port = deps.ports.allocate(self.replica_id)
+        weights_bytes = await asyncio.to_thread(_size_of, path)
+        gpus = sum(1 for d in self.devices if d.gpu_class != CPU_CLASS)
+        budget = memory.need_mib(spec, weights_bytes, gpus)
         launch = self.adapter.build(
             LaunchContext(
                 assignment=self.assignment,
@@ -253,6 +277,8 @@ class ReplicaRunner:
                 host=deps.host,
                 port=self.port,
                 devices=self.devices,
+                memory_budget_mib=budget,
+                weights_bytes=weights_bytes,
             )
         )
         self.health_path = launch.health_path
@@ -265,6 +291,7 @@ class ReplicaRunner:
         record = self._record()
         deps.state.put(record)
         self.proc = deps.supervisor.spawn(self.replica_id, launch)
+        self._hold_memory(budget)
         deps.state.put(self._record())
         log.info(
             "started %s (%s) pid %d port %d", self.replica_id, spec.name, self.proc.pid, self.port
@@ -280,6 +307,8 @@ class ReplicaRunner:
             status = self.deps.supervisor.poll(proc)
             if status.exited:
                 await self._exited(status)
+                return
+            if await self._over_budget(proc):
                 return
             path = self.health_path
             if path is None or await self._probe(path, HEALTH_TIMEOUT_S) is None:
@@ -307,6 +336,8 @@ class ReplicaRunner:
             status = self.deps.supervisor.poll(proc)
             if status.exited:
                 await self._exited(status)
+                return
+            if await self._over_budget(proc):
                 return
             if time.monotonic() - last_rotate > LOG_ROTATE_EVERY_S:
                 await asyncio.to_thread(self.deps.supervisor.rotate_if_large, self.replica_id)
@@ -390,14 +421,17 @@ class ReplicaRunner:
         await self._kill_and_fail(proc, stall.stalled_reason(now))
         return True
 
-    async def _kill_and_fail(self, proc: EngineProcess, reason: str) -> None:
-        """Stop an engine judged hung or stalled and fail its replica with ``reason``."""
+    async def _kill_and_fail(
+        self, proc: EngineProcess, reason: str, grace_s: float | None = None
+    ) -> None:
+        """Stop an engine judged hung, stalled or over budget; fail its replica with ``reason``."""
         status = self.deps.supervisor.poll(proc)
         if status.exited:  # the check failed because the engine had just exited
             await self._exited(status)
             return
         log.error("replica %s: %s; stopping it", self.replica_id, reason)
-        stopped = await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
+        grace = self.deps.stop_grace_s if grace_s is None else grace_s
+        stopped = await self.deps.supervisor.stop(proc, grace)
         await self._fail(reason + self._last_words(), stopped.code)
 
     async def _scrape(self, metrics: ProgressMetrics) -> dict[str, float]:
@@ -430,12 +464,34 @@ class ReplicaRunner:
         except (aiohttp.ClientError, OSError) as exc:
             return str(exc) or type(exc).__name__
 
+    def _hold_memory(self, budget_mib: int) -> None:
+        """Hold the engine to ``budget_mib`` (agent.memguard) from now on."""
+        spec = self.assignment.model
+        self.memory = EngineMemory(self.deps.memory, budget_mib, memory.advice(spec, budget_mib))
+        if self.proc is not None:
+            try:
+                self.memory.attach(self.replica_id, self.proc.pid)
+            except OSError as exc:  # e.g. the engine exited at once
+                log.warning("replica %s: memory watch: %s", self.replica_id, exc)
+
+    async def _over_budget(self, proc: EngineProcess) -> bool:
+        """Kill and fail an engine that uses more than its memory budget; True when it did."""
+        reason = self.memory.overrun() if self.memory is not None else None
+        if reason is None:
+            return False
+        # At once: an engine past its budget keeps growing through a grace
+        # period, and what it would finish is not worth the node's memory.
+        await self._kill_and_fail(proc, reason, grace_s=0.0)
+        return True
+
     async def _exited(self, status: ExitStatus) -> None:
         # The leader is gone; workers it forked into its group may linger
         # with GPU memory. Make sure they go too.
         if self.proc is not None:
             await self.deps.supervisor.stop(self.proc, 0.0)
-        await self._fail(describe_exit(status.code) + self._last_words(), status.code)
+        oom = self.memory.exit_reason(status.code) if self.memory is not None else None
+        reason = oom or describe_exit(status.code)
+        await self._fail(reason + self._last_words(), status.code)
 
     async def _fail(self, reason: str, exit_code: int | None = None) -> None:
         self._mark_failed(reason, exit_code)
@@ -443,6 +499,7 @@ class ReplicaRunner:
     def _mark_failed(self, reason: str, exit_code: int | None, *, persist: bool = True) -> None:
         self.exit_code = exit_code
         self._release_weights()  # no engine reads them any more
+        self._release_memory()
         log.warning("replica %s failed: %s", self.replica_id, reason)
         self._set(ReplicaState.FAILED, reason)
         if persist and self.port is not None:
@@ -479,10 +536,27 @@ class ReplicaRunner:
             dialect=self.dialect,
             started_at=self.started_at,
             ready_at=self.ready_at,
+            memory_budget_mib=self.memory.budget_mib if self.memory else None,
             failed=self.state == ReplicaState.FAILED,
             exit_code=self.exit_code,
             reason=self.reason if self.state == ReplicaState.FAILED else None,
         )
+
+
+def _size_of(path: str | None) -> int | None:
+    """Bytes of a weights file, or of every file under a weights directory."""
+    if path is None:
+        return None
+    try:
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        return sum(
+            os.path.getsize(os.path.join(root, name))
+            for root, _, names in os.walk(path)
+            for name in names
+        )
+    except OSError:
+        return None
 
 
 def _url_host(host: str) -> str:

@@ -46,6 +46,8 @@ class EngineRecord(BaseModel):
     dialect: EngineDialect | None = None
     started_at: float | None = None
     ready_at: float | None = None
+    # The engine's memory budget (agent.memguard), held again on adoption.
+    memory_budget_mib: int | None = None
     failed: bool = False
     exit_code: int | None = None
     reason: str | None = None

@@ -342,6 +342,18 @@ def diff_catalog(current: dict[str, ModelSpec], new: list[ModelSpec]) -> Catalog
     return diff
 
 
+# Fields only the gateway reads, through the routing table: changing them
+# must not restart a model's engines (a new output cap is not worth a reload).
+GATEWAY_FIELDS = frozenset({"aliases", "routing", "max_output_tokens"})
+
+
+def engine_changed(old: ModelSpec, new: ModelSpec) -> bool:
+    """Whether replicas started under ``old`` must restart to run ``new``."""
+    return old.model_dump(exclude=set(GATEWAY_FIELDS)) != new.model_dump(
+        exclude=set(GATEWAY_FIELDS)
+    )
+
+
 # Fields whose change alters where or how many devices a replica holds: a
 # replica started under the old entry is replaced, not restarted in place.
 PLACEMENT_FIELDS = frozenset({"gpu_classes", "gpus", "tp", "pp", "nodes"})

@@ -21,6 +21,7 @@ from llmgw.control.inflight import InFlightBook
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.jointokens import SETTING as JOIN_TOKENS
 from llmgw.control.jointokens import JoinToken, JoinTokens
+from llmgw.control.catalog import engine_changed
 from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
 from llmgw.control.reports import apply_report, assignments_for, weight_peers
@@ -463,15 +464,18 @@ class ControlPlane:
                 added.append(spec.name)
             elif current.spec != spec:
                 record = current
+                # A changed entry restarts its replicas with the new settings,
+                # unless only what the gateway reads changed (the routing
+                # table carries that): a new output cap restarts no engine.
+                if engine_changed(record.spec, spec):
+                    for replica in self.state.replicas_of(spec.name):
+                        replica.generation += 1
+                        replica.state = ReplicaState.STARTING
+                        replica.ready_at = None
+                        bumps.append(replica)
                 record.spec = spec
                 record.updated_at = now
                 changed.append(spec.name)
-                # A changed entry restarts its replicas with the new settings.
-                for replica in self.state.replicas_of(spec.name):
-                    replica.generation += 1
-                    replica.state = ReplicaState.STARTING
-                    replica.ready_at = None
-                    bumps.append(replica)
             else:
                 continue
             self.state.models[spec.name] = record

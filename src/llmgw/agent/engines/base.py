@@ -52,6 +52,12 @@ class LaunchContext:
     host: str
     port: int
     devices: Sequence[Device] = ()
+    # RAM the engine may use, which the agent enforces (llmgw.memory,
+    # agent.memguard): adapters size the engine's caches to fit in it.
+    # None: no budget (a test that builds a launch by hand).
+    memory_budget_mib: int | None = None
+    # Size of the weights at ``weights_path``, for the same sizing.
+    weights_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 
+from llmgw import memory
 from llmgw.agent.engines.base import (
     EngineLaunch,
     LaunchContext,
@@ -64,6 +65,37 @@ PYTHON_DIALECT = EngineDialect(
     tokenize_path="/extras/tokenize/count",
     tokenize_field="input",
 )
+
+
+# llama_cpp.server's RAM prompt cache counts only llama.cpp's own state
+# against --cache_size, not the copy of up to n_batch rows of logits
+# (n_vocab floats each: 1 MiB a row for Gemma) kept beside every cached
+# prompt. Measured on gemma-3-270m: 40 small requests took the engine from
+# 0.5 GB to 2.5 GB of RSS with --cache_size 32 MiB, to 3 GB and still growing
+# with 256 MiB; without the cache it stayed near 0.6 GB. So the cache is off
+# unless the catalog turns it on (the engine still reuses the longest prefix
+# of its last prompt), and then --cache_size is this fraction of the room the
+# budget leaves, so that the uncounted copies fit as well.
+PROMPT_CACHE_SHARE = 64
+
+
+def _python_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
+    """Flags that keep llama_cpp.server's RSS within the replica's memory budget."""
+    flags: list[str] = []
+    # The server's default (unlike the library's) keeps logits for every
+    # token of the context: n_ctx x n_vocab floats, about 1 MB per token for
+    # Gemma. Only logprobs need them, and the gateway sends none it cannot serve.
+    if not has_flag(extra, "--logits_all"):
+        flags += ["--logits_all", "false"]
+    cache_on = memory.flag_value(extra, ("--cache",)) in ("true", "True", "1")
+    budget = ctx.memory_budget_mib
+    if cache_on and budget is not None and not has_flag(extra, "--cache_size"):
+        spec = ctx.assignment.model
+        weights_mib = -(-(ctx.weights_bytes or 0) // memory.MIB)
+        room = budget - memory.LLAMACPP_RUNTIME_MIB - memory.kv_cache_mib(spec) - weights_mib
+        cache_bytes = max(0, room) * memory.MIB // PROMPT_CACHE_SHARE
+        flags += ["--cache_size", str(cache_bytes)]
+    return flags
 
 
 def _looks_like_gemma(name: str, weights_path: str | None) -> bool:
@@ -144,10 +176,7 @@ class LlamaCppAdapter:
                 argv += ["--n_gpu_layers", "-1"]
             if gemma and not has_flag(extra, "--chat_format"):
                 argv += ["--chat_format", "gemma"]
-            # Keep several prompts' states in RAM, not only the last one's:
-            # this is what makes prefix-aware routing pay off on llama.cpp.
-            if not has_flag(extra, "--cache"):
-                argv += ["--cache", "true"]
+            argv += _python_memory_flags(ctx, extra)
             health = "/v1/models"
             # Every model route of llama_cpp.server waits for the model lock,
             # and a request waiting for it makes a running stream stop early

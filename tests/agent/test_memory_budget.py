@@ -1,0 +1,220 @@
+"""Engines held to their memory budgets: the agent fails the one that outgrows it, names OOM kills.
+
+Real processes throughout: the stub engine takes real memory, the guard puts
+it in a real cgroup (v1 or v2, where the agent may make one; this kind of
+machine, CI included, has v1 with root) or watches its real RSS.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from tests.agent.conftest import AgentFactory
+from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import assign, cpu_slot, model
+
+from llmgw import memory
+from llmgw.agent.memguard import (
+    CgroupWatch,
+    EngineMemory,
+    MemoryGuard,
+    RssWatch,
+    node_memory_mib,
+)
+from llmgw.wire import ModelSpec, ReplicaState, WeightsSource
+
+BUDGET_MIB = 128
+
+
+def budgeted(name: str, args: list[str], memory_mib: int = BUDGET_MIB) -> ModelSpec:
+    spec = model(
+        "sim", name=name, weights=WeightsSource(kind="none"), gpu_classes=["cpu"], engine_args=args
+    )
+    return spec.model_copy(update={"memory_mib": memory_mib})
+
+
+def hog(mib: int) -> subprocess.Popen[bytes]:
+    """A process of the node that is not an engine, holding ``mib`` of memory."""
+    code = (
+        f"import time; x = bytearray(b'x' * ({mib} << 20)); print('ok', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ok\n"
+    return proc
+
+
+def cgroups_here() -> bool:
+    return MemoryGuard("probe").kind.startswith("cgroup")
+
+
+@pytest.mark.parametrize("mode", ["auto", "rss"])
+async def test_an_engine_past_its_budget_is_failed_and_nothing_else_is_touched(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, mode: str
+) -> None:
+    bystander = hog(64)
+    try:
+        agent = make_agent("n1", memory_guard=mode)
+        leaky = budgeted("leaky", ["--grow-mib", "160"])
+        steady = budgeted("steady", [])
+        fake_cp.assignments["n1"] = [
+            assign(leaky, [cpu_slot(0)], replica_id="r-leaky"),
+            assign(steady, [cpu_slot(1)], replica_id="r-steady"),
+        ]
+        failed = await fake_cp.wait_state("r-leaky", ReplicaState.FAILED)
+        guard = agent._require_deps().memory
+        assert guard is not None
+        kind = guard.kind
+        assert kind == ("rss" if mode == "rss" else MemoryGuard("probe").kind)
+        reason = failed.reason or ""
+        assert reason.startswith("out of memory budget: engine used "), reason
+        assert f"of its {memory.gb(BUDGET_MIB * memory.MIB)} budget ({kind}); killed." in reason
+        assert "Raise the model's memory_mib (now 128 MiB)" in reason
+        assert failed.pid is not None and _gone(failed.pid)
+        # The node's other processes: the other engine serves on, the
+        # bystander and the agent's own process are untouched.
+        report = fake_cp.reports[-1]
+        states = {s.replica_id: s.state for s in report.replicas}
+        assert states["r-steady"] == ReplicaState.READY
+        assert bystander.poll() is None
+        steady_pid = next(s.pid for s in report.replicas if s.replica_id == "r-steady")
+        assert steady_pid is not None and psutil.Process(steady_pid).is_running()
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_an_oom_kill_inside_the_engines_cgroup_is_named_as_one() -> None:
+    if not cgroups_here():
+        pytest.skip("no writable memory cgroup on this machine (RSS watching is tested above)")
+    guard = MemoryGuard("oom-test")
+    spec = budgeted("m", [])
+    held = EngineMemory(guard, BUDGET_MIB, memory.advice(spec, BUDGET_MIB))
+    # Far past the hard limit in one go: the kernel kills it before any
+    # check of the agent could, and only inside the engine's cgroup.
+    code = "import time; time.sleep(0.3); x = bytearray(b'x' * (600 << 20)); time.sleep(30)"
+    engine = subprocess.Popen([sys.executable, "-c", code])
+    bystander = hog(32)
+    try:
+        held.attach("r-oom", engine.pid)
+        assert isinstance(held.watch, CgroupWatch) and held.watch.path.is_dir()
+        code_ = engine.wait(timeout=30)
+        assert code_ == -9
+        reason = held.exit_reason(code_) or ""
+        kind = held.watch.kind
+        assert reason.startswith(
+            f"killed by the kernel's OOM killer at its memory limit ({kind}): engine used"
+        ), reason
+        assert f"of its {memory.gb(BUDGET_MIB * memory.MIB)} budget." in reason
+        assert "Raise the model's memory_mib" in reason
+        assert bystander.poll() is None  # the kernel chose within the engine's cgroup
+        path = held.watch.path
+        held.close()
+        assert not path.exists()
+    finally:
+        for proc in (engine, bystander):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_sigkill_is_an_oom_kill_only_when_the_kernel_counted_one() -> None:
+    spec = budgeted("m", [])
+    held = EngineMemory(None, BUDGET_MIB, memory.advice(spec, BUDGET_MIB))
+
+    class Watch(RssWatch):
+        kills = 0
+
+        def oom_kills(self) -> int:
+            return self.kills
+
+    watch = Watch(1, BUDGET_MIB * memory.MIB)
+    held.watch = watch
+    assert held.exit_reason(-9) is None  # killed by someone, not the OOM killer
+    watch.kills = 1
+    assert held.exit_reason(-15) is None  # not a SIGKILL
+    reason = held.exit_reason(-9) or ""
+    assert reason.startswith("killed by the kernel's OOM killer while the node ran out of memory")
+
+
+def test_rss_watch_sums_the_engines_process_tree() -> None:
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time;"
+            "subprocess.Popen([sys.executable, '-c',"
+            " \"x = bytearray(b'x' * (96 << 20)); import time; time.sleep(30)\"]);"
+            "time.sleep(30)",
+        ]
+    )
+    try:
+        watch = RssWatch(parent.pid, 64 * memory.MIB)
+        deadline = time.monotonic() + 10
+        used = 0
+        while time.monotonic() < deadline:
+            used = watch.used() or 0
+            if used > 96 * memory.MIB:
+                break
+            time.sleep(0.1)
+        assert used > 96 * memory.MIB  # the child's memory counts against the engine
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+
+
+def test_node_memory_is_the_machines_or_its_cgroups_limit() -> None:
+    total = node_memory_mib()
+    assert 0 < total <= psutil.virtual_memory().total // memory.MIB
+
+
+def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
+    from llmgw.agent.engines.base import LaunchContext
+    from llmgw.agent.engines.llamacpp import PROMPT_CACHE_SHARE, LlamaCppAdapter
+
+    d = [cpu_slot()]
+    spec = model(
+        "llamacpp",
+        name="gemma-3-270m",
+        weights=WeightsSource(kind="package", package="p"),
+        gpu_classes=["cpu"],
+    ).model_copy(update={"kv_capacity_tokens": 8192})
+    weights = 242 * memory.MIB
+    budget = memory.need_mib(spec, weights)
+    assert budget == 768 + 242 + 256 + 512  # runtime, GGUF, KV of 8192 tokens, headroom
+
+    def argv(engine_args: list[str]) -> list[str]:
+        entry = spec.model_copy(update={"engine_args": engine_args})
+        ctx = LaunchContext(
+            assignment=assign(entry, d),
+            weights_path="/w/gemma.gguf",
+            host="127.0.0.1",
+            port=21000,
+            devices=d,
+            memory_budget_mib=budget,
+            weights_bytes=weights,
+        )
+        return LlamaCppAdapter(server_binary="").build(ctx).argv
+
+    plain = argv([])
+    # No logits kept per token, no RAM prompt cache (it does not count what it holds).
+    assert plain[plain.index("--logits_all") + 1] == "false"
+    assert "--cache" not in plain and "--cache_size" not in plain
+    # A catalog that turns the cache on gets it sized to a share of the room left.
+    cached = argv(["--cache", "true"])
+    room = budget - 768 - 256 - 242
+    assert cached[cached.index("--cache_size") + 1] == str(room * memory.MIB // PROMPT_CACHE_SHARE)
+    # What the catalog says wins.
+    mine = argv(["--cache", "true", "--cache_size", "1000", "--logits_all", "true"])
+    assert mine.count("--cache_size") == 1 and mine.count("--logits_all") == 1
