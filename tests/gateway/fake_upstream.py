@@ -33,6 +33,11 @@ class FakeUpstream:
     tokens: int = 3
     token_delay_s: float = 0.0
     break_stream_after: int | None = None  # chunks sent before the connection is cut
+    # Chunks sent before the stream ends cleanly but unfinished (no finish
+    # reason, then [DONE]), as llama_cpp.server's interrupt_requests does.
+    cut_stream_after: int | None = None
+    send_done: bool = True  # end streams with [DONE]
+    stream_usage: bool = True  # honour stream_options.include_usage
     keepalive_s: float = 75.0  # how long an idle keep-alive connection stays open
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0
@@ -174,6 +179,10 @@ class FakeUpstream:
                 assert request.transport is not None
                 request.transport.abort()
                 return response
+            if self.cut_stream_after is not None and index >= self.cut_stream_after:
+                await response.write(b"data: [DONE]\n\n")
+                await response.write_eof()
+                return response
             choice: dict[str, Any] = {"index": 0, "finish_reason": None}
             if chat:
                 choice["delta"] = (
@@ -189,12 +198,17 @@ class FakeUpstream:
                 except asyncio.CancelledError:
                     self.cancelled += 1
                     raise
+        last: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+        last["delta" if chat else "text"] = {} if chat else ""
+        finish = {"id": "c1", "object": kind, "model": body["model"], "choices": [last]}
+        await response.write(b"data: " + json.dumps(finish).encode() + b"\n\n")
         options = body.get("stream_options") or {}
-        if options.get("include_usage"):
+        if options.get("include_usage") and self.stream_usage:
             usage = {"id": "c1", "object": kind, "model": body["model"], "choices": [],
                      "usage": self._usage(body)}  # fmt: skip
             await response.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
+        if self.send_done:
+            await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
 

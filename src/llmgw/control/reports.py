@@ -122,6 +122,12 @@ def _mirror_statuses(
             continue
         if replica.leader_node != node.name:
             continue
+        if status.dialect != replica.dialect:
+            # The gateway mends per endpoint from it (memory only: every
+            # report carries it, so a restarted control plane has it again
+            # with the next report, and the routing table follows).
+            replica.dialect = status.dialect
+            effects.routing_changed = effects.routing_changed or replica.state == ReplicaState.READY
         if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
             replica.state = ReplicaState.READY
             replica.port = status.port

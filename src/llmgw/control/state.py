@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from llmgw.wire import (
+    EngineDialect,
     ModelSpec,
     NodeInventory,
     NodeState,
@@ -119,6 +120,8 @@ class ReplicaRecord:
     draining: bool = False
     # Memory only: requests in flight as the gateways last reported.
     in_flight: int = 0
+    # Memory only: the engine's dialect as its agent last reported it.
+    dialect: EngineDialect | None = None
 
     @property
     def nodes(self) -> list[str]:

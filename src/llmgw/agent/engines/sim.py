@@ -12,7 +12,7 @@ import sys
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext, check_common
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.errors import EngineError
-from llmgw.wire import EngineKind, ReplicaAssignment, SimParams
+from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment, SimParams
 
 MANAGED_FLAGS = ("--host", "--port", "--model", "--params-json")
 
@@ -47,7 +47,18 @@ class SimAdapter:
             params.model_dump_json(),
             *spec.engine_args,
         ]
-        # It exports vLLM's metric names (llmgw.sim.metrics).
+        # It exports vLLM's metric names (llmgw.sim.metrics) and tokenizes as
+        # vLLM's /tokenize does; its dialect switches come from its params.
+        dialect = EngineDialect(
+            max_completion_tokens=params.max_completion_tokens,
+            stream_usage=params.stream_usage,
+            tokenize_path="/tokenize",
+            tokenize_field="prompt",
+        )
         return EngineLaunch(
-            argv=argv, env=dict(spec.env), health_path="/health", progress=VLLM_METRICS
+            argv=argv,
+            env=dict(spec.env),
+            health_path="/health",
+            progress=VLLM_METRICS,
+            dialect=dialect,
         )
