@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -44,18 +43,25 @@ def test_serve_and_two_agents_register_and_report(tmp_path: Path) -> None:
     procs = [spawn(["serve", "--host", "127.0.0.1", "--port", str(port),
                     "--data-dir", str(tmp_path / "cp")], serve_log)]
     try:
-        join = None
+        up_json = tmp_path / "cp" / "up.json"
         deadline = time.monotonic() + 30
-        while join is None and time.monotonic() < deadline:
-            match = re.search(r"Join token\s+(llmgw-join-\S+)", serve_log.read_text())
-            join = match.group(1) if match else None
+        while "Credentials" not in serve_log.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert join, serve_log.read_text()
-        admin_token = json.loads((tmp_path / "cp" / "up.json").read_text())["admin_token"]
+        saved = json.loads(up_json.read_text())
+        join, admin_token = saved["join_token"], saved["admin_token"]
+        assert join.startswith("llmgw-join-") and oct(up_json.stat().st_mode & 0o777) == "0o600"
+        # No secret on stdout (the journal, under systemd): only where they are.
+        log_text = serve_log.read_text()
+        assert str(up_json) in log_text
+        for secret in (join, admin_token, saved["api_key"]):
+            assert secret not in log_text
+        join_file = tmp_path / "join-token"
+        join_file.write_text(join + "\n")
 
         for name, fabric in (("gpu-node-a", "ib-a"), ("gpu-node-b", "ib-b")):
             procs.append(spawn(
-                ["agent", "--control-plane", url, "--join-token", join, "--name", name,
+                ["agent", "--control-plane", url, "--join-token-file", str(join_file),
+                 "--name", name,
                  "--fabric", fabric, "--data-dir", str(tmp_path / name), "--cpu-slots", "2"],
                 tmp_path / f"{name}.log",
             ))

@@ -75,6 +75,13 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
         assert info["api_key"].startswith("sk-llmgw-")
         banner = log.read_text()
         assert info["api_url"] in banner and "curl" in banner
+        # Secrets stay in up.json: stdout is a journal or a CI log.
+        assert str(up_json) in banner
+        assert info["api_key"] not in banner and info["admin_token"] not in banner
+        assert info["join_token"] not in banner
+        # No API docs page that loads scripts from a CDN next to the console.
+        for page in ("/admin/docs", "/redoc", "/docs"):
+            assert httpx.get(info["admin_url"] + page).status_code == 404
 
         # Without a valid key: 401 with an OpenAI-shaped error.
         denied = httpx.post(f"{info['api_url']}/chat/completions", json={"model": "default"},

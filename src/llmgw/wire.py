@@ -331,6 +331,9 @@ class ModelSpec(Wire):
     start_timeout_s: float = Field(600.0, gt=0)
     engine_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # Names in env whose values are secrets: never shown by a read of the
+    # catalog (llmgw.control.secretenv; names like *TOKEN* are secret anyway).
+    secret_env: list[str] = Field(default_factory=list)
     routing: RoutingPolicy = "prefix"
     # Host RAM one replica's engine may use (per node), in MiB: the budget
     # the agent enforces and, for CPU replicas, what placement charges a

@@ -22,6 +22,7 @@ import typer
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
 from llmgw.cli.logs import setup_logging
+from llmgw.cli.secretfile import pick_secret
 from llmgw.errors import AuthError, ConfigError
 from llmgw.wire import check_host, check_node_name
 
@@ -72,7 +73,13 @@ def agent(
     ],
     join_token: Annotated[
         str | None,
-        typer.Option(envvar="LLMGW_JOIN_TOKEN", help="Needed once, to register this node."),
+        typer.Option(envvar="LLMGW_JOIN_TOKEN",
+                     help="Needed once, to register this node; prefer --join-token-file."),
+    ] = None,
+    join_token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="LLMGW_JOIN_TOKEN_FILE",
+                     help="A file holding the join token (keeps it off the command line)."),
     ] = None,
     name: Annotated[str | None, typer.Option(help="Node name (default: hostname).")] = None,
     fabric: Annotated[
@@ -109,6 +116,7 @@ def agent(
     setup_logging(log_level)
     try:
         _check_identity(name or socket.gethostname(), address, fabric or [])
+        join_token = pick_secret(join_token, join_token_file, "join token", "--join-token")
         config = AgentConfig(
             control_plane=control_plane,
             data_dir=data_dir,

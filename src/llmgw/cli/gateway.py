@@ -15,11 +15,13 @@ import signal
 import socket
 import threading
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from llmgw.cli.logs import setup_logging
+from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
 from llmgw.gateway.app import Gateway, freeze_startup_objects
 from llmgw.gateway.link import ControlPlaneUnavailable, HttpControlPlaneLink
@@ -97,8 +99,15 @@ def gateway(
         ),
     ],
     token: Annotated[
-        str, typer.Option(envvar="LLMGW_GATEWAY_TOKEN", help="Gateway token (llmgw-gw-...).")
-    ],
+        str | None,
+        typer.Option(envvar="LLMGW_GATEWAY_TOKEN",
+                     help="Gateway token (llmgw-gw-...); prefer --token-file."),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="LLMGW_GATEWAY_TOKEN_FILE",
+                     help="A file holding the gateway token (keeps it off the command line)."),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="Port of the OpenAI API.")] = 8000,
     queue_wait_s: Annotated[
@@ -111,16 +120,27 @@ def gateway(
     allow_anonymous: Annotated[
         bool, typer.Option(help="Accept requests without an API key.")
     ] = False,
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="LLMGW_METRICS_TOKEN_FILE",
+                     help="/metrics answers only this file's token as a Bearer token"
+                     " (also LLMGW_METRICS_TOKEN; default: open)."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, following a control plane."""
     setup_logging(log_level)
     try:
+        token = pick_secret(token, token_file, "gateway token", "--token")
+        if not token:
+            raise ConfigError("a gateway token is needed: --token-file PATH, "
+                              "LLMGW_GATEWAY_TOKEN or --token")
         settings = GatewaySettings(
             queue_wait_s=queue_wait_s,
             queue_length=queue_length,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
             allow_anonymous=allow_anonymous,
+            metrics_token=metrics_token_from(metrics_token_file),
         )
         _run_loop(serve_gateway(control_plane, token, host, port, settings))
     except ConfigError as exc:

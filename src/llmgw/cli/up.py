@@ -26,6 +26,7 @@ from typing import Any
 import uvicorn
 
 from llmgw.cli.httpserver import server_config
+from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
 from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
@@ -189,7 +190,7 @@ def build_gateway(cp: ControlPlane) -> Any:
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.settings import GatewaySettings
 
-    return Gateway(InProcessLink(cp), GatewaySettings())
+    return Gateway(InProcessLink(cp), GatewaySettings(metrics_token=metrics_token_from()))
 
 
 def _asgi_of(gateway: Any) -> Any:
@@ -234,6 +235,10 @@ def serve_admin_urls(own: str, peers: Sequence[str]) -> str | list[str]:
 
 
 def print_banner(info: dict[str, Any], creds: NewCredentials, *, up: bool) -> None:
+    """Where everything is; never a secret (stdout ends up in journals and CI logs).
+
+    New credentials are in ``up.json`` (owner-only), whose path is printed.
+    """
     lines = [
         "",
         "llmgw is running.",
@@ -241,27 +246,28 @@ def print_banner(info: dict[str, Any], creds: NewCredentials, *, up: bool) -> No
         f"  Admin API    {info['admin_url']}/admin/v1",
         f"  Console      {info['console_url']}",
     ]
-    if creds.admin_token:
-        lines.append(f"  Admin token  {creds.admin_token}   (shown once; also in up.json)"
-                     if up else f"  Admin token  {creds.admin_token}   (shown once)")
-    if creds.api_key:
-        lines.append(f"  API key      {creds.api_key}   (shown once)")
-    if creds.join_token:
-        lines.append(f"  Join token   {creds.join_token}   (for `llmgw agent --join-token`)")
+    made = [what for what, secret in (("admin token", creds.admin_token),
+                                      ("API key", creds.api_key),
+                                      ("join token", creds.join_token)) if secret]
+    if made:
+        lines.append(f"  Credentials  {info['up_json']}   (owner-only; new: {', '.join(made)})")
+    elif info.get("up_json"):
+        lines.append(f"  Credentials  {info['up_json']}   (owner-only)")
     if not up and not creds.join_token:
-        lines.append("  Join token   stored hashed; make a new one: llmgw ctl join-token --rotate")
-    if info.get("api_key"):
+        lines.append("  Join token   stored hashed; make one: llmgw ctl join-tokens create")
+    if info.get("api_key") and info.get("up_json"):
+        read_key = ("import json; print(json.load(open(" + json.dumps(str(info["up_json"]))
+                    + '))["api_key"])')
         lines += [
             "",
             "Try it:",
+            f"  API_KEY=$(python3 -c '{read_key}')",
             f"  curl {info['api_url']}/chat/completions \\",
-            f"    -H 'Authorization: Bearer {info['api_key']}' \\",
+            '    -H "Authorization: Bearer $API_KEY" \\',
             "    -H 'Content-Type: application/json' \\",
             "    -d '{\"model\": \"" + info.get("model", "default")
             + "\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'",
         ]
-    if up:
-        lines.append(f"\nSettings for scripts and `llmgw ctl`: {info['up_json']}")
     lines.append("Stop with Ctrl-C.\n")
     print("\n".join(lines), flush=True)
 
@@ -368,15 +374,20 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str
         PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop
     )
     base = options.advertise or f"http://{_public_host(options.host)}:{options.port}"
-    info = {
+    info: dict[str, Any] = {
         "api_url": f"{base}/v1", "admin_url": base, "console_url": f"{base}/console",
         "up_json": None,
     }
-    if creds.admin_token or creds.api_key or options.peer_urls:
+    if creds.admin_token or creds.api_key or creds.join_token or options.peer_urls:
         # serve keeps these for `llmgw ctl` on this machine, like up does;
         # a standby (no new secrets) still records where its peers are.
-        write_up_json(data_dir, {**info, "admin_url": serve_admin_urls(base, options.peer_urls),
-                                 "admin_token": creds.admin_token, "api_key": creds.api_key})
+        path = write_up_json(data_dir, {
+            **info, "admin_url": serve_admin_urls(base, options.peer_urls),
+            "admin_token": creds.admin_token, "api_key": creds.api_key,
+            **_join_token_fields(cp, creds)})
+        info["up_json"] = str(path)
+    elif (data_dir / "up.json").exists():
+        info["up_json"] = str(data_dir / "up.json")
     print_banner(info, creds, up=False)
     print(await _role_line(cp, runtime), flush=True)
     freeze_startup_objects()
@@ -388,6 +399,15 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str
         await runtime.stop()
         await store.close()
     return 0
+
+
+def _join_token_fields(cp: ControlPlane, creds: NewCredentials) -> dict[str, Any]:
+    """up.json's join token (new this start), with when it stops working."""
+    if not creds.join_token:
+        return {}
+    token = cp.join_tokens.find(creds.join_token)
+    return {"join_token": creds.join_token,
+            "join_token_expires_at": token.expires_at if token else None}
 
 
 async def _role_line(cp: ControlPlane, runtime: ControlPlaneRuntime) -> str:
@@ -445,6 +465,7 @@ async def _up(
         "admin_token": creds.admin_token,
         "api_key": creds.api_key,
         "model": model_name,
+        **_join_token_fields(cp, creds),
     }
     path = write_up_json(data_dir, info)
     saved = json.loads(path.read_text())

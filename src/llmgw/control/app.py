@@ -65,7 +65,10 @@ async def _body(request: Request) -> Any:
 
 
 def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastAPI:
-    app = FastAPI(title=title, version="1", docs_url="/admin/docs",
+    # No /admin/docs or /redoc: FastAPI's pages load their scripts from a CDN
+    # into the console's origin, where the admin token lives, and answered
+    # without any token. The schema itself stays at /admin/v1/openapi.json.
+    app = FastAPI(title=title, version="1", docs_url=None, redoc_url=None,
                   openapi_url="/admin/v1/openapi.json")
     app.state.cp = cp
     app.add_middleware(BodyLimit)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import logging
 import time
 
-from llmgw import wire
+from llmgw import secrets, wire
 from llmgw.gateway import handler
 from llmgw.gateway.handler import Runtime
 from llmgw.gateway.link import ControlPlaneLink
@@ -248,13 +249,27 @@ class Gateway:
                 else:
                     await self._refuse(send, 405, f"Use GET for {path}.")
             elif path == "/metrics":
-                await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
+                if self._metrics_allowed(scope):
+                    await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
+                else:
+                    await self._refuse(send, 401, "/metrics needs the metrics token "
+                                       "(Authorization: Bearer ...).")
             elif path in ("/health", "/healthz"):
                 await self._health(send)
             else:
                 await self._refuse(send, 404, f"Invalid URL ({scope['method']} {path}).")
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    def _metrics_allowed(self, scope: Scope) -> bool:
+        # Metrics name every model and replica and show the traffic: on a
+        # shared network they are for the monitoring system, not for anyone.
+        expected = self.settings.metrics_token
+        if expected is None:
+            return True
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        given = secrets.bearer(header.decode("latin-1"))
+        return given is not None and hmac.compare_digest(given, expected)
 
     @staticmethod
     def _id() -> list[tuple[bytes, bytes]]:

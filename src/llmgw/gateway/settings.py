@@ -28,6 +28,10 @@ class GatewaySettings:
     # With no key configured at all the gateway refuses everything; `llmgw up`
     # on a laptop may want to accept anonymous clients instead.
     allow_anonymous: bool = False
+    # When set, /metrics answers only `Authorization: Bearer <this>` (metrics
+    # name every model and replica and show the traffic); None: open, as a
+    # Prometheus endpoint usually is on a trusted network.
+    metrics_token: str | None = None
 
     # On-demand models: a cold start of a real engine takes tens of seconds to
     # minutes, so the wait is long; the queue bound keeps a burst of clients

@@ -19,6 +19,8 @@ import typer
 
 from llmgw.cli.ctl import access, catalog, events, models, nodes, replicas, status
 from llmgw.cli.ctl.client import Settings
+from llmgw.cli.secretfile import pick_secret
+from llmgw.errors import ConfigError
 
 app = typer.Typer(
     name="ctl",
@@ -43,10 +45,18 @@ def main(
         help="Control plane base URL, e.g. http://127.0.0.1:8080; several comma-separated "
              "(leader and standbys).")] = None,
     token: Annotated[str | None, typer.Option(
-        envvar="LLMGW_ADMIN_TOKEN", help="The admin token.")] = None,
+        envvar="LLMGW_ADMIN_TOKEN", help="The admin token; prefer --token-file.")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        envvar="LLMGW_ADMIN_TOKEN_FILE",
+        help="A file holding the admin token (keeps it off the command line).")] = None,
     data_dir: Annotated[Path | None, typer.Option(
         envvar="LLMGW_DATA_DIR", help="Where up.json is (default: llmgw's data dir).")] = None,
 ) -> None:
+    try:
+        token = pick_secret(token, token_file, "admin token", "--token")
+    except ConfigError as exc:
+        typer.echo(f"llmgw ctl: {exc}", err=True)
+        raise typer.Exit(1) from None
     ctx.obj = Settings(url=url, token=token, data_dir=data_dir)
 
 

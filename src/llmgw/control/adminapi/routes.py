@@ -28,6 +28,7 @@ from pydantic import ValidationError as PydanticValidationError
 from starlette.convertors import Convertor, register_url_convertor
 
 from llmgw import secrets
+from llmgw.control import secretenv
 from llmgw.control.adminapi import schemas
 from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
 from llmgw.control.adminapi.summary import Summary, fleet_summary
@@ -334,8 +335,7 @@ def build_admin_router(
             raise ValidationError(
                 f"the entry is named {spec.name!r} but the URL names {name!r}", field="name"
             )
-        _validate([spec])
-        await cp.put_models([spec])
+        await cp.put_models(_validate([spec]))
         return json_response(_model(name))
 
     @router.delete("/models/{name:name}", response_model=schemas.Done, responses=not_found,
@@ -352,10 +352,17 @@ def build_admin_router(
         await cp.unpark(name)
         return json_response(_model(name))
 
-    def _validate(specs: list[ModelSpec]) -> None:
+    def _validate(specs: list[ModelSpec]) -> list[ModelSpec]:
+        """The entries checked, with secrets read back as redacted put back."""
         from llmgw.control.catalog import validate_catalog
 
-        validate_catalog(specs, {n: m.spec for n, m in state.models.items()})
+        restored = []
+        for spec in specs:
+            secretenv.check(spec)
+            current = state.models.get(spec.name)
+            restored.append(secretenv.restore(spec, current.spec if current else None))
+        validate_catalog(restored, {n: m.spec for n, m in state.models.items()})
+        return restored
 
     def _specs(body: schemas.CatalogInput) -> list[ModelSpec]:
         if (body.models is None) == (body.document is None):
@@ -369,8 +376,7 @@ def build_admin_router(
             specs = parse_models(body.document or "", source=body.source)
         if not specs:
             raise ValidationError("the document holds no model entries", field="models")
-        _validate(specs)
-        return specs
+        return _validate(specs)
 
     def _plan(what_if: list[ModelSpec] | None) -> dict[str, Any]:
         from llmgw.control.scheduler.planner import plan

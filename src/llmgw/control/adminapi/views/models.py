@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from llmgw.control.adminapi.views.replicas import UNREACHABLE, ReplicaView
 from llmgw.control.scheduler.demand import asked_for, desired_given
+from llmgw.control.secretenv import redacted
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.wire import ModelSpec, ReplicaState
 
@@ -122,7 +123,7 @@ def model_view(model: ModelRecord, tally: ReplicaTally, now: float) -> ModelView
     spec = model.spec
     return ModelView(
         name=model.name,
-        spec=spec,
+        spec=redacted(spec),
         on_demand=spec.on_demand,
         min_replicas=spec.min_replicas,
         max_replicas=spec.max_replicas,

@@ -1,0 +1,92 @@
+"""Secrets in catalog ``env`` never come back from a read; API docs are off (issue 13)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.servers import serve_asgi
+
+from llmgw.control.app import create_app
+from llmgw.control.reports import assignments_for
+from llmgw.control.secretenv import REDACTED
+from llmgw.control.service import ControlPlane
+from llmgw.control.state import ReplicaRecord
+from llmgw.control.store.repo import Store
+from llmgw.wire import ShardAssignment
+
+Admin = tuple[ControlPlane, httpx.AsyncClient]
+ENTRY: dict[str, Any] = {
+    "name": "m", "engine": "sim",
+    "env": {"HF_TOKEN": "hf_real_secret", "LICENCE": "lic-1234", "LOG_LEVEL": "info"},
+    "secret_env": ["LICENCE"],
+}
+
+
+@pytest.fixture
+async def admin(tmp_path: Path) -> AsyncIterator[Admin]:
+    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+    cp = ControlPlane(store)
+    await cp.load()
+    creds = await cp.ensure_credentials()
+    async with serve_asgi(create_app(cp)) as url, httpx.AsyncClient(
+        base_url=f"{url}/admin/v1", headers={"Authorization": f"Bearer {creds.admin_token}"}
+    ) as client:
+        yield cp, client
+    await store.close()
+
+
+async def test_secret_env_values_are_redacted_in_every_read(admin: Admin) -> None:
+    cp, client = admin
+    put = await client.put("/models/m", json=ENTRY)
+    assert put.status_code == 200, put.text
+    reads = [put.text, (await client.get("/models")).text, (await client.get("/models/m")).text,
+             (await client.get("/events")).text, (await client.get("/plan")).text,
+             (await client.post("/apply", json={"models": [ENTRY], "dry_run": True})).text]
+    for text in reads:
+        assert "hf_real_secret" not in text and "lic-1234" not in text
+    env = (await client.get("/models/m")).json()["spec"]["env"]
+    assert env == {"HF_TOKEN": REDACTED, "LICENCE": REDACTED, "LOG_LEVEL": "info"}
+    # The agent that starts the engine gets the real values.
+    cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=0.0,
+                                            shards=[ShardAssignment(node="n1")])
+    (assignment,) = assignments_for(cp.state, "n1")
+    assert assignment.model.env["HF_TOKEN"] == "hf_real_secret"
+    assert assignment.model.env["LICENCE"] == "lic-1234"
+
+
+async def test_writing_back_what_was_read_keeps_the_secrets(admin: Admin) -> None:
+    cp, client = admin
+    await client.put("/models/m", json=ENTRY)
+    read = (await client.get("/models/m")).json()["spec"]
+    read["env"]["LOG_LEVEL"] = "debug"
+    again = await client.put("/models/m", json=read)
+    assert again.status_code == 200, again.text
+    env = cp.state.models["m"].spec.env
+    assert env == {"HF_TOKEN": "hf_real_secret", "LICENCE": "lic-1234", "LOG_LEVEL": "debug"}
+    applied = await client.post("/apply", json={"models": [read]})
+    assert applied.status_code == 200, applied.text
+    assert cp.state.models["m"].spec.env["HF_TOKEN"] == "hf_real_secret"
+
+
+async def test_bad_secret_env_is_refused(admin: Admin) -> None:
+    _, client = admin
+    typo = {**ENTRY, "secret_env": ["LICENSE"]}
+    answer = await client.put("/models/m", json=typo)
+    assert answer.status_code == 422 and "LICENSE" in answer.json()["error"]["message"]
+    marker = {**ENTRY, "name": "new", "env": {"HF_TOKEN": REDACTED}, "secret_env": []}
+    answer = await client.put("/models/new", json=marker)
+    assert answer.status_code == 422 and "no stored value" in answer.json()["error"]["message"]
+
+
+async def test_no_api_docs_pages(admin: Admin) -> None:
+    _, client = admin
+    base = str(client.base_url).rstrip("/").removesuffix("/admin/v1")
+    async with httpx.AsyncClient() as anonymous:
+        for page in ("/admin/docs", "/redoc", "/docs", "/admin/docs/oauth2-redirect"):
+            assert (await anonymous.get(base + page)).status_code == 404
+        schema = await anonymous.get(base + "/admin/v1/openapi.json")
+    assert schema.status_code == 200 and "/admin/v1/models" in schema.json()["paths"]
