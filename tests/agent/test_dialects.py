@@ -1,0 +1,78 @@
+"""Engine dialects on the agent's side: each adapter declares its engine's,
+and the agent reports it per replica, also for an engine it adopted."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from tests.agent.conftest import AgentFactory
+from tests.agent.fakes import FakeControlPlane, StubAdapter
+from tests.agent.helpers import assign, cpu_slot, gpu, model
+from tests.agent.test_agent import stub_model
+
+from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
+from llmgw.agent.engines.base import EngineLaunch, LaunchContext
+from llmgw.wire import (
+    EngineDialect,
+    EngineKind,
+    ModelSpec,
+    ReplicaAssignment,
+    ReplicaState,
+    SimParams,
+    WeightsSource,
+)
+
+
+def _context(assignment: ReplicaAssignment, weights: str | None = "/w/model") -> LaunchContext:
+    return LaunchContext(assignment=assignment, weights_path=weights, host="127.0.0.1",
+                         port=8000, devices=[gpu(0)])  # fmt: skip
+
+
+def test_each_adapter_declares_its_engines_dialect() -> None:
+    gguf = WeightsSource(kind="local", path="/w/model.gguf")
+    llama = assign(model(EngineKind.LLAMACPP, weights=gguf), [gpu(0)])
+    python = LlamaCppAdapter(server_binary="").build(_context(llama)).dialect
+    # llama_cpp.server: ignores max_completion_tokens and stream_options.
+    assert not python.max_completion_tokens and not python.stream_usage
+    assert python.tokenize_path == "/extras/tokenize/count" and python.tokenize_field == "input"
+    server = LlamaCppAdapter(server_binary="/usr/bin/llama-server").build(_context(llama)).dialect
+    assert server.stream_usage and not server.max_completion_tokens
+    assert (server.tokenize_path, server.tokenize_field) == ("/tokenize", "content")
+    vllm = VllmAdapter().build(_context(assign(model(EngineKind.VLLM), [gpu(0)]))).dialect
+    assert vllm.stream_usage and vllm.max_completion_tokens and vllm.tokenize_path == "/tokenize"
+    sglang = SglangAdapter().build(_context(assign(model(EngineKind.SGLANG), [gpu(0)]))).dialect
+    assert sglang.stream_usage and sglang.tokenize_path == "/v1/tokenize"
+    spec = ModelSpec(name="s", engine=EngineKind.SIM,
+                     sim=SimParams(stream_usage=False, max_completion_tokens=False))  # fmt: skip
+    sim = SimAdapter().build(_context(assign(spec, [cpu_slot(0)]), weights=None)).dialect
+    assert not sim.stream_usage and not sim.max_completion_tokens
+    assert (sim.tokenize_path, sim.tokenize_field) == ("/tokenize", "prompt")
+
+
+IGNORANT = EngineDialect(max_completion_tokens=False, stream_usage=False,
+                         tokenize_path="/extras/tokenize/count")  # fmt: skip
+
+
+class _IgnorantStub(StubAdapter):
+    """The stub engine, declared with llama_cpp.server's dialect."""
+
+    def build(self, ctx: LaunchContext) -> EngineLaunch:
+        return dataclasses.replace(super().build(ctx), dialect=IGNORANT)
+
+
+async def test_the_dialect_is_reported_and_survives_adoption(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    agent = make_agent("n1", adapters={EngineKind.SIM: _IgnorantStub()})
+    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
+    assert ready.dialect == IGNORANT
+    await agent.shutdown(stop_engines=False)  # as if the agent died
+    before = len(fake_cp.reports)
+    # The new agent's adapter would declare another dialect: the adopted
+    # engine keeps the one it was started with (from the agent's state file).
+    make_agent("n1", data_dir=tmp_path / "n1", adapters={EngineKind.SIM: StubAdapter()})
+    first = await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before)
+    (status,) = first.replicas
+    assert status.state == ReplicaState.READY and status.dialect == IGNORANT
