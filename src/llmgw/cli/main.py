@@ -108,10 +108,17 @@ def serve(
         typer.Option(help="Hours a join token works unless made with its own expiry"
                      " (0: never).", min=0),
     ] = 24.0,
+    events_retention_days: Annotated[
+        float, typer.Option(help="Days events are kept (0: forever).", min=0)
+    ] = 30.0,
+    usage_retention_days: Annotated[
+        float, typer.Option(help="Days per-minute usage is kept (0: forever).", min=0)
+    ] = 400.0,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
     from llmgw.cli.up import ServeOptions, run_serve
+    from llmgw.control.retention import Retention
 
     setup_logging(log_level)
     try:
@@ -120,6 +127,8 @@ def serve(
                 data_dir=data_dir, host=host, port=port, database_url=database_url,
                 advertise=advertise, peer_urls=list(peer_url or []),
                 join_token_ttl_s=join_token_ttl * 3600 or None,
+                retention=Retention(events_days=events_retention_days,
+                                    usage_days=usage_retention_days),
             )
         )
     except ConfigError as exc:

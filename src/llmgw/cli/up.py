@@ -31,6 +31,7 @@ from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
 from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
+from llmgw.control.retention import Retention
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.db import normalise_url
@@ -75,6 +76,7 @@ class ServeOptions:
     peer_urls: list[str] = field(default_factory=list)
     # Expiry of join tokens made without one (the first, rotations); None: never.
     join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
+    retention: Retention = field(default_factory=Retention)
 
 
 @dataclass
@@ -366,7 +368,7 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str
     store, cp, creds = await _open(url, options.join_token_ttl_s)
     stop = asyncio.Event()
     _install_stop_signals(stop)
-    runtime = ControlPlaneRuntime(cp, advertise_url=advertise)
+    runtime = ControlPlaneRuntime(cp, advertise_url=advertise, retention=options.retention)
     gateway = build_gateway(cp)
     await runtime.start()
     await gateway.start()

@@ -15,6 +15,7 @@ import time
 
 from llmgw.control.leader import LeaderElection
 from llmgw.control.nudge import Nudger, assignment_signature, changed_nodes
+from llmgw.control.retention import Retention, prune
 from llmgw.control.service import HEARTBEAT_FLUSH_S, ControlPlane
 from llmgw.errors import NotLeaderError
 
@@ -37,8 +38,10 @@ class ControlPlaneRuntime:
         name: str = "",
         failure_limit: int = 5,
         advertise_url: str = "",
+        retention: Retention | None = None,
     ) -> None:
         self.cp = cp
+        self.retention = retention or Retention()
         self.reconcile_interval_s = reconcile_interval_s
         self.failure_limit = failure_limit
         self.election = LeaderElection(
@@ -67,6 +70,7 @@ class ControlPlaneRuntime:
             asyncio.create_task(self.election.run(), name="leader-election"),
             asyncio.create_task(self._flush_loop(), name="heartbeat-flush"),
             asyncio.create_task(self._standby_refresh(), name="standby-refresh"),
+            asyncio.create_task(self._retention_loop(), name="retention"),
         ]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.election.settled.wait(), FIRST_ELECTION_WAIT_S)
@@ -158,6 +162,17 @@ class ControlPlaneRuntime:
             # out of the collector's reach (reference counting still frees it),
             # so collections only walk what was allocated since.
             gc.freeze()
+
+    async def _retention_loop(self) -> None:
+        """The leader deletes events and usage past their retention (llmgw.control.retention)."""
+        await asyncio.sleep(min(60.0, self.retention.every_s))
+        while True:
+            if self.cp.is_leader:
+                try:
+                    await prune(self.cp.store, self.retention)
+                except Exception:
+                    log.exception("pruning old events and usage failed; retrying later")
+            await asyncio.sleep(self.retention.every_s)
 
     async def _standby_refresh(self) -> None:
         """A standby keeps its views close to the store so it can answer reads."""

@@ -294,6 +294,13 @@ class Store:
         stmt = stmt.order_by(schema.events.c.id.desc()).limit(limit)
         return await self._read(stmt)
 
+    async def prune_events(self, *, before_at: float) -> int:
+        """Delete events older than ``before_at`` (retention); how many went."""
+        async with self.transaction() as conn:
+            result = await conn.execute(
+                delete(schema.events).where(schema.events.c.at < before_at))
+            return int(result.rowcount or 0)
+
     # -- API keys --------------------------------------------------------------
 
     async def add_api_key(self, row: Row) -> None:
@@ -336,6 +343,13 @@ class Store:
         if model:
             stmt = stmt.where(schema.usage.c.model == model)
         return await self._read(stmt.order_by(schema.usage.c.minute))
+
+    async def prune_usage(self, *, before_minute: int) -> int:
+        """Delete usage rows of minutes before ``before_minute`` (retention)."""
+        async with self.transaction() as conn:
+            result = await conn.execute(
+                delete(schema.usage).where(schema.usage.c.minute < before_minute))
+            return int(result.rowcount or 0)
 
     async def count(self, table: Table) -> int:
         rows = await self._read(select(func.count()).select_from(table))
