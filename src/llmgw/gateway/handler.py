@@ -602,6 +602,12 @@ async def _relay(
 _later: set[asyncio.Task[None]] = set()
 
 
+async def settle_counts(timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) for streams still being counted, so a stop meters them."""
+    if _later:
+        await asyncio.wait(set(_later), timeout=timeout_s)
+
+
 def _count_later(
     rt: Runtime, model: str, record: KeyRecord, counter: StreamCounter, tally: StreamTally,
     failed: bool,
