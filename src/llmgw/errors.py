@@ -6,6 +6,7 @@
     │   └── NotLeaderError     a write from a deposed reconciler (stale epoch)
     ├── StandbyError           a write sent to a control-plane instance that is not the leader
     ├── ValidationError        a catalog entry, request or report that is malformed
+    │   └── TransitionError    a replica state change its lifecycle does not allow
     ├── NotFoundError          a named node, model, replica or key does not exist
     ├── AuthError              a missing or wrong credential
     ├── DiscoveryError         nvidia-smi / NVML output that cannot be understood
@@ -49,6 +50,14 @@ class ValidationError(LlmgwError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class TransitionError(ValidationError):
+    """A replica asked to change state in a way its lifecycle does not allow.
+
+    Raised by ReplicaRecord.move_to (llmgw.control.state); an operator sees
+    it as a refused request (e.g. draining a replica that already failed).
+    """
 
 
 class NotFoundError(LlmgwError):

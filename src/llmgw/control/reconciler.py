@@ -24,7 +24,7 @@ from llmgw.control.scheduler.snapshot import DeviceCache
 from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotFoundError
-from llmgw.wire import Event
+from llmgw.wire import Event, ReplicaState
 
 Row = dict[str, Any]
 
@@ -122,8 +122,9 @@ class Reconciler:
             self._draining_since.pop(removal.replica.id, None)
         for replica in decisions.mark_draining:
             live = replicas.get(replica.id)
-            if live is not None:
-                live.draining = True
+            # A report may have failed it while the write was in flight.
+            if live is not None and live.can_move_to(ReplicaState.DRAINING):
+                live.move_to(ReplicaState.DRAINING, live.reason)
         for replica in decisions.new:
             replicas[replica.id] = replica
         for replica_id, since in decisions.draining_since.items():

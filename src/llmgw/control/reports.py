@@ -93,9 +93,8 @@ def apply_report(
     _mirror_statuses(state, node, now, effects)
     for replica_id, reason in node.refused.items():
         replica = state.replicas.get(replica_id)
-        if replica is not None and replica.state != ReplicaState.FAILED:
-            replica.state = ReplicaState.FAILED
-            replica.reason = f"refused by agent on {node.name}: {reason}"
+        if replica is not None and replica.can_move_to(ReplicaState.FAILED):
+            replica.move_to(ReplicaState.FAILED, f"refused by agent on {node.name}: {reason}")
             effects.routing_changed = effects.wake_reconciler = True
     return effects
 
@@ -115,8 +114,13 @@ def _mirror_statuses(
         if replica.state == ReplicaState.FAILED:
             continue
         if status.state == ReplicaState.FAILED:
-            replica.state = ReplicaState.FAILED
-            replica.reason = status.reason or f"engine exited ({status.exit_code})"
+            exited = status.reason or f"engine exited ({status.exit_code})"
+            if replica.draining:
+                # Stopping anyway: no failure; the reconciler removes it.
+                replica.reason = f"{exited} while draining"
+                effects.wake_reconciler = True
+                continue
+            replica.move_to(ReplicaState.FAILED, exited)
             effects.replicas.append(replica)
             effects.routing_changed = effects.wake_reconciler = True
             continue
@@ -129,10 +133,9 @@ def _mirror_statuses(
             replica.dialect = status.dialect
             effects.routing_changed = effects.routing_changed or replica.state == ReplicaState.READY
         if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
-            replica.state = ReplicaState.READY
+            replica.move_to(ReplicaState.READY)
             replica.port = status.port
             replica.ready_at = status.ready_at or now
-            replica.reason = None
             effects.replicas.append(replica)
             effects.routing_changed = effects.wake_reconciler = True
         elif replica.state == ReplicaState.STARTING:

@@ -108,35 +108,42 @@ def model_from_row(row: Row) -> ModelRecord:
     )
 
 
-def replica_row(replica: ReplicaRecord, *, draining: bool | None = None) -> Row:
+def replica_row(replica: ReplicaRecord, *, draining: bool = False) -> Row:
+    """The replica's row; ``draining`` writes it as draining before memory follows
+    (the reconciler's write-then-apply). The draining column repeats the state
+    for rows read by older versions."""
+    state = ReplicaState.DRAINING if draining else replica.state
     return {
         "id": replica.id,
         "model": replica.model,
         "generation": replica.generation,
         "shards": [s.model_dump(mode="json") for s in replica.shards],
-        "state": replica.state.value,
+        "state": state.value,
         "reason": replica.reason,
         "port": replica.port,
         "created_at": replica.created_at,
         "ready_at": replica.ready_at,
         "last_request_at": replica.last_request_at,
-        "draining": replica.draining if draining is None else draining,
+        "draining": state is ReplicaState.DRAINING,
     }
 
 
 def replica_from_row(row: Row) -> ReplicaRecord:
+    state = ReplicaState(row["state"])
+    if row["draining"] and state is not ReplicaState.FAILED:
+        # Written before draining was a state: ready (or starting) plus the flag.
+        state = ReplicaState.DRAINING
     return ReplicaRecord(
         id=row["id"],
         model=row["model"],
         created_at=row["created_at"],
         shards=[ShardAssignment.model_validate(s) for s in row["shards"]],
         generation=row["generation"],
-        state=ReplicaState(row["state"]),
+        state=state,
         reason=row["reason"],
         port=row["port"],
         ready_at=row["ready_at"],
         last_request_at=row["last_request_at"],
-        draining=bool(row["draining"]),
     )
 
 

@@ -16,35 +16,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from llmgw import secrets
+from llmgw.control.catalog import engine_changed
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.jointokens import SETTING as JOIN_TOKENS
 from llmgw.control.jointokens import JoinToken, JoinTokens
-from llmgw.control.catalog import engine_changed
-from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
-from llmgw.control.reports import apply_report, assignments_for, weight_peers
-from llmgw.control.rows import (
-    gpu_rows,
-    key_from_row,
-    model_from_row,
-    model_row,
-    node_from_row,
-    node_row,
-    replica_from_row,
-    replica_row,
-)
 from llmgw.control.standby import LeaderHint
-from llmgw.control.state import (
-    UNREACHABLE_AFTER_S,
-    FleetState,
-    ModelRecord,
-    NodeRecord,
-    ReplicaRecord,
-)
 from llmgw.control.store.repo import Row, Store
-from llmgw.errors import AuthError, NotFoundError, StandbyError, ValidationError
 from llmgw.wire import (
     AgentRegistration,
     AgentRegistrationAnswer,
@@ -62,6 +41,28 @@ from llmgw.wire import (
     UsageRecord,
     host_in_url,
 )
+
+from llmgw import secrets
+from llmgw.control.reconciler import unpark
+from llmgw.control.reports import apply_report, assignments_for, weight_peers
+from llmgw.control.rows import (
+    gpu_rows,
+    key_from_row,
+    model_from_row,
+    model_row,
+    node_from_row,
+    node_row,
+    replica_from_row,
+    replica_row,
+)
+from llmgw.control.state import (
+    UNREACHABLE_AFTER_S,
+    FleetState,
+    ModelRecord,
+    NodeRecord,
+    ReplicaRecord,
+)
+from llmgw.errors import AuthError, NotFoundError, StandbyError, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -468,11 +469,11 @@ class ControlPlane:
                 # unless only what the gateway reads changed (the routing
                 # table carries that): a new output cap restarts no engine.
                 if engine_changed(record.spec, spec):
+                    # Draining and failed ones are on their way out already.
                     for replica in self.state.replicas_of(spec.name):
-                        replica.generation += 1
-                        replica.state = ReplicaState.STARTING
-                        replica.ready_at = None
-                        bumps.append(replica)
+                        if replica.can_move_to(ReplicaState.STARTING):
+                            replica.restart()
+                            bumps.append(replica)
                 record.spec = spec
                 record.updated_at = now
                 changed.append(spec.name)
@@ -545,8 +546,9 @@ class ControlPlane:
         replica = self.state.replicas.get(replica_id)
         if replica is None:
             raise NotFoundError(f"replica {replica_id!r} does not exist")
-        replica.draining = True
-        replica.state = ReplicaState.DRAINING
+        if replica.draining:
+            return replica  # asked twice: nothing more to do
+        replica.move_to(ReplicaState.DRAINING, replica.reason)
         await self.store.write_replicas([replica_row(replica)])
         await self.event("drain", replica.model, f"replica {replica_id} draining on request")
         await self.state.bump_routing()

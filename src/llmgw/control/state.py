@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from llmgw.errors import TransitionError
 from llmgw.wire import (
     EngineDialect,
     ModelSpec,
@@ -105,6 +107,26 @@ class ModelRecord:
         return self.spec.name
 
 
+_S = ReplicaState
+# A replica's lifecycle: the only changes of state there are. Kept in one
+# table, owned by the record, because states assigned wherever convenient
+# gave a replica told to drain (by the scheduler) a state of ready plus a
+# flag, which the summary counted as ready and listed as idle.
+# - starting -> starting is a restart with a new generation (a changed
+#   catalog entry); ready -> starting likewise.
+# - draining and failed are final; both end in removal by the reconciler.
+#   A replica told to stop is never sent requests again, and an engine that
+#   exits while draining was stopping anyway: that is no failed start to
+#   count against its model (the draining flag that used to sit beside the
+#   state existed to say so).
+REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
+    _S.STARTING: frozenset({_S.STARTING, _S.READY, _S.DRAINING, _S.FAILED}),
+    _S.READY: frozenset({_S.STARTING, _S.DRAINING, _S.FAILED}),
+    _S.DRAINING: frozenset(),
+    _S.FAILED: frozenset(),
+}
+
+
 @dataclass(slots=True)
 class ReplicaRecord:
     id: str
@@ -117,7 +139,6 @@ class ReplicaRecord:
     port: int | None = None
     ready_at: float | None = None
     last_request_at: float | None = None
-    draining: bool = False
     # Memory only: requests in flight as the gateways last reported.
     in_flight: int = 0
     # Memory only: the engine's dialect as its agent last reported it.
@@ -130,6 +151,33 @@ class ReplicaRecord:
     @property
     def leader_node(self) -> str:
         return self.shards[0].node
+
+    @property
+    def draining(self) -> bool:
+        """Told to stop: the agent's instruction (ReplicaAssignment.draining) reads this."""
+        return self.state is ReplicaState.DRAINING
+
+    def can_move_to(self, target: ReplicaState) -> bool:
+        return target in REPLICA_TRANSITIONS[self.state]
+
+    def move_to(self, target: ReplicaState, reason: str | None = None) -> None:
+        """Change state through the lifecycle table; TransitionError if it forbids it.
+
+        ``reason`` replaces the last one (None clears it).
+        """
+        if target not in REPLICA_TRANSITIONS[self.state]:
+            raise TransitionError(
+                f"replica {self.id} is {self.state.value} and cannot become {target.value}",
+                field="state",
+            )
+        self.state = target
+        self.reason = reason
+
+    def restart(self) -> None:
+        """Start again under a new generation (the agent restarts its engine)."""
+        self.move_to(ReplicaState.STARTING)
+        self.generation += 1
+        self.ready_at = None
 
     def gpu_count(self) -> int:
         return sum(len(s.device_numbers) for s in self.shards)

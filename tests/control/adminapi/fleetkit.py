@@ -132,7 +132,6 @@ class Fleet:
             id=f"r{self._ids:04d}", model=model, created_at=self.now - 7200, shards=shards,
             state=state, port=30000 + self._ids if ready else None,
             ready_at=self.now - (idle or 0) if ready and idle is not None else None,
-            draining=state == ReplicaState.DRAINING,
         )
         self.state.replicas[record.id] = record
         return record

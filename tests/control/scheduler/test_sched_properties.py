@@ -107,7 +107,7 @@ def apply(state: FleetState, decisions: Decisions) -> None:
     for removal in decisions.removals:
         state.replicas.pop(removal.replica.id, None)
     for replica in decisions.mark_draining:
-        state.replicas[replica.id].draining = True
+        state.replicas[replica.id].move_to(ReplicaState.DRAINING)
     for replica in decisions.new:
         state.replicas[replica.id] = replica
     for name, update in decisions.models.items():
