@@ -16,14 +16,35 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from llmgw import secrets
 from llmgw.control.catalog import engine_changed
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.jointokens import SETTING as JOIN_TOKENS
 from llmgw.control.jointokens import JoinToken, JoinTokens
+from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
+from llmgw.control.reports import apply_report, assignments_for, weight_peers
+from llmgw.control.rows import (
+    gpu_rows,
+    key_from_row,
+    model_from_row,
+    model_row,
+    node_from_row,
+    node_row,
+    replica_from_row,
+    replica_row,
+)
 from llmgw.control.standby import LeaderHint
+from llmgw.control.state import (
+    UNREACHABLE_AFTER_S,
+    FleetState,
+    ModelRecord,
+    NodeRecord,
+    ReplicaRecord,
+)
 from llmgw.control.store.repo import Row, Store
+from llmgw.errors import AuthError, NotFoundError, StandbyError, ValidationError
 from llmgw.wire import (
     AgentRegistration,
     AgentRegistrationAnswer,
@@ -41,28 +62,6 @@ from llmgw.wire import (
     UsageRecord,
     host_in_url,
 )
-
-from llmgw import secrets
-from llmgw.control.reconciler import unpark
-from llmgw.control.reports import apply_report, assignments_for, weight_peers
-from llmgw.control.rows import (
-    gpu_rows,
-    key_from_row,
-    model_from_row,
-    model_row,
-    node_from_row,
-    node_row,
-    replica_from_row,
-    replica_row,
-)
-from llmgw.control.state import (
-    UNREACHABLE_AFTER_S,
-    FleetState,
-    ModelRecord,
-    NodeRecord,
-    ReplicaRecord,
-)
-from llmgw.errors import AuthError, NotFoundError, StandbyError, ValidationError
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +107,10 @@ class ControlPlane:
         self._node_by_token_hash: dict[str, str] = {}
         # Nodes unreachable at the last look (note_reachability); None before it.
         self._unreachable: frozenset[str] | None = None
-        # The last set of other nodes' replica ids each node reported on.
-        self._foreign_reported: dict[str, list[str]] = {}
         # Requests in flight per replica and gateway (memory only, re-learnt).
         self._in_flight = InFlightBook()
+        # The last set of other nodes' replica ids each node reported on.
+        self._foreign_reported: dict[str, list[str]] = {}
         # The secret agents present to each other when copying weights. Kept
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
