@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -30,7 +31,9 @@ from llmgw.agent.progress import (
     SGLANG_METRICS,
     VLLM_METRICS,
     MetricsError,
+    ProgressMetrics,
     StallWatch,
+    read_progress,
     read_samples,
 )
 from llmgw.agent.state import EngineRecord
@@ -39,8 +42,8 @@ from llmgw.wire import EngineKind, ModelSpec, ReplicaState, ReplicaStatus, SimPa
 
 FAST = Liveness(interval_s=0.1, timeout_s=0.5, failures=3, window_s=1.5, stall_window_s=1.0)
 STALLED = re.compile(
-    r"^engine made no progress for (\d+) s with 1 request running \(generation and prompt"
-    r" token counters unchanged\); killed"
+    r"^engine made no progress for (\d+) s with 1 request running \(token counters"
+    r" unchanged\); killed"
 )
 STALLING = re.compile(r"^no progress since \d\d:\d\d:\d\d UTC: 1 request running \(")
 
@@ -61,7 +64,7 @@ vllm:prompt_tokens_totally_different 99
 
 
 def test_only_the_named_series_are_read_and_summed_over_labels() -> None:
-    names = (VLLM_METRICS.running, VLLM_METRICS.generation, VLLM_METRICS.prompt)
+    names = (VLLM_METRICS.running, *VLLM_METRICS.counters)
     assert read_samples(VLLM_PAGE, names) == {
         "vllm:num_requests_running": 3.0,
         "vllm:generation_tokens_total": 1500.0,
@@ -89,32 +92,31 @@ def test_a_page_without_a_readable_series_is_an_error(page: str, message: str) -
 
 def test_stalled_needs_work_running_and_still_counters_for_the_window() -> None:
     watch = StallWatch(Liveness(stall_window_s=120))
-    watch.observe(3, 100, 50, now=0.0, wall=0.0)
+    watch.observe(3, (100, 50), now=0.0, wall=0.0)
     assert not watch.stalling
-    watch.observe(3, 100, 50, now=5.0)
+    watch.observe(3, (100, 50), now=5.0)
     assert watch.stalling and not watch.stalled(now=119.9)
     assert watch.stalling_reason() == (
-        "no progress since 00:00:00 UTC: 3 requests running"
-        " (generation and prompt token counters unchanged)"
+        "no progress since 00:00:00 UTC: 3 requests running (token counters unchanged)"
     )
     assert watch.stalled(now=120.0)
     assert watch.stalled_reason(now=125.2) == (
         "engine made no progress for 125 s with 3 requests running"
-        " (generation and prompt token counters unchanged); killed"
+        " (token counters unchanged); killed"
     )
-    watch.observe(3, 100, 51, now=126.0)  # one prompt token is progress
+    watch.observe(3, (100, 51), now=126.0)  # one prompt token is progress
     assert not watch.stalling and not watch.stalled(now=300.0)
 
 
 def test_an_idle_engine_is_never_stalled() -> None:
     watch = StallWatch(Liveness(stall_window_s=10))
     for second in range(0, 100, 5):
-        watch.observe(0, 100, 50, now=float(second))
+        watch.observe(0, (100, 50), now=float(second))
         assert not watch.stalling and not watch.stalled(now=float(second))
     # Work that arrives with the counters unchanged starts the window then,
     # not when the counters last moved.
-    watch.observe(1, 100, 50, now=100.0)
-    watch.observe(1, 100, 50, now=105.0)
+    watch.observe(1, (100, 50), now=100.0)
+    watch.observe(1, (100, 50), now=105.0)
     assert watch.stalling and not watch.stalled(now=109.9)
     assert watch.stalled(now=110.0)
 
@@ -124,8 +126,100 @@ def test_a_slow_engine_that_still_counts_tokens_is_not_stalled() -> None:
     generated = 0
     for second in range(0, 100, 1):
         generated += second % 9 == 0  # a token every 9 s: slow, but inside the window
-        watch.observe(4, generated, 50, now=float(second))
+        watch.observe(4, (generated, 50), now=float(second))
         assert not watch.stalled(now=float(second))
+
+
+# -- each engine's real metric semantics ---------------------------------------------------
+# tests/fixtures/metrics: a /metrics page per scrape, as each engine exports
+# it and moves it (see make_engine_series.py and record_sim.py there).
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "metrics"
+SCRAPE_MARK = "# llmgw-scrape t="
+
+
+def series(name: str) -> list[tuple[float, str]]:
+    pages: list[tuple[float, str]] = []
+    for chunk in (FIXTURES / name).read_text().split(SCRAPE_MARK)[1:]:
+        when, _, page = chunk.partition("\n")
+        pages.append((float(when), page))
+    assert pages, name
+    return pages
+
+
+def stalled_at(name: str, metrics: ProgressMetrics, window_s: float) -> float | None:
+    """When the check, fed the series scrape by scrape, calls the engine stalled."""
+    watch = StallWatch(Liveness(stall_window_s=window_s))
+    for when, page in series(name):
+        try:
+            running, counters = read_progress(page, metrics)
+        except MetricsError:
+            continue  # counts for nothing, as in the agent
+        watch.observe(running, counters, now=when, wall=when)
+        if watch.stalled(now=when):
+            return when
+    return None
+
+
+@pytest.mark.parametrize(
+    ("engine", "metrics", "window_s", "stuck_at"),
+    [
+        # vLLM: a 90 s chunked prefill counts nothing, within the 120 s window.
+        ("vllm", VLLM_METRICS, 120.0, 150.0),
+        # SGLang: nothing finishes for 300 s; its realtime counter moves.
+        ("sglang", SGLANG_METRICS, 120.0, 150.0),
+        # The simulator, recorded from the real engine at 2 s scrapes.
+        ("sim", VLLM_METRICS, 2.5, 5.3),
+    ],
+)
+def test_a_long_request_is_progress_and_a_stuck_engine_is_not(
+    engine: str, metrics: ProgressMetrics, window_s: float, stuck_at: float
+) -> None:
+    assert stalled_at(f"{engine}-long-request.prom", metrics, window_s) is None
+    assert stalled_at(f"{engine}-stuck.prom", metrics, window_s) == stuck_at
+
+
+def test_sglang_finished_request_counters_would_kill_a_long_request() -> None:
+    # What the check watched before: SGLang counts these only when a request
+    # finishes, so one long request read as a stall once the window passed.
+    finished_only = ProgressMetrics(
+        running="sglang:num_running_reqs",
+        counters=("sglang:generation_tokens_total", "sglang:prompt_tokens_total"),
+    )
+    assert stalled_at("sglang-long-request.prom", finished_only, 120.0) == 120.0
+    assert stalled_at("sglang-long-request.prom", SGLANG_METRICS, 120.0) is None
+
+
+def test_sglang_before_its_first_batch_has_no_counter_yet() -> None:
+    # A labelled counter exports nothing until it first counts: that scrape is
+    # an error (counted for nothing), never a counter standing at 0.
+    (_, first), (_, second), *_ = series("sglang-fresh.prom")
+    with pytest.raises(MetricsError, match="none of sglang:realtime_tokens_total"):
+        read_progress(first, SGLANG_METRICS)
+    assert read_progress(second, SGLANG_METRICS) == (1.0, (1024.0 + 225.0,))
+
+
+def test_a_counter_without_a_sample_reads_as_zero_beside_one_that_has() -> None:
+    page = "vllm:num_requests_running 2\nvllm:generation_tokens_total 7\n"
+    assert read_progress(page, VLLM_METRICS) == (2.0, (7.0, 0.0))
+    with pytest.raises(MetricsError, match="no vllm:num_requests_running"):
+        read_progress("vllm:generation_tokens_total 7\n", VLLM_METRICS)
+
+
+def test_records_from_before_counters_still_load() -> None:
+    # An engine adopted after an upgrade: its record names generation and prompt.
+    old_vllm = {"running": "vllm:num_requests_running", **_legacy("vllm")}
+    assert ProgressMetrics.model_validate(old_vllm) == VLLM_METRICS
+    # SGLang's old counters are the ones that stall; the record gets today's.
+    old_sglang = {"running": "sglang:num_running_reqs", **_legacy("sglang")}
+    assert ProgressMetrics.model_validate(old_sglang) == SGLANG_METRICS
+
+
+def _legacy(prefix: str) -> dict[str, str]:
+    return {
+        "generation": f"{prefix}:generation_tokens_total",
+        "prompt": f"{prefix}:prompt_tokens_total",
+    }
 
 
 def test_the_stall_window_is_checked() -> None:

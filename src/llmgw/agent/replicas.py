@@ -39,7 +39,7 @@ from llmgw.agent.progress import (
     MetricsError,
     ProgressMetrics,
     StallWatch,
-    read_samples,
+    read_progress,
 )
 from llmgw.agent.state import EngineRecord, StateStore
 from llmgw.agent.supervisor import EngineProcess, ExitStatus, ProcessControl, describe_exit
@@ -400,13 +400,8 @@ class ReplicaRunner:
             log.debug("replica %s: metrics %s: %s", self.replica_id, metrics.path, exc)
             return False
         was_stalling = stall.stalling
-        stall.observe(
-            values[metrics.running],
-            values[metrics.generation],
-            values[metrics.prompt],
-            began,
-            began_wall,
-        )
+        running, counters = values
+        stall.observe(running, counters, began, began_wall)
         now = time.monotonic()
         if not stall.stalling:
             if was_stalling:
@@ -434,7 +429,7 @@ class ReplicaRunner:
         stopped = await self.deps.supervisor.stop(proc, grace)
         await self._fail(reason + self._last_words(), stopped.code)
 
-    async def _scrape(self, metrics: ProgressMetrics) -> dict[str, float]:
+    async def _scrape(self, metrics: ProgressMetrics) -> tuple[float, tuple[float, ...]]:
         url = self._engine_url(metrics.path)
         timeout = aiohttp.ClientTimeout(total=self.deps.liveness.timeout_s)
         async with self.deps.session.get(url, timeout=timeout) as resp:
@@ -445,8 +440,7 @@ class ReplicaRunner:
                 body += chunk
                 if len(body) > MAX_METRICS_BYTES:
                     raise MetricsError(f"metrics larger than {MAX_METRICS_BYTES} bytes")
-        names = (metrics.running, metrics.generation, metrics.prompt)
-        return read_samples(body.decode("utf-8", errors="replace"), names)
+        return read_progress(body.decode("utf-8", errors="replace"), metrics)
 
     def _engine_url(self, path: str) -> str:
         return f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
