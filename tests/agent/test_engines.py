@@ -7,15 +7,22 @@ come last, after validation.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import sys
+from pathlib import Path
 
 import pytest
 from tests.agent.helpers import assign, cpu_slot, gpu, mig_instance, model
 
 from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
 from llmgw.agent.engines.base import LaunchContext, split_host_port, validate_engine_args
+from llmgw.agent.engines.vllm import installed_version
+from llmgw.agent.supervisor import engine_environment
+from llmgw.engine_env import LLAMA_CPP_PYTHON_SETTINGS
 from llmgw.errors import EngineError
-from llmgw.wire import Device, ReplicaAssignment, SimParams, WeightsSource
+from llmgw.wire import Device, ModelSpec, ReplicaAssignment, SimParams, WeightsSource
 
 W = "/data/weights/llama"
 
@@ -104,10 +111,11 @@ def test_vllm_multi_node_without_leader_is_refused() -> None:
 
 def test_sglang_single_gpu() -> None:
     d = [gpu(0)]
-    launch = SglangAdapter(python="/opt/sglang/bin/python").build(
+    launch = SglangAdapter(executable="/opt/sglang/bin/sglang").build(
         ctx(assign(model("sglang"), d), d)
     )
-    assert launch.argv[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+    # `sglang serve`: 0.5.23 warns that `python -m sglang.launch_server` is only still supported.
+    assert launch.argv[:3] == ["/opt/sglang/bin/sglang", "serve", "--model-path"]
     assert flag(launch.argv, "--model-path") == W
     assert flag(launch.argv, "--served-model-name") == "llama-3-70b"
     assert flag(launch.argv, "--host") == "10.0.0.5"
@@ -120,7 +128,7 @@ def test_sglang_single_gpu() -> None:
 def test_sglang_tp4() -> None:
     d = [gpu(i) for i in range(4)]
     launch = SglangAdapter().build(ctx(assign(model("sglang", tp=4), d), d))
-    assert launch.argv[0] == sys.executable
+    assert launch.argv[:2] == ["sglang", "serve"]
     assert flag(launch.argv, "--tp-size") == "4"
     assert launch.env["CUDA_VISIBLE_DEVICES"].count(",") == 3
 
@@ -292,3 +300,242 @@ def test_split_host_port() -> None:
     assert split_host_port("node-a") == ("node-a", None)
     with pytest.raises(EngineError):
         split_host_port("h:99999")
+
+
+# -- checked against the engines' own sources ----------------------------------------
+# vLLM 0.34, SGLang 0.5.23, llama-cpp-python 0.3.36 and the llama-server it bundles.
+
+CPU = [cpu_slot()]
+
+
+def gguf_model(**fields: object) -> ModelSpec:
+    spec = model("llamacpp", name="gemma-3-270m", gpu_classes=["cpu"])
+    return spec.model_copy(update=fields)
+
+
+def test_llamacpp_context_is_the_models_kv_capacity() -> None:
+    # llama_cpp.server's n_ctx defaults to 2048 whatever the catalog says;
+    # the gateway sizes its prefix index from kv_capacity_tokens.
+    spec = gguf_model(kv_capacity_tokens=8192)
+    python = LlamaCppAdapter(server_binary="").build(ctx(assign(spec, CPU), CPU, weights=GGUF))
+    assert flag(python.argv, "--n_ctx") == "8192"
+    binary = LlamaCppAdapter(server_binary="llama-server").build(
+        ctx(assign(spec, CPU), CPU, weights=GGUF)
+    )
+    assert flag(binary.argv, "--ctx-size") == "8192"
+
+
+def test_llama_cpp_server_never_cuts_a_stream_for_another_request() -> None:
+    # Its interrupt_requests defaults to true: a second request ends a running
+    # stream as if complete. The real-engine test streams two at once.
+    launch = LlamaCppAdapter(server_binary="").build(
+        ctx(assign(gguf_model(), CPU), CPU, weights=GGUF)
+    )
+    assert flag(launch.argv, "--interrupt_requests") == "false"
+
+
+SLIPPED = [
+    # vLLM: "_" is "-", --flag.key sets --flag, argparse takes prefixes and glued values.
+    (VllmAdapter(), ["--served_model_name", "x"], "--served-model-name"),
+    (VllmAdapter(), ["--served-model-name.x", "y"], "--served-model-name"),
+    (VllmAdapter(), ["--po", "9000"], "--port"),
+    (VllmAdapter(), ["--api_key=k"], "--api-key"),
+    (VllmAdapter(), ["--uds", "/tmp/s"], "--uds"),
+    (VllmAdapter(), ["--config", "serve.yaml"], "--config"),
+    (VllmAdapter(), ["-n", "2"], "-n"),
+    (VllmAdapter(), ["-n2"], "-n"),
+    (VllmAdapter(), ["-r=1"], "-r"),
+    (VllmAdapter(), ["-t", "2"], "-tp"),
+    (VllmAdapter(), ["--master_ad", "h"], "--master-addr"),
+    (VllmAdapter(), ["--headl"], "--headless"),
+    # SGLang: argparse prefixes, an alias of --dist-init-addr, a config file.
+    (SglangAdapter(), ["--nccl-init-addr", "h:5000"], "--nccl-init-addr"),
+    (SglangAdapter(), ["--config", "serve.yaml"], "--config"),
+    (SglangAdapter(), ["--tp", "2"], "--tp-size"),
+    (SglangAdapter(), ["--po=9000"], "--port"),
+    (SglangAdapter(), ["--served", "x"], "--served-model-name"),
+    # llama-server: exact names, "_" read as "-"; every model source, the API prefix.
+    (LlamaCppAdapter("llama-server"), ["-hfr", "org/m"], "-hfr"),
+    (LlamaCppAdapter("llama-server"), ["-hff", "m.gguf"], "-hff"),
+    (LlamaCppAdapter("llama-server"), ["--hf_file", "m.gguf"], "--hf-file"),
+    (LlamaCppAdapter("llama-server"), ["-dr", "gemma3"], "-dr"),
+    (LlamaCppAdapter("llama-server"), ["--api_prefix", "/x"], "--api-prefix"),
+    (LlamaCppAdapter("llama-server"), ["--models-dir", "/m"], "--models-dir"),
+    (LlamaCppAdapter("llama-server"), ["--models-preset", "p.ini"], "--models-preset"),
+    (LlamaCppAdapter("llama-server"), ["-c", "4096"], "-c"),
+    (LlamaCppAdapter("llama-server"), ["--ctx_size", "4096"], "--ctx-size"),
+    # llama_cpp.server: argparse prefixes of its underscore names.
+    (LlamaCppAdapter(""), ["--po", "9000"], "--port"),
+    (LlamaCppAdapter(""), ["--n_c", "4096"], "--n_ctx"),
+    (LlamaCppAdapter(""), ["--interrupt", "true"], "--interrupt_requests"),
+    (LlamaCppAdapter(""), ["--config_f", "c.json"], "--config_file"),
+    (LlamaCppAdapter(""), ["--model_a=x"], "--model_alias"),
+]
+
+
+@pytest.mark.parametrize(("adapter", "args", "managed"), SLIPPED)
+def test_a_managed_flag_is_refused_in_any_spelling_its_engine_reads(
+    adapter: VllmAdapter | SglangAdapter | LlamaCppAdapter, args: list[str], managed: str
+) -> None:
+    spec = model(adapter.kind, engine_args=args)
+    with pytest.raises(EngineError, match="which the agent manages") as caught:
+        adapter.validate(assign(spec, CPU))
+    assert f"sets {managed}" in str(caught.value)
+
+
+def test_the_refusal_says_what_the_engine_reads_and_what_to_do() -> None:
+    spec = gguf_model(engine_args=["--n_c", "4096"])
+    with pytest.raises(EngineError) as caught:
+        LlamaCppAdapter("").validate(assign(spec, CPU))
+    assert str(caught.value) == (
+        "engine_args[0] sets --n_ctx ('--n_c', which the engine reads as --n_ctx), which the"
+        " agent manages for this engine; set the model's kv_capacity_tokens instead"
+    )
+
+
+@pytest.mark.parametrize(
+    ("adapter", "args"),
+    [
+        (VllmAdapter(), ["--max_model_len", "8192", "-O3", "-q", "awq", "-dp", "2"]),
+        (VllmAdapter(), ["--seed", "-1", "--compilation-config.level", "3"]),
+        (SglangAdapter(), ["--mem-fraction-static", "0.8", "--enable-metrics"]),
+        (LlamaCppAdapter("llama-server"), ["-ngl", "99", "--threads", "4", "-np", "2"]),
+        (LlamaCppAdapter(""), ["--cache", "true", "--n_threads", "4", "--seed", "-1"]),
+    ],
+)
+def test_flags_the_agent_does_not_manage_pass(
+    adapter: VllmAdapter | SglangAdapter | LlamaCppAdapter, args: list[str]
+) -> None:
+    adapter.validate(assign(model(adapter.kind, engine_args=args), CPU))
+
+
+def test_llama_cpp_server_rules_agree_with_its_own_parser() -> None:
+    # Every flag of the installed llama_cpp.server, and every prefix of one,
+    # through the server's real argparse: whatever it reads as a managed flag
+    # is refused, and none of its own flags is.
+    from llama_cpp.server.cli import add_args_from_model
+    from llama_cpp.server.settings import Settings
+
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_args_from_model(parser, Settings)
+    parser.add_argument("--config_file")
+    rules = LlamaCppAdapter("").managed_flags
+    flags = [o for o in parser._option_string_actions if o.startswith("--")]
+    dest_of = {o: parser._option_string_actions[o].dest for o in flags}
+    checked = 0
+    for full in flags:
+        for cut in range(3, len(full) + 1):
+            item = full[:cut]
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    parsed, _ = parser.parse_known_args([item, "{}" if "kwargs" in full else "1"])
+            except (SystemExit, argparse.ArgumentError):
+                continue  # ambiguous or a bad value: the engine refuses it itself
+            read_flag = next((o for o in flags if getattr(parsed, dest_of[o]) is not None), None)
+            if read_flag in rules.managed:
+                assert rules.managed_flag(item) == read_flag, item
+            elif item in flags:
+                assert rules.managed_flag(item) is None, item
+            checked += 1
+    assert checked > 300
+
+
+def test_llama_cpp_settings_are_the_installed_servers() -> None:
+    from llama_cpp.server.settings import Settings
+
+    assert set(Settings.model_fields) | {"config_file"} == LLAMA_CPP_PYTHON_SETTINGS
+
+
+@pytest.mark.parametrize(
+    "env", [{"PORT": "9"}, {"port": "9"}, {"CONFIG_FILE": "/c.json"}, {"N_CTX": "64"},
+            {"LLAMA_ARG_PORT": "9"}, {"LLAMA_API_KEY": "k"}]
+)  # fmt: skip
+def test_llamacpp_env_read_over_the_command_line_is_refused(env: dict[str, str]) -> None:
+    name = next(iter(env))
+    with pytest.raises(EngineError, match=f"^env {name}: llama"):
+        LlamaCppAdapter("").validate(assign(gguf_model(env=env), CPU))
+
+
+def test_other_env_passes_and_other_engines_do_not_read_those_names() -> None:
+    env = {"LLAMA_ARG_THREADS": "4", "OMP_NUM_THREADS": "2"}
+    LlamaCppAdapter("").validate(assign(gguf_model(env=env), CPU))
+    VllmAdapter().validate(assign(model("vllm", env={"PORT": "9"}), CPU))
+
+
+def test_what_a_llama_cpp_server_would_read_is_not_inherited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    python = LlamaCppAdapter("").build(ctx(assign(gguf_model(), CPU), CPU, weights=GGUF))
+    binary = LlamaCppAdapter("llama-server").build(
+        ctx(assign(gguf_model(), CPU), CPU, weights=GGUF)
+    )
+    assert {"PORT", "HOST", "CONFIG_FILE", "MODEL", "API_KEY", "N_CTX"} <= python.drop_env
+    assert {"LLAMA_ARG_PORT", "LLAMA_API_KEY", "LLAMA_ARG_API_PREFIX"} <= binary.drop_env
+    assert (
+        "PORT" not in binary.drop_env
+        and not VllmAdapter().build(ctx(assign(model("vllm"), [gpu(0)]), [gpu(0)])).drop_env
+    )
+    for name, value in {
+        "PORT": "9",
+        "port": "9",
+        "Config_File": "/c",
+        "LLAMA_ARG_THREADS": "4",
+    }.items():
+        monkeypatch.setenv(name, value)
+    env = engine_environment(python.env, python.drop_env)
+    assert not {"PORT", "port", "Config_File"} & env.keys()
+    assert env["LLAMA_ARG_THREADS"] == "4" and env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_vulkan_llama_server_on_a_cpu_slot_sees_no_gpu() -> None:
+    # A Vulkan build reads no CUDA variable; with GGML_VK_VISIBLE_DEVICES set
+    # and empty, ggml-vulkan opens no device.
+    adapter = LlamaCppAdapter(server_binary="llama-server", vulkan=True)
+    launch = adapter.build(ctx(assign(gguf_model(), CPU), CPU, weights=GGUF))
+    assert launch.env["GGML_VK_VISIBLE_DEVICES"] == ""
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_vllm_older_than_0_11_1_cannot_span_nodes() -> None:
+    d = [gpu(i) for i in range(8)]
+    spec = model("vllm", tp=8, pp=2, nodes=2)
+    shard = assign(spec, d, rank=1, leader="10.0.0.1:29500")
+    with pytest.raises(EngineError, match=r"^vLLM 0\.11\.0 on this node cannot span nodes"):
+        VllmAdapter(version="0.11.0").build(ctx(shard, d))
+    for version in ("0.11.1", "0.11.1rc1", "0.34.0", "not a version"):
+        assert "--nnodes" in VllmAdapter(version=version).build(ctx(shard, d)).argv
+    # One node needs no such flag, whatever the version.
+    VllmAdapter(version="0.6.0").build(ctx(assign(model("vllm"), d[:1]), d[:1]))
+
+
+def test_vllm_version_is_read_beside_its_script(tmp_path: Path) -> None:
+    env = tmp_path / "venv"
+    (env / "bin").mkdir(parents=True)
+    script = env / "bin" / "vllm"
+    script.write_text(f"#!{env}/bin/python3\nfrom vllm.entrypoints.cli.main import main\n")
+    script.chmod(0o755)
+    assert installed_version(str(script)) is None  # no dist-info: unknown, nothing refused
+    dist = env / "lib" / "python3.12" / "site-packages" / "vllm-0.10.2.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.4\nName: vllm\nVersion: 0.10.2\n")
+    assert installed_version(str(script)) == "0.10.2"
+    adapter = VllmAdapter(str(script))
+    d = [gpu(0)]
+    shard = assign(model("vllm", pp=2, nodes=2), d, rank=0, leader="10.0.0.1:29500")
+    with pytest.raises(EngineError, match=r"came in vLLM 0\.11\.1; upgrade vLLM, or set nodes: 1"):
+        adapter.validate(shard)
+    assert installed_version(str(tmp_path / "missing")) is None
+
+
+def test_engine_scripts_beside_the_agents_python_are_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pip install sglang into llmgw's environment puts the script beside its
+    # Python, off PATH when the agent runs under systemd.
+    (tmp_path / "python").touch()
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    assert SglangAdapter().executable == "sglang"  # not there: found on PATH
+    (tmp_path / "sglang").touch()
+    (tmp_path / "vllm").touch()
+    assert SglangAdapter().executable == str(tmp_path / "sglang")
+    assert VllmAdapter().executable == str(tmp_path / "vllm")

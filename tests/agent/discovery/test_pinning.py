@@ -72,7 +72,11 @@ def test_more_than_one_mig_instance_is_refused() -> None:
 def test_cpu_slots_hide_the_gpus() -> None:
     slots = cpu_devices(2, "host")
     assert engine_env(slots[:1], vulkan=False) == {"CUDA_VISIBLE_DEVICES": ""}
-    assert engine_env([], vulkan=True) == {"CUDA_VISIBLE_DEVICES": ""}
+    # A Vulkan build reads no CUDA variable: an empty Vulkan list hides the GPUs from it.
+    assert engine_env([], vulkan=True) == {
+        "CUDA_VISIBLE_DEVICES": "",
+        "GGML_VK_VISIBLE_DEVICES": "",
+    }
     with pytest.raises(EngineError, match="CPU slots and GPUs"):
         engine_env([slots[0], card(0)], vulkan=False)
 

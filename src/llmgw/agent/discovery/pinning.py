@@ -17,7 +17,9 @@ usually another replica's.
   only one MIG device, and Vulkan cannot see instances at all, so a Vulkan
   engine on an instance is refused rather than left to grab whole cards.
 * CPU slots: ``CUDA_VISIBLE_DEVICES=""`` so that a CUDA-capable build stays on
-  the CPU it was placed on.
+  the CPU it was placed on, and ``GGML_VK_VISIBLE_DEVICES=""`` for a Vulkan
+  build, which ignores CUDA's variable and would otherwise use every GPU
+  (ggml-vulkan takes the listed indices, none here, whenever the variable is set).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def engine_env(
 ) -> dict[str, str]:
     """Variables to add to an engine's environment for ``devices``."""
     if not devices or all(_is_cpu(d) for d in devices):
+        if vulkan:  # a Vulkan build reads no CUDA variable; an empty list hides every GPU
+            return {"CUDA_VISIBLE_DEVICES": "", "GGML_VK_VISIBLE_DEVICES": ""}
         return {"CUDA_VISIBLE_DEVICES": ""}
     if any(_is_cpu(d) for d in devices):
         raise EngineError("an engine cannot run on CPU slots and GPUs at once")

@@ -12,16 +12,24 @@ an item with a NUL or a newline cannot be a real flag value and would corrupt
 the engine's log or its argv, and a catalog flag that overrides what the agent
 manages (``--port``, ``--host``, the served name, device pinning) would make
 the agent health-check one port while the engine listens on another.
+Engines do not read their command lines literally, so neither does the check
+(:class:`FlagRules`): vLLM and llama-server turn ``_`` into ``-`` in a long
+flag, Python's argparse (vLLM, SGLang, llama_cpp.server) takes any unique
+prefix of a long flag (``--po`` for ``--port``) and a value glued to a short
+one (``-n2``), and vLLM reads ``--flag.key v`` as a field of ``--flag``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from llmgw.agent.progress import ProgressMetrics
+from llmgw.engine_env import env_problem
 from llmgw.errors import EngineError
 from llmgw.wire import CPU_CLASS, Device, EngineDialect, EngineKind, ReplicaAssignment
 
@@ -78,6 +86,9 @@ class EngineLaunch:
     # The engine's Prometheus metrics that show it makes progress
     # (agent.progress); None: it has none, and only the probe watches it.
     progress: ProgressMetrics | None = None
+    # Upper-case names of variables the engine must not inherit from the
+    # agent: it would read them as settings over its command line (engine_env).
+    drop_env: frozenset[str] = frozenset()
     # Where the engine's OpenAI API falls short (reported to the gateway,
     # which mends it); the default is an engine that speaks OpenAI faithfully.
     dialect: EngineDialect = field(default_factory=EngineDialect)
@@ -100,11 +111,61 @@ class EngineAdapter(Protocol):
         """The command and environment for one shard of a replica."""
 
 
-def validate_engine_args(args: Sequence[object], managed_flags: Iterable[str]) -> None:
-    """Refuse catalog engine args that are malformed or override managed flags."""
+@dataclass(frozen=True)
+class FlagRules:
+    """The flags the agent manages for one engine, and how that engine reads a flag."""
+
+    managed: frozenset[str]
+    # ``--served_model_name`` is ``--served-model-name`` (vLLM, llama-server).
+    dashes: bool = False
+    # Python argparse with allow_abbrev (its default): ``--po`` is ``--port``
+    # when no other flag starts so, and ``-n2`` is ``-n 2``.
+    abbreviations: bool = False
+    # vLLM: ``--served-model-name.x v`` sets ``--served-model-name`` to JSON.
+    dotted: bool = False
+    # The engine's own flags: one of them is read as itself, never as an
+    # abbreviation of a managed flag it happens to begin (--cache of --cache_size).
+    flags: frozenset[str] = frozenset()
+    # What to do instead, for managed flags a catalog is likely to try.
+    hints: Mapping[str, str] = field(default_factory=dict)
+
+    def spelled(self, item: str) -> str | None:
+        """The flag an argv item names, as the engine normalises it; None for a value."""
+        if len(item) < 2 or item[0] != "-" or item[1].isdigit() or item[1] == ".":
+            return None  # a value: "5", "-1", "-.5"
+        flag = item.split("=", 1)[0]
+        if flag.startswith("--"):
+            if self.dotted:
+                flag = flag.split(".", 1)[0]
+            if self.dashes:
+                flag = flag.replace("_", "-")
+        return flag
+
+    def managed_flag(self, item: str) -> str | None:
+        """The managed flag ``item`` would set, in any spelling the engine accepts."""
+        flag = self.spelled(item)
+        if flag is None:
+            return None
+        if flag in self.managed:
+            return flag
+        if not self.abbreviations or flag in ("-", "--") or flag in self.flags:
+            return None
+        for managed in sorted(self.managed):
+            long = managed.startswith("--")
+            if long != flag.startswith("--"):
+                continue
+            if managed.startswith(flag):  # an abbreviation: --po, -t
+                return managed
+            if not long and flag.startswith(managed):  # a glued value: -n2
+                return managed
+        return None
+
+
+def validate_engine_args(args: Sequence[object], managed: FlagRules | Iterable[str]) -> None:
+    """Refuse catalog engine args that are malformed or set a managed flag, however spelled."""
+    rules = managed if isinstance(managed, FlagRules) else FlagRules(frozenset(managed))
     if len(args) > MAX_ENGINE_ARGS:
         raise EngineError(f"engine_args has {len(args)} items; at most {MAX_ENGINE_ARGS}")
-    managed = frozenset(managed_flags)
     for index, item in enumerate(args):
         if not isinstance(item, str):
             raise EngineError(f"engine_args[{index}] is not a string: {item!r}")
@@ -112,15 +173,21 @@ def validate_engine_args(args: Sequence[object], managed_flags: Iterable[str]) -
             raise EngineError(f"engine_args[{index}] contains a NUL or line break: {item!r}")
         if len(item) > MAX_ARG_CHARS:
             raise EngineError(f"engine_args[{index}] is longer than {MAX_ARG_CHARS} characters")
-        flag = item.split("=", 1)[0]
-        if flag in managed:
-            raise EngineError(
-                f"engine_args[{index}] sets {flag}, which the agent manages for this engine"
-            )
+        flag = rules.managed_flag(item)
+        if flag is None:
+            continue
+        spelled = item.split("=", 1)[0]
+        how = "" if spelled == flag else f" ({spelled!r}, which the engine reads as {flag})"
+        hint = rules.hints.get(flag)
+        raise EngineError(
+            f"engine_args[{index}] sets {flag}{how}, which the agent manages for this engine"
+            + (f"; {hint}" if hint else "")
+        )
 
 
-def validate_env(env: dict[str, str]) -> None:
-    """Refuse catalog environment entries that are malformed or undo device pinning."""
+def validate_env(env: dict[str, str], engine: EngineKind | None = None) -> None:
+    """Refuse catalog environment entries that are malformed, undo device pinning,
+    or that ``engine`` reads as settings over its command line (llmgw.engine_env)."""
     for name, value in env.items():
         if not _ENV_NAME_RE.match(name):
             raise EngineError(f"env name {name!r} is not a valid environment variable name")
@@ -128,11 +195,24 @@ def validate_env(env: dict[str, str]) -> None:
             raise EngineError(f"env {name} contains a NUL byte")
         if name in PINNING_ENV:
             raise EngineError(f"env {name} is set by the agent to pin devices; remove it")
+        problem = env_problem(engine, name) if engine is not None else None
+        if problem is not None:
+            raise EngineError(f"env {name}: {problem}")
 
 
 def has_flag(args: Sequence[str], *flags: str) -> bool:
     """True when a catalog arg list already sets one of ``flags`` (``--f v`` or ``--f=v``)."""
     return any(item.split("=", 1)[0] in flags for item in args)
+
+
+def console_script(name: str) -> str:
+    """An engine's command: its script beside the agent's Python, else ``name`` on PATH.
+
+    ``pip install vllm`` (or sglang) into llmgw's environment puts the script
+    there, which is not on PATH when the agent runs as a systemd unit.
+    """
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else name
 
 
 def uses_gpus(devices: Sequence[Device]) -> bool:
@@ -179,10 +259,10 @@ def require_weights(ctx: LaunchContext) -> str:
     return ctx.weights_path
 
 
-def check_common(assignment: ReplicaAssignment, managed_flags: Iterable[str]) -> None:
+def check_common(assignment: ReplicaAssignment, managed_flags: FlagRules | Iterable[str]) -> None:
     """The checks every adapter makes before it builds anything."""
     validate_engine_args(assignment.model.engine_args, managed_flags)
-    validate_env(assignment.model.env)
+    validate_env(assignment.model.env, assignment.model.engine)
     if assignment.nodes < 1:
         raise EngineError(f"replica {assignment.replica_id} has nodes={assignment.nodes}")
     if not 0 <= assignment.shard.rank < assignment.nodes:

@@ -21,6 +21,7 @@ import sys
 from llmgw import memory
 from llmgw.agent.engines.base import (
     EngineLaunch,
+    FlagRules,
     LaunchContext,
     check_common,
     has_flag,
@@ -28,26 +29,67 @@ from llmgw.agent.engines.base import (
     uses_gpus,
 )
 from llmgw.agent.pinning import engine_env
+from llmgw.engine_env import (
+    LLAMA_CPP_PYTHON_DROP,
+    LLAMA_CPP_PYTHON_MANAGED,
+    LLAMA_CPP_PYTHON_SETTINGS,
+    LLAMA_SERVER_DROP,
+)
 from llmgw.errors import EngineError
 from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 
 SERVER_BINARY = "llama-server"
 
-BINARY_MANAGED = (
-    "-m",
-    "--model",
-    "-a",
-    "--alias",
-    "--host",
-    "--port",
-    "--api-key",
-    "--api-key-file",
-    "-hf",
-    "--hf-repo",
-    "-mu",
-    "--model-url",
+# The context is the model's kv_capacity_tokens, so that the gateway's
+# prefix index and the engine's cache agree on what one replica holds.
+_CONTEXT_HINT = "set the model's kv_capacity_tokens instead"
+# llama-server (common/arg.cpp of the llama.cpp that llama-cpp-python 0.3.36
+# bundles): exact names only, with "_" read as "-" in a long flag. Every
+# spelling of the model source is managed: -hf, -dr or --models-dir would
+# load another model than the agent's weights, --api-prefix moves the routes.
+BINARY_RULES = FlagRules(
+    managed=frozenset(
+        [
+            "-m",
+            "--model",
+            "-a",
+            "--alias",
+            "--host",
+            "--port",
+            "--api-key",
+            "--api-key-file",
+            "--api-prefix",
+            "-hf",
+            "-hfr",
+            "--hf-repo",
+            "-hff",
+            "--hf-file",
+            "-mu",
+            "--model-url",
+            "-dr",
+            "--docker-repo",
+            "--models-dir",
+            "--models-preset",
+            "-c",
+            "--ctx-size",
+        ]
+    ),
+    dashes=True,
+    hints={"-c": _CONTEXT_HINT, "--ctx-size": _CONTEXT_HINT},
 )
-PYTHON_MANAGED = ("--model", "--model_alias", "--host", "--port", "--api_key", "--config_file")
+# llama_cpp.server: Python argparse over its settings' names (underscores
+# kept), so a unique prefix counts; its own flags (--cache of --cache_size)
+# are read as themselves.
+PYTHON_RULES = FlagRules(
+    managed=frozenset(f"--{name}" for name in LLAMA_CPP_PYTHON_MANAGED),
+    abbreviations=True,
+    flags=frozenset(f"--{name}" for name in LLAMA_CPP_PYTHON_SETTINGS),
+    hints={
+        "--n_ctx": _CONTEXT_HINT,
+        "--interrupt_requests": "the agent starts it with false: with true a second request"
+        " cuts a running stream short",
+    },
+)
 
 
 # llama-server sends stream usage when asked (server-task.cpp, an empty-choices
@@ -121,8 +163,8 @@ class LlamaCppAdapter:
         self.vulkan = vulkan
 
     @property
-    def managed_flags(self) -> tuple[str, ...]:
-        return BINARY_MANAGED if self.server_binary else PYTHON_MANAGED
+    def managed_flags(self) -> FlagRules:
+        return BINARY_RULES if self.server_binary else PYTHON_RULES
 
     def validate(self, assignment: ReplicaAssignment) -> None:
         check_common(assignment, self.managed_flags)
@@ -152,6 +194,8 @@ class LlamaCppAdapter:
                 ctx.host,
                 "--port",
                 str(ctx.port),
+                "--ctx-size",
+                str(spec.kv_capacity_tokens),
             ]
             if gpu and not has_flag(extra, "-ngl", "--n-gpu-layers", "--gpu-layers"):
                 argv += ["--n-gpu-layers", "999"]
@@ -171,6 +215,13 @@ class LlamaCppAdapter:
                 str(ctx.port),
                 "--model_alias",
                 spec.name,
+                "--n_ctx",
+                str(spec.kv_capacity_tokens),
+                # Its default, true, ends a running stream (as if complete:
+                # "[DONE]", no finish_reason) whenever another request waits
+                # for the model; with false the second one waits its turn.
+                "--interrupt_requests",
+                "false",
             ]
             if gpu and not has_flag(extra, "--n_gpu_layers"):
                 argv += ["--n_gpu_layers", "-1"]
@@ -179,15 +230,21 @@ class LlamaCppAdapter:
             argv += _python_memory_flags(ctx, extra)
             health = "/v1/models"
             # Every model route of llama_cpp.server waits for the model lock,
-            # and a request waiting for it makes a running stream stop early
-            # (interrupt_requests). While serving, probe the FastAPI app's own
-            # docs page instead: it needs no lock, so it proves the server
-            # answers, though not that the model still computes.
+            # so a probe of one would wait for a whole completion. While
+            # serving, probe the FastAPI app's own docs page instead: it needs
+            # no lock, so it proves the server answers, though not that the
+            # model still computes.
             liveness = "/docs"
         argv += extra
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=self.vulkan))
         dialect = SERVER_DIALECT if self.server_binary else PYTHON_DIALECT
         return EngineLaunch(
-            argv=argv, env=env, health_path=health, liveness_path=liveness, dialect=dialect
+            argv=argv,
+            env=env,
+            health_path=health,
+            liveness_path=liveness,
+            dialect=dialect,
+            # What this server would read over the argv above (llmgw.engine_env).
+            drop_env=LLAMA_SERVER_DROP if self.server_binary else LLAMA_CPP_PYTHON_DROP,
         )

@@ -1,4 +1,9 @@
-"""SGLang: ``python -m sglang.launch_server --model-path … --tp-size … --pp-size …``.
+"""SGLang: ``sglang serve --model-path … --tp-size … --pp-size …``.
+
+``sglang serve`` is SGLang's entry point (0.5.23 warns that ``python -m
+sglang.launch_server`` is only "still supported"); it parses the same server
+arguments with Python's argparse, so a unique prefix of a managed flag
+(``--po``, ``--tp``) is that flag, and ``--config`` loads a YAML file of flags.
 
 Multi-node: every node runs the same command with ``--nnodes``,
 ``--node-rank`` and ``--dist-init-addr host:port`` of the rank-0 node (the
@@ -8,12 +13,12 @@ their process runs.
 
 from __future__ import annotations
 
-import sys
-
 from llmgw.agent.engines.base import (
     EngineLaunch,
+    FlagRules,
     LaunchContext,
     check_common,
+    console_script,
     has_flag,
     require_leader,
     require_weights,
@@ -27,29 +32,35 @@ from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 # protocol); /v1/tokenize answers {"count", "tokens"} for {"prompt": ...}.
 DIALECT = EngineDialect(tokenize_path="/v1/tokenize", tokenize_field="prompt")
 
-MANAGED_FLAGS = (
-    "--model-path",
-    "--model",
-    "--served-model-name",
-    "--host",
-    "--port",
-    "--tp-size",
-    "--tp",
-    "--tensor-parallel-size",
-    "--pp-size",
-    "--pipeline-parallel-size",
-    "--api-key",
-    "--nnodes",
-    "--node-rank",
-    "--dist-init-addr",
+MANAGED_FLAGS = FlagRules(
+    managed=frozenset(
+        [
+            "--model-path",
+            "--model",
+            "--served-model-name",
+            "--host",
+            "--port",
+            "--tp-size",
+            "--tensor-parallel-size",
+            "--pp-size",
+            "--pipeline-parallel-size",
+            "--api-key",
+            "--nnodes",
+            "--node-rank",
+            "--dist-init-addr",
+            "--nccl-init-addr",  # an alias of --dist-init-addr
+            "--config",
+        ]
+    ),
+    abbreviations=True,
 )
 
 
 class SglangAdapter:
     kind = EngineKind.SGLANG
 
-    def __init__(self, python: str | None = None) -> None:
-        self.python = python or sys.executable
+    def __init__(self, executable: str | None = None) -> None:
+        self.executable = executable or console_script("sglang")
 
     def validate(self, assignment: ReplicaAssignment) -> None:
         check_common(assignment, MANAGED_FLAGS)
@@ -63,9 +74,8 @@ class SglangAdapter:
         self.validate(assignment)
         spec = assignment.model
         argv = [
-            self.python,
-            "-m",
-            "sglang.launch_server",
+            self.executable,
+            "serve",
             "--model-path",
             require_weights(ctx),
             "--served-model-name",

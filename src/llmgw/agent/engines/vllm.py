@@ -5,15 +5,33 @@ v0.12): every node runs ``vllm serve`` with ``--nnodes``, ``--node-rank`` and
 ``--master-addr``/``--master-port`` of the rank-0 node, and the other ranks add
 ``--headless`` (no API server). The Ray backend would need a Ray cluster the
 agent does not manage; the multiprocessing one needs nothing but the leader's
-address, which the control plane already sends.
+address, which the control plane already sends. Those flags exist from vLLM
+0.11.1; on a node with an older vLLM a multi-node replica is refused with a
+reason that says so, rather than started to fail on "unrecognized arguments".
+
+The version is read from the package metadata of the environment that the
+``vllm`` script runs in (no ``vllm --version``, which imports torch and
+takes seconds), once, when a multi-node replica first asks. Where it cannot
+be found (no dist-info beside the script) it is unknown and nothing is
+refused: the engine's own error then names the flag it lacks.
+
+Managed flags are compared as vLLM reads them (``FlexibleArgumentParser`` in
+vllm/utils/argparse_utils.py, 0.34): ``_`` becomes ``-``, ``--flag.key``
+sets a field of ``--flag``, and argparse takes unique prefixes.
 """
 
 from __future__ import annotations
 
+import re
+import shutil
+from pathlib import Path
+
 from llmgw.agent.engines.base import (
     EngineLaunch,
+    FlagRules,
     LaunchContext,
     check_common,
+    console_script,
     require_leader,
     require_weights,
 )
@@ -26,29 +44,95 @@ from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 # its tokenizer route answers {"count", "tokens"} for {"prompt": ...}.
 DIALECT = EngineDialect(tokenize_path="/tokenize", tokenize_field="prompt")
 
-MANAGED_FLAGS = (
-    "--model",
-    "--served-model-name",
-    "--host",
-    "--port",
-    "--tensor-parallel-size",
-    "-tp",
-    "--pipeline-parallel-size",
-    "-pp",
-    "--api-key",
-    "--nnodes",
-    "--node-rank",
-    "--master-addr",
-    "--master-port",
-    "--headless",
+MANAGED_FLAGS = FlagRules(
+    managed=frozenset(
+        [
+            "--model",
+            "--served-model-name",
+            "--host",
+            "--port",
+            "--uds",  # listens on a Unix socket instead of the port
+            "--tensor-parallel-size",
+            "-tp",
+            "--pipeline-parallel-size",
+            "-pp",
+            "--api-key",
+            "--nnodes",
+            "-n",
+            "--node-rank",
+            "-r",
+            "--master-addr",
+            "--master-port",
+            "--headless",
+            "--config",  # a YAML file of flags, managed ones included
+        ]
+    ),
+    dashes=True,
+    abbreviations=True,
+    dotted=True,
 )
+MULTI_NODE_SINCE = (0, 11, 1)
+_VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def version_tuple(version: str) -> tuple[int, int, int] | None:
+    """``"0.11.1rc2"`` -> ``(0, 11, 1)``; None when it does not start like a version."""
+    match = _VERSION_RE.match(version.strip())
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def installed_version(executable: str) -> str | None:
+    """The version of the vLLM that ``executable`` runs, from its package metadata.
+
+    A console script's first line names its environment's Python; the
+    dist-info sits in that environment's site-packages (or, for a system
+    install, under the script's own prefix).
+    """
+    script = shutil.which(executable)
+    if script is None:
+        return None
+    prefixes = [Path(script).parent.parent]
+    try:
+        with open(script, "rb") as handle:
+            first = handle.readline(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    if first.startswith("#!") and first[2:].split():
+        prefixes.append(Path(first[2:].split()[0]).parent.parent)
+    for prefix in prefixes:
+        for packages in ("site-packages", "dist-packages"):
+            for metadata in sorted(
+                prefix.glob(f"lib/python3*/{packages}/vllm-*.dist-info/METADATA")
+            ):
+                try:
+                    text = metadata.read_text(encoding="utf-8", errors="replace")
+                except OSError:
+                    continue
+                for line in text.splitlines():
+                    if line.startswith("Version:"):
+                        return line.partition(":")[2].strip()
+    return None
 
 
 class VllmAdapter:
     kind = EngineKind.VLLM
 
-    def __init__(self, executable: str = "vllm") -> None:
-        self.executable = executable
+    def __init__(self, executable: str | None = None, *, version: str | None = None) -> None:
+        self.executable = executable or console_script("vllm")
+        # None: read from the installed package when first needed.
+        self._version = version
+        self._version_read = version is not None
+
+    @property
+    def version(self) -> str | None:
+        """The node's vLLM version; None when it cannot be told."""
+        if not self._version_read:
+            self._version = installed_version(self.executable)
+            self._version_read = True
+        return self._version
 
     def validate(self, assignment: ReplicaAssignment) -> None:
         check_common(assignment, MANAGED_FLAGS)
@@ -56,6 +140,17 @@ class VllmAdapter:
             raise EngineError(f"model {assignment.model.name!r}: vllm needs weights")
         if assignment.nodes > 1:
             require_leader(assignment, needs_port=False)
+            self._check_multi_node()
+
+    def _check_multi_node(self) -> None:
+        version = self.version
+        found = version_tuple(version) if version is not None else None
+        if found is not None and found < MULTI_NODE_SINCE:
+            since = ".".join(map(str, MULTI_NODE_SINCE))
+            raise EngineError(
+                f"vLLM {version} on this node cannot span nodes: its --nnodes, --node-rank"
+                f" and --master-addr came in vLLM {since}; upgrade vLLM, or set nodes: 1"
+            )
 
     def build(self, ctx: LaunchContext) -> EngineLaunch:
         assignment = ctx.assignment

@@ -1,0 +1,109 @@
+"""Environment variables that engines read as their own settings.
+
+The agent passes its environment on to every engine (PATH, HOME, proxies...).
+Some engines also take settings from plain variables, and some of those beat
+the command line the agent builds (read in the engines' sources):
+
+* llama_cpp.server (llama-cpp-python 0.3.36) is a pydantic-settings model: it
+  reads every setting from a variable of the same name, in any case (``MODEL``,
+  ``N_CTX``, ``CACHE``, ``VERBOSE``...), wherever the flag is not given; and
+  its ``__main__`` reads ``HOST``, ``PORT`` and ``CONFIG_FILE`` over the
+  parsed flags (a config file replaces every flag). A ``PORT`` that a
+  container platform left in the agent's environment moves every engine off
+  the port the agent probes and the gateway calls.
+* llama-server (the llama.cpp server that llama-cpp-python 0.3.36 bundles)
+  reads ``LLAMA_ARG_*`` variables, and ``LLAMA_API_KEY``, for the flags its
+  command line does not give (common/arg.cpp). One for a flag the agent
+  manages without passing it (an API key, an API prefix, a Hugging Face repo)
+  changes what the agent started.
+
+So the agent drops these from what such an engine inherits, and a catalog
+``env`` may not set them: the catalog refuses them when the model is applied,
+the agent again at launch. An engine's settings belong in ``engine_args``,
+where the flags the agent manages are refused by name.
+
+This module is shared by the control plane (catalog checks) and the agent
+(launch), which is why it lives beside ``wire.py`` and imports nothing else.
+"""
+
+from __future__ import annotations
+
+from llmgw.wire import EngineKind
+
+# Every field of llama_cpp.server's Settings (ServerSettings + ModelSettings in
+# llama_cpp/server/settings.py), plus the CONFIG_FILE its __main__ reads.
+# tests/agent/test_engines.py checks the list against the installed package.
+LLAMA_CPP_PYTHON_SETTINGS = frozenset(
+    {
+        "api_key", "cache", "cache_size", "cache_type", "chat_format",
+        "chat_template_kwargs", "clip_model_path", "config_file", "disable_ping_events",
+        "draft_model", "draft_model_num_pred_tokens", "embedding", "flash_attn",
+        "hf_model_repo_id", "hf_pretrained_model_name_or_path", "hf_tokenizer_config_path",
+        "host", "interrupt_requests", "kv_overrides", "last_n_tokens_size", "logits_all",
+        "lora_base", "lora_path", "main_gpu", "model", "model_alias", "mul_mat_q", "n_batch",
+        "n_ctx", "n_gpu_layers", "n_threads", "n_threads_batch", "n_ubatch", "numa",
+        "offload_kqv", "port", "root_path", "rope_freq_base", "rope_freq_scale",
+        "rope_scaling_type", "rpc_servers", "seed", "split_mode", "ssl_certfile",
+        "ssl_keyfile", "tensor_split", "type_k", "type_v", "use_mlock", "use_mmap",
+        "verbose", "vocab_only", "yarn_attn_factor", "yarn_beta_fast", "yarn_beta_slow",
+        "yarn_ext_factor", "yarn_orig_ctx",
+    }
+)  # fmt: skip
+# The settings the agent gives llama_cpp.server itself (its managed flags,
+# agent.engines.llamacpp): where it listens, what it serves and how.
+LLAMA_CPP_PYTHON_MANAGED = frozenset(
+    {
+        "model", "model_alias", "host", "port", "api_key", "config_file", "n_ctx",
+        "interrupt_requests",
+    }
+)  # fmt: skip
+# llama-server's variables for the flags the agent manages (set_env in
+# common/arg.cpp), with the flag each stands for.
+LLAMA_SERVER_MANAGED_ENV = {
+    "LLAMA_ARG_MODEL": "--model",
+    "LLAMA_ARG_ALIAS": "--alias",
+    "LLAMA_ARG_HOST": "--host",
+    "LLAMA_ARG_PORT": "--port",
+    "LLAMA_API_KEY": "--api-key",
+    "LLAMA_ARG_HF_REPO": "--hf-repo",
+    "LLAMA_ARG_HF_FILE": "--hf-file",
+    "LLAMA_ARG_MODEL_URL": "--model-url",
+    "LLAMA_ARG_DOCKER_REPO": "--docker-repo",
+    "LLAMA_ARG_API_PREFIX": "--api-prefix",
+    "LLAMA_ARG_MODELS_DIR": "--models-dir",
+    "LLAMA_ARG_MODELS_PRESET": "--models-preset",
+    "LLAMA_ARG_CTX_SIZE": "--ctx-size",
+}
+
+# Upper-case names dropped from what each llama.cpp server inherits.
+LLAMA_CPP_PYTHON_DROP = frozenset(name.upper() for name in LLAMA_CPP_PYTHON_SETTINGS)
+LLAMA_SERVER_DROP = frozenset(LLAMA_SERVER_MANAGED_ENV)
+
+
+def env_problem(engine: EngineKind, name: str) -> str | None:
+    """Why a catalog ``env`` entry may not be set for ``engine``; None when it may.
+
+    Matched in any case: pydantic-settings reads ``port`` as it reads ``PORT``.
+    The catalog cannot know which llama.cpp server a node runs, so a llama.cpp
+    model is checked against both.
+    """
+    if engine != EngineKind.LLAMACPP:
+        return None
+    upper = name.upper()
+    if upper in LLAMA_CPP_PYTHON_DROP:
+        setting = upper.lower()
+        if setting in LLAMA_CPP_PYTHON_MANAGED:
+            return (
+                f"llama_cpp.server reads {name} as its {setting} setting, over the agent's"
+                f" command line, and the agent manages --{setting}; remove it"
+            )
+        return (
+            f"llama_cpp.server reads {name} as its {setting} setting, over the agent's"
+            f" command line; use --{setting} in engine_args instead"
+        )
+    if upper in LLAMA_SERVER_DROP:
+        return (
+            f"llama-server reads {name} as {LLAMA_SERVER_MANAGED_ENV[upper]},"
+            " which the agent manages; remove it"
+        )
+    return None
