@@ -61,7 +61,8 @@ STARTER_MODEL = {
     # of decode on one CPU core): without it, one request runs to n_ctx.
     "max_output_tokens": 1024,
     # The GGUF carries no chat template; llama.cpp's gemma format matches it.
-    "engine_args": ["--chat_format", "gemma", "--n_ctx", "8192"],
+    # (The engine's context is kv_capacity_tokens: the agent passes it.)
+    "engine_args": ["--chat_format", "gemma"],
 }
 
 
