@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -218,3 +219,22 @@ def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
     # What the catalog says wins.
     mine = argv(["--cache", "true", "--cache_size", "1000", "--logits_all", "true"])
     assert mine.count("--cache_size") == 1 and mine.count("--logits_all") == 1
+
+
+def test_cgroup_v2_files_are_written_and_read_as_the_kernel_lays_them_out(tmp_path: Path) -> None:
+    # No v2 memory controller on this kind of machine: the same code on a
+    # directory laid out as v2's (the kernel's files are plain text).
+    from llmgw.agent.memguard import CgroupParent
+
+    parent = CgroupParent(tmp_path, 2)
+    watch = parent.attach("llmgw-x-r1", 4242, 100 * memory.MIB)
+    cgroup = tmp_path / "llmgw-x-r1"
+    assert (cgroup / "memory.max").read_text() == str(164 * memory.MIB)  # + the 64 MiB margin
+    assert (cgroup / "memory.swap.max").read_text() == "0"
+    assert (cgroup / "cgroup.procs").read_text() == "4242"
+    (cgroup / "memory.stat").write_text("anon 83886080\nfile 999999999\nfile_mapped 41943040\n")
+    (cgroup / "memory.peak").write_text("130023424\n")
+    (cgroup / "memory.events").write_text("low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n")
+    assert watch.used() == 120 * memory.MIB  # anon + mapped files; page cache does not count
+    assert watch.peak() == 124 * memory.MIB and watch.oom_kills() == 1
+    assert watch.kind == "cgroup v2"

@@ -189,3 +189,13 @@ def test_a_budget_failure_is_told_from_other_failures() -> None:
         "killed by the kernel's OOM killer while the node ran out of memory: engine used ..."
     )
     assert not memory.budget_failure("engine killed by SIGKILL") and not memory.budget_failure(None)
+
+
+def test_default_needs_by_engine() -> None:
+    gpu = model("v", gpus=2).model_copy(update={"engine": EngineKind.VLLM})
+    # The host side of a GPU engine: 8 GiB + its weights + 2 GiB per GPU.
+    assert memory.need_mib(gpu, 16 * 1024 * memory.MIB, devices=2) == 8192 + 16384 + 4096
+    assert memory.need_mib(model("s"), None) == memory.SIM_ENGINE_MIB
+    stated = gpu.model_copy(update={"memory_mib": 4096})
+    assert memory.need_mib(stated, 16 * 1024 * memory.MIB, devices=2) == 4096
+    assert not memory.places_on_ram(gpu) and memory.places_on_ram(cpu_model("c", None))
