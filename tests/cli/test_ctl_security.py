@@ -7,7 +7,7 @@ from tests.cli.test_ctl import ok, run, served  # noqa: F401 (fixture)
 from tests.control.adminapi.fleetkit import Served
 
 from llmgw.cli.ctl.render import make_console, print_listing
-from llmgw.wire import ReplicaState, ReplicaStatus
+from llmgw.wire import NodeState, ReplicaState, ReplicaStatus
 
 
 def test_markup_from_the_fleet_is_printed_as_text(capsys: pytest.CaptureFixture[str]) -> None:
@@ -39,3 +39,13 @@ def test_join_tokens_create_list_revoke(served: Served) -> None:  # noqa: F811
     assert f"join token {token_id} revoked" in ok(run(served, "join-tokens", "revoke", token_id))
     line = next(x for x in ok(run(served, "join-tokens")).splitlines() if "rack-7" in x)
     assert "revoked" in line
+
+
+def test_ctl_nodes_approve(served: Served) -> None:  # noqa: F811
+    node = served.cp.state.nodes["gpu-2"]
+    node.pending_approval = True
+    node.admin_state = NodeState.CORDONED
+    assert "warning: waiting for approval: llmgw ctl nodes approve gpu-2" in ok(
+        run(served, "nodes", "show", "gpu-2"))
+    assert "node gpu-2 approved; it is ready" in ok(run(served, "nodes", "approve", "gpu-2"))
+    assert not node.pending_approval

@@ -108,6 +108,9 @@ def serve(
         typer.Option(help="Hours a join token works unless made with its own expiry"
                      " (0: never).", min=0),
     ] = 24.0,
+    approve_nodes: Annotated[
+        bool, typer.Option(help="Hold each new node cordoned until `llmgw ctl nodes approve`.")
+    ] = False,
     events_retention_days: Annotated[
         float, typer.Option(help="Days events are kept (0: forever).", min=0)
     ] = 30.0,
@@ -127,6 +130,7 @@ def serve(
                 data_dir=data_dir, host=host, port=port, database_url=database_url,
                 advertise=advertise, peer_urls=list(peer_url or []),
                 join_token_ttl_s=join_token_ttl * 3600 or None,
+                approve_nodes=approve_nodes,
                 retention=Retention(events_days=events_retention_days,
                                     usage_days=usage_retention_days),
             )

@@ -78,6 +78,7 @@ class ServeOptions:
     # Expiry of join tokens made without one (the first, rotations); None: never.
     join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
     retention: Retention = field(default_factory=Retention)
+    approve_nodes: bool = False
 
 
 @dataclass
@@ -367,6 +368,7 @@ def _install_stop_signals(stop: asyncio.Event) -> None:
 
 async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str) -> int:
     store, cp, creds = await _open(url, options.join_token_ttl_s)
+    cp.approve_nodes = options.approve_nodes
     stop = asyncio.Event()
     _install_stop_signals(stop)
     runtime = ControlPlaneRuntime(cp, advertise_url=advertise, retention=options.retention)

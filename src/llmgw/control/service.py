@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmgw import secrets
+from llmgw.control import approval
 from llmgw.control.catalog import engine_changed
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
@@ -101,6 +102,8 @@ class ControlPlane:
         self._reconcile_wakeup = asyncio.Event()
         self._admin_hash: str | None = None
         self.join_tokens = JoinTokens()
+        # serve --approve-nodes: new nodes wait for an operator (llmgw.control.approval).
+        self.approve_nodes = False
         # The expiry of join tokens made without one (the first one, rotations).
         self.join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
         self._gateway_hash: str | None = None
@@ -142,6 +145,9 @@ class ControlPlane:
         await self._load_keys()
         self._admin_hash = await self.store.get_setting(ADMIN_HASH)
         await self._load_join_tokens()
+        for name in approval.parse(await self.store.get_setting(approval.SETTING)):
+            if name in state.nodes:
+                state.nodes[name].pending_approval = True
         self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
         await state.bump_routing()
 
@@ -267,6 +273,9 @@ class ControlPlane:
         node.token_hash = secrets.hash_secret(token)  # the old token stops working
         if registered is None:
             node.agent_key_hash = agent_key_hash(reg.agent_key)
+            if self.approve_nodes:
+                node.pending_approval = True
+                node.admin_state = NodeState.CORDONED
         if reg.inventory is not None:
             node.inventory = reg.inventory
         self.state.nodes[node.name] = node
@@ -276,9 +285,29 @@ class ControlPlane:
         if registered is not None:
             await self.event("node", node.name, f"node {node.name} registered again by its"
                              " own agent (same agent key); its previous node token is revoked")
+        elif node.pending_approval:
+            await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
+            await self.event("node", node.name, f"node {node.name} registered; held cordoned"
+                             f" until approved (llmgw ctl nodes approve {node.name})")
         else:
             await self.event("node", node.name, f"node {node.name} registered")
         return AgentRegistrationAnswer(node=node.name, node_token=token)
+
+    async def approve_node(self, name: str) -> NodeRecord:
+        """Accept a node held by --approve-nodes: uncordon it and let it copy weights."""
+        self.require_leader()
+        node = self.state.nodes.get(name)
+        if node is None:
+            raise NotFoundError(f"node {name!r} does not exist")
+        if not node.pending_approval:
+            raise ValidationError(f"node {name} is not waiting for approval", field="node")
+        node.pending_approval = False
+        node.admin_state = NodeState.READY
+        await self.store.upsert_nodes([node_row(node)])
+        await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
+        await self.event("node", name, f"node {name} approved")
+        self.wake_reconciler()
+        return node
 
     async def report(self, node: NodeRecord, report: AgentReport) -> AgentReportAnswer:
         """Take in a node's report; answer with everything it must run."""
@@ -313,8 +342,9 @@ class ControlPlane:
             node=node.name,
             assignments=assignments_for(self.state, node.name),
             report_interval_s=REPORT_INTERVAL_S,
-            weight_peers=weight_peers(self.state, node),
-            peer_token=self.peer_token,
+            # A node waiting for approval reads no one's weights.
+            weight_peers={} if node.pending_approval else weight_peers(self.state, node),
+            peer_token=None if node.pending_approval else self.peer_token,
         )
 
     async def note_reachability(self, now: float) -> None:
@@ -522,6 +552,9 @@ class ControlPlane:
             raise NotFoundError(f"node {name!r} does not exist")
         if target == NodeState.UNREACHABLE:
             raise ValidationError("a node cannot be set unreachable", field="state")
+        if node.pending_approval and target == NodeState.READY:
+            raise ValidationError(f"node {name} waits for approval: llmgw ctl nodes approve"
+                                  f" {name}", field="state")
         if node.admin_state != target:
             node.admin_state = target
             await self.store.upsert_nodes([node_row(node)])
@@ -536,7 +569,8 @@ class ControlPlane:
         if name not in self.state.nodes:
             raise NotFoundError(f"node {name!r} does not exist")
         await self.store.delete_node(name)
-        del self.state.nodes[name]
+        if self.state.nodes.pop(name).pending_approval:
+            await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
         await self.event("node", name, f"node {name} removed")
         self.wake_reconciler()
 

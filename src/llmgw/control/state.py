@@ -53,6 +53,9 @@ class NodeRecord:
     # Latest replica status lines from the agent, by replica id (memory only).
     statuses: dict[str, ReplicaStatus] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
+    # Registered while `serve --approve-nodes` holds new nodes: kept cordoned,
+    # given no peer token, until an operator approves it (llmgw.control.approval).
+    pending_approval: bool = False
 
     def state(self, now: float, unreachable_after: float | None = None) -> NodeState:
         # The module's grace is read at call time, so a test can shorten it.

@@ -81,6 +81,8 @@ def node_show(ctx: typer.Context, name: str, as_json: JsonOpt = False) -> None:
         )
     console.print(table)
     console.print(f"weights: {', '.join(node['models']) or '-'}")
+    for warning in node["warnings"]:
+        console.print(f"warning: {warning}")
 
 
 @nodes_app.command("delete")
@@ -88,6 +90,14 @@ def node_show(ctx: typer.Context, name: str, as_json: JsonOpt = False) -> None:
 def node_delete(ctx: typer.Context, name: str) -> None:
     """Forget a node; its agent must register again with a join token."""
     typer.echo(admin_client(ctx).call("DELETE", f"/nodes/{name}")["message"])
+
+
+@nodes_app.command("approve")
+@guarded
+def node_approve(ctx: typer.Context, name: str) -> None:
+    """Accept a node that registered while serve --approve-nodes holds new nodes."""
+    node = admin_client(ctx).call("POST", f"/nodes/{name}/approve")
+    typer.echo(f"node {node['name']} approved; it is {node['state']}")
 
 
 # cordon, uncordon and drain are top-level commands (``llmgw ctl cordon NODE``);

@@ -264,6 +264,13 @@ def build_admin_router(
         """Place nothing new here and move its replicas away (make before break)."""
         return await _set_node(name, NodeState.DRAINING)
 
+    @router.post("/nodes/{name:name}/approve", response_model=NodeView, responses=not_found,
+                 tags=["nodes"])
+    async def approve_node(name: str) -> Response:
+        """Accept a node held by ``serve --approve-nodes``: uncordon it and let it copy weights."""
+        await cp.approve_node(name)
+        return json_response(_node(name))
+
     @router.delete("/nodes/{name:name}", response_model=schemas.Done, responses=not_found,
                    tags=["nodes"])
     async def delete_node(name: str) -> Response:

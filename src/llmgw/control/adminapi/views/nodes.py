@@ -226,7 +226,9 @@ def _build_node_view(
         last_seen=node.last_seen,
         source=inventory.source if inventory is not None else None,
         driver_version=inventory.driver_version if inventory is not None else None,
-        warnings=inventory.warnings if inventory is not None else [],
+        warnings=([f"waiting for approval: llmgw ctl nodes approve {name}"]
+                  if node.pending_approval else [])
+        + (inventory.warnings if inventory is not None else []),
         devices=devices,
         classes=classes,
         gpu_total=total,

@@ -1,0 +1,29 @@
+"""Holding new nodes until an operator accepts them (``serve --approve-nodes``).
+
+A join token proves only that its holder was given it; on a shared network
+a leaked one lets any machine join the fleet, take replicas (and the prompts
+routed to them) and read weights from its peers. With approval on, a node
+that registers is kept cordoned (nothing is placed there) and gets no peer
+token and no weight peers, until ``llmgw ctl nodes approve NAME``. Its
+agent reports as usual meanwhile, so an operator sees its inventory before
+deciding.
+
+Which nodes wait is one JSON list under the ``pending_nodes`` setting (a
+handful of names; no schema change), read with the nodes at load.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from llmgw.control.state import NodeRecord
+
+SETTING = "pending_nodes"
+
+
+def parse(document: str | None) -> set[str]:
+    return set(orjson.loads(document)) if document else set()
+
+
+def dump(nodes: dict[str, NodeRecord]) -> str:
+    return orjson.dumps(sorted(n.name for n in nodes.values() if n.pending_approval)).decode()

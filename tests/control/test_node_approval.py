@@ -1,0 +1,86 @@
+"""serve --approve-nodes: a new node waits, cordoned and without the peer token,
+until an operator approves it (issue 13)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.control.test_agent_api import inventory, register
+from tests.servers import serve_asgi
+
+from llmgw.control.app import create_app
+from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.store.repo import Store
+from llmgw.wire import AgentReport, NodeState
+
+Plane = tuple[ControlPlane, NewCredentials, str]
+
+
+@pytest.fixture
+async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
+    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+    cp = ControlPlane(store)
+    cp.approve_nodes = True
+    await cp.load()
+    creds = await cp.ensure_credentials()
+    async with serve_asgi(create_app(cp)) as url:
+        yield cp, creds, url
+    await store.close()
+
+
+async def _report(client: httpx.AsyncClient, url: str, token: str) -> dict[str, object]:
+    report = AgentReport(node="n1", inventory=inventory("n1"))
+    answer = await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
+                               headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 200, answer.text
+    body: dict[str, object] = answer.json()
+    return body
+
+
+async def test_a_new_node_waits_for_approval(plane: Plane) -> None:
+    cp, creds, url = plane
+    assert creds.join_token and creds.admin_token
+    admin = {"Authorization": f"Bearer {creds.admin_token}"}
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        answer = await _report(client, url, token)
+        assert answer["peer_token"] is None and answer["weight_peers"] == {}
+        node = (await client.get(f"{url}/admin/v1/nodes/n1", headers=admin)).json()
+        assert node["state"] == "cordoned"
+        assert node["warnings"][0] == "waiting for approval: llmgw ctl nodes approve n1"
+        # Uncordoning is not a way around the approval.
+        refused = await client.post(f"{url}/admin/v1/nodes/n1/uncordon", headers=admin)
+        assert refused.status_code == 422 and "approve" in refused.json()["error"]["message"]
+
+        # Kept across a restart of the control plane.
+        again = ControlPlane(cp.store)
+        await again.load()
+        assert again.state.nodes["n1"].pending_approval
+
+        approved = await client.post(f"{url}/admin/v1/nodes/n1/approve", headers=admin)
+        assert approved.status_code == 200, approved.text
+        assert approved.json()["state"] == "ready" and approved.json()["warnings"] == []
+        answer = await _report(client, url, token)
+        assert answer["peer_token"] == cp.peer_token
+        twice = await client.post(f"{url}/admin/v1/nodes/n1/approve", headers=admin)
+        assert twice.status_code == 422
+        events = (await client.get(f"{url}/admin/v1/events?subject=n1", headers=admin)).json()
+    assert any(e["message"] == "node n1 approved" for e in events)
+    assert cp.state.nodes["n1"].admin_state == NodeState.READY
+    reloaded = ControlPlane(cp.store)
+    await reloaded.load()
+    assert not reloaded.state.nodes["n1"].pending_approval
+
+
+async def test_without_the_flag_nodes_are_placed_at_once(plane: Plane) -> None:
+    cp, creds, url = plane
+    cp.approve_nodes = False
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        answer = await _report(client, url, token)
+    assert answer["peer_token"] == cp.peer_token
+    assert cp.state.nodes["n1"].state(cp.state.nodes["n1"].last_seen or 0) == NodeState.READY
