@@ -104,19 +104,33 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
 
         pieces: list[str] = []
         first_token_s: float | None = None
+        counting = {"model": "default", "temperature": 0, "max_tokens": 24,
+                    "messages": [{"role": "user", "content": "Count from one to five."}]}
+        whole = client.chat.completions.create(**counting)  # type: ignore[call-overload]
         started = time.monotonic()
-        stream = client.chat.completions.create(
-            model="default",
-            messages=[{"role": "user", "content": "Count from one to five."}],
-            max_tokens=24,
-            stream=True,
+        stream = client.chat.completions.create(  # type: ignore[call-overload]
+            **counting, stream=True, stream_options={"include_usage": True}
         )
+        usages = []
         for chunk in stream:
+            if chunk.usage is not None:
+                usages.append(chunk)
             if chunk.choices and chunk.choices[0].delta.content:
                 if first_token_s is None:
                     first_token_s = time.monotonic() - started
                 pieces.append(chunk.choices[0].delta.content)
         assert len(pieces) > 1, "a stream should arrive in several chunks"
+        # llama_cpp.server sends no usage in streams: the gateway counts it
+        # (the engine's dialect, reported by the agent), exactly.
+        assert len(usages) == 1 and usages[0] is chunk and chunk.choices == []
+        assert whole.usage is not None
+        assert (chunk.usage.prompt_tokens, chunk.usage.completion_tokens) == (
+            whole.usage.prompt_tokens, whole.usage.completion_tokens)
+        limited = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "Count to fifty."}],
+            max_completion_tokens=5,
+        )
+        assert limited.usage is not None and limited.usage.completion_tokens <= 5
 
         engines = [p for p in descendants(proc.pid) if "llama_cpp.server" in " ".join(p.cmdline())]
         assert len(engines) == 1, "the engine should run as a child of llmgw up"

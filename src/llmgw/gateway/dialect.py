@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -257,8 +258,8 @@ class StreamCounter:
         try:
             return await asyncio.wait_for(self._usage(tally), COUNT_TIMEOUT_S)
         except TimeoutError:
-            log.warning("could not count a stream on %s within %ss", self._replica_url,
-                        COUNT_TIMEOUT_S)  # fmt: skip
+            log.warning("request %s: could not count its stream on %s within %ss",
+                        self._request_id, self._replica_url, COUNT_TIMEOUT_S)  # fmt: skip
             return Usage(), False
 
     async def _usage(self, tally: StreamTally) -> tuple[Usage, bool]:
@@ -278,7 +279,8 @@ class StreamCounter:
         for failure in failures:
             if not isinstance(failure, (CountFailed, ConnectFailed, BodyBroken, UpstreamTimeout)):
                 raise failure
-            log.warning("could not count part of a stream on %s: %s", self._replica_url, failure)
+            log.warning("request %s: could not count part of its stream on %s: %s",
+                        self._request_id, self._replica_url, failure)  # fmt: skip
         prompt_tokens, base = counts[0], counts[1]
         if isinstance(base, int):
             if len(_bases) >= _MAX_BASES:
@@ -292,7 +294,9 @@ class StreamCounter:
 
     async def _post(self, path: str, body: dict[str, Any]) -> bytes:
         target = self._upstream.target(self._replica_url, path)
-        response = await self._upstream.post(target, orjson.dumps(body), self._request_id)
+        # An id of its own: engines key requests by X-Request-Id (vLLM
+        # refuses a second request under an id still running).
+        response = await self._upstream.post(target, orjson.dumps(body), os.urandom(16).hex())
         try:
             data = await response.read()
         finally:
