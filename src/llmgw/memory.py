@@ -140,4 +140,5 @@ def advice(spec: ModelSpec, budget_mib: int) -> str:
     text = f"Raise the model's memory_mib (now {budget_mib} MiB{stated})"
     if spec.engine is EngineKind.LLAMACPP:
         text += f" or lower its context (kv_capacity_tokens, now {context_tokens(spec)})"
-    return text + "."
+    # No full stop: the agent appends "; last output: ..." to reasons.
+    return text

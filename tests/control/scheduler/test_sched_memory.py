@@ -111,7 +111,7 @@ def test_catalog_refuses_a_llamacpp_need_below_its_runtime_and_context() -> None
 BUDGET_REASON = (
     "out of memory budget: engine used 1.62 GB of its 1.50 GB budget (cgroup v1); killed."
     " Raise the model's memory_mib (now 1536 MiB, estimated) or lower its context"
-    " (kv_capacity_tokens, now 8192)."
+    " (kv_capacity_tokens, now 8192); last output: ..."
 )
 
 
@@ -171,7 +171,9 @@ def test_running_out_of_its_budget_again_and_again_parks_the_model_even_on_one_n
     assert len(failed) == 3 and all("Raise the model's memory_mib" in e for e in failed)
     (planned,) = plan(state, NOW + 10, policy=policy).models
     assert planned.status == PARKED and planned.reason is not None
-    assert planned.reason.endswith("or lower its context (kv_capacity_tokens, now 8192).")
+    assert planned.reason.endswith(
+        "or lower its context (kv_capacity_tokens, now 8192); last output: ..."
+    )
     # Another cause on one node while another node serves: the node's fault,
     # retried there (test_sched_node_failures), never parked.
     other = two_nodes_one_serving()
