@@ -80,8 +80,7 @@ class EngineLaunch:
     # Path probed while the engine serves, to catch one that hangs after it
     # was ready (agent.liveness); None: the health path. It differs where the
     # readiness path waits behind generation: llama_cpp.server's /v1/models
-    # takes the model lock, so a probe would stall for a whole completion,
-    # and one that arrives mid-stream makes the server cut the stream short.
+    # takes the model lock, so a probe would stall for a whole completion.
     liveness_path: str | None = None
     # The engine's Prometheus metrics that show it makes progress
     # (agent.progress); None: it has none, and only the probe watches it.
