@@ -47,10 +47,13 @@ log = logging.getLogger(__name__)
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
-# Counting a stream runs after it, while a client that asked for usage waits
-# for the end of its stream: a tokenizer that does not answer in this long
-# costs the usage chunk, not the answer.
+# Counting a stream runs after it. A client that asked for usage waits for
+# the end of its stream meanwhile: a count that takes longer than this costs
+# it the usage chunk, not the answer. A count nobody waits for (metering
+# only) may take much longer: llama_cpp.server serves one request at a time,
+# and the count queues behind every request that arrived during the stream.
 COUNT_TIMEOUT_S = 30.0
+METER_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,17 +252,19 @@ class StreamCounter:
     def chat(self) -> bool:
         return self._path == CHAT
 
-    async def usage(self, tally: StreamTally) -> tuple[Usage, bool]:
+    async def usage(
+        self, tally: StreamTally, timeout_s: float = COUNT_TIMEOUT_S
+    ) -> tuple[Usage, bool]:
         """The stream's usage, and whether every part of it was counted.
 
         A part the engine could not count (logged) counts 0: what was counted
         is still exact, and metered; a usage chunk is sent only when complete.
         """
         try:
-            return await asyncio.wait_for(self._usage(tally), COUNT_TIMEOUT_S)
+            return await asyncio.wait_for(self._usage(tally), timeout_s)
         except TimeoutError:
             log.warning("request %s: could not count its stream on %s within %ss",
-                        self._request_id, self._replica_url, COUNT_TIMEOUT_S)  # fmt: skip
+                        self._request_id, self._replica_url, timeout_s)  # fmt: skip
             return Usage(), False
 
     async def _usage(self, tally: StreamTally) -> tuple[Usage, bool]:

@@ -25,7 +25,13 @@ from typing import Any
 import orjson
 
 from llmgw.gateway.auth import KeyRecord, authorize, limit
-from llmgw.gateway.dialect import Mending, StreamCounter, StreamTally, mend_request
+from llmgw.gateway.dialect import (
+    METER_TIMEOUT_S,
+    Mending,
+    StreamCounter,
+    StreamTally,
+    mend_request,
+)
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.limits import cap_output_tokens
 from llmgw.gateway.metrics import GatewayMetrics
@@ -615,7 +621,7 @@ def _count_later(
     """Count a stream the client did not want usage for after its answer ended."""
 
     async def count() -> None:
-        usage, _ = await counter.usage(tally)
+        usage, _ = await counter.usage(tally, METER_TIMEOUT_S)
         _account(rt, model, record, usage, failed)
 
     task = asyncio.get_running_loop().create_task(count())
