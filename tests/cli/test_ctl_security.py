@@ -49,3 +49,11 @@ def test_ctl_nodes_approve(served: Served) -> None:  # noqa: F811
         run(served, "nodes", "show", "gpu-2"))
     assert "node gpu-2 approved; it is ready" in ok(run(served, "nodes", "approve", "gpu-2"))
     assert not node.pending_approval
+
+
+def test_ctl_nodes_fabrics(served: Served) -> None:  # noqa: F811
+    out = ok(run(served, "nodes", "fabrics", "gpu-2", "ib-z", "ib-y"))
+    assert "node gpu-2 fabrics: ib-z,ib-y (set)" in out
+    assert served.cp.state.nodes["gpu-2"].fabrics_pinned
+    out = ok(run(served, "nodes", "fabrics", "gpu-2", "--reported"))
+    assert "(from its reports)" in out and not served.cp.state.nodes["gpu-2"].fabrics_pinned

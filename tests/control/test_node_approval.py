@@ -13,8 +13,9 @@ from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
-from llmgw.wire import AgentReport, NodeState
+from llmgw.wire import AgentReport, ModelSpec, NodeState, ShardAssignment, WeightsEntry
 
 Plane = tuple[ControlPlane, NewCredentials, str]
 
@@ -31,8 +32,9 @@ async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
     await store.close()
 
 
-async def _report(client: httpx.AsyncClient, url: str, token: str) -> dict[str, object]:
-    report = AgentReport(node="n1", inventory=inventory("n1"))
+async def _report(client: httpx.AsyncClient, url: str, token: str,
+                  fabrics: list[str] | None = None) -> dict[str, object]:
+    report = AgentReport(node="n1", inventory=inventory("n1"), fabrics=fabrics or [])
     answer = await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
                                headers={"Authorization": f"Bearer {token}"})
     assert answer.status_code == 200, answer.text
@@ -68,7 +70,7 @@ async def test_a_new_node_waits_for_approval(plane: Plane) -> None:
         twice = await client.post(f"{url}/admin/v1/nodes/n1/approve", headers=admin)
         assert twice.status_code == 422
         events = (await client.get(f"{url}/admin/v1/events?subject=n1", headers=admin)).json()
-    assert any(e["message"] == "node n1 approved" for e in events)
+    assert any(e["message"].startswith("node n1 approved") for e in events)
     assert cp.state.nodes["n1"].admin_state == NodeState.READY
     reloaded = ControlPlane(cp.store)
     await reloaded.load()
@@ -84,3 +86,68 @@ async def test_without_the_flag_nodes_are_placed_at_once(plane: Plane) -> None:
         answer = await _report(client, url, token)
     assert answer["peer_token"] == cp.peer_token
     assert cp.state.nodes["n1"].state(cp.state.nodes["n1"].last_seen or 0) == NodeState.READY
+
+
+async def test_approval_pins_the_fabrics_the_operator_saw(plane: Plane) -> None:
+    cp, creds, url = plane
+    assert creds.join_token and creds.admin_token
+    admin = {"Authorization": f"Bearer {creds.admin_token}"}
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        await _report(client, url, token, fabrics=["ib-a"])
+        await client.post(f"{url}/admin/v1/nodes/n1/approve", headers=admin)
+        # Later reports cannot move the node into another fabric.
+        await _report(client, url, token, fabrics=["ib-secret"])
+        node = (await client.get(f"{url}/admin/v1/nodes/n1", headers=admin)).json()
+        assert node["fabrics"] == ["ib-a"]
+        assert "reports fabrics ib-secret; kept ib-a" in node["warnings"][0]
+        pinned = await client.put(f"{url}/admin/v1/nodes/n1/fabrics", headers=admin,
+                                  json={"fabrics": ["ib-b"]})
+        assert pinned.status_code == 200 and pinned.json()["fabrics"] == ["ib-b"]
+        bad = await client.put(f"{url}/admin/v1/nodes/n1/fabrics", headers=admin,
+                               json={"fabrics": ["[red]x"]})
+        assert bad.status_code == 422
+    reloaded = ControlPlane(cp.store)
+    await reloaded.load()
+    assert reloaded.state.nodes["n1"].fabrics_pinned
+    assert reloaded.state.nodes["n1"].fabrics == ["ib-b"]
+    async with httpx.AsyncClient() as client:
+        freed = await client.delete(f"{url}/admin/v1/nodes/n1/fabrics", headers=admin)
+        assert freed.json()["fabrics"] == ["ib-secret"]
+        await _report(client, url, token, fabrics=["ib-c"])
+    assert cp.state.nodes["n1"].fabrics == ["ib-c"]
+
+
+async def test_without_a_pin_reports_decide_fabrics(plane: Plane) -> None:
+    cp, creds, url = plane
+    cp.approve_nodes = False
+    assert creds.join_token
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, creds.join_token, "n1")
+        await _report(client, url, token, fabrics=["ib-a"])
+        await _report(client, url, token, fabrics=["ib-b"])
+    assert cp.state.nodes["n1"].fabrics == ["ib-b"]
+
+
+async def test_a_node_waiting_for_approval_is_no_weight_source(plane: Plane) -> None:
+    cp, creds, url = plane
+    assert creds.join_token and creds.admin_token
+    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=0.0,
+                                            shards=[ShardAssignment(node="n2")])
+    async with httpx.AsyncClient() as client:
+        rogue = await register(client, url, creds.join_token, "n1")
+        report = AgentReport(node="n1", inventory=inventory("n1"), agent_port=9999,
+                             weights=[WeightsEntry(model="m")])
+        await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
+                          headers={"Authorization": f"Bearer {rogue}"})
+        cp.approve_nodes = False
+        honest = await register(client, url, creds.join_token, "n2")
+        ask = AgentReport(node="n2", inventory=inventory("n2"))
+        answer = await client.post(f"{url}/agent/v1/report", content=ask.model_dump_json(),
+                                   headers={"Authorization": f"Bearer {honest}"})
+        assert answer.json()["weight_peers"] == {}
+        await cp.approve_node("n1")
+        answer = await client.post(f"{url}/agent/v1/report", content=ask.model_dump_json(),
+                                   headers={"Authorization": f"Bearer {honest}"})
+        assert answer.json()["weight_peers"] == {"m": ["http://127.0.0.1:9999"]}

@@ -47,10 +47,13 @@ def apply_report(
     """Take in a node's report: its facts, its heartbeat and its replicas' states."""
     effects = ReportEffects()
     effects.routing_changed = node.state(now) == NodeState.UNREACHABLE
+    # Pinned fabrics are the operator's word; the report's are only shown.
+    fabrics = node.fabrics if node.fabrics_pinned else list(report.fabrics)
+    node.reported_fabrics = list(report.fabrics)
     changed_row = (
         node.address != report.address
         or node.agent_port != report.agent_port
-        or node.fabrics != report.fabrics
+        or node.fabrics != fabrics
         or node.weights != report.weights
     )
     inventory_changed = node.inventory != report.inventory
@@ -65,7 +68,7 @@ def apply_report(
     effects.write_node = changed_row or effects.write_gpus
     node.address = report.address
     node.agent_port = report.agent_port
-    node.fabrics = list(report.fabrics)
+    node.fabrics = fabrics
     node.weights = list(report.weights)
     if inventory_changed:
         # Replaced, never edited in place, and only when it changed: the
@@ -190,7 +193,8 @@ def weight_peers(state: FleetState, node: NodeRecord) -> dict[str, list[str]]:
     fabrics = set(node.fabrics)
     now = time.time()
     for other in state.nodes.values():
-        if other.name == node.name or other.agent_port is None:
+        if other.name == node.name or other.agent_port is None or other.pending_approval:
+            # A node no operator accepted yet serves no one its "weights".
             continue
         if fabrics and not fabrics & set(other.fabrics):
             continue

@@ -148,6 +148,9 @@ class ControlPlane:
         for name in approval.parse(await self.store.get_setting(approval.SETTING)):
             if name in state.nodes:
                 state.nodes[name].pending_approval = True
+        for name in approval.parse(await self.store.get_setting(approval.PINNED_SETTING)):
+            if name in state.nodes:
+                state.nodes[name].fabrics_pinned = True
         self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
         await state.bump_routing()
 
@@ -303,11 +306,39 @@ class ControlPlane:
             raise ValidationError(f"node {name} is not waiting for approval", field="node")
         node.pending_approval = False
         node.admin_state = NodeState.READY
+        # Accepted as it showed itself: the fabrics it reported are pinned.
+        node.fabrics_pinned = True
         await self.store.upsert_nodes([node_row(node)])
         await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
-        await self.event("node", name, f"node {name} approved")
+        await self._save_pinned_fabrics()
+        await self.event("node", name, f"node {name} approved (fabrics:"
+                         f" {','.join(node.fabrics) or 'none'})")
         self.wake_reconciler()
         return node
+
+    async def set_node_fabrics(self, name: str, fabrics: list[str] | None) -> NodeRecord:
+        """Pin a node's fabrics (reports stop changing them), or None: its reports decide."""
+        self.require_leader()
+        node = self.state.nodes.get(name)
+        if node is None:
+            raise NotFoundError(f"node {name!r} does not exist")
+        if fabrics is None:
+            node.fabrics_pinned = False
+            node.fabrics = list(node.reported_fabrics)
+            message = f"node {name} takes its fabrics from its reports again"
+        else:
+            node.fabrics_pinned = True
+            node.fabrics = list(fabrics)
+            message = f"node {name} fabrics set to {','.join(fabrics) or 'none'}"
+        await self.store.upsert_nodes([node_row(node)])
+        await self._save_pinned_fabrics()
+        await self.event("node", name, message)
+        self.wake_reconciler()
+        return node
+
+    async def _save_pinned_fabrics(self) -> None:
+        pinned = approval.dump_pinned(self.state.nodes)
+        await self.store.set_setting(approval.PINNED_SETTING, pinned)
 
     async def report(self, node: NodeRecord, report: AgentReport) -> AgentReportAnswer:
         """Take in a node's report; answer with everything it must run."""
@@ -569,8 +600,11 @@ class ControlPlane:
         if name not in self.state.nodes:
             raise NotFoundError(f"node {name!r} does not exist")
         await self.store.delete_node(name)
-        if self.state.nodes.pop(name).pending_approval:
+        removed = self.state.nodes.pop(name)
+        if removed.pending_approval:
             await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
+        if removed.fabrics_pinned:
+            await self._save_pinned_fabrics()
         await self.event("node", name, f"node {name} removed")
         self.wake_reconciler()
 

@@ -56,6 +56,11 @@ class NodeRecord:
     # Registered while `serve --approve-nodes` holds new nodes: kept cordoned,
     # given no peer token, until an operator approves it (llmgw.control.approval).
     pending_approval: bool = False
+    # Fabrics an operator set (or accepted with the node's approval): reports
+    # no longer change them, so a node cannot talk itself into a fabric.
+    fabrics_pinned: bool = False
+    # What the agent last reported (memory only), shown when it differs.
+    reported_fabrics: list[str] = field(default_factory=list)
 
     def state(self, now: float, unreachable_after: float | None = None) -> NodeState:
         # The module's grace is read at call time, so a test can shorten it.

@@ -92,6 +92,25 @@ def node_delete(ctx: typer.Context, name: str) -> None:
     typer.echo(admin_client(ctx).call("DELETE", f"/nodes/{name}")["message"])
 
 
+@nodes_app.command("fabrics")
+@guarded
+def node_fabrics(
+    ctx: typer.Context,
+    name: str,
+    fabric: Annotated[list[str] | None, typer.Argument(help="The node's fabrics.")] = None,
+    reported: Annotated[bool, typer.Option(
+        "--reported", help="Take the fabrics from the node's reports again.")] = False,
+) -> None:
+    """Set NODE's fabrics (its reports no longer change them), or --reported."""
+    client = admin_client(ctx)
+    if reported:
+        node = client.call("DELETE", f"/nodes/{name}/fabrics")
+    else:
+        node = client.call("PUT", f"/nodes/{name}/fabrics", body={"fabrics": fabric or []})
+    typer.echo(f"node {node['name']} fabrics: {','.join(node['fabrics']) or 'none'}"
+               + (" (from its reports)" if reported else " (set)"))
+
+
 @nodes_app.command("approve")
 @guarded
 def node_approve(ctx: typer.Context, name: str) -> None:

@@ -264,6 +264,20 @@ def build_admin_router(
         """Place nothing new here and move its replicas away (make before break)."""
         return await _set_node(name, NodeState.DRAINING)
 
+    @router.put("/nodes/{name:name}/fabrics", response_model=NodeView, responses=not_found,
+                tags=["nodes"])
+    async def pin_fabrics(name: str, body: schemas.NodeFabrics) -> Response:
+        """Set a node's fabrics; its reports no longer change them."""
+        await cp.set_node_fabrics(name, body.fabrics)
+        return json_response(_node(name))
+
+    @router.delete("/nodes/{name:name}/fabrics", response_model=NodeView, responses=not_found,
+                   tags=["nodes"])
+    async def unpin_fabrics(name: str) -> Response:
+        """Let a node's reports decide its fabrics again."""
+        await cp.set_node_fabrics(name, None)
+        return json_response(_node(name))
+
     @router.post("/nodes/{name:name}/approve", response_model=NodeView, responses=not_found,
                  tags=["nodes"])
     async def approve_node(name: str) -> Response:

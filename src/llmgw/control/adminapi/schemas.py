@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmgw.control.store.repo import Row
-from llmgw.wire import ApiKeyInfo, ModelSpec, UsageRecord
+from llmgw.wire import ApiKeyInfo, ModelSpec, UsageRecord, check_node_name
 
 
 class _Body(BaseModel):
@@ -145,6 +145,18 @@ def usage_answer(since: int, rows: list[Row]) -> UsageAnswer:
 class JoinToken(BaseModel):
     # Shown once: agents register with it (llmgw agent --join-token).
     join_token: str
+
+
+class NodeFabrics(_Body):
+    # The node's fabrics from now on, whatever its reports say.
+    fabrics: list[str] = Field(max_length=16)
+
+    @field_validator("fabrics")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for item in value:
+            check_node_name(item, "fabric name")
+        return value
 
 
 class JoinTokenCreate(_Body):

@@ -228,6 +228,9 @@ def _build_node_view(
         driver_version=inventory.driver_version if inventory is not None else None,
         warnings=([f"waiting for approval: llmgw ctl nodes approve {name}"]
                   if node.pending_approval else [])
+        + ([f"reports fabrics {','.join(node.reported_fabrics) or 'none'}; kept"
+            f" {','.join(node.fabrics) or 'none'} (set by an operator)"]
+           if node.fabrics_pinned and node.reported_fabrics != node.fabrics else [])
         + (inventory.warnings if inventory is not None else []),
         devices=devices,
         classes=classes,
