@@ -30,7 +30,6 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from llmgw.control.store.db import libpq_conninfo
 from llmgw.control.store.repo import Store
 
 log = logging.getLogger(__name__)
@@ -139,6 +138,5 @@ class LeaderElection:
 
 
 def _libpq_url(sqlalchemy_url: str) -> str:
-    # Every host of a multi-host (Patroni) URL: the lock must follow the
-    # primary to whichever member it moves, like the pool does.
-    return libpq_conninfo(sqlalchemy_url)
+    url = make_url(sqlalchemy_url).set(drivername="postgresql")
+    return url.render_as_string(hide_password=False)
