@@ -27,4 +27,16 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "setup: chromium not found; install it (apt-get install chromium) for the console tests" >&2
   fi
 fi
+# etcd for the replicated-store tests: they run etcd and three PostgreSQL
+# members under Patroni (tests/store_cluster.py). Debian's package, as above.
+if ! command -v etcd >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing etcd"
+    (apt-get install -y -q etcd-server >/dev/null 2>&1 || \
+      (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q etcd-server >/dev/null 2>&1)) || \
+      echo "setup: could not install etcd-server; the Patroni tests will fail" >&2
+  else
+    echo "setup: etcd not found; install it (apt-get install etcd-server) for the Patroni tests" >&2
+  fi
+fi
 echo "setup: done"

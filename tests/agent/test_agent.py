@@ -165,7 +165,7 @@ async def test_malformed_assignments_are_refused_not_half_applied(
         lambda r: len(r.refused) == 5 and any(s.replica_id == "good" for s in r.replicas)
     )
     assert "node 'n2'" in report.refused["elsewhere"]
-    assert "device 9 is not on this node" in report.refused["nodev"]
+    assert "device cpu9 is not on this node" in report.refused["nodev"]
     assert "also assigned to replica good" in report.refused["zclash"]
     assert "--port" in report.refused["badargs"]
     assert "not available" in report.refused["vllm"]

@@ -30,6 +30,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from llmgw.control.store.db import libpq_conninfo
 from llmgw.control.store.repo import Store
 
 log = logging.getLogger(__name__)
@@ -138,5 +139,6 @@ class LeaderElection:
 
 
 def _libpq_url(sqlalchemy_url: str) -> str:
-    url = make_url(sqlalchemy_url).set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
+    # Every host of a multi-host (Patroni) URL: the lock must follow the
+    # primary to whichever member it moves, like the pool does.
+    return libpq_conninfo(sqlalchemy_url)

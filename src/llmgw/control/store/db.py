@@ -11,7 +11,8 @@ timeout instead of failing them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -25,6 +26,7 @@ SQLITE_BUSY_TIMEOUT_MS = 10_000
 
 def normalise_url(url: str) -> str:
     """Accept the URLs people write and pick the async driver for them."""
+    url = _hosts_to_query(url)
     try:
         parsed = make_url(url)
     except ArgumentError:
@@ -38,6 +40,45 @@ def normalise_url(url: str) -> str:
         f"database URL scheme {parsed.drivername!r} is not supported: "
         "use sqlite:///path or postgresql://user@host/db"
     )
+
+
+def _hosts_to_query(url: str) -> str:
+    """libpq's multi-host form, ``postgresql://u@h1:5432,h2:5433/db``, as SQLAlchemy's.
+
+    It is how Patroni users write their URL (and what docs/install.md
+    shows), but SQLAlchemy's parser reads everything after the last colon of
+    the host list as one port and fails; its own spelling of the same list is
+    ``?host=h1:5432&host=h2:5433``, which its PostgreSQL dialects hand to
+    libpq as ``host=h1,h2 port=5432,5433``.
+    """
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return url
+    if "host=" in parts.query:
+        raise ConfigError(f"database URL {url!r} names hosts twice (before the path and "
+                          "in host=); give them in one place")
+    query = "&".join([*(f"host={quote(h, safe=':')}" for h in hosts.split(",") if h),
+                      *([parts.query] if parts.query else [])])
+    return urlunsplit(parts._replace(netloc=userinfo + at, query=query))
+
+
+def libpq_conninfo(url: str) -> str:
+    """The libpq connection string for ``url``, every host of a multi-host URL included.
+
+    For connections made with psycopg directly (the leader's lock), which
+    must reach the same hosts, in the same order and with the same options
+    (``target_session_attrs=read-write``), as the engine's pool; rendering
+    the URL back as a string would keep only the last of several ``host=``.
+    """
+    from psycopg.conninfo import make_conninfo
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    # The dialect's own translation, so this can never disagree with the pool
+    # (its module is untyped, hence the cast).
+    dialect = cast(Any, PGDialect_psycopg)()
+    _, params = dialect.create_connect_args(make_url(normalise_url(url)))
+    return make_conninfo("", **{key: str(value) for key, value in params.items()})
 
 
 def is_sqlite(url: str) -> bool:
