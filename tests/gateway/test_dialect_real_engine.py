@@ -35,8 +35,10 @@ CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 PROMPT = "The three primary colours are"
 
 
-def _config(real: Engine) -> wire.GatewayConfig:
-    endpoint = wire.Endpoint(replica_id="llama-1", url=real.url, dialect=PYTHON_DIALECT)
+def _config(
+    real: Engine, dialect: wire.EngineDialect | None = PYTHON_DIALECT
+) -> wire.GatewayConfig:
+    endpoint = wire.Endpoint(replica_id="llama-1", url=real.url, dialect=dialect)
     return make_config(1, [wire.ModelRoute(name="gemma", served_name=SERVED,
                                            endpoints=[endpoint])])  # fmt: skip
 
@@ -113,6 +115,34 @@ async def test_stream_usage_is_exact_and_limits_hold(engine: Engine) -> None:  #
         assert got == expected
 
 
+async def test_concurrent_streams_are_each_counted_exactly(engine: Engine) -> None:  # noqa: F811
+    """Two streams at once on an engine that serves one request at a time: each
+    count waits its turn, and each still equals its request's unstreamed run."""
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(_config(engine))
+    asks = [
+        {"model": "gemma", "temperature": 0, "max_tokens": 10,
+         "messages": [{"role": "user", "content": f"Write a line about the number {n}."}]}
+        for n in (7, 12)
+    ]  # fmt: skip
+    async with running_gateway(link) as (_, url):
+        client = async_client(url, timeout=120)
+        wholes = [await client.chat.completions.create(**ask) for ask in asks]
+
+        async def streamed(ask: dict[str, Any]) -> Any:
+            stream = await client.chat.completions.create(
+                **ask, stream=True, stream_options={"include_usage": True}
+            )
+            return [chunk async for chunk in stream][-1].usage
+
+        usages = await asyncio.gather(*(streamed(ask) for ask in asks))
+    for whole, usage in zip(wholes, usages, strict=True):
+        assert whole.usage is not None and usage is not None
+        assert (usage.prompt_tokens, usage.completion_tokens) == (
+            whole.usage.prompt_tokens, whole.usage.completion_tokens
+        )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def interrupting_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """llama_cpp.server as it starts by default: interrupt_requests on."""
@@ -156,7 +186,9 @@ async def test_a_stream_the_engine_interrupts_is_an_error(interrupting_engine: E
     """The issue's measurement: a second request cut a running stream, and the
     client saw a normal end. Through the gateway it sees an error instead."""
     link = MemoryLink(poll_timeout_s=1.0)
-    link.publish(_config(interrupting_engine))
+    # No dialect: nothing of the gateway's own (its prompt count, which this
+    # engine would also take for an interruption) may be what cuts the stream.
+    link.publish(_config(interrupting_engine, None))
     async with running_gateway(link) as (_, url):
         client = async_client(url, timeout=120)
         stream = await client.chat.completions.create(

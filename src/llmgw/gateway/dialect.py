@@ -30,6 +30,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -230,7 +231,8 @@ _PROBE_DROPS = frozenset(
 class StreamCounter:
     """Counts one finished stream on the endpoint that produced it."""
 
-    __slots__ = ("_key", "_path", "_payload", "_replica_url", "_request_id", "_upstream", "mending")
+    __slots__ = ("_early", "_key", "_path", "_payload", "_replica_url", "_request_id", "_upstream",
+                 "mending")  # fmt: skip
 
     def __init__(
         self,
@@ -247,10 +249,29 @@ class StreamCounter:
         self._path = path
         self._payload = payload
         self._request_id = request_id
+        self._early: asyncio.Task[int] | None = None
 
     @property
     def chat(self) -> bool:
         return self._path == CHAT
+
+    def begin(self) -> None:
+        """Ask for the prompt's count now, while the stream still runs.
+
+        An engine that serves one request at a time (llama_cpp.server) then
+        takes it right after this stream, while its state still holds this
+        prompt: asked after the stream, it would queue behind every request
+        that arrived meanwhile and evaluate the whole prompt again. (The
+        agent starts llama_cpp.server with interrupt_requests off, so a
+        request that waits does not cut the running stream short.)
+        """
+        self._early = asyncio.get_running_loop().create_task(self._prompt())
+
+    def _prompt(self) -> Coroutine[Any, Any, int]:
+        prompt = self._payload.get("prompt")
+        if self._path == COMPLETIONS and isinstance(prompt, str) and "suffix" not in self._payload:
+            return self._count(prompt)
+        return self._probe()
 
     async def usage(
         self, tally: StreamTally, timeout_s: float = COUNT_TIMEOUT_S
@@ -268,14 +289,9 @@ class StreamCounter:
             return Usage(), False
 
     async def _usage(self, tally: StreamTally) -> tuple[Usage, bool]:
-        prompt = self._payload.get("prompt")
-        if self._path == COMPLETIONS and isinstance(prompt, str) and "suffix" not in self._payload:
-            prompt_count = self._count(prompt)
-        else:
-            prompt_count = self._probe()
         known = _bases.get(self._key)
         counts = await asyncio.gather(
-            prompt_count,
+            self._early or self._prompt(),
             self._count("") if known is None else _known(known),
             *(self._count(text) for text in tally.completions()),
             return_exceptions=True,

@@ -472,10 +472,10 @@ async def _proxy(
                 prefill.done()
                 metrics.ttft(model, time.perf_counter() - started - waited)
                 relayed, response = response, None
-                counter = (
-                    StreamCounter(rt.upstream, replica, path, payload, request_id)
-                    if replica.mending.count_streams else None
-                )  # fmt: skip
+                counter = None
+                if replica.mending.count_streams:
+                    counter = StreamCounter(rt.upstream, replica, path, payload, request_id)
+                    counter.begin()
                 return await _relay(rt, relayed, first or b"", model, record, injected,
                                     before, id_header, send, counter, asked,
                                     replica.mending.legacy)  # fmt: skip
