@@ -39,4 +39,17 @@ if ! command -v etcd >/dev/null 2>&1; then
     echo "setup: etcd not found; install it (apt-get install etcd-server) for the Patroni tests" >&2
   fi
 fi
+# promtool (Debian's prometheus package) lints every /metrics in the tests
+# (tests/metrics_check.py); those tests fail without it rather than skip.
+if ! command -v promtool >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing promtool (prometheus)"
+    (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+      (apt-get update -q >/dev/null 2>&1 && \
+        apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1)) || \
+      echo "setup: could not install prometheus; the metrics tests will fail" >&2
+  else
+    echo "setup: promtool not found; install it (apt-get install prometheus) for the metrics tests" >&2
+  fi
+fi
 echo "setup: done"

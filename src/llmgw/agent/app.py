@@ -40,6 +40,7 @@ from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.memguard import GuardMode, MemoryGuard, node_memory_mib
+from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
 from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
 from llmgw.agent.server import WeightsServer
@@ -96,6 +97,8 @@ class AgentConfig:
     # How engines are held to their memory budgets (agent.memguard): "auto"
     # takes a cgroup where the agent can make one, else watches RSS.
     memory_guard: GuardMode = "auto"
+    # Asked of scrapers of the agent's /metrics (llmgw.agent.metrics); None: open.
+    metrics_token: str | None = None
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -207,6 +210,8 @@ class Agent:
                 port=self.config.server_port,
                 node=self.config.name,
                 on_nudge=self._changed.set,
+                metrics=AgentMetrics(self).render,
+                metrics_token=self.config.metrics_token,
             )
             await self.server.start()
 

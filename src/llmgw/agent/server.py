@@ -1,4 +1,4 @@
-"""The agent's own small HTTP server: weights for peers of its fabric.
+"""The agent's own small HTTP server: weights for peers of its fabric, and /metrics.
 
 Copying weights from a node next door is the fastest way to get them, but
 the weights may be licensed or private, so every request must carry the
@@ -7,6 +7,10 @@ plane has sent one, the server refuses everything.
 
 Files are found through the manifest, never by joining a requested path onto
 the cache directory, so no request can reach a file outside a cache entry.
+
+/metrics (llmgw.agent.metrics) is for the monitoring system, which holds no
+peer token: it takes the metrics token instead when one is set, like the
+gateway's and the control plane's.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from aiohttp.typedefs import Handler
 
 from llmgw.agent.fetchers import FILE_PATH, MANIFEST_PATH
 from llmgw.agent.weights import WeightsCache, manifest_json
+from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.secrets import bearer
 from llmgw.wire import NUDGE_PATH
 
@@ -33,8 +38,12 @@ class WeightsServer:
         port: int = 0,
         node: str = "",
         on_nudge: Callable[[], None] | None = None,
+        metrics: Callable[[], bytes] | None = None,
+        metrics_token: str | None = None,
     ) -> None:
         self.cache = cache
+        self._metrics = metrics
+        self._metrics_token = metrics_token
         self._token = token
         self._on_nudge = on_nudge
         self.host = host
@@ -48,6 +57,8 @@ class WeightsServer:
         app.router.add_get(MANIFEST_PATH, self._manifest)
         app.router.add_get(FILE_PATH, self._file)
         app.router.add_post(NUDGE_PATH, self._nudge)
+        if self._metrics is not None:
+            app.router.add_get("/metrics", self._scrape)
         return app
 
     async def start(self) -> int:
@@ -72,7 +83,7 @@ class WeightsServer:
         request: web.Request,
         handler: Handler,
     ) -> web.StreamResponse:
-        if request.path != "/agent/v1/health":
+        if request.path not in ("/agent/v1/health", "/metrics"):
             expected = self._token()
             given = bearer(request.headers.get("Authorization"))
             if not expected or not given or not hmac.compare_digest(given, expected):
@@ -89,6 +100,14 @@ class WeightsServer:
         if self._on_nudge is not None:
             self._on_nudge()
         return web.json_response({"ok": True}, status=202)
+
+    async def _scrape(self, request: web.Request) -> web.Response:
+        if not scrape_allowed(request.headers.get("Authorization"), self._metrics_token):
+            return web.json_response(
+                {"error": "/metrics needs the metrics token (Authorization: Bearer ...)"},
+                status=401)
+        render = self._metrics or bytes  # the route exists only with it
+        return web.Response(body=render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"node": self.node, "ok": True})

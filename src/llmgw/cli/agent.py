@@ -22,7 +22,7 @@ import typer
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
 from llmgw.cli.logs import setup_logging
-from llmgw.cli.secretfile import pick_secret
+from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
 from llmgw.wire import check_host, check_node_name
 
@@ -132,6 +132,7 @@ def agent(
             weights_reserve=(
                 DiskReserve.parse(weights_reserve) if weights_reserve else DiskReserve()
             ),
+            metrics_token=metrics_token_from(),
         )
         asyncio.run(run_agent(Agent(config), stop_engines=stop_engines))
     except (ConfigError, AuthError) as exc:

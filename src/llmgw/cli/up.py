@@ -31,6 +31,7 @@ from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
 from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
+from llmgw.control.metrics import ControlCollector
 from llmgw.control.retention import Retention
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
@@ -194,7 +195,11 @@ def build_gateway(cp: ControlPlane) -> Any:
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.settings import GatewaySettings
 
-    return Gateway(InProcessLink(cp), GatewaySettings(metrics_token=metrics_token_from()))
+    gateway = Gateway(InProcessLink(cp), GatewaySettings(metrics_token=metrics_token_from()))
+    # One scrape target per process: the gateway's /metrics (the dispatcher
+    # sends /metrics there) carries the control plane's families too.
+    gateway.metrics.registry.register(ControlCollector(cp))
+    return gateway
 
 
 def _asgi_of(gateway: Any) -> Any:
@@ -509,6 +514,7 @@ async def _start_local_agent(
         join_token=join_token,
         cpu_slots=options.cpu_slots,
         report_interval_s=2.0,
+        metrics_token=metrics_token_from(),
     )
     agent = Agent(config)
     await agent.start()

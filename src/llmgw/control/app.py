@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import generate_latest
 from pydantic import TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,9 +27,11 @@ from llmgw import secrets
 from llmgw.console.server import mount_console
 from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.limits import BodyLimit
+from llmgw.control.metrics import CountReports, control_registry
 from llmgw.control.service import ControlPlane
 from llmgw.control.standby import standby_response
 from llmgw.errors import AuthError, NotFoundError, StandbyError, StoreError, ValidationError
+from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.wire import (
     AgentRegistration,
     AgentReport,
@@ -64,7 +67,9 @@ async def _body(request: Request) -> Any:
         raise ValidationError(f"request body is not valid JSON: {exc}") from None
 
 
-def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastAPI:
+def create_app(
+    cp: ControlPlane, *, title: str = "llmgw control plane", metrics_token: str | None = None
+) -> FastAPI:
     # No /admin/docs or /redoc: FastAPI's pages load their scripts from a CDN
     # into the console's origin, where the admin token lives, and answered
     # without any token. The schema itself stays at /admin/v1/openapi.json.
@@ -72,6 +77,7 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
                   openapi_url="/admin/v1/openapi.json")
     app.state.cp = cp
     app.add_middleware(BodyLimit)
+    app.add_middleware(CountReports, metrics=cp.metrics)  # outermost: sees BodyLimit's 413s
 
     @app.exception_handler(AuthError)
     async def _auth(_: Request, exc: AuthError) -> JSONResponse:
@@ -125,6 +131,21 @@ def create_app(cp: ControlPlane, *, title: str = "llmgw control plane") -> FastA
         """200 on the leader, 503 on a standby: a load balancer's health check."""
         cp.require_leader()
         return _json_dict({"status": "ok", "leader": True, "epoch": cp.epoch})
+
+    registry = control_registry(cp)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        """The control plane's families alone (docs/metrics.md).
+
+        ``llmgw up`` and ``serve`` send /metrics to their gateway instead,
+        which carries these families beside its own: one scrape target per
+        process. The same optional token guards both.
+        """
+        if not scrape_allowed(request.headers.get("authorization"), metrics_token):
+            return error_body(401, "/metrics needs the metrics token (Authorization: Bearer ...).",
+                              "authentication_error", "invalid_token")
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
     # -- agent API ---------------------------------------------------------
     # The standby check comes before the credentials: a standby's view of the

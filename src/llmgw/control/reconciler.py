@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ class PassResult:
     events: list[Event] = field(default_factory=list)
     duration_s: float = 0.0
     changed: bool = False
+    # By reason, for the control plane's metrics (llmgw.control.metrics).
+    placed_by: dict[str, int] = field(default_factory=dict)
+    removed_by: dict[str, int] = field(default_factory=dict)
 
 
 class Reconciler:
@@ -165,6 +169,8 @@ class Reconciler:
 
 def _result(decisions: Decisions, duration_s: float) -> PassResult:
     kinds = [r.kind for r in decisions.removals]
+    moves = sum(1 for e in decisions.events if e.kind == "placed" and e.data.get("replaces"))
+    placed_by = {"move": moves, "short": len(decisions.new) - moves}
     return PassResult(
         placed=len(decisions.new),
         removed=len(decisions.removals),
@@ -176,6 +182,8 @@ def _result(decisions: Decisions, duration_s: float) -> PassResult:
         events=list(decisions.events),
         duration_s=duration_s,
         changed=decisions.changes_replicas or bool(decisions.models),
+        placed_by={reason: n for reason, n in placed_by.items() if n},
+        removed_by=dict(Counter(kinds)),
     )
 
 

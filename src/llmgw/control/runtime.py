@@ -114,10 +114,11 @@ class ControlPlaneRuntime:
         last = assignment_signature(self.cp.state)
         while True:
             started = time.perf_counter()
+            result, outcome = None, "ok"
             try:
                 now = time.time()
                 await self.cp.note_reachability(now)
-                await reconciler.run_pass(now, epoch)
+                result = await reconciler.run_pass(now, epoch)
                 # Changes since the last pass, this pass's and those made
                 # between passes (a catalog edit, a drain), reach their
                 # agents now rather than at their next report.
@@ -128,6 +129,7 @@ class ControlPlaneRuntime:
                 )
                 last = current
             except NotLeaderError as exc:
+                self.cp.metrics.reconcile_pass(time.perf_counter() - started, "stale_epoch", None)
                 log.warning("reconcile pass refused, stepping down: %s", exc)
                 self.election.is_leader = self.cp.is_leader = False
                 async with self._loading:
@@ -138,8 +140,10 @@ class ControlPlaneRuntime:
                 return
             except Exception:
                 log.exception("reconcile pass failed; retrying on the next tick")
+                outcome = "error"
             self.passes += 1
             self.last_pass_ms = (time.perf_counter() - started) * 1000
+            self.cp.metrics.reconcile_pass(self.last_pass_ms / 1000, outcome, result)
             await self.cp.wait_for_wakeup(self.reconcile_interval_s)
 
     async def _restart_election(self) -> None:

@@ -23,6 +23,7 @@ from llmgw.control.inflight import InFlightBook
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.jointokens import SETTING as JOIN_TOKENS
 from llmgw.control.jointokens import JoinToken, JoinTokens
+from llmgw.control.metrics import ControlMetrics
 from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
 from llmgw.control.reports import apply_report, assignments_for, weight_peers
@@ -125,6 +126,8 @@ class ControlPlane:
         self.is_leader = True
         self.epoch = 0
         self.leader_hint = LeaderHint(store)
+        # Counted here and rendered on scrape (llmgw.control.metrics).
+        self.metrics = ControlMetrics()
 
     # -- start-up ------------------------------------------------------------
 

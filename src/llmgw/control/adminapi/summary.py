@@ -27,6 +27,7 @@ under ``parked`` alone.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -286,8 +287,16 @@ def summarize(views: FleetViews, store: StoreStatus) -> Summary:
     return builder.finish()
 
 
-def fleet_summary(state: FleetState, now: float, store: StoreStatus) -> Summary:
-    """The summary of the fleet as it is now: the same views, folded as they are built."""
+def fleet_summary(
+    state: FleetState, now: float, store: StoreStatus,
+    on_model: Callable[[ModelView], None] | None = None,
+) -> Summary:
+    """The summary of the fleet as it is now: the same views, folded as they are built.
+
+    ``on_model`` sees each model view as it is folded: the control plane's
+    per-model metrics (llmgw.control.metrics) come from the very views the
+    summary counts, so the two cannot disagree.
+    """
     builder = SummaryBuilder(store)
     for node in iter_node_views(state, now, with_devices=False):
         builder.add_node(node)
@@ -297,4 +306,6 @@ def fleet_summary(state: FleetState, now: float, store: StoreStatus) -> Summary:
         tally.add(replica)
     for model in iter_model_views(state, now, tally):
         builder.add_model(model)
+        if on_model is not None:
+            on_model(model)
     return builder.finish()

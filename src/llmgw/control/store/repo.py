@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from llmgw.control.store import schema
 from llmgw.control.store.db import create_engine, is_sqlite, normalise_url
 from llmgw.control.store.migrate import upgrade_to_head
+from llmgw.control.store.stats import WriteStats
 from llmgw.errors import ConfigError, NotLeaderError, StoreError
 
 Row = dict[str, Any]
@@ -37,6 +38,8 @@ class Store:
         self.url = url
         self.is_sqlite = is_sqlite(url)
         self._upserts: dict[tuple[str, tuple[str, ...]], Any] = {}
+        # Every write transaction, timed and counted (the control plane's /metrics).
+        self.write_stats = WriteStats()
 
     # -- opening -----------------------------------------------------------
 
@@ -68,14 +71,24 @@ class Store:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
-        """One write transaction (BEGIN IMMEDIATE on SQLite, see db.py)."""
+        """One write transaction (BEGIN IMMEDIATE on SQLite, see db.py).
+
+        Every write passes here, so here it is timed and its failures counted
+        (``write_stats``: the control plane's metrics).
+        """
+        started, outcome = time.perf_counter(), "aborted"
         try:
             async with self.engine.begin() as conn:
                 yield conn
+            outcome = "ok"
         except NotLeaderError:
+            outcome = "stale_epoch"
             raise
         except SQLAlchemyError as exc:
+            outcome = "error"
             raise StoreError(f"store write failed: {_first_line(exc)}") from exc
+        finally:
+            self.write_stats.record(time.perf_counter() - started, outcome)
 
     async def _read(self, statement: Any) -> list[Row]:
         try:

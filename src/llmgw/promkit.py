@@ -1,0 +1,55 @@
+"""Small pieces the parts share for their /metrics: a cheap histogram, the token check.
+
+prometheus_client's own metric objects take a lock and check labels on every
+update; the parts of llmgw count from one event loop, so an observation here
+is a bisect and two additions, and the cost of building families is paid by
+the scraper, not by the code being measured (see gateway/metrics.py for the
+same choice on the gateway's hot path).
+"""
+
+from __future__ import annotations
+
+import hmac
+from bisect import bisect_left
+
+from llmgw import secrets
+
+# The classic text format, which generate_latest writes (prometheus_client's
+# CONTENT_TYPE_LATEST names version 1.0.0 from 0.22 on, which it does not write).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Histogram:
+    __slots__ = ("buckets", "counts", "total")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1
+        self.total += value
+
+    def family_points(self) -> tuple[list[tuple[str, float]], float]:
+        """Cumulative (upper bound, count) pairs ending with +Inf, and the sum."""
+        points: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip(self.buckets, self.counts, strict=False):
+            running += count
+            points.append((repr(float(bound)), running))
+        running += self.counts[-1]
+        points.append(("+Inf", running))
+        return points, self.total
+
+
+def scrape_allowed(authorization: str | None, expected: str | None) -> bool:
+    """Whether a scrape may read /metrics: always without a metrics token, else its bearer.
+
+    Metrics name every model, node and device and show the traffic; on a
+    shared network they are for the monitoring system, not for anyone.
+    """
+    if expected is None:
+        return True
+    given = secrets.bearer(authorization)
+    return given is not None and hmac.compare_digest(given, expected)
