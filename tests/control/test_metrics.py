@@ -31,7 +31,7 @@ from llmgw.control.scheduler.fleetgen import generate
 from llmgw.control.service import ControlPlane
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotLeaderError, StoreError
-from llmgw.wire import EngineKind, ModelSpec
+from llmgw.wire import EngineKind, ModelSpec, NodeState, ReplicaState
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -146,10 +146,12 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
         async with serve_asgi(create_app(cp)) as url:
             await runtime.start()
             assert cp.is_leader
-            for _ in range(200):  # 10 s at most
-                if runtime.passes >= 2:
-                    break
-                await asyncio.sleep(0.05)
+            await wait_passes(runtime, 2)
+            # Draining gpu-a1 moves its replicas make-before-break: placed as moves;
+            # a replica whose engine failed is removed (and its model retried).
+            await cp.set_node_state("gpu-a1", NodeState.DRAINING)
+            cp.state.replicas["r-llama-1"].move_to(ReplicaState.FAILED, "engine exited (1)")
+            await wait_passes(runtime, runtime.passes + 2)
             metrics = await scrape(url)
     finally:
         await runtime.stop()
@@ -162,11 +164,18 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
     assert metrics.value("llmgw_control_reconcile_pass_seconds_sum") > 0
     assert abs(metrics.value("llmgw_control_last_reconcile_timestamp_seconds") - time.time()) < 30
     placed = metrics.by("llmgw_control_replicas_placed_total", "reason")
-    assert placed["short"] >= 1
-    # The replica of the model deleted under it... none here; a failed one is
-    # removed by the first pass (the fleet's starting replica has no agent).
+    assert placed["short"] >= 1 and placed["move"] >= 1
+    assert metrics.by("llmgw_control_replicas_removed_total", "reason")["failed"] == 1
     assert metrics.value("llmgw_control_store_write_seconds_count") >= 2
     assert metrics.by("llmgw_control_store_write_errors_total", "kind") == {}
+
+
+async def wait_passes(runtime: ControlPlaneRuntime, count: int) -> None:
+    for _ in range(200):  # 10 s at most
+        if runtime.passes >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{runtime.passes} reconcile passes, not {count}")
 
 
 async def test_store_write_errors_are_counted(tmp_path: Path) -> None:
