@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import sys
@@ -78,9 +79,22 @@ async def test_standalone_gateway_reads_its_tokens_from_files(tmp_path: Path) ->
             port = int(found.group(1)) if found else None
         async with httpx.AsyncClient() as client:
             metrics = f"http://127.0.0.1:{port}/metrics"
-            assert (await client.get(metrics)).status_code == 401
+            for _ in range(100):  # "listening" is logged just before uvicorn listens
+                with contextlib.suppress(httpx.ConnectError):
+                    first = await client.get(metrics)
+                    break
+                await asyncio.sleep(0.05)
+            assert first.status_code == 401
             assert (await client.get(metrics, headers={"Authorization": "Bearer m-secret"})
                     ).status_code == 200
+        # The standalone gateway runs with llmgw's server limits (cli/httpserver.py).
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000
+                     + b"\r\n\r\n")
+        with contextlib.suppress(ConnectionError):
+            head = await asyncio.wait_for(reader.read(100), 5)
+            assert head.startswith(b"HTTP/1.1 400") or head == b"", head
+        writer.close()
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 15) == 0
     finally:
