@@ -43,12 +43,33 @@ async def test_agent_command_reports_and_stops_on_sigterm(
         report = await fake_cp.wait_for(lambda r: r.node == "cli-node", within=30)
         assert report.fabrics == ["ib-a"]
         assert sum(d.gpu_class == "cpu" for d in report.inventory.devices) == 2
+        # Its RAM, for placing CPU replicas (the machine's, or its cgroup's limit).
+        ram = report.inventory.memory_total_mib
+        assert ram is not None and 0 < ram <= psutil.virtual_memory().total >> 20
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 15) == 0
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_bad_memory_guard_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *LLMGW,
+        "--control-plane",
+        "http://127.0.0.1:9",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--memory-guard",
+        "cgroups",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert err.decode().strip().splitlines()[-1] == (
+        "llmgw: --memory-guard 'cgroups': expected one of auto, cgroup, rss, off"
+    )
 
 
 async def test_bad_join_token_is_one_line_and_exit_2(

@@ -15,12 +15,13 @@ import contextlib
 import signal
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast, get_args
 
 import typer
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
+from llmgw.agent.memguard import GuardMode
 from llmgw.cli.logs import setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
@@ -46,6 +47,14 @@ def _parse_range(text: str) -> tuple[int, int]:
     if not sep or not low.isdigit() or not high.isdigit():
         raise ConfigError(f"--port-range {text!r}: expected LOW-HIGH, e.g. 20000-29999")
     return int(low), int(high)
+
+
+def _guard_mode(text: str) -> GuardMode:
+    for mode in get_args(GuardMode):
+        if text == mode:
+            return cast(GuardMode, mode)
+    choices = ", ".join(get_args(GuardMode))
+    raise ConfigError(f"--memory-guard {text!r}: expected one of {choices}")
 
 
 def _check_identity(name: str, address: str, fabrics: list[str]) -> None:
@@ -110,6 +119,14 @@ def agent(
     stop_engines: Annotated[
         bool, typer.Option(help="Stop the engines when the agent exits (default: leave them).")
     ] = False,
+    memory_guard: Annotated[
+        str,
+        typer.Option(
+            envvar="LLMGW_MEMORY_GUARD",
+            help="How engines are held to their memory budgets: auto (a cgroup where possible,"
+            " else RSS watching), cgroup, rss or off.",
+        ),
+    ] = "auto",
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run this node's agent: report to the control plane and run what it assigns."""
@@ -133,6 +150,7 @@ def agent(
                 DiskReserve.parse(weights_reserve) if weights_reserve else DiskReserve()
             ),
             metrics_token=metrics_token_from(),
+            memory_guard=_guard_mode(memory_guard),
         )
         asyncio.run(run_agent(Agent(config), stop_engines=stop_engines))
     except (ConfigError, AuthError) as exc:
