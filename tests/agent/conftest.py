@@ -16,6 +16,7 @@ from tests.agent.helpers import cpu_slot
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.engines.base import EngineAdapter
+from llmgw.agent.memguard import MemoryGuard, agent_tag
 from llmgw.wire import EngineKind, NodeInventory
 
 
@@ -87,3 +88,9 @@ async def make_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
             await agent.shutdown(stop_engines=True)
     for directory in dirs:
         _kill_recorded_engines(directory)
+    # Engines killed above leave their memory cgroups behind (empty once
+    # they have exited); a guard for the same data dir removes them.
+    await asyncio.sleep(0.2)
+    for directory in dirs:
+        with contextlib.suppress(Exception):
+            MemoryGuard(agent_tag(directory), "cgroup")

@@ -39,7 +39,7 @@ from llmgw.agent.engines import default_adapters
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
-from llmgw.agent.memguard import GuardMode, MemoryGuard, node_memory_mib
+from llmgw.agent.memguard import GuardMode, MemoryGuard, agent_tag, node_memory_mib
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
 from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
@@ -184,7 +184,7 @@ class Agent:
         # Only engines this agent really spawned get a guard: a fake process
         # control's pids may name unrelated processes.
         if isinstance(self.supervisor, Supervisor) and self.config.memory_guard != "off":
-            tag = hash_secret(str(self.data_dir.resolve()))[:12]
+            tag = agent_tag(self.data_dir)
             guard = await asyncio.to_thread(MemoryGuard, tag, self.config.memory_guard)
             log.info("engines' memory budgets enforced by %s", guard.kind)
         self._deps = RunnerDeps(

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -319,6 +320,11 @@ def _read_int(path: Path) -> int | None:
 # ---------------------------------------------------------------------------
 # The guard the agent holds
 # ---------------------------------------------------------------------------
+
+
+def agent_tag(data_dir: Path) -> str:
+    """The tag of the agent of ``data_dir`` in its engines' cgroup names."""
+    return hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
 
 
 class MemoryGuard:
