@@ -8,13 +8,18 @@ restarts) and a weights cache entry.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import sys
+from pathlib import Path
 
 import httpx
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, model
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
+from tests.servers import free_port
 
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
 from llmgw.agent.pinning import Discoverer
@@ -122,3 +127,29 @@ async def test_the_agents_metrics_take_the_metrics_token_not_the_peer_token(
     # CPU slots have no utilisation, temperature or power figure: none is written.
     assert metrics.samples("llmgw_agent_device_utilization_ratio") == []
     assert metrics.samples("llmgw_agent_device_temperature_celsius") == []
+
+
+async def test_llmgw_agent_takes_the_metrics_token_file(
+    fake_cp: FakeControlPlane, tmp_path: Path
+) -> None:
+    (tmp_path / "metrics.token").write_text("file-token\n")
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "llmgw.cli.main", "agent", "--control-plane", fake_cp.url,
+        "--join-token", fake_cp.join_token, "--data-dir", str(tmp_path / "d"),
+        "--name", "cli-node", "--server-port", str(port),
+        "--metrics-token-file", str(tmp_path / "metrics.token"), "--log-level", "warning",
+    )
+    try:
+        await fake_cp.wait_for(lambda r: r.node == "cli-node", within=30)
+        async with httpx.AsyncClient(timeout=10) as client:
+            assert (await client.get(f"http://127.0.0.1:{port}/metrics")).status_code == 401
+        metrics = await scrape(port, "file-token")
+        assert metrics.by("llmgw_agent_info", "node", "version") == {("cli-node", "0.1.0"): 1}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()

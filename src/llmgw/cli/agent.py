@@ -119,6 +119,12 @@ def agent(
     stop_engines: Annotated[
         bool, typer.Option(help="Stop the engines when the agent exits (default: leave them).")
     ] = False,
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option(envvar="LLMGW_METRICS_TOKEN_FILE",
+                     help="The agent's /metrics answers only this file's token as a Bearer"
+                     " token (also LLMGW_METRICS_TOKEN; default: open)."),
+    ] = None,
     memory_guard: Annotated[
         str,
         typer.Option(
@@ -149,7 +155,7 @@ def agent(
             weights_reserve=(
                 DiskReserve.parse(weights_reserve) if weights_reserve else DiskReserve()
             ),
-            metrics_token=metrics_token_from(),
+            metrics_token=metrics_token_from(metrics_token_file),
             memory_guard=_guard_mode(memory_guard),
         )
         asyncio.run(run_agent(Agent(config), stop_engines=stop_engines))
