@@ -6,7 +6,8 @@ request: exit with a code after a while, ignore SIGTERM, or stop answering
 ``/health`` (hold the request unanswered) from ``--health-stall-after``
 seconds after its start, for ``--health-stall-for`` seconds or for good.
 ``--grow-mib`` makes it take that much more memory (touched, so resident)
-once ready, ``--grow-step-mib`` at a time, as a leaking engine does.
+``--grow-after`` seconds after its start, ``--grow-step-mib`` at a time, as a
+leaking engine does.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--health-stall-for", type=float, default=None)
     parser.add_argument("--grow-mib", type=int, default=0)
     parser.add_argument("--grow-step-mib", type=int, default=8)
+    parser.add_argument("--grow-after", type=float, default=0.0)
     args = parser.parse_args()
     started = time.monotonic()
     if args.ignore_term:
@@ -87,6 +89,7 @@ def main() -> None:
         held: list[bytearray] = []
 
         def grow() -> None:
+            time.sleep(args.grow_after)
             grown = 0
             while grown < args.grow_mib:
                 step = min(args.grow_step_mib, args.grow_mib - grown)

@@ -88,6 +88,22 @@ async def test_an_engine_past_its_budget_is_failed_and_nothing_else_is_touched(
         bystander.wait()
 
 
+async def test_an_adopted_engine_is_held_to_the_budget_it_was_started_with(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    first = make_agent("n1")
+    leaky = budgeted("leaky", ["--grow-mib", "160", "--grow-after", "2"])
+    fake_cp.assignments["n1"] = [assign(leaky, [cpu_slot(0)], replica_id="r-leaky")]
+    ready = await fake_cp.wait_state("r-leaky", ReplicaState.READY)
+    await first.shutdown(stop_engines=False)  # as if the agent died; the engine runs on
+    before = len(fake_cp.reports)
+    make_agent("n1", data_dir=tmp_path / "n1")
+    await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before)
+    failed = await fake_cp.wait_state("r-leaky", ReplicaState.FAILED)
+    assert failed.pid == ready.pid  # adopted, not restarted, and still held to its budget
+    assert (failed.reason or "").startswith("out of memory budget: engine used "), failed.reason
+
+
 def _gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
