@@ -254,3 +254,20 @@ def test_cgroup_v2_files_are_written_and_read_as_the_kernel_lays_them_out(tmp_pa
     assert watch.used() == 120 * memory.MIB  # anon + mapped files; page cache does not count
     assert watch.peak() == 124 * memory.MIB and watch.oom_kills() == 1
     assert watch.kind == "cgroup v2"
+
+
+def test_in_its_own_cgroup_any_oom_kill_is_the_engines(tmp_path: Path) -> None:
+    # A worker of the engine is killed; the leader then exits with code 1.
+    from llmgw.agent.memguard import CgroupWatch
+
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    watch = CgroupWatch(tmp_path, 1, BUDGET_MIB * memory.MIB)
+    held = EngineMemory(None, BUDGET_MIB, memory.advice(budgeted("m", []), BUDGET_MIB))
+    held.watch = watch
+    assert held.exit_reason(1) is None
+    (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    (tmp_path / "memory.max_usage_in_bytes").write_text(str(192 * memory.MIB))
+    assert (held.exit_reason(1) or "").startswith(
+        "killed by the kernel's OOM killer at its memory limit (cgroup v1): engine used 0.19 GB"
+        " of its 0.12 GB budget."
+    )

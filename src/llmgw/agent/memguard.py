@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import re
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -392,16 +393,23 @@ class EngineMemory:
         return f"out of memory budget: engine {used} ({found.kind}); killed. {self.advice}"
 
     def exit_reason(self, code: int | None) -> str | None:
-        """An OOM kill named as such, when the engine's exit was one; else None."""
+        """An OOM kill named as such, when the engine's exit was one; else None.
+
+        In its own cgroup any OOM kill is the engine's, also one of a worker
+        after which the leader exited with an error of its own. Machine-wide
+        (RSS watching) only a SIGKILL while the kernel's count moved is.
+        """
         watch = self.watch
-        if watch is None or code != -9 or not watch.oom_kills():
+        if watch is None or not watch.oom_kills():
+            return None
+        if isinstance(watch, CgroupWatch):
+            where = f"at its memory limit ({watch.kind})"
+        elif code == -signal.SIGKILL:
+            where = "while the node ran out of memory"
+        else:
             return None
         peak = max(watch.peak() or 0, watch.used() or 0)
         used = memory.budget_sentence(peak, watch.budget_bytes) if peak else "ran out"
-        if isinstance(watch, CgroupWatch):
-            where = f"at its memory limit ({watch.kind})"
-        else:
-            where = "while the node ran out of memory"
         return f"killed by the kernel's OOM killer {where}: engine {used}. {self.advice}"
 
     def close(self) -> None:
