@@ -18,13 +18,19 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
+from prometheus_client import CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 from tests.console.fleet import MIG_CLASS, build
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
-from tests.servers import serve_asgi
+from tests.servers import free_port, serve_asgi
 
 from llmgw.cli.up import PathDispatcher, build_gateway
+from llmgw.control.adminapi.patroni import PatroniReader
 from llmgw.control.app import create_app
-from llmgw.control.metrics import fleet_families
+from llmgw.control.metrics import ControlCollector, fleet_families
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.fleetgen import generate
@@ -248,3 +254,52 @@ async def test_a_scrape_of_2000_nodes_stays_cheap() -> None:
           f"worst {max(timings) * 1000:.1f} ms")
     # About 20-40 ms on two shared cores; a scrape every 15 s can afford it.
     assert best < 0.25
+
+
+PATRONI_CLUSTER = {"members": [
+    {"name": "pg-1", "role": "leader", "state": "running", "host": "10.0.0.1", "port": 5432},
+    {"name": "pg-2", "role": "replica", "state": "streaming", "host": "10.0.0.2", "port": 5432,
+     "lag": 1048576},
+    {"name": "pg-3", "role": "replica", "state": "starting", "host": "10.0.0.3", "port": 5432,
+     "lag": "unknown"},
+]}
+
+
+async def test_store_members_come_from_patroni_without_stalling_a_scrape(plane: Plane) -> None:
+    async def cluster(_: Request) -> JSONResponse:
+        return JSONResponse(PATRONI_CLUSTER)
+
+    async with serve_asgi(Starlette(routes=[Route("/cluster", cluster)])) as patroni:
+        reader = PatroniReader([patroni])
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(ControlCollector(plane.cp, reader))
+        # The first scrape starts the read and shows no members yet ...
+        first = parse_scrape(generate_latest(registry).decode())
+        assert first.samples("llmgw_store_members") == []
+        for _ in range(100):
+            if reader.cached() is not None:
+                break
+            await asyncio.sleep(0.05)
+        metrics = parse_scrape(generate_latest(registry).decode())
+    assert metrics.by("llmgw_store_members", "member", "role", "state") == {
+        ("pg-1", "leader", "running"): 1, ("pg-2", "replica", "streaming"): 1,
+        ("pg-3", "replica", "starting"): 1,
+    }
+    # Lag in bytes where Patroni knows it, the leader's 0; absent, not 0, where unknown.
+    assert metrics.by("llmgw_store_member_lag_bytes", "member") == {"pg-1": 0, "pg-2": 1048576}
+    assert metrics.value("llmgw_store_members_unreadable") == 0
+    promtool_check(metrics.text)
+
+
+async def test_an_unreadable_patroni_is_a_metric(plane: Plane) -> None:
+    reader = PatroniReader([f"http://127.0.0.1:{free_port()}"], timeout_s=0.5)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ControlCollector(plane.cp, reader))
+    generate_latest(registry)
+    for _ in range(100):
+        if reader.cached() is not None:
+            break
+        await asyncio.sleep(0.05)
+    metrics = parse_scrape(generate_latest(registry).decode())
+    assert metrics.value("llmgw_store_members_unreadable") == 1
+    assert metrics.samples("llmgw_store_members") == []

@@ -31,7 +31,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from llmgw.control.adminapi.patroni import StoreStatus
+from llmgw.control.adminapi.patroni import (
+    PatroniReader,
+    StoreStatus,
+    patroni_urls_from_env,
+)
 from llmgw.control.adminapi.summary import Summary, fleet_summary
 from llmgw.control.adminapi.views.gcpause import paused_gc
 from llmgw.control.adminapi.views.models import ModelView
@@ -140,8 +144,9 @@ class ControlCollector(Collector):
     their one /metrics carries both parts' families.
     """
 
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, patroni: PatroniReader | None = None) -> None:
         self._cp = cp
+        self._patroni = patroni or PatroniReader(patroni_urls_from_env())
 
     def collect(self) -> Iterator[Metric]:
         cp = self._cp
@@ -158,6 +163,7 @@ class ControlCollector(Collector):
             value=cp.epoch,
         )
         yield from fleet_families(cp)
+        yield from store_member_families(self._patroni.cached())
 
 
 def _work_families(m: ControlMetrics) -> Iterator[Metric]:
@@ -327,3 +333,28 @@ def _model_families(models: list[ModelView]) -> list[Metric]:
         if m.failures:
             failures.add_metric(name, m.failures)
     return [desired, replicas, short, unplaceable, parked, failures]
+
+
+def store_member_families(status: StoreStatus | None) -> list[Metric]:
+    """The replicated store's members, as Patroni last reported them (none for one database).
+
+    Read in the background (PatroniReader.cached): the first scrape after a
+    start may come before the first answer and shows none of these.
+    """
+    if status is None:
+        return []
+    members = GaugeMetricFamily(
+        "llmgw_store_members", "1 per member of the replicated store, with its role and state.",
+        labels=["member", "role", "state"])  # fmt: skip
+    lag = GaugeMetricFamily(
+        "llmgw_store_member_lag_bytes", "Bytes a member is behind the leader (0 for the"
+        " leader); absent while Patroni does not know.", labels=["member"])  # fmt: skip
+    for member in status.members:
+        members.add_metric([member.name, member.role, member.state], 1)
+        if member.lag >= 0:
+            lag.add_metric([member.name], member.lag)
+    error = GaugeMetricFamily(
+        "llmgw_store_members_unreadable",
+        "1 when Patroni is configured (LLMGW_PATRONI_URL) but could not be read.",
+        value=1 if status.error else 0)  # fmt: skip
+    return [members, lag, error]

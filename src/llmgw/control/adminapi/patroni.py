@@ -180,6 +180,21 @@ class PatroniReader:
             self._refresh = asyncio.create_task(self._fetch(), name="patroni-refresh")
         return self._value or StoreStatus(members=[], error="Patroni was not read yet")
 
+    def cached(self) -> StoreStatus | None:
+        """The last answer without waiting (None before the first), refreshed behind.
+
+        For /metrics, which is rendered synchronously: it shows what the last
+        read found (at most ``ttl_s`` old while Patroni answers) and starts
+        the next read when that is stale, never waiting on it.
+        """
+        if not self.urls:
+            return StoreStatus(members=[])
+        stale = self._value is None or time.monotonic() - self._fetched_at > self.ttl_s
+        if stale and (self._refresh is None or self._refresh.done()):
+            self._refresh = asyncio.get_running_loop().create_task(
+                self._fetch(), name="patroni-refresh")
+        return self._value
+
     async def _fetch(self) -> None:
         try:
             value = await fetch_members(self.urls, limit_s=self.timeout_s)
