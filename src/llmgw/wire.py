@@ -236,6 +236,46 @@ class WeightsEntry(Wire):
     size_bytes: int = 0
     sha256: str | None = None
     path: str | None = None
+    # The source the entry was fetched from: the control plane counts a
+    # holding as a copy of a model only when it is of the catalog's source.
+    source: WeightsSource | None = None
+
+
+class WeightsFile(Wire):
+    """One file of a model's weights as its origin vouches for it.
+
+    ``sha256`` from the Hub (LFS files) or the package; files the Hub keeps
+    in git (config.json, the tokenizer) have only their git blob id there,
+    so ``git_sha1`` stands in for it. ``size`` None: not known at the origin.
+    """
+
+    path: str
+    size: int | None = Field(None, ge=0)
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    git_sha1: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
+
+
+class WeightsDigests(Wire):
+    """What a model's weights must be, recorded once by the control plane.
+
+    A copy from a peer was checked only against the peer's own manifest, so
+    one rogue node (anyone with a join token) could serve its fabric any
+    weights it liked. Agents verify every copy, from a peer or the origin,
+    against this record before an engine loads it (llmgw.agent.trust).
+    ``origin``: ``hub`` (the Hub's file list at the pinned revision),
+    ``package`` (the digest the package ships), ``first-fetch`` (neither
+    could be read: the first copy an assigned node reported, trusted on
+    first use). ``files`` None: only ``sha256``, the digest of the whole
+    entry, is known (first fetch).
+    """
+
+    source: WeightsSource
+    origin: Literal["hub", "package", "first-fetch"]
+    files: list[WeightsFile] | None = None
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    # The node whose copy was trusted (first-fetch only).
+    node: str | None = None
+
 
 
 # ---------------------------------------------------------------------------
@@ -495,6 +535,9 @@ class AgentReport(Wire):
     agent_port: int | None = None
     # Replica ids the agent refused, with the reason (malformed assignment).
     refused: dict[str, str] = Field(default_factory=dict)
+    # Weights copies refused since the last report (a peer's file that did
+    # not match the recorded digests), one sentence each, for the events.
+    weights_refused: list[str] = Field(default_factory=list, max_length=64)
     # The hash (llmgw.secrets.hash_secret) of this data dir's agent key. A
     # node registered before agent keys has none stored, so an agent of it
     # whose registration answer is lost could never register again; the
@@ -533,6 +576,9 @@ class AgentReportAnswer(Wire):
     # weights peer to peer; None: this agent serves no weights to anyone.
     # Without it any host on the management network could read the weights.
     peer_token: str | None = None
+    # model name -> what its weights must be; every copy is verified against
+    # it. A model missing here is fetched from its origin only.
+    weight_digests: dict[str, WeightsDigests] = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------

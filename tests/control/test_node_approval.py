@@ -15,7 +15,15 @@ from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
-from llmgw.wire import AgentReport, ModelSpec, NodeState, ShardAssignment, WeightsEntry
+from llmgw.wire import (
+    AgentReport,
+    ModelSpec,
+    NodeState,
+    ShardAssignment,
+    WeightsDigests,
+    WeightsEntry,
+    WeightsSource,
+)
 
 Plane = tuple[ControlPlane, NewCredentials, str]
 
@@ -132,13 +140,16 @@ async def test_without_a_pin_reports_decide_fabrics(plane: Plane) -> None:
 async def test_a_node_waiting_for_approval_is_no_weight_source(plane: Plane) -> None:
     cp, creds, url = plane
     assert creds.join_token and creds.admin_token
-    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    source = WeightsSource(kind="package", package="m-weights")
+    await cp.put_models([ModelSpec(name="m", engine="sim", weights=source)])
+    # The copy n1 reports is the recorded one: only approval holds it back.
+    cp.digests.records["m"] = WeightsDigests(source=source, origin="package", sha256="a" * 64)
     cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=0.0,
                                             shards=[ShardAssignment(node="n2")])
     async with httpx.AsyncClient() as client:
         rogue = await register(client, url, creds.join_token, "n1")
         report = AgentReport(node="n1", inventory=inventory("n1"), agent_port=9999,
-                             weights=[WeightsEntry(model="m")])
+                             weights=[WeightsEntry(model="m", source=source, sha256="a" * 64)])
         await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
                           headers={"Authorization": f"Bearer {rogue}"})
         cp.approve_nodes = False

@@ -299,6 +299,7 @@ class Agent:
         self._interval = max(0.2, answer.report_interval_s)
         self._peer_token = answer.peer_token
         self._weight_peers = dict(answer.weight_peers)
+        self.weights.trust(answer.weight_digests)
         return answer
 
     def _read_agent_key_hash(self) -> str | None:
@@ -375,6 +376,7 @@ class Agent:
             agent_port=self.server.port if self.server else None,
             refused=dict(self.refused),
             agent_key_hash=self._agent_key_hash,
+            weights_refused=self.weights.take_refusals(),
         )
 
     # -- convergence ---------------------------------------------------------------

@@ -40,6 +40,7 @@ from llmgw.agent.manifest import (
     safe_relative,
     tree_size,
 )
+from llmgw.agent.trust import TamperedWeights
 from llmgw.wire import ModelSpec
 
 log = logging.getLogger("llmgw.agent.fetchers")
@@ -54,6 +55,8 @@ FILE_PATH = "/agent/v1/weights/file"
 
 # Awaited with a fetch's size before it writes; raises NotEnoughDisk.
 Room = Callable[[int], Awaitable[None]]
+# Called with a finished copy and where it came from; raises TamperedWeights.
+Verify = Callable[[CacheEntry, str], None]
 
 
 async def _no_check(need: int) -> None:
@@ -74,24 +77,33 @@ async def from_peers(
     *,
     timeout_s: float = 30.0,
     room: Room = _no_check,
+    verify: Verify | None = None,
 ) -> CacheEntry | None:
-    """The first peer that delivers verified weights wins; failures land in ``problems``."""
+    """The first peer that delivers verified weights wins; failures land in ``problems``.
+
+    ``verify(entry, peer)`` holds a finished copy to the control plane's
+    record; the TamperedWeights it raises ends the peers' turn: the cache
+    then goes to the origin, not to another peer of the same fabric.
+    """
     for peer in peers:
         try:
-            return await from_peer(
+            entry = await from_peer(
                 spec, staging, peer, token, session, progress, timeout_s, room=room
             )
-        except NotEnoughDisk:
+            if verify is not None:
+                await asyncio.to_thread(verify, entry, f"peer {peer.rstrip('/')}")
+            return entry
+        except (NotEnoughDisk, TamperedWeights):
             raise
         except WeightsError as exc:
             problems.append(str(exc))
             log.warning("%s", exc)
         # Whatever the failed peer left is not to be mixed with the next one's.
-        await asyncio.to_thread(_empty_dir, staging)
+        await asyncio.to_thread(empty_dir, staging)
     return None
 
 
-def _empty_dir(path: Path) -> None:
+def empty_dir(path: Path) -> None:
     for child in list(path.iterdir()):
         if child.is_dir():
             shutil.rmtree(child, ignore_errors=True)

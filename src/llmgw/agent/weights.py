@@ -33,12 +33,12 @@ import secrets
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import aiohttp
 
-from llmgw.agent import diskroom, fetchers
+from llmgw.agent import diskroom, fetchers, trust
 from llmgw.agent.diskroom import DiskReserve, NotEnoughDisk, RoomCheck, Unused, size_text
 from llmgw.agent.lastuse import LastUse
 from llmgw.agent.manifest import (
@@ -53,7 +53,8 @@ from llmgw.agent.manifest import (
     sha256_file,
     tree_size,
 )
-from llmgw.wire import ModelSpec, WeightsEntry
+from llmgw.agent.trust import TamperedWeights, mismatches
+from llmgw.wire import ModelSpec, WeightsDigests, WeightsEntry
 
 __all__ = [
     "CacheEntry",
@@ -102,6 +103,31 @@ class WeightsCache:
         self._pending: dict[str, tuple[int, Progress]] = {}
         self._room_lock = asyncio.Lock()
         self._last_use = LastUse(root / LAST_USED, clock)
+        # model -> the control plane's record of its weights (every answer
+        # replaces it); a model missing here is trusted as fetched.
+        self._trusted: dict[str, WeightsDigests] = {}
+        # Copies refused since the last report, for the control plane's events.
+        self._refusals: list[str] = []
+
+    # -- what the weights must be ------------------------------------------------
+
+    def trust(self, digests: Mapping[str, WeightsDigests]) -> None:
+        """Take the control plane's record of each model's weights (from a report answer)."""
+        self._trusted = dict(digests)
+
+    def take_refusals(self) -> list[str]:
+        """The refusals since the last call (a report carries them once)."""
+        out, self._refusals = self._refusals[-64:], []
+        return out
+
+    def _expected(self, spec: ModelSpec) -> WeightsDigests | None:
+        record = self._trusted.get(spec.name)
+        # A record of another source is an answer older than the catalog.
+        return record if record is not None and record.source == spec.weights else None
+
+    def _refuse(self, exc: WeightsError) -> None:
+        log.warning("%s", exc)
+        self._refusals.append(str(exc))
 
     # -- what the cache holds ------------------------------------------------
 
@@ -147,6 +173,7 @@ class WeightsCache:
                 size_bytes=e.size_bytes,
                 sha256=e.sha256,
                 path=str(d / e.entry),
+                source=e.source,
             )
             for d, e in self.all_entries()
         ]
@@ -196,10 +223,38 @@ class WeightsCache:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:  # two replicas of one model on one node fetch once
             found = self.lookup(spec)
+            expected = self._expected(spec)
+            if found is not None and expected is not None:
+                found = await self._recheck(spec, key, expected)
             if found is None:
                 found = await self._fetch(spec, key, progress, peers, peer_token, session)
             self._last_use.mark(key)
             return str(found)
+
+    async def _recheck(self, spec: ModelSpec, key: str, expected: WeightsDigests) -> Path | None:
+        """The cached entry if it matches the record; else it is evicted (None).
+
+        An entry cached before the control plane had a record (or copied
+        from a peer it no longer trusts) is held to the record like a fresh
+        copy; its meta.json digests were taken from the bytes it wrote.
+        """
+        key_dir = self.root / key
+        entry = self._read(key_dir)
+        if entry is None:
+            return None
+        problems = await asyncio.to_thread(mismatches, entry, expected, key_dir)
+        if not problems:
+            return key_dir / entry.entry
+        self._refuse(TamperedWeights(
+            f"cached weights of {spec.name!r} do not match the digests recorded from"
+            f" {expected.origin} ({'; '.join(problems[:5])}); deleted, fetching again"
+        ))
+        await self._evict(
+            Unused(key=key, model=spec.name, size_bytes=entry.size_bytes,
+                   last_used=entry.created_at),
+            spec.name,
+        )
+        return None
 
     def _local_path(self, spec: ModelSpec) -> str:
         path = Path(spec.weights.path or "")
@@ -231,23 +286,38 @@ class WeightsCache:
             staging.mkdir(parents=True, mode=0o700)
             entry: CacheEntry | None = None
             problems: list[str] = []
+            expected = self._expected(spec)
+
+            def verify(copy: CacheEntry, where: str) -> None:
+                if expected is not None:
+                    trust.check(copy, expected, staging, where)
+
             if peers and peer_token and session is not None:
-                entry = await fetchers.from_peers(
-                    spec,
-                    staging,
-                    peers,
-                    peer_token,
-                    session,
-                    progress,
-                    problems,
-                    timeout_s=self.peer_timeout_s,
-                    room=room,
-                )
+                try:
+                    entry = await fetchers.from_peers(
+                        spec,
+                        staging,
+                        peers,
+                        peer_token,
+                        session,
+                        progress,
+                        problems,
+                        timeout_s=self.peer_timeout_s,
+                        room=room,
+                        verify=verify,
+                    )
+                except TamperedWeights as exc:
+                    # Deleted, and fetched again from the origin: a peer that
+                    # served one bad copy is not asked again for this one.
+                    self._refuse(exc)
+                    problems.append(str(exc))
+                    await asyncio.to_thread(fetchers.empty_dir, staging)
             if entry is None:
                 try:
                     entry = await fetchers.from_origin(
                         spec, staging, progress, self.hf_endpoint, room=room
                     )
+                    await asyncio.to_thread(verify, entry, "the origin")
                 except NotEnoughDisk:
                     raise  # the peers' troubles are beside the point
                 except WeightsError as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from llmgw.control import weightdigests
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.wire import (
     AgentReport,
@@ -19,6 +20,7 @@ from llmgw.wire import (
     NodeState,
     ReplicaAssignment,
     ReplicaState,
+    WeightsDigests,
     host_in_url,
 )
 
@@ -180,12 +182,23 @@ def assignments_for(state: FleetState, node_name: str) -> list[ReplicaAssignment
     return out
 
 
-def weight_peers(state: FleetState, node: NodeRecord) -> dict[str, list[str]]:
-    """Agents of the node's fabrics that hold weights it needs: model -> agent URLs."""
+def weight_peers(
+    state: FleetState, node: NodeRecord, records: dict[str, WeightsDigests]
+) -> dict[str, list[str]]:
+    """Agents of the node's fabrics that hold weights it needs: model -> agent URLs.
+
+    Only for models whose digests are recorded (weightdigests), and only
+    nodes whose reported copy is the recorded one: a node's word that it
+    holds a model makes it no one's weight source. Where the record cannot
+    tell (a Hub record without a whole-entry digest), only a node that was
+    given a replica of the model counts, since it fetched and verified it.
+    """
     wanted = {
         r.model
         for r in state.replicas.values()
         if node.name in r.nodes and r.model not in {w.model for w in node.weights}
+        and r.model in records and r.model in state.models
+        and records[r.model].source == state.models[r.model].spec.weights
     }
     if not wanted:
         return {}
@@ -201,7 +214,13 @@ def weight_peers(state: FleetState, node: NodeRecord) -> dict[str, list[str]]:
         if other.state(now) == NodeState.UNREACHABLE:
             continue
         for entry in other.weights:
-            if entry.model in wanted:
+            if entry.model not in wanted:
+                continue
+            match = weightdigests.matches(records[entry.model], entry)
+            if match is None:
+                match = any(r.model == entry.model and other.name in r.nodes
+                            for r in state.replicas.values())
+            if match:
                 url = f"http://{host_in_url(other.address)}:{other.agent_port}"
                 peers.setdefault(entry.model, []).append(url)
     return peers
