@@ -53,8 +53,8 @@ models:
 class Outcome:
     sent: int = 0
     failed: list[str] = field(default_factory=list)
-    # time.monotonic() at which each successful request finished
-    answered_at: list[float] = field(default_factory=list)
+    # (sent, answered) time.monotonic() of each successful request
+    answered: list[tuple[float, float]] = field(default_factory=list)
     # what the summary said while the replacement was on its way
     summaries: list[dict[str, Any]] = field(default_factory=list)
     killed_at: float = 0.0
@@ -64,6 +64,7 @@ class Outcome:
 async def _load(client: openai.AsyncOpenAI, outcome: Outcome, stop: asyncio.Event) -> None:
     while not stop.is_set():
         outcome.sent += 1
+        sent_at = time.monotonic()
         try:
             answer = await client.chat.completions.create(
                 model="lazy",
@@ -71,7 +72,7 @@ async def _load(client: openai.AsyncOpenAI, outcome: Outcome, stop: asyncio.Even
                 max_tokens=4,
             )
             assert answer.choices[0].message.content
-            outcome.answered_at.append(time.monotonic())
+            outcome.answered.append((sent_at, time.monotonic()))
         except openai.APIError as exc:
             outcome.failed.append(f"{type(exc).__name__}: {exc}")
         await asyncio.sleep(0.02)
@@ -115,10 +116,10 @@ async def node_kill(tmp_path: Path, *, workers: int = 4, settle_s: float = 2.0) 
                             for _ in range(workers)]
                     # The first request starts the on-demand model; wait for steady answers.
                     for _ in range(600):
-                        if len(outcome.answered_at) >= 20:
+                        if len(outcome.answered) >= 20:
                             break
                         await asyncio.sleep(0.1)
-                    assert len(outcome.answered_at) >= 20, outcome.failed[:3]
+                    assert len(outcome.answered) >= 20, outcome.failed[:3]
                     old_id, old_node = _holder(plane)
                     await asyncio.sleep(settle_s)
                     outcome.killed_at = time.monotonic()
@@ -126,7 +127,9 @@ async def node_kill(tmp_path: Path, *, workers: int = 4, settle_s: float = 2.0) 
                     # Until the replacement answers, watch the summary.
                     deadline = time.monotonic() + 120
                     while time.monotonic() < deadline:
-                        answered = [t for t in outcome.answered_at if t > outcome.killed_at]
+                        # Sent after the kill: only the replacement can answer it.
+                        answered = [done for sent, done in outcome.answered
+                                    if sent > outcome.killed_at]
                         if answered:
                             outcome.first_answer_after_kill_s = answered[0] - outcome.killed_at
                             break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -247,9 +248,9 @@ async def test_telemetry_alone_is_not_written_to_the_store(
     writes: list[str] = []
     real_replace = cp.store.replace_gpus
 
-    async def counting_replace(node: str, rows: list[dict[str, object]]) -> None:
+    async def counting_replace(node: str, rows: list[dict[str, object]], **fence: Any) -> None:
         writes.append(node)
-        await real_replace(node, rows)
+        await real_replace(node, rows, **fence)
 
     cp.store.replace_gpus = counting_replace  # type: ignore[method-assign]
     gpu = Device(number=0, label="0", uuid="GPU-1", name="NVIDIA H100", gpu_class="h100-80g",

@@ -30,7 +30,14 @@ from llmgw.control.limits import BodyLimit
 from llmgw.control.metrics import CountReports, control_registry
 from llmgw.control.service import ControlPlane
 from llmgw.control.standby import standby_response
-from llmgw.errors import AuthError, NotFoundError, StandbyError, StoreError, ValidationError
+from llmgw.errors import (
+    AuthError,
+    NotFoundError,
+    NotLeaderError,
+    StandbyError,
+    StoreError,
+    ValidationError,
+)
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.wire import (
     AgentRegistration,
@@ -97,6 +104,13 @@ def create_app(
     @app.exception_handler(StandbyError)
     async def _standby(_: Request, exc: StandbyError) -> Response:
         return await standby_response(cp.leader_hint, exc)
+
+    @app.exception_handler(NotLeaderError)
+    async def _deposed(_: Request, exc: NotLeaderError) -> Response:
+        # The write was refused for a stale epoch and this instance stepped
+        # down (llmgw.control.writes): the caller is sent on like a standby's.
+        return await standby_response(
+            cp.leader_hint, StandbyError(f"this instance no longer leads: {exc}"))
 
     @app.exception_handler(NotFoundError)
     async def _missing(_: Request, exc: NotFoundError) -> JSONResponse:

@@ -12,9 +12,13 @@ replicas, so exactly one instance leads; the others serve as hot standbys.
 - SQLite: an exclusive ``flock`` on a file beside the database; one machine,
   so the kernel's lock is the whole story.
 
-Winning bumps the store's leader epoch; the reconciler's writes carry it and
-the store refuses writes from an older epoch (Store.fenced), so a deposed
-leader that wakes up late cannot overwrite its successor's decisions.
+Winning bumps the store's leader epoch; every write of the control plane
+carries it (llmgw.control.writes) and the store refuses writes from an older
+epoch (Store.fenced), so a deposed leader that wakes up late cannot
+overwrite its successor's decisions, and steps down at its first refusal.
+
+Whether this instance leads, and under which epoch, lives in one
+:class:`Leadership` object that the election owns and everything else reads.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +47,54 @@ RETRY_INTERVAL_S = 1.0
 OnChange = Callable[[bool, int], Awaitable[None]]
 
 
+@dataclass
+class Leadership:
+    """Whether this instance leads, and the epoch its writes carry.
+
+    One object, changed by the election (and by a refused write), read by
+    the control plane, its runtime and the write path. It used to be three
+    flags (election, control plane, runtime) kept in step from outside, and
+    a step-down that reached one of them left another acting as leader.
+
+    With no election (tests, benchmarks, an embedded control plane) the
+    instance is the only one: it leads and its writes carry no epoch.
+    """
+
+    is_leader: bool = True
+    epoch: int | None = None
+    # Called once when a write is refused for a stale epoch: the runtime lets
+    # go of the lock and contends again.
+    on_stale: Callable[[], None] | None = None
+
+    def stale(self) -> None:
+        """A write under this epoch was refused: another instance leads now."""
+        if self.is_leader:
+            self.is_leader = False
+            if self.on_stale is not None:
+                self.on_stale()
+
+
 class LeaderElection:
     """Runs until cancelled, calling ``on_change(is_leader, epoch)`` on each change."""
 
     def __init__(
-        self, store: Store, on_change: OnChange, *, name: str = "", advertise_url: str = ""
+        self,
+        store: Store,
+        on_change: OnChange,
+        *,
+        name: str = "",
+        advertise_url: str = "",
+        leadership: Leadership | None = None,
     ) -> None:
         self.store = store
         self.on_change = on_change
         self.name = name or f"pid-{os.getpid()}"
         # Recorded with the epoch on winning, so standbys can send clients here.
         self.advertise_url = advertise_url
-        self.is_leader = False
-        self.epoch = 0
+        # A standby until it wins; every write is fenced from here on.
+        self.leadership = leadership or Leadership()
+        self.leadership.is_leader = False
+        self.leadership.epoch = 0
         # Set once the first try has an outcome (won, lost, or failed), so a
         # starting instance knows its role before it answers anyone.
         self.settled = asyncio.Event()
@@ -65,15 +105,31 @@ class LeaderElection:
         else:
             await self._run_advisory_lock()
 
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership.is_leader
+
+    @property
+    def epoch(self) -> int:
+        return self.leadership.epoch or 0
+
     async def _become(self, leader: bool) -> None:
         if leader == self.is_leader:
             return
+        leadership = self.leadership
         if leader:
-            self.epoch = await self.store.bump_epoch(self.advertise_url)
-        self.is_leader = leader
+            # The epoch first, so what on_change writes (it loads the state
+            # and records the event) is fenced; leading only once it returned,
+            # so nothing is answered from half-loaded memory. No await comes
+            # between its return and the flag.
+            leadership.epoch = await self.store.bump_epoch(self.advertise_url)
+            await self.on_change(True, leadership.epoch)
+            leadership.is_leader = True
+        else:
+            leadership.is_leader = False
+            await self.on_change(False, self.epoch)
         log.info("%s %s (epoch %d)", self.name,
                  "became leader" if leader else "stepped down", self.epoch)
-        await self.on_change(leader, self.epoch)
 
     # -- SQLite ------------------------------------------------------------
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
 from llmgw.control.scheduler.decide import decide
@@ -28,6 +29,20 @@ from llmgw.errors import NotFoundError
 from llmgw.wire import Event, ReplicaState
 
 Row = dict[str, Any]
+
+
+class ReplicaWriter(Protocol):
+    """Where a pass is written: the runtime's fenced path (llmgw.control.writes), or a Store."""
+
+    async def write_replicas(
+        self,
+        upserts: Sequence[Row],
+        deletes: Iterable[str] = (),
+        *,
+        epoch: int | None = None,
+        events: Sequence[Row] = (),
+        models: Sequence[Row] = (),
+    ) -> None: ...
 
 
 @dataclass(slots=True)
@@ -51,7 +66,7 @@ class Reconciler:
     def __init__(
         self,
         state: FleetState,
-        store: Store,
+        store: Store | ReplicaWriter,
         *,
         failure_limit: int = 5,
         park_min_nodes: int = 2,

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from llmgw.control.store.repo import Store
+from llmgw.control.writes import FencedWrites
 from llmgw.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class Retention:
             raise ConfigError("the retention interval must be > 0 seconds")
 
 
-async def prune(store: Store, retention: Retention, now: float | None = None) -> tuple[int, int]:
+async def prune(
+    store: Store | FencedWrites, retention: Retention, now: float | None = None) -> tuple[int, int]:
     """Delete events and usage older than the retention; (events, usage rows) deleted."""
     now = time.time() if now is None else now
     events = usage = 0

@@ -45,8 +45,11 @@ class ControlPlaneRuntime:
         self.reconcile_interval_s = reconcile_interval_s
         self.failure_limit = failure_limit
         self.election = LeaderElection(
-            cp.store, self._on_leadership, name=name, advertise_url=advertise_url
+            cp.store, self._on_leadership, name=name, advertise_url=advertise_url,
+            leadership=cp.leadership,
         )
+        cp.leadership.on_stale = self._stale
+        self._stepping_down: asyncio.Task[None] | None = None
         cp.leader_hint.own_url = advertise_url or None
         # One load at a time: a standby refresh still reading when this
         # instance wins would put its older rows over what the first reports
@@ -79,7 +82,8 @@ class ControlPlaneRuntime:
         # The lock goes with the election task: from here on another instance
         # may lead, so this one must stop answering as if it did.
         self.cp.is_leader = False
-        tasks = [*self._tasks, *([self._reconcile_task] if self._reconcile_task else [])]
+        tasks = [*self._tasks, *([self._reconcile_task] if self._reconcile_task else []),
+                 *([self._stepping_down] if self._stepping_down else [])]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -95,14 +99,15 @@ class ControlPlaneRuntime:
             # this instance's memory: read it before acting on it, and before
             # taking reports (a node missing from half-loaded memory would
             # have its token refused and its agent try to register again).
+            # The election marks this instance leader when this returns, with
+            # no await between: a standby refresh waiting on the lock then
+            # sees a leader and leaves the fresh state alone.
             async with self._loading:
                 await self.cp.load()
-                self.cp.is_leader, self.cp.epoch = True, epoch
-            await self.cp.event("leader", self.election.name,
-                                f"{self.election.name} became leader (epoch {epoch})")
-            self._reconcile_task = asyncio.create_task(self._reconcile_loop(epoch))
+                await self.cp.event("leader", self.election.name,
+                                    f"{self.election.name} became leader (epoch {epoch})")
+                self._reconcile_task = asyncio.create_task(self._reconcile_loop(epoch))
         else:
-            self.cp.is_leader, self.cp.epoch = False, epoch
             if self._reconcile_task is not None:
                 self._reconcile_task.cancel()
                 self._reconcile_task = None
@@ -110,7 +115,7 @@ class ControlPlaneRuntime:
     async def _reconcile_loop(self, epoch: int) -> None:
         from llmgw.control.reconciler import Reconciler
 
-        reconciler = Reconciler(self.cp.state, self.cp.store, failure_limit=self.failure_limit)
+        reconciler = Reconciler(self.cp.state, self.cp.writes, failure_limit=self.failure_limit)
         last = assignment_signature(self.cp.state)
         while True:
             started = time.perf_counter()
@@ -130,13 +135,10 @@ class ControlPlaneRuntime:
                 last = current
             except NotLeaderError as exc:
                 self.cp.metrics.reconcile_pass(time.perf_counter() - started, "stale_epoch", None)
-                log.warning("reconcile pass refused, stepping down: %s", exc)
-                self.election.is_leader = self.cp.is_leader = False
-                async with self._loading:
-                    await self.cp.load()
-                # Let go of the lock as well and contend again: an instance
-                # that holds it without leading leaves the fleet leaderless.
-                await self._restart_election()
+                # The write path has stepped down already (once: _stale does
+                # the rest); this covers a refusal raised anywhere else.
+                log.warning("reconcile pass refused: %s", exc)
+                self.cp.leadership.stale()
                 return
             except Exception:
                 log.exception("reconcile pass failed; retrying on the next tick")
@@ -145,6 +147,25 @@ class ControlPlaneRuntime:
             self.last_pass_ms = (time.perf_counter() - started) * 1000
             self.cp.metrics.reconcile_pass(self.last_pass_ms / 1000, outcome, result)
             await self.cp.wait_for_wakeup(self.reconcile_interval_s)
+
+    def _stale(self) -> None:
+        """A write was refused for a stale epoch: another instance leads."""
+        log.warning("%s: a write was refused for a stale epoch; stepping down",
+                    self.election.name)
+        if self._stepping_down is None or self._stepping_down.done():
+            self._stepping_down = asyncio.get_running_loop().create_task(self._step_down())
+
+    async def _step_down(self) -> None:
+        task, self._reconcile_task = self._reconcile_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        async with self._loading:
+            await self.cp.load()
+        # Let go of the lock as well and contend again: an instance that
+        # holds it without leading leaves the fleet leaderless.
+        await self._restart_election()
 
     async def _restart_election(self) -> None:
         old = self._tasks[0]
@@ -173,7 +194,7 @@ class ControlPlaneRuntime:
         while True:
             if self.cp.is_leader:
                 try:
-                    await prune(self.cp.store, self.retention)
+                    await prune(self.cp.writes, self.retention)
                 except Exception:
                     log.exception("pruning old events and usage failed; retrying later")
             await asyncio.sleep(self.retention.every_s)

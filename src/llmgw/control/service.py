@@ -23,6 +23,7 @@ from llmgw.control.inflight import InFlightBook
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.jointokens import SETTING as JOIN_TOKENS
 from llmgw.control.jointokens import JoinToken, JoinTokens
+from llmgw.control.leader import Leadership
 from llmgw.control.metrics import ControlMetrics
 from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
@@ -46,8 +47,7 @@ from llmgw.control.state import (
     ReplicaRecord,
 )
 from llmgw.control.store.repo import Row, Store
-from llmgw.control.weightdigests import SETTING as WEIGHT_DIGESTS
-from llmgw.control.weightdigests import DigestBook
+from llmgw.control.writes import FencedWrites
 from llmgw.errors import AuthError, NotFoundError, StandbyError, ValidationError
 from llmgw.wire import (
     AgentRegistration,
@@ -95,8 +95,16 @@ class NewCredentials:
 
 
 class ControlPlane:
-    def __init__(self, store: Store, state: FleetState | None = None) -> None:
-        self.store = store
+    def __init__(
+        self, store: Store, state: FleetState | None = None, leadership: Leadership | None = None
+    ) -> None:
+        self.store = store  # reads; every write goes through self.writes
+        # Leads (and its writes carry no epoch) until an election owns this:
+        # a control plane with no election (tests, benchmarks, embedding) is
+        # the only instance. ControlPlaneRuntime hands it to its election,
+        # which makes it a standby until it wins.
+        self.leadership = leadership or Leadership()
+        self.writes = FencedWrites(store, self.leadership)
         self.state = state or FleetState()
         self._pending_heartbeats: dict[str, float] = {}
         self._keys: dict[str, ApiKeyInfo] = {}
@@ -117,21 +125,10 @@ class ControlPlane:
         self._in_flight = InFlightBook()
         # The last set of other nodes' replica ids each node reported on.
         self._foreign_reported: dict[str, list[str]] = {}
-        # What each model's weights must be (llmgw.control.weightdigests).
-        self.digests = DigestBook(
-            lambda document: self.store.set_setting(WEIGHT_DIGESTS, document),
-            self.event,
-        )
         # The secret agents present to each other when copying weights. Kept
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
         self.peer_token = secrets.new_secret("llmgw-peer-")
-        # Set by the runtime's leader election; shown by /healthz. True until
-        # then: a control plane with no election (tests, benchmarks, embedding)
-        # is the only instance. ControlPlaneRuntime.start makes it a standby
-        # until it wins.
-        self.is_leader = True
-        self.epoch = 0
         self.leader_hint = LeaderHint(store)
         # Counted here and rendered on scrape (llmgw.control.metrics).
         self.metrics = ControlMetrics()
@@ -162,7 +159,6 @@ class ControlPlane:
             if name in state.nodes:
                 state.nodes[name].fabrics_pinned = True
         self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
-        self.digests.load(await self.store.get_setting(WEIGHT_DIGESTS))
         await state.bump_routing()
 
     async def ensure_credentials(self, *, first_api_key: bool = True) -> NewCredentials:
@@ -195,7 +191,7 @@ class ControlPlane:
         )
 
     async def _save_join_tokens(self) -> None:
-        await self.store.set_setting(JOIN_TOKENS, self.join_tokens.dump())
+        await self.writes.set_setting(JOIN_TOKENS, self.join_tokens.dump())
 
     async def rotate_join_token(self) -> str:
         """Revoke every join token and make one new one (default expiry)."""
@@ -223,6 +219,18 @@ class ControlPlane:
         await self._save_join_tokens()
         await self.event("credentials", "join-token", f"join token {token_id} revoked")
         return token
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leadership.is_leader
+
+    @is_leader.setter
+    def is_leader(self, leading: bool) -> None:
+        self.leadership.is_leader = leading
+
+    @property
+    def epoch(self) -> int:
+        return self.leadership.epoch or 0
 
     def require_leader(self) -> None:
         """Refuse a write on a standby (llmgw.control.standby says why)."""
@@ -293,14 +301,14 @@ class ControlPlane:
         if reg.inventory is not None:
             node.inventory = reg.inventory
         self.state.nodes[node.name] = node
-        await self.store.upsert_nodes([node_row(node)])
+        await self.writes.upsert_nodes([node_row(node)])
         if reg.inventory is not None:
-            await self.store.replace_gpus(node.name, gpu_rows(reg.inventory))
+            await self.writes.replace_gpus(node.name, gpu_rows(reg.inventory))
         if registered is not None:
             await self.event("node", node.name, f"node {node.name} registered again by its"
                              " own agent (same agent key); its previous node token is revoked")
         elif node.pending_approval:
-            await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
+            await self.writes.set_setting(approval.SETTING, approval.dump(self.state.nodes))
             await self.event("node", node.name, f"node {node.name} registered; held cordoned"
                              f" until approved (llmgw ctl nodes approve {node.name})")
         else:
@@ -319,8 +327,8 @@ class ControlPlane:
         node.admin_state = NodeState.READY
         # Accepted as it showed itself: the fabrics it reported are pinned.
         node.fabrics_pinned = True
-        await self.store.upsert_nodes([node_row(node)])
-        await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
+        await self.writes.upsert_nodes([node_row(node)])
+        await self.writes.set_setting(approval.SETTING, approval.dump(self.state.nodes))
         await self._save_pinned_fabrics()
         await self.event("node", name, f"node {name} approved (fabrics:"
                          f" {','.join(node.fabrics) or 'none'})")
@@ -341,7 +349,7 @@ class ControlPlane:
             node.fabrics_pinned = True
             node.fabrics = list(fabrics)
             message = f"node {name} fabrics set to {','.join(fabrics) or 'none'}"
-        await self.store.upsert_nodes([node_row(node)])
+        await self.writes.upsert_nodes([node_row(node)])
         await self._save_pinned_fabrics()
         await self.event("node", name, message)
         self.wake_reconciler()
@@ -349,7 +357,7 @@ class ControlPlane:
 
     async def _save_pinned_fabrics(self) -> None:
         pinned = approval.dump_pinned(self.state.nodes)
-        await self.store.set_setting(approval.PINNED_SETTING, pinned)
+        await self.writes.set_setting(approval.PINNED_SETTING, pinned)
 
     async def report(self, node: NodeRecord, report: AgentReport) -> AgentReportAnswer:
         """Take in a node's report; answer with everything it must run."""
@@ -359,13 +367,13 @@ class ControlPlane:
         now = time.time()
         effects = apply_report(self.state, node, report, now)
         if effects.write_node:
-            await self.store.upsert_nodes([node_row(node)])
+            await self.writes.upsert_nodes([node_row(node)])
         else:
             self._pending_heartbeats[node.name] = now
         if effects.write_gpus:
-            await self.store.replace_gpus(node.name, gpu_rows(report.inventory))
+            await self.writes.replace_gpus(node.name, gpu_rows(report.inventory))
         if effects.replicas:
-            await self.store.write_replicas([replica_row(r) for r in effects.replicas])
+            await self.writes.write_replicas([replica_row(r) for r in effects.replicas])
         if effects.agent_key_recorded:
             await self.event("node", node.name, f"node {node.name} recorded its agent's key"
                              " from a report; its agent may now register it again")
@@ -376,7 +384,6 @@ class ControlPlane:
             await self.event("node", node.name, f"node {node.name} reported on replicas not"
                              " assigned to it; ignored", replicas=effects.foreign)
         self._foreign_reported[node.name] = effects.foreign
-        await self.digests.take_report(self.state, node, report)
         if effects.wake_reconciler:
             self.wake_reconciler()
         if effects.routing_changed:
@@ -386,10 +393,7 @@ class ControlPlane:
             assignments=assignments_for(self.state, node.name),
             report_interval_s=REPORT_INTERVAL_S,
             # A node waiting for approval reads no one's weights.
-            weight_peers={} if node.pending_approval else weight_peers(
-                self.state, node, self.digests.records
-            ),
-            weight_digests=self.digests.for_node(self.state, node),
+            weight_peers={} if node.pending_approval else weight_peers(self.state, node),
             peer_token=None if node.pending_approval else self.peer_token,
         )
 
@@ -415,7 +419,7 @@ class ControlPlane:
 
     async def flush_heartbeats(self) -> None:
         pending, self._pending_heartbeats = self._pending_heartbeats, {}
-        await self.store.touch_nodes(pending)
+        await self.writes.touch_nodes(pending)
 
     # -- gateway link ---------------------------------------------------------
 
@@ -480,7 +484,7 @@ class ControlPlane:
         )
         model.demand_at = time.time()
         if first:
-            await self.store.upsert_models([model_row(model)])
+            await self.writes.upsert_models([model_row(model)])
             await self.event("demand", model.name, f"a request asked for {model.name}")
         self.wake_reconciler()
 
@@ -521,7 +525,7 @@ class ControlPlane:
                 await self.demand(name)
 
     async def record_usage(self, records: Iterable[UsageRecord]) -> None:
-        await self.store.add_usage([r.model_dump() for r in records])
+        await self.writes.add_usage([r.model_dump() for r in records])
 
     # -- catalog ------------------------------------------------------------
 
@@ -556,9 +560,9 @@ class ControlPlane:
                 continue
             self.state.models[spec.name] = record
             rows.append(model_row(record))
-        await self.store.upsert_models(rows)
+        await self.writes.upsert_models(rows)
         if bumps:
-            await self.store.write_replicas([replica_row(r) for r in bumps])
+            await self.writes.write_replicas([replica_row(r) for r in bumps])
         for name in added:
             await self.event("catalog", name, f"model {name} added")
         for name in changed:
@@ -573,8 +577,8 @@ class ControlPlane:
         if name not in self.state.models:
             raise NotFoundError(f"model {name!r} does not exist")
         doomed = [r.id for r in self.state.replicas_of(name)]
-        await self.store.write_replicas([], doomed)
-        await self.store.delete_models([name])
+        await self.writes.write_replicas([], doomed)
+        await self.writes.delete_models([name])
         for replica_id in doomed:
             del self.state.replicas[replica_id]
         del self.state.models[name]
@@ -584,7 +588,7 @@ class ControlPlane:
     async def unpark(self, name: str) -> None:
         self.require_leader()
         model = unpark(self.state, name)
-        await self.store.upsert_models([model_row(model)])
+        await self.writes.upsert_models([model_row(model)])
         await self.event("unpark", name, f"model {name} unparked")
         await self.state.bump_routing()
         self.wake_reconciler()
@@ -603,7 +607,7 @@ class ControlPlane:
                                   f" {name}", field="state")
         if node.admin_state != target:
             node.admin_state = target
-            await self.store.upsert_nodes([node_row(node)])
+            await self.writes.upsert_nodes([node_row(node)])
             verb = {"ready": "uncordoned", "cordoned": "cordoned", "draining": "draining"}
             await self.event("drain" if target == NodeState.DRAINING else "node", name,
                              f"node {name} {verb[target.value]}")
@@ -614,10 +618,10 @@ class ControlPlane:
         self.require_leader()
         if name not in self.state.nodes:
             raise NotFoundError(f"node {name!r} does not exist")
-        await self.store.delete_node(name)
+        await self.writes.delete_node(name)
         removed = self.state.nodes.pop(name)
         if removed.pending_approval:
-            await self.store.set_setting(approval.SETTING, approval.dump(self.state.nodes))
+            await self.writes.set_setting(approval.SETTING, approval.dump(self.state.nodes))
         if removed.fabrics_pinned:
             await self._save_pinned_fabrics()
         await self.event("node", name, f"node {name} removed")
@@ -631,7 +635,7 @@ class ControlPlane:
         if replica.draining:
             return replica  # asked twice: nothing more to do
         replica.move_to(ReplicaState.DRAINING, replica.reason)
-        await self.store.write_replicas([replica_row(replica)])
+        await self.writes.write_replicas([replica_row(replica)])
         await self.event("drain", replica.model, f"replica {replica_id} draining on request")
         await self.state.bump_routing()
         self.wake_reconciler()
@@ -665,7 +669,7 @@ class ControlPlane:
             rpm=rpm,
             tpm=tpm,
         )
-        await self.store.add_api_key(
+        await self.writes.add_api_key(
             {
                 "id": info.key_id,
                 "name": info.name,
@@ -688,7 +692,7 @@ class ControlPlane:
 
     async def revoke_api_key(self, key_id: str) -> None:
         self.require_leader()
-        if key_id not in self._keys or not await self.store.revoke_api_key(key_id):
+        if key_id not in self._keys or not await self.writes.revoke_api_key(key_id):
             raise NotFoundError(f"API key {key_id!r} does not exist")
         self._keys[key_id] = self._keys[key_id].model_copy(update={"revoked": True})
         await self.event("key", key_id, f"API key {key_id} revoked")
@@ -697,7 +701,7 @@ class ControlPlane:
     # -- events and reconciler wake-ups ----------------------------------------
 
     async def event(self, kind: str, subject: str, message: str, **data: object) -> None:
-        await self.store.add_events(
+        await self.writes.add_events(
             [{"at": time.time(), "kind": kind, "subject": subject, "message": message,
               "data": {k: v for k, v in data.items()}}]
         )

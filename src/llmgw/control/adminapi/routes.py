@@ -42,6 +42,7 @@ from llmgw.errors import (
     AuthError,
     LlmgwError,
     NotFoundError,
+    NotLeaderError,
     StandbyError,
     StoreError,
     ValidationError,
@@ -142,6 +143,10 @@ def _admin_route_class(cp: ControlPlane) -> type[APIRoute]:
                 except AuthError as exc:
                     return error_response(401, str(exc), "authentication_error",
                                           "invalid_token")
+                except NotLeaderError as exc:
+                    # Refused for a stale epoch: this instance stepped down.
+                    return await standby_response(cp.leader_hint, StandbyError(
+                        f"this instance no longer leads: {exc}"))
                 except StoreError as exc:
                     return error_response(503, str(exc), "store_error", "store_unavailable")
                 except StandbyError as exc:

@@ -133,8 +133,8 @@ class Store:
         rows = await self._read(select(schema.settings.c.value).where(schema.settings.c.key == key))
         return rows[0]["value"] if rows else None
 
-    async def set_setting(self, key: str, value: str) -> None:
-        async with self.transaction() as conn:
+    async def set_setting(self, key: str, value: str, *, epoch: int | None = None) -> None:
+        async with self._write(epoch) as conn:
             row = {"key": key, "value": value}
             await self._execute_upsert(conn, schema.settings, [row], ["key"])
 
@@ -191,30 +191,34 @@ class Store:
 
     # -- nodes and gpus ------------------------------------------------------
 
-    async def upsert_nodes(self, rows: Sequence[Row]) -> None:
+    async def upsert_nodes(self, rows: Sequence[Row], *, epoch: int | None = None) -> None:
         if not rows:
             return
-        async with self.transaction() as conn:
+        async with self._write(epoch) as conn:
             await self._execute_upsert(conn, schema.nodes, rows, ["name"])
 
-    async def touch_nodes(self, last_seen: dict[str, float]) -> None:
+    async def touch_nodes(
+        self, last_seen: dict[str, float], *, epoch: int | None = None
+    ) -> None:
         """Record heartbeats in one statement per batch, not one per report."""
         if not last_seen:
             return
-        async with self.transaction() as conn:
+        async with self._write(epoch) as conn:
             for name, at in last_seen.items():
                 await conn.execute(
                     update(schema.nodes).where(schema.nodes.c.name == name).values(last_seen=at)
                 )
 
-    async def replace_gpus(self, node: str, rows: Sequence[Row]) -> None:
-        async with self.transaction() as conn:
+    async def replace_gpus(
+        self, node: str, rows: Sequence[Row], *, epoch: int | None = None
+    ) -> None:
+        async with self._write(epoch) as conn:
             await conn.execute(delete(schema.gpus).where(schema.gpus.c.node == node))
             if rows:
                 await conn.execute(schema.gpus.insert(), [dict(r, node=node) for r in rows])
 
-    async def delete_node(self, name: str) -> None:
-        async with self.transaction() as conn:
+    async def delete_node(self, name: str, *, epoch: int | None = None) -> None:
+        async with self._write(epoch) as conn:
             await conn.execute(delete(schema.gpus).where(schema.gpus.c.node == name))
             await conn.execute(delete(schema.nodes).where(schema.nodes.c.name == name))
 
@@ -276,6 +280,7 @@ class Store:
 
     @asynccontextmanager
     async def _write(self, epoch: int | None) -> AsyncIterator[AsyncConnection]:
+        """Fenced when given the writer's epoch (llmgw.control.writes gives it always)."""
         if epoch is None:
             async with self.transaction() as conn:
                 yield conn
@@ -285,10 +290,10 @@ class Store:
 
     # -- events ----------------------------------------------------------------
 
-    async def add_events(self, rows: Sequence[Row]) -> None:
+    async def add_events(self, rows: Sequence[Row], *, epoch: int | None = None) -> None:
         if not rows:
             return
-        async with self.transaction() as conn:
+        async with self._write(epoch) as conn:
             await conn.execute(schema.events.insert(), list(rows))
 
     async def list_events(
@@ -307,24 +312,24 @@ class Store:
         stmt = stmt.order_by(schema.events.c.id.desc()).limit(limit)
         return await self._read(stmt)
 
-    async def prune_events(self, *, before_at: float) -> int:
+    async def prune_events(self, *, before_at: float, epoch: int | None = None) -> int:
         """Delete events older than ``before_at`` (retention); how many went."""
-        async with self.transaction() as conn:
+        async with self._write(epoch) as conn:
             result = await conn.execute(
                 delete(schema.events).where(schema.events.c.at < before_at))
             return int(result.rowcount or 0)
 
     # -- API keys --------------------------------------------------------------
 
-    async def add_api_key(self, row: Row) -> None:
-        async with self.transaction() as conn:
+    async def add_api_key(self, row: Row, *, epoch: int | None = None) -> None:
+        async with self._write(epoch) as conn:
             await conn.execute(schema.api_keys.insert().values(**row))
 
     async def list_api_keys(self) -> list[Row]:
         return await self._read(select(schema.api_keys).order_by(schema.api_keys.c.created_at))
 
-    async def revoke_api_key(self, key_id: str) -> bool:
-        async with self.transaction() as conn:
+    async def revoke_api_key(self, key_id: str, *, epoch: int | None = None) -> bool:
+        async with self._write(epoch) as conn:
             result = await conn.execute(
                 update(schema.api_keys).where(schema.api_keys.c.id == key_id).values(revoked=True)
             )
@@ -332,13 +337,13 @@ class Store:
 
     # -- usage -----------------------------------------------------------------
 
-    async def add_usage(self, rows: Sequence[Row]) -> None:
+    async def add_usage(self, rows: Sequence[Row], *, epoch: int | None = None) -> None:
         """Add counts to the per-minute rows, creating them as needed."""
         if not rows:
             return
         counters = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
         dialect_insert = sqlite.insert if self.is_sqlite else postgresql.insert
-        async with self.transaction() as conn:
+        async with self._write(epoch) as conn:
             for row in rows:
                 stmt = dialect_insert(schema.usage).values(**row)
                 stmt = stmt.on_conflict_do_update(
@@ -357,9 +362,9 @@ class Store:
             stmt = stmt.where(schema.usage.c.model == model)
         return await self._read(stmt.order_by(schema.usage.c.minute))
 
-    async def prune_usage(self, *, before_minute: int) -> int:
+    async def prune_usage(self, *, before_minute: int, epoch: int | None = None) -> int:
         """Delete usage rows of minutes before ``before_minute`` (retention)."""
-        async with self.transaction() as conn:
+        async with self._write(epoch) as conn:
             result = await conn.execute(
                 delete(schema.usage).where(schema.usage.c.minute < before_minute))
             return int(result.rowcount or 0)
