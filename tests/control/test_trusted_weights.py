@@ -4,6 +4,7 @@ model makes it no one's weight source (issue 13)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import sys
 from collections.abc import AsyncIterator
@@ -11,14 +12,24 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
+from tests.agent.fakes import serve_app
 from tests.control.test_agent_api import inventory, register
 from tests.servers import serve_asgi
 
+from llmgw.control import weightdigests
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
-from llmgw.wire import AgentReport, ModelSpec, ShardAssignment, WeightsEntry, WeightsSource
+from llmgw.wire import (
+    AgentReport,
+    ModelSpec,
+    ShardAssignment,
+    WeightsEntry,
+    WeightsFile,
+    WeightsSource,
+)
 
 Plane = tuple[ControlPlane, NewCredentials, str]
 SHA = hashlib.sha256(b"the real weights").hexdigest()
@@ -142,3 +153,38 @@ async def test_a_refused_copy_becomes_an_event_naming_the_peer(plane: Plane) -> 
             node="n2", inventory=inventory("n2"), weights_refused=[message]))
     events = await cp.store.list_events(kind="node", subject="n2")
     assert f"node n2: {message}" in [e["message"] for e in events]
+
+
+async def test_the_hub_record_holds_lfs_digests_and_git_blob_ids() -> None:
+    # The Hub's answer for a pinned revision, as huggingface_hub asks for it
+    # (files_metadata): LFS files with their sha256, git files with their blob id.
+    gguf = hashlib.sha256(b"gguf").hexdigest()
+    answer = {"id": "org/m", "sha": "a" * 40, "siblings": [
+        {"rfilename": "m.gguf", "size": 4, "blobId": "b" * 40,
+         "lfs": {"sha256": gguf, "size": 4, "pointerSize": 130}},
+        {"rfilename": "config.json", "size": 6,
+         "blobId": "ce013625030ba8dba906f756967f9e9ca394464a"},
+    ]}
+    asked: list[str] = []
+
+    async def model_info(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.json_response(answer)
+
+    app = web.Application()
+    app.router.add_get("/api/models/org/m/revision/{rev}", model_info)
+    async with serve_app(app) as url:
+        whole = WeightsSource(kind="hf", repo="org/m", revision="abc")
+        record = await asyncio.to_thread(weightdigests.from_origin, whole, url)
+        one = WeightsSource(kind="hf", repo="org/m", revision="abc", file="m.gguf")
+        single = await asyncio.to_thread(weightdigests.from_origin, one, url)
+    assert asked == ["/api/models/org/m/revision/abc"] * 2
+    assert record is not None and record.origin == "hub" and record.sha256 is None
+    assert record.files == [
+        WeightsFile(path="m.gguf", size=4, sha256=gguf),
+        WeightsFile(path="config.json", size=6,
+                    git_sha1="ce013625030ba8dba906f756967f9e9ca394464a"),
+    ]
+    # One LFS file: its digest is the entry's, as the agent computes it.
+    assert single is not None and single.sha256 == gguf
+    assert single.files == [WeightsFile(path="m.gguf", size=4, sha256=gguf)]

@@ -83,11 +83,11 @@ def _path(item: WeightsFile) -> str:
     return item.path
 
 
-def from_origin(source: WeightsSource) -> WeightsDigests | None:
+def from_origin(source: WeightsSource, hf_endpoint: str | None = None) -> WeightsDigests | None:
     """The origin's own digests (blocking: run it in a thread); None when unreadable."""
     try:
         if source.kind == "hf":
-            return _from_hub(source)
+            return _from_hub(source, hf_endpoint)
         if source.kind == "package":
             return _from_package(source)
     except Exception as exc:  # any failure means "fall back to the first fetch"
@@ -96,11 +96,11 @@ def from_origin(source: WeightsSource) -> WeightsDigests | None:
     return None
 
 
-def _from_hub(source: WeightsSource) -> WeightsDigests | None:
+def _from_hub(source: WeightsSource, endpoint: str | None) -> WeightsDigests | None:
     from huggingface_hub import HfApi  # heavy, only when used
 
-    # The endpoint comes from HF_ENDPOINT, as for the agents' downloads.
-    info = HfApi().model_info(
+    # None: HF_ENDPOINT or the public Hub, as for the agents' downloads.
+    info = HfApi(endpoint=endpoint).model_info(
         source.repo or "", revision=source.revision, files_metadata=True, timeout=HUB_TIMEOUT_S
     )
     files: list[WeightsFile] = []
