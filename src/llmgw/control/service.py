@@ -47,6 +47,8 @@ from llmgw.control.state import (
     ReplicaRecord,
 )
 from llmgw.control.store.repo import Row, Store
+from llmgw.control.weightdigests import SETTING as WEIGHT_DIGESTS
+from llmgw.control.weightdigests import DigestBook
 from llmgw.control.writes import FencedWrites
 from llmgw.errors import AuthError, NotFoundError, StandbyError, ValidationError
 from llmgw.wire import (
@@ -125,6 +127,11 @@ class ControlPlane:
         self._in_flight = InFlightBook()
         # The last set of other nodes' replica ids each node reported on.
         self._foreign_reported: dict[str, list[str]] = {}
+        # What each model's weights must be (llmgw.control.weightdigests).
+        self.digests = DigestBook(
+            lambda document: self.writes.set_setting(WEIGHT_DIGESTS, document),
+            self.event,
+        )
         # The secret agents present to each other when copying weights. Kept
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
@@ -159,6 +166,7 @@ class ControlPlane:
             if name in state.nodes:
                 state.nodes[name].fabrics_pinned = True
         self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
+        self.digests.load(await self.store.get_setting(WEIGHT_DIGESTS))
         await state.bump_routing()
 
     async def ensure_credentials(self, *, first_api_key: bool = True) -> NewCredentials:
@@ -384,6 +392,7 @@ class ControlPlane:
             await self.event("node", node.name, f"node {node.name} reported on replicas not"
                              " assigned to it; ignored", replicas=effects.foreign)
         self._foreign_reported[node.name] = effects.foreign
+        await self.digests.take_report(self.state, node, report)
         if effects.wake_reconciler:
             self.wake_reconciler()
         if effects.routing_changed:
@@ -393,7 +402,10 @@ class ControlPlane:
             assignments=assignments_for(self.state, node.name),
             report_interval_s=REPORT_INTERVAL_S,
             # A node waiting for approval reads no one's weights.
-            weight_peers={} if node.pending_approval else weight_peers(self.state, node),
+            weight_peers={} if node.pending_approval else weight_peers(
+                self.state, node, self.digests.records
+            ),
+            weight_digests=self.digests.for_node(self.state, node),
             peer_token=None if node.pending_approval else self.peer_token,
         )
 
