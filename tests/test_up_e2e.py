@@ -51,6 +51,29 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def assert_engine_takes_its_key_only(engine: psutil.Process, info: dict[str, str]) -> None:
+    """The engine answers the gateway only: it was started with its replica's key, in
+    its environment (its argv is world-readable in /proc), and refuses a direct
+    call without that key, with a client's API key, or with another."""
+    argv = engine.cmdline()
+    url = f"http://{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}"
+    key = engine.environ()["API_KEY"]  # llama_cpp.server's settings read it
+    assert len(key) >= 40 and not any(key in item for item in argv)
+    ask = {"model": "default", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}
+    for headers in ({}, {"Authorization": f"Bearer {info['api_key']}"},
+                    {"Authorization": f"Bearer {key[:-1]}"}):  # fmt: skip
+        direct = httpx.post(f"{url}/v1/chat/completions", json=ask, headers=headers, timeout=60)
+        assert direct.status_code in (401, 403), direct.text
+        assert httpx.get(f"{url}/v1/models", headers=headers, timeout=60).status_code in (401, 403)
+    keyed = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert keyed.status_code == 200
+    # No read of the control plane shows it, to operators or anyone else.
+    admin = {"Authorization": f"Bearer {info['admin_token']}"}
+    for path in ("/replicas", "/nodes", "/models", "/events", "/summary"):
+        read = httpx.get(f"{info['admin_url']}/admin/v1{path}", headers=admin, timeout=30)
+        assert read.status_code == 200 and key not in read.text, path
+
+
 def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
     port = free_port()
     data_dir = tmp_path / "data"
@@ -135,6 +158,7 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
         engines = [p for p in descendants(proc.pid) if "llama_cpp.server" in " ".join(p.cmdline())]
         assert len(engines) == 1, "the engine should run as a child of llmgw up"
         engine_pid = engines[0].pid
+        assert_engine_takes_its_key_only(engines[0], info)
 
         # Killing `llmgw up` as a whole (no clean stop) and starting it again on
         # the same data dir adopts the running engine: no restart, same process.

@@ -75,6 +75,12 @@ LLAMA_SERVER_MANAGED_ENV = {
     "LLAMA_ARG_CTX_SIZE": "--ctx-size",
 }
 
+# The variable other engines read their API key from: the agent sets it to
+# the replica's engine key (the key stays off the command line, which
+# /proc/PID/cmdline shows every user of the node) and drops it otherwise.
+# llama.cpp's (API_KEY, LLAMA_API_KEY) are among its managed settings above.
+ENGINE_KEY_ENV = {EngineKind.VLLM: "VLLM_API_KEY", EngineKind.SIM: "LLMGW_ENGINE_KEY"}
+
 # Upper-case names dropped from what each llama.cpp server inherits.
 LLAMA_CPP_PYTHON_DROP = frozenset(name.upper() for name in LLAMA_CPP_PYTHON_SETTINGS)
 LLAMA_SERVER_DROP = frozenset(LLAMA_SERVER_MANAGED_ENV)
@@ -87,9 +93,14 @@ def env_problem(engine: EngineKind, name: str) -> str | None:
     The catalog cannot know which llama.cpp server a node runs, so a llama.cpp
     model is checked against both.
     """
+    upper = name.upper()
+    if upper == ENGINE_KEY_ENV.get(engine):
+        return (
+            f"{engine.value} reads {name} as its API key, which the agent sets to the"
+            " replica's engine key; remove it"
+        )
     if engine != EngineKind.LLAMACPP:
         return None
-    upper = name.upper()
     if upper in LLAMA_CPP_PYTHON_DROP:
         setting = upper.lower()
         if setting in LLAMA_CPP_PYTHON_MANAGED:

@@ -277,7 +277,6 @@ class WeightsDigests(Wire):
     node: str | None = None
 
 
-
 # ---------------------------------------------------------------------------
 # Catalog entries (ctl/admin API -> control plane)
 # ---------------------------------------------------------------------------
@@ -424,6 +423,11 @@ class ShardAssignment(Wire):
     device_uuids: list[str] = Field(default_factory=list)
 
 
+# An engine key goes into an HTTP header and an engine's environment: only
+# characters that are safe in both (the control plane makes them URL-safe).
+EngineKey = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{16,128}$")]
+
+
 class ReplicaAssignment(Wire):
     """One replica the node must run, complete enough to start it from scratch.
 
@@ -440,6 +444,11 @@ class ReplicaAssignment(Wire):
     # Address the rank-0 shard listens on for distributed init (multi-node).
     leader_address: str | None = None
     draining: bool = False
+    # The replica's own engine key (DESIGN.md §6b): the engine is started with
+    # it and refuses calls without it; only the gateways (Endpoint.engine_key)
+    # and this node learn it. Kept out of repr, so a logged assignment never
+    # shows it. None: no key (an assignment built by hand, e.g. in tests).
+    engine_key: EngineKey | None = Field(None, repr=False)
 
 
 class DownloadProgress(Wire):
@@ -612,6 +621,9 @@ class Endpoint(Wire):
     # served unmended as before. Per endpoint, not per model: one model may
     # run as llama-server on one node and llama_cpp.server on another.
     dialect: EngineDialect | None = None
+    # What the gateway sends as ``Authorization: Bearer`` to this engine
+    # (ReplicaAssignment.engine_key); never passed on to a client.
+    engine_key: EngineKey | None = Field(None, repr=False)
 
 
 class ModelRoute(Wire):

@@ -432,7 +432,9 @@ class ReplicaRunner:
     async def _scrape(self, metrics: ProgressMetrics) -> tuple[float, tuple[float, ...]]:
         url = self._engine_url(metrics.path)
         timeout = aiohttp.ClientTimeout(total=self.deps.liveness.timeout_s)
-        async with self.deps.session.get(url, timeout=timeout) as resp:
+        async with self.deps.session.get(
+            url, timeout=timeout, headers=self._engine_auth()
+        ) as resp:
             if resp.status != 200:
                 raise MetricsError(f"HTTP {resp.status}")
             body = bytearray()
@@ -442,6 +444,13 @@ class ReplicaRunner:
                     raise MetricsError(f"metrics larger than {MAX_METRICS_BYTES} bytes")
         return read_progress(body.decode("utf-8", errors="replace"), metrics)
 
+    def _engine_auth(self) -> dict[str, str] | None:
+        """The replica's engine key as a bearer token: sent on every probe, since
+        engines differ in what they guard (llama_cpp.server's /v1/models, the
+        readiness path, needs it; vLLM's /health does not)."""
+        key = self.assignment.engine_key
+        return {"Authorization": f"Bearer {key}"} if key else None
+
     def _engine_url(self, path: str) -> str:
         return f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
 
@@ -450,7 +459,7 @@ class ReplicaRunner:
         url = self._engine_url(path)
         try:
             async with self.deps.session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=self._engine_auth()
             ) as resp:
                 return None if resp.status == 200 else f"HTTP {resp.status}"
         except TimeoutError:

@@ -10,6 +10,7 @@ tested, without a store.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmgw.control import weightdigests
@@ -157,8 +158,14 @@ def _mirror_statuses(
                 effects.routing_changed = True
 
 
-def assignments_for(state: FleetState, node_name: str) -> list[ReplicaAssignment]:
-    """Every replica shard the node must run: the answer to each report."""
+def assignments_for(
+    state: FleetState, node_name: str, engine_key: Callable[[str], str] | None = None
+) -> list[ReplicaAssignment]:
+    """Every replica shard the node must run: the answer to each report.
+
+    ``engine_key``: each replica's engine key by id (control.enginekeys);
+    every shard gets it, since every rank may serve or be probed.
+    """
     out: list[ReplicaAssignment] = []
     for replica in state.replicas.values():
         if replica.state == ReplicaState.FAILED:
@@ -177,6 +184,7 @@ def assignments_for(state: FleetState, node_name: str) -> list[ReplicaAssignment
                 nodes=len(replica.shards),
                 leader_address=leader.address if leader and len(replica.shards) > 1 else None,
                 draining=replica.draining,
+                engine_key=engine_key(replica.id) if engine_key is not None else None,
             )
         )
     return out

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from llmgw import secrets
 from llmgw.control import approval
 from llmgw.control.catalog import engine_changed
+from llmgw.control.enginekeys import EngineKeys
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.jointokens import SETTING as JOIN_TOKENS
@@ -136,6 +137,9 @@ class ControlPlane:
         # in memory only and handed out with every report: a restart rotates
         # it, and agents pick the new one up on their next report.
         self.peer_token = secrets.new_secret("llmgw-peer-")
+        # Each replica's engine key (control.enginekeys); the stored seed
+        # replaces this one in load().
+        self.engine_keys = EngineKeys()
         self.leader_hint = LeaderHint(store)
         # Counted here and rendered on scrape (llmgw.control.metrics).
         self.metrics = ControlMetrics()
@@ -166,6 +170,7 @@ class ControlPlane:
             if name in state.nodes:
                 state.nodes[name].fabrics_pinned = True
         self._gateway_hash = await self.store.get_setting(GATEWAY_HASH)
+        self.engine_keys = await EngineKeys.load(self.store)
         self.digests.load(await self.store.get_setting(WEIGHT_DIGESTS))
         await state.bump_routing()
 
@@ -399,7 +404,7 @@ class ControlPlane:
             await self.state.bump_routing()
         return AgentReportAnswer(
             node=node.name,
-            assignments=assignments_for(self.state, node.name),
+            assignments=assignments_for(self.state, node.name, self.engine_keys.key),
             report_interval_s=REPORT_INTERVAL_S,
             # A node waiting for approval reads no one's weights.
             weight_peers={} if node.pending_approval else weight_peers(
@@ -450,6 +455,7 @@ class ControlPlane:
                     f":{r.port}",
                     kv_capacity_tokens=model.spec.kv_capacity_tokens,
                     dialect=r.dialect,
+                    engine_key=self.engine_keys.key(r.id),
                 )
                 for r in sorted(self.state.replicas_of(model.name), key=lambda r: r.id)
                 if self.state.routable(r, now) and r.port is not None

@@ -231,8 +231,8 @@ _PROBE_DROPS = frozenset(
 class StreamCounter:
     """Counts one finished stream on the endpoint that produced it."""
 
-    __slots__ = ("_early", "_key", "_path", "_payload", "_replica_url", "_request_id", "_upstream",
-                 "mending")  # fmt: skip
+    __slots__ = ("_early", "_engine_key", "_key", "_path", "_payload", "_replica_url",
+                 "_request_id", "_upstream", "mending")  # fmt: skip
 
     def __init__(
         self,
@@ -244,6 +244,7 @@ class StreamCounter:
     ) -> None:
         self._upstream = upstream
         self._replica_url = replica.url
+        self._engine_key = replica.engine_key
         self._key = (replica.replica_id, replica.url)
         self.mending = replica.mending
         self._path = path
@@ -314,7 +315,7 @@ class StreamCounter:
         return Usage(prompt=prompt_tokens, completion=completion), not failures
 
     async def _post(self, path: str, body: dict[str, Any]) -> bytes:
-        target = self._upstream.target(self._replica_url, path)
+        target = self._upstream.target(self._replica_url, path, self._engine_key)
         # An id of its own: engines key requests by X-Request-Id (vLLM
         # refuses a second request under an id still running).
         response = await self._upstream.post(target, orjson.dumps(body), os.urandom(16).hex())

@@ -462,8 +462,13 @@ async def _proxy(
         response: Response | None = None
         try:
             response = await rt.upstream.post(
-                rt.upstream.target(replica.url, path), upstream_body, request_id
+                rt.upstream.target(replica.url, path, replica.engine_key), upstream_body, request_id
             )
+            if response.status in (401, 403):
+                # The engine refused the gateway's engine key (a routing table
+                # older than the engine): no fault of the client's key, and
+                # another replica may take the request, as if unreachable.
+                raise ConnectFailed(f"engine refused the engine key ({response.status})")
             replica.connect_succeeded()
             if stream and response.status == 200:
                 # Nothing goes to the client before the first chunk, so a replica

@@ -389,10 +389,15 @@ def _expire(response: Response) -> None:
         conn.close()
 
 
-def request_head(host: str, port: int, path: str) -> bytes:
-    """The constant start of every POST to one engine path (rendered once per target)."""
+def request_head(host: str, port: int, path: str, engine_key: str | None = None) -> bytes:
+    """The constant start of every POST to one engine path (rendered once per target).
+
+    ``engine_key``: the replica's key, sent as a bearer token (wire.EngineKey
+    admits only characters that are safe in a header).
+    """
+    auth = f"Authorization: Bearer {engine_key}\r\n" if engine_key else ""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
         "Content-Type: application/json\r\nContent-Length: "
     ).encode("latin-1")
 

@@ -40,7 +40,7 @@ class Upstream:
     def __init__(self, settings: GatewaySettings) -> None:
         self._settings = settings
         self._pool: Pool | None = None
-        self._targets: dict[tuple[str, str], Target] = {}
+        self._targets: dict[tuple[str, str, str | None], Target] = {}
 
     async def start(self) -> None:
         self._pool = Pool(self._settings.connect_timeout_s, self._settings.upstream_timeout_s)
@@ -50,9 +50,13 @@ class Upstream:
             self._pool.close()
             self._pool = None
 
-    def target(self, base: str, path: str) -> Target:
-        """Where ``base`` + ``path`` goes, parsed once per endpoint and path."""
-        key = (base, path)
+    def target(self, base: str, path: str, engine_key: str | None = None) -> Target:
+        """Where ``base`` + ``path`` goes, parsed once per endpoint and path.
+
+        ``engine_key``: the replica's key (wire.Endpoint.engine_key), rendered
+        into the constant head with the rest, so it costs nothing per request.
+        """
+        key = (base, path, engine_key)
         target = self._targets.get(key)
         if target is None:
             parts = urlsplit(base)
@@ -66,7 +70,8 @@ class Upstream:
                 self._targets.clear()
             port = parts.port or 80
             full = parts.path.rstrip("/") + path
-            target = Target(parts.hostname, port, full, request_head(parts.hostname, port, full))
+            head = request_head(parts.hostname, port, full, engine_key)
+            target = Target(parts.hostname, port, full, head)
             self._targets[key] = target
         return target
 

@@ -39,6 +39,7 @@ class Replica:
 
     __slots__ = (
         "cooled_until",
+        "engine_key",
         "failures",
         "in_flight",
         "kv_capacity_tokens",
@@ -56,6 +57,7 @@ class Replica:
         self.url = endpoint.url.rstrip("/")
         self.kv_capacity_tokens = endpoint.kv_capacity_tokens
         self.mending = mending_for(endpoint.dialect)
+        self.engine_key = endpoint.engine_key  # sent upstream, never to clients
         # Rendezvous seed from the id, so every gateway derives the same one.
         digest = hashlib.blake2b(self.replica_id.encode("utf-8"), digest_size=8).digest()
         self.seed = int.from_bytes(digest, "little")
@@ -72,6 +74,7 @@ class Replica:
         self.url = endpoint.url.rstrip("/")
         self.kv_capacity_tokens = endpoint.kv_capacity_tokens
         self.mending = mending_for(endpoint.dialect)
+        self.engine_key = endpoint.engine_key
 
     def load(self, tokens_per_unit: float) -> float:
         return self.in_flight + self.pending_prefill / tokens_per_unit

@@ -48,8 +48,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hmac
 import itertools
 import logging
+import os
 import signal
 import sys
 import time
@@ -60,10 +62,11 @@ import orjson
 import pydantic
 from aiohttp import web
 
+from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import ValidationError
 from llmgw.sim import metrics, openai_api, tokens
 from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
-from llmgw.wire import SimParams
+from llmgw.wire import EngineKind, SimParams
 
 EngineState = Literal["created", "starting", "ready", "hung", "failed", "stopped"]
 
@@ -79,9 +82,14 @@ _ids = itertools.count(1)
 class SimEngine:
     """One simulated engine: ``await start(host, port)``, ``await stop()``."""
 
-    def __init__(self, model: str = "sim", params: SimParams | None = None) -> None:
+    def __init__(
+        self, model: str = "sim", params: SimParams | None = None, *, api_key: str | None = None
+    ) -> None:
         self.model = model
         self.params = params or SimParams()
+        # Like a real engine started with a key: everything but /health needs
+        # it as a bearer token (the agent's probes of /metrics send it too).
+        self._auth = f"Bearer {api_key}".encode() if api_key else None
         self.core = EngineCore(self.params)
         self.state: EngineState = "created"
         self.host = "127.0.0.1"
@@ -118,7 +126,8 @@ class SimEngine:
             raise RuntimeError(f"engine already {self.state}")
         # Only an engine that will wedge pays for the middleware that wedges it.
         wedges = [self._wedged] if self.params.hang_after_s is not None else []
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=wedges)
+        guard = [self._guarded] if self._auth is not None else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=guard + wedges)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/embeddings", self._embeddings)
@@ -249,6 +258,15 @@ class SimEngine:
         if self.state == "failed":
             return _error(500, "engine failed at start (fault fail_at_start)", "server_error", 500)
         return _error(503, f"engine is {self.state}", "service_unavailable", 503, retry_after=True)
+
+    @web.middleware
+    async def _guarded(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode()
+        if request.path != "/health" and not hmac.compare_digest(given, self._auth or b""):
+            return _error(
+                401, "missing or wrong API key", "invalid_request_error", "invalid_api_key"
+            )
+        return await handler(request)
 
     @web.middleware
     async def _wedged(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
@@ -478,6 +496,7 @@ async def run_engines(
     *,
     model: str = "sim",
     base_port: int = 0,
+    api_key: str | None = None,
 ) -> list[SimEngine]:
     """Start ``n`` engines on one loop: ports ``base_port + i``, or ephemeral when 0.
 
@@ -486,7 +505,7 @@ async def run_engines(
     engines: list[SimEngine] = []
     try:
         for i in range(n):
-            engine = SimEngine(model, params)
+            engine = SimEngine(model, params, api_key=api_key)
             await engine.start(host, base_port + i if base_port else 0)
             engines.append(engine)
     except BaseException:
@@ -500,14 +519,23 @@ async def run_engines(
 # ---------------------------------------------------------------------------
 
 
-async def serve(model: str, params: SimParams, host: str, port: int, count: int = 1) -> int:
+async def serve(
+    model: str,
+    params: SimParams,
+    host: str,
+    port: int,
+    count: int = 1,
+    api_key: str | None = None,
+) -> int:
     """Run ``count`` engines until SIGINT/SIGTERM (0) or a failed start (1)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        engines = await run_engines(count, params, host, model=model, base_port=port)
+        engines = await run_engines(
+            count, params, host, model=model, base_port=port, api_key=api_key
+        )
     except BaseException:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -532,13 +560,20 @@ async def serve(model: str, params: SimParams, host: str, port: int, count: int 
     return 0
 
 
-def run_blocking(model: str, params: SimParams, host: str, port: int, count: int = 1) -> int:
+def run_blocking(
+    model: str,
+    params: SimParams,
+    host: str,
+    port: int,
+    count: int = 1,
+    api_key: str | None = None,
+) -> int:
     """Run :func:`serve` on a fresh loop (uvloop when installed)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(serve(model, params, host, port, count))
-    return uvloop.run(serve(model, params, host, port, count))
+        return asyncio.run(serve(model, params, host, port, count, api_key))
+    return uvloop.run(serve(model, params, host, port, count, api_key))
 
 
 def parse_params(raw: str) -> SimParams:
@@ -569,7 +604,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --count must be >= 1", file=sys.stderr)
         return 2
     try:
-        return run_blocking(args.model, params, args.host, args.port, args.count)
+        # The agent passes the replica's engine key in the environment, never
+        # in argv (world-readable in /proc).
+        api_key = os.environ.get(ENGINE_KEY_ENV[EngineKind.SIM]) or None
+        return run_blocking(args.model, params, args.host, args.port, args.count, api_key)
     except OSError as exc:
         print(
             f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",

@@ -238,6 +238,13 @@ class LlamaCppAdapter:
         argv += extra
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=self.vulkan))
+        key = ctx.assignment.engine_key
+        if key is not None:
+            # From the environment, not --api-key/--api_key: argv is
+            # world-readable in /proc. llama-server reads LLAMA_API_KEY;
+            # llama_cpp.server's settings read API_KEY (pydantic-settings).
+            # Both then refuse /v1 (and the tokenizer routes) without it.
+            env["LLAMA_API_KEY" if self.server_binary else "API_KEY"] = key
         dialect = SERVER_DIALECT if self.server_binary else PYTHON_DIALECT
         return EngineLaunch(
             argv=argv,

@@ -107,6 +107,10 @@ class SglangAdapter:
         # not tell a stuck engine from an idle one.
         if progress is not None and not has_flag(spec.engine_args, "--enable-metrics"):
             argv.append("--enable-metrics")
+        if assignment.engine_key is not None and health is not None:
+            # SGLang reads its key from argv or a --config file only, so it is
+            # on the command line (docs/security.md: hide /proc on shared nodes).
+            argv += ["--api-key", assignment.engine_key]
         argv += spec.engine_args
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=False))

@@ -11,6 +11,7 @@ import sys
 
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext, check_common
 from llmgw.agent.progress import VLLM_METRICS
+from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError
 from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment, SimParams
 
@@ -55,9 +56,12 @@ class SimAdapter:
             tokenize_path="/tokenize",
             tokenize_field="prompt",
         )
+        env = dict(spec.env)
+        if assignment.engine_key is not None:
+            env[ENGINE_KEY_ENV[EngineKind.SIM]] = assignment.engine_key
         return EngineLaunch(
             argv=argv,
-            env=dict(spec.env),
+            env=env,
             health_path="/health",
             progress=VLLM_METRICS,
             dialect=dialect,

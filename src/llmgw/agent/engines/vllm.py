@@ -37,6 +37,7 @@ from llmgw.agent.engines.base import (
 )
 from llmgw.agent.pinning import engine_env
 from llmgw.agent.progress import VLLM_METRICS
+from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError
 from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 
@@ -190,8 +191,19 @@ class VllmAdapter:
         argv += spec.engine_args
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=False))
+        if assignment.engine_key is not None:
+            # vLLM takes its key from VLLM_API_KEY when --api-key is absent,
+            # which keeps it out of argv (world-readable in /proc). It then
+            # refuses /v1 without it; /health, /metrics and /tokenize stay open.
+            env[ENGINE_KEY_ENV[EngineKind.VLLM]] = assignment.engine_key
         # Metrics, like HTTP, come from the rank that serves the API only.
         progress = VLLM_METRICS if health is not None else None
         return EngineLaunch(
-            argv=argv, env=env, health_path=health, progress=progress, dialect=DIALECT
+            argv=argv,
+            env=env,
+            health_path=health,
+            progress=progress,
+            dialect=DIALECT,
+            # An inherited key would lock the gateway out of a replica without one.
+            drop_env=frozenset({ENGINE_KEY_ENV[EngineKind.VLLM]}),
         )

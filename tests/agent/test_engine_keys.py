@@ -1,0 +1,121 @@
+"""Every engine is started with its replica's key, off its command line, and probed with it."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import aiohttp
+import pytest
+from tests.agent.conftest import AgentFactory
+from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import assign, cpu_slot, gpu, model
+from tests.agent.test_engines import ctx
+from tests.agent.test_liveness import FAST
+
+from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
+from llmgw.agent.engines.base import EngineLaunch, LaunchContext
+from llmgw.agent.supervisor import engine_environment
+from llmgw.errors import EngineError
+from llmgw.wire import EngineKind, ReplicaAssignment, ReplicaState, SimParams, WeightsSource
+
+KEY = "engine-key-0123456789abcdefghijklmnopqrstu"
+
+
+def keyed(a: ReplicaAssignment) -> ReplicaAssignment:
+    return a.model_copy(update={"engine_key": KEY})
+
+
+def no_key_in_argv(launch: EngineLaunch) -> None:
+    assert all(KEY not in item for item in launch.argv), launch.argv
+
+
+@pytest.mark.parametrize(
+    ("adapter", "variable"),
+    [(LlamaCppAdapter(server_binary="llama-server"), "LLAMA_API_KEY"),
+     (LlamaCppAdapter(server_binary=""), "API_KEY"),
+     (VllmAdapter(executable="vllm"), "VLLM_API_KEY"),
+     (SimAdapter(), "LLMGW_ENGINE_KEY")],
+)  # fmt: skip
+def test_the_key_goes_to_the_engine_in_its_environment(
+    adapter: LlamaCppAdapter | VllmAdapter | SimAdapter, variable: str
+) -> None:
+    d = [cpu_slot(0)] if adapter.kind in (EngineKind.LLAMACPP, EngineKind.SIM) else [gpu(0)]
+    spec = model(adapter.kind.value, gpu_classes=[d[0].gpu_class])
+    if adapter.kind == EngineKind.SIM:
+        spec = spec.model_copy(update={"weights": WeightsSource(kind="none")})
+    launch = adapter.build(ctx(keyed(assign(spec, d)), d))
+    assert launch.env[variable] == KEY
+    no_key_in_argv(launch)
+    # What the engine finally gets: the key, whatever the agent inherited.
+    assert engine_environment(launch.env, launch.drop_env)[variable] == KEY
+    # Without a key (an assignment from before engine keys) there is none to
+    # read, not even one the agent happens to have in its own environment.
+    bare = adapter.build(ctx(assign(spec, d), d))
+    assert variable not in bare.env
+    if adapter.kind != EngineKind.SIM:  # the agent's LLMGW_* never reach an engine
+        assert variable.upper() in bare.drop_env
+
+
+def test_sglang_takes_it_as_a_flag_on_the_rank_that_serves() -> None:
+    d = [gpu(0)]
+    launch = SglangAdapter(executable="sglang").build(ctx(keyed(assign(model("sglang"), d)), d))
+    assert launch.argv[launch.argv.index("--api-key") + 1] == KEY
+    two = model("sglang", nodes=2, tp=2)
+    rank1 = keyed(assign(two, d, rank=1, leader="10.0.0.1:5000"))
+    assert "--api-key" not in SglangAdapter(executable="sglang").build(ctx(rank1, d)).argv
+
+
+@pytest.mark.parametrize(
+    ("adapter", "args"),
+    [(LlamaCppAdapter(server_binary="llama-server"), ["--api-key", "x"]),
+     (LlamaCppAdapter(server_binary="llama-server"), ["--api_key_file=/k"]),
+     (LlamaCppAdapter(server_binary=""), ["--api_key", "x"]),
+     (LlamaCppAdapter(server_binary=""), ["--api", "x"]),
+     (VllmAdapter(executable="vllm"), ["--api-key", "x"]),
+     (SglangAdapter(executable="sglang"), ["--api-k=x"])],
+)  # fmt: skip
+def test_a_catalog_cannot_set_the_key_flag(
+    adapter: LlamaCppAdapter | VllmAdapter | SglangAdapter, args: list[str]
+) -> None:
+    d = [cpu_slot(0)] if adapter.kind == EngineKind.LLAMACPP else [gpu(0)]
+    spec = model(adapter.kind.value, gpu_classes=[d[0].gpu_class], engine_args=args)
+    with pytest.raises(EngineError, match="manages"):
+        adapter.validate(assign(spec, d))
+
+
+class GuardedProbes(SimAdapter):
+    """The sim with readiness and liveness on a route that needs the key
+    (as llama_cpp.server's /v1/models): an agent probing without it would never
+    see the engine ready, and would fail it once it serves."""
+
+    def build(self, ctx: LaunchContext) -> EngineLaunch:
+        return dataclasses.replace(
+            super().build(ctx), health_path="/v1/models", liveness_path="/v1/models"
+        )
+
+
+async def test_the_agent_probes_with_the_key_and_the_engine_refuses_others(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    make_agent("n1", adapters={EngineKind.SIM: GuardedProbes()}, liveness=FAST)
+    spec = model("sim", name="sim-model", weights=WeightsSource(kind="none"),
+                 gpu_classes=["cpu"], start_timeout_s=30)  # fmt: skip
+    spec = spec.model_copy(update={"sim": SimParams(startup_s=0.0)})
+    fake_cp.assignments["n1"] = [keyed(assign(spec, [cpu_slot(0)]))]
+    ready = await fake_cp.wait_state("r1", ReplicaState.READY, within=30)
+    base = f"http://127.0.0.1:{ready.port}"
+    async with aiohttp.ClientSession() as session:
+        for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+            async with session.get(f"{base}/v1/models", headers=headers) as resp:
+                assert resp.status == 401
+        async with session.get(f"{base}/v1/models",
+                               headers={"Authorization": f"Bearer {KEY}"}) as resp:  # fmt: skip
+            assert resp.status == 200
+    # Liveness probes /v1/models every 0.1 s and fails the replica after 1.5 s
+    # of refusals: still ready well after that.
+    await asyncio.sleep(2.5)
+    report = await fake_cp.wait_for(lambda r: True)
+    (status,) = report.replicas
+    assert status.state == ReplicaState.READY and status.reason is None
+    assert status.pid == ready.pid
