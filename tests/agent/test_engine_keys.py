@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
+from pathlib import Path
 
 import aiohttp
+import psutil
 import pytest
+import yaml
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, gpu, model
 from tests.agent.test_engines import ctx
 from tests.agent.test_liveness import FAST
+from tests.agent.test_supervisor import wait_for_log
 
 from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
-from llmgw.agent.engines.base import EngineLaunch, LaunchContext
-from llmgw.agent.supervisor import engine_environment
+from llmgw.agent.engines.base import EngineLaunch, LaunchContext, SecretFile
+from llmgw.agent.supervisor import Supervisor, engine_environment
 from llmgw.errors import EngineError
 from llmgw.wire import EngineKind, ReplicaAssignment, ReplicaState, SimParams, WeightsSource
 
@@ -57,13 +62,36 @@ def test_the_key_goes_to_the_engine_in_its_environment(
         assert variable.upper() in bare.drop_env
 
 
-def test_sglang_takes_it_as_a_flag_on_the_rank_that_serves() -> None:
+def test_sglang_reads_it_from_a_config_file_on_the_rank_that_serves() -> None:
     d = [gpu(0)]
     launch = SglangAdapter(executable="sglang").build(ctx(keyed(assign(model("sglang"), d)), d))
-    assert launch.argv[launch.argv.index("--api-key") + 1] == KEY
+    no_key_in_argv(launch)
+    assert launch.secret_file is not None and launch.secret_file.flag == "--config"
+    # SGLang's --config turns each YAML key into its flag: api-key -> --api-key.
+    assert yaml.safe_load(launch.secret_file.text) == {"api-key": KEY}
+    assert KEY not in repr(launch)
     two = model("sglang", nodes=2, tp=2)
     rank1 = keyed(assign(two, d, rank=1, leader="10.0.0.1:5000"))
-    assert "--api-key" not in SglangAdapter(executable="sglang").build(ctx(rank1, d)).argv
+    assert SglangAdapter(executable="sglang").build(ctx(rank1, d)).secret_file is None
+
+
+async def test_the_supervisor_passes_a_secret_file_never_the_secret(tmp_path: Path) -> None:
+    script = (
+        "import sys, os, stat, time; path = sys.argv[-1];"
+        " print('flag', sys.argv[-2], 'mode', oct(stat.S_IMODE(os.stat(path).st_mode)),"
+        " 'text', open(path).read().strip(), flush=True); time.sleep(30)"
+    )
+    launch = EngineLaunch(
+        argv=[sys.executable, "-c", script], secret_file=SecretFile("--config", f"api-key: {KEY}")
+    )
+    sup = Supervisor(tmp_path / "logs")
+    proc = sup.spawn("r1", launch)
+    try:
+        tail = await wait_for_log(sup, "r1", "flag")
+        assert tail == [f"flag --config mode 0o600 text api-key: {KEY}"]
+        assert KEY not in " ".join(psutil.Process(proc.pid).cmdline())
+    finally:
+        await sup.stop(proc, 5.0)
 
 
 @pytest.mark.parametrize(

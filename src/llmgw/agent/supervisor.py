@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from llmgw.agent.engines.base import EngineLaunch
+from llmgw.agent.engines.base import EngineLaunch, SecretFile
 from llmgw.errors import EngineError
 
 LOG_MAX_BYTES = 8 * 1024 * 1024
@@ -121,12 +121,16 @@ class Supervisor:
         if not launch.argv:
             raise EngineError("empty engine command")
         self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        argv = list(launch.argv)
+        if launch.secret_file is not None:
+            secret = self._write_secret(replica_id, launch.secret_file)
+            argv += [launch.secret_file.flag, str(secret)]
         path = self.log_path(replica_id)
         self._shift_logs(path)
         with open(path, "ab") as log_file:
             try:
                 popen = subprocess.Popen(
-                    launch.argv,
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
@@ -143,6 +147,15 @@ class Supervisor:
         # None: already gone, and poll() says so from the Popen.
         birth = process_birth(popen.pid) or ""
         return EngineProcess(pid=popen.pid, birth=birth, popen=popen)
+
+    def _write_secret(self, replica_id: str, secret: SecretFile) -> Path:
+        """The launch's secret in a file of its own, readable by the agent's user only."""
+        path = self.logs_dir / f"{replica_id}.secret"
+        path.unlink(missing_ok=True)  # a fresh file, created 0600 (never widened)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(secret.text)
+        return path
 
     @staticmethod
     def adopt(pid: int, birth: str) -> EngineProcess | None:

@@ -69,6 +69,14 @@ class LaunchContext:
 
 
 @dataclass(frozen=True)
+class SecretFile:
+    """What :attr:`EngineLaunch.secret_file` writes: ``text``, named by ``flag``."""
+
+    flag: str
+    text: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class EngineLaunch:
     """A command ready to run: argv (never a shell string) and added environment."""
 
@@ -91,6 +99,10 @@ class EngineLaunch:
     # Where the engine's OpenAI API falls short (reported to the gateway,
     # which mends it); the default is an engine that speaks OpenAI faithfully.
     dialect: EngineDialect = field(default_factory=EngineDialect)
+    # A secret the engine reads only from argv or a file (SGLang's key):
+    # the supervisor writes it to a file only the agent's user can read and
+    # passes ``flag PATH``, since argv is world-readable in /proc.
+    secret_file: SecretFile | None = None
 
     @property
     def serving_probe(self) -> str | None:

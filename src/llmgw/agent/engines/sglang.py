@@ -17,6 +17,7 @@ from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
     LaunchContext,
+    SecretFile,
     check_common,
     console_script,
     has_flag,
@@ -107,13 +108,20 @@ class SglangAdapter:
         # not tell a stuck engine from an idle one.
         if progress is not None and not has_flag(spec.engine_args, "--enable-metrics"):
             argv.append("--enable-metrics")
+        secret = None
         if assignment.engine_key is not None and health is not None:
-            # SGLang reads its key from argv or a --config file only, so it is
-            # on the command line (docs/security.md: hide /proc on shared nodes).
-            argv += ["--api-key", assignment.engine_key]
+            # SGLang reads its key from argv or a --config YAML file only, and
+            # argv is world-readable in /proc: a file it is (--config is managed,
+            # so the catalog cannot pass one of its own).
+            secret = SecretFile("--config", f'api-key: "{assignment.engine_key}"\n')
         argv += spec.engine_args
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=False))
         return EngineLaunch(
-            argv=argv, env=env, health_path=health, progress=progress, dialect=DIALECT
+            argv=argv,
+            env=env,
+            health_path=health,
+            progress=progress,
+            dialect=DIALECT,
+            secret_file=secret,
         )
