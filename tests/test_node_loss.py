@@ -168,7 +168,9 @@ async def test_node_kill_costs_no_request_and_a_replacement_answers_quickly(
     # Unreachable grace (3 s here) + a pass + an engine process start; far
     # below the 120 s replacement grace the operator waited out.
     assert after is not None and after < 20.0
-    # While it was on its way, the summary did not call the model satisfied.
-    during = [s for s in outcome.summaries if s["replicas"]["unreachable"]]
+    # While it was on its way, the summary did not call the model satisfied
+    # (once the replacement is ready, the lost replica lingers a moment).
+    during = [s for s in outcome.summaries
+              if s["replicas"]["unreachable"] and not s["replicas"]["ready"]]
     assert during, outcome.summaries[-1:]
-    assert all(s["replicas"]["ready"] == 0 and s["models"]["short"] == 1 for s in during)
+    assert all(s["models"]["short"] == 1 for s in during)
