@@ -41,6 +41,7 @@ def test_serve_and_two_agents_register_and_report(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     serve_log = tmp_path / "serve.log"
     procs = [spawn(["serve", "--host", "127.0.0.1", "--port", str(port),
+                    "--trust-reported-fabrics",  # the agents' --fabric decides
                     "--data-dir", str(tmp_path / "cp")], serve_log)]
     try:
         up_json = tmp_path / "cp" / "up.json"

@@ -27,6 +27,7 @@ from llmgw.wire import (
     ReplicaAssignment,
     ReplicaState,
     ReplicaStatus,
+    WeightsDigests,
 )
 
 STUB = str(Path(__file__).with_name("stub_engine.py"))
@@ -62,6 +63,7 @@ class FakeControlPlane:
         self.tokens: dict[str, str] = {}  # token -> node
         self.assignments: dict[str, list[ReplicaAssignment]] = {}
         self.weight_peers: dict[str, list[str]] = {}
+        self.weight_digests: dict[str, WeightsDigests] = {}
         self.peer_token: str | None = "peer-secret"
         self.interval = 0.3
         self.reports: list[AgentReport] = []
@@ -109,6 +111,7 @@ class FakeControlPlane:
             report_interval_s=self.interval,
             weight_peers=self.weight_peers,
             peer_token=self.peer_token,
+            weight_digests=self.weight_digests,
         )
         return web.Response(body=answer.model_dump_json(), content_type="application/json")
 

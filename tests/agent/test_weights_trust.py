@@ -8,6 +8,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from tests.agent.conftest import AgentFactory
+from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import assign, cpu_slot, model
 from tests.agent.test_weights import (
     PAYLOAD,
     TOKEN,
@@ -24,7 +27,7 @@ from tests.agent.test_weights import (
 from llmgw.agent.manifest import CacheEntry, FileDigest, Progress
 from llmgw.agent.trust import git_blob_sha1, mismatches
 from llmgw.agent.weights import WeightsCache, WeightsError
-from llmgw.wire import WeightsDigests, WeightsFile, WeightsSource
+from llmgw.wire import ReplicaState, WeightsDigests, WeightsFile, WeightsSource
 
 __all__ = ["fake_package", "peer", "session"]  # fixtures, used by name
 
@@ -133,3 +136,26 @@ def test_files_kept_in_git_are_checked_by_their_blob_id(tmp_path: Path) -> None:
     assert mismatches(entry, good, tmp_path) == [f"config.json has git blob"
         f" {git_blob_sha1(tmp_path / 'config.json')}, not {blob}"]
 
+
+
+async def test_an_agent_refuses_a_rogue_peer_and_says_so_in_its_report(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, fake_package: str
+) -> None:
+    source = package_source(fake_package)
+    spec = model("sim", name="tiny", weights=source, gpu_classes=["cpu"])
+    rogue = make_agent("n1")
+    await fake_cp.wait_for(lambda r: r.node == "n1")
+    plant(rogue.weights, spec, b"evil" * 1000)
+    make_agent("n2")
+    await fake_cp.wait_for(lambda r: r.node == "n2")
+    assert rogue.server is not None
+    peer_url = f"http://127.0.0.1:{rogue.server.port}"
+    fake_cp.weight_peers = {"tiny": [peer_url]}
+    fake_cp.weight_digests = {"tiny": record(source)}
+    fake_cp.assignments["n2"] = [assign(spec, [cpu_slot(0)], node="n2")]
+    await fake_cp.wait_state("r1", ReplicaState.READY)
+    # Sent once, with the report after the refusal (before the replica was ready).
+    [refused] = [m for r in fake_cp.reports if r.node == "n2" for m in r.weights_refused]
+    assert f"from peer {peer_url} do not match" in refused
+    held = await fake_cp.wait_for(lambda r: r.node == "n2" and bool(r.weights))
+    assert held.weights[0].sha256 == SHA  # the origin's copy

@@ -56,4 +56,4 @@ def test_ctl_nodes_fabrics(served: Served) -> None:  # noqa: F811
     assert "node gpu-2 fabrics: ib-z,ib-y (set)" in out
     assert served.cp.state.nodes["gpu-2"].fabrics_pinned
     out = ok(run(served, "nodes", "fabrics", "gpu-2", "--reported"))
-    assert "(from its reports)" in out and not served.cp.state.nodes["gpu-2"].fabrics_pinned
+    assert "(unset)" in out and not served.cp.state.nodes["gpu-2"].fabrics_pinned

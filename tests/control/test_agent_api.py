@@ -79,7 +79,9 @@ async def test_register_report_and_assignment(
         assert answer.status_code == 200, answer.text
         assert answer.json()["assignments"] == []
         node = cp.state.nodes["n1"]
-        assert node.fabrics == ["f1"] and node.inventory == report.inventory
+        # A report only proposes fabrics (serve --trust-reported-fabrics aside).
+        assert node.fabrics == [] and node.reported_fabrics == ["f1"]
+        assert node.inventory == report.inventory
 
         replica = ReplicaRecord(id="r1", model="m", created_at=0.0,
                                 shards=[ShardAssignment(node="n1", device_numbers=[0])])

@@ -120,15 +120,17 @@ async def test_approval_pins_the_fabrics_the_operator_saw(plane: Plane) -> None:
     assert reloaded.state.nodes["n1"].fabrics_pinned
     assert reloaded.state.nodes["n1"].fabrics == ["ib-b"]
     async with httpx.AsyncClient() as client:
+        # Unset: a report only proposes fabrics (serve --trust-reported-fabrics aside).
         freed = await client.delete(f"{url}/admin/v1/nodes/n1/fabrics", headers=admin)
-        assert freed.json()["fabrics"] == ["ib-secret"]
+        assert freed.json()["fabrics"] == []
         await _report(client, url, token, fabrics=["ib-c"])
-    assert cp.state.nodes["n1"].fabrics == ["ib-c"]
+    assert cp.state.nodes["n1"].fabrics == []
 
 
-async def test_without_a_pin_reports_decide_fabrics(plane: Plane) -> None:
+async def test_trusting_reported_fabrics_lets_reports_decide(plane: Plane) -> None:
     cp, creds, url = plane
     cp.approve_nodes = False
+    cp.trust_reported_fabrics = True
     assert creds.join_token
     async with httpx.AsyncClient() as client:
         token = await register(client, url, creds.join_token, "n1")

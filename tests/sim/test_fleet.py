@@ -227,6 +227,8 @@ async def control_plane(tmp_path: Path) -> AsyncIterator[Plane]:
     """``llmgw serve``'s control plane: store, runtime (reconciler), HTTP app on loopback."""
     store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
     cp = ControlPlane(store)
+    # serve --trust-reported-fabrics: the fleet spec's fabrics are the operator's.
+    cp.trust_reported_fabrics = True
     await cp.load()
     creds = await cp.ensure_credentials()
     runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.3)

@@ -111,6 +111,10 @@ def serve(
     approve_nodes: Annotated[
         bool, typer.Option(help="Hold each new node cordoned until `llmgw ctl nodes approve`.")
     ] = False,
+    trust_reported_fabrics: Annotated[
+        bool, typer.Option(help="Take a node's fabrics from its own reports unless an operator"
+                           " set them (only where every machine that can join is yours).")
+    ] = False,
     events_retention_days: Annotated[
         float, typer.Option(help="Days events are kept (0: forever).", min=0)
     ] = 30.0,
@@ -131,6 +135,7 @@ def serve(
                 advertise=advertise, peer_urls=list(peer_url or []),
                 join_token_ttl_s=join_token_ttl * 3600 or None,
                 approve_nodes=approve_nodes,
+                trust_reported_fabrics=trust_reported_fabrics,
                 retention=Retention(events_days=events_retention_days,
                                     usage_days=usage_retention_days),
             )

@@ -80,6 +80,7 @@ class ServeOptions:
     join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
     retention: Retention = field(default_factory=Retention)
     approve_nodes: bool = False
+    trust_reported_fabrics: bool = False
 
 
 @dataclass
@@ -374,6 +375,7 @@ def _install_stop_signals(stop: asyncio.Event) -> None:
 async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str) -> int:
     store, cp, creds = await _open(url, options.join_token_ttl_s)
     cp.approve_nodes = options.approve_nodes
+    cp.trust_reported_fabrics = options.trust_reported_fabrics
     stop = asyncio.Event()
     _install_stop_signals(stop)
     runtime = ControlPlaneRuntime(cp, advertise_url=advertise, retention=options.retention)
@@ -433,6 +435,9 @@ async def _up(
     options: UpOptions, data_dir: Path, url: str, catalog: list[ModelSpec] | None, fleet: Any
 ) -> int:
     store, cp, creds = await _open(url)
+    # A simulated fleet is the operator's own, fabrics included (its spec
+    # declares them); one local agent reports none.
+    cp.trust_reported_fabrics = fleet is not None
     stop = asyncio.Event()
     _install_stop_signals(stop)
     if catalog is not None:

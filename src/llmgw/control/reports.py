@@ -45,13 +45,26 @@ class ReportEffects:
 
 
 def apply_report(
-    state: FleetState, node: NodeRecord, report: AgentReport, now: float
+    state: FleetState,
+    node: NodeRecord,
+    report: AgentReport,
+    now: float,
+    *,
+    trust_reported_fabrics: bool = False,
 ) -> ReportEffects:
-    """Take in a node's report: its facts, its heartbeat and its replicas' states."""
+    """Take in a node's report: its facts, its heartbeat and its replicas' states.
+
+    A node's fabrics decide whose weights it copies and which multi-node
+    replicas it joins, so its own report only proposes them: they are the
+    operator's (pinned) or none, unless ``serve --trust-reported-fabrics``
+    says every machine that can join is the operator's own.
+    """
     effects = ReportEffects()
     effects.routing_changed = node.state(now) == NodeState.UNREACHABLE
-    # Pinned fabrics are the operator's word; the report's are only shown.
-    fabrics = node.fabrics if node.fabrics_pinned else list(report.fabrics)
+    if node.fabrics_pinned:
+        fabrics = node.fabrics
+    else:
+        fabrics = list(report.fabrics) if trust_reported_fabrics else []
     node.reported_fabrics = list(report.fabrics)
     changed_row = (
         node.address != report.address

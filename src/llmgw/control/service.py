@@ -118,6 +118,9 @@ class ControlPlane:
         self.join_tokens = JoinTokens()
         # serve --approve-nodes: new nodes wait for an operator (llmgw.control.approval).
         self.approve_nodes = False
+        # serve --trust-reported-fabrics: a report's fabrics are used unless
+        # pinned; without it they are only a proposal (reports.apply_report).
+        self.trust_reported_fabrics = False
         # The expiry of join tokens made without one (the first one, rotations).
         self.join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
         self._gateway_hash: str | None = None
@@ -340,6 +343,7 @@ class ControlPlane:
         node.admin_state = NodeState.READY
         # Accepted as it showed itself: the fabrics it reported are pinned.
         node.fabrics_pinned = True
+        node.fabrics = list(node.reported_fabrics)
         await self.writes.upsert_nodes([node_row(node)])
         await self.writes.set_setting(approval.SETTING, approval.dump(self.state.nodes))
         await self._save_pinned_fabrics()
@@ -356,8 +360,9 @@ class ControlPlane:
             raise NotFoundError(f"node {name!r} does not exist")
         if fabrics is None:
             node.fabrics_pinned = False
-            node.fabrics = list(node.reported_fabrics)
-            message = f"node {name} takes its fabrics from its reports again"
+            node.fabrics = list(node.reported_fabrics) if self.trust_reported_fabrics else []
+            message = (f"node {name} takes its fabrics from its reports again"
+                       if self.trust_reported_fabrics else f"node {name} fabrics unset")
         else:
             node.fabrics_pinned = True
             node.fabrics = list(fabrics)
@@ -378,7 +383,9 @@ class ControlPlane:
         if report.node != node.name:
             raise AuthError(f"this token speaks for node {node.name!r}, not {report.node!r}")
         now = time.time()
-        effects = apply_report(self.state, node, report, now)
+        effects = apply_report(
+            self.state, node, report, now, trust_reported_fabrics=self.trust_reported_fabrics
+        )
         if effects.write_node:
             await self.writes.upsert_nodes([node_row(node)])
         else:

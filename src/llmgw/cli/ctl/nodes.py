@@ -99,16 +99,17 @@ def node_fabrics(
     name: str,
     fabric: Annotated[list[str] | None, typer.Argument(help="The node's fabrics.")] = None,
     reported: Annotated[bool, typer.Option(
-        "--reported", help="Take the fabrics from the node's reports again.")] = False,
+        "--reported", help="Unset them: none, or what the node reports where serve runs"
+        " with --trust-reported-fabrics.")] = False,
 ) -> None:
-    """Set NODE's fabrics (its reports no longer change them), or --reported."""
+    """Set NODE's fabrics (a report only proposes them), or --reported."""
     client = admin_client(ctx)
     if reported:
         node = client.call("DELETE", f"/nodes/{name}/fabrics")
     else:
         node = client.call("PUT", f"/nodes/{name}/fabrics", body={"fabrics": fabric or []})
     typer.echo(f"node {node['name']} fabrics: {','.join(node['fabrics']) or 'none'}"
-               + (" (from its reports)" if reported else " (set)"))
+               + (" (unset)" if reported else " (set)"))
 
 
 @nodes_app.command("approve")

@@ -231,6 +231,10 @@ def _build_node_view(
         + ([f"reports fabrics {','.join(node.reported_fabrics) or 'none'}; kept"
             f" {','.join(node.fabrics) or 'none'} (set by an operator)"]
            if node.fabrics_pinned and node.reported_fabrics != node.fabrics else [])
+        + ([f"reports fabrics {','.join(node.reported_fabrics)}; not used until an"
+            f" operator sets them: llmgw ctl nodes fabrics {name}"
+            f" {' '.join(node.reported_fabrics)}"]
+           if not node.fabrics_pinned and node.reported_fabrics != node.fabrics else [])
         + (inventory.warnings if inventory is not None else []),
         devices=devices,
         classes=classes,
