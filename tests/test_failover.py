@@ -53,10 +53,16 @@ def test_moves_follow_hints_then_the_list() -> None:
     assert finder.current == C
     finder.unreachable(C)
     assert finder.current == A  # wraps around
-    finder.standby(A, "http://elsewhere:1")  # a hint outside the list is followed too
-    assert finder.current == "http://elsewhere:1"
-    finder.unreachable("http://elsewhere:1")
-    assert finder.current == B  # past the standby that named it
+    # A hint outside the list, or to a configured host over another scheme,
+    # is not followed: the next call would carry a bearer token there.
+    finder.standby(A, "http://elsewhere:1")
+    assert finder.current == B
+    finder.standby(B, "https://c:1")
+    assert finder.current == C
+    finder.standby(C, None)
+    assert finder.current == A
+    finder.standby(A, B)
+    assert finder.current == B
     finder.standby(B, None)  # no hint: next in the list
     assert finder.current == C
     finder.standby(C, C)  # a hint naming itself is no hint
@@ -133,11 +139,27 @@ async def test_one_call_reaches_the_leader_through_a_dead_instance_and_a_standby
     leader = await instances("leader", None)
     standby = await instances("standby", leader)
     dead = f"http://127.0.0.1:{free_port()}"
-    finder = LeaderFinder([dead, standby])
+    # The hint skips the standby that knows no leader, listed before the leader.
+    lost = await instances("standby", None)
+    finder = LeaderFinder([dead, standby, lost, leader])
     async with aiohttp.ClientSession() as session:
         answer = await finder.request(session, "POST", "/call")
         assert (answer.url, answer.status, answer.body) == (leader, 200, b"leader here")
         assert finder.current == leader  # sticky: the next call goes straight there
+
+
+async def test_a_hint_to_an_instance_not_configured_is_not_followed(instances: Start) -> None:
+    # Where a standby (or whoever answers in its place) names a host of its
+    # choosing, the call with its bearer token must not go there.
+    decoy = await instances("leader", None)
+    standby = await instances("standby", decoy)
+    other_scheme = await instances("standby", standby.replace("http://", "https://"))
+    finder = LeaderFinder([standby, other_scheme])
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(ControlPlaneUnreachable, match="not followed") as caught:
+            await finder.request(session, "POST", "/call")
+    assert f"leader: {decoy}, not followed" in str(caught.value)
+    assert finder.current in (standby, other_scheme)
 
 
 async def test_standbys_that_know_no_leader_end_in_an_error_not_a_loop(

@@ -6,9 +6,12 @@ so a client given several URLs sends each call to the instance it last found
 leading and moves on when that stops working:
 
 - a standby answer (HTTP 503, error code ``wire.STANDBY_CODE``) names the
-  leader in ``wire.LEADER_HEADER`` when it knows it: go there next, even if
-  that URL is not in the configured list (an operator may list only a load
-  balancer or one instance); without a name, try the next configured URL;
+  leader in ``wire.LEADER_HEADER`` when it knows it: go there next if that
+  URL is one of the configured ones (scheme included); otherwise, or without
+  a name, try the next configured URL. A hint is never followed elsewhere:
+  the next call carries a bearer token, and a standby (or whoever answers in
+  its place) must not be able to send it to a host, or over a scheme, that
+  the operator did not choose (docs/security.md);
 - a connection error or timeout: try the next configured URL.
 
 One call tries at most twice as many instances as are configured, without
@@ -33,6 +36,7 @@ fleet (llmgw.sim.fleet); it imports none of them, nor the control plane.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -102,12 +106,13 @@ class LeaderFinder:
     def __init__(self, urls: str | Sequence[str]) -> None:
         self.urls = parse_control_plane_urls(urls)
         self._index = 0
-        # A leader named by a standby's hint; dropped when it stops answering.
-        self._hinted: str | None = None
+        # Verifies https:// instances (the fleet's CA, llmgw.tls); None: the
+        # system's CAs. Set by the owner once it trusts a CA.
+        self.ssl: ssl.SSLContext | None = None
 
     @property
     def current(self) -> str:
-        return self._hinted or self.urls[self._index]
+        return self.urls[self._index]
 
     def unreachable(self, url: str) -> None:
         # Concurrent calls (a gateway's long poll beside its load reports) may
@@ -119,18 +124,12 @@ class LeaderFinder:
     def standby(self, url: str, hint: str | None) -> None:
         if url != self.current:
             return
-        if hint and hint != url:
-            if hint in self.urls:
-                self._index, self._hinted = self.urls.index(hint), None
-            else:
-                self._hinted = hint
+        if hint and hint != url and hint in self.urls:
+            self._index = self.urls.index(hint)
         else:
             self._move_on()
 
     def _move_on(self) -> None:
-        # Past a hinted leader that failed too: the configured instance that
-        # named it is a standby, so the next one is the better bet.
-        self._hinted = None
         self._index = (self._index + 1) % len(self.urls)
 
     async def request(
@@ -157,6 +156,7 @@ class LeaderFinder:
                 async with session.request(
                     method, url + path, data=data, headers=headers,
                     params=params(url) if params is not None else None, timeout=limits,
+                    ssl=self.ssl if self.ssl is not None else True,
                 ) as response:
                     body = await response.read()
                     status = response.status
@@ -208,6 +208,8 @@ class CallWalk:
 
     def standby(self, url: str, hint: str | None) -> None:
         """``url`` is a standby; ``hint`` is the leader it named, if any."""
+        if hint and hint not in self.finder.urls:
+            hint += ", not followed: not a configured instance"
         self.tried.append((url, "standby" + (f" (leader: {hint})" if hint else "")))
         self.finder.standby(url, hint)
 
