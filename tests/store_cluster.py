@@ -13,8 +13,10 @@ PostgreSQL refuses to run as root, so under root the members run as the
 not executable by that user, so Patroni then runs on the system interpreter
 of the same version with this environment's site-packages on its path.
 
-Timings are cut to the minimum Patroni accepts (ttl 20, loop_wait 1) so a
-test sees a failover in seconds; the store is disposable, so durability
+Replication is synchronous (``synchronous_mode``), which is what makes "an
+acknowledged write survives the leader's death" true. Timings are cut to
+the minimum Patroni accepts (ttl 20, loop_wait 1) so a test sees a failover
+in seconds; the store is disposable, so durability
 settings that cost time on 2 cores (fsync, full-page writes) are off. A
 kill -9 of a postmaster loses nothing the OS already has, which is all a
 test on one machine can kill.
@@ -106,16 +108,23 @@ class PatroniCluster:
                 return str(member["name"])
         return None
 
+    def sync_standby(self) -> str | None:
+        """The member a switchover may go to, and the one a failover promotes."""
+        for member in self.cluster().get("members", []):
+            if member.get("role") == "sync_standby" and member.get("state") == "streaming":
+                return str(member["name"])
+        return None
+
     def member(self, name: str) -> Member:
         return next(m for m in self.members if m.name == name)
 
     def healthy(self) -> bool:
-        """A running leader and every other member streaming from it."""
+        """A running leader, its synchronous standby and the third member, both streaming."""
         members = self.cluster().get("members", [])
         if len(members) != len(self.members):
             return False
         roles = sorted(str(m.get("role")) for m in members)
-        return roles == ["leader", "replica", "replica"] and all(
+        return roles == ["leader", "replica", "sync_standby"] and all(
             m.get("state") in ("running", "streaming") for m in members)
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -203,7 +212,7 @@ class PatroniCluster:
         # All three at once: the first to take the initialize key runs
         # initdb, the others wait for it and clone it with pg_basebackup.
         for member in self.members:
-            member.proc = self._spawn(member.name, [python, "-m", "patroni",
+            member.proc = self._spawn(member.name, [*python, "-m", "patroni",
                                                      str(self.root / f"{member.name}.yml")],
                                       account, env)
         self.wait(self.healthy, START_TIMEOUT_S, "three streaming members")
@@ -276,17 +285,21 @@ def _runner() -> pwd.struct_passwd | None:
                              "PostgreSQL as (apt-get install postgresql)") from None
 
 
-def _patroni_python(account: pwd.struct_passwd | None) -> tuple[str, dict[str, str]]:
+def _patroni_python(account: pwd.struct_passwd | None) -> tuple[list[str], dict[str, str]]:
     """An interpreter the members' user can run, that imports this environment's patroni."""
     env = dict(os.environ)
     if account is None or _runs_as(account, [sys.executable, "-c", "import patroni"]):
-        return sys.executable, env
+        return [sys.executable], env
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     system = shutil.which(f"python{version}", path="/usr/bin:/usr/local/bin")
     site = sysconfig.get_paths()["purelib"]
     env["PYTHONPATH"] = site
-    if system and _runs_as(account, [system, "-c", "import patroni"], env):
-        return system, env
+    # -S: none of the system's own packages (Debian's dist-packages), which
+    # would mix with this environment's (an old pyOpenSSL from Debian over a
+    # new cryptography from here failed on import).
+    python = [system, "-S"] if system else []
+    if python and _runs_as(account, [*python, "-c", "import patroni"], env):
+        return python, env
     raise AssertionError(
         f"user {account.pw_name!r} can neither run {sys.executable} nor a system "
         f"python{version} that imports patroni from {site}; make the environment readable")
@@ -328,6 +341,11 @@ bootstrap:
     loop_wait: 1
     retry_timeout: 5
     maximum_lag_on_failover: 1048576
+    # A commit waits for one replica, and only that replica may be promoted:
+    # with asynchronous replication a leader that dies right after a commit
+    # takes it along (seen here: the leader epoch and models acknowledged
+    # a second before the kill were gone on the promoted member).
+    synchronous_mode: true
     postgresql:
       use_pg_rewind: false
       parameters:
