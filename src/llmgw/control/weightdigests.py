@@ -162,6 +162,7 @@ Event = Callable[[str, str, str], Awaitable[None]]
 Save = Callable[[str], Awaitable[None]]
 CACHED_KINDS = frozenset({"hf", "package"})
 REFUSAL_CHARS = 1000
+REFUSALS_PER_REPORT = 8
 
 
 class DigestBook:
@@ -243,7 +244,8 @@ class DigestBook:
 
     async def take_report(self, state: FleetState, node: NodeRecord, report: AgentReport) -> None:
         """Events for copies the node refused; a first-fetch record where no origin answered."""
-        for message in report.weights_refused:
+        # A few per report: a rogue agent may report as often as it likes.
+        for message in report.weights_refused[:REFUSALS_PER_REPORT]:
             # The agent's words: kept to one line of sane length.
             text = " ".join(message.split())[:REFUSAL_CHARS]
             await self._event("node", node.name, f"node {node.name}: {text}")
