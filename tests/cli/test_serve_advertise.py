@@ -8,16 +8,20 @@ from pathlib import Path
 import pytest
 from tests.servers import free_port
 
-from llmgw.cli.up import ServeOptions, advertise_url, run_serve, serve_admin_urls
+from llmgw.cli.up import ServeOptions, TlsOptions, advertise_url, run_serve, serve_admin_urls
 from llmgw.errors import ConfigError
 
 
 def test_advertise_url_is_how_other_machines_reach_this_one() -> None:
-    assert advertise_url(ServeOptions(host="10.0.0.5", port=9000)) == "http://10.0.0.5:9000"
+    # Any bind but loopback listens with TLS unless --insecure-http says otherwise.
+    assert advertise_url(ServeOptions(host="10.0.0.5", port=9000)) == "https://10.0.0.5:9000"
+    plain = TlsOptions(insecure_http=True)
+    assert advertise_url(ServeOptions(host="10.0.0.5", port=9000, tls=plain)) == (
+        "http://10.0.0.5:9000")
     assert advertise_url(ServeOptions(host="::1", port=8080)) == "http://[::1]:8080"
     # A wildcard bind is not an address anyone can dial; the host name is.
     assert advertise_url(ServeOptions(host="0.0.0.0", port=8080)) == (
-        f"http://{socket.getfqdn()}:8080")
+        f"https://{socket.getfqdn()}:8080")
     given = ServeOptions(host="0.0.0.0", advertise="https://cp1.example:8443/")
     assert advertise_url(given) == "https://cp1.example:8443"
 

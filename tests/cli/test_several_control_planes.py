@@ -94,8 +94,12 @@ async def test_ctl_reads_from_the_first_that_answers_and_writes_at_the_leader(
     assert ok(await ctl([standby.url, leader.url], token, "cordon", "n1")).startswith("node n1")
     assert leader.cp.state.nodes["n1"].admin_state == NodeState.CORDONED
     assert standby.cp.state.nodes["n1"].admin_state == NodeState.READY  # not reloaded yet
-    # Given only the standby, the write follows the leader it names.
-    assert ok(await ctl([standby.url], token, "uncordon", "n1")).startswith("node n1")
+    # Given only the standby, the write does not follow the leader it names:
+    # the admin token goes only where the operator sent it (docs/security.md).
+    line = one_line_error(await ctl([standby.url], token, "uncordon", "n1"))
+    assert f"leader: {leader.url}, not followed: not a configured instance" in line
+    assert leader.cp.state.nodes["n1"].admin_state == NodeState.CORDONED
+    assert ok(await ctl([standby.url, leader.url], token, "uncordon", "n1")).startswith("node n1")
     assert leader.cp.state.nodes["n1"].admin_state == NodeState.READY
 
 
@@ -166,7 +170,7 @@ def standby_stand_in() -> Iterator[Any]:
 async def test_a_write_whose_leader_is_gone_fails_naming_both(standby_stand_in: Any) -> None:
     gone = dead_url()
     standby = standby_stand_in(gone)
-    line = one_line_error(await ctl([standby], "x", "cordon", "n1"))
+    line = one_line_error(await ctl([standby, gone], "x", "cordon", "n1"))
     assert line.startswith("llmgw ctl: no control-plane leader took POST /nodes/n1/cordon")
     assert f"{standby}: standby (leader: {gone}); {gone}: " in line
     # Two standbys that know no leader: each is asked once, no more.

@@ -51,6 +51,7 @@ from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.secrets import hash_secret
+from llmgw.tls import CA_CERT, ClientTrust, parse_fingerprint, split_join_token
 from llmgw.wire import (
     AgentRegistration,
     AgentReport,
@@ -99,6 +100,11 @@ class AgentConfig:
     memory_guard: GuardMode = "auto"
     # Asked of scrapers of the agent's /metrics (llmgw.agent.metrics); None: open.
     metrics_token: str | None = None
+    # The fleet's CA for an https:// control plane (llmgw.tls); without it the
+    # CA is fetched once with the fingerprint the join token carries (or this
+    # one) and kept in the data dir as ca.pem.
+    ca_file: Path | None = None
+    ca_fingerprint: str | None = None
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -179,7 +185,8 @@ class Agent:
         if self._discoverer is not None:
             await asyncio.to_thread(self._discoverer.start_watching)
         self._session = self._shared_session or aiohttp.ClientSession()
-        self._client = ControlPlaneClient(self._control_plane_urls, self._session)
+        self._client = ControlPlaneClient(self._control_plane_urls, self._session,
+                                          trust=self._trust())
         guard = None
         # Only engines this agent really spawned get a guard: a fake process
         # control's pids may name unrelated processes.
@@ -328,7 +335,7 @@ class Agent:
             answer = await client.register(
                 AgentRegistration(
                     node=self.config.name,
-                    join_token=self.config.join_token,
+                    join_token=split_join_token(self.config.join_token)[0],
                     inventory=inventory,
                     agent_key=key,
                 )
@@ -470,6 +477,16 @@ class Agent:
         if remaining > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def _trust(self) -> ClientTrust:
+        """How this agent comes to trust an https:// control plane (llmgw.tls)."""
+        carried = split_join_token(self.config.join_token)[1] if self.config.join_token else None
+        given = self.config.ca_fingerprint
+        return ClientTrust(
+            ca_file=self.config.ca_file,
+            ca_fingerprint=parse_fingerprint(given) if given else carried,
+            store=self.data_dir / CA_CERT,
+        )
 
     def _require_client(self) -> ControlPlaneClient:
         if self._client is None:

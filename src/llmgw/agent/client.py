@@ -23,6 +23,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from llmgw.errors import AuthError, LlmgwError, ValidationError
 from llmgw.failover import ControlPlaneUnreachable, LeaderFinder
+from llmgw.tls import ClientTrust, fetch_ca
 from llmgw.wire import AgentRegistration, AgentRegistrationAnswer, AgentReport, AgentReportAnswer
 
 log = logging.getLogger("llmgw.agent.client")
@@ -44,9 +45,11 @@ class ControlPlaneClient:
         session: aiohttp.ClientSession,
         timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
+        trust: ClientTrust | None = None,
     ):
         self.leader = LeaderFinder(urls)
         self.session = session
+        self.trust = trust or ClientTrust()
         # A short connect limit: an instance whose machine is gone (no reset,
         # just silence) would otherwise hold every report for the whole
         # timeout before the next instance is tried.
@@ -65,7 +68,22 @@ class ControlPlaneClient:
         body = await self._post(REPORT_PATH, report.model_dump_json(), token=token)
         return _parse(AgentReportAnswer, body, REPORT_PATH)
 
+    async def _verify_from_now_on(self) -> None:
+        """Trust the fleet's CA before the first call (the join token goes out in it).
+
+        Cheap after the first time. A CA that cannot be fetched yet (control
+        plane down) is retried like any unreachable call; one with the wrong
+        fingerprint is a TrustError, which no retry heals.
+        """
+        try:
+            self.leader.ssl = await self.trust.context(
+                self.leader.urls, lambda urls, expected: fetch_ca(self.session, urls, expected)
+            )
+        except ConnectionError as exc:
+            raise ControlPlaneUnavailable(str(exc)) from None
+
     async def _post(self, path: str, payload: str, token: str | None) -> bytes:
+        await self._verify_from_now_on()
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"

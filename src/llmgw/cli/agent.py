@@ -25,6 +25,8 @@ from llmgw.agent.memguard import GuardMode
 from llmgw.cli.logs import setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
+from llmgw.failover import parse_control_plane_urls
+from llmgw.tls import check_plain_urls, parse_fingerprint
 from llmgw.wire import check_host, check_node_name
 
 app = typer.Typer(name="agent", add_completion=False, pretty_exceptions_enable=False)
@@ -133,12 +135,30 @@ def agent(
             " else RSS watching), cgroup, rss or off.",
         ),
     ] = "auto",
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(envvar="LLMGW_CA_FILE",
+                     help="The fleet's CA to check an https:// control plane against (default:"
+                     " fetched once, checked with the join token's sha256:... fingerprint,"
+                     " kept as ca.pem in the data dir)."),
+    ] = None,
+    ca_hash: Annotated[
+        str | None,
+        typer.Option(envvar="LLMGW_CA_HASH",
+                     help="The CA's fingerprint (sha256:...), for a join token without one."),
+    ] = None,
+    insecure_http: Annotated[
+        bool, typer.Option(help="Allow a plain http:// control plane on another machine"
+                           " (tokens and assignments cross the network in the clear).")
+    ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run this node's agent: report to the control plane and run what it assigns."""
     setup_logging(log_level)
     try:
         _check_identity(name or socket.gethostname(), address, fabric or [])
+        check_plain_urls(parse_control_plane_urls(control_plane), allowed=insecure_http,
+                         what="control plane")
         join_token = pick_secret(join_token, join_token_file, "join token", "--join-token")
         config = AgentConfig(
             control_plane=control_plane,
@@ -157,6 +177,8 @@ def agent(
             ),
             metrics_token=metrics_token_from(metrics_token_file),
             memory_guard=_guard_mode(memory_guard),
+            ca_file=ca_file,
+            ca_fingerprint=parse_fingerprint(ca_hash) if ca_hash else None,
         )
         asyncio.run(run_agent(Agent(config), stop_engines=stop_engines))
     except (ConfigError, AuthError) as exc:

@@ -23,9 +23,20 @@ import typer
 from llmgw.cli.logs import setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
+from llmgw.failover import parse_control_plane_urls
 from llmgw.gateway.app import Gateway, freeze_startup_objects
 from llmgw.gateway.link import ControlPlaneUnavailable, HttpControlPlaneLink
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.tls import (
+    ClientTrust,
+    ServerTls,
+    check_plain_urls,
+    ensure_server_tls,
+    given_server_tls,
+    parse_fingerprint,
+    server_names,
+    wants_tls,
+)
 
 log = logging.getLogger("llmgw.gateway")
 
@@ -46,16 +57,21 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 async def serve_gateway(
-    control_plane: str, token: str, host: str, port: int, settings: GatewaySettings
+    control_plane: str, token: str, host: str, port: int, settings: GatewaySettings,
+    *, trust: ClientTrust | None = None, tls: ServerTls | None = None,
 ) -> None:
-    """Run a standalone gateway until cancelled or signalled."""
+    """Run a standalone gateway until cancelled or signalled.
+
+    ``trust``: how the control plane's certificate is checked; ``tls``: the
+    certificate this gateway's OpenAI endpoint listens with (None: plain).
+    """
     import uvicorn
 
     from llmgw.cli.httpserver import server_config
 
     sock = _bind(host, port)
     try:
-        link = HttpControlPlaneLink(control_plane, token)
+        link = HttpControlPlaneLink(control_plane, token, trust=trust)
     except Exception as exc:
         sock.close()
         raise ConfigError(str(exc)) from None
@@ -71,11 +87,13 @@ async def serve_gateway(
         await gateway.start()
         freeze_startup_objects()
         config = server_config(
-            gateway, log_level=logging.getLevelName(logging.getLogger().level).lower()
+            gateway, log_level=logging.getLevelName(logging.getLogger().level).lower(),
+            **(tls.uvicorn_settings() if tls else {}),
         )
         server = uvicorn.Server(config)
         actual = sock.getsockname()[1]
-        log.info("gateway listening on %s:%s, control plane %s", host, actual, control_plane)
+        log.info("gateway listening on %s:%s%s, control plane %s", host, actual,
+                 " (TLS)" if tls else "", control_plane)
         if threading.current_thread() is threading.main_thread():
             # uvicorn re-raises the signal that stopped it once it is done,
             # with the handlers it found; a quiet handler here lets the final
@@ -126,11 +144,42 @@ def gateway(
                      help="/metrics answers only this file's token as a Bearer token"
                      " (also LLMGW_METRICS_TOKEN; default: open)."),
     ] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(envvar="LLMGW_CA_FILE",
+                     help="The fleet's CA (serve's data dir: tls/ca.pem) to check an https://"
+                     " control plane against."),
+    ] = None,
+    ca_hash: Annotated[
+        str | None,
+        typer.Option(envvar="LLMGW_CA_HASH",
+                     help="Or the CA's fingerprint (sha256:..., as in join tokens): the CA is"
+                     " fetched once and kept only if it matches."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="Serve the OpenAI API with TLS: this certificate"
+                                  " (PEM, chain included)...")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="...and its private key.")] = None,
+    tls_dir: Annotated[
+        Path | None,
+        typer.Option(help="Or serve TLS with a CA and certificate made in this directory on"
+                     " first start (clients trust its ca.pem)."),
+    ] = None,
+    insecure_http: Annotated[
+        bool, typer.Option(help="Allow plain HTTP to a control plane or on a listening address"
+                           " that is not loopback.")
+    ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, following a control plane."""
     setup_logging(log_level)
     try:
+        check_plain_urls(parse_control_plane_urls(control_plane), allowed=insecure_http,
+                         what="control plane")
+        trust = ClientTrust(ca_file=ca_file,
+                            ca_fingerprint=parse_fingerprint(ca_hash) if ca_hash else None)
+        tls = _listening_tls(host, tls_cert, tls_key, tls_dir, insecure_http)
         token = pick_secret(token, token_file, "gateway token", "--token")
         if not token:
             raise ConfigError("a gateway token is needed: --token-file PATH, "
@@ -142,10 +191,29 @@ def gateway(
             allow_anonymous=allow_anonymous,
             metrics_token=metrics_token_from(metrics_token_file),
         )
-        _run_loop(serve_gateway(control_plane, token, host, port, settings))
+        _run_loop(serve_gateway(control_plane, token, host, port, settings,
+                                trust=trust, tls=tls))
     except ConfigError as exc:
         typer.echo(f"llmgw: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def _listening_tls(host: str, cert: Path | None, key: Path | None, directory: Path | None,
+                   insecure_http: bool) -> ServerTls | None:
+    """The certificate the OpenAI endpoint listens with; plain only on loopback or if allowed."""
+    if (cert is None) != (key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    if cert is not None and key is not None:
+        return given_server_tls(cert, key, None)
+    if directory is not None:
+        return ensure_server_tls(directory, server_names(host))
+    if wants_tls(host, tls=None, insecure_http=insecure_http):
+        raise ConfigError(
+            f"--host {host} is not a loopback address: API keys and prompts would cross the "
+            "network in the clear; serve TLS (--tls-cert/--tls-key or --tls-dir DIR) or pass "
+            "--insecure-http"
+        )
+    return None
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

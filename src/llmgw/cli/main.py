@@ -39,6 +39,20 @@ def version() -> None:
     typer.echo(__version__)
 
 
+# TLS flags shared by `up` and `serve` (llmgw.tls; docs/security.md).
+TLS_OPTION = typer.Option(
+    "--tls", help="Listen with TLS even on a loopback address (other addresses use TLS unless"
+    " --insecure-http): a CA and certificate are made in the data dir's tls/ on first start.")
+INSECURE_OPTION = typer.Option(
+    "--insecure-http", help="Listen with plain HTTP on an address that is not loopback"
+    " (tokens, prompts and assignments cross the network in the clear).")
+TLS_CERT_OPTION = typer.Option(help="Listen with this certificate (PEM, chain included)"
+                               " instead of a generated one.")
+TLS_KEY_OPTION = typer.Option(help="The private key of --tls-cert.")
+TLS_CA_OPTION = typer.Option(help="The CA that signed --tls-cert: its fingerprint goes into"
+                             " join tokens and its path into up.json.")
+
+
 @app.command()
 def up(
     data_dir: Annotated[
@@ -56,10 +70,15 @@ def up(
         Path | None, typer.Option(help="Run a simulated fleet from this YAML spec instead.")
     ] = None,
     cpu_slots: Annotated[int, typer.Option(help="CPU engine slots of the local node.")] = 1,
+    tls: Annotated[bool, TLS_OPTION] = False,
+    insecure_http: Annotated[bool, INSECURE_OPTION] = False,
+    tls_cert: Annotated[Path | None, TLS_CERT_OPTION] = None,
+    tls_key: Annotated[Path | None, TLS_KEY_OPTION] = None,
+    tls_ca: Annotated[Path | None, TLS_CA_OPTION] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """Run everything on this machine: control plane, gateway and a local agent."""
-    from llmgw.cli.up import UpOptions, run_up
+    from llmgw.cli.up import TlsOptions, UpOptions, run_up
 
     setup_logging(log_level)
     options = UpOptions(
@@ -70,6 +89,8 @@ def up(
         catalog=catalog,
         sim=sim,
         cpu_slots=cpu_slots,
+        tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
+                       key=tls_key, ca=tls_ca),
     )
     try:
         code = run_up(options)
@@ -121,10 +142,20 @@ def serve(
     usage_retention_days: Annotated[
         float, typer.Option(help="Days per-minute usage is kept (0: forever).", min=0)
     ] = 400.0,
+    tls: Annotated[bool, TLS_OPTION] = False,
+    insecure_http: Annotated[bool, INSECURE_OPTION] = False,
+    tls_cert: Annotated[Path | None, TLS_CERT_OPTION] = None,
+    tls_key: Annotated[Path | None, TLS_KEY_OPTION] = None,
+    tls_ca: Annotated[Path | None, TLS_CA_OPTION] = None,
+    tls_name: Annotated[
+        list[str] | None,
+        typer.Option(help="Another name (or address) the generated certificate covers"
+                     " (repeatable): a load balancer's, a DNS alias."),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
-    from llmgw.cli.up import ServeOptions, run_serve
+    from llmgw.cli.up import ServeOptions, TlsOptions, run_serve
     from llmgw.control.retention import Retention
 
     setup_logging(log_level)
@@ -138,6 +169,8 @@ def serve(
                 trust_reported_fabrics=trust_reported_fabrics,
                 retention=Retention(events_days=events_retention_days,
                                     usage_days=usage_retention_days),
+                tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
+                               key=tls_key, ca=tls_ca, names=list(tls_name or [])),
             )
         )
     except ConfigError as exc:

@@ -39,6 +39,15 @@ from llmgw.control.store.db import normalise_url
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError, LlmgwError
 from llmgw.failover import parse_control_plane_urls
+from llmgw.tls import (
+    CaRoute,
+    ServerTls,
+    ensure_server_tls,
+    given_server_tls,
+    server_names,
+    token_with_fingerprint,
+    wants_tls,
+)
 from llmgw.wire import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -81,6 +90,41 @@ class ServeOptions:
     retention: Retention = field(default_factory=Retention)
     approve_nodes: bool = False
     trust_reported_fabrics: bool = False
+    tls: TlsOptions = field(default_factory=lambda: TlsOptions())
+
+
+@dataclass
+class TlsOptions:
+    """How ``serve``/``up`` listen (llmgw.tls): given certificates, or the data dir's own CA.
+
+    ``tls`` None decides by the bind address: a loopback bind stays plain
+    (nothing leaves the machine), any other bind uses TLS unless
+    ``insecure_http`` says otherwise.
+    """
+
+    tls: bool | None = None
+    insecure_http: bool = False
+    cert: Path | None = None
+    key: Path | None = None
+    ca: Path | None = None
+    # More names for a generated certificate (a load balancer's, a DNS alias).
+    names: list[str] = field(default_factory=list)
+
+    def wanted(self, host: str) -> bool:
+        if self.cert is not None and self.insecure_http:
+            raise ConfigError("--tls-cert and --insecure-http contradict each other")
+        return self.cert is not None or wants_tls(host, tls=self.tls,
+                                                  insecure_http=self.insecure_http)
+
+    def resolve(self, data_dir: Path, host: str, advertise: str | None) -> ServerTls | None:
+        """The certificate to listen with (made in ``data_dir/tls`` if needed), or None."""
+        if (self.cert is None) != (self.key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if not self.wanted(host):
+            return None
+        if self.cert is not None and self.key is not None:
+            return given_server_tls(self.cert, self.key, self.ca)
+        return ensure_server_tls(data_dir / "tls", server_names(host, advertise, self.names))
 
 
 @dataclass
@@ -92,6 +136,7 @@ class UpOptions:
     catalog: Path | None = None
     sim: Path | None = None
     cpu_slots: int = 1
+    tls: TlsOptions = field(default_factory=lambda: TlsOptions())
 
 
 # -- checks that run before anything starts -----------------------------------
@@ -256,6 +301,9 @@ def print_banner(info: dict[str, Any], creds: NewCredentials, *, up: bool) -> No
         f"  Admin API    {info['admin_url']}/admin/v1",
         f"  Console      {info['console_url']}",
     ]
+    if info.get("ca_file"):
+        # Not a secret: what agents, gateways and browsers are told to trust.
+        lines.append(f"  TLS CA       {info['ca_file']}   ({info['ca_fingerprint']})")
     made = [what for what, secret in (("admin token", creds.admin_token),
                                       ("API key", creds.api_key),
                                       ("join token", creds.join_token)) if secret]
@@ -289,6 +337,13 @@ def run_up(options: UpOptions) -> int:
     data_dir = ensure_data_dir(options.data_dir or default_data_dir())
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
+    tls = options.tls.resolve(data_dir, options.host, None)
+    if tls is not None and options.sim is not None:
+        raise ConfigError("--sim runs its simulated agents over plain HTTP on loopback; "
+                          "drop --tls (or the TLS flags) with --sim")
+    if tls is not None and tls.ca_file is None:
+        raise ConfigError("--tls-cert needs --tls-ca with `up`: its own agent checks the "
+                          "certificate against it")
     catalog: list[ModelSpec] | None = None
     fleet: Any = None
     if options.sim is not None:
@@ -299,7 +354,7 @@ def run_up(options: UpOptions) -> int:
         catalog = list(fleet.models) or None
     else:
         check_starter_model()
-    return _run(_up(options, data_dir, url, catalog, fleet))
+    return _run(_up(options, data_dir, url, catalog, fleet, tls))
 
 
 def advertise_url(options: ServeOptions) -> str:
@@ -315,7 +370,8 @@ def advertise_url(options: ServeOptions) -> str:
             raise ConfigError(f"--advertise-url {url!r} must start with http:// or https://")
         return url
     host = socket.getfqdn() if options.host in ("0.0.0.0", "::", "") else options.host
-    return f"http://{f'[{host}]' if ':' in host else host}:{options.port}"
+    scheme = "https" if options.tls.wanted(options.host) else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{options.port}"
 
 
 def run_serve(options: ServeOptions) -> int:
@@ -324,7 +380,8 @@ def run_serve(options: ServeOptions) -> int:
     data_dir = ensure_data_dir(options.data_dir or default_data_dir())
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
-    return _run(_serve(options, data_dir, url, advertise))
+    tls = options.tls.resolve(data_dir, options.host, advertise)
+    return _run(_serve(options, data_dir, url, advertise, tls))
 
 
 def _run(main: Any) -> int:
@@ -350,8 +407,14 @@ def _public_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-async def _serve_http(app: Any, host: str, port: int, stop: asyncio.Event) -> uvicorn.Server:
-    config = server_config(app, host=host, port=port, log_level="warning", loop="none")
+async def _serve_http(
+    app: Any, host: str, port: int, stop: asyncio.Event, tls: ServerTls | None = None
+) -> uvicorn.Server:
+    if tls is not None and tls.ca_file is not None:
+        # Clients with only the fingerprint (a join token) fetch the CA here.
+        app = CaRoute(app, tls.ca_pem() or b"")
+    config = server_config(app, host=host, port=port, log_level="warning", loop="none",
+                           **(tls.uvicorn_settings() if tls else {}))
     server = uvicorn.Server(config)
     # Signals are ours: SIGINT/SIGTERM must stop the agent and its engines
     # before the HTTP server, so uvicorn must not take them over.
@@ -372,7 +435,9 @@ def _install_stop_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
-async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str) -> int:
+async def _serve(
+    options: ServeOptions, data_dir: Path, url: str, advertise: str, tls: ServerTls | None
+) -> int:
     store, cp, creds = await _open(url, options.join_token_ttl_s)
     cp.approve_nodes = options.approve_nodes
     cp.trust_reported_fabrics = options.trust_reported_fabrics
@@ -383,20 +448,22 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str
     await runtime.start()
     await gateway.start()
     server = await _serve_http(
-        PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop
+        PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop,
+        tls,
     )
-    base = options.advertise or f"http://{_public_host(options.host)}:{options.port}"
+    scheme = "https" if tls else "http"
+    base = options.advertise or f"{scheme}://{_public_host(options.host)}:{options.port}"
     info: dict[str, Any] = {
         "api_url": f"{base}/v1", "admin_url": base, "console_url": f"{base}/console",
-        "up_json": None,
+        "up_json": None, **_tls_fields(tls),
     }
-    if creds.admin_token or creds.api_key or creds.join_token or options.peer_urls:
+    if creds.admin_token or creds.api_key or creds.join_token or options.peer_urls or tls:
         # serve keeps these for `llmgw ctl` on this machine, like up does;
         # a standby (no new secrets) still records where its peers are.
         path = write_up_json(data_dir, {
             **info, "admin_url": serve_admin_urls(base, options.peer_urls),
             "admin_token": creds.admin_token, "api_key": creds.api_key,
-            **_join_token_fields(cp, creds)})
+            **_join_token_fields(cp, creds, tls)})
         info["up_json"] = str(path)
     elif (data_dir / "up.json").exists():
         info["up_json"] = str(data_dir / "up.json")
@@ -413,13 +480,27 @@ async def _serve(options: ServeOptions, data_dir: Path, url: str, advertise: str
     return 0
 
 
-def _join_token_fields(cp: ControlPlane, creds: NewCredentials) -> dict[str, Any]:
-    """up.json's join token (new this start), with when it stops working."""
+def _join_token_fields(
+    cp: ControlPlane, creds: NewCredentials, tls: ServerTls | None = None
+) -> dict[str, Any]:
+    """up.json's join token (new this start), with when it stops working.
+
+    Under TLS it carries the CA's fingerprint (``<secret>.sha256:<hex>``), so
+    that an agent given it trusts this control plane from its first call.
+    """
     if not creds.join_token:
         return {}
     token = cp.join_tokens.find(creds.join_token)
-    return {"join_token": creds.join_token,
+    carried = token_with_fingerprint(creds.join_token, tls.ca_fingerprint() if tls else None)
+    return {"join_token": carried,
             "join_token_expires_at": token.expires_at if token else None}
+
+
+def _tls_fields(tls: ServerTls | None) -> dict[str, Any]:
+    """Where the CA is (for ``ctl`` on this machine) and its fingerprint (for ``--ca-hash``)."""
+    if tls is None or tls.ca_file is None:
+        return {}
+    return {"ca_file": str(tls.ca_file.resolve()), "ca_fingerprint": tls.ca_fingerprint()}
 
 
 async def _role_line(cp: ControlPlane, runtime: ControlPlaneRuntime) -> str:
@@ -432,7 +513,8 @@ async def _role_line(cp: ControlPlane, runtime: ControlPlaneRuntime) -> str:
 
 
 async def _up(
-    options: UpOptions, data_dir: Path, url: str, catalog: list[ModelSpec] | None, fleet: Any
+    options: UpOptions, data_dir: Path, url: str, catalog: list[ModelSpec] | None, fleet: Any,
+    tls: ServerTls | None = None,
 ) -> int:
     store, cp, creds = await _open(url)
     # A simulated fleet is the operator's own, fabrics included (its spec
@@ -444,13 +526,15 @@ async def _up(
         await cp.put_models(catalog)
     elif options.sim is None and not cp.state.models:
         await cp.put_models([ModelSpec.model_validate(STARTER_MODEL)])
-    base = f"http://{_public_host(options.host)}:{options.port}"
+    scheme = "https" if tls else "http"
+    base = f"{scheme}://{_public_host(options.host)}:{options.port}"
     runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0, advertise_url=base)
     gateway = build_gateway(cp)
     await runtime.start()
     await gateway.start()
     server = await _serve_http(
-        PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop
+        PathDispatcher(create_app(cp), _asgi_of(gateway)), options.host, options.port, stop,
+        tls,
     )
     join_token = creds.join_token
     agents: list[Any] = []
@@ -465,7 +549,8 @@ async def _up(
                 await start_fleet(fleet, base, join_token, data_dir / "sim", apply=False)
             )
         else:
-            agents.append(await _start_local_agent(cp, base, data_dir, options, join_token))
+            agents.append(await _start_local_agent(cp, base, data_dir, options, join_token,
+                                                   tls.ca_file if tls else None))
     except BaseException:
         server.should_exit = True
         await gateway.stop()
@@ -480,7 +565,8 @@ async def _up(
         "admin_token": creds.admin_token,
         "api_key": creds.api_key,
         "model": model_name,
-        **_join_token_fields(cp, creds),
+        **_join_token_fields(cp, creds, tls),
+        **_tls_fields(tls),
     }
     path = write_up_json(data_dir, info)
     saved = json.loads(path.read_text())
@@ -501,7 +587,8 @@ async def _up(
 
 
 async def _start_local_agent(
-    cp: ControlPlane, base: str, data_dir: Path, options: UpOptions, join_token: str | None
+    cp: ControlPlane, base: str, data_dir: Path, options: UpOptions, join_token: str | None,
+    ca_file: Path | None = None,
 ) -> Any:
     from llmgw.agent.app import Agent, AgentConfig
     from llmgw.agent.identity import load_identity
@@ -520,6 +607,7 @@ async def _start_local_agent(
         cpu_slots=options.cpu_slots,
         report_interval_s=2.0,
         metrics_token=metrics_token_from(),
+        ca_file=ca_file,
     )
     agent = Agent(config)
     await agent.start()

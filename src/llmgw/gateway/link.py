@@ -18,6 +18,7 @@ import orjson
 from llmgw import wire
 from llmgw.errors import AuthError, LlmgwError
 from llmgw.failover import ControlPlaneUnreachable, LeaderFinder
+from llmgw.tls import ClientTrust, fetch_ca
 
 CONFIG_PATH = "/gateway/v1/config"
 LOAD_PATH = "/gateway/v1/load"
@@ -60,8 +61,11 @@ class HttpControlPlaneLink:
         *,
         poll_timeout_s: float = 40.0,
         request_timeout_s: float = 10.0,
+        trust: ClientTrust | None = None,
     ) -> None:
         self.leader = LeaderFinder(base_url)
+        # Verifies an https:// control plane against the fleet's CA (llmgw.tls).
+        self.trust = trust or ClientTrust()
         self._headers = {"Authorization": f"Bearer {token}"}
         self._poll_timeout = aiohttp.ClientTimeout(total=poll_timeout_s, connect=request_timeout_s)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -121,6 +125,14 @@ class HttpControlPlaneLink:
         params: Callable[[str], Mapping[str, int | str]] | None = None,
     ) -> tuple[str, bytes]:
         headers = {"Content-Type": "application/json"} if payload is not None else None
+        try:
+            # Once, before the first call carries the gateway token out.
+            self.leader.ssl = await self.trust.context(
+                self.leader.urls,
+                lambda urls, expected: fetch_ca(self._client(), urls, expected),
+            )
+        except ConnectionError as exc:
+            raise ControlPlaneUnavailable(str(exc)) from None
         try:
             answer = await self.leader.request(
                 self._client(), method, path, data=payload, headers=headers, params=params,

@@ -51,13 +51,20 @@ def main(
         help="A file holding the admin token (keeps it off the command line).")] = None,
     data_dir: Annotated[Path | None, typer.Option(
         envvar="LLMGW_DATA_DIR", help="Where up.json is (default: llmgw's data dir).")] = None,
+    ca_file: Annotated[Path | None, typer.Option(
+        envvar="LLMGW_CA_FILE",
+        help="The fleet's CA to check an https:// control plane against (default: up.json's"
+             " ca_file on the control plane's machine).")] = None,
+    insecure_http: Annotated[bool, typer.Option(
+        help="Allow a plain http:// control plane on another machine.")] = False,
 ) -> None:
     try:
         token = pick_secret(token, token_file, "admin token", "--token")
     except ConfigError as exc:
         typer.echo(f"llmgw ctl: {exc}", err=True)
         raise typer.Exit(1) from None
-    ctx.obj = Settings(url=url, token=token, data_dir=data_dir)
+    ctx.obj = Settings(url=url, token=token, data_dir=data_dir, ca_file=ca_file,
+                       insecure_http=insecure_http)
 
 
 # Every command is registered here, in one place, because the order they are

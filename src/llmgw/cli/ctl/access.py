@@ -106,8 +106,9 @@ def join_token(
     if not rotate:
         raise CtlError("join tokens are stored only as hashes and cannot be shown; "
                        "make a new one with --rotate")
-    token = admin_client(ctx).call("POST", "/join-token/rotate")["join_token"]
-    typer.echo(token)
+    client = admin_client(ctx)
+    secret = client.call("POST", "/join-token/rotate")["join_token"]
+    typer.echo(client.join_token_for_agents(secret))
 
 
 join_tokens_app = typer.Typer(help="Join tokens: list (default), create, revoke.")
@@ -145,7 +146,9 @@ def join_token_create(
     """Make a join token (others keep working); its secret is shown now and never again."""
     body = {"ttl_s": None if ttl is None else ttl * 3600, "uses": uses,
             "description": description}
-    created = admin_client(ctx).call("POST", "/join-tokens", body=body)
+    client = admin_client(ctx)
+    created = client.call("POST", "/join-tokens", body=body)
+    created["join_token"] = client.join_token_for_agents(created["join_token"])
     if as_json:
         print_json(created)
         return

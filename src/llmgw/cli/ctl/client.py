@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ import typer
 from llmgw.config import default_data_dir
 from llmgw.errors import ConfigError
 from llmgw.failover import CallWalk, LeaderFinder, parse_control_plane_urls, standby_hint
+from llmgw.tls import check_plain_urls, client_context, fingerprint, token_with_fingerprint
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 ADMIN_PREFIX = "/admin/v1"
@@ -51,6 +53,8 @@ class Settings:
     url: str | None = None
     token: str | None = None
     data_dir: Path | None = None
+    ca_file: Path | None = None
+    insecure_http: bool = False
 
 
 def _up_json(data_dir: Path | None) -> dict[str, Any]:
@@ -78,9 +82,15 @@ class AdminClient:
     one was taken, so ``status --watch`` keeps reading one instance.
     """
 
-    def __init__(self, urls: str | Sequence[str], token: str) -> None:
+    def __init__(self, urls: str | Sequence[str], token: str, *, ca_file: Path | None = None,
+                 insecure_http: bool = False) -> None:
         try:
             parsed = parse_control_plane_urls(urls)
+            # The admin token must not cross a network in the clear (llmgw.tls).
+            check_plain_urls(parsed, allowed=insecure_http, what="control plane")
+            verify: ssl.SSLContext | bool = client_context(ca_file) if ca_file else True
+            # Join tokens this ctl prints carry it, so agents trust the same CA.
+            self.ca_fingerprint = fingerprint(ca_file.read_bytes()) if ca_file else None
         except ConfigError as exc:
             raise CtlError(str(exc)) from None
         # ``--url http://cp:8080/admin/v1`` works too: people paste what the banner shows.
@@ -88,10 +98,15 @@ class AdminClient:
         self._http = httpx.Client(
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            verify=verify,
         )
 
     def close(self) -> None:
         self._http.close()
+
+    def join_token_for_agents(self, secret: str) -> str:
+        """A new join token as agents take it: with the CA's fingerprint under TLS (llmgw.tls)."""
+        return token_with_fingerprint(secret, self.ca_fingerprint)
 
     def call(self, method: str, path: str, *, body: Any = None,
              params: dict[str, Any] | None = None) -> Any:
@@ -124,6 +139,9 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 
 
 def _transport_problem(exc: httpx.HTTPError) -> str:
+    if "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return (f"its TLS certificate is not signed by the CA this ctl trusts ({exc}); "
+                "pass --ca-file (serve's data dir: tls/ca.pem)")
     if isinstance(exc, httpx.TimeoutException):
         limit = CONNECT_TIMEOUT_S if isinstance(exc, httpx.ConnectTimeout) else REQUEST_TIMEOUT_S
         return f"no answer within {limit:g} s"
@@ -168,14 +186,18 @@ def admin_client(ctx: typer.Context) -> AdminClient:
     settings: Settings = ctx.obj or Settings()
     urls: str | list[str] | None = settings.url
     token = settings.token
-    if not urls or not token:
+    ca_file = settings.ca_file
+    if not urls or not token or not ca_file:
         up = _up_json(settings.data_dir)
         urls = urls or _up_json_urls(up, settings.data_dir) or DEFAULT_URL
         token = token or up.get("admin_token")
+        # serve under TLS records its CA there, for ctl on the same machine.
+        ca_file = ca_file or (Path(up["ca_file"]) if isinstance(up.get("ca_file"), str)
+                              else None)
     if not token:
         raise CtlError("no admin token: pass --token, set LLMGW_ADMIN_TOKEN, "
                        "or run `llmgw up` (it writes one to up.json)")
-    return AdminClient(urls, str(token))
+    return AdminClient(urls, str(token), ca_file=ca_file, insecure_http=settings.insecure_http)
 
 
 def _up_json_urls(up: dict[str, Any], data_dir: Path | None) -> str | list[str] | None:
