@@ -105,12 +105,17 @@ async def test_a_rogue_node_is_no_weight_source_for_a_model_it_was_not_given(
             node="n1", inventory=inventory("n1"), agent_port=9999,
             weights=[WeightsEntry(model="m", sha256=SHA)]))
         assert (await _report(client, url, honest, ask))["weight_peers"] == {}
+        # Nor does placement (which prefers nodes holding a model) or the
+        # summary count what the record refutes.
+        await _report(client, url, rogue, holding("n1", origin_package, BOGUS, 9999))
+        assert cp.state.nodes["n1"].weights == []
         # A node whose copy is the recorded one is a peer (and its copy is
         # still verified by whoever reads it: llmgw.agent.trust).
         holder = await register(client, url, creds.join_token, "n3")
         await _report(client, url, holder, holding("n3", origin_package, SHA, 9998))
         answer = await _report(client, url, honest, ask)
         assert answer["weight_peers"] == {"m": ["http://127.0.0.1:9998"]}
+        assert [w.sha256 for w in cp.state.nodes["n3"].weights] == [SHA]
     events = [e["message"] for e in await cp.store.list_events(kind="model")]
     assert "weights of m recorded from the package (1 files)" in events
 

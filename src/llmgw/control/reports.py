@@ -22,6 +22,7 @@ from llmgw.wire import (
     ReplicaAssignment,
     ReplicaState,
     WeightsDigests,
+    WeightsEntry,
     host_in_url,
 )
 
@@ -51,16 +52,19 @@ def apply_report(
     now: float,
     *,
     trust_reported_fabrics: bool = False,
+    vouch: Callable[[list[WeightsEntry]], list[WeightsEntry]] | None = None,
 ) -> ReportEffects:
     """Take in a node's report: its facts, its heartbeat and its replicas' states.
 
     A node's fabrics decide whose weights it copies and which multi-node
     replicas it joins, so its own report only proposes them: they are the
     operator's (pinned) or none, unless ``serve --trust-reported-fabrics``
-    says every machine that can join is the operator's own.
+    says every machine that can join is the operator's own. ``vouch`` keeps
+    the holdings placement and peers may believe (weightdigests.vouched).
     """
     effects = ReportEffects()
     effects.routing_changed = node.state(now) == NodeState.UNREACHABLE
+    weights = vouch(report.weights) if vouch is not None else list(report.weights)
     if node.fabrics_pinned:
         fabrics = node.fabrics
     else:
@@ -70,7 +74,7 @@ def apply_report(
         node.address != report.address
         or node.agent_port != report.agent_port
         or node.fabrics != fabrics
-        or node.weights != report.weights
+        or node.weights != weights
     )
     inventory_changed = node.inventory != report.inventory
     # Temperatures, power and memory in use change on every report of a
@@ -85,7 +89,7 @@ def apply_report(
     node.address = report.address
     node.agent_port = report.agent_port
     node.fabrics = fabrics
-    node.weights = list(report.weights)
+    node.weights = weights
     if inventory_changed:
         # Replaced, never edited in place, and only when it changed: the
         # scheduler caches per-node device indexes keyed by this object.

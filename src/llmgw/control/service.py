@@ -384,7 +384,8 @@ class ControlPlane:
             raise AuthError(f"this token speaks for node {node.name!r}, not {report.node!r}")
         now = time.time()
         effects = apply_report(
-            self.state, node, report, now, trust_reported_fabrics=self.trust_reported_fabrics
+            self.state, node, report, now, trust_reported_fabrics=self.trust_reported_fabrics,
+            vouch=lambda entries: self.digests.vouched(self.state, entries),
         )
         if effects.write_node:
             await self.writes.upsert_nodes([node_row(node)])

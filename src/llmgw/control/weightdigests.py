@@ -196,6 +196,29 @@ class DigestBook:
             return None
         return record
 
+    def vouched(self, state: FleetState, entries: list[WeightsEntry]) -> list[WeightsEntry]:
+        """The holdings of a report that placement, peers and views may believe.
+
+        A node that says it holds a model attracts its replicas (placement
+        prefers nodes holding the weights), serves it to peers and sizes its
+        RAM estimate: a copy of another source, or one the record refutes,
+        counts for none of these. Models outside the catalog attract nothing.
+        """
+        out: list[WeightsEntry] = []
+        for entry in entries:
+            model = state.models.get(entry.model)
+            if model is not None:
+                source = model.spec.weights
+                if entry.source is not None and entry.source != source:
+                    continue
+                record = self.records.get(entry.model)
+                if record is not None and record.source == source and matches(
+                    record, entry
+                ) is False:
+                    continue
+            out.append(entry)
+        return out
+
     def for_node(self, state: FleetState, node: NodeRecord) -> dict[str, WeightsDigests]:
         """The records of the models assigned to the node (its report answer carries them)."""
         out: dict[str, WeightsDigests] = {}
