@@ -102,6 +102,11 @@ def test_serve_two_agents_a_gateway_and_ctl_over_tls(tmp_path: Path) -> None:
         assert set(nodes) == {"tls-a", "tls-b"}, nodes
         for name in nodes:  # each agent kept the CA it fetched and checked
             assert (tmp_path / name / "ca.pem").read_bytes() == ca_file.read_bytes()
+        # doctor on a node checks the control plane against the agent's CA.
+        doctor = llmgw("doctor", "--control-plane", url, "--data-dir", str(tmp_path / "tls-a"),
+                       "--json")
+        report = json.loads(doctor.stdout)["control_plane"]
+        assert report["reachable"] and report["leader"] == url, report
 
         # The gateway took its keys from the control plane over TLS and serves
         # its own endpoint with TLS, under a CA of its own.

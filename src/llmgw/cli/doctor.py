@@ -35,7 +35,7 @@ from llmgw.agent.discovery import LastSeen, NvmlApi, cpu_devices, inventory_from
 from llmgw.agent.discovery.base import CardFacts, Snapshot, Source, SourceUnavailable
 from llmgw.agent.discovery.nvidia_smi import NvidiaSmiSource
 from llmgw.agent.discovery.nvml import NvmlSource
-from llmgw.cli.doctor_control_plane import judge_leadership, probe_control_plane
+from llmgw.cli.doctor_control_plane import agent_ca, judge_leadership, probe_control_plane
 from llmgw.config import default_data_dir
 from llmgw.errors import DiscoveryError, LlmgwError
 from llmgw.wire import CPU_CLASS, Device, NodeInventory
@@ -211,7 +211,8 @@ def check(
         foreign_memory_mib=0,
         engines=found,
         data_dir=_data_dir(data_dir),
-        control_plane=probe_control_plane(control_plane) if control_plane else None,
+        control_plane=(probe_control_plane(control_plane, agent_ca(data_dir))
+                       if control_plane else None),
         warnings=warnings,
     )
     report.foreign_memory_mib = sum(p["used_memory_mib"] for p in report.foreign_processes)

@@ -320,7 +320,8 @@ def print_banner(info: dict[str, Any], creds: NewCredentials, *, up: bool) -> No
             "",
             "Try it:",
             f"  API_KEY=$(python3 -c '{read_key}')",
-            f"  curl {info['api_url']}/chat/completions \\",
+            f"  curl {info['api_url']}/chat/completions \\"
+            + (f"\n    --cacert {info['ca_file']} \\" if info.get("ca_file") else ""),
             '    -H "Authorization: Bearer $API_KEY" \\',
             "    -H 'Content-Type: application/json' \\",
             "    -d '{\"model\": \"" + info.get("model", "default")
