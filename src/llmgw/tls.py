@@ -430,7 +430,8 @@ class ClientTrust:
             raise TrustError(
                 f"{urls[0]} uses TLS and this client has no CA to check it against: give a "
                 "join token with the CA's fingerprint (llmgw-join-....sha256:...), --ca-hash, "
-                "or --ca-file"
+                "or --ca-file (for a certificate from a public CA: the system's bundle, e.g. "
+                "/etc/ssl/certs/ca-certificates.crt)"
             )
         pem = await fetch(urls, self.ca_fingerprint)
         if self.store is None:
