@@ -265,6 +265,9 @@ def test_list_and_xml_that_disagree_are_an_error_not_a_guess() -> None:
     listing[0].migs.pop()
     with pytest.raises(DiscoveryError, match="lists 3 MIG devices but -q -x lists 4"):
         join(listing, xml)
+    del listing[0].migs[1:]
+    with pytest.raises(DiscoveryError, match="lists 1 MIG device but -q -x lists 4"):
+        join(listing, xml)
     other = parse_list("GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-00000000-1111)\n")
     with pytest.raises(DiscoveryError, match="UUIDs differ"):
         join(other, xml)

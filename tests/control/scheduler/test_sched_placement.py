@@ -189,11 +189,18 @@ def test_mig_class_refuses_tp_pp_and_nodes_above_one_each_on_its_own() -> None:
         gpu_node("b", seen_at=NOW, gpus=2, mig={1: ("3g.40gb", 2)}),
     )
     one = model("m", classes=["h100-80g-mig-3g.40gb"])
+    # A shape of one device names what splits it, never "needs 1 devices".
+    shapes = {
+        "tp": "is split (tp 2)",
+        "pp": "is split (pp 2)",
+        "nodes": "needs 2 devices per replica",
+        "gpus": "needs 2 devices per replica",
+    }
     for field, value in (("tp", 2), ("pp", 2), ("nodes", 2), ("gpus", 2)):
         refused = refuse(snapshot, one.model_copy(update={field: value}))
         assert refused.status == CAN_NEVER_FIT, field
-        assert refused.reason.endswith(
-            "accepts only MIG class h100-80g-mig-3g.40gb:"
+        assert refused.reason == (
+            f"{shapes[field]} but accepts only MIG class h100-80g-mig-3g.40gb:"
             " a replica on MIG runs on exactly one instance"
         ), (field, refused.reason)
     assert place(snapshot, one).shards[0].numbers == (1101,)  # the plain shape still fits

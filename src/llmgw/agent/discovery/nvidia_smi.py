@@ -105,7 +105,8 @@ def _join_instances(listed: ListedGpu, xml: XmlCard) -> list[InstanceFacts]:
     where = f"GPU {listed.index} ({listed.uuid})"
     if len(listed.migs) != len(xml.migs):
         raise DiscoveryError(
-            f"{where}: nvidia-smi -L lists {len(listed.migs)} MIG devices but -q -x "
+            f"{where}: nvidia-smi -L lists {len(listed.migs)} MIG"
+            f" device{'' if len(listed.migs) == 1 else 's'} but -q -x "
             f"lists {len(xml.migs)} (instances changed between the two calls?)"
         )
     joined: list[InstanceFacts] = []

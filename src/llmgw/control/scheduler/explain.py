@@ -48,10 +48,16 @@ def explain(
     """(status, sentence, node counts by reason) for a request that did not fit."""
     if not request.classes:
         classes = " or ".join(request.mig_refused)
+        devices = request.per_node * request.nodes
+        shape = (
+            f"needs {devices} devices per replica"
+            if devices > 1
+            else f"is split ({', '.join(request.split)})"
+        )
         return (
             CAN_NEVER_FIT,
-            f"needs {request.per_node * request.nodes} devices per replica but accepts only"
-            f" MIG class {classes}: a replica on MIG runs on exactly one instance",
+            f"{shape} but accepts only MIG class {classes}:"
+            " a replica on MIG runs on exactly one instance",
             {},
         )
     counts, fit, most_free = _count(placer, snapshot, request)

@@ -51,6 +51,10 @@ class Request:
     avoid: frozenset[str] = frozenset()
     # RAM one shard on CPU slots needs (llmgw.memory); 0: not placed on RAM.
     memory_mib: int = 0
+    # The parallelism a catalog edited around validation asks beyond one
+    # device ("tp 2"): without it a refusal of tp 2 on one device could only
+    # say "needs 1 device", which names nothing the operator can change.
+    split: tuple[str, ...] = ()
 
     @classmethod
     def for_spec(cls, spec: ModelSpec, memory_mib: int = 0) -> Request:
@@ -58,7 +62,14 @@ class Request:
         sharded = spec.gpus > 1 or spec.tp > 1 or spec.pp > 1 or spec.nodes > 1
         usable = tuple(c for c in spec.gpu_classes if not (sharded and is_mig_class(c)))
         refused = tuple(c for c in spec.gpu_classes if c not in usable)
-        return cls(spec.name, usable, per_node, spec.nodes, refused, memory_mib=memory_mib)
+        split = tuple(
+            f"{name} {value}"
+            for name, value in (("tp", spec.tp), ("pp", spec.pp), ("nodes", spec.nodes))
+            if value > 1
+        )
+        return cls(
+            spec.name, usable, per_node, spec.nodes, refused, memory_mib=memory_mib, split=split
+        )
 
     def relaxed(self) -> Request:
         """The same shape with no node avoided."""
