@@ -125,11 +125,18 @@ async def test_client_errors_are_openai_shaped(upstreams: Any, link: MemoryLink)
             await client.chat.completions.create(model="nope", messages=messages)
         assert missing.value.code == "model_not_found"
         assert missing.value.body["param"] == "model"  # type: ignore[index]
-        with pytest.raises(openai.BadRequestError) as too_big:
+        with pytest.raises(openai.APIStatusError) as too_big:
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "x" * 5000}]
             )
+        assert too_big.value.status_code == 413
         assert too_big.value.code == "body_too_large"
+        assert too_big.value.body == {  # OpenAI's error shape, all four members
+            "message": "Request body is larger than 2000 bytes.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "body_too_large",
+        }
 
         async with aiohttp.ClientSession() as http:
             headers = {"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"}
@@ -157,7 +164,7 @@ async def test_client_errors_are_openai_shaped(upstreams: Any, link: MemoryLink)
             async with http.post(
                 url + "/v1/chat/completions", data=chunks(), headers=headers
             ) as resp:
-                assert resp.status == 400
+                assert resp.status == 413
                 assert (await resp.json())["error"]["code"] == "body_too_large"
             async with http.post(url + "/v1/chat/completions", data=b"{}") as resp:
                 assert resp.status == 401

@@ -164,16 +164,12 @@ def authenticate(rt: Runtime, snapshot: Snapshot, scope: Scope) -> KeyRecord:
 async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
     declared = _header(scope, b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise ApiError(
-            400, f"Request body is larger than {max_bytes} bytes.", code="body_too_large"
-        )
+        raise _too_large(max_bytes)
     message = await receive()
     body: bytes = message.get("body", b"")
     if not message.get("more_body", False):
         if len(body) > max_bytes:
-            raise ApiError(
-                400, f"Request body is larger than {max_bytes} bytes.", code="body_too_large"
-            )
+            raise _too_large(max_bytes)
         return body
     parts = [body]
     size = len(body)
@@ -184,11 +180,15 @@ async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
-            raise ApiError(
-                400, f"Request body is larger than {max_bytes} bytes.", code="body_too_large"
-            )
+            raise _too_large(max_bytes)
         parts.append(chunk)
     return b"".join(parts)
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    # 413, as OpenAI answers: a client that retries on 400 "fix your request"
+    # logic can tell "too big" from "malformed" only by the status.
+    return ApiError(413, f"Request body is larger than {max_bytes} bytes.", code="body_too_large")
 
 
 def parse(body: bytes) -> dict[str, Any]:
