@@ -140,11 +140,11 @@ async def test_client_errors_are_openai_shaped(upstreams: Any, link: MemoryLink)
 
         async with aiohttp.ClientSession() as http:
             headers = {"Authorization": f"Bearer {SECRET}", "Content-Type": "application/json"}
-            missing = "missing_required_parameter"
+            required = "missing_required_parameter"
             cases = [
                 ("POST", "/v1/chat/completions", b"{not json", 400, "invalid_json"),
                 ("POST", "/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
-                ("POST", "/v1/chat/completions", b'{"messages": []}', 400, missing),
+                ("POST", "/v1/chat/completions", b'{"messages": []}', 400, required),
                 ("POST", "/v1/nothing-here", b"{}", 404, None),
                 ("GET", "/v1/chat/completions", b"", 405, None),
             ]
