@@ -61,6 +61,16 @@ class WeightsServer:
             app.router.add_get("/metrics", self._scrape)
         return app
 
+    def routes(self) -> list[tuple[str, str]]:
+        """Every route this server answers, as (method, path).
+
+        The auth matrix (tests/test_auth_matrix.py) is generated from these,
+        so a route added without deciding who may call it fails that test.
+        """
+        return [(route.method, route.resource.canonical)
+                for route in self._app().router.routes()
+                if route.method != "HEAD" and route.resource is not None]
+
     async def start(self) -> int:
         """Listen and return the bound port (useful when asked for port 0)."""
         self._runner = web.AppRunner(self._app(), access_log=None)

@@ -25,6 +25,7 @@ import gc
 import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from llmgw import secrets, wire
 from llmgw.gateway import handler
@@ -42,6 +43,9 @@ from llmgw.gateway.usage import UsageBatcher
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 10.0
+_MODEL_PATH = "/v1/models/{model}"  # any path under /v1/models/
+
+Endpoint = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def freeze_startup_objects() -> None:
@@ -75,6 +79,7 @@ class Gateway:
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._configured = asyncio.Event()
         self._started = False
+        self._routes = self._route_table()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -236,32 +241,58 @@ class Gateway:
     def asgi(self) -> Gateway:
         return self
 
+    def routes(self) -> list[tuple[str, str]]:
+        """Every route this gateway answers, as (method, path template).
+
+        The dispatch below serves exactly these, so the auth matrix
+        (tests/test_auth_matrix.py), which is generated from them, fails for
+        a route added without deciding who may call it.
+        """
+        return [(method, path) for path, (method, _) in self._routes.items()]
+
+    def _route_table(self) -> dict[str, tuple[str, Endpoint]]:
+        """Path -> (method, endpoint), built once: a request costs one dict lookup."""
+        routes: dict[str, tuple[str, Endpoint]] = {
+            path: ("POST", self._complete) for path in sorted(handler.POST_PATHS)}
+        routes["/v1/models"] = ("GET", self._models)
+        routes[_MODEL_PATH] = ("GET", self._models)
+        routes["/metrics"] = ("GET", self._scrape)
+        routes["/health"] = routes["/healthz"] = ("GET", self._health_route)
+        return routes
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
-            if path in handler.POST_PATHS:
-                if scope["method"] == "POST":
-                    await handler.handle(self.runtime, scope, receive, send)
-                else:
-                    await self._refuse(send, 405, f"Use POST for {path}.")
-            elif path == "/v1/models" or path.startswith("/v1/models/"):
-                if scope["method"] in ("GET", "HEAD"):
-                    await handler.list_models(self.runtime, scope, send)
-                else:
-                    await self._refuse(send, 405, f"Use GET for {path}.")
-            elif path == "/metrics":
-                if self._metrics_allowed(scope):
-                    await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
-                else:
-                    await self._refuse(send, 401, "/metrics needs the metrics token "
-                                       "(Authorization: Bearer ...).")
-            elif path in ("/health", "/healthz"):
-                await self._health(send)
-            else:
+            route = self._routes.get(path)
+            if route is None and path.startswith("/v1/models/"):
+                route = self._routes[_MODEL_PATH]
+            if route is None:
                 await self._refuse(send, 404, f"Invalid URL ({scope['method']} {path}).")
+                return
+            method, endpoint = route
+            if scope["method"] == method or (method == "GET" and scope["method"] == "HEAD"):
+                await endpoint(scope, receive, send)
+            else:
+                await self._refuse(send, 405, f"Use {method} for {path}.")
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    async def _complete(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await handler.handle(self.runtime, scope, receive, send)
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await handler.list_models(self.runtime, scope, send)
+
+    async def _scrape(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._metrics_allowed(scope):
+            await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
+        else:
+            await self._refuse(send, 401, "/metrics needs the metrics token "
+                               "(Authorization: Bearer ...).")
+
+    async def _health_route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._health(send)
 
     def _metrics_allowed(self, scope: Scope) -> bool:
         # Metrics name every model and replica and show the traffic: on a
