@@ -237,6 +237,50 @@ def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
     assert mine.count("--cache_size") == 1 and mine.count("--logits_all") == 1
 
 
+def test_llama_server_prompt_cache_is_sized_from_the_budget() -> None:
+    # llama-server keeps up to 8 GiB of saved prompt states in RAM unless
+    # told (-cram, in MiB): far past a small replica's budget.
+    from llmgw.agent.engines.base import LaunchContext
+    from llmgw.agent.engines.llamacpp import SERVER_CACHE_RAM_SHARE, LlamaCppAdapter
+
+    d = [cpu_slot()]
+    spec = model(
+        "llamacpp",
+        name="gemma-3-270m",
+        weights=WeightsSource(kind="package", package="p"),
+        gpu_classes=["cpu"],
+    ).model_copy(update={"kv_capacity_tokens": 8192})
+    weights = 242 * memory.MIB
+    budget = memory.need_mib(spec, weights)
+
+    def argv(engine_args: list[str], budget_mib: int | None = budget) -> list[str]:
+        entry = spec.model_copy(update={"engine_args": engine_args})
+        ctx = LaunchContext(
+            assignment=assign(entry, d),
+            weights_path="/w/gemma.gguf",
+            host="127.0.0.1",
+            port=21000,
+            devices=d,
+            memory_budget_mib=budget_mib,
+            weights_bytes=weights,
+        )
+        return LlamaCppAdapter(server_binary="llama-server").build(ctx).argv
+
+    plain = argv([])
+    room = budget - 768 - 256 - 242  # after the runtime, the KV of 8192 tokens and the GGUF
+    assert plain[plain.index("--cache-ram") + 1] == str(room // SERVER_CACHE_RAM_SHARE) == "256"
+    # A budget with no room left turns the cache off (0), never "no limit" (-1).
+    tight = argv([], budget_mib=768 + 256 + 242 - 10)
+    assert tight[tight.index("--cache-ram") + 1] == "0"
+    # What the catalog says wins, in any spelling llama-server reads.
+    for mine in (["-cram", "64"], ["--cache-ram", "64"], ["--cache_ram=64"]):
+        args = argv(mine)
+        assert args.count("--cache-ram") == (1 if "--cache-ram" in mine else 0), mine
+        assert args[-len(mine) :] == mine
+    # No budget known: llama-server's own default stands.
+    assert "--cache-ram" not in argv([], budget_mib=None)
+
+
 def test_cgroup_v2_files_are_written_and_read_as_the_kernel_lays_them_out(tmp_path: Path) -> None:
     # No v2 memory controller on this kind of machine: the same code on a
     # directory laid out as v2's (the kernel's files are plain text).

@@ -140,6 +140,42 @@ def _python_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
     return flags
 
 
+# llama-server (since llama.cpp b6700-ish, PR 16391, and so in the one
+# llama-cpp-python 0.3.36 bundles) keeps a prompt cache of saved slot states
+# in host RAM, 8 GiB by default (-cram/--cache-ram, in MiB; 0 turns it off,
+# -1 lifts the limit): a small replica's budget is gone long before that.
+# It counts the bytes of the states it holds exactly, unlike
+# llama_cpp.server's cache, so it gets this fraction of the room the budget
+# leaves after the runtime, the weights and the KV cache; the other half is
+# the allocator's slack and the compute buffers a long prompt grows.
+SERVER_CACHE_RAM_SHARE = 2
+
+
+def _server_sets(extra: list[str], *flags: str) -> bool:
+    """Whether a catalog arg list sets one of ``flags``, read as llama-server reads it."""
+    return has_flag([_dashed(item) for item in extra], *flags)
+
+
+def _dashed(item: str) -> str:
+    # llama-server reads "_" as "-" in a long flag's name (not in its value).
+    if not item.startswith("--"):
+        return item
+    name, sep, value = item.partition("=")
+    return name.replace("_", "-") + sep + value
+
+
+def _server_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
+    """Flags that keep llama-server's RSS within the replica's memory budget."""
+    budget = ctx.memory_budget_mib
+    if budget is None or _server_sets(extra, "-cram", "--cache-ram"):
+        return []
+    spec = ctx.assignment.model
+    weights_mib = -(-(ctx.weights_bytes or 0) // memory.MIB)
+    room = budget - memory.LLAMACPP_RUNTIME_MIB - memory.kv_cache_mib(spec) - weights_mib
+    # 0 when nothing is left: the cache off, never -1 (no limit).
+    return ["--cache-ram", str(max(0, room) // SERVER_CACHE_RAM_SHARE)]
+
+
 def _looks_like_gemma(name: str, weights_path: str | None) -> bool:
     haystack = name.lower() + " " + os.path.basename(weights_path or "").lower()
     return "gemma" in haystack
@@ -197,10 +233,11 @@ class LlamaCppAdapter:
                 "--ctx-size",
                 str(spec.kv_capacity_tokens),
             ]
-            if gpu and not has_flag(extra, "-ngl", "--n-gpu-layers", "--gpu-layers"):
+            if gpu and not _server_sets(extra, "-ngl", "--n-gpu-layers", "--gpu-layers"):
                 argv += ["--n-gpu-layers", "999"]
-            if gemma and not has_flag(extra, "--chat-template", "--chat-template-file"):
+            if gemma and not _server_sets(extra, "--chat-template", "--chat-template-file"):
                 argv += ["--chat-template", "gemma"]
+            argv += _server_memory_flags(ctx, extra)
             health = "/health"
         else:
             argv = [
