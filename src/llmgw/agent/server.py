@@ -11,6 +11,16 @@ the cache directory, so no request can reach a file outside a cache entry.
 /metrics (llmgw.agent.metrics) is for the monitoring system, which holds no
 peer token: it takes the metrics token instead when one is set, like the
 gateway's and the control plane's.
+
+Like llmgw's other servers it bounds what one client can hold: a request
+head must be complete within ``IDLE_TIMEOUT_S`` of the connection opening or
+of the previous answer (aiohttp's keep-alive timer runs from those moments
+and is not reset by bytes of a head, so it bounds slow heads and idle
+connections alike; its default is an hour), head lines and fields are
+capped by aiohttp (8 KiB each, 128 fields), and past ``MAX_CONNECTIONS``
+open connections requests get 503 instead of the node running out of file
+descriptors. A file being sent is never cut: the timer only runs while a
+connection waits for a request.
 """
 
 from __future__ import annotations
@@ -27,6 +37,13 @@ from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.secrets import bearer
 from llmgw.wire import NUDGE_PATH
 
+# As the head timeout of llmgw's uvicorn servers (cli/httpserver.py); here it
+# is the idle timeout too, which peers' connection pools shrug off.
+IDLE_TIMEOUT_S = 10.0
+# Peers copying, a scrape, a nudge: a node sees a few dozen at once; well
+# under the usual 1,024 descriptors an agent started by hand gets.
+MAX_CONNECTIONS = 512
+
 
 class WeightsServer:
     def __init__(
@@ -40,7 +57,11 @@ class WeightsServer:
         on_nudge: Callable[[], None] | None = None,
         metrics: Callable[[], bytes] | None = None,
         metrics_token: str | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
         self.cache = cache
         self._metrics = metrics
         self._metrics_token = metrics_token
@@ -73,7 +94,8 @@ class WeightsServer:
 
     async def start(self) -> int:
         """Listen and return the bound port (useful when asked for port 0)."""
-        self._runner = web.AppRunner(self._app(), access_log=None)
+        self._runner = web.AppRunner(self._app(), access_log=None,
+                                     keepalive_timeout=self.idle_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -93,6 +115,11 @@ class WeightsServer:
         request: web.Request,
         handler: Handler,
     ) -> web.StreamResponse:
+        runner = self._runner
+        if runner is not None and runner.server is not None and (
+                len(runner.server.connections) > self.max_connections):
+            return web.json_response({"error": "too many connections; retry later"},
+                                     status=503, headers={"Retry-After": "1"})
         if request.path not in ("/agent/v1/health", "/metrics"):
             expected = self._token()
             given = bearer(request.headers.get("Authorization"))
