@@ -130,6 +130,11 @@ async def _reconcile_pass(f: Fleet) -> None:
     await Reconciler(f.cp.state, f.cp.writes).run_pass(time.time(), f.cp.epoch)
 
 
+async def _replica_activity(f: Fleet) -> None:
+    f.cp.state.replicas["r1"].in_flight = 2
+    await f.cp.flush_activity()
+
+
 WRITES: dict[str, Write] = {
     "put_models": lambda f: f.cp.put_models([ModelSpec(name="late", engine="sim")]),
     "delete_model": lambda f: f.cp.delete_model("m"),
@@ -145,6 +150,7 @@ WRITES: dict[str, Write] = {
     "report": _report,
     "demand": lambda f: f.cp.demand("m"),
     "heartbeats": _heartbeats,
+    "replica_activity": _replica_activity,
     "event": lambda f: f.cp.event("note", "x", "a late note"),
     "reconcile_pass": _reconcile_pass,
 }

@@ -10,7 +10,7 @@ from tests.control.adminapi.fleetkit import Fleet
 
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
-from llmgw.control.inflight import STALE_AFTER_S, InFlightBook
+from llmgw.control.inflight import ACTIVITY_SLACK_S, STALE_AFTER_S, InFlightBook, StoredActivity
 from llmgw.control.service import ControlPlane
 from llmgw.control.store.repo import Store
 from llmgw.wire import GatewayLoadReport, ReplicaLoad
@@ -81,3 +81,44 @@ def test_counts_of_removed_replicas_are_forgotten() -> None:
     book.forget_except({"r2"})
     assert book.record("r1", "gw-b", 0, now=1.0) == 0
     assert book.record("r2", "gw-b", 0, now=1.0) == 2
+
+
+def test_stored_use_is_written_on_a_turn_busy_or_quiet_and_else_at_a_bounded_rate() -> None:
+    stored = StoredActivity()
+    stored.stored({"r1": (0, 100.0), "r2": (2, 100.0)})
+    # Nothing moved: nothing to write.
+    assert stored.due({"r1": (0, 100.0), "r2": (2, 100.0)}) == {}
+    # Busy now (r1), another request on a busy one (r2), its last use moved a little.
+    assert stored.due({"r1": (1, 101.0), "r2": (3, 110.0)}) == {"r1": (1, 101.0)}
+    stored.stored({"r1": (1, 101.0)})
+    # A long request: its last use moves every report, written once it moved the slack.
+    assert stored.due({"r1": (1, 101.0 + ACTIVITY_SLACK_S - 1), "r2": (2, 100.0)}) == {}
+    assert stored.due({"r1": (1, 101.0 + ACTIVITY_SLACK_S), "r2": (2, 100.0)}) == {
+        "r1": (1, 101.0 + ACTIVITY_SLACK_S)
+    }
+    # A new replica is written once; a removed one is forgotten.
+    assert stored.due({"r3": (0, None)}) == {"r3": (0, None)}
+    assert stored.due({"r1": (1, 101.0)}) == {"r1": (1, 101.0)}  # absent from the last call
+
+
+def test_a_replica_in_use_counts_as_used_now_so_idle_time_runs_from_the_requests_end(
+    tmp_path: Path,
+) -> None:
+    fleet = Fleet(now=time.time())
+    fleet.node("n1")
+    fleet.model("m", min_replicas=0, max_replicas=1)
+    replica = fleet.replica("m", "n1", [0], idle=3 * IDLE_THRESHOLD_S)
+
+    async def main() -> None:
+        store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
+        try:
+            cp = ControlPlane(store, fleet.state)
+            await cp.record_load(report("gw-a", replica.id, 1))  # sent 30 minutes ago
+            await cp.record_load(report("gw-a", replica.id, 0))  # ended now
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    idle = replica.idle_seconds(time.time())
+    assert idle is not None and idle < 60
+    assert fleet_summary(fleet.state, time.time(), StoreStatus(members=[])).idle_replicas == []

@@ -21,6 +21,7 @@ from tests.control.standby_kit import Instance, leader_and_standby
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.gateway_link import InProcessLink
+from llmgw.control.rows import replica_row
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.errors import StandbyError
 from llmgw.gateway.link import HttpControlPlaneLink
@@ -31,6 +32,7 @@ from llmgw.wire import (
     GatewayLoadReport,
     ModelSpec,
     NodeInventory,
+    ReplicaLoad,
     ReplicaState,
     UsageRecord,
 )
@@ -164,5 +166,88 @@ async def test_agents_and_gateways_follow_the_leader_across_a_failover(
     finally:
         await agent.shutdown(stop_engines=True)
         await link.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+async def test_a_standby_shows_a_replica_busy_while_the_leader_hears_of_requests_in_flight(
+    pair: tuple[Instance, Instance, NewCredentials], tmp_path: Path,
+) -> None:
+    # Gateways report requests in flight to the leader only; a standby's
+    # summary is built from the store. A replica streaming one long request
+    # must read as busy on both: idle time 0, never in idle_replicas.
+    leader, standby, creds = pair
+    await leader.cp.put_models([ModelSpec(name="m", engine="sim")])
+    agent = Agent(
+        AgentConfig(control_plane=leader.url, data_dir=tmp_path / "n1", name="n1",
+                    join_token=creds.join_token, stop_grace_s=2.0),
+        inventory_provider=inventory, adapters={EngineKind.SIM: StubAdapter()},
+    )
+    run = asyncio.create_task(agent.run())
+    admin = {"Authorization": f"Bearer {creds.admin_token}"}
+    gateway = {"Authorization": f"Bearer {creds.gateway_token}"}
+
+    def ready(cp: ControlPlane) -> list[str]:
+        return [r.id for r in cp.state.replicas.values() if r.state == ReplicaState.READY]
+
+    async def views(http: httpx.AsyncClient, url: str) -> tuple[list[str], int, int]:
+        """(idle replica ids in the summary, the replica's idle seconds, its in flight)."""
+        summary = (await http.get(f"{url}/admin/v1/summary", headers=admin)).json()
+        (replica,) = (await http.get(f"{url}/admin/v1/replicas", headers=admin)).json()
+        return ([r["id"] for r in summary["idle_replicas"]], replica["idle_seconds"],
+                replica["in_flight"])
+
+    async def stored_in_flight() -> int | None:
+        (row,) = await standby.store.list_replicas()
+        value: int | None = row["in_flight"]
+        return value
+
+    async def load(http: httpx.AsyncClient, in_flight: int) -> None:
+        body = GatewayLoadReport(gateway_id="g1", replicas=[
+            ReplicaLoad(replica_id=rid, in_flight=in_flight, last_request_at=long_ago)])
+        answer = await http.post(f"{leader.url}/gateway/v1/load", headers=gateway,
+                                 content=body.model_dump_json())
+        assert answer.status_code in (200, 204), answer.text
+
+    try:
+        await eventually(lambda: bool(ready(leader.cp)), 15, "a ready replica on the leader")
+        (rid,) = ready(leader.cp)
+        # Ready for half an hour, its last request sent 25 minutes ago.
+        replica = leader.cp.state.replicas[rid]
+        long_ago = time.time() - 25 * 60
+        replica.ready_at = replica.created_at = time.time() - 30 * 60
+        await leader.cp.writes.write_replicas([replica_row(replica)])
+        async with httpx.AsyncClient(timeout=10) as http:
+            # Unused: idle on both (the test can tell idle from busy).
+            await standby.cp.load()
+            for url in (leader.url, standby.url):
+                idle, seconds, _ = await views(http, url)
+                assert idle == [rid] and seconds >= 29 * 60, url
+
+            # A gateway reports the request it has been streaming for 25 minutes.
+            await load(http, 1)
+            # The leader's own flush loop stores it (every 5 s), fenced.
+            deadline = time.monotonic() + 12
+            while await stored_in_flight() != 1:
+                assert time.monotonic() < deadline, "the leader never stored the request"
+                await asyncio.sleep(0.2)
+            await standby.cp.load()  # what its 5-second refresh does
+            for url in (leader.url, standby.url):
+                assert await views(http, url) == ([], 0, 1), url
+
+            # The request ends: idle counts from its end, not from when it was sent.
+            await load(http, 0)
+            deadline = time.monotonic() + 12
+            while await stored_in_flight() != 0:
+                assert time.monotonic() < deadline, "the leader never stored the end"
+                await asyncio.sleep(0.2)
+            await standby.cp.load()
+            for url in (leader.url, standby.url):
+                idle, seconds, in_flight = await views(http, url)
+                assert idle == [] and seconds < 60 and in_flight == 0, (url, seconds)
+            # Nothing changed since: a flush writes no row (the write rate is bounded).
+            assert await leader.cp.flush_activity() == 0
+    finally:
+        await agent.shutdown(stop_engines=True)
         with contextlib.suppress(asyncio.CancelledError):
             await run

@@ -45,3 +45,53 @@ class InFlightBook:
         """Drop the counts of replicas that no longer exist."""
         for gone in [rid for rid in self._counts if rid not in live]:
             del self._counts[gone]
+
+
+# A busy replica's last-use time moves with every gateway report (each second
+# or so); storing each move would be a row update per busy replica per second.
+# The store gets a replica's use when it turns busy or quiet, and otherwise
+# once its last-use time has moved this far from the stored one: a standby
+# (which reads only the store) then shows a busy replica as busy, and its idle
+# times trail the leader's by at most this plus its own refresh, far below the
+# summary's 10-minute idle threshold.
+ACTIVITY_SLACK_S = 30.0
+
+# (requests in flight, last used) of one replica, as stored or as known now.
+Activity = tuple[int, float | None]
+
+
+class StoredActivity:
+    """What the store holds of each replica's use, and which rows a flush must update.
+
+    The leader alone knows requests in flight (gateways report to it); a
+    standby builds its summary from the store, where only the replica rows
+    written for other reasons carried any use, so a replica streaming one
+    long request read as idle there while the leader rightly kept it.
+    """
+
+    def __init__(self, slack_s: float = ACTIVITY_SLACK_S) -> None:
+        self.slack_s = slack_s
+        self._held: dict[str, Activity] = {}
+
+    def stored(self, activity: dict[str, Activity]) -> None:
+        """Note what the store now holds (rows read at load, or just written)."""
+        self._held.update(activity)
+
+    def due(self, current: dict[str, Activity]) -> dict[str, Activity]:
+        """The replicas of ``current`` whose stored use is out of date enough to write.
+
+        Replicas not in ``current`` (removed) are forgotten.
+        """
+        for gone in [rid for rid in self._held if rid not in current]:
+            del self._held[gone]
+        out: dict[str, Activity] = {}
+        for rid, (in_flight, last_used) in current.items():
+            held = self._held.get(rid)
+            if held is None:
+                out[rid] = (in_flight, last_used)
+                continue
+            held_in_flight, held_used = held
+            moved = (last_used or 0.0) - (held_used or 0.0)
+            if (in_flight > 0) != (held_in_flight > 0) or moved >= self.slack_s:
+                out[rid] = (in_flight, last_used)
+        return out

@@ -124,6 +124,7 @@ def replica_row(replica: ReplicaRecord, *, draining: bool = False) -> Row:
         "created_at": replica.created_at,
         "ready_at": replica.ready_at,
         "last_request_at": replica.last_request_at,
+        "in_flight": replica.in_flight,
         "draining": state is ReplicaState.DRAINING,
     }
 
@@ -144,6 +145,7 @@ def replica_from_row(row: Row) -> ReplicaRecord:
         port=row["port"],
         ready_at=row["ready_at"],
         last_request_at=row["last_request_at"],
+        in_flight=row.get("in_flight") or 0,
     )
 
 

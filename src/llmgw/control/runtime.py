@@ -103,7 +103,7 @@ class ControlPlaneRuntime:
             # no await between: a standby refresh waiting on the lock then
             # sees a leader and leaves the fresh state alone.
             async with self._loading:
-                await self.cp.load()
+                await self.cp.load(leading=True)
                 await self.cp.event("leader", self.election.name,
                                     f"{self.election.name} became leader (epoch {epoch})")
                 self._reconcile_task = asyncio.create_task(self._reconcile_loop(epoch))
@@ -181,6 +181,10 @@ class ControlPlaneRuntime:
                 await self.cp.flush_heartbeats()
             except Exception:
                 log.exception("flushing heartbeats failed")
+            try:
+                await self.cp.flush_activity()
+            except Exception:
+                log.exception("storing replicas' use failed")
             # The fleet's state is hundreds of thousands of long-lived objects;
             # a full cyclic collection walking them took 120-300 ms and landed
             # on whatever request was running. Freezing moves what exists now

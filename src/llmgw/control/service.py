@@ -20,7 +20,7 @@ from llmgw import secrets
 from llmgw.control import approval
 from llmgw.control.catalog import engine_changed
 from llmgw.control.enginekeys import EngineKeys
-from llmgw.control.inflight import InFlightBook
+from llmgw.control.inflight import InFlightBook, StoredActivity
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.jointokens import SETTING as JOIN_TOKENS
 from llmgw.control.jointokens import JoinToken, JoinTokens
@@ -129,6 +129,9 @@ class ControlPlane:
         self._unreachable: frozenset[str] | None = None
         # Requests in flight per replica and gateway (memory only, re-learnt).
         self._in_flight = InFlightBook()
+        # What the store holds of each replica's use, so a standby's views
+        # see busy replicas busy (flush_activity).
+        self._stored_activity = StoredActivity()
         # The last set of other nodes' replica ids each node reported on.
         self._foreign_reported: dict[str, list[str]] = {}
         # What each model's weights must be (llmgw.control.weightdigests).
@@ -149,8 +152,14 @@ class ControlPlane:
 
     # -- start-up ------------------------------------------------------------
 
-    async def load(self) -> None:
-        """Read the durable state into memory (at start and on becoming leader)."""
+    async def load(self, *, leading: bool = False) -> None:
+        """Read the durable state into memory (at start and on becoming leader).
+
+        ``leading``: this instance is taking over. Requests in flight are then
+        learnt again from the gateways' reports, not from the store: a count
+        its predecessor stored just before dying would otherwise pin a
+        replica as busy until some gateway reported it.
+        """
         state = self.state
         state.nodes.clear()
         state.models.clear()
@@ -163,6 +172,12 @@ class ControlPlane:
         for row in await self.store.list_replicas():
             replica = replica_from_row(row)
             state.replicas[replica.id] = replica
+        self._stored_activity.stored(
+            {r.id: (r.in_flight, r.last_request_at) for r in state.replicas.values()}
+        )
+        if leading:
+            for replica in state.replicas.values():
+                replica.in_flight = 0
         await self._load_keys()
         self._admin_hash = await self.store.get_setting(ADMIN_HASH)
         await self._load_join_tokens()
@@ -446,6 +461,22 @@ class ControlPlane:
         pending, self._pending_heartbeats = self._pending_heartbeats, {}
         await self.writes.touch_nodes(pending)
 
+    async def flush_activity(self) -> int:
+        """Store the use of replicas whose stored use is out of date (the leader's only).
+
+        Called every HEARTBEAT_FLUSH_S: at most one row update per replica per
+        flush, and for a replica busy for long, one per ACTIVITY_SLACK_S
+        (control.inflight). Returns the number of rows written.
+        """
+        if not self.is_leader:
+            return 0
+        current = {r.id: (r.in_flight, r.last_request_at) for r in self.state.replicas.values()}
+        due = self._stored_activity.due(current)
+        if due:
+            await self.writes.touch_replicas(due)
+            self._stored_activity.stored(due)
+        return len(due)
+
     # -- gateway link ---------------------------------------------------------
 
     def gateway_config(self) -> GatewayConfig:
@@ -527,6 +558,10 @@ class ControlPlane:
             replica.in_flight = self._in_flight.record(
                 replica.id, report.gateway_id, load.in_flight, now
             )
+            if replica.in_flight > 0:
+                # In use now: a request that has run for an hour ends an hour
+                # after it was sent, and idle time counts from its end.
+                replica.last_request_at = max(replica.last_request_at or 0.0, now)
             if load.last_request_at and (
                 replica.last_request_at is None or load.last_request_at > replica.last_request_at
             ):

@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from llmgw.control.replicatable import ReplicaTable
 from llmgw.errors import TransitionError
 from llmgw.wire import (
     EngineDialect,
@@ -147,8 +146,10 @@ class ReplicaRecord:
     reason: str | None = None
     port: int | None = None
     ready_at: float | None = None
+    # When it was last used: a request sent, or one seen still in flight.
     last_request_at: float | None = None
-    # Memory only: requests in flight as the gateways last reported.
+    # Requests in flight as the gateways last reported them (the leader), or
+    # as the leader last stored them (a standby: control.inflight.StoredActivity).
     in_flight: int = 0
     # Memory only: the engine's dialect as its agent last reported it.
     dialect: EngineDialect | None = None
@@ -208,17 +209,11 @@ class ReplicaRecord:
 class FleetState:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     models: dict[str, ModelRecord] = field(default_factory=dict)
-    # A dict that also keeps replicas by model and by node (replicatable.py);
-    # a plain dict given here is copied into one.
-    replicas: ReplicaTable[ReplicaRecord] = field(default_factory=ReplicaTable)
+    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     # Bumped whenever what the gateway needs (ready endpoints, models, keys)
     # changes; long-polling gateways wake on it.
     routing_version: int = 0
     _changed: asyncio.Condition | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.replicas, ReplicaTable):
-            self.replicas = ReplicaTable(self.replicas)
 
     def changed(self) -> asyncio.Condition:
         if self._changed is None:
@@ -232,7 +227,7 @@ class FleetState:
             cond.notify_all()
 
     def replicas_of(self, model: str) -> list[ReplicaRecord]:
-        return list(self.replicas.of_model(model))
+        return [r for r in self.replicas.values() if r.model == model]
 
     def unreachable_nodes(self, now: float) -> frozenset[str]:
         return frozenset(
@@ -255,7 +250,7 @@ class FleetState:
         )
 
     def replicas_on(self, node: str) -> list[ReplicaRecord]:
-        return list(self.replicas.on_node(node))
+        return [r for r in self.replicas.values() if node in r.nodes]
 
     def resolve_model(self, name: str) -> ModelRecord | None:
         record = self.models.get(name)

@@ -45,6 +45,9 @@ class FencedWrites:
     async def touch_nodes(self, last_seen: dict[str, float]) -> None:
         await self._fenced(lambda epoch: self.store.touch_nodes(last_seen, epoch=epoch))
 
+    async def touch_replicas(self, activity: dict[str, tuple[int, float | None]]) -> None:
+        await self._fenced(lambda epoch: self.store.touch_replicas(activity, epoch=epoch))
+
     async def replace_gpus(self, node: str, rows: Sequence[Row]) -> None:
         await self._fenced(lambda epoch: self.store.replace_gpus(node, rows, epoch=epoch))
 

@@ -12,7 +12,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import select, update
 
-from llmgw.control.rows import model_from_row, model_row
+from llmgw.control.rows import model_from_row, model_row, replica_from_row
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import NodeFailure
 from llmgw.control.store import schema
@@ -22,7 +22,7 @@ from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError, NotLeaderError, ValidationError
 from llmgw.wire import AgentRegistration
 
-HEAD = "0003"
+HEAD = "0004"
 
 
 async def test_migrates_from_empty_to_head(store: Store) -> None:
@@ -144,6 +144,33 @@ async def test_a_models_failures_by_node_survive_an_upgrade_and_a_round_trip(
     finally:
         await store.close()
     await migrate_to(store_url, "0002", down=True)
+
+
+async def test_a_replicas_use_survives_an_upgrade_and_is_stored_in_one_batch(
+    store_url: str,
+) -> None:
+    # A replica row written before requests in flight were stored (revision 0003).
+    await migrate_to(store_url, "0003")
+    engine = create_engine(store_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(schema.replicas.insert().values(
+                id="r1", model="m", generation=1, shards=[], state="ready", reason=None,
+                port=21000, created_at=1.0, ready_at=2.0, last_request_at=3.0, draining=False,
+            ))
+    finally:
+        await engine.dispose()
+    store = await Store.open(store_url)
+    try:
+        (row,) = await store.list_replicas()
+        assert replica_from_row(row).in_flight == 0  # none stored: none in flight
+        await store.touch_replicas({"r1": (3, 50.0), "gone": (1, 9.0)})
+        (row,) = await store.list_replicas()  # an unknown id adds no row
+        assert (replica_from_row(row).in_flight, row["last_request_at"]) == (3, 50.0)
+        assert row["state"] == "ready" and row["port"] == 21000  # the rest untouched
+    finally:
+        await store.close()
+    await migrate_to(store_url, "0003", down=True)
 
 
 async def test_round_trips(store: Store) -> None:

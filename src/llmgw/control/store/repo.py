@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from sqlalchemy import Table, delete, func, select, update
+from sqlalchemy import Table, bindparam, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -274,6 +274,21 @@ class Store:
                 await self._execute_upsert(conn, schema.models, models, ["name"])
             if events:
                 await conn.execute(schema.events.insert(), list(events))
+
+    async def touch_replicas(
+        self, activity: dict[str, tuple[int, float | None]], *, epoch: int | None = None
+    ) -> None:
+        """Store replicas' use (requests in flight, last used) in one batch."""
+        if not activity:
+            return
+        stmt = (
+            update(schema.replicas)
+            .where(schema.replicas.c.id == bindparam("rid"))
+            .values(in_flight=bindparam("n"), last_request_at=bindparam("at"))
+        )
+        params = [{"rid": rid, "n": n, "at": at} for rid, (n, at) in activity.items()]
+        async with self._write(epoch) as conn:
+            await conn.execute(stmt, params)
 
     async def list_replicas(self) -> list[Row]:
         return await self._read(select(schema.replicas).order_by(schema.replicas.c.id))

@@ -100,6 +100,9 @@ replicas = Table(
     Column("created_at", Float, nullable=False),
     Column("ready_at", Float, nullable=True),
     Column("last_request_at", Float, nullable=True),
+    # Requests in flight as the leader last stored them (control.inflight.
+    # StoredActivity), for standbys' views; null in rows from before 0004.
+    Column("in_flight", Integer, nullable=True),
     Column("draining", Boolean, nullable=False, default=False),
     # The leader epoch that last wrote the row, for post-mortems of failovers.
     Column("epoch", Integer, nullable=False, default=0),
