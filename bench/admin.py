@@ -41,7 +41,7 @@ from fastapi import FastAPI
 
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import fleet_summary
-from llmgw.control.adminapi.views.gcpause import paused_gc
+from llmgw.control.gcpause import paused_gc
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Store

@@ -37,8 +37,8 @@ from llmgw.control.adminapi.patroni import (
     patroni_urls_from_env,
 )
 from llmgw.control.adminapi.summary import Summary, fleet_summary
-from llmgw.control.adminapi.views.gcpause import paused_gc
 from llmgw.control.adminapi.views.models import ModelView
+from llmgw.control.gcpause import paused_gc
 from llmgw.control.store.stats import WriteStats
 from llmgw.promkit import Histogram
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from llmgw.control.gcpause import paused_gc
 from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
@@ -106,14 +107,15 @@ class Reconciler:
     async def run_pass(self, now: float, epoch: int) -> PassResult:
         async with self._lock:
             started = time.perf_counter()
-            decisions = decide(
-                self.state,
-                now,
-                self.policy,
-                placer=self.placer,
-                draining_since=self._draining_since,
-                cache=self._devices,
-            )
+            with paused_gc():
+                decisions = decide(
+                    self.state,
+                    now,
+                    self.policy,
+                    placer=self.placer,
+                    draining_since=self._draining_since,
+                    cache=self._devices,
+                )
             # One fenced transaction for the whole pass: replicas, models and
             # events land together or not at all, and memory changes only after.
             await self.store.write_replicas(

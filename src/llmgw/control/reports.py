@@ -184,7 +184,7 @@ def assignments_for(
     every shard gets it, since every rank may serve or be probed.
     """
     out: list[ReplicaAssignment] = []
-    for replica in state.replicas.values():
+    for replica in state.replicas.on_node(node_name):
         if replica.state == ReplicaState.FAILED:
             continue
         shard = next((s for s in replica.shards if s.node == node_name), None)
@@ -220,8 +220,8 @@ def weight_peers(
     """
     wanted = {
         r.model
-        for r in state.replicas.values()
-        if node.name in r.nodes and r.model not in {w.model for w in node.weights}
+        for r in state.replicas.on_node(node.name)
+        if r.model not in {w.model for w in node.weights}
         and r.model in records and r.model in state.models
         and records[r.model].source == state.models[r.model].spec.weights
     }
@@ -243,8 +243,7 @@ def weight_peers(
                 continue
             match = weightdigests.matches(records[entry.model], entry)
             if match is None:
-                match = any(r.model == entry.model and other.name in r.nodes
-                            for r in state.replicas.values())
+                match = any(r.model == entry.model for r in state.replicas.on_node(other.name))
             if match:
                 url = f"http://{host_in_url(other.address)}:{other.agent_port}"
                 peers.setdefault(entry.model, []).append(url)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from llmgw.control.replicatable import ReplicaTable
 from llmgw.errors import TransitionError
 from llmgw.wire import (
     EngineDialect,
@@ -209,11 +210,17 @@ class ReplicaRecord:
 class FleetState:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     models: dict[str, ModelRecord] = field(default_factory=dict)
-    replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    # A dict that also keeps replicas by model and by node (replicatable.py);
+    # a plain dict given here is copied into one.
+    replicas: ReplicaTable[ReplicaRecord] = field(default_factory=ReplicaTable)
     # Bumped whenever what the gateway needs (ready endpoints, models, keys)
     # changes; long-polling gateways wake on it.
     routing_version: int = 0
     _changed: asyncio.Condition | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replicas, ReplicaTable):
+            self.replicas = ReplicaTable(self.replicas)
 
     def changed(self) -> asyncio.Condition:
         if self._changed is None:
@@ -227,7 +234,7 @@ class FleetState:
             cond.notify_all()
 
     def replicas_of(self, model: str) -> list[ReplicaRecord]:
-        return [r for r in self.replicas.values() if r.model == model]
+        return list(self.replicas.of_model(model))
 
     def unreachable_nodes(self, now: float) -> frozenset[str]:
         return frozenset(
@@ -250,7 +257,7 @@ class FleetState:
         )
 
     def replicas_on(self, node: str) -> list[ReplicaRecord]:
-        return [r for r in self.replicas.values() if node in r.nodes]
+        return list(self.replicas.on_node(node))
 
     def resolve_model(self, name: str) -> ModelRecord | None:
         record = self.models.get(name)

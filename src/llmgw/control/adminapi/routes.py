@@ -32,10 +32,10 @@ from llmgw.control import secretenv
 from llmgw.control.adminapi import schemas
 from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
 from llmgw.control.adminapi.summary import Summary, fleet_summary
-from llmgw.control.adminapi.views.gcpause import paused_gc
 from llmgw.control.adminapi.views.models import ModelView, ReplicaTally, model_view
 from llmgw.control.adminapi.views.nodes import NodeView, node_view, used_by_node
 from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
+from llmgw.control.gcpause import paused_gc
 from llmgw.control.service import ControlPlane
 from llmgw.control.standby import standby_response
 from llmgw.errors import (

@@ -12,6 +12,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
+from llmgw.control.gcpause import paused_gc
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, ModelOutcome, Policy
 from llmgw.control.scheduler.placement import Placer
@@ -96,12 +97,23 @@ def plan(
     ``policy`` should be the reconciler's (``Reconciler.policy``) so that
     backoff and parking read the same; nothing in ``state`` is changed.
     """
-    view = _with_what_if(state, what_if or [], now)
+    with paused_gc():
+        return _plan(state, now, what_if or [], policy, placer)
+
+
+def _plan(
+    state: FleetState,
+    now: float,
+    what_if: list[ModelSpec],
+    policy: Policy | None,
+    placer: Placer | None,
+) -> Plan:
+    view = _with_what_if(state, what_if, now)
     decisions = decide(view, now, policy, placer=placer, always_snapshot=True)
     current = build_snapshot(view, now)
     result = Plan(
         at=now,
-        what_if=sorted(s.name for s in what_if or []),
+        what_if=sorted(s.name for s in what_if),
         placements=len(decisions.new),
         removals=len(decisions.removals),
     )

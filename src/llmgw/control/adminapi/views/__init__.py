@@ -6,9 +6,9 @@ in ``ctl nodes`` it is free in ``ctl status``.
 
 One module per subject: ``nodes`` (devices counted by class), ``replicas``,
 ``models`` (replica counts taken from the replica views, and the desired
-count), ``fleet`` (every view as lists, what the listings return), ``memo``
-(views reused between summaries while their inputs are unchanged) and
-``gcpause`` (no garbage collection while views are alive).
+count), ``fleet`` (every view as lists, what the listings return) and ``memo``
+(views reused between summaries while their inputs are unchanged);
+``llmgw.control.gcpause`` pauses garbage collection while views are alive.
 
 Views are plain slotted dataclasses rather than pydantic models, and they are
 serialised with orjson. The summary must stay under 50 ms at 2,000 nodes x 8
