@@ -11,6 +11,8 @@ from typing import Any
 
 import uvicorn
 
+from llmgw.tls import ServerTls
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -20,16 +22,19 @@ def free_port() -> int:
 
 @asynccontextmanager
 async def serve_asgi(
-    app: Any, port: int | None = None, *, graceful_s: float | None = None
+    app: Any, port: int | None = None, *, graceful_s: float | None = None,
+    tls: ServerTls | None = None,
 ) -> AsyncIterator[str]:
     """Serve ``app`` on 127.0.0.1 and yield its base URL.
 
     ``graceful_s`` bounds how long stopping waits for requests in flight (a
     gateway's long poll, say) before cutting them off; None waits for them.
+    With ``tls``, it listens with that certificate and the URL is https://.
     """
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port or free_port(), lifespan="off", log_level="warning",
         access_log=False, loop="none", timeout_graceful_shutdown=graceful_s,
+        **(tls.uvicorn_settings() if tls is not None else {}),
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
@@ -39,7 +44,7 @@ async def serve_asgi(
             task.result()
         await asyncio.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{config.port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{config.port}"
     finally:
         server.should_exit = True
         await task

@@ -96,12 +96,23 @@ def test_serve_two_agents_a_gateway_and_ctl_over_tls(tmp_path: Path) -> None:
             answer = admin.get(f"{url}/admin/v1/nodes", timeout=5)
             assert answer.status_code == 200, answer.text
             nodes = {n["name"]: n for n in answer.json()}
-            if len(nodes) == 2 and all(n["state"] == "ready" for n in nodes.values()):
+            if len(nodes) == 2 and all(n["state"] == "ready" and n["agent_port"]
+                                       for n in nodes.values()):
                 break
             time.sleep(0.5)
         assert set(nodes) == {"tls-a", "tls-b"}, nodes
         for name in nodes:  # each agent kept the CA it fetched and checked
             assert (tmp_path / name / "ca.pem").read_bytes() == ca_file.read_bytes()
+        # Each agent's own server (peer weights, nudges, /metrics) listens with
+        # a certificate the control plane signed with the fleet's CA.
+        fleet_ca = ssl.create_default_context(cafile=str(ca_file))
+        for name, node in nodes.items():
+            agent_url = f"127.0.0.1:{node['agent_port']}"
+            assert httpx.get(f"https://{agent_url}/metrics", verify=fleet_ca,
+                             timeout=5).status_code == 200
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(f"http://{agent_url}/metrics", timeout=5)
+            assert (tmp_path / name / "tls" / "node.pem").exists()
         # doctor on a node checks the control plane against the agent's CA.
         doctor = llmgw("doctor", "--control-plane", url, "--data-dir", str(tmp_path / "tls-a"),
                        "--json")
@@ -201,3 +212,25 @@ def test_a_generated_certificate_is_kept_and_reissued_for_new_names(tmp_path: Pa
     assert cert.read_bytes() == cert_pem  # covered already: kept
     ensure_server_tls(tmp_path, ["127.0.0.1", "cp1.example"])
     assert cert.read_bytes() != cert_pem and ca.read_bytes() == ca_pem  # same CA
+
+
+def test_instances_on_one_store_share_the_fleet_ca(tmp_path: Path, pg_database_url: str) -> None:
+    # A leader and a standby with data dirs of their own: one CA, so an agent
+    # whose join token carries its fingerprint trusts whichever leads.
+    ports = [free_port(), free_port()]
+    procs = []
+    try:
+        for n, port in enumerate(ports):
+            log = tmp_path / f"serve{n}.log"
+            procs.append(spawn(["serve", "--host", "127.0.0.1", "--port", str(port), "--tls",
+                                "--database-url", pg_database_url,
+                                "--data-dir", str(tmp_path / f"cp{n}")], log))
+            wait_for(log, "Role:")
+        saved = [json.loads((tmp_path / f"cp{n}" / "up.json").read_text()) for n in (0, 1)]
+        assert saved[0]["ca_fingerprint"] == saved[1]["ca_fingerprint"]
+        first_ca = ssl.create_default_context(cafile=saved[0]["ca_file"])
+        answer = httpx.get(f"https://127.0.0.1:{ports[1]}/healthz", verify=first_ca, timeout=5)
+        assert answer.status_code == 200, answer.text
+    finally:
+        for proc in reversed(procs):
+            stop(proc)

@@ -159,6 +159,9 @@ class ServerTls:
     key_file: Path
     # None when the operator gave a certificate without its CA.
     ca_file: Path | None
+    # The CA's private key, with which the control plane signs the nodes'
+    # server certificates (llmgw.nodetls); None: it signs none.
+    ca_key_file: Path | None = None
 
     def uvicorn_settings(self) -> dict[str, Any]:
         return {"ssl_certfile": str(self.cert_file), "ssl_keyfile": str(self.key_file)}
@@ -171,9 +174,14 @@ class ServerTls:
         return fingerprint(pem) if pem is not None else None
 
 
-def given_server_tls(cert: Path, key: Path, ca: Path | None) -> ServerTls:
+def given_server_tls(
+    cert: Path, key: Path, ca: Path | None, ca_key: Path | None = None
+) -> ServerTls:
     """An operator's certificate, checked now so that a typo fails before anything starts."""
-    for path, what in ((cert, "--tls-cert"), (key, "--tls-key"), (ca, "--tls-ca")):
+    if ca_key is not None and ca is None:
+        raise ConfigError("--tls-ca-key needs --tls-ca, the certificate of that key")
+    for path, what in ((cert, "--tls-cert"), (key, "--tls-key"), (ca, "--tls-ca"),
+                       (ca_key, "--tls-ca-key")):
         if path is not None and not path.is_file():
             raise ConfigError(f"{what} {path} is not a readable file")
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -183,7 +191,9 @@ def given_server_tls(cert: Path, key: Path, ca: Path | None) -> ServerTls:
         raise ConfigError(f"--tls-cert/--tls-key: cannot use them: {exc}") from None
     if ca is not None:
         fingerprint(ca.read_bytes())  # a readable PEM certificate, or a clear error
-    return ServerTls(cert, key, ca)
+    if ca is not None and ca_key is not None:
+        _check_ca_pair(ca.read_bytes(), ca_key.read_bytes(), "--tls-ca-key")
+    return ServerTls(cert, key, ca, ca_key)
 
 
 def server_names(host: str, advertise: str | None = None, extra: Sequence[str] = ()) -> list[str]:
@@ -208,7 +218,7 @@ def ensure_server_tls(directory: Path, names: Sequence[str]) -> ServerTls:
     os.chmod(directory, 0o700)
     ca_cert_path, ca_key_path = directory / CA_CERT, directory / CA_KEY
     if not ca_cert_path.exists() or not ca_key_path.exists():
-        _write_ca(ca_cert_path, ca_key_path)
+        write_ca(directory, *make_ca())
     ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
     ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -216,7 +226,7 @@ def ensure_server_tls(directory: Path, names: Sequence[str]) -> ServerTls:
     cert_path, key_path = directory / SERVER_CERT, directory / SERVER_KEY
     if not _covers(cert_path, names, ca_cert):
         _write_server_cert(cert_path, key_path, names, ca_cert, ca_key)
-    return ServerTls(cert_path, key_path, ca_cert_path)
+    return ServerTls(cert_path, key_path, ca_cert_path, ca_key_path)
 
 
 def _now() -> datetime.datetime:
@@ -234,7 +244,8 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def _write_ca(cert_path: Path, key_path: Path) -> None:
+def make_ca() -> tuple[bytes, bytes]:
+    """A new fleet CA: (certificate PEM, private key PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
                                          f"llmgw fleet CA ({socket.gethostname()})")])
@@ -254,8 +265,26 @@ def _write_ca(cert_path: Path, key_path: Path) -> None:
                        critical=False)
         .sign(key, hashes.SHA256())
     )
-    _write_private(key_path, _key_pem(key))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def write_ca(directory: Path, cert_pem: bytes, key_pem: bytes) -> None:
+    """The CA into ``directory`` (its key owner-only), where ensure_server_tls looks."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
+    _check_ca_pair(cert_pem, key_pem, "the CA")
+    _write_private(directory / CA_KEY, key_pem)
+    (directory / CA_CERT).write_bytes(cert_pem)
+
+
+def _check_ca_pair(cert_pem: bytes, key_pem: bytes, what: str) -> None:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except ValueError as exc:
+        raise ConfigError(f"{what}: cannot read it: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.public_key() != cert.public_key():
+        raise ConfigError(f"{what}: the key is not the CA certificate's EC key")
 
 
 def _san(names: Sequence[str]) -> x509.SubjectAlternativeName:

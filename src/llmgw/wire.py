@@ -553,6 +553,10 @@ class AgentReport(Wire):
     # report (authenticated by the node token) gives it one. The hash, not
     # the key: the key then never travels outside a registration.
     agent_key_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    # A PEM certificate request for the agent's server (llmgw.nodetls): sent
+    # when the node has no certificate from this fleet's CA for its address,
+    # or its certificate is due for renewal; None otherwise.
+    csr: str | None = Field(default=None, max_length=4096)
 
     @field_validator("node")
     @classmethod
@@ -579,7 +583,7 @@ class AgentReportAnswer(Wire):
     assignments: list[ReplicaAssignment] = Field(default_factory=list)
     report_interval_s: float = 5.0
     # Peers of the same fabric that hold weights, for peer-to-peer copies:
-    # model name -> list of "http://host:port" agent URLs.
+    # model name -> list of "http(s)://host:port" agent URLs.
     weight_peers: dict[str, list[str]] = Field(default_factory=dict)
     # Shared secret that agents present to each other (Bearer) when copying
     # weights peer to peer; None: this agent serves no weights to anyone.
@@ -588,6 +592,16 @@ class AgentReportAnswer(Wire):
     # model name -> what its weights must be; every copy is verified against
     # it. A model missing here is fetched from its origin only.
     weight_digests: dict[str, WeightsDigests] = Field(default_factory=dict)
+    # This control plane issues node certificates (llmgw.nodetls): the
+    # agent's server listens only with one, and peers' URLs are https://.
+    # False: the fleet runs plain (loopback, --insecure-http) or serve holds
+    # no CA key; the agent's server is plain HTTP.
+    node_tls: bool = False
+    # The certificate the report's CSR asked for (PEM), with the CA that
+    # signed it (peers' certificates are checked against it); or why none.
+    certificate: str | None = None
+    certificate_ca: str | None = None
+    certificate_refused: str | None = None
 
 
 # ---------------------------------------------------------------------------

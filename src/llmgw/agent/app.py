@@ -41,6 +41,7 @@ from llmgw.agent.identity import Identity, agent_key, load_identity, save_identi
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.memguard import GuardMode, MemoryGuard, agent_tag, node_memory_mib
 from llmgw.agent.metrics import AgentMetrics
+from llmgw.agent.nodecert import NodeCertificate
 from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
 from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
 from llmgw.agent.server import WeightsServer
@@ -170,6 +171,16 @@ class Agent:
         self._opened = False
         self._run_task: asyncio.Task[None] | None = None
         self._ram_mib: int | None = None  # read once: RAM does not change under us
+        # Where the control plane is https://, the fleet runs TLS: this node's
+        # server listens only with a certificate from the fleet's CA
+        # (agent.nodecert), and peers are checked against that CA.
+        self._fleet_tls = any(url.startswith("https://") for url in self._control_plane_urls)
+        self.node_cert = NodeCertificate(self.data_dir / "tls", config.name)
+        self._peer_session: aiohttp.ClientSession | None = None
+        # What the last answer said: the control plane issues node
+        # certificates (True), does not (False), or no answer yet (None).
+        self._node_tls: bool | None = None
+        self._certificate_note: str | None = None  # said once, not per report
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -185,6 +196,9 @@ class Agent:
         if self._discoverer is not None:
             await asyncio.to_thread(self._discoverer.start_watching)
         self._session = self._shared_session or aiohttp.ClientSession()
+        if self._fleet_tls:
+            self._peer_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self.node_cert.peer_context))
         self._client = ControlPlaneClient(self._control_plane_urls, self._session,
                                           trust=self._trust())
         guard = None
@@ -207,6 +221,7 @@ class Agent:
             stop_grace_s=self.config.stop_grace_s,
             liveness=self.config.liveness,
             memory=guard,
+            peer_session=self._peer_session,
         )
         self._adopt()
         if self.config.serve_weights:
@@ -220,7 +235,12 @@ class Agent:
                 metrics=AgentMetrics(self).render,
                 metrics_token=self.config.metrics_token,
             )
-            await self.server.start()
+            if not self._fleet_tls:
+                await self.server.start()
+            elif await asyncio.to_thread(self.node_cert.usable, self.config.address):
+                await self.server.start(self.node_cert.server_context())
+            # Otherwise it starts once an answer brings a certificate
+            # (_take_certificate): never in plain HTTP on a TLS fleet unasked.
 
     async def run(self) -> None:
         """Report and converge until cancelled (or until ``shutdown``)."""
@@ -278,6 +298,9 @@ class Agent:
         if self.server is not None:
             await self.server.stop()
             self.server = None
+        if self._peer_session is not None:
+            await self._peer_session.close()
+            self._peer_session = None
         if self._session is not None:
             if self._session is not self._shared_session:
                 await self._session.close()
@@ -307,7 +330,42 @@ class Agent:
         self._peer_token = answer.peer_token
         self._weight_peers = dict(answer.weight_peers)
         self.weights.trust(answer.weight_digests)
+        await self._take_certificate(answer)
         return answer
+
+    async def _take_certificate(self, answer: AgentReportAnswer) -> None:
+        """Keep a certificate the answer brought; start (or switch) the server to match.
+
+        The control plane says whether it issues node certificates; where it
+        does, the server listens only with one, and where it does not (a
+        plain fleet, or serve without the CA's key) it listens in plain HTTP,
+        as the URLs the control plane hands out for it say.
+        """
+        self._node_tls = answer.node_tls
+        address = self.config.address
+        if answer.certificate is not None and answer.certificate_ca is not None:
+            await asyncio.to_thread(self.node_cert.accept, answer.certificate,
+                                    answer.certificate_ca, address)
+        note = answer.certificate_refused
+        if note is None and self._fleet_tls and not answer.node_tls:
+            note = ("the control plane issues no node certificates (serve holds no CA key);"
+                    " this node's server is plain HTTP: keep its port on the node network")
+        if note is not None and note != self._certificate_note:
+            log.warning("server certificate: %s", note)
+        self._certificate_note = note
+        server = self.server
+        if server is None:
+            return
+        if answer.node_tls:
+            usable = await asyncio.to_thread(self.node_cert.usable, address)
+            if usable and not (server.running and server.tls):
+                await server.stop()
+                await server.start(self.node_cert.server_context())
+                self._changed.set()  # the next report carries its port
+        elif not server.running or server.tls:
+            await server.stop()
+            await server.start()
+            self._changed.set()
 
     def _read_agent_key_hash(self) -> str | None:
         """The hash of this data dir's agent key (made now if missing), for reports.
@@ -380,10 +438,13 @@ class Agent:
             inventory=inventory,
             replicas=[r.status() for r in self.runners.values()],
             weights=self.weights.report(),
-            agent_port=self.server.port if self.server else None,
+            agent_port=self.server.port if self.server and self.server.running else None,
             refused=dict(self.refused),
             agent_key_hash=self._agent_key_hash,
             weights_refused=self.weights.take_refusals(),
+            csr=(self.node_cert.request(self.config.address)
+                 if self._fleet_tls and self.server is not None and self._node_tls is not False
+                 else None),
         )
 
     # -- convergence ---------------------------------------------------------------

@@ -81,6 +81,9 @@ class RunnerDeps:
     # Holds engines to their memory budgets (agent.memguard); None: nothing
     # is enforced (fake process controls, whose pids are not real engines).
     memory: MemoryGuard | None = None
+    # For copies from peers: verifies their servers against the CA that signs
+    # node certificates (agent.nodecert) where the fleet runs TLS; None: ``session``.
+    peer_session: aiohttp.ClientSession | None = None
 
 
 def _probe_host(host: str) -> str:
@@ -260,7 +263,7 @@ class ReplicaRunner:
                     progress=self.progress,
                     peers=deps.peers(spec.name),
                     peer_token=deps.peer_token(),
-                    session=deps.session,
+                    session=deps.peer_session or deps.session,
                 )
             finally:
                 self.progress = None

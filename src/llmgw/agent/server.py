@@ -26,6 +26,7 @@ connection waits for a request.
 from __future__ import annotations
 
 import hmac
+import ssl
 from collections.abc import Callable
 
 from aiohttp import web
@@ -71,6 +72,12 @@ class WeightsServer:
         self.port = port
         self.node = node
         self._runner: web.AppRunner | None = None
+        # Listening with a node certificate (agent.nodecert), not plain HTTP.
+        self.tls = False
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
 
     def _app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth])
@@ -92,13 +99,18 @@ class WeightsServer:
                 for route in self._app().router.routes()
                 if route.method != "HEAD" and route.resource is not None]
 
-    async def start(self) -> int:
-        """Listen and return the bound port (useful when asked for port 0)."""
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen (with TLS when given a context) and return the bound port.
+
+        The port is kept: started again (plain to TLS), it listens where
+        the control plane and peers already know to find it.
+        """
         self._runner = web.AppRunner(self._app(), access_log=None,
                                      keepalive_timeout=self.idle_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context)
         await site.start()
+        self.tls = ssl_context is not None
         addresses = self._runner.addresses
         if addresses:
             self.port = int(addresses[0][1])

@@ -51,6 +51,8 @@ TLS_CERT_OPTION = typer.Option(help="Listen with this certificate (PEM, chain in
 TLS_KEY_OPTION = typer.Option(help="The private key of --tls-cert.")
 TLS_CA_OPTION = typer.Option(help="The CA that signed --tls-cert: its fingerprint goes into"
                              " join tokens and its path into up.json.")
+TLS_CA_KEY_OPTION = typer.Option(help="The private key of --tls-ca, to sign the nodes' server"
+                                 " certificates (without it the agents' servers stay plain).")
 
 
 @app.command()
@@ -147,6 +149,7 @@ def serve(
     tls_cert: Annotated[Path | None, TLS_CERT_OPTION] = None,
     tls_key: Annotated[Path | None, TLS_KEY_OPTION] = None,
     tls_ca: Annotated[Path | None, TLS_CA_OPTION] = None,
+    tls_ca_key: Annotated[Path | None, TLS_CA_KEY_OPTION] = None,
     tls_name: Annotated[
         list[str] | None,
         typer.Option(help="Another name (or address) the generated certificate covers"
@@ -170,7 +173,8 @@ def serve(
                 retention=Retention(events_days=events_retention_days,
                                     usage_days=usage_retention_days),
                 tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
-                               key=tls_key, ca=tls_ca, names=list(tls_name or [])),
+                               key=tls_key, ca=tls_ca, ca_key=tls_ca_key,
+                               names=list(tls_name or [])),
             )
         )
     except ConfigError as exc:

@@ -29,9 +29,11 @@ from llmgw.cli.httpserver import server_config
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
 from llmgw.control.app import create_app
+from llmgw.control.fleetca import share_ca
 from llmgw.control.gateway_link import InProcessLink
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.metrics import ControlCollector
+from llmgw.control.nodecerts import NodeCertificates
 from llmgw.control.retention import Retention
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
@@ -39,6 +41,7 @@ from llmgw.control.store.db import normalise_url
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError, LlmgwError
 from llmgw.failover import parse_control_plane_urls
+from llmgw.nodetls import NodeIssuer
 from llmgw.tls import (
     CaRoute,
     ServerTls,
@@ -107,6 +110,7 @@ class TlsOptions:
     cert: Path | None = None
     key: Path | None = None
     ca: Path | None = None
+    ca_key: Path | None = None
     # More names for a generated certificate (a load balancer's, a DNS alias).
     names: list[str] = field(default_factory=list)
 
@@ -123,8 +127,14 @@ class TlsOptions:
         if not self.wanted(host):
             return None
         if self.cert is not None and self.key is not None:
-            return given_server_tls(self.cert, self.key, self.ca)
+            return given_server_tls(self.cert, self.key, self.ca, self.ca_key)
+        if self.ca_key is not None:
+            raise ConfigError("--tls-ca-key goes with --tls-cert and --tls-ca")
         return ensure_server_tls(data_dir / "tls", server_names(host, advertise, self.names))
+
+    def generated(self, host: str) -> bool:
+        """TLS under the data dir's own CA (no certificates given)."""
+        return self.cert is None and self.wanted(host)
 
 
 @dataclass
@@ -381,7 +391,10 @@ def run_serve(options: ServeOptions) -> int:
     data_dir = ensure_data_dir(options.data_dir or default_data_dir())
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
-    tls = options.tls.resolve(data_dir, options.host, advertise)
+    # A generated CA is the fleet's, shared through the store (control.fleetca):
+    # made or taken once the store is open.
+    tls = (None if options.tls.generated(options.host)
+           else options.tls.resolve(data_dir, options.host, advertise))
     return _run(_serve(options, data_dir, url, advertise, tls))
 
 
@@ -440,6 +453,14 @@ async def _serve(
     options: ServeOptions, data_dir: Path, url: str, advertise: str, tls: ServerTls | None
 ) -> int:
     store, cp, creds = await _open(url, options.join_token_ttl_s)
+    if options.tls.generated(options.host):
+        try:
+            await share_ca(store, data_dir / "tls")
+            tls = options.tls.resolve(data_dir, options.host, advertise)
+        except BaseException:
+            await store.close()
+            raise
+    sign_node_certificates(cp, tls)
     cp.approve_nodes = options.approve_nodes
     cp.trust_reported_fabrics = options.trust_reported_fabrics
     stop = asyncio.Event()
@@ -481,6 +502,18 @@ async def _serve(
     return 0
 
 
+def sign_node_certificates(cp: ControlPlane, tls: ServerTls | None) -> None:
+    """Give the control plane the CA's key, where it listens with TLS and holds one.
+
+    The agents' servers then listen with certificates from the fleet's CA
+    (control.nodecerts); without the key (an operator's certificate without
+    --tls-ca-key) they stay plain, and their agents say so.
+    """
+    if tls is None or tls.ca_file is None or tls.ca_key_file is None:
+        return
+    cp.node_certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file))
+
+
 def _join_token_fields(
     cp: ControlPlane, creds: NewCredentials, tls: ServerTls | None = None
 ) -> dict[str, Any]:
@@ -518,6 +551,7 @@ async def _up(
     tls: ServerTls | None = None,
 ) -> int:
     store, cp, creds = await _open(url)
+    sign_node_certificates(cp, tls)
     # A simulated fleet is the operator's own, fabrics included (its spec
     # declares them); one local agent reports none.
     cp.trust_reported_fabrics = fleet is not None

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+import ssl
+from collections.abc import Callable, Iterable
 
 import aiohttp
 
 from llmgw.control.state import FleetState, NodeRecord
-from llmgw.wire import NUDGE_PATH
+from llmgw.wire import NUDGE_PATH, host_in_url
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +42,26 @@ def changed_nodes(before: Signature, after: Signature) -> set[str]:
 
 
 class Nudger:
-    def __init__(self, token: str) -> None:
+    def __init__(
+        self, token: str, url: Callable[[NodeRecord], str | None] | None = None,
+        ssl_context: Callable[[], ssl.SSLContext | None] | None = None,
+    ) -> None:
         self._token = token
+        # Where each node's server is (https:// where nodes hold certificates
+        # from the fleet CA, control.nodecerts), and how it is verified: the
+        # nudge carries the peer token.
+        self._url = url or _plain_url
+        self._ssl = ssl_context or (lambda: None)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def nudge(self, nodes: Iterable[NodeRecord]) -> None:
         """Fire and forget: the reconcile loop never waits on an agent."""
         for node in nodes:
-            if node.agent_port is None:
+            url = self._url(node)
+            if url is None:
                 continue
-            task = asyncio.create_task(self._one(f"http://{node.address}:{node.agent_port}"))
+            task = asyncio.create_task(self._one(url))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -61,8 +71,10 @@ class Nudger:
                 timeout=aiohttp.ClientTimeout(total=NUDGE_TIMEOUT_S)
             )
         try:
+            context = self._ssl()
             async with self._session.post(
-                base + NUDGE_PATH, headers={"Authorization": f"Bearer {self._token}"}
+                base + NUDGE_PATH, headers={"Authorization": f"Bearer {self._token}"},
+                ssl=context if context is not None else True,
             ) as response:
                 await response.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -77,3 +89,9 @@ class Nudger:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _plain_url(node: NodeRecord) -> str | None:
+    if node.agent_port is None:
+        return None
+    return f"http://{host_in_url(node.address)}:{node.agent_port}"

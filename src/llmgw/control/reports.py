@@ -208,7 +208,8 @@ def assignments_for(
 
 
 def weight_peers(
-    state: FleetState, node: NodeRecord, records: dict[str, WeightsDigests]
+    state: FleetState, node: NodeRecord, records: dict[str, WeightsDigests],
+    scheme: str = "http",
 ) -> dict[str, list[str]]:
     """Agents of the node's fabrics that hold weights it needs: model -> agent URLs.
 
@@ -245,7 +246,9 @@ def weight_peers(
             if match is None:
                 match = any(r.model == entry.model for r in state.replicas.on_node(other.name))
             if match:
-                url = f"http://{host_in_url(other.address)}:{other.agent_port}"
+                # https:// where agents' servers hold node certificates
+                # (control.nodecerts): the peer token must not cross in the clear.
+                url = f"{scheme}://{host_in_url(other.address)}:{other.agent_port}"
                 peers.setdefault(entry.model, []).append(url)
     return peers
 

@@ -56,7 +56,7 @@ class ControlPlaneRuntime:
         # to the new leader just changed.
         self._loading = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._nudger = Nudger(cp.peer_token)
+        self._nudger = Nudger(cp.peer_token, cp.node_certs.url, cp.node_certs.client_context)
         self._reconcile_task: asyncio.Task[None] | None = None
         self.passes = 0
         self.last_pass_ms = 0.0

@@ -26,6 +26,7 @@ from llmgw.control.jointokens import SETTING as JOIN_TOKENS
 from llmgw.control.jointokens import JoinToken, JoinTokens
 from llmgw.control.leader import Leadership
 from llmgw.control.metrics import ControlMetrics
+from llmgw.control.nodecerts import Issued, NodeCertificates
 from llmgw.control.reconciler import unpark
 from llmgw.control.registration import agent_key_hash, check_registering_again
 from llmgw.control.reports import apply_report, assignments_for, weight_peers
@@ -146,6 +147,11 @@ class ControlPlane:
         # Each replica's engine key (control.enginekeys); the stored seed
         # replaces this one in load().
         self.engine_keys = EngineKeys()
+        # Certificates for agents' servers (control.nodecerts); serve gives
+        # it the fleet CA's key where the fleet runs TLS.
+        self.node_certs = NodeCertificates()
+        # The last refusal of a certificate per node, so each is an event once.
+        self._certificate_refused: dict[str, str] = {}
         self.leader_hint = LeaderHint(store)
         # Counted here and rendered on scrape (llmgw.control.metrics).
         self.metrics = ControlMetrics()
@@ -420,6 +426,7 @@ class ControlPlane:
             await self.event("node", node.name, f"node {node.name} reported on replicas not"
                              " assigned to it; ignored", replicas=effects.foreign)
         self._foreign_reported[node.name] = effects.foreign
+        issued = await self._certificate(node, report)
         await self.digests.take_report(self.state, node, report)
         if effects.wake_reconciler:
             self.wake_reconciler()
@@ -431,11 +438,31 @@ class ControlPlane:
             report_interval_s=REPORT_INTERVAL_S,
             # A node waiting for approval reads no one's weights.
             weight_peers={} if node.pending_approval else weight_peers(
-                self.state, node, self.digests.records
+                self.state, node, self.digests.records, self.node_certs.scheme
             ),
             weight_digests=self.digests.for_node(self.state, node),
             peer_token=None if node.pending_approval else self.peer_token,
+            node_tls=self.node_certs.enabled,
+            certificate=issued.certificate,
+            certificate_ca=(self.node_certs.issuer.ca_pem.decode("ascii")
+                            if issued.certificate and self.node_certs.issuer else None),
+            certificate_refused=issued.refused,
         )
+
+    async def _certificate(self, node: NodeRecord, report: AgentReport) -> Issued:
+        """The certificate a report's CSR asked for, or why not (an event once per reason)."""
+        if report.csr is None or not self.node_certs.enabled:
+            self._certificate_refused.pop(node.name, None)
+            return Issued()
+        issued = self.node_certs.issue(self.state, node, report.csr)
+        if issued.refused is None:
+            self._certificate_refused.pop(node.name, None)
+        elif self._certificate_refused.get(node.name) != issued.refused:
+            self._certificate_refused[node.name] = issued.refused
+            log.warning("no server certificate for node %s: %s", node.name, issued.refused)
+            await self.event("node", node.name, f"node {node.name} gets no server certificate:"
+                             f" {issued.refused}; its server stays down until it has one")
+        return issued
 
     async def note_reachability(self, now: float) -> None:
         """Act on nodes turning unreachable (or back) by time passing alone.
