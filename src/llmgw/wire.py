@@ -18,6 +18,7 @@ import re
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -64,6 +65,8 @@ class EngineKind(StrEnum):
     SGLANG = "sglang"
     LLAMACPP = "llamacpp"
     SIM = "sim"
+    # Not run by llmgw: servers that already exist (ModelSpec.external).
+    EXTERNAL = "external"
 
 
 CPU_CLASS = "cpu"
@@ -350,6 +353,83 @@ class SimParams(Wire):
 
 RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]
 
+# An environment variable's name: what ``api_key_env`` may hold.
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+_URL_PATH_RE = re.compile(r"^(/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*$")
+
+
+def check_external_url(value: str) -> str:
+    """``value`` if it is a base URL the gateway can send OpenAI requests to.
+
+    ``http(s)://host[:port][/path prefix]``, without ``/v1`` (the gateway adds
+    it, as for every engine). No user info, query or fragment: a URL that
+    carried a password would show it in every read of the catalog, and a
+    query would be lost when the route's path is appended.
+    """
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http:// or https:// URL with a host")
+    try:
+        check_host(parts.hostname)
+    except ValueError:
+        raise ValueError(f"{value!r}: {parts.hostname!r} is not a host name or address") from None
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            f"{value!r} carries user info: give the key by name in api_key_env instead"
+        )
+    if parts.query or parts.fragment or value.endswith(("?", "#")):
+        raise ValueError(f"{value!r} has a query or fragment: give the base URL only")
+    try:
+        parts.port  # noqa: B018 (raises on a port out of range)
+    except ValueError:
+        raise ValueError(f"{value!r} has an invalid port") from None
+    if not _URL_PATH_RE.match(parts.path):
+        raise ValueError(f"{value!r}: the path may hold only URL characters")
+    if parts.path.rstrip("/").endswith("/v1"):
+        raise ValueError(
+            f"{value!r} ends in /v1: give the base URL without it (the gateway adds /v1/...)"
+        )
+    return value
+
+
+class ExternalSpec(Wire):
+    """OpenAI-compatible servers llmgw routes to but does not run.
+
+    A vLLM someone started by hand, an Ollama box, a hosted API: the gateway
+    treats each URL as one replica (keys, limits, usage, prefix and load
+    routing, retries, cool-down), probes them itself (llmgw.gateway.health)
+    and the scheduler places nothing for the model.
+    """
+
+    urls: list[str] = Field(min_length=1, max_length=64)
+    # The upstream's own name for the model, sent in every request body;
+    # None: the catalog name. Answers carry the catalog name back to clients.
+    model: str | None = Field(None, min_length=1, max_length=256)
+    # The name of the environment variable, on each gateway, holding the
+    # upstream's API key (sent as ``Authorization: Bearer``). The name only:
+    # the key itself is never in the catalog, the store or any admin read.
+    api_key_env: str | None = Field(None, pattern=ENV_NAME_PATTERN)
+    # What the upstream's API gets wrong, as for an engine; None: it speaks
+    # OpenAI faithfully (vLLM, SGLang, hosted APIs): streams are sent with
+    # include_usage and the usage is taken from them.
+    dialect: EngineDialect | None = None
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            check_external_url(url)
+        if len({url.rstrip("/") for url in value}) != len(value):
+            raise ValueError("a URL is listed twice")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _upstream_name(cls, value: str | None) -> str | None:
+        if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ValueError("the upstream model name must not hold control characters")
+        return value
+
 
 class ModelSpec(Wire):
     """One catalog entry (DESIGN.md §3). Field-level shape is checked here;
@@ -386,6 +466,17 @@ class ModelSpec(Wire):
     # cap, and a client that sets no limit lets the engine run to its context.
     max_output_tokens: int | None = Field(None, ge=1)
     sim: SimParams | None = None
+    # Existing servers to route to instead of an engine to run (engine
+    # ``external``, which is also what an entry with this and no engine gets).
+    external: ExternalSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _external_engine(cls, data: object) -> object:
+        # ``engine: external`` would only repeat what ``external:`` says.
+        if isinstance(data, dict) and data.get("external") is not None and "engine" not in data:
+            return {**data, "engine": EngineKind.EXTERNAL.value}
+        return data
 
     @field_validator("name", "aliases")
     @classmethod
@@ -481,6 +572,12 @@ class EngineDialect(Wire):
     # ``{"tokens": [...]}``. None: it has none (then stream_usage must hold).
     tokenize_path: str | None = Field(None, pattern=r"^/[A-Za-z0-9/_.-]{0,99}$")
     tokenize_field: Literal["input", "content", "prompt"] = "input"
+    # False: the engine goes on with a non-streamed request after its client
+    # has gone (llama_cpp.server computes one in a worker thread that nothing
+    # interrupts, to its token limit); the gateway asks it for a stream,
+    # which stops at the next token once the connection closes, and
+    # assembles the non-streamed answer the client asked for.
+    stops_unstreamed: bool = True
 
 
 class ReplicaStatus(Wire):
@@ -638,6 +735,12 @@ class Endpoint(Wire):
     # What the gateway sends as ``Authorization: Bearer`` to this engine
     # (ReplicaAssignment.engine_key); never passed on to a client.
     engine_key: EngineKey | None = Field(None, repr=False)
+    # A server llmgw does not run (ModelSpec.external): the gateway probes
+    # it itself and takes it out of routing while it is down.
+    external: bool = False
+    # The environment variable, on the gateway, that holds the key to send
+    # (ExternalSpec.api_key_env): the name travels, never the key.
+    api_key_env: str | None = Field(None, pattern=ENV_NAME_PATTERN)
 
 
 class ModelRoute(Wire):
@@ -670,6 +773,11 @@ class ReplicaLoad(Wire):
     in_flight: int = 0
     last_request_at: float | None = None  # unix time
     requests: int = 0  # since the last report
+    # An external endpoint (Endpoint.external) as this gateway's probes see
+    # it: True up, False down (``reason`` says why), None never probed yet
+    # or not external.
+    up: bool | None = None
+    reason: str | None = Field(None, max_length=500)
 
 
 class GatewayLoadReport(Wire):

@@ -480,3 +480,38 @@ async def test_an_empty_fleet_and_an_unreadable_store(
                 await expect(page.locator("#status")).to_contain_text("Updated")
     finally:
         await store.close()
+
+
+async def test_models_page_shows_an_external_models_urls_and_their_health(
+    console: Console, watched: Watched, shots: Path
+) -> None:
+    from llmgw.control.external import endpoint_id
+    from llmgw.wire import GatewayLoadReport, ModelSpec, ReplicaLoad
+
+    cp = console.fleet.cp
+    urls = ["http://10.0.0.5:8000", "https://api.example.com/openai"]
+    spec = ModelSpec.model_validate(
+        {"name": "team-vllm", "external": {"urls": urls, "model": "meta/llama-x",
+                                           "api_key_env": "TEAM_VLLM_KEY"}}
+    )  # fmt: skip
+    await cp.put_models([spec])
+    loads = [ReplicaLoad(replica_id=endpoint_id("team-vllm", urls[0]), up=True),
+             ReplicaLoad(replica_id=endpoint_id("team-vllm", urls[1]), up=False,
+                         reason="connect to api.example.com:443: refused")]  # fmt: skip
+    await cp.record_load(GatewayLoadReport(gateway_id="g1", replicas=loads))
+    try:
+        page = watched.page
+        await sign_in(console, page, "#/models")
+        row = page.locator('#model-list tr[data-model="team-vllm"]')
+        (view,) = [m for m in await console.get("/models") if m["name"] == "team-vllm"]
+        cells = await row.locator("td").all_inner_texts()
+        assert cells[1] == "external" and "meta/llama-x" in cells[2]
+        assert cells[4:7] == [str(view["desired"]), str(view["ready"]), str(view["starting"])]
+        assert cells[4:7] == ["2", "1", "0"]
+        await expect(row.locator(".badge").first).to_have_text("degraded")
+        await expect(row).to_contain_text(f"{urls[0]} up")
+        await expect(row).to_contain_text(f"{urls[1]} down")
+        await expect(row).to_contain_text("refused")
+        await row.screenshot(path=shots / "models-external.png")
+    finally:
+        await cp.delete_model("team-vllm")

@@ -138,6 +138,9 @@ def validate_catalog(specs: list[ModelSpec], existing: dict[str, ModelSpec] | No
     """
     problems: list[Problem] = []
     for spec in specs:
+        if spec.engine is EngineKind.EXTERNAL or spec.external is not None:
+            problems.extend(_external_problems(spec))
+            continue
         problems.extend(_shape_problems(spec))
         problems.extend(_argument_problems(spec))
         problems.extend(_memory_problems(spec))
@@ -217,6 +220,36 @@ def _shape_problems(spec: ModelSpec) -> list[Problem]:
                 " the prompt needs room in the same context",
             )
         )
+    return problems
+
+
+# What only an engine llmgw runs reads: set on an external model, each would
+# read as a setting that is not one (no replica is ever placed or started).
+_ENGINE_ONLY = ("weights", "gpu_classes", "gpus", "tp", "pp", "nodes", "engine_args", "env",
+                "secret_env", "memory_mib", "sim", "start_timeout_s")
+
+
+def _external_problems(spec: ModelSpec) -> list[Problem]:
+    """An entry naming servers llmgw does not run (ModelSpec.external)."""
+    if spec.external is None:
+        return [_problem(spec, "external", "engine external needs an 'external' block listing"
+                         " the servers' urls")]
+    problems: list[Problem] = []
+    if spec.engine is not EngineKind.EXTERNAL:
+        problems.append(_problem(spec, "engine", f"a model with 'external' runs no engine: remove"
+                                 f" engine ({spec.engine.value}) or set it to external"))
+    defaults = ModelSpec(name=spec.name, engine=EngineKind.EXTERNAL)
+    for name in _ENGINE_ONLY:
+        if getattr(spec, name) != getattr(defaults, name):
+            problems.append(_problem(spec, name, "applies only to an engine llmgw runs; an"
+                                     " external model's servers run elsewhere: remove it"))
+    if spec.on_demand:
+        problems.append(_problem(spec, "min_replicas", "must be at least 1: an external model's"
+                                 " servers are always there, nothing is started on demand"))
+    cap = spec.max_output_tokens
+    if cap is not None and cap >= spec.kv_capacity_tokens:
+        problems.append(_problem(spec, "max_output_tokens", f"must be below kv_capacity_tokens"
+                                 f" ({cap} >= {spec.kv_capacity_tokens})"))
     return problems
 
 

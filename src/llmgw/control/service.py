@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from llmgw import secrets
-from llmgw.control import approval
+from llmgw.control import approval, external
 from llmgw.control.catalog import engine_changed
 from llmgw.control.enginekeys import EngineKeys
 from llmgw.control.inflight import InFlightBook, StoredActivity
@@ -65,6 +65,7 @@ from llmgw.wire import (
     ModelRoute,
     ModelSpec,
     NodeState,
+    ReplicaLoad,
     ReplicaState,
     RoutingTable,
     UsageRecord,
@@ -85,6 +86,13 @@ REPORT_INTERVAL_S = 5.0
 # Mean requests in flight per ready replica above which the gateway's load
 # asks for one more replica (bounded by the model's max_replicas).
 SCALE_UP_IN_FLIGHT = 8.0
+
+
+def served_name(spec: ModelSpec) -> str:
+    """The name the upstream knows the model by: what the gateway puts in request bodies."""
+    if spec.external is not None and spec.external.model:
+        return spec.external.model
+    return spec.name
 
 
 @dataclass
@@ -155,6 +163,9 @@ class ControlPlane:
         self.leader_hint = LeaderHint(store)
         # Counted here and rendered on scrape (llmgw.control.metrics).
         self.metrics = ControlMetrics()
+        # External models' endpoint ids (control.external), per routing version.
+        self._external_index: dict[str, tuple[str, str]] = {}
+        self._external_index_version = -1
 
     # -- start-up ------------------------------------------------------------
 
@@ -514,7 +525,7 @@ class ControlPlane:
         now = time.time()
         routes: list[ModelRoute] = []
         for model in sorted(self.state.models.values(), key=lambda m: m.name):
-            endpoints = [
+            endpoints = external.endpoints(model.spec) or [
                 Endpoint(
                     replica_id=r.id,
                     url=f"http://{host_in_url(self.state.nodes[r.leader_node].address)}"
@@ -532,7 +543,7 @@ class ControlPlane:
                     aliases=list(model.spec.aliases),
                     on_demand=model.spec.on_demand,
                     routing=model.spec.routing,
-                    served_name=model.name,
+                    served_name=served_name(model.spec),
                     endpoints=endpoints,
                     parked=model.parked,
                     parked_reason=model.last_error if model.parked else None,
@@ -580,6 +591,8 @@ class ControlPlane:
         for load in report.replicas:
             replica = self.state.replicas.get(load.replica_id)
             if replica is None:
+                if load.up is not None:
+                    self._note_external(report.gateway_id, load, now)
                 continue
             # Summed over gateways: each reports only the requests it proxies.
             replica.in_flight = self._in_flight.record(
@@ -611,6 +624,18 @@ class ControlPlane:
             # drop the rest of its report.
             if waiting > 0 and self.state.resolve_model(name) is not None:
                 await self.demand(name)
+
+    def _note_external(self, gateway_id: str, load: ReplicaLoad, now: float) -> None:
+        """One gateway's probe of an external model's URL (control.external)."""
+        if self._external_index_version != self.state.routing_version:
+            self._external_index = external.index([m.spec for m in self.state.models.values()])
+            self._external_index_version = self.state.routing_version
+        found = self._external_index.get(load.replica_id)
+        model = self.state.models.get(found[0]) if found is not None else None
+        if found is None or model is None or load.up is None:
+            return  # a URL removed since that gateway's config
+        probe = external.Probe(up=load.up, reason=load.reason, at=now)
+        external.record(model.endpoint_health, found[1], gateway_id, probe)
 
     async def record_usage(self, records: Iterable[UsageRecord]) -> None:
         await self.writes.add_usage([r.model_dump() for r in records])

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from llmgw.control.external import HealthReports
 from llmgw.control.replicatable import ReplicaTable
 from llmgw.errors import TransitionError
 from llmgw.wire import (
@@ -110,6 +111,9 @@ class ModelRecord:
     unplaceable_reason: str | None = None
     # Extra replicas wanted for load (gateway-reported), memory only.
     load_demand: int = 0
+    # An external model's URLs as each gateway's probes see them (memory
+    # only, re-learnt from the next load reports): url -> gateway -> Probe.
+    endpoint_health: HealthReports = field(default_factory=dict)
 
     @property
     def name(self) -> str:

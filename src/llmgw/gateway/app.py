@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from llmgw import secrets, wire
 from llmgw.gateway import handler
 from llmgw.gateway.handler import Runtime
+from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
 from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
@@ -80,6 +81,8 @@ class Gateway:
         self._configured = asyncio.Event()
         self._started = False
         self._routes = self._route_table()
+        # External models' URLs, probed by this gateway (llmgw.gateway.health).
+        self.health = HealthProber(self.settings, lambda: self.runtime.snapshot)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -94,6 +97,7 @@ class Gateway:
             loop.create_task(self._watch_loop(), name="gateway-config-watch"),
             loop.create_task(self._load_loop(), name="gateway-load-report"),
             loop.create_task(self._usage_loop(), name="gateway-usage-flush"),
+            loop.create_task(self.health.run(), name="gateway-external-health"),
         ]
 
     async def stop(self) -> None:
@@ -175,6 +179,9 @@ class Gateway:
                     in_flight=r.in_flight,
                     last_request_at=r.last_request_at,
                     requests=r.requests,
+                    # An external URL's health as this gateway's probes see it.
+                    up=health.up if (health := self.health.of(r.replica_id)) else None,
+                    reason=health.reason[:500] if health and health.reason else None,
                 )
                 for r in replicas
             ],

@@ -32,6 +32,7 @@ from llmgw.gateway.dialect import (
     StreamTally,
     mend_request,
 )
+from llmgw.gateway.external import renaming_send
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.limits import cap_output_tokens
 from llmgw.gateway.metrics import GatewayMetrics
@@ -431,6 +432,9 @@ async def _proxy(
     upstream_body, injected = body, False
     mending: Mending | None = None
     model = router.route.name
+    # An external model's answers carry the upstream's name for it: put back
+    # the catalog's (llmgw.gateway.external).
+    rename = rt.snapshot.renames.get(model) if rt.snapshot is not None else None
     tried: list[Replica] = []
     waited = 0.0
     wait_deadline = time.monotonic() + settings.queue_wait_s
@@ -481,11 +485,14 @@ async def _proxy(
                 if replica.mending.count_streams:
                     counter = StreamCounter(rt.upstream, replica, path, payload, request_id)
                     counter.begin()
+                out = send if rename is None else renaming_send(send, rename)
                 return await _relay(rt, relayed, first or b"", model, record, injected,
-                                    before, id_header, send, counter, asked,
+                                    before, id_header, out, counter, asked,
                                     replica.mending.legacy)  # fmt: skip
             prefill.done()
             data = await response.read()
+            if rename is not None:
+                data = rename(data)
             return await _answer(rt, response, data, model, record, before,
                                  time.perf_counter(), id_header, send)  # fmt: skip
         except (ConnectFailed, BodyBroken) as exc:

@@ -25,6 +25,7 @@ Failure classes, as the gateway needs them:
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from typing import cast
 
@@ -36,6 +37,10 @@ _HIGH_WATER = 1 << 20  # buffered answer bytes before a streamed answer stops be
 # buffering it would let one answer take the gateway's memory.
 MAX_ANSWER_BYTES = 256 << 20
 _MAX_IDLE_PER_HOST = 1024
+
+# Connections are pooled per (host, port, TLS): an https upstream (an
+# external model's hosted API) never shares a pool with a plain engine.
+_Key = tuple[str, int, bool]
 
 
 class ConnectFailed(Exception):
@@ -187,7 +192,7 @@ class Response:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to an engine."""
 
-    def __init__(self, pool: Pool, key: tuple[str, int]) -> None:
+    def __init__(self, pool: Pool, key: _Key) -> None:
         self.pool = pool
         self._key = key
         self._parser = httptools.HttpResponseParser(self)
@@ -295,38 +300,54 @@ class Pool:
         self.max_answer_bytes = max_answer_bytes
         self._connect_timeout = connect_timeout_s
         self._deadline = deadline_s
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[_Key, list[_Connection]] = {}
+        self._tls: ssl.SSLContext | None = None
         self._closed = False
         # Answers in progress and when they must be done by. One sweep a second
         # enforces the deadline: a timer per request cost more than the check.
         self._active: dict[Response, float] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
-    def _park(self, key: tuple[str, int], conn: _Connection) -> None:
+    def _park(self, key: _Key, conn: _Connection) -> None:
         idle = self._idle.setdefault(key, [])
         if self._closed or len(idle) >= _MAX_IDLE_PER_HOST:
             conn.close()
         else:
             idle.append(conn)
 
-    def _forget(self, key: tuple[str, int], conn: _Connection) -> None:
+    def _forget(self, key: _Key, conn: _Connection) -> None:
         idle = self._idle.get(key)
         if idle and conn in idle:
             idle.remove(conn)
 
-    async def _connect(self, host: str, port: int) -> _Connection:
+    def _tls_context(self) -> ssl.SSLContext:
+        # The system's trust store (SSL_CERT_FILE/SSL_CERT_DIR honoured), made
+        # once: loading it costs milliseconds, too much per connection.
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
+
+    async def _connect(self, host: str, port: int, tls: bool = False) -> _Connection:
         loop = asyncio.get_running_loop()
-        key = (host, port)
+        key = (host, port, tls)
         try:
             async with asyncio.timeout(self._connect_timeout):
-                _, conn = await loop.create_connection(lambda: _Connection(self, key), host, port)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self, key), host, port,
+                    ssl=self._tls_context() if tls else None,
+                    server_hostname=host if tls else None,
+                )  # fmt: skip
         except TimeoutError:
             raise ConnectFailed(f"connect to {host}:{port} timed out") from None
+        except ssl.SSLError as exc:
+            # A certificate that does not verify is a broken upstream, not a
+            # client's error: the request moves on, as from a refused connection.
+            raise ConnectFailed(f"TLS with {host}:{port}: {exc.reason or exc}") from None
         except OSError as exc:
             raise ConnectFailed(f"connect to {host}:{port}: {exc.strerror or exc}") from None
         return conn
 
-    def _checkout(self, key: tuple[str, int]) -> _Connection | None:
+    def _checkout(self, key: _Key) -> _Connection | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
@@ -334,15 +355,15 @@ class Pool:
                 return conn
         return None
 
-    async def request(self, host: str, port: int, payload: bytes) -> Response:
+    async def request(self, host: str, port: int, payload: bytes, tls: bool = False) -> Response:
         """Send ``payload`` (a whole HTTP/1.1 request) and wait for the answer's headers."""
-        conn = self._checkout((host, port))
+        conn = self._checkout((host, port, tls))
         if conn is not None:
             try:
                 return await self._exchange(conn, payload)
             except ConnectFailed:
                 pass  # an idle connection the engine had closed: once more, fresh
-        return await self._exchange(await self._connect(host, port), payload)
+        return await self._exchange(await self._connect(host, port, tls), payload)
 
     async def _exchange(self, conn: _Connection, payload: bytes) -> Response:
         response = Response(conn)
@@ -393,7 +414,8 @@ def request_head(host: str, port: int, path: str, engine_key: str | None = None)
     """The constant start of every POST to one engine path (rendered once per target).
 
     ``engine_key``: the replica's key, sent as a bearer token (wire.EngineKey
-    admits only characters that are safe in a header).
+    admits only characters that are safe in a header, and an external
+    model's key is checked the same way: gateway.external.upstream_key).
     """
     auth = f"Authorization: Bearer {engine_key}\r\n" if engine_key else ""
     return (

@@ -32,6 +32,7 @@ class Target:
     port: int
     path: str
     head: bytes  # the request line and constant headers, rendered once
+    tls: bool = False  # https: an external model's server (engines are plain http)
 
 
 class Upstream:
@@ -60,18 +61,20 @@ class Upstream:
         target = self._targets.get(key)
         if target is None:
             parts = urlsplit(base)
-            if parts.scheme != "http" or not parts.hostname:
-                # Engines are reached on the cluster network; TLS to an engine
-                # would need a certificate story the catalog does not have.
+            if parts.scheme not in ("http", "https") or not parts.hostname:
                 # Raised as a connection failure: the request moves to another
                 # replica and this one cools down, as if it were unreachable.
-                raise ConnectFailed(f"endpoint URL {base!r} is not http://host:port")
+                raise ConnectFailed(f"endpoint URL {base!r} is not http(s)://host[:port]")
             if len(self._targets) > 4096:
                 self._targets.clear()
-            port = parts.port or 80
+            # Engines llmgw runs are plain http on the cluster network; https
+            # is for external models' servers (hosted APIs), verified against
+            # the system's trust store.
+            tls = parts.scheme == "https"
+            port = parts.port or (443 if tls else 80)
             full = parts.path.rstrip("/") + path
             head = request_head(parts.hostname, port, full, engine_key)
-            target = Target(parts.hostname, port, full, head)
+            target = Target(parts.hostname, port, full, head, tls)
             self._targets[key] = target
         return target
 
@@ -81,7 +84,7 @@ class Upstream:
             raise RuntimeError("the gateway's upstream client is not started")
         extra = b"X-Request-Id: " + request_id.encode() + b"\r\n"
         payload = render_post(target.head, body, extra)
-        return await pool.request(target.host, target.port, payload)
+        return await pool.request(target.host, target.port, payload, target.tls)
 
 
 def _closing_brace(data: bytes, start: int) -> int:

@@ -51,6 +51,14 @@ class GatewaySettings:
     # Upper bound on a whole upstream response; long generations are legitimate.
     upstream_timeout_s: float = 900.0
 
+    # External models' URLs (llmgw.gateway.health): probed this often, out of
+    # routing after this many failed probes in a row (one slow answer is no
+    # outage; a dead URL is out within two intervals, and requests meeting it
+    # before then are retried elsewhere), a probe failing after this long.
+    health_interval_s: float = 5.0
+    health_failures: int = 2
+    health_timeout_s: float = 5.0
+
     # Batching towards the control plane: usage every ~2 s bounds what a crash
     # loses; load every ~1 s keeps idle tracking and scale-up decisions fresh.
     usage_flush_s: float = 2.0
@@ -85,6 +93,9 @@ class GatewaySettings:
             "cooldown_s": self.cooldown_s,
             "connect_timeout_s": self.connect_timeout_s,
             "upstream_timeout_s": self.upstream_timeout_s,
+            "health_interval_s": self.health_interval_s,
+            "health_failures": self.health_failures,
+            "health_timeout_s": self.health_timeout_s,
             "usage_flush_s": self.usage_flush_s,
             "load_report_s": self.load_report_s,
             "usage_max_rows": self.usage_max_rows,

@@ -12,13 +12,28 @@ requests still in flight on it keep their own reference and finish normally.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from llmgw import wire
 from llmgw.gateway.auth import KeyTable
+from llmgw.gateway.external import renamer, upstream_key
 from llmgw.gateway.prefix import PrefixIndex
 from llmgw.gateway.routing import ModelRouter, Replica
 from llmgw.gateway.settings import GatewaySettings
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalEndpoint:
+    """A URL of an external model, for the health prober (llmgw.gateway.health)."""
+
+    model: str
+    url: str
+    replica: Replica
+    # Why no key can be sent although the catalog names one (its variable
+    # is not set here): the URL is down for this gateway until it is.
+    key_problem: str | None
 
 
 class Snapshot:
@@ -36,6 +51,10 @@ class Snapshot:
         self.indexes: dict[str, PrefixIndex] = {}
         self.routes: dict[str, ModelRouter] = {}
         self.keys: KeyTable = KeyTable(config.keys, previous.keys if previous else None)
+        # External models' URLs by replica id, and what puts the catalog's
+        # name back into their answers (llmgw.gateway.external).
+        self.external: dict[str, ExternalEndpoint] = {}
+        self.renames: dict[str, Callable[[bytes], bytes]] = {}
         for route in config.routing.models:
             replicas = []
             for endpoint in route.endpoints:
@@ -46,6 +65,12 @@ class Snapshot:
                     replica = Replica(endpoint)
                 else:
                     replica.update(endpoint)
+                if endpoint.external:
+                    replica.engine_key, problem = upstream_key(endpoint.api_key_env)
+                    self.external[endpoint.replica_id] = ExternalEndpoint(
+                        route.name, endpoint.url, replica, problem
+                    )
+                    self.renames[route.name] = renamer(route.name)
                 self.replicas[endpoint.replica_id] = replica
                 replicas.append(replica)
             index = old_indexes.get(route.name) or PrefixIndex()

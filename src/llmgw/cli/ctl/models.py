@@ -13,6 +13,13 @@ models_app = typer.Typer(help="Models: list (default), show, delete.")
 
 
 def _model_status(m: dict[str, Any]) -> str:
+    if m.get("external") is not None:
+        # Counts of URLs: ready are up, starting not checked yet.
+        if m["ready"] >= m["desired"]:
+            return "ok"
+        if m["ready"] + m["starting"] >= m["desired"]:
+            return "checking"
+        return "down" if m["ready"] == 0 else "degraded"
     if m["parked"]:
         return "parked"
     if m["ready"] >= m["desired"]:
@@ -30,7 +37,8 @@ def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         admin_client(ctx).call("GET", "/models"), as_json,
         ("MODEL", "ENGINE", "READY", "STARTING", "MIN-MAX", "STATUS", "REASON"),
         lambda m: (m["name"], m["spec"]["engine"], f"{m['ready']}/{m['desired']}",
-                   str(m["starting"]), f"{m['min_replicas']}-{m['max_replicas']}",
+                   str(m["starting"]),
+                   "-" if m.get("external") else f"{m['min_replicas']}-{m['max_replicas']}",
                    _model_status(m), m["reason"] or ""),
         "No models in the catalog (llmgw ctl apply -f FILE).",
     )

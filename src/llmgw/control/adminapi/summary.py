@@ -233,7 +233,10 @@ class SummaryBuilder:
             return
         counts[2] += 1
         # Short of replicas and unable to place more is the actionable case;
-        # short and still starting is just a cluster doing its job.
+        # short and still starting is just a cluster doing its job. An
+        # external model is short of URLs that are up: nothing to place.
+        if model.external is not None:
+            return
         if model.unplaceable or (model.total <= model.ready and not model.parked):
             self._unplaceable.append(model.name)
 

@@ -32,6 +32,8 @@ def desired_given(record: ModelRecord, now: float, *, in_use: bool) -> int:
     for an on-demand model.
     """
     spec = record.spec
+    if spec.external is not None:
+        return 0  # its servers run elsewhere: nothing to place, nothing to keep
     base = spec.min_replicas
     if spec.on_demand:
         base = 1 if in_use or asked_for(record, now) else 0

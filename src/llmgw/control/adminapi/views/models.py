@@ -7,10 +7,21 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from llmgw.control.adminapi.views.replicas import UNREACHABLE, ReplicaView
+from llmgw.control.external import UrlState, url_state
 from llmgw.control.scheduler.demand import asked_for, desired_given
 from llmgw.control.secretenv import redacted
 from llmgw.control.state import FleetState, ModelRecord
-from llmgw.wire import ModelSpec, ReplicaState
+from llmgw.wire import ExternalSpec, ModelSpec, ReplicaState
+
+
+@dataclass(slots=True)
+class ExternalUrlView:
+    """One URL of an external model, as the gateways' probes see it (control.external)."""
+
+    url: str
+    state: UrlState  # up, down, or unknown (no gateway has reported on it lately)
+    reason: str | None
+    checked_at: float | None
 
 
 @dataclass(slots=True)
@@ -40,6 +51,9 @@ class ModelView:
     # parked model is not placed at all, so the pass after parking clears it.
     unplaceable: bool
     unplaceable_reason: str | None
+    # An external model's URLs (None for a model llmgw runs). Its counts are
+    # of URLs: desired all of them, ready those up, starting those unknown.
+    external: list[ExternalUrlView] | None = None
 
 
 # -- desired replicas -----------------------------------------------------------
@@ -108,6 +122,8 @@ _LIVE = frozenset({ReplicaState.READY.value, ReplicaState.STARTING.value, UNREAC
 
 def model_view(model: ModelRecord, tally: ReplicaTally, now: float) -> ModelView:
     """One model, its replica counts taken from the replica views (``tally``)."""
+    if model.spec.external is not None:
+        return external_model_view(model, model.spec.external, now)
     counts = tally.of(model.name)
     ready = counts.get(ReplicaState.READY.value, 0)
     starting = counts.get(ReplicaState.STARTING.value, 0)
@@ -142,6 +158,31 @@ def model_view(model: ModelRecord, tally: ReplicaTally, now: float) -> ModelView
         unplaceable=unplaceable,
         unplaceable_reason=model.unplaceable_reason if unplaceable else None,
     )
+
+
+def external_model_view(model: ModelRecord, external: ExternalSpec, now: float) -> ModelView:
+    """An external model: each URL stands for a replica, up or down as the gateways see it.
+
+    So the summary's rule holds unchanged: short while any URL is down or
+    not yet checked, and the reason names the first URL that is down.
+    """
+    spec = model.spec
+    urls: list[ExternalUrlView] = []
+    for url in external.urls:
+        state, why, checked = url_state(model.endpoint_health, url, now)
+        urls.append(ExternalUrlView(url=url, state=state, reason=why, checked_at=checked))
+    ready = sum(1 for u in urls if u.state == "up")
+    unknown = sum(1 for u in urls if u.state == "unknown")
+    down = next((u for u in urls if u.state == "down"), None)
+    return ModelView(
+        name=model.name, spec=redacted(spec), on_demand=False,
+        min_replicas=spec.min_replicas, max_replicas=spec.max_replicas,
+        desired=len(urls), demanded=False, load_demand=0,
+        ready=ready, starting=unknown, draining=0, failed=0, total=ready + unknown,
+        parked=False, failures=0, last_error=None,
+        reason=f"{down.url} is down: {down.reason}" if down is not None else None,
+        unplaceable=False, unplaceable_reason=None, external=urls,
+    )  # fmt: skip
 
 
 def iter_model_views(state: FleetState, now: float, tally: ReplicaTally) -> Iterator[ModelView]:

@@ -16,7 +16,22 @@ min_replicas: 1
 max_replicas: 2
 `;
 
+// An external model's URLs, each up, down or not yet checked by a gateway.
+const URL_STATE = { up: ["ready", "up"], down: ["failed", "down"], unknown: ["starting", "not checked yet"] };
+
+function urlList(m) {
+  return h(
+    "ul",
+    { class: "problems" },
+    m.external.map((u) => h("li", {}, h("span", { class: "mono" }, u.url), " ", badge(...URL_STATE[u.state]), u.reason ? h("span", { class: "muted" }, ` ${u.reason}`) : null)),
+  );
+}
+
 function modelState(m) {
+  if (m.external) {
+    if (m.ready >= m.desired) return badge("ready", "satisfied");
+    return m.ready ? badge("draining", "degraded") : badge("failed", m.starting ? "checking" : "down");
+  }
   if (m.parked) return badge("parked");
   if (m.unplaceable) return badge("failed", "unplaceable");
   if (m.ready < m.desired) return badge("starting", "short");
@@ -24,6 +39,7 @@ function modelState(m) {
 }
 
 function shape(spec) {
+  if (spec.external) return spec.external.model ? `upstream name ${spec.external.model}` : "external";
   const parts = [`${spec.gpus} × ${spec.gpu_classes.join(" | ")}`];
   if (spec.tp > 1 || spec.pp > 1) parts.push(`tp ${spec.tp} pp ${spec.pp}`);
   if (spec.nodes > 1) parts.push(`${spec.nodes} nodes`);
@@ -147,7 +163,7 @@ export default {
             { label: "Model", cell: (m) => [h("strong", {}, m.name), m.spec.aliases.length ? h("div", { class: "muted" }, `aliases: ${m.spec.aliases.join(", ")}`) : null] },
             { label: "Engine", cell: (m) => m.spec.engine },
             { label: "Devices per replica", cell: (m) => h("span", { class: "mono" }, shape(m.spec)) },
-            { label: "Min–max", cls: "num", cell: (m) => `${m.min_replicas}–${m.max_replicas}${m.on_demand ? " (on demand)" : ""}` },
+            { label: "Min–max", cls: "num", cell: (m) => (m.external ? "–" : `${m.min_replicas}–${m.max_replicas}${m.on_demand ? " (on demand)" : ""}`) },
             { label: "Wanted now", cls: "num", cell: (m) => fmtInt(m.desired) },
             { label: "Ready", cls: "num", cell: (m) => fmtInt(m.ready) },
             { label: "Starting", cls: "num", cell: (m) => fmtInt(m.starting) },
@@ -155,6 +171,7 @@ export default {
             {
               label: "Replicas",
               cell: (m) => {
+                if (m.external) return urlList(m);
                 const rs = byModel.get(m.name) || [];
                 if (!rs.length) return h("span", { class: "muted" }, "none");
                 return h(

@@ -1,0 +1,82 @@
+"""What the gateway does differently for servers llmgw does not run (``Endpoint.external``).
+
+Two things, both decided once per config version, never per request:
+
+* the upstream's key: ``api_key_env`` names an environment variable of the
+  gateway's process, read here when a config arrives. The control plane only
+  ever holds the name, so the key is in no store, no admin read and no
+  routing table; it lives in this process' memory and in the request head
+  rendered for the endpoint (llmgw.gateway.proxy.Upstream.target);
+* the model's name in answers: the request body carries the upstream's name
+  (``ModelRoute.served_name``), and the answer's ``model`` field is put back
+  to the catalog's name, so a client sees the name it asked for, whatever the
+  upstream calls the model (a hosted API answers with a dated variant).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+import orjson
+
+from llmgw.gateway.types import Message, Send
+
+# What may go into "Authorization: Bearer <key>": visible ASCII, no spaces.
+# Anything else (a newline above all) would split the header or be refused.
+_HEADER_SAFE = re.compile(r"[\x21-\x7e]{1,4096}")
+
+
+def upstream_key(env_name: str | None) -> tuple[str | None, str | None]:
+    """(the key to send, why there is none although one is wanted).
+
+    The problem names the variable, never its value: it is logged and sent
+    to the control plane as the endpoint's reason for being down.
+    """
+    if env_name is None:
+        return None, None
+    value = os.environ.get(env_name)
+    if not value:
+        return None, f"the environment variable {env_name} (its API key) is not set on this gateway"
+    value = value.strip()
+    if not _HEADER_SAFE.fullmatch(value):
+        return None, (
+            f"the environment variable {env_name} holds characters that cannot go into an"
+            " HTTP header (spaces, line breaks or non-ASCII)"
+        )
+    return value, None
+
+
+# A JSON object's "model" key and its string value. Inside a JSON string every
+# quote is escaped, so an unescaped "model": can only be a key.
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
+
+
+def renamer(name: str) -> Callable[[bytes], bytes]:
+    """A function putting ``name`` as the value of every ``"model"`` key in a body or SSE block."""
+    replacement = b'"model":' + orjson.dumps(name)
+
+    def rename(data: bytes) -> bytes:
+        if b'"model"' not in data:
+            return data
+        return _MODEL_FIELD.sub(lambda _: replacement, data)
+
+    return rename
+
+
+def renaming_send(send: Send, rename: Callable[[bytes], bytes]) -> Send:
+    """``send`` for a stream, with the model's name put back in every body chunk.
+
+    Only for answers without a Content-Length (SSE): the length of a renamed
+    body differs, so a whole answer is renamed before it is sent instead.
+    """
+
+    async def wrapped(message: Message) -> None:
+        if message.get("type") == "http.response.body":
+            body = message.get("body")
+            if body:
+                message = {**message, "body": rename(body)}
+        await send(message)
+
+    return wrapped
