@@ -267,3 +267,28 @@ async def test_a_refusal_is_one_event_and_reaches_the_agent(fleet: Fleet) -> Non
 def test_a_report_carries_at_most_a_small_csr() -> None:
     with pytest.raises(ValueError):
         AgentReport(node="n1", inventory=inventory("n1"), csr="x" * 5000)
+
+
+def test_an_operators_ca_signs_node_certificates_only_with_its_key(tmp_path: Path) -> None:
+    from llmgw.cli.up import TlsOptions, sign_node_certificates
+    from llmgw.errors import ConfigError
+
+    pki = ensure_server_tls(tmp_path / "pki", ["127.0.0.1"])  # stands in for the operator's
+    other = ensure_server_tls(tmp_path / "other", ["127.0.0.1"])
+    assert pki.ca_file and pki.ca_key_file and other.ca_key_file
+
+    def given(ca: Path | None, ca_key: Path | None) -> ServerTls | None:
+        return TlsOptions(tls=True, cert=pki.cert_file, key=pki.key_file, ca=ca,
+                          ca_key=ca_key).resolve(tmp_path, "127.0.0.1", None)
+
+    cp = ControlPlane.__new__(ControlPlane)  # only node_certs is looked at
+    cp.node_certs = NodeCertificates()
+    sign_node_certificates(cp, given(pki.ca_file, None))
+    assert not cp.node_certs.enabled  # --tls-cert alone: nothing to sign with
+    sign_node_certificates(cp, given(pki.ca_file, pki.ca_key_file))
+    assert cp.node_certs.enabled and cp.node_certs.issuer is not None
+    assert cp.node_certs.issuer.ca_pem == pki.ca_file.read_bytes()
+    with pytest.raises(ConfigError, match="not the CA certificate's EC key"):
+        given(pki.ca_file, other.ca_key_file)
+    with pytest.raises(ConfigError, match="needs --tls-ca"):
+        given(None, pki.ca_key_file)

@@ -196,7 +196,8 @@ class Agent:
         if self._discoverer is not None:
             await asyncio.to_thread(self._discoverer.start_watching)
         self._session = self._shared_session or aiohttp.ClientSession()
-        if self._fleet_tls:
+        if self._fleet_tls and self._shared_session is None:
+            # (A simulated fleet's agents share one session and copy no weights.)
             self._peer_session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self.node_cert.peer_context))
         self._client = ControlPlaneClient(self._control_plane_urls, self._session,
