@@ -148,17 +148,27 @@ async def test_a_restarted_agent_listens_with_its_kept_certificate_at_once(
         await again.shutdown()
 
 
-async def test_without_the_ca_key_the_agent_says_so_and_serves_plain(fleet: Fleet) -> None:
+async def test_without_the_ca_key_the_server_is_plain_only_where_allowed(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture,
+) -> None:
     fleet.cp.node_certs = NodeCertificates()  # serve given --tls-cert without --tls-ca-key
-    agent = fleet.agent("n1")
+    local, wide = fleet.agent("n1"), fleet.agent("n2", bind_host="0.0.0.0")
     try:
-        answer = await agent.report_once()
+        # On loopback nothing crosses a network: plain, said once.
+        answer = await local.report_once()
         assert not answer.node_tls and answer.certificate is None
-        assert agent.server is not None and agent.server.running and not agent.server.tls
-        assert agent.build_report(inventory("n1")).csr is None  # asks no more
-        assert fleet.cp.node_certs.url(fleet.cp.state.nodes["n1"]) is None  # no port yet
+        assert local.server is not None and local.server.running and not local.server.tls
+        assert local.build_report(inventory("n1")).csr is None  # asks no more
+        # On every interface, a TLS fleet's agent keeps its server down without the flag.
+        for _ in range(2):
+            await wide.report_once()
+        assert wide.server is not None and not wide.server.running
+        assert wide.build_report(inventory("n2")).agent_port is None
+        said = [r.getMessage() for r in caplog.records if "stays down" in r.getMessage()]
+        assert len(said) == 1 and "--insecure-http" in said[0]
     finally:
-        await agent.shutdown()
+        for agent in (local, wide):
+            await agent.shutdown()
 
 
 async def test_a_plain_fleet_asks_for_nothing(tmp_path: Path) -> None:

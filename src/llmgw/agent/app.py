@@ -52,7 +52,14 @@ from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.secrets import hash_secret
-from llmgw.tls import CA_CERT, ClientTrust, parse_fingerprint, split_join_token
+from llmgw.tls import (
+    CA_CERT,
+    INSECURE_FLAG,
+    ClientTrust,
+    is_loopback,
+    parse_fingerprint,
+    split_join_token,
+)
 from llmgw.wire import (
     AgentRegistration,
     AgentReport,
@@ -106,6 +113,10 @@ class AgentConfig:
     # one) and kept in the data dir as ca.pem.
     ca_file: Path | None = None
     ca_fingerprint: str | None = None
+    # --insecure-http: on a TLS fleet whose control plane signs no node
+    # certificates, this node's server may still listen in plain HTTP on an
+    # address that is not loopback (it carries the peer token).
+    insecure_http: bool = False
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -338,26 +349,38 @@ class Agent:
         """Keep a certificate the answer brought; start (or switch) the server to match.
 
         The control plane says whether it issues node certificates; where it
-        does, the server listens only with one, and where it does not (a
-        plain fleet, or serve without the CA's key) it listens in plain HTTP,
-        as the URLs the control plane hands out for it say.
+        does, the server listens only with one. Where it does not, the server
+        listens in plain HTTP, as the URLs the control plane hands out for it
+        say, if the fleet runs plain; on a TLS fleet whose serve holds no CA
+        key, only on loopback or with --insecure-http, since it carries the
+        peer token.
         """
         self._node_tls = answer.node_tls
         address = self.config.address
         if answer.certificate is not None and answer.certificate_ca is not None:
             await asyncio.to_thread(self.node_cert.accept, answer.certificate,
                                     answer.certificate_ca, address)
+        plain_allowed = (not self._fleet_tls or self.config.insecure_http
+                         or is_loopback(self.bind_host))
         note = answer.certificate_refused
-        if note is None and self._fleet_tls and not answer.node_tls:
-            note = ("the control plane issues no node certificates (serve holds no CA key);"
-                    " this node's server is plain HTTP: keep its port on the node network")
+        if note is None and not answer.node_tls and self._fleet_tls:
+            note = ("the control plane signs no node certificates (serve was given --tls-cert"
+                    " without --tls-ca-key); " + (
+                        "this node's server is plain HTTP: keep its port on the node network"
+                        if plain_allowed else "this node's server stays down (no peer copies"
+                        " from it, no nudges, no /metrics) unless the agent runs with"
+                        f" {INSECURE_FLAG}"))
         if note is not None and note != self._certificate_note:
             log.warning("server certificate: %s", note)
         self._certificate_note = note
         server = self.server
         if server is None:
             return
-        if answer.node_tls:
+        if not answer.node_tls and not plain_allowed:
+            if server.running:
+                await server.stop()
+                self._changed.set()  # the next report carries no port
+        elif answer.node_tls:
             usable = await asyncio.to_thread(self.node_cert.usable, address)
             if usable and not (server.running and server.tls):
                 await server.stop()

@@ -149,7 +149,9 @@ def agent(
     ] = None,
     insecure_http: Annotated[
         bool, typer.Option(help="Allow a plain http:// control plane on another machine"
-                           " (tokens and assignments cross the network in the clear).")
+                           " (tokens and assignments cross the network in the clear), and"
+                           " this agent's server in plain HTTP where the control plane"
+                           " signs no node certificates.")
     ] = False,
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
@@ -177,6 +179,7 @@ def agent(
             ),
             metrics_token=metrics_token_from(metrics_token_file),
             memory_guard=_guard_mode(memory_guard),
+            insecure_http=insecure_http,
             ca_file=ca_file,
             ca_fingerprint=parse_fingerprint(ca_hash) if ca_hash else None,
         )
