@@ -31,7 +31,7 @@ test: setup postgres
 	LLMGW_TEST_OUTPUT=$(TEST_OUTPUT) $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench deploy
 	$(BIN)/mypy
 
 bench: setup

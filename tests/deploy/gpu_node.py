@@ -1,0 +1,75 @@
+"""A node with fake GPUs whose real agent serves /metrics, in a process of its own.
+
+The simulated fleet's agents run no server (docs/metrics.md), so the
+per-device families need one agent that does: this is the real ``Agent``
+with the fake NVML (a card in MIG mode with two instances, a whole card, a
+card with uncorrected ECC errors) and in-process sim engines. Killing the
+process is a node lost at once, engines and all.
+
+    python -m tests.deploy.gpu_node UP_JSON DATA_DIR SERVER_PORT
+
+It may start before ``llmgw up`` has written UP_JSON (where it finds the
+control plane and the join token), so that its imports overlap with up's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from llmgw.agent.app import Agent, AgentConfig
+from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
+from llmgw.agent.engines.sim import SimAdapter
+from llmgw.agent.pinning import Discoverer
+from llmgw.sim.inprocess import InProcessEngines
+from llmgw.wire import EngineKind
+
+NAME = "gpu-node"
+A100 = "NVIDIA A100-SXM4-80GB"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def cards() -> FakeNvml:
+    mig_card = FakeGpu(
+        uuid="GPU-node-a", name=A100, memory_total_mib=81920, mig_mode=(1, 1),
+        utilization_pct=55, temperature_c=61, power_mw=210_500,
+        migs=[FakeMig(uuid=f"MIG-node-a-{i}", profile="3g.40gb", gpu_instance_id=1 + i,
+                      memory_total_mib=40192, memory_used_mib=300 * (i + 1)) for i in range(2)],
+    )
+    whole = FakeGpu(uuid="GPU-node-h", name=H100, memory_total_mib=81559,
+                    memory_used_mib=2048, utilization_pct=37, temperature_c=44,
+                    power_mw=120_000)
+    broken = FakeGpu(uuid="GPU-node-x", name=H100, memory_total_mib=81559, utilization_pct=0,
+                     temperature_c=70, ecc_volatile_uncorrected=3, ecc_aggregate_uncorrected=3)
+    return FakeNvml([mig_card, whole, broken])
+
+
+def wait_for(up_json: Path, within_s: float = 120.0) -> dict[str, str]:
+    deadline = time.monotonic() + within_s
+    while not up_json.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{up_json} did not appear within {within_s:g} s")
+        time.sleep(0.1)
+    return dict(json.loads(up_json.read_text()))
+
+
+async def main(up_json: Path, data_dir: Path, server_port: int) -> None:
+    info = wait_for(up_json)
+    agent = Agent(
+        AgentConfig(control_plane=info["admin_url"], data_dir=data_dir, name=NAME,
+                    join_token=info["join_token"], fabrics=["ib-a"], server_port=server_port,
+                    report_interval_s=1.0, stop_grace_s=1.0),
+        inventory_provider=Discoverer(nvml=cards()),
+        adapters={EngineKind.SIM: SimAdapter()},
+        supervisor=InProcessEngines(),
+    )
+    await agent.start()
+    await agent.run()
+
+
+if __name__ == "__main__":
+    up_json, where, port = sys.argv[1:4]
+    asyncio.run(main(Path(up_json), Path(where), int(port)))
