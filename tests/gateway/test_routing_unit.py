@@ -1,6 +1,12 @@
-"""Prompt rendering, chained block hashes, the bounded index, and the policies alone."""
+"""Prompt rendering, chained block hashes, the bounded index, and the policies alone.
+
+The prefix policy is driven with made-up loads and durations, so every
+choice it makes here is deterministic.
+"""
 
 from __future__ import annotations
+
+import pytest
 
 from llmgw import wire
 from llmgw.gateway.prefix import (
@@ -15,11 +21,19 @@ from llmgw.gateway.routing import (
     MISS,
     OVERLOADED,
     ModelRouter,
+    Pick,
+    PrefillSpeed,
     Replica,
+    SoonestStart,
     least_loaded,
-    prefix_choice,
     rendezvous,
 )
+
+BLOCK = 16  # characters per block in these tests
+TPS = 1000.0  # prefill tokens/s of the made-up replicas: 4,000 characters a second
+# A prompt of 64 blocks (1,024 characters, 256 tokens: 0.256 s of prefill at
+# TPS); a "system prompt" holder has its first 48 blocks.
+PROMPT = 64 * BLOCK
 
 
 def replica(name: str, kv: int = 32768) -> Replica:
@@ -34,12 +48,36 @@ def router(
         route,
         [replica(n, kv) for n in names],
         PrefixIndex(),
-        block_chars=int(kw.get("block_chars", 16)),
+        PrefillSpeed(kw.get("prefill_tps", TPS)),
+        block_chars=BLOCK,
         chars_per_token=4.0,
-        threshold=kw.get("threshold", 2.0),
         tokens_per_unit=2048.0,
-        miss_slack=kw.get("miss_slack", 1.0),
+        ttft_slack_s=kw.get("slack_s", 0.05),
+        wait_ratio=kw.get("wait_ratio", 0.5),
+        spread=kw.get("spread", 4.0),
     )
+
+
+class Policy:
+    """SoonestStart at TPS, as the router calls it."""
+
+    def __init__(self, slack_s: float = 0.05, wait_ratio: float = 0.5, spread: float = 4.0):
+        self.inner = SoonestStart(
+            block_chars=BLOCK,
+            chars_per_token=4.0,
+            slack_s=slack_s,
+            wait_ratio=wait_ratio,
+            spread=spread,
+        )
+
+    def choose(
+        self, replicas: list[Replica], matched: dict[str, int], chars: int = PROMPT, key: int = 1
+    ) -> tuple[Replica, str, float]:
+        return self.inner.choose(replicas, matched, chars, key, TPS)
+
+    def landings(self, replicas: list[Replica], keys: int = 40) -> set[str]:
+        """Where new prompts with ``keys`` different first blocks would go."""
+        return {self.choose(replicas, {}, key=k)[0].replica_id for k in range(keys)}
 
 
 def test_chat_rendering_is_canonical_and_flattens_parts() -> None:
@@ -79,18 +117,19 @@ def test_index_longest_match_and_lru_bound() -> None:
     index.record("r1", long_prompt[:1])
     index.record("r2", long_prompt)
     allowed = {"r1": 1, "r2": 1}
-    assert index.longest(long_prompt, allowed) == (3, ["r2"])
-    assert index.longest(long_prompt[:1], allowed)[0] == 1
-    assert sorted(index.longest(long_prompt[:1], allowed)[1]) == ["r1", "r2"]
-    assert index.longest(long_prompt, {"r1": 1}) == (1, ["r1"])
+    # Every holder with how much it holds, not only the longest.
+    assert index.matches(long_prompt, allowed) == {"r2": 3, "r1": 1}
+    assert index.matches(long_prompt[:1], allowed) == {"r1": 1, "r2": 1}
+    assert index.matches(long_prompt, {"r1": 1}) == {"r1": 1}
+    assert index.matches(block_hashes("z" * 16, 16), allowed) == {}
     # r1 holds at most 4 blocks: older prompts fall out, their prefixes with them.
     for n in range(10):
         index.record("r1", block_hashes(f"{n:016d}", 16))
     assert index.blocks("r1") == 4
-    assert index.longest(long_prompt, {"r1": 1}) == (0, [])
+    assert index.matches(long_prompt, {"r1": 1}) == {}
     # A replica that leaves the config leaves the index.
     index.sync({"r1": 4})
-    assert index.longest(long_prompt, allowed) == (0, [])
+    assert index.matches(long_prompt, allowed) == {}
 
 
 def test_lru_evicts_a_prefix_from_its_end() -> None:
@@ -98,10 +137,10 @@ def test_lru_evicts_a_prefix_from_its_end() -> None:
     index.sync({"r": 3})
     hashes = block_hashes("x" * 16 * 4, 16)  # 4 blocks, capacity 3
     index.record("r", hashes)
-    assert index.longest(hashes, {"r": 1}) == (3, ["r"])
+    assert index.matches(hashes, {"r": 1}) == {"r": 3}
 
 
-def test_policies() -> None:
+def test_least_loaded_and_rendezvous() -> None:
     a, b, c = replica("a"), replica("b"), replica("c")
     a.in_flight, b.in_flight, c.in_flight = 5, 1, 1
     assert least_loaded([a, b, c], 2048.0, 0) in (b, c)
@@ -113,22 +152,173 @@ def test_policies() -> None:
     assert rendezvous([c, b, a], key) is chosen
     others = [r for r in (a, b, c) if r is not chosen]
     assert rendezvous([chosen, others[0]], key) is chosen
-    # Prefix: a holder within the threshold wins; beyond it, the least loaded.
-    assert prefix_choice([a, b, c], [b], key, 2.0, 2048.0, 1.0) == (b, HIT)
-    assert prefix_choice([a, b, c], [a], key, 2.0, 2048.0, 1.0)[1] == OVERLOADED
-    assert prefix_choice([a, b, c], [a], key, 10.0, 2048.0, 1.0) == (a, HIT)
-    # New prefixes never go to a replica above the miss slack, even one that
-    # a holder could be at (inside the affinity threshold).
-    a.in_flight = 3
-    for k in range(50):
-        picked, outcome = prefix_choice([a, b, c], [], k, 10.0, 2048.0, 1.0)
-        assert outcome == MISS and picked is not a
-    # ...and spread by the hash among those that are not.
-    assert {prefix_choice([a, b, c], [], k, 10.0, 2048.0, 1.0)[0] for k in range(50)} == {b, c}
-    # Pending prefill counts as load.
-    b.pending_prefill = 4096 * 4
-    assert prefix_choice([a, b, c], [b], key, 2.0, 2048.0, 1.0)[1] == OVERLOADED
-    assert prefix_choice([a, b, c], [], key, 10.0, 2048.0, 1.0)[0] is c
+
+
+def test_new_prefix_goes_by_hash_unless_it_would_wait_a_whole_prefill() -> None:
+    policy = Policy()
+    a, b, c = replica("a"), replica("b"), replica("c")
+    for key in range(40):
+        picked, outcome, uncached = policy.choose([a, b, c], {}, key=key)
+        assert outcome == MISS and uncached == 256.0
+        # The same key lands alike whatever the order: two gateways agree.
+        assert policy.choose([c, a, b], {}, key=key)[0] is picked
+        assert picked is rendezvous([a, b, c], key)
+    # Decoding, or some prefill queued (0.1 s against 0.256 s of its own):
+    # still within the wait ratio, so the hash decides, and a gateway that
+    # cannot see that load (another gateway's) chooses alike.
+    a.in_flight, b.pending_prefill = 3, 100.0
+    assert policy.landings([a, b, c]) == {"a", "b", "c"}
+    # A whole prefill of its size queued there (the first prompt of the same
+    # new group, still prefilling): never waited behind.
+    b.pending_prefill = 256.0
+    assert policy.landings([a, b, c]) == {"a", "c"}
+    # With a tighter ratio, any queue that is more than the slack counts.
+    strict = Policy(wait_ratio=0.0)
+    b.pending_prefill = 40.0  # 0.04 s: within the 0.05 s slack
+    assert strict.landings([a, b, c]) == {"a", "b", "c"}
+    b.pending_prefill = 100.0
+    assert strict.landings([a, b, c]) == {"a", "c"}
+
+
+def test_holder_wins_while_its_saving_outweighs_its_queue() -> None:
+    policy = Policy()
+    holder, idle = replica("holder"), replica("idle")
+    held = {"holder": 64}
+    # Idle holder: the whole prompt is cached.
+    assert policy.choose([holder, idle], held) == (holder, HIT, 0.0)
+    # Busy with another prompt's prefill worth 0.2 s: still sooner than 0.256 s elsewhere.
+    holder.pending_prefill = 200.0
+    assert policy.choose([holder, idle], held)[:2] == (holder, HIT)
+    # Worth 0.35 s (another group's cold prompt prefilling there): the idle
+    # replica answers sooner by more than the slack, and a hit never waits
+    # like that.
+    holder.pending_prefill = 350.0
+    picked, outcome, uncached = policy.choose([holder, idle], held)
+    assert (outcome, uncached) == (OVERLOADED, 256.0) and picked is idle
+    # Within the slack of the soonest, the cache wins: 0.35 s against 0.256 s
+    # when the slack is 0.1 s.
+    assert Policy(slack_s=0.1).choose([holder, idle], held)[:2] == (holder, HIT)
+
+
+def test_a_busy_holders_prompt_goes_by_hash_like_a_new_one() -> None:
+    policy = Policy()
+    holder, b, c = replica("holder"), replica("b"), replica("c")
+    holder.pending_prefill = 1000.0  # 1 s of queue: far beyond both tolerances
+    held = {"holder": 64}
+    spilled = {policy.choose([holder, b, c], held, key=k)[0].replica_id for k in range(40)}
+    assert spilled == {"b", "c"}  # where another gateway would spill it too
+    for k in range(40):
+        picked, outcome, _ = policy.choose([holder, b, c], held, key=k)
+        assert picked is rendezvous([b, c], k) and outcome == OVERLOADED
+
+
+def test_a_partial_holder_counts_what_it_saves() -> None:
+    policy = Policy()
+    full, partial, cold = replica("full"), replica("partial"), replica("cold")
+    held = {"full": 64, "partial": 48}
+    full.pending_prefill = 500.0  # 0.5 s of queue: far later than the others
+    picked, outcome, uncached = policy.choose([full, partial, cold], held, key=7)
+    # The partial holder computes 16 blocks (64 tokens, 0.064 s); the cold one all 256.
+    assert (picked, outcome, uncached) == (partial, OVERLOADED, 64.0)
+    # A prompt shorter than what is held costs nothing, never less than nothing.
+    assert policy.choose([partial], {"partial": 48}, chars=10 * BLOCK)[2] == 0.0
+
+
+def test_tolerances_are_seconds_at_the_measured_speed() -> None:
+    inner = SoonestStart(
+        block_chars=BLOCK, chars_per_token=4.0, slack_s=0.05, wait_ratio=0.5, spread=4.0
+    )
+    holder, idle = replica("holder"), replica("idle")
+    holder.pending_prefill = 300.0
+    held = {"holder": 64}
+    # 300 tokens queued against 256 to compute elsewhere: 44 tokens apart.
+    # At 1,000 tokens/s that is 0.044 s, within the 0.05 s slack...
+    assert inner.choose([holder, idle], held, PROMPT, 1, 1000.0)[:2] == (holder, HIT)
+    # ...at 500 tokens/s it is 0.088 s, beyond it.
+    assert inner.choose([holder, idle], held, PROMPT, 1, 500.0)[0] is idle
+
+
+def test_in_flight_spread_bounds_a_hot_prefix() -> None:
+    # Fully cached where it is held, so the estimate is 0 on the holder
+    # however many are in flight there; the spread is what stops the pile.
+    policy = Policy(spread=2.0)
+    holder, other = replica("holder"), replica("other")
+    held = {"holder": 64}
+    sent = []
+    for _ in range(8):
+        picked, outcome, uncached = policy.choose([holder, other], held, key=5)
+        picked.in_flight += 1
+        picked.pending_prefill += uncached
+        sent.append((picked.replica_id, outcome))
+    assert sent.count(("holder", HIT)) == 5
+    assert sent.count(("other", OVERLOADED)) == 3
+
+
+def test_prefill_speed_measurement() -> None:
+    speed = PrefillSpeed(8192.0)
+    speed.observe(100.0, 1.0)  # too few tokens to tell prefill from overhead
+    assert speed.tokens_per_s == 8192.0 and speed.samples == 0
+    speed.observe(1000.0, 1.0)  # the first sample replaces the prior outright
+    assert speed.tokens_per_s == pytest.approx(1000.0)
+    speed.observe(4000.0, 1.0)  # settling: the geometric mean of the samples so far
+    assert speed.tokens_per_s == pytest.approx(2000.0)
+    speed.observe(2000.0, 1.0)
+    speed.observe(2000.0, 1.0)
+    assert speed.tokens_per_s == pytest.approx(2000.0)
+    # Settled: a wild sample (a prompt the engine had cached after all) counts
+    # as 4x the estimate at most, and moves it a tenth of the way (in log terms).
+    speed.observe(1_000_000.0, 1.0)
+    assert speed.tokens_per_s == pytest.approx(2000.0 * 4.0**0.1)
+    speed.observe(1000.0, 0.0)  # no duration: no sample
+    assert speed.samples == 5
+
+
+def test_router_records_a_prefix_once_its_answer_starts() -> None:
+    prefix = router(["a", "b", "c"])
+    system = "s" * PROMPT
+    first = prefix.pick(system + "question one")
+    assert first is not None and first.outcome == MISS
+    # The first prompt is still being prefilled (nothing recorded yet, its
+    # tokens queued there): the second prompt of the group starts elsewhere
+    # at once instead of waiting behind it.
+    first.replica.in_flight += 1
+    first.replica.pending_prefill += first.uncached_tokens
+    second = prefix.pick(system + "question two")
+    assert second is not None and second.outcome == MISS
+    assert second.replica is not first.replica
+    # Once the first answer started, the group is held there.
+    first.replica.pending_prefill -= first.uncached_tokens
+    prefix.record(first)
+    third = prefix.pick(system + "question three")
+    assert third is not None and third.outcome == HIT and third.replica is first.replica
+    assert third.uncached_tokens < first.uncached_tokens
+
+
+def test_router_measures_one_speed_per_model_and_keeps_it() -> None:
+    route = wire.ModelRoute(name="m", served_name="m", routing="prefix")
+    speed = PrefillSpeed(8192.0)
+    holder, other = replica("holder"), replica("other")
+
+    def version() -> ModelRouter:  # a config version; the speed is carried over
+        return ModelRouter(
+            route, [holder, other], PrefixIndex(), speed, block_chars=BLOCK,
+            chars_per_token=4.0, tokens_per_unit=2048.0, ttft_slack_s=0.05, wait_ratio=0.5,
+            spread=4.0,
+        )  # fmt: skip
+
+    first = version()
+    first.record(Pick(holder, MISS, block_hashes("h" * PROMPT, BLOCK), 256.0))
+    holder.pending_prefill = 350.0  # 94 tokens later than computing it all elsewhere
+    # At the 8,192 tokens/s prior, 94 tokens are 0.011 s: the holder keeps it.
+    assert first.pick("h" * PROMPT).replica is holder  # type: ignore[union-attr]
+    first.measured(1000.0, 1.0)
+    # Measured at 1,000 tokens/s they are 0.094 s, beyond the 0.05 s slack, and
+    # the next version of the config still knows it.
+    later = version()
+    later.record(Pick(holder, MISS, block_hashes("h" * PROMPT, BLOCK), 256.0))
+    assert speed.tokens_per_s == pytest.approx(1000.0)
+    again = later.pick("h" * PROMPT)
+    assert again is not None and again.replica is other and again.outcome == OVERLOADED
 
 
 def test_router_policies_and_cooldown() -> None:
@@ -139,11 +329,12 @@ def test_router_policies_and_cooldown() -> None:
     assert ll.pick("x").replica.replica_id == "b"  # type: ignore[union-attr]
     prefix = router(["a", "b", "c"])
     first = prefix.pick("s" * 64 + "question one")
+    assert first is not None
+    prefix.record(first)
     again = prefix.pick("s" * 64 + "question two")
-    assert first is not None and again is not None
+    assert again is not None
     assert first.outcome == MISS and again.outcome == HIT
     assert again.replica is first.replica
-    assert again.uncached_tokens < first.uncached_tokens
     # A cooled replica is skipped while others are available, and offered again when alone.
     chosen = first.replica
     chosen.connect_failed(cooldown_after=1, cooldown_s=60)
@@ -154,3 +345,9 @@ def test_router_policies_and_cooldown() -> None:
     chosen.connect_succeeded()
     assert chosen.cooled_until == 0.0
     assert router([]).pick("x") is None
+    # One replica: no choice, but the index is kept for when a second appears.
+    alone = router(["only"])
+    once = alone.pick("t" * 64)
+    assert once is not None and once.outcome == MISS
+    alone.record(once)
+    assert alone.pick("t" * 64).outcome == HIT  # type: ignore[union-attr]

@@ -397,18 +397,33 @@ def _asked_usage(payload: dict[str, Any]) -> bool:
 
 
 class _Prefill:
-    """Uncached prompt tokens charged to a replica until its answer starts."""
+    """Uncached prompt tokens charged to a replica until its answer starts.
 
-    __slots__ = ("replica", "tokens")
+    The start of the answer is also when the replica holds the prompt's
+    prefix (so the router records it then) and, for a stream that queued
+    behind none of this gateway's other prefills on the replica, a
+    measurement of the model's prefill speed.
+    """
 
-    def __init__(self, replica: Replica, tokens: float) -> None:
-        self.replica = replica
-        self.tokens = tokens
-        replica.pending_prefill += tokens
+    __slots__ = ("ahead", "pick", "router", "sent_at", "tokens")
+
+    def __init__(self, router: ModelRouter, pick: Pick) -> None:
+        self.router = router
+        self.pick = pick
+        self.tokens = pick.uncached_tokens
+        self.ahead = pick.replica.pending_prefill
+        pick.replica.pending_prefill += self.tokens
+        self.sent_at = time.perf_counter()
+
+    def started(self, streamed: bool) -> None:
+        if streamed and self.ahead < 1.0:
+            self.router.measured(self.tokens, time.perf_counter() - self.sent_at)
+        self.router.record(self.pick)
+        self.done()
 
     def done(self) -> None:
         if self.tokens:
-            self.replica.pending_prefill -= self.tokens
+            self.pick.replica.pending_prefill -= self.tokens
             self.tokens = 0.0
 
 
@@ -460,7 +475,7 @@ async def _proxy(
         replica.in_flight += 1
         replica.requests += 1
         replica.last_request_at = time.time()
-        prefill = _Prefill(replica, pick.uncached_tokens)
+        prefill = _Prefill(router, pick)
         metrics.in_flight(model, 1)
         before = time.perf_counter() - started - waited
         response: Response | None = None
@@ -478,7 +493,7 @@ async def _proxy(
                 # Nothing goes to the client before the first chunk, so a replica
                 # that dies during prefill is still retried elsewhere.
                 first = await response.next_chunk()
-                prefill.done()
+                prefill.started(streamed=True)
                 metrics.ttft(model, time.perf_counter() - started - waited)
                 relayed, response = response, None
                 counter = None
@@ -489,7 +504,10 @@ async def _proxy(
                 return await _relay(rt, relayed, first or b"", model, record, injected,
                                     before, id_header, out, counter, asked,
                                     replica.mending.legacy)  # fmt: skip
-            prefill.done()
+            if response.status == 200:
+                prefill.started(streamed=False)
+            else:
+                prefill.done()
             data = await response.read()
             if rename is not None:
                 data = rename(data)

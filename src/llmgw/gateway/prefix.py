@@ -135,29 +135,38 @@ class PrefixIndex:
             self._capacity[replica_id] = max(1, capacity)
             self._evict(replica_id)
 
-    def longest(self, hashes: list[int], allowed: dict[str, Any]) -> tuple[int, list[str]]:
-        """(blocks matched, replicas among ``allowed`` holding that longest prefix)."""
+    def matches(self, hashes: list[int], allowed: dict[str, Any]) -> dict[str, int]:
+        """Blocks of ``hashes`` each replica among ``allowed`` holds, from the first on.
+
+        Replicas holding none are absent. Every holder counts, not only the
+        longest: one holding the system prompt but not this question still
+        saves most of the prefill.
+        """
+        found: dict[str, int] = {}
         if not hashes:
-            return 0, []
+            return found
         owners = self._owners.get(hashes[0])
         if not owners:
-            return 0, []
-        candidates = [r for r in owners if r in allowed]
-        matched = 1
+            return found
+        alive = [r for r in owners if r in allowed]
+        depth = 1
         for block in hashes[1:]:
-            if not candidates:
+            if not alive:
                 break
             owners = self._owners.get(block)
             if not owners:
                 break
-            narrower = [r for r in candidates if r in owners]
-            if not narrower:
-                break
-            candidates = narrower
-            matched += 1
-        if not candidates:
-            return 0, []
-        return matched, candidates
+            still: list[str] = []
+            for replica_id in alive:
+                if replica_id in owners:
+                    still.append(replica_id)
+                else:
+                    found[replica_id] = depth
+            alive = still
+            depth += 1
+        for replica_id in alive:
+            found[replica_id] = depth
+        return found
 
     def record(self, replica_id: str, hashes: list[int]) -> None:
         lru = self._lru.get(replica_id)

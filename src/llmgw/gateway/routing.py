@@ -10,6 +10,7 @@ update that merely adds or removes another replica.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,10 +22,23 @@ from llmgw.gateway.prefix import PrefixIndex, block_hashes, stable_key
 _M64 = (1 << 64) - 1
 
 # Prefix-routing outcomes, as exported in metrics.
-HIT = "hit"  # longest cached prefix chosen
+HIT = "hit"  # a replica holding the longest cached prefix chosen
 MISS = "miss"  # no replica holds any of it: rendezvous on the first block
-OVERLOADED = "overloaded"  # a replica holds it but is too loaded: least loaded instead
+OVERLOADED = "overloaded"  # a replica holds it, but another was estimated to answer sooner
 UNROUTED = "none"  # policy did not look at prefixes (round-robin, least-loaded, no prompt)
+
+# Prefill-speed measurement. A sample below this many tokens is mostly network
+# and a decode step, not prefill, and would read as a slow engine.
+MIN_SAMPLE_TOKENS = 256.0
+# The first samples are averaged as they come (geometric mean), so a wrong
+# prior is gone after a handful of requests; after that a sample moves the
+# estimate by SAMPLE_WEIGHT of the way in log terms, and counts as at most a
+# factor of SAMPLE_CLAMP off: a sample is wrong whenever the gateway's guess
+# of the cached part was (another gateway warmed the engine, the engine
+# evicted early), and such outliers must not swing every later choice.
+SETTLING_SAMPLES = 4
+SAMPLE_WEIGHT = 0.1
+SAMPLE_CLAMP = 4.0
 
 
 def _mix(value: int) -> int:
@@ -90,6 +104,41 @@ class Replica:
             self.cooled_until = 0.0
 
 
+class PrefillSpeed:
+    """A model's measured prefill speed (prompt tokens per second), from its replicas.
+
+    One estimate per model, not per replica: replicas of a model mostly run
+    on alike hardware, each replica would see an eighth of the samples, and
+    with per-replica estimates their noise -- not their load -- decided
+    between idle replicas, so two gateways stopped agreeing on where new
+    prefixes go. What it is for is turning queued prefill into seconds,
+    which is what the policy's tolerances are in.
+    """
+
+    __slots__ = ("samples", "tokens_per_s")
+
+    def __init__(self, prior: float) -> None:
+        self.tokens_per_s = prior
+        self.samples = 0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        """Fold in one prefill: ``tokens`` uncached prompt tokens answered in ``seconds``.
+
+        Only a prefill that queued behind none of this gateway's others on
+        its replica is a sample (the caller checks), so the time is its own.
+        """
+        if tokens < MIN_SAMPLE_TOKENS or seconds <= 0.0:
+            return
+        ratio = tokens / seconds / self.tokens_per_s
+        self.samples += 1
+        if self.samples <= SETTLING_SAMPLES:
+            # The first replaces the prior; the next ones make a geometric mean.
+            self.tokens_per_s *= ratio ** (1.0 / self.samples)
+        else:
+            ratio = min(max(ratio, 1.0 / SAMPLE_CLAMP), SAMPLE_CLAMP)
+            self.tokens_per_s *= ratio**SAMPLE_WEIGHT
+
+
 # ---------------------------------------------------------------------------
 # Pure policies
 # ---------------------------------------------------------------------------
@@ -119,34 +168,114 @@ def rendezvous(replicas: Sequence[Replica], key: int) -> Replica:
     return best
 
 
-def prefix_choice(
-    replicas: Sequence[Replica],
-    holders: Sequence[Replica],
-    key: int,
-    threshold: float,
-    tokens_per_unit: float,
-    miss_slack: float,
-) -> tuple[Replica, str]:
-    """The prefix policy given who holds the longest prefix (``holders``, maybe empty).
+class SoonestStart:
+    """The prefix policy: the replica estimated to start answering soonest.
 
-    Affinity wins unless it would pile work on a replica: a holder more than
-    ``threshold`` above the least-loaded replica loses to the least loaded
-    (prefix-only routing collapses under skewed prefixes, see research/routing.md).
-    A new prefix goes by rendezvous, so gateways that share no state still
-    agree on where it lands -- but only among the replicas within
-    ``miss_slack`` of the least loaded: a miss has nothing to gain from any
-    particular replica, and with the wide affinity threshold a hash alone
-    stacks cold prompts on busy replicas while others idle (in a cold start
-    that made prefix routing slower than round-robin).
+    A replica's estimated time to first token is the prefill queued on it
+    (uncached prompt tokens of this gateway's requests not yet answered) plus
+    the part of this prompt it does not hold, over its measured prefill
+    speed. Holding a prefix only counts as the tokens it saves, so a holder
+    busy with another prompt's prefill loses to an idle replica when the
+    saved tokens are worth less than the wait -- "held prefix unless
+    overloaded" sent the second prompt of a new group to wait behind the
+    first one's prefill while other engines idled, slower than round-robin at
+    low load.
+
+    Two tolerances, because the two choices cost different things:
+
+    * A holder within ``slack_s`` of the soonest keeps the prompt (the
+      longest holder first): a few tens of milliseconds buy a cache hit
+      that saves the engine a whole prefill. Kept small, so a hit never
+      waits behind another prompt's cold prefill.
+    * Otherwise (a new prefix, or every holder too busy) the prompt goes to
+      the highest rendezvous score of its first block among the replicas
+      holding none of it that are estimated within ``wait_ratio`` of the
+      soonest (which is one of them): gateways that share no
+      state see different loads, and only a tolerance this wide keeps them
+      agreeing on where a prefix lives -- when they disagree, both copies
+      share the engines' caches while each gateway's index counts on all of
+      it, and the hit rate collapses under load. Still below 1, so a prompt
+      never waits behind a whole prefill of its own size.
+
+    ``spread`` bounds in-flight requests above the least busy replica: the
+    estimate sees prefill only, and a hot prefix that is always cached would
+    otherwise pile decode work on one engine without limit.
     """
-    min_load = min(r.load(tokens_per_unit) for r in replicas)
-    if holders:
-        best = min(holders, key=lambda r: r.load(tokens_per_unit))
-        if best.load(tokens_per_unit) - min_load <= threshold:
-            return best, HIT
-        return least_loaded(replicas, tokens_per_unit, key), OVERLOADED
-    eligible = [r for r in replicas if r.load(tokens_per_unit) - min_load <= miss_slack]
-    return rendezvous(eligible, key), MISS
+
+    __slots__ = ("_block_chars", "_chars_per_token", "_slack_s", "_spread", "_wait_ratio")
+
+    def __init__(
+        self,
+        *,
+        block_chars: int,
+        chars_per_token: float,
+        slack_s: float,
+        wait_ratio: float,
+        spread: float,
+    ) -> None:
+        self._block_chars = block_chars
+        self._chars_per_token = chars_per_token
+        self._slack_s = slack_s
+        self._wait_ratio = wait_ratio
+        self._spread = spread
+
+    def choose(
+        self,
+        replicas: Sequence[Replica],
+        matched: dict[str, int],
+        prompt_chars: int,
+        key: int,
+        tokens_per_s: float,
+    ) -> tuple[Replica, str, float]:
+        """(replica, outcome, its uncached prompt tokens).
+
+        ``matched`` maps a replica id to the blocks of this prompt it holds;
+        ``tokens_per_s`` is the replicas' prefill speed. Estimates are kept
+        in tokens of prefill, the tolerances turned into tokens at that speed.
+        """
+        ceiling = min(r.in_flight for r in replicas) + self._spread
+        block_chars = self._block_chars
+        per_token = self._chars_per_token
+        estimates: list[float] = []
+        soonest = math.inf
+        for replica in replicas:
+            if replica.in_flight > ceiling:
+                estimates.append(math.inf)
+                continue
+            cached = matched.get(replica.replica_id, 0) * block_chars
+            uncached = max(0, prompt_chars - cached) / per_token
+            estimate = replica.pending_prefill + uncached
+            estimates.append(estimate)
+            if estimate < soonest:
+                soonest = estimate
+        slack = self._slack_s * tokens_per_s
+        best: Replica | None = None
+        best_blocks = 0
+        best_score = -1
+        if matched:
+            limit = soonest + slack
+            for replica, estimate in zip(replicas, estimates, strict=True):
+                blocks = matched.get(replica.replica_id, 0)
+                if estimate > limit or blocks < max(best_blocks, 1):
+                    continue
+                score = _mix(key ^ replica.seed)
+                if blocks > best_blocks or score > best_score:
+                    best, best_blocks, best_score = replica, blocks, score
+        if best is None:
+            # No holder is close to the soonest, so the soonest holds nothing
+            # and is among these: holders here would make a hit wait.
+            limit = soonest * (1.0 + self._wait_ratio) + slack
+            for replica, estimate in zip(replicas, estimates, strict=True):
+                if estimate > limit or replica.replica_id in matched:
+                    continue
+                score = _mix(key ^ replica.seed)
+                if score > best_score:
+                    best, best_score = replica, score
+            assert best is not None
+        longest = max(matched.values(), default=0)
+        outcome = MISS if not longest else HIT if best_blocks == longest else OVERLOADED
+        cached = best_blocks * block_chars
+        return best, outcome, max(0, prompt_chars - cached) / per_token
 
 
 # ---------------------------------------------------------------------------
@@ -167,11 +296,10 @@ class ModelRouter:
 
     __slots__ = (
         "_block_chars",
-        "_chars_per_token",
         "_counter",
         "_index",
-        "_miss_slack",
-        "_threshold",
+        "_policy",
+        "_speed",
         "_units",
         "policy",
         "replicas",
@@ -183,23 +311,30 @@ class ModelRouter:
         route: wire.ModelRoute,
         replicas: list[Replica],
         index: PrefixIndex,
+        speed: PrefillSpeed,
         *,
         block_chars: int,
         chars_per_token: float,
-        threshold: float,
         tokens_per_unit: float,
-        miss_slack: float,
+        ttft_slack_s: float,
+        wait_ratio: float,
+        spread: float,
     ) -> None:
         self.route = route
         self.policy = route.routing
         self.replicas = replicas
         self._index = index
         self._block_chars = block_chars
-        self._chars_per_token = chars_per_token
-        self._threshold = threshold
-        self._miss_slack = miss_slack
         self._units = tokens_per_unit
+        self._policy = SoonestStart(
+            block_chars=block_chars,
+            chars_per_token=chars_per_token,
+            slack_s=ttft_slack_s,
+            wait_ratio=wait_ratio,
+            spread=spread,
+        )
         self._counter = 0
+        self._speed = speed
         index.sync(
             {
                 r.replica_id: int(r.kv_capacity_tokens * chars_per_token / block_chars)
@@ -252,23 +387,27 @@ class ModelRouter:
         if self.policy == "least-loaded" or not prompt:
             return Pick(least_loaded(replicas, self._units, self._counter), UNROUTED, [], 0.0)
         hashes = block_hashes(prompt, self._block_chars)
-        if len(replicas) == 1:
-            # No choice to make, but the index is still kept: it is what sends
-            # known prefixes back here once a second replica appears.
-            replica = replicas[0]
-            matched, _ = self._index.longest(hashes, {replica.replica_id: replica})
-            outcome = HIT if matched else MISS
-        else:
-            allowed = {r.replica_id: r for r in replicas}
-            matched, holder_ids = self._index.longest(hashes, allowed)
-            holders = [allowed[r] for r in holder_ids]
-            key = stable_key(prompt, self._block_chars)
-            replica, outcome = prefix_choice(
-                replicas, holders, key, self._threshold, self._units, self._miss_slack
-            )
-            if replica not in holders:
-                matched = 0
-        cached_chars = matched * self._block_chars
-        uncached = max(0.0, (len(prompt) - cached_chars) / self._chars_per_token)
-        self._index.record(replica.replica_id, hashes)
+        allowed = {r.replica_id: r for r in replicas}
+        matched = self._index.matches(hashes, allowed)
+        # One replica is no choice, but its index is still kept: it is what
+        # sends known prefixes back here once a second replica appears.
+        key = stable_key(prompt, self._block_chars) if len(replicas) > 1 else 0
+        replica, outcome, uncached = self._policy.choose(
+            replicas, matched, len(prompt), key, self._speed.tokens_per_s
+        )
         return Pick(replica, outcome, hashes, uncached)
+
+    def measured(self, tokens: float, seconds: float) -> None:
+        """A replica answered a prefill of ``tokens`` in ``seconds`` (see PrefillSpeed)."""
+        self._speed.observe(tokens, seconds)
+
+    def record(self, pick: Pick) -> None:
+        """The pick's replica has computed the prompt: it holds the prefix from now on.
+
+        Recorded when the answer starts, not when the request is sent: until
+        then the engine holds nothing, and a second prompt of the same group
+        sent after the first would wait behind its prefill instead of
+        starting at once on an idle replica.
+        """
+        if pick.hashes:
+            self._index.record(pick.replica.replica_id, pick.hashes)

@@ -72,15 +72,30 @@ class GatewaySettings:
     # English estimate. 256 characters ≈ 64 tokens, the block size llm-d uses.
     prefix_block_chars: int = 256
     chars_per_token: float = 4.0
-    # Longest-prefix choice is overridden when the chosen replica's load
-    # exceeds the least-loaded one's by more than this, in "request units":
-    # one in-flight request, or `prefill_tokens_per_unit` uncached prompt
-    # tokens still being prefilled.
+    # Prefix routing picks the replica estimated to start answering soonest
+    # (routing.SoonestStart): queued prefill plus the uncached part of the
+    # prompt, at the model's prefill speed as measured on its replicas. Until
+    # a few streamed answers have measured it, this prior stands in; it only
+    # turns the tolerances below into tokens, so the order of magnitude does.
+    prefill_tokens_per_s: float = 8192.0
+    # A replica holding the prompt's prefix keeps it while its estimate is
+    # within this of the soonest replica's: less than a cold prompt's prefill
+    # on any engine, so a hit never waits behind another prompt's, and enough
+    # to keep a warm group on its replica when that costs a few tens of ms.
+    ttft_slack_s: float = 0.05
+    # A new prefix (or one whose holders are all too busy) goes where the hash
+    # of its first block says among the replicas estimated within this ratio
+    # of the soonest: wide, so that gateways seeing different loads still
+    # agree on where a prefix lives, and below 1, so a prompt never waits
+    # behind a whole prefill of its own size.
+    miss_wait_ratio: float = 0.5
+    # The estimate sees prefill only: a replica with more than this many
+    # requests in flight above the least busy one is passed over, so a hot
+    # prefix that is always cached cannot pile decode work on one engine.
     load_threshold: float = 8.0
+    # Least-loaded routing counts this many uncached prompt tokens still being
+    # prefilled as one more request in flight.
     prefill_tokens_per_unit: float = 2048.0
-    # A prefix no replica holds goes by rendezvous among the replicas whose
-    # load is within this of the least loaded (see routing.prefix_choice).
-    miss_load_slack: float = 2.0
     # Upstream streams always ask for usage (needed for limits and metering);
     # the final usage chunk is removed for clients that did not ask for it.
     inject_stream_usage: bool = True
@@ -102,6 +117,7 @@ class GatewaySettings:
             "prefix_block_chars": self.prefix_block_chars,
             "chars_per_token": self.chars_per_token,
             "prefill_tokens_per_unit": self.prefill_tokens_per_unit,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
         }
         for name, value in positive.items():
             if value <= 0:
@@ -111,7 +127,8 @@ class GatewaySettings:
             "cooldown_after": self.cooldown_after,
             "retry_after_s": self.retry_after_s,
             "load_threshold": self.load_threshold,
-            "miss_load_slack": self.miss_load_slack,
+            "ttft_slack_s": self.ttft_slack_s,
+            "miss_wait_ratio": self.miss_wait_ratio,
         }.items():
             if value < 0:
                 raise ConfigError(f"gateway setting {name} must be >= 0, got {value}")

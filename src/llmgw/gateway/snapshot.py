@@ -5,9 +5,10 @@ the end, so a config update never shows it half-applied; building the next
 snapshot costs what it costs once per version, never per request.
 
 Long-lived state is carried across versions by identity: replicas (in-flight
-counts, cool-downs) by replica id, prefix indexes by model name, key buckets by
-key id. A replica that disappears from the table drops out of the registry;
-requests still in flight on it keep their own reference and finish normally.
+counts, cool-downs) by replica id, prefix indexes and measured prefill speeds
+by model name, key buckets by key id. A replica that disappears from the table
+drops out of the registry; requests still in flight on it keep their own
+reference and finish normally.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from llmgw import wire
 from llmgw.gateway.auth import KeyTable
 from llmgw.gateway.external import renamer, upstream_key
 from llmgw.gateway.prefix import PrefixIndex
-from llmgw.gateway.routing import ModelRouter, Replica
+from llmgw.gateway.routing import ModelRouter, PrefillSpeed, Replica
 from llmgw.gateway.settings import GatewaySettings
 
 
@@ -47,8 +48,10 @@ class Snapshot:
         self.config = config
         old_replicas = previous.replicas if previous else {}
         old_indexes = previous.indexes if previous else {}
+        old_speeds = previous.speeds if previous else {}
         self.replicas: dict[str, Replica] = {}
         self.indexes: dict[str, PrefixIndex] = {}
+        self.speeds: dict[str, PrefillSpeed] = {}
         self.routes: dict[str, ModelRouter] = {}
         self.keys: KeyTable = KeyTable(config.keys, previous.keys if previous else None)
         # External models' URLs by replica id, and what puts the catalog's
@@ -75,15 +78,19 @@ class Snapshot:
                 replicas.append(replica)
             index = old_indexes.get(route.name) or PrefixIndex()
             self.indexes[route.name] = index
+            speed = old_speeds.get(route.name) or PrefillSpeed(settings.prefill_tokens_per_s)
+            self.speeds[route.name] = speed
             router = ModelRouter(
                 route,
                 replicas,
                 index,
+                speed,
                 block_chars=settings.prefix_block_chars,
                 chars_per_token=settings.chars_per_token,
-                threshold=settings.load_threshold,
-                miss_slack=settings.miss_load_slack,
                 tokens_per_unit=settings.prefill_tokens_per_unit,
+                ttft_slack_s=settings.ttft_slack_s,
+                wait_ratio=settings.miss_wait_ratio,
+                spread=settings.load_threshold,
             )
             # The canonical name wins over another model's alias of the same spelling.
             for alias in route.aliases:
