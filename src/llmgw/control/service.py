@@ -175,7 +175,8 @@ class ControlPlane:
         ``leading``: this instance is taking over. Requests in flight are then
         learnt again from the gateways' reports, not from the store: a count
         its predecessor stored just before dying would otherwise pin a
-        replica as busy until some gateway reported it.
+        replica as busy until some gateway reported it. And a node's silence
+        counts from now at the earliest: nobody could hear it meanwhile.
         """
         state = self.state
         state.nodes.clear()
@@ -195,6 +196,10 @@ class ControlPlane:
         if leading:
             for replica in state.replicas.values():
                 replica.in_flight = 0
+            # No node could report while no instance led (NodeRecord.listening_since).
+            began = time.time()
+            for node in state.nodes.values():
+                node.listening_since = began
         await self._load_keys()
         self._admin_hash = await self.store.get_setting(ADMIN_HASH)
         await self._load_join_tokens()

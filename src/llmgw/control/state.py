@@ -63,11 +63,27 @@ class NodeRecord:
     fabrics_pinned: bool = False
     # What the agent last reported (memory only), shown when it differs.
     reported_fabrics: list[str] = field(default_factory=list)
+    # When this instance began to lead (memory only; ControlPlane.load):
+    # silence before it does not count. While no instance leads, no agent
+    # can report, and agents back off meanwhile; counted from the stored
+    # last_seen, a store failover of ~20 s made the new leader call every
+    # node unreachable at once (all replicas out of routing, every model
+    # short) until the agents' backed-off reports came in, and an outage
+    # longer than REPLACE_AFTER_S would have replaced every replica.
+    listening_since: float | None = None
+
+    def silent_for(self, now: float) -> float:
+        """Seconds without a report that count: since it last reported, or since
+        this instance took over if that is later."""
+        seen = self.last_seen if self.last_seen is not None else self.registered_at
+        if self.listening_since is not None and self.listening_since > seen:
+            seen = self.listening_since
+        return now - seen
 
     def state(self, now: float, unreachable_after: float | None = None) -> NodeState:
         # The module's grace is read at call time, so a test can shorten it.
         grace = UNREACHABLE_AFTER_S if unreachable_after is None else unreachable_after
-        if self.last_seen is None or now - self.last_seen > grace:
+        if self.last_seen is None or self.silent_for(now) > grace:
             return NodeState.UNREACHABLE
         return self.admin_state
 

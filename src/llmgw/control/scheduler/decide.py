@@ -46,10 +46,7 @@ def decide(
     known_draining = dict(draining_since or {})
 
     lost_nodes = {
-        name
-        for name, node in state.nodes.items()
-        if now - (node.last_seen if node.last_seen is not None else node.registered_at)
-        > policy.replace_after_s
+        name for name, node in state.nodes.items() if node.silent_for(now) > policy.replace_after_s
     }
     unreachable_nodes = state.unreachable_nodes(now)
     draining_nodes = {

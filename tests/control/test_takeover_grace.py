@@ -1,0 +1,94 @@
+"""A new leader counts a node's silence from its own takeover, not from the store's last_seen.
+
+Found by the chaos suite (bench/chaos.py, patroni_leader_kill): while no
+instance leads, no agent can report, and agents back off; the new leader
+then read last_seen values older than the unreachable grace and called
+every node unreachable at once, so every replica left routing and every
+model was short until the backed-off reports came in. An outage longer
+than the replacement grace would have replaced every replica of the fleet.
+
+Two real instances on one PostgreSQL database; the leaderless outage is
+the stored last_seen moved back (no clock can be moved across a store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from tests.agent.fakes import StubAdapter
+from tests.agent.helpers import cpu_slot
+from tests.control.standby_kit import Instance, leader_and_standby
+
+from llmgw.agent.app import Agent, AgentConfig
+from llmgw.control.adminapi.patroni import StoreStatus
+from llmgw.control.adminapi.summary import fleet_summary
+from llmgw.control.service import NewCredentials
+from llmgw.control.state import REPLACE_AFTER_S, UNREACHABLE_AFTER_S
+from llmgw.wire import EngineKind, ModelSpec, NodeInventory, NodeState, ReplicaState
+
+Pair = tuple[Instance, Instance, NewCredentials]
+
+
+@pytest.fixture
+async def pair(pg_database_url: str) -> AsyncIterator[Pair]:
+    async with leader_and_standby(pg_database_url) as started:
+        yield started
+
+
+async def eventually(check: Callable[[], bool], within_s: float, what: str) -> None:
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_node_silent_only_while_no_one_led_stays_reachable_and_keeps_its_replica(
+    pair: Pair, tmp_path: Path,
+) -> None:
+    leader, standby, creds = pair
+    await leader.cp.put_models([ModelSpec(name="m", engine="sim")])
+    agent = Agent(
+        AgentConfig(control_plane=leader.url, data_dir=tmp_path / "n1", name="n1",
+                    join_token=creds.join_token, stop_grace_s=2.0),
+        inventory_provider=lambda: NodeInventory(hostname="n1", devices=[cpu_slot(0, "n1")]),
+        adapters={EngineKind.SIM: StubAdapter()},
+    )
+    run = asyncio.create_task(agent.run())
+    try:
+        def ready() -> list[str]:
+            return [r.id for r in leader.cp.state.replicas.values()
+                    if r.state == ReplicaState.READY]
+
+        await eventually(lambda: bool(ready()), 15, "a ready replica on the leader")
+        (replica_id,) = ready()
+    finally:
+        # The node goes quiet with its replica running (the agent is only
+        # away; its engines are not stopped).
+        await agent.shutdown(stop_engines=False)
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+    await leader.cp.flush_heartbeats()
+    # Its last report reached the store longer ago than the replacement
+    # grace: that long without a leader (a store failover, say).
+    await standby.store.touch_nodes({"n1": time.time() - REPLACE_AFTER_S - 30})
+    await leader.stop()
+    await eventually(lambda: standby.cp.is_leader, 10, "the standby to take over")
+    took_over = time.time()
+    await asyncio.sleep(1.5)  # a few reconcile passes (0.3 s each in the kit)
+
+    now = time.time()
+    node = standby.cp.state.nodes["n1"]
+    assert node.state(now) is NodeState.READY
+    replicas = list(standby.cp.state.replicas.values())
+    assert [(r.id, r.state) for r in replicas] == [(replica_id, ReplicaState.READY)]
+    assert standby.cp.state.routable(replicas[0], now)
+    summary = fleet_summary(standby.cp.state, now, StoreStatus(members=[]))
+    assert summary.nodes.unreachable == 0 and summary.models.short == 0
+    # Silent for the grace after the takeover as well, it is unreachable.
+    later = took_over + UNREACHABLE_AFTER_S + 1
+    assert node.state(later) is NodeState.UNREACHABLE
+    assert not standby.cp.state.routable(replicas[0], later)
