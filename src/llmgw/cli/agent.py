@@ -19,6 +19,7 @@ from typing import Annotated, cast, get_args
 
 import typer
 
+from llmgw import procstats
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
 from llmgw.agent.memguard import GuardMode
@@ -195,6 +196,7 @@ async def run_agent(agent: Agent, *, stop_engines: bool) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    procstats.install("agent")
     task = asyncio.create_task(agent.run())
     waiter = asyncio.create_task(stop.wait())
     try:

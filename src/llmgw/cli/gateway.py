@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
+from llmgw import procstats
 from llmgw.cli.logs import setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
@@ -85,6 +86,7 @@ async def serve_gateway(
         except (ControlPlaneUnavailable, TimeoutError) as exc:
             log.warning("control plane not reachable yet (%s); answering 503 until it is", exc)
         await gateway.start()
+        procstats.install("gateway")
         freeze_startup_objects()
         config = server_config(
             gateway, log_level=logging.getLevelName(logging.getLogger().level).lower(),

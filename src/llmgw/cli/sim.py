@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import pydantic
 import typer
 
+from llmgw import procstats
 from llmgw.cli.logs import setup_logging
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.sim import engine as sim_engine
@@ -180,6 +181,7 @@ async def _run_fleet(
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    procstats.install("sim-fleet")
     started = time.monotonic()
     fleet = await start_fleet(
         fleet_spec,

@@ -25,6 +25,7 @@ from typing import Any
 
 import uvicorn
 
+from llmgw import procstats
 from llmgw.cli.httpserver import server_config
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
@@ -465,6 +466,7 @@ async def _serve(
     cp.trust_reported_fabrics = options.trust_reported_fabrics
     stop = asyncio.Event()
     _install_stop_signals(stop)
+    procstats.install("serve")
     runtime = ControlPlaneRuntime(cp, advertise_url=advertise, retention=options.retention)
     gateway = build_gateway(cp)
     await runtime.start()
@@ -557,6 +559,7 @@ async def _up(
     cp.trust_reported_fabrics = fleet is not None
     stop = asyncio.Event()
     _install_stop_signals(stop)
+    procstats.install("up")
     if catalog is not None:
         await cp.put_models(catalog)
     elif options.sim is None and not cp.state.models:

@@ -62,6 +62,7 @@ import orjson
 import pydantic
 from aiohttp import web
 
+from llmgw import procstats
 from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import ValidationError
 from llmgw.sim import metrics, openai_api, tokens
@@ -532,6 +533,7 @@ async def serve(
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    procstats.install("sim-engine")
     try:
         engines = await run_engines(
             count, params, host, model=model, base_port=port, api_key=api_key
