@@ -36,11 +36,15 @@ def test_each_adapter_declares_its_engines_dialect() -> None:
     # llama_cpp.server: ignores max_completion_tokens and stream_options.
     assert not python.max_completion_tokens and not python.stream_usage
     assert python.tokenize_path == "/extras/tokenize/count" and python.tokenize_field == "input"
+    # ... and runs an unstreamed request to its end whatever its client does.
+    assert not python.stops_unstreamed
     server = LlamaCppAdapter(server_binary="/usr/bin/llama-server").build(_context(llama)).dialect
     assert server.stream_usage and not server.max_completion_tokens
     assert (server.tokenize_path, server.tokenize_field) == ("/tokenize", "content")
+    assert server.stops_unstreamed
     vllm = VllmAdapter().build(_context(assign(model(EngineKind.VLLM), [gpu(0)]))).dialect
     assert vllm.stream_usage and vllm.max_completion_tokens and vllm.tokenize_path == "/tokenize"
+    assert vllm.stops_unstreamed
     sglang = SglangAdapter().build(_context(assign(model(EngineKind.SGLANG), [gpu(0)]))).dialect
     assert sglang.stream_usage and sglang.tokenize_path == "/v1/tokenize"
     spec = ModelSpec(name="s", engine=EngineKind.SIM,

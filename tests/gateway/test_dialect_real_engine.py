@@ -11,18 +11,26 @@ temperature 0.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 from tests.gateway.conftest import async_client, make_config, running_gateway
-from tests.gateway.test_real_engine import SERVED, Engine, engine  # noqa: F401 (fixture)
+from tests.gateway.test_real_engine import (  # noqa: F401 (fixture)
+    COUNTING,
+    SERVED,
+    Engine,
+    _until,
+    engine,
+)
 from tests.servers import free_port
 
 from llmgw import wire
@@ -33,14 +41,23 @@ pytestmark = pytest.mark.slow
 
 CHAT = [{"role": "user", "content": "Name three colours of the rainbow."}]
 PROMPT = "The three primary colours are"
+# What an abandoned unstreamed request asks for (its client leaves after ~8).
+LEFT_AT = 200
+
+
+# The engine's own unstreamed answers, passed through: the reference that
+# what the gateway makes (counted usage, assembled answers) is checked against.
+DIRECT = PYTHON_DIALECT.model_copy(update={"stops_unstreamed": True})
 
 
 def _config(
     real: Engine, dialect: wire.EngineDialect | None = PYTHON_DIALECT
 ) -> wire.GatewayConfig:
-    endpoint = wire.Endpoint(replica_id="llama-1", url=real.url, dialect=dialect)
-    return make_config(1, [wire.ModelRoute(name="gemma", served_name=SERVED,
-                                           endpoints=[endpoint])])  # fmt: skip
+    routes = []
+    for name, spoken in (("gemma", dialect), ("direct", DIRECT)):
+        endpoint = wire.Endpoint(replica_id=f"llama-{name}", url=real.url, dialect=spoken)
+        routes.append(wire.ModelRoute(name=name, served_name=SERVED, endpoints=[endpoint]))
+    return make_config(1, routes)
 
 
 async def test_stream_usage_is_exact_and_limits_hold(engine: Engine) -> None:  # noqa: F811
@@ -50,7 +67,7 @@ async def test_stream_usage_is_exact_and_limits_hold(engine: Engine) -> None:  #
         client = async_client(url, timeout=120)
         chat: dict[str, Any] = {"model": "gemma", "messages": CHAT, "temperature": 0,
                                 "max_tokens": 12}  # fmt: skip
-        whole = await client.chat.completions.create(**chat)
+        whole = await client.chat.completions.create(**dict(chat, model="direct"))
         assert whole.usage is not None
         stream = await client.chat.completions.create(
             **chat, stream=True, stream_options={"include_usage": True}
@@ -72,7 +89,7 @@ async def test_stream_usage_is_exact_and_limits_hold(engine: Engine) -> None:  #
 
         plain: dict[str, Any] = {"model": "gemma", "prompt": PROMPT, "temperature": 0,
                                  "max_tokens": 8}  # fmt: skip
-        whole_text = await client.completions.create(**plain)
+        whole_text = await client.completions.create(**dict(plain, model="direct"))
         assert whole_text.usage is not None
         streamed = await client.completions.create(
             **plain, stream=True, stream_options={"include_usage": True}
@@ -120,14 +137,15 @@ async def test_concurrent_streams_are_each_counted_exactly(engine: Engine) -> No
     count waits its turn, and each still equals its request's unstreamed run."""
     link = MemoryLink(poll_timeout_s=1.0)
     link.publish(_config(engine))
-    asks = [
+    asks: list[dict[str, Any]] = [
         {"model": "gemma", "temperature": 0, "max_tokens": 10,
          "messages": [{"role": "user", "content": f"Write a line about the number {n}."}]}
         for n in (7, 12)
     ]  # fmt: skip
     async with running_gateway(link) as (_, url):
         client = async_client(url, timeout=120)
-        wholes = [await client.chat.completions.create(**ask) for ask in asks]
+        wholes = [await client.chat.completions.create(**dict(ask, model="direct"))
+                  for ask in asks]  # fmt: skip
 
         async def streamed(ask: dict[str, Any]) -> Any:
             stream = await client.chat.completions.create(
@@ -208,3 +226,93 @@ async def test_a_stream_the_engine_interrupts_is_an_error(interrupting_engine: E
         assert second is not None
         assert (await second).choices[0].message is not None
         assert 3 <= chunks < 200
+
+
+async def _one_token_s(client: openai.AsyncOpenAI) -> float:
+    """How long a one-token request takes now (it queues behind any generation)."""
+    started = time.monotonic()
+    await client.completions.create(model="direct", prompt="Hi", max_tokens=1, temperature=0)
+    return time.monotonic() - started
+
+
+async def test_unstreamed_answers_are_the_engines_own_and_a_client_that_leaves_stops_it(
+    engine: Engine, test_output: Path,  # noqa: F811
+) -> None:
+    """llama_cpp.server finishes an unstreamed request whatever its client does;
+    asked for a stream by the gateway, it stops when the client leaves. What
+    the client gets is the unstreamed answer the engine itself would have sent."""
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(_config(engine))
+    async with running_gateway(link) as (_, url):
+        client = async_client(url, timeout=120)
+        # Identical at temperature 0: content, finish reason and usage (the
+        # chat prompt as the engine templated it), for chat and completions.
+        asks: list[dict[str, Any]] = [
+            {"messages": CHAT, "temperature": 0, "max_tokens": 12},
+            {"messages": [{"role": "user", "content": "Say yes."}], "temperature": 0,
+             "max_tokens": 60, "stop": ["\n"]},  # ends at its stop: finish_reason "stop"
+        ]  # fmt: skip
+        reasons = set()
+        for ask in asks:
+            built = await client.chat.completions.create(model="gemma", **ask)
+            own = await client.chat.completions.create(model="direct", **ask)
+            assert built.object == own.object == "chat.completion"
+            assert built.id.startswith("chatcmpl-") and built.created > 0
+            assert built.model == own.model == SERVED
+            assert built.choices[0].index == 0
+            assert built.choices[0].message.role == own.choices[0].message.role == "assistant"
+            assert built.choices[0].message.content == own.choices[0].message.content
+            assert built.choices[0].finish_reason == own.choices[0].finish_reason
+            assert built.usage is not None and own.usage is not None
+            assert (built.usage.prompt_tokens, built.usage.completion_tokens,
+                    built.usage.total_tokens) == (own.usage.prompt_tokens,
+                    own.usage.completion_tokens, own.usage.total_tokens)  # fmt: skip
+            reasons.add(built.choices[0].finish_reason)
+        assert reasons == {"length", "stop"}
+        plain: dict[str, Any] = {"prompt": PROMPT, "temperature": 0, "max_tokens": 8}
+        built_text = await client.completions.create(model="gemma", **plain)
+        own_text = await client.completions.create(model="direct", **plain)
+        assert built_text.object == own_text.object == "text_completion"
+        assert built_text.choices[0].text == own_text.choices[0].text
+        assert built_text.choices[0].finish_reason == own_text.choices[0].finish_reason
+        assert built_text.usage is not None and own_text.usage is not None
+        assert (built_text.usage.prompt_tokens, built_text.usage.completion_tokens) == (
+            own_text.usage.prompt_tokens, own_text.usage.completion_tokens
+        )  # fmt: skip
+
+        # Tokens generated after the client leaves, measured by the queue
+        # behind the engine (see test_real_engine.py): before (the engine's
+        # own unstreamed request) and after (a stream under the answer).
+        idle_s = min([await _one_token_s(client) for _ in range(3)])
+        started = time.monotonic()
+        timed = await client.completions.create(
+            model="direct", prompt=COUNTING, max_tokens=41, temperature=0
+        )
+        assert timed.usage is not None and timed.usage.completion_tokens == 41
+        per_token_s = (time.monotonic() - started - idle_s) / 40
+        impatient = async_client(url, timeout=idle_s + 8 * per_token_s)
+        after: dict[str, float] = {}
+        for name in ("direct", "gemma"):
+            disconnects = engine.disconnects()
+            with pytest.raises(openai.APITimeoutError):
+                await impatient.completions.create(
+                    model=name, prompt=COUNTING, max_tokens=LEFT_AT, temperature=0
+                )
+            after[name] = max(0.0, await _one_token_s(client) - idle_s) / per_token_s
+            if name == "gemma":
+                await _until(lambda d=disconnects: engine.disconnects() > d)
+                assert engine.disconnects() == disconnects + 1, "the engine never saw it leave"
+
+    figures = {
+        "per_token_ms": round(per_token_s * 1000, 1),
+        "idle_one_token_ms": round(idle_s * 1000, 1),
+        "asked_tokens": LEFT_AT,
+        "client_left_after_tokens": 8,
+        "tokens_after_disconnect_before": round(after["direct"], 1),
+        "tokens_after_disconnect_after": round(after["gemma"], 1),
+    }
+    (test_output / "gateway-unstreamed-disconnect.json").write_text(json.dumps(figures, indent=1))
+    # Before: the engine runs on to its limit (about LEFT_AT - 8 tokens).
+    # After: a few tokens of slack for the token in flight and a noisy machine.
+    assert after["direct"] > LEFT_AT / 4, figures
+    assert after["gemma"] < 25, figures

@@ -5,7 +5,7 @@ the control plane passes it with every endpoint. Here it is compiled once per
 endpoint into a :class:`Mending` (shared between endpoints that speak alike),
 so the request path reads two booleans instead of interpreting a dialect.
 
-Two things are mended:
+Three things are mended:
 
 * a limit in ``max_completion_tokens`` (what current OpenAI clients send) is
   sent as ``max_tokens`` to an engine that ignores the former, which would
@@ -18,7 +18,11 @@ Two things are mended:
   text, e.g. BOS); a chat prompt is what the engine itself reports for a
   one-token, non-streamed copy of the request, since only the engine knows the
   chat template it applied (a completion prompt given as one string is simply
-  tokenized, as the engine does before generating).
+  tokenized, as the engine does before generating);
+* a non-streamed request to an engine that would finish it for a client who
+  has left is sent as a stream, and the non-streamed answer is assembled from
+  it (llmgw.gateway.assemble), with the usage the engine reports in streams
+  or, where it reports none, counted as above.
 
 An endpoint whose agent reported no dialect is served unmended, as before
 dialects existed (:data:`LEGACY`).
@@ -67,6 +71,13 @@ class Mending:
     count_streams: bool
     tokenize_path: str | None
     tokenize_field: str
+    # The engine finishes a non-streamed request whatever happens to its
+    # client: send it as a stream and assemble the answer. Only where the
+    # stream's usage is known (reported, or countable): an answer without
+    # usage would cost the client more than an unstopped engine costs.
+    assemble_unstreamed: bool = False
+    # The engine reports usage in a stream when asked (include_usage).
+    reports_stream_usage: bool = True
     # No dialect was reported (an older agent): nothing is mended, and a
     # stream without usage is metered by its number of events, as before.
     legacy: bool = False
@@ -85,14 +96,19 @@ def mending_for(dialect: wire.EngineDialect | None) -> Mending:
         dialect.stream_usage,
         dialect.tokenize_path,
         dialect.tokenize_field,
+        dialect.stops_unstreamed,
     )
     mending = _compiled.get(key)
     if mending is None:
+        count_streams = not dialect.stream_usage and dialect.tokenize_path is not None
         mending = Mending(
             rename_max_completion_tokens=not dialect.max_completion_tokens,
-            count_streams=not dialect.stream_usage and dialect.tokenize_path is not None,
+            count_streams=count_streams,
             tokenize_path=dialect.tokenize_path,
             tokenize_field=dialect.tokenize_field,
+            assemble_unstreamed=not dialect.stops_unstreamed
+            and (dialect.stream_usage or count_streams),
+            reports_stream_usage=dialect.stream_usage,
         )
         _compiled[key] = mending
     return mending
@@ -128,10 +144,11 @@ class StreamTally:
     and a chunk costs microseconds to parse).
     """
 
-    __slots__ = ("head", "texts")
+    __slots__ = ("finishes", "head", "texts")
 
     def __init__(self) -> None:
         self.texts: dict[int, list[str]] = {}
+        self.finishes: dict[int, str] = {}
         self.head: dict[str, Any] | None = None
 
     def add(self, block: bytes) -> None:
@@ -146,9 +163,10 @@ class StreamTally:
             except orjson.JSONDecodeError:
                 continue
             if isinstance(chunk, dict):
-                self._chunk(chunk)
+                self.chunk(chunk)
 
-    def _chunk(self, chunk: dict[str, Any]) -> None:
+    def chunk(self, chunk: dict[str, Any]) -> None:
+        """Take one parsed chunk (for a caller that parsed it already)."""
         if self.head is None and "id" in chunk:
             self.head = {
                 "id": chunk.get("id"),
@@ -163,7 +181,11 @@ class StreamTally:
             if not isinstance(choice, dict):
                 continue
             index = choice.get("index", 0)
-            pieces = self.texts.setdefault(index if isinstance(index, int) else 0, [])
+            index = index if isinstance(index, int) else 0
+            pieces = self.texts.setdefault(index, [])
+            finish = choice.get("finish_reason")
+            if isinstance(finish, str):
+                self.finishes[index] = finish
             text = choice.get("text")
             if isinstance(text, str):
                 pieces.append(text)
@@ -171,8 +193,21 @@ class StreamTally:
             if isinstance(delta, dict):
                 _delta_text(delta, pieces)
 
-    def completions(self) -> list[str]:
-        return ["".join(pieces) for _, pieces in sorted(self.texts.items())]
+    def completions(self, stop: str | None = None) -> list[str]:
+        """The text of each choice, with ``stop`` after those that ended at a stop.
+
+        An engine counts the tokens of the stop string it matched, which it
+        never sends: llama_cpp.server reported 6 completion tokens for a
+        5-token text that ended at ``stop: ["\\n"]``. ``stop`` is the request's
+        first stop string, the one llama-cpp-python looks for first; an
+        answer that ended at its end-of-text token with stop strings given
+        is then counted a token or so high, which cannot be told apart from
+        the stream.
+        """
+        return [
+            "".join(pieces) + (stop if stop and self.finishes.get(i) == "stop" else "")
+            for i, pieces in sorted(self.texts.items())
+        ]
 
     def usage_event(self, usage: Usage, chat: bool) -> bytes:
         """OpenAI's last chunk of a stream with include_usage: empty choices, the usage."""
@@ -294,7 +329,7 @@ class StreamCounter:
         counts = await asyncio.gather(
             self._early or self._prompt(),
             self._count("") if known is None else _known(known),
-            *(self._count(text) for text in tally.completions()),
+            *(self._count(text) for text in tally.completions(_first_stop(self._payload))),
             return_exceptions=True,
         )
         failures = [c for c in counts if isinstance(c, BaseException)]
@@ -352,6 +387,13 @@ class StreamCounter:
         if usage is None:
             raise CountFailed(f"the one-token copy on {self._path} reported no usage")
         return usage.prompt
+
+
+def _first_stop(payload: dict[str, Any]) -> str | None:
+    stop = payload.get("stop")
+    if isinstance(stop, list):
+        stop = stop[0] if stop else None
+    return stop if isinstance(stop, str) and stop else None
 
 
 async def _known(value: int) -> int:

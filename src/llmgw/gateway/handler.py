@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from llmgw.gateway.assemble import Assembler, counted_usage, usage_of
 from llmgw.gateway.auth import KeyRecord, authorize, limit
 from llmgw.gateway.dialect import (
     METER_TIMEOUT_S,
@@ -444,6 +445,7 @@ async def _proxy(
     prompt = prompt_text(path, payload) if router.policy == "prefix" else None
     stream = payload.get("stream") is True and path in STREAMABLE
     asked = stream and _asked_usage(payload)
+    unstreamed = not stream and path in STREAMABLE
     upstream_body, injected = body, False
     mending: Mending | None = None
     model = router.route.name
@@ -479,9 +481,13 @@ async def _proxy(
         metrics.in_flight(model, 1)
         before = time.perf_counter() - started - waited
         response: Response | None = None
+        # An engine that finishes an unstreamed answer for a client who has
+        # gone is asked for a stream instead (llmgw.gateway.assemble).
+        assemble = unstreamed and replica.mending.assemble_unstreamed
+        sent = _streamed_body(payload, replica.mending) if assemble else upstream_body
         try:
             response = await rt.upstream.post(
-                rt.upstream.target(replica.url, path, replica.engine_key), upstream_body, request_id
+                rt.upstream.target(replica.url, path, replica.engine_key), sent, request_id
             )
             if response.status in (401, 403):
                 # The engine refused the gateway's engine key (a routing table
@@ -504,6 +510,13 @@ async def _proxy(
                 return await _relay(rt, relayed, first or b"", model, record, injected,
                                     before, id_header, out, counter, asked,
                                     replica.mending.legacy)  # fmt: skip
+            if assemble and response.status == 200:
+                first = await response.next_chunk()
+                prefill.started(streamed=True)
+                relayed, response = response, None
+                return await _assemble(rt, relayed, first or b"", path, payload, replica,
+                                       model, record, before, id_header, send, request_id,
+                                       rename)  # fmt: skip
             if response.status == 200:
                 prefill.started(streamed=False)
             else:
@@ -633,6 +646,76 @@ async def _relay(
                 # usage: one event is about one token (the old estimate).
                 usage = Usage(completion=max(0, relay.events - 1))
             _account(rt, model, record, usage, failed)
+
+
+def _streamed_body(payload: dict[str, Any], mending: Mending) -> bytes:
+    body = dict(payload, stream=True)
+    body.pop("stream_options", None)
+    if mending.reports_stream_usage:
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
+
+
+async def _assemble(
+    rt: Runtime, response: Response, first: bytes, path: str, payload: dict[str, Any],
+    replica: Replica, model: str, record: KeyRecord, before: float,
+    id_header: tuple[bytes, bytes], send: Send, request_id: str,
+    rename: Callable[[bytes], bytes] | None,
+) -> int:  # fmt: skip
+    """Read a stream to its end and answer with the unstreamed answer built from it.
+
+    Nothing reaches the client before the end, so a stream that breaks is
+    retried elsewhere like any unstreamed answer (BodyBroken propagates). A
+    client that leaves cancels this task: the connection to the engine
+    closes (the point of streaming), and what was generated is metered.
+    """
+    assembler = Assembler(path == CHAT)
+    relay = StreamRelay(strip_usage=False, hold_done=True, observe=assembler.add)
+    counter: StreamCounter | None = None
+    if replica.mending.count_streams:
+        counter = StreamCounter(rt.upstream, replica, path, payload, request_id)
+        counter.begin()
+    try:
+        chunk: bytes | None = first
+        while chunk is not None:
+            relay.feed(chunk)
+            chunk = await response.next_chunk()
+        relay.feed(relay.flush() + b"\n\n")  # an engine that ends without a blank line
+    except asyncio.CancelledError:
+        if counter is not None:
+            _count_later(rt, model, record, counter, assembler.tally, True)
+        else:
+            _account(rt, model, record, usage_of(assembler.usage), True)
+        raise
+    finally:
+        response.release()
+    if assembler.error is not None or not (relay.whole and assembler.finished):
+        error = assembler.error or {}
+        why = error.get("message") or "the engine ended its answer before finishing it"
+        if counter is not None:
+            _count_later(rt, model, record, counter, assembler.tally, True)
+        else:
+            _account(rt, model, record, usage_of(assembler.usage), True)
+        failure = ApiError(502, f"The model `{model}` failed: {why}", kind="server_error",
+                           code="upstream_incomplete")  # fmt: skip
+        await send_error(send, failure, [id_header, overhead_header(before)])
+        return 502
+    usage_body = assembler.usage
+    if usage_body is not None or counter is None:
+        metered = usage_of(usage_body)
+    else:
+        # Before the answer: its usage is part of it.
+        metered, complete = await counter.usage(assembler.tally)
+        usage_body = counted_usage(metered) if complete else None
+    built_at = time.perf_counter()
+    data = assembler.answer(usage_body)
+    if rename is not None:
+        data = rename(data)
+    _account(rt, model, record, metered, False)
+    overhead = before + (time.perf_counter() - built_at)
+    rt.metrics.overhead(overhead)
+    await send_bytes(send, 200, data, JSON, [id_header, overhead_header(overhead)])
+    return 200
 
 
 _later: set[asyncio.Task[None]] = set()

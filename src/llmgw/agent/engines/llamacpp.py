@@ -101,11 +101,16 @@ SERVER_DIALECT = EngineDialect(
 # llama_cpp.server's request models drop both max_completion_tokens and
 # stream_options (llama_cpp/server/types.py): no limit, no stream usage. Its
 # /extras/tokenize/count tokenizes as generation does (BOS, special tokens).
+# It runs a non-streamed completion in a threadpool worker with no check of
+# the connection (server/app.py: run_in_threadpool), so a client that leaves
+# one leaves the engine generating to its limit; a stream it stops between
+# two chunks. llama-server checks the connection either way.
 PYTHON_DIALECT = EngineDialect(
     max_completion_tokens=False,
     stream_usage=False,
     tokenize_path="/extras/tokenize/count",
     tokenize_field="input",
+    stops_unstreamed=False,
 )
 
 

@@ -1,0 +1,241 @@
+"""A non-streamed answer built from a stream, for engines that only stop a stream.
+
+llama_cpp.server computes a non-streamed request in a worker thread that
+nothing interrupts: a client that gives up leaves the engine generating to
+its token limit, a minute or more of a CPU slot that other requests queue
+behind. A stream it stops at the next chunk once the connection closes. For
+an engine whose dialect says so (``EngineDialect.stops_unstreamed`` false)
+the gateway asks for a stream and builds from its chunks the answer OpenAI
+sends unstreamed, so a client that leaves costs a token, not the rest of the
+answer.
+
+The answer has OpenAI's non-streamed shape: ``id``, ``object``
+(``chat.completion`` / ``text_completion``), ``created``, ``model``,
+``system_fingerprint`` when the engine sent one, ``choices`` in index order
+(chat: ``message`` with ``role``, ``content``, ``tool_calls`` when any,
+``reasoning_content`` when the engine sent any; completions: ``text``), each
+with ``finish_reason`` and ``logprobs`` (null unless the chunks carried
+them), and ``usage``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from llmgw.gateway.dialect import StreamTally
+from llmgw.gateway.proxy import Usage
+
+
+class _Choice:
+    __slots__ = ("content", "finish", "logprobs", "reasoning", "refusal", "role", "text", "tools")
+
+    def __init__(self) -> None:
+        self.role: str | None = None
+        self.content: list[str] | None = None  # None: no content delta at all
+        self.reasoning: list[str] = []
+        self.refusal: list[str] = []
+        self.text: list[str] = []
+        self.finish: str | None = None
+        self.logprobs: dict[str, Any] | None = None
+        self.tools: dict[int, dict[str, Any]] = {}
+
+
+class Assembler:
+    """Collects a stream's chunks; :meth:`answer` renders the unstreamed answer.
+
+    Also tallies the text per choice (:attr:`tally`), which is what the
+    gateway counts when the engine reports no usage in streams.
+    """
+
+    __slots__ = ("_choices", "_head", "chat", "error", "tally", "usage")
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.tally = StreamTally()
+        self.usage: dict[str, Any] | None = None  # as the engine reported it
+        self.error: dict[str, Any] | None = None  # an error event in the stream
+        self._head: dict[str, Any] = {}
+        self._choices: dict[int, _Choice] = {}
+
+    def add(self, block: bytes) -> None:
+        """Take a block of whole SSE events (StreamRelay's ``observe``)."""
+        for line in block.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if not data.startswith(b"{"):
+                continue
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(chunk, dict):
+                self.tally.chunk(chunk)
+                self._chunk(chunk)
+
+    def _chunk(self, chunk: dict[str, Any]) -> None:
+        error = chunk.get("error")
+        if isinstance(error, dict):
+            self.error = error
+            return
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if key not in self._head and chunk.get(key) is not None:
+                self._head[key] = chunk[key]
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        choices = chunk.get("choices")
+        if not isinstance(choices, list):
+            return
+        for raw in choices:
+            if not isinstance(raw, dict):
+                continue
+            index = raw.get("index", 0)
+            index = index if isinstance(index, int) else 0
+            choice = self._choices.get(index)
+            if choice is None:
+                choice = self._choices[index] = _Choice()
+            finish = raw.get("finish_reason")
+            if isinstance(finish, str):
+                choice.finish = finish
+            text = raw.get("text")
+            if isinstance(text, str):
+                choice.text.append(text)
+            delta = raw.get("delta")
+            if isinstance(delta, dict):
+                _take_delta(choice, delta)
+            logprobs = raw.get("logprobs")
+            if isinstance(logprobs, dict):
+                _take_logprobs(choice, logprobs)
+
+    def answer(self, usage: dict[str, Any] | None) -> bytes:
+        """The unstreamed answer, with ``usage`` (the engine's, or one the gateway counted)."""
+        head = self._head
+        body: dict[str, Any] = {
+            "id": head.get("id") or "",
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": head.get("created") or 0,
+            "model": head.get("model") or "",
+            "choices": [self._render(i, c) for i, c in sorted(self._choices.items())],
+        }
+        if "system_fingerprint" in head:
+            body["system_fingerprint"] = head["system_fingerprint"]
+        body["usage"] = usage
+        return orjson.dumps(body)
+
+    def _render(self, index: int, choice: _Choice) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": index}
+        if self.chat:
+            tools = [_tool(call) for _, call in sorted(choice.tools.items())]
+            message: dict[str, Any] = {"role": choice.role or "assistant"}
+            if choice.content is not None:
+                message["content"] = "".join(choice.content)
+            else:
+                # OpenAI's content is null beside tool calls, a string otherwise.
+                message["content"] = None if tools else ""
+            if tools:
+                message["tool_calls"] = tools
+            if choice.reasoning:
+                message["reasoning_content"] = "".join(choice.reasoning)
+            if choice.refusal:
+                message["refusal"] = "".join(choice.refusal)
+            out["message"] = message
+        else:
+            out["text"] = "".join(choice.text)
+        out["logprobs"] = choice.logprobs
+        out["finish_reason"] = choice.finish
+        return out
+
+    @property
+    def finished(self) -> bool:
+        """Every choice the stream opened got its finish reason."""
+        return bool(self._choices) and all(c.finish is not None for c in self._choices.values())
+
+
+def counted_usage(usage: Usage) -> dict[str, Any]:
+    """OpenAI's usage object for counts the gateway made itself."""
+    return {
+        "prompt_tokens": usage.prompt,
+        "completion_tokens": usage.completion,
+        "total_tokens": usage.prompt + usage.completion,
+    }
+
+
+def usage_of(usage: dict[str, Any] | None) -> Usage:
+    """What to meter of a usage object an engine reported (None: nothing)."""
+    if usage is None:
+        return Usage()
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        prompt=_count(usage.get("prompt_tokens")),
+        completion=_count(usage.get("completion_tokens")),
+        cached=_count(cached),
+    )
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def _take_delta(choice: _Choice, delta: dict[str, Any]) -> None:
+    role = delta.get("role")
+    if isinstance(role, str):
+        choice.role = role
+    content = delta.get("content")
+    if isinstance(content, str):
+        if choice.content is None:
+            choice.content = []
+        choice.content.append(content)
+    for key, pieces in (("reasoning_content", choice.reasoning), ("refusal", choice.refusal)):
+        value = delta.get(key)
+        if isinstance(value, str):
+            pieces.append(value)
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            if isinstance(call, dict):
+                _take_tool_call(choice, call)
+
+
+def _take_tool_call(choice: _Choice, call: dict[str, Any]) -> None:
+    # A call comes in pieces under one index: its id, type and name first,
+    # then its arguments a few characters at a time.
+    index = call.get("index", len(choice.tools))
+    index = index if isinstance(index, int) else len(choice.tools)
+    merged = choice.tools.get(index)
+    if merged is None:
+        merged = choice.tools[index] = {"id": None, "type": "function", "name": "", "args": []}
+    if isinstance(call.get("id"), str):
+        merged["id"] = call["id"]
+    if isinstance(call.get("type"), str):
+        merged["type"] = call["type"]
+    function = call.get("function")
+    if isinstance(function, dict):
+        if isinstance(function.get("name"), str):
+            merged["name"] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            merged["args"].append(function["arguments"])
+
+
+def _tool(call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": call["id"],
+        "type": call["type"],
+        "function": {"name": call["name"], "arguments": "".join(call["args"])},
+    }
+
+
+def _take_logprobs(choice: _Choice, logprobs: dict[str, Any]) -> None:
+    # Chat: {"content": [...], "refusal": [...]}; completions: {"tokens",
+    # "token_logprobs", "top_logprobs", "text_offset"}, parallel lists. Each
+    # chunk carries its tokens' share; the answer carries them all.
+    if choice.logprobs is None:
+        choice.logprobs = {}
+    for key, value in logprobs.items():
+        if isinstance(value, list):
+            choice.logprobs.setdefault(key, []).extend(value)
+        elif key not in choice.logprobs:
+            choice.logprobs[key] = value
