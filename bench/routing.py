@@ -1,8 +1,10 @@
 """Routing benchmark: a shared-prefix workload through a gateway to K simulated engines.
 
-For each policy -- round-robin, least-loaded, prefix, and prefix with two
-gateway instances sharing the traffic (requests alternate between them) --
-the same seeded workload climbs a ladder of Poisson rates. Per rate: TTFT
+For each policy -- round-robin, least-loaded, prefix, prefix with two
+gateway instances sharing the traffic (requests alternate between them), and
+SGLang's router with its ``cache_aware`` policy when ``sglang-router`` is
+installed (``pip install 'llmgw[bench]'``) -- the same seeded workload climbs a
+ladder of Poisson rates. Per rate: TTFT
 p50/p90/p99 (client side, first content chunk), output tokens/s, and the
 engines' own prefix-cache hit rate (delta of ``vllm:prefix_cache_hits_total``
 over ``vllm:prefix_cache_queries_total``). ``saturation_rate`` is the first
@@ -20,8 +22,9 @@ and the rates are the published ones; output is cut to 32 tokens to save CPU
 Processes: the engines (one process, all policies' engines, each policy on
 fresh ones), the gateways (one process for the single-gateway policies and
 the first prefix_2gw instance, another for the second), and this one, the
-load generator. Gateways get a static config through a MemoryLink, so the
-benchmark measures routing, not the scheduler.
+load generator; for ``sglang_ca``, sglang-router started by the benchmark on
+its own set of engines. Gateways get a static config through a MemoryLink, so
+the benchmark measures routing, not the scheduler.
 
     python bench/routing.py [--quick] [--engines 8] [--rates 4,8,...] [--stage-s 12]
     python bench/routing.py --router-url http://127.0.0.1:9000/v1 --policies external \\
@@ -35,12 +38,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -59,6 +65,9 @@ POLICIES = {
     "prefix": "prefix",
     "prefix_2gw": "prefix",
 }
+# Measured, not served by a gateway: sglang-router's cache_aware policy, with
+# its own defaults, on its own engines (only when sglang-router is installed).
+SGLANG = "sglang_ca"
 READY_TIMEOUT_S = 60.0
 
 
@@ -177,7 +186,33 @@ def start_gateways(routes: list[dict[str, Any]]) -> tuple[subprocess.Popen[str],
     return proc, _read_urls(proc, "gateway listening on", len(routes))
 
 
-def stop(procs: list[subprocess.Popen[str]]) -> None:
+def sglang_installed() -> bool:
+    return importlib.util.find_spec("sglang_router") is not None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_sglang(engines: list[str]) -> tuple[subprocess.Popen[bytes], str, str]:
+    """sglang-router, cache_aware with its defaults, in front of ``engines``: (proc, URL, log)."""
+    port = _free_port()
+    log_path = os.path.join(tempfile.gettempdir(), f"bench-routing-sglang-{port}.log")
+    argv = [
+        sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+        "--port", str(port), "--worker-urls", *engines, "--policy", "cache_aware",
+        # Its metrics port defaults to a fixed one; two runs at once would clash.
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
+        "--log-level", "warn",
+    ]  # fmt: skip
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}/v1", log_path
+
+
+def stop(procs: list[subprocess.Popen[Any]]) -> None:
     for proc in procs:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -373,17 +408,28 @@ def print_table(name: str, result: dict[str, Any]) -> None:
         )
 
 
-async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
-    policies = args.policies.split(",") if args.policies else list(POLICIES)
+def choose_policies(args: argparse.Namespace) -> list[str]:
+    if args.policies:
+        policies: list[str] = args.policies.split(",")
+    else:
+        policies = list(POLICIES) + ([SGLANG] if sglang_installed() else [])
     if args.router_url and "external" not in policies:
         policies.append("external")
+    known = [*POLICIES, SGLANG, "external"]
     for policy in policies:
-        if policy not in POLICIES and policy != "external":
-            raise SystemExit(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}, external")
+        if policy not in known:
+            raise SystemExit(f"unknown policy {policy!r}; known: {', '.join(known)}")
     if "external" in policies and not args.router_url:
         raise SystemExit("policy external needs --router-url")
+    if SGLANG in policies and not sglang_installed():
+        raise SystemExit(f"policy {SGLANG} needs sglang-router: pip install 'llmgw[bench]'")
+    return policies
+
+
+async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
+    policies = choose_policies(args)
     requests = setup.workload()
-    procs: list[subprocess.Popen[str]] = []
+    procs: list[subprocess.Popen[Any]] = []
     results: dict[str, Any] = {}
     started = time.monotonic()
     try:
@@ -395,8 +441,9 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
         capacity = setup.kv_blocks * 16
         first: list[dict[str, Any]] = []
         second: list[dict[str, Any]] = []
+        routers = ("external", SGLANG)  # not a gateway's policy
         for policy in policies:
-            if policy == "external":
+            if policy in routers:
                 continue
             endpoints = [
                 {"replica_id": f"{policy}-{i}", "url": u, "kv_capacity_tokens": capacity}
@@ -410,12 +457,21 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
         if first:
             proc, got = start_gateways(first)
             procs.append(proc)
-            names = [p for p in policies if p != "external"]
+            names = [p for p in policies if p not in routers]
             gateway_urls = {p: [u] for p, u in zip(names, got, strict=True)}
         if second:
             proc, got = start_gateways(second)
             procs.append(proc)
             gateway_urls["prefix_2gw"].append(got[0])
+        if SGLANG in policies:
+            sglang, url, log_path = start_sglang(sets[SGLANG])
+            procs.append(sglang)
+            print(f"sglang-router (cache_aware) on {url}, log {log_path}", file=sys.stderr)
+            try:
+                await wait_router(url, API_KEY, args.router_wait_s)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{exc}; its log: {log_path}") from None
+            gateway_urls[SGLANG] = [url]
         if "external" in policies:
             print("engines for the external router (model 'sim'):", file=sys.stderr)
             for url in sets["external"]:
@@ -478,7 +534,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup
     parser.add_argument("--time-factor", type=float, help="multiplies every engine duration")
     parser.add_argument("--drain-s", type=float, help="wait for stragglers after the last stage")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--policies", help=f"subset of {','.join(POLICIES)},external")
+    parser.add_argument("--policies", help=f"subset of {','.join(POLICIES)},{SGLANG},external")
     parser.add_argument("--router-url", help="an external router's base URL (ending in /v1)")
     parser.add_argument("--router-key", default=API_KEY, help="Bearer token for that router")
     parser.add_argument("--router-wait-s", type=float, default=300.0)

@@ -194,3 +194,29 @@ def test_routing_bench_runs_end_to_end_in_miniature() -> None:
             assert row["ttft_p90_s"] is None or row["ttft_p90_s"] > 0
         assert out[f"{policy}_hit_rate_all"] is not None
     assert "gateway listening" not in done.stderr  # children's stdout is read, not leaked
+
+
+def test_routing_bench_measures_sglang_router_it_starts_itself() -> None:
+    import json
+    import re
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "routing.py"
+    argv = [
+        sys.executable, str(script), "--engines", "2", "--groups", "3", "--rates", "3",
+        "--stage-s", "2", "--drain-s", "10", "--policies", "sglang_ca",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    row = out["sglang_ca"]["3"]
+    assert row["requests"] > 0 and row["errors"] == 0 and row["ttft_p90_s"] > 0
+    assert out["sglang_ca_hit_rate_all"] is not None
+    # The router it started is gone with it.
+    found = re.search(r"sglang-router \(cache_aware\) on http://127.0.0.1:(\d+)/v1", done.stderr)
+    assert found is not None, done.stderr[-3000:]
+    with socket.socket() as sock, pytest.raises(OSError):
+        sock.connect(("127.0.0.1", int(found.group(1))))
