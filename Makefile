@@ -12,7 +12,7 @@ TEST_OUTPUT ?= $(CURDIR)/test-output
 LLMGW_TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
 export LLMGW_TEST_PG_URL
 
-.PHONY: setup run test lint bench bench-quick postgres clean
+.PHONY: setup run test lint bench bench-quick chaos postgres clean
 
 setup: $(STAMP)
 
@@ -34,11 +34,17 @@ lint: setup
 	$(BIN)/ruff check src tests bench deploy
 	$(BIN)/mypy
 
+# The chaos suite has its own target: it needs PostgreSQL, etcd and root.
 bench: setup
-	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b $(BENCH_ARGS) || exit 1; done
+	@for b in $(filter-out bench/chaos.py,$(wildcard bench/*.py)); do \
+		echo "== $$b"; $(BIN)/python $$b $(BENCH_ARGS) || exit 1; done
 
 bench-quick:
 	$(MAKE) bench BENCH_ARGS=--quick
+
+# Faults under load (bench/chaos.py); CHAOS_ARGS=--quick runs each once, briefly.
+chaos: setup postgres
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(TEST_OUTPUT)
