@@ -57,7 +57,10 @@ CONTROL_ACCESS: list[tuple[str, str]] = [
     (rf"^{re.escape(CA_PATH)}$", "open"),  # public, like any CA certificate
 ]
 GATEWAY_ACCESS: list[tuple[str, str]] = [
-    (r"^/v1/", "api"),
+    (r"^/v1/(chat/completions|completions|embeddings)$", "api"),
+    # Passed through to engines that serve them (issue 17): the same API keys.
+    (r"^/v1/(responses|rerank|score|audio/transcriptions)$", "api"),
+    (r"^/v1/models(/\{model\})?$", "api"),
     (r"^/metrics$", "open"),  # as the control plane's
     (r"^/healthz?$", "open"),
 ]
@@ -210,6 +213,8 @@ async def test_every_control_plane_route_takes_only_its_credential(fleet: Fleet)
 async def test_every_gateway_route_takes_only_its_credential(fleet: Fleet) -> None:
     url, routes = fleet.gateway
     assert ("POST", "/v1/chat/completions") in routes and ("GET", "/metrics") in routes
+    assert {("POST", "/v1/responses"), ("POST", "/v1/rerank"), ("POST", "/v1/score"),
+            ("POST", "/v1/audio/transcriptions")} <= set(routes)
     checked = await _check(url, routes, GATEWAY_ACCESS, fleet.tokens)
     assert checked == len(routes) * len(CREDENTIALS)
 
@@ -224,5 +229,7 @@ async def test_every_agent_route_takes_only_its_credential(fleet: Fleet) -> None
 def test_a_route_without_an_entry_fails_the_matrix() -> None:
     with pytest.raises(AssertionError, match="no entry in ACCESS"):
         _kind(GATEWAY_ACCESS, "/v2/new")
+    with pytest.raises(AssertionError, match="no entry in ACCESS"):
+        _kind(GATEWAY_ACCESS, "/v1/audio/speech")
     with pytest.raises(AssertionError, match="no entry in ACCESS"):
         _kind(AGENT_ACCESS, "/agent/v1/debug")

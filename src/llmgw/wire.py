@@ -309,6 +309,16 @@ class WeightsSource(Wire):
         return self
 
 
+# The OpenAI routes beyond chat, completions and embeddings (which every
+# engine serves): an engine serves a route only where its adapter says so
+# (EngineDialect.extra_routes), and the gateway answers 404 for a model whose
+# engines do not, instead of handing the client the engine's own 404.
+ExtraRoute = Literal["/v1/responses", "/v1/rerank", "/v1/score", "/v1/audio/transcriptions"]
+EXTRA_ROUTES: tuple[ExtraRoute, ...] = (
+    "/v1/responses", "/v1/rerank", "/v1/score", "/v1/audio/transcriptions",
+)
+
+
 class SimParams(Wire):
     """How a simulated engine behaves (see llmgw.sim.engine)."""
 
@@ -349,6 +359,10 @@ class SimParams(Wire):
     # CUDA call does: running requests stay running with no more tokens, the
     # token counters in /metrics freeze, /health answers 200. None: never.
     stall_after_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    # The routes of EXTRA_ROUTES the engine serves (and its adapter declares);
+    # None: all of them. [] makes an engine that serves only the core routes,
+    # to see the gateway's 404 for the others.
+    routes: list[ExtraRoute] | None = None
 
 
 RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]
@@ -578,6 +592,10 @@ class EngineDialect(Wire):
     # which stops at the next token once the connection closes, and
     # assembles the non-streamed answer the client asked for.
     stops_unstreamed: bool = True
+    # The routes of EXTRA_ROUTES the engine serves. None: not declared (an
+    # agent older than this field, an external server that declares no
+    # dialect): every route is passed on and the server answers for itself.
+    extra_routes: list[ExtraRoute] | None = None
 
 
 class ReplicaStatus(Wire):

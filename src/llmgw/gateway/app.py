@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from llmgw import secrets, wire
-from llmgw.gateway import handler
+from llmgw.gateway import handler, passthrough
 from llmgw.gateway.handler import Runtime
 from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
@@ -261,6 +261,8 @@ class Gateway:
         """Path -> (method, endpoint), built once: a request costs one dict lookup."""
         routes: dict[str, tuple[str, Endpoint]] = {
             path: ("POST", self._complete) for path in sorted(handler.POST_PATHS)}
+        for path, route in passthrough.ROUTES.items():
+            routes[path] = ("POST", self._pass_through(route))
         routes["/v1/models"] = ("GET", self._models)
         routes[_MODEL_PATH] = ("GET", self._models)
         routes["/metrics"] = ("GET", self._scrape)
@@ -287,6 +289,12 @@ class Gateway:
 
     async def _complete(self, scope: Scope, receive: Receive, send: Send) -> None:
         await handler.handle(self.runtime, scope, receive, send)
+
+    def _pass_through(self, route: passthrough.PassThrough) -> Endpoint:
+        async def endpoint(scope: Scope, receive: Receive, send: Send) -> None:
+            await handler.handle(self.runtime, scope, receive, send, route)
+
+        return endpoint
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         await handler.list_models(self.runtime, scope, send)

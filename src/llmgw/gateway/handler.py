@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -228,8 +228,26 @@ def prompt_text(path: str, payload: dict[str, Any]) -> str | None:
     return None
 
 
-async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> None:
-    """Serve one POST to a proxied /v1 path."""
+class Route(Protocol):
+    """A POST route whose body and answers another module knows (llmgw.gateway.passthrough).
+
+    It shares everything here up to the choice of a replica (auth, body cap,
+    validation, the model, limits, a client that leaves) and proxies itself.
+    """
+
+    def parse(self, scope: Scope, body: bytes) -> dict[str, Any]: ...
+
+    async def proxy(
+        self, rt: Runtime, payload: dict[str, Any], body: bytes, router: ModelRouter,
+        record: KeyRecord, started: float, request_id: str, id_header: tuple[bytes, bytes],
+        send: Send,
+    ) -> int: ...  # fmt: skip
+
+
+async def handle(
+    rt: Runtime, scope: Scope, receive: Receive, send: Send, route: Route | None = None
+) -> None:
+    """Serve one POST to a proxied /v1 path (``route``: one served by another module)."""
     started = time.perf_counter()
     request_id = new_request_id()
     id_header = (REQUEST_ID, request_id.encode())
@@ -242,7 +260,7 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
         snapshot = configured_snapshot(rt)
         record = authenticate(rt, snapshot, scope)
         body = await read_body(scope, receive, rt.settings.max_body_bytes)
-        payload = parse(body)
+        payload = parse(body) if route is None else route.parse(scope, body)
         check_request(scope["path"], payload)  # before anything is routed or woken
         router = resolve(snapshot, record, payload)
         model = router.route.name
@@ -263,9 +281,12 @@ async def handle(rt: Runtime, scope: Scope, receive: Receive, send: Send) -> Non
             timer = asyncio.get_running_loop().call_later(
                 _WATCH_AFTER_S, _start_watch, receive, task, watch
             )
-        status = await _proxy(
-            rt, scope["path"], payload, body, router, record, started, request_id, id_header, send
-        )
+        if route is None:
+            status = await _proxy(rt, scope["path"], payload, body, router, record, started,
+                                  request_id, id_header, send)  # fmt: skip
+        else:
+            status = await route.proxy(rt, payload, body, router, record, started, request_id,
+                                       id_header, send)  # fmt: skip
     except ApiError as refused:
         status = refused.status
         overhead = overhead_header(time.perf_counter() - started)

@@ -410,17 +410,21 @@ def _expire(response: Response) -> None:
         conn.close()
 
 
-def request_head(host: str, port: int, path: str, engine_key: str | None = None) -> bytes:
+def request_head(
+    host: str, port: int, path: str, engine_key: str | None = None, *, json: bool = True
+) -> bytes:
     """The constant start of every POST to one engine path (rendered once per target).
 
     ``engine_key``: the replica's key, sent as a bearer token (wire.EngineKey
     admits only characters that are safe in a header, and an external
     model's key is checked the same way: gateway.external.upstream_key).
+    ``json`` False: no Content-Type here; each request sends its own (a
+    multipart form's boundary differs per request).
     """
     auth = f"Authorization: Bearer {engine_key}\r\n" if engine_key else ""
+    kind = "Content-Type: application/json\r\n" if json else ""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
-        "Content-Type: application/json\r\nContent-Length: "
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}{kind}Content-Length: "
     ).encode("latin-1")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -41,7 +42,7 @@ class Upstream:
     def __init__(self, settings: GatewaySettings) -> None:
         self._settings = settings
         self._pool: Pool | None = None
-        self._targets: dict[tuple[str, str, str | None], Target] = {}
+        self._targets: dict[tuple[str, str, str | None, bool], Target] = {}
 
     async def start(self) -> None:
         self._pool = Pool(self._settings.connect_timeout_s, self._settings.upstream_timeout_s)
@@ -51,13 +52,17 @@ class Upstream:
             self._pool.close()
             self._pool = None
 
-    def target(self, base: str, path: str, engine_key: str | None = None) -> Target:
+    def target(
+        self, base: str, path: str, engine_key: str | None = None, *, json: bool = True
+    ) -> Target:
         """Where ``base`` + ``path`` goes, parsed once per endpoint and path.
 
         ``engine_key``: the replica's key (wire.Endpoint.engine_key), rendered
         into the constant head with the rest, so it costs nothing per request.
+        ``json`` False: a route whose requests each name their content type
+        (:meth:`post`'s ``headers``).
         """
-        key = (base, path, engine_key)
+        key = (base, path, engine_key, json)
         target = self._targets.get(key)
         if target is None:
             parts = urlsplit(base)
@@ -73,16 +78,19 @@ class Upstream:
             tls = parts.scheme == "https"
             port = parts.port or (443 if tls else 80)
             full = parts.path.rstrip("/") + path
-            head = request_head(parts.hostname, port, full, engine_key)
+            head = request_head(parts.hostname, port, full, engine_key, json=json)
             target = Target(parts.hostname, port, full, head, tls)
             self._targets[key] = target
         return target
 
-    async def post(self, target: Target, body: bytes, request_id: str) -> Response:
+    async def post(
+        self, target: Target, body: bytes, request_id: str, headers: bytes = b""
+    ) -> Response:
+        """``headers``: more header lines, each ending in CRLF, already checked."""
         pool = self._pool
         if pool is None:
             raise RuntimeError("the gateway's upstream client is not started")
-        extra = b"X-Request-Id: " + request_id.encode() + b"\r\n"
+        extra = b"X-Request-Id: " + request_id.encode() + b"\r\n" + headers
         payload = render_post(target.head, body, extra)
         return await pool.request(target.host, target.port, payload, target.tls)
 
@@ -101,6 +109,20 @@ def find_usage(data: bytes) -> Usage | None:
     Embedding answers are large arrays of floats; locating the small usage
     object and parsing only it keeps the cost independent of answer size.
     """
+    usage = usage_object(data)
+    if usage is None:
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        prompt=_int(usage.get("prompt_tokens")),
+        completion=_int(usage.get("completion_tokens")),
+        cached=_int(cached),
+    )
+
+
+def usage_object(data: bytes) -> dict[str, Any] | None:
+    """The last ``"usage": {...}`` object in ``data`` as a dict (only it is parsed)."""
     at = data.rfind(b'"usage"')
     if at < 0:
         return None
@@ -114,15 +136,7 @@ def find_usage(data: bytes) -> Usage | None:
         usage = orjson.loads(data[start : end + 1])
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(
-        prompt=_int(usage.get("prompt_tokens")),
-        completion=_int(usage.get("completion_tokens")),
-        cached=_int(cached),
-    )
+    return usage if isinstance(usage, dict) else None
 
 
 def _int(value: object) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw import wire
+from llmgw.gateway.apiroutes import RouteSupport
 from llmgw.gateway.auth import KeyTable
 from llmgw.gateway.external import renamer, upstream_key
 from llmgw.gateway.prefix import PrefixIndex
@@ -58,6 +59,8 @@ class Snapshot:
         # name back into their answers (llmgw.gateway.external).
         self.external: dict[str, ExternalEndpoint] = {}
         self.renames: dict[str, Callable[[bytes], bytes]] = {}
+        # Which replicas serve the routes not every engine has (llmgw.gateway.apiroutes).
+        self.support = RouteSupport()
         for route in config.routing.models:
             replicas = []
             for endpoint in route.endpoints:
@@ -96,6 +99,7 @@ class Snapshot:
             for alias in route.aliases:
                 self.routes.setdefault(alias, router)
             self.routes[route.name] = router
+            self.support.add(route, router)
         self.model_list: list[dict[str, str | int]] = [
             {"id": route.name, "object": "model", "created": 0, "owned_by": "llmgw"}
             for route in config.routing.models

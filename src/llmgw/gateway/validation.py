@@ -30,13 +30,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.gateway.multipart import Upload
 from llmgw.gateway.responses import ApiError
 
 # The routes whose body this module knows; tests keep it equal to the
-# handler's POST paths.
+# gateway's POST routes.
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
+RESPONSES_PATH = "/v1/responses"
+RERANK_PATH = "/v1/rerank"
+SCORE_PATH = "/v1/score"
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # Roles whose message may carry no content (an assistant turn that only
@@ -66,6 +71,8 @@ def _describe(value: Any) -> str:
         return "an array"
     if isinstance(value, dict):
         return "an object"
+    if isinstance(value, Upload):
+        return "a file"
     return type(value).__name__
 
 
@@ -347,6 +354,114 @@ def embedding_input(value: Any, param: str) -> None:
         raise _too_long(param, MAX_EMBEDDING_INPUTS, len(value))
 
 
+RESPONSE_ROLES = ("user", "assistant", "system", "developer")
+AUDIO_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+_FORM_TRUE = ("true", "1", "yes", "on")
+_FORM_FALSE = ("false", "0", "no", "off")
+
+
+def strings(value: Any, param: str) -> None:
+    if type(value) is not list:
+        raise _wrong_type(param, "an array of strings", value)
+    for index, item in enumerate(value):
+        if type(item) is not str:
+            raise _wrong_type(f"{param}[{index}]", "a string", item)
+
+
+def response_input(value: Any, param: str) -> None:
+    """The Responses API's ``input``: text, or items (messages with a role, or typed items)."""
+    if type(value) is str:
+        return
+    if type(value) is not list:
+        raise _wrong_type(param, "a string or an array of input items", value)
+    if not value:
+        raise _empty_array(param)
+    for index, item in enumerate(value):
+        at = f"{param}[{index}]"
+        if type(item) is not dict:
+            raise _wrong_type(at, "an object", item)
+        role = item.get("role")
+        if role is None:
+            _typed_object(item, at)
+            continue
+        if type(role) is not str:
+            raise _wrong_type(f"{at}.role", "a string", role)
+        if role not in RESPONSE_ROLES:
+            raise _not_one_of(f"{at}.role", role, RESPONSE_ROLES)
+        content = item.get("content")
+        if content is None:
+            raise _missing(f"{at}.content")
+        if type(content) is list:
+            for part, piece in enumerate(content):
+                _typed_object(piece, f"{at}.content[{part}]")
+        elif type(content) is not str:
+            raise _wrong_type(f"{at}.content", "a string or an array of content parts", content)
+
+
+def rerank_query(value: Any, param: str) -> None:
+    if type(value) is dict:  # vLLM's multimodal query
+        return
+    model_name(value, param)  # a non-empty string
+
+
+def texts(value: Any, param: str) -> None:
+    """A string, a non-empty array of strings or objects, or one object (multimodal content)."""
+    if type(value) is str or type(value) is dict:
+        return
+    if type(value) is not list:
+        raise _wrong_type(param, "a string or an array", value)
+    if not value:
+        raise _empty_array(param)
+    for index, item in enumerate(value):
+        if type(item) is not str and type(item) is not dict:
+            raise _wrong_type(f"{param}[{index}]", "a string or an object", item)
+
+
+def upload(value: Any, param: str) -> None:
+    if not isinstance(value, Upload):
+        raise _wrong_type(param, "a file", value)
+
+
+def form_number(low: float, high: float) -> Check:
+    """A number given as form text ("0.2")."""
+
+    def check(value: Any, param: str) -> None:
+        if type(value) is not str:
+            raise _wrong_type(param, "a number", value)
+        try:
+            number = float(value)
+        except ValueError:
+            raise _invalid(param, f"Invalid value for '{param}': expected a number, but got"
+                           f" {value!r} instead.", "invalid_type") from None  # fmt: skip
+        _range(param, number, low, high, "decimal")
+
+    return check
+
+
+def form_boolean(value: Any, param: str) -> None:
+    if type(value) is not str or value.lower() not in (*_FORM_TRUE, *_FORM_FALSE):
+        raise _invalid(
+            param,
+            f"Invalid value for '{param}': expected a boolean ('true' or 'false'),"
+            f" but got {value!r} instead.",
+            "invalid_type",
+        )
+
+
+def form_true(payload: dict[str, Any], name: str) -> bool:
+    """Whether form field ``name`` says true (it passed :func:`form_boolean`)."""
+    value = payload.get(name)
+    return type(value) is str and value.lower() in _FORM_TRUE
+
+
+def granularities(value: Any, param: str) -> None:
+    if type(value) is not list:
+        raise _wrong_type(param, "an array", value)
+    check = one_of("word", "segment")
+    for index, item in enumerate(value):
+        check(item, f"{param}[{index}]")
+
+
 # -- the envelopes -----------------------------------------------------------------
 
 
@@ -383,6 +498,27 @@ def _completion_rules(payload: dict[str, Any]) -> None:
 
 def _no_rules(payload: dict[str, Any]) -> None:
     return None
+
+
+# Without ``input`` a response continues or templates another (OpenAI's API).
+_INPUT_ELSEWHERE = ("previous_response_id", "prompt", "conversation")
+
+
+def _responses_rules(payload: dict[str, Any]) -> None:
+    _stream_rules(payload)
+    if payload.get("input") is None and all(payload.get(k) is None for k in _INPUT_ELSEWHERE):
+        raise _missing("input")
+
+
+def _transcription_rules(payload: dict[str, Any]) -> None:
+    wanted = payload.get("timestamp_granularities[]")
+    if wanted and payload.get("response_format") != "verbose_json":
+        raise _invalid(
+            "timestamp_granularities[]",
+            "Invalid value for 'timestamp_granularities[]': 'response_format' must be"
+            " 'verbose_json' to use timestamp granularities.",
+            "invalid_value",
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -469,10 +605,89 @@ EMBEDDINGS = Envelope(
     rules=_no_rules,
 )
 
+RESPONSES = Envelope(
+    required=("model",),
+    fields={
+        "model": model_name,
+        "input": response_input,
+        "instructions": string,
+        "max_output_tokens": integer(1),
+        "max_tool_calls": integer(1),
+        "temperature": number(0, 2),
+        "top_p": number(0, 1),
+        "top_logprobs": integer(0, 20),
+        "stream": boolean,
+        "stream_options": obj,
+        "store": boolean,
+        "background": boolean,
+        "metadata": obj,
+        "tools": typed_objects,
+        "tool_choice": string_or_object,
+        "parallel_tool_calls": boolean,
+        "previous_response_id": string,
+        "conversation": string_or_object,
+        "prompt": obj,
+        "text": obj,
+        "reasoning": obj,
+        "include": strings,
+        "truncation": one_of("auto", "disabled"),
+        "user": string,
+    },
+    rules=_responses_rules,
+)
+
+RERANK = Envelope(
+    required=("model", "query", "documents"),
+    fields={
+        "model": model_name,
+        "query": rerank_query,
+        "documents": texts,
+        "top_n": integer(0),
+        "return_documents": boolean,
+        "max_tokens_per_doc": integer(1),
+        "truncate_prompt_tokens": integer(-1),
+        "user": string,
+    },
+    rules=_no_rules,
+)
+
+SCORE = Envelope(
+    required=("model", "text_1", "text_2"),
+    fields={
+        "model": model_name,
+        "text_1": texts,
+        "text_2": texts,
+        "truncate_prompt_tokens": integer(-1),
+        "user": string,
+    },
+    rules=_no_rules,
+)
+
+# A form: every field arrives as text (or as a file).
+TRANSCRIPTIONS = Envelope(
+    required=("model", "file"),
+    fields={
+        "model": model_name,
+        "file": upload,
+        "language": string,
+        "prompt": string,
+        "response_format": one_of(*AUDIO_FORMATS),
+        "temperature": form_number(0, 1),
+        "stream": form_boolean,
+        "stream_include_usage": form_boolean,
+        "timestamp_granularities[]": granularities,
+    },
+    rules=_transcription_rules,
+)
+
 ENVELOPES: dict[str, Envelope] = {
     CHAT_PATH: CHAT,
     COMPLETIONS_PATH: COMPLETIONS,
     EMBEDDINGS_PATH: EMBEDDINGS,
+    RESPONSES_PATH: RESPONSES,
+    RERANK_PATH: RERANK,
+    SCORE_PATH: SCORE,
+    TRANSCRIPTIONS_PATH: TRANSCRIPTIONS,
 }
 
 

@@ -8,7 +8,9 @@ tests need engines that fail on cue; a real engine gives neither. Each
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streamed or
 not, with ``usage`` and ``prompt_tokens_details.cached_tokens``),
 ``POST /v1/embeddings`` (a deterministic vector), ``GET /v1/models``,
-``GET /health`` and ``GET /metrics`` (vLLM's metric names).
+``GET /health`` and ``GET /metrics`` (vLLM's metric names); and those of
+``SimParams.routes`` (all by default): ``/v1/responses``, ``/v1/rerank``,
+``/v1/score``, ``/v1/audio/transcriptions`` (llmgw.sim.extra_routes).
 
 Life cycle: the server listens at once; ``/health`` answers 503 during the
 start-up delay (``startup_s * time_factor``), then 200. Faults
@@ -67,6 +69,7 @@ from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import ValidationError
 from llmgw.sim import metrics, openai_api, tokens
 from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
+from llmgw.sim.extra_routes import ExtraRoutes
 from llmgw.wire import EngineKind, SimParams
 
 EngineState = Literal["created", "starting", "ready", "hung", "failed", "stopped"]
@@ -134,6 +137,7 @@ class SimEngine:
         app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
+        ExtraRoutes(self).mount(app)  # responses, rerank, score, transcriptions
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         # handler_cancellation: a client that hangs up cancels its handler,

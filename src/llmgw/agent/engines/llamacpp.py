@@ -36,7 +36,7 @@ from llmgw.engine_env import (
     LLAMA_SERVER_DROP,
 )
 from llmgw.errors import EngineError
-from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
+from llmgw.wire import EngineDialect, EngineKind, ExtraRoute, ReplicaAssignment
 
 SERVER_BINARY = "llama-server"
 
@@ -159,6 +159,19 @@ SERVER_CACHE_RAM_SHARE = 2
 def _server_sets(extra: list[str], *flags: str) -> bool:
     """Whether a catalog arg list sets one of ``flags``, read as llama-server reads it."""
     return has_flag([_dashed(item) for item in extra], *flags)
+
+
+def _dialect(server: bool, extra: list[str]) -> EngineDialect:
+    """The launch's dialect, with the extra OpenAI routes it serves.
+
+    llama-server serves /v1/rerank only when started with --reranking (a
+    reranker model); llama_cpp.server serves none of them.
+    """
+    if not server:
+        return PYTHON_DIALECT.model_copy(update={"extra_routes": []})
+    reranks = _server_sets(extra, "--reranking", "--rerank")
+    routes: list[ExtraRoute] = ["/v1/rerank"] if reranks else []
+    return SERVER_DIALECT.model_copy(update={"extra_routes": routes})
 
 
 def _dashed(item: str) -> str:
@@ -287,7 +300,7 @@ class LlamaCppAdapter:
             # llama_cpp.server's settings read API_KEY (pydantic-settings).
             # Both then refuse /v1 (and the tokenizer routes) without it.
             env["LLAMA_API_KEY" if self.server_binary else "API_KEY"] = key
-        dialect = SERVER_DIALECT if self.server_binary else PYTHON_DIALECT
+        dialect = _dialect(bool(self.server_binary), extra)
         return EngineLaunch(
             argv=argv,
             env=env,

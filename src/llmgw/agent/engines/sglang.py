@@ -31,7 +31,13 @@ from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 
 # SGLang honours max_completion_tokens and include_usage (its OpenAI
 # protocol); /v1/tokenize answers {"count", "tokens"} for {"prompt": ...}.
-DIALECT = EngineDialect(tokenize_path="/v1/tokenize", tokenize_field="prompt")
+# It serves /v1/responses and /v1/rerank; its /v1/score is another API
+# (query, items, label token ids), not vLLM's text_1/text_2 that the gateway
+# checks, so it is not declared.
+DIALECT = EngineDialect(
+    tokenize_path="/v1/tokenize", tokenize_field="prompt",
+    extra_routes=["/v1/responses", "/v1/rerank"],
+)
 
 MANAGED_FLAGS = FlagRules(
     managed=frozenset(

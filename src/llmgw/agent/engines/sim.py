@@ -13,7 +13,7 @@ from llmgw.agent.engines.base import EngineLaunch, LaunchContext, check_common
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError
-from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment, SimParams
+from llmgw.wire import EXTRA_ROUTES, EngineDialect, EngineKind, ReplicaAssignment, SimParams
 
 MANAGED_FLAGS = ("--host", "--port", "--model", "--params-json")
 
@@ -49,12 +49,14 @@ class SimAdapter:
             *spec.engine_args,
         ]
         # It exports vLLM's metric names (llmgw.sim.metrics) and tokenizes as
-        # vLLM's /tokenize does; its dialect switches come from its params.
+        # vLLM's /tokenize does; its dialect switches and the extra routes it
+        # serves come from its params.
         dialect = EngineDialect(
             max_completion_tokens=params.max_completion_tokens,
             stream_usage=params.stream_usage,
             tokenize_path="/tokenize",
             tokenize_field="prompt",
+            extra_routes=list(EXTRA_ROUTES if params.routes is None else params.routes),
         )
         env = dict(spec.env)
         if assignment.engine_key is not None:

@@ -39,11 +39,16 @@ from llmgw.agent.pinning import engine_env
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError
-from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
+from llmgw.wire import EXTRA_ROUTES, EngineDialect, EngineKind, ReplicaAssignment
 
 # vLLM honours max_completion_tokens and include_usage (its chat protocol);
-# its tokenizer route answers {"count", "tokens"} for {"prompt": ...}.
-DIALECT = EngineDialect(tokenize_path="/tokenize", tokenize_field="prompt")
+# its tokenizer route answers {"count", "tokens"} for {"prompt": ...}. It
+# mounts every route beyond chat (responses; rerank and score for pooling
+# models; transcriptions for Whisper) and answers for a model that cannot
+# serve one itself.
+DIALECT = EngineDialect(
+    tokenize_path="/tokenize", tokenize_field="prompt", extra_routes=list(EXTRA_ROUTES)
+)
 
 MANAGED_FLAGS = FlagRules(
     managed=frozenset(
