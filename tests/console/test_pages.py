@@ -8,9 +8,12 @@ each page is saved under $LLMGW_TEST_OUTPUT/console/.
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 import time
 from pathlib import Path
+from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
@@ -32,6 +35,10 @@ from llmgw.control.store.repo import Store
 from llmgw.wire import NodeState
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def read(path: Path | str) -> bytes:
+    return Path(path).read_bytes()
 
 
 async def texts(page: Page, selector: str) -> list[str]:
@@ -329,6 +336,51 @@ async def test_usage_page(console: Console, watched: Watched, shots: Path) -> No
     await expect(page.locator("#usage-charts figure")).to_have_count(4)
     await expect(page.locator("#usage-charts figure").first.locator("path.series")).to_have_count(2)
     await page.screenshot(path=shots / "usage.png", full_page=True)
+
+
+async def test_download_csv_of_the_range_by_model_and_by_day(
+    console: Console, watched: Watched, shots: Path
+) -> None:
+    page = watched.page
+    asked: list[Request] = []
+    page.on("request", lambda r: asked.append(r) if "/usage/report" in r.url else None)
+    await sign_in(console, page, "#/usage")
+    await expect(page.locator("#usage-by-model tbody tr").first).to_be_visible()
+    await page.get_by_label("CSV by").select_option("model")
+    async with page.expect_download() as info:
+        await page.get_by_role("button", name="Download CSV").click()
+    download = await info.value
+    saved = read(await download.path())
+
+    # It went with the admin token, for the range the page shows (last hour).
+    assert len(asked) == 1
+    assert asked[0].headers["authorization"] == f"Bearer {console.admin_token}"
+    query = {k: v[0] for k, v in parse_qs(urlparse(asked[0].url).query).items()}
+    assert query["by"] == "model" and query["format"] == "csv"
+    assert int(query["until"]) - int(query["since"]) in range(3600, 3660)
+    # The control plane's CSV for that window, byte for byte, under its name.
+    answer = await console.api.get("/admin/v1/usage/report", params=query)
+    assert saved == answer.content
+    assert download.suggested_filename.startswith("llmgw-usage-")
+    assert download.suggested_filename.endswith("-by-model.csv")
+    rows = {r["model"]: r for r in csv.DictReader(io.StringIO(saved.decode()))}
+    # The same totals as the page's table of the same hour.
+    for model in ("embed", "chat-small"):
+        cells = await page.locator(f'#usage-by-model tr[data-name="{model}"] td').all_inner_texts()
+        assert f"{int(rows[model]['requests']):,}" == cells[1]
+        assert f"{int(rows[model]['prompt_tokens']):,}" == cells[2]
+
+    await page.get_by_label("CSV by").select_option("day,key,model")
+    async with page.expect_download() as info:
+        await page.get_by_role("button", name="Download CSV").click()
+    by_all = list(csv.DictReader(io.StringIO(read(await (await info.value).path()).decode())))
+    assert by_all and set(by_all[0]) == {"day", "key_id", "key_name", "model", "requests",
+                                         "prompt_tokens", "completion_tokens", "cached_tokens",
+                                         "errors"}
+    assert sum(int(r["requests"]) for r in by_all) == sum(int(r["requests"])
+                                                          for r in rows.values())
+    await expect(page.locator("#usage-csv-error")).to_be_empty()
+    await page.screenshot(path=shots / "usage-download.png", full_page=True)
 
 
 async def test_events_page(console: Console, watched: Watched, shots: Path) -> None:

@@ -7,7 +7,7 @@ This package assembles the typer app; each module owns one part:
 ``client`` (where to connect, with what token, and one-line errors),
 ``render`` (tables, ``--json``, ``--watch``), and the commands by subject:
 ``status``, ``nodes``, ``models``, ``catalog`` (apply, plan), ``replicas``,
-``events`` and ``access`` (keys, usage, join token).
+``events``, ``access`` (keys, join token) and ``usage``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from llmgw.cli.ctl import access, catalog, events, models, nodes, replicas, status
+from llmgw.cli.ctl import access, catalog, events, models, nodes, replicas, status, usage
 from llmgw.cli.ctl.client import Settings
 from llmgw.cli.secretfile import pick_secret
 from llmgw.errors import ConfigError
@@ -83,7 +83,7 @@ app.command()(catalog.plan)
 app.add_typer(replicas.replicas_app, name="replicas")
 app.command()(events.events)
 app.add_typer(access.keys_app, name="keys")
-app.command()(access.usage)
+app.command()(usage.usage)
 app.command("join-token")(access.join_token)
 app.add_typer(access.join_tokens_app, name="join-tokens")
 

@@ -1,4 +1,4 @@
-"""Who may use the fleet: ``llmgw ctl keys`` (list, create, revoke), ``usage``, ``join-token``."""
+"""Who may use the fleet: ``llmgw ctl keys`` (list, create, revoke), ``join-token``."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ from llmgw.cli.ctl.client import CtlError, admin_client, guarded
 from llmgw.cli.ctl.render import (
     JsonOpt,
     local_time,
-    make_console,
-    new_table,
     print_json,
     print_listing,
 )
@@ -67,34 +65,6 @@ def key_revoke(ctx: typer.Context, key_id: str) -> None:
     """Revoke an API key (gateways refuse it at their next config update)."""
     k = admin_client(ctx).call("DELETE", f"/keys/{key_id}")
     typer.echo(f"key {k['key_id']} revoked")
-
-
-@guarded
-def usage(
-    ctx: typer.Context,
-    minutes: Annotated[int, typer.Option(help="Over the last N minutes.", min=1)] = 60,
-    key: Annotated[str | None, typer.Option(help="Only this key id.")] = None,
-    model: Annotated[str | None, typer.Option(help="Only this model.")] = None,
-    per_minute: Annotated[bool, typer.Option(help="One row per minute.")] = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Requests and tokens per key and model."""
-    since = int(time.time()) - minutes * 60
-    data = admin_client(ctx).call("GET", "/usage", params={"since": since, "key_id": key,
-                                                           "model": model})
-    if as_json:
-        print_json(data)
-        return
-    rows = data["rows"] if per_minute else data["by_key_model"]
-    columns = ("MINUTE",) if per_minute else ()
-    table = new_table(*columns, "KEY", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "CACHED",
-                      "ERRORS")
-    for row in [*rows, {**data["total"], "key_id": "total", "model": ""}]:
-        minute = (local_time(row["minute"]) if "minute" in row else "",) if per_minute else ()
-        table.add_row(*minute, row["key_id"] or "", row["model"] or "", str(row["requests"]),
-                      str(row["prompt_tokens"]), str(row["completion_tokens"]),
-                      str(row["cached_tokens"]), str(row["errors"]))
-    make_console().print(table)
 
 
 @guarded

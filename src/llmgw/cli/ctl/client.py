@@ -109,7 +109,8 @@ class AdminClient:
         return token_with_fingerprint(secret, self.ca_fingerprint)
 
     def call(self, method: str, path: str, *, body: Any = None,
-             params: dict[str, Any] | None = None) -> Any:
+             params: dict[str, Any] | None = None, text: bool = False) -> Any:
+        """The answer's JSON; its text instead with ``text`` (a CSV download)."""
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         walk = self.leader.walk(once_each=True)
         for url in walk:
@@ -130,7 +131,7 @@ class AdminClient:
             if is_standby:
                 walk.standby(url, hint)
                 continue
-            return _answer(url, path, response)
+            return _answer(url, path, response, text=text)
         raise CtlError(_failure(walk, method, path))
 
 
@@ -156,12 +157,14 @@ def _failure(walk: CallWalk, method: str, path: str) -> str:
     return "cannot reach the control plane at " + walk.summary()
 
 
-def _answer(url: str, path: str, response: httpx.Response) -> Any:
+def _answer(url: str, path: str, response: httpx.Response, *, text: bool = False) -> Any:
     if response.status_code == 401:
         raise CtlError(f"the control plane at {url} refused the admin token "
                        "(pass --token, set LLMGW_ADMIN_TOKEN, or check up.json)")
     if response.status_code >= 400:
         raise CtlError(_error_text(response))
+    if text:
+        return response.text
     if not response.content:
         return None
     try:

@@ -32,6 +32,7 @@ from llmgw.control import secretenv
 from llmgw.control.adminapi import schemas
 from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
 from llmgw.control.adminapi.summary import Summary, fleet_summary
+from llmgw.control.adminapi.usagereport import add_usage_report_route
 from llmgw.control.adminapi.views.models import ModelView, ReplicaTally, model_view
 from llmgw.control.adminapi.views.nodes import NodeView, node_view, used_by_node
 from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
@@ -494,6 +495,8 @@ def build_admin_router(
         start = since if since is not None else int(time.time()) - DEFAULT_USAGE_WINDOW_S
         rows = await cp.store.query_usage(since=start // 60 * 60, key_id=key_id, model=model)
         return json_response(schemas.usage_answer(start, rows))
+
+    add_usage_report_route(router, cp)
 
     # -- credentials -----------------------------------------------------------------
 

@@ -30,6 +30,9 @@ Row = dict[str, Any]
 EPOCH_KEY = "leader_epoch"
 # The leader's advertised URL, written with the epoch it took (bump_epoch).
 LEADER_URL_KEY = "leader_url"
+# The counters usage_report sums, returned as ints whatever type the driver gives a SUM.
+_USAGE_COUNTERS = frozenset(
+    {"requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors"})
 
 
 class Store:
@@ -376,6 +379,39 @@ class Store:
         if model:
             stmt = stmt.where(schema.usage.c.model == model)
         return await self._read(stmt.order_by(schema.usage.c.minute))
+
+    async def usage_report(
+        self, *, since: int, until: int, by: Sequence[str], key_id: str | None = None,
+        model: str | None = None,
+    ) -> list[Row]:
+        """Usage summed per ``by`` (``key``, ``model``, ``day``: UTC days) over [since, until).
+
+        Summed by the database: a month of per-minute rows of a busy fleet
+        is millions of rows, too many to ship to Python to add up. A day is
+        the first minute of its UTC day (``day_start``).
+        """
+        usage = schema.usage.c
+        groups: list[Any] = []
+        for dimension in by:
+            if dimension == "day":
+                # minute - minute % 86400: integer arithmetic that SQLite and
+                # PostgreSQL both keep integral (``/`` would not on PostgreSQL).
+                groups.append((usage.minute - usage.minute % 86400).label("day_start"))
+            elif dimension == "key":
+                groups.append(usage.key_id)
+            elif dimension == "model":
+                groups.append(usage.model)
+            else:
+                raise ValueError(f"cannot group usage by {dimension!r}")
+        counters = [func.sum(getattr(usage, c)).label(c) for c in sorted(_USAGE_COUNTERS)]
+        stmt = select(*groups, *counters).where(usage.minute >= since, usage.minute < until)
+        if key_id:
+            stmt = stmt.where(usage.key_id == key_id)
+        if model:
+            stmt = stmt.where(usage.model == model)
+        stmt = stmt.group_by(*groups).order_by(*groups)
+        return [{k: (int(v) if k in _USAGE_COUNTERS else v) for k, v in row.items()}
+                for row in await self._read(stmt)]
 
     async def prune_usage(self, *, before_minute: int, epoch: int | None = None) -> int:
         """Delete usage rows of minutes before ``before_minute`` (retention)."""

@@ -47,14 +47,15 @@ function messageOf(status, body, fallback) {
 
 /**
  * Call the admin API. `path` is relative to /admin/v1 ("/summary").
- * Options: method, query (object), json (body), text + contentType (raw body).
+ * Options: method, query (object), json (body), text + contentType (raw body),
+ * raw (answer the body's text unparsed: a CSV download).
  */
 export async function api(path, options = {}) {
   return (await apiWithHeaders(path, options)).body;
 }
 
 /** As api(), answering {body, headers} for the few callers that read a header. */
-export async function apiWithHeaders(path, { method = "GET", query, json, text, contentType } = {}) {
+export async function apiWithHeaders(path, { method = "GET", query, json, text, contentType, raw: wantRaw = false } = {}) {
   const token = getToken();
   if (!token) {
     onUnauthorized("Sign in with the admin token.");
@@ -87,6 +88,7 @@ export async function apiWithHeaders(path, { method = "GET", query, json, text, 
   }
   let parsed = null;
   const raw = await response.text();
+  if (wantRaw && response.ok) return { body: raw, headers: response.headers };
   if (raw) {
     try {
       parsed = JSON.parse(raw);

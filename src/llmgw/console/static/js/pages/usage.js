@@ -4,8 +4,12 @@
 // buckets sized to the range (a day of minutes is 1,440 points per line, more
 // than a chart can show), keeps the busiest few series and folds the rest
 // into "other" so the legend stays readable.
+//
+// "Download CSV" fetches the control plane's own CSV of the range (GET
+// /usage/report?format=csv, what `llmgw ctl usage --csv` prints) and saves
+// it from a blob: a plain link could not carry the admin token.
 
-import { api } from "../api.js";
+import { api, apiWithHeaders } from "../api.js";
 import { fmtInt, h, redraw, section, table } from "../dom.js";
 import { lineChart } from "../charts.js";
 
@@ -16,6 +20,28 @@ const RANGES = [
   { value: "604800", label: "last 7 days", bucket: 3600 },
 ];
 const MAX_SERIES = 7;
+const CSV_BY = [
+  { value: "key", label: "key" },
+  { value: "model", label: "model" },
+  { value: "day", label: "day (UTC)" },
+  { value: "day,key,model", label: "day, key and model" },
+];
+
+/** The file name the control plane gave (Content-Disposition), or a plain one. */
+function fileName(headers, fallback) {
+  const found = /filename="([^"]+)"/.exec(headers.get("content-disposition") || "");
+  return found ? found[1] : fallback;
+}
+
+function save(text, name) {
+  const url = URL.createObjectURL(new Blob([text], { type: "text/csv" }));
+  const link = h("a", { href: url, download: name, hidden: true });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  // Revoked later, not at once: the browser reads the blob after click() returns.
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
 
 function totals(rows, keyOf) {
   const out = new Map();
@@ -65,16 +91,41 @@ export default {
   create(ctx) {
     const range = h("select", { id: "usage-range" }, RANGES.map((r) => h("option", { value: r.value }, r.label)));
     range.value = RANGES.some((r) => r.value === ctx.params.get("range")) ? ctx.params.get("range") : "3600";
+    const csvBy = h("select", { id: "usage-csv-by" }, CSV_BY.map((b) => h("option", { value: b.value }, b.label)));
+    const download = h("button", { type: "button", id: "usage-csv", class: "secondary" }, "Download CSV");
+    const csvError = h("span", { id: "usage-csv-error", class: "error", role: "alert" });
     const charts = h("div", { id: "usage-charts" });
     const tables = h("div", { id: "usage-tables" });
     const el = h(
       "div",
       {},
       h("h1", {}, "Usage"),
-      h("form", { class: "filters", on: { submit: (e) => e.preventDefault() } }, h("div", { class: "field" }, h("label", { for: "usage-range" }, "Range"), range)),
+      h(
+        "form",
+        { class: "filters", on: { submit: (e) => e.preventDefault() } },
+        h("div", { class: "field" }, h("label", { for: "usage-range" }, "Range"), range),
+        h("div", { class: "field" }, h("label", { for: "usage-csv-by" }, "CSV by"), csvBy),
+        download,
+        csvError,
+      ),
       charts,
       tables,
     );
+
+    download.addEventListener("click", async () => {
+      download.disabled = true;
+      csvError.textContent = "";
+      const until = Math.floor(Date.now() / 1000);
+      const since = Math.floor((until - Number(range.value)) / 60) * 60;
+      try {
+        const { body, headers } = await apiWithHeaders("/usage/report", { query: { since, until, by: csvBy.value, format: "csv" }, raw: true });
+        save(body, fileName(headers, "llmgw-usage.csv"));
+      } catch (err) {
+        csvError.textContent = `Download failed: ${err.message}`;
+      } finally {
+        download.disabled = false;
+      }
+    });
 
     async function refresh() {
       const span = Number(range.value);

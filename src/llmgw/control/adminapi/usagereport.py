@@ -1,0 +1,149 @@
+"""Usage over any period, summed per key, model or UTC day: JSON or a CSV download.
+
+``GET /admin/v1/usage`` answers per-minute rows for dashboards; billing and
+chargeback want a month in a few lines. The sums are the database's
+(Store.usage_report), so a month costs one grouped query, not millions of
+rows. ``llmgw ctl usage --csv`` and the console's download both fetch the
+CSV from here, so the two files are the same bytes.
+
+Cells a person sets (key names) or a client chose (model names reach the
+store as asked for) go into a file that is opened in spreadsheets, where a
+cell starting with ``=``, ``+``, ``-`` or ``@`` is a formula: such cells are
+written with a leading apostrophe (OWASP's advice on CSV injection).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+
+from llmgw.control.service import ControlPlane
+from llmgw.errors import ValidationError
+
+Dimension = Literal["day", "key", "model"]
+DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "model")
+COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
+# Without ``since``: the last 30 days, a billing period. Grouped by day that
+# is 30 rows per key and model, however busy the fleet.
+DEFAULT_WINDOW_S = 30 * 86400
+MAX_TIME = 2**40
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+class UsageReportRow(BaseModel):
+    day: str | None = None  # YYYY-MM-DD, UTC
+    key_id: str | None = None
+    key_name: str | None = None
+    model: str | None = None
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+
+
+class UsageReport(BaseModel):
+    since: int  # unix time, rounded down to its minute
+    until: int  # exclusive
+    by: list[Dimension]
+    rows: list[UsageReportRow] = Field(default_factory=list)
+    total: UsageReportRow = Field(default_factory=UsageReportRow)
+
+
+def parse_by(text: str) -> list[Dimension]:
+    """``key``, ``model``, ``day`` or several comma-separated (``day,model``), in that order."""
+    wanted: list[Dimension] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in DIMENSIONS:
+            raise ValidationError(f"by: {part!r} is not one of key, model, day", field="by")
+        if part not in wanted:
+            wanted.append(part)
+    return wanted
+
+
+def build_report(since: int, until: int, by: list[Dimension], rows: Iterable[dict[str, Any]],
+                 key_names: dict[str, str]) -> UsageReport:
+    report = UsageReport(since=since, until=until, by=by)
+    for row in rows:
+        item = UsageReportRow(**{c: row[c] for c in COUNTERS})
+        if "day" in by:
+            item.day = datetime.fromtimestamp(row["day_start"], UTC).strftime("%Y-%m-%d")
+        if "key" in by:
+            item.key_id = row["key_id"]
+            item.key_name = key_names.get(row["key_id"], "")
+        if "model" in by:
+            item.model = row["model"]
+        report.rows.append(item)
+        for counter in COUNTERS:
+            setattr(report.total, counter, getattr(report.total, counter) + row[counter])
+    return report
+
+
+def columns(by: Sequence[Dimension]) -> list[str]:
+    named = {"day": ["day"], "key": ["key_id", "key_name"], "model": ["model"]}
+    return [c for d in by for c in named[d]] + list(COUNTERS)
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
+
+
+def to_csv(report: UsageReport) -> str:
+    """RFC 4180 CSV (CRLF line ends), one header line, one line per row; no total line,
+    so that summing a column in a spreadsheet gives the total."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    names = columns(report.by)
+    writer.writerow(names)
+    for row in report.rows:
+        values = row.model_dump()
+        writer.writerow([_cell(values[name]) for name in names])
+    return out.getvalue()
+
+
+def csv_filename(report: UsageReport) -> str:
+    def day(t: int) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y%m%dT%H%MZ")
+
+    return f"llmgw-usage-{day(report.since)}-{day(report.until)}-by-{'-'.join(report.by)}.csv"
+
+
+def add_usage_report_route(router: APIRouter, cp: ControlPlane) -> None:
+    @router.get("/usage/report", response_model=UsageReport, tags=["usage"],
+                responses={200: {"content": {"text/csv": {}}}})
+    async def usage_report(
+        since: Annotated[int | None, Query(ge=0, le=MAX_TIME,
+                                           description="unix time; default: 30 days ago")] = None,
+        until: Annotated[int | None, Query(
+            ge=0, le=MAX_TIME, description="unix time, exclusive; default: now")] = None,
+        by: Annotated[str, Query(max_length=40,
+                                 description="key, model, day (UTC), or several: day,model")
+                      ] = "key,model",
+        key_id: Annotated[str | None, Query(max_length=32)] = None,
+        model: Annotated[str | None, Query(max_length=200)] = None,
+        format: Annotated[Literal["json", "csv"], Query()] = "json",
+    ) -> Response:
+        """Requests and tokens summed per key, model and/or UTC day over [since, until)."""
+        dimensions = parse_by(by)
+        end = until if until is not None else int(time.time())
+        start = (since if since is not None else end - DEFAULT_WINDOW_S) // 60 * 60
+        if end <= start:
+            raise ValidationError("until must be after since", field="until")
+        rows = await cp.store.usage_report(since=start, until=end, by=dimensions,
+                                           key_id=key_id, model=model)
+        names = {k.key_id: k.name for k in cp.list_api_keys()}
+        report = build_report(start, end, dimensions, rows, names)
+        if format == "csv":
+            return Response(to_csv(report), media_type="text/csv; charset=utf-8", headers={
+                "Content-Disposition": f'attachment; filename="{csv_filename(report)}"'})
+        return Response(report.model_dump_json(), media_type="application/json")
