@@ -14,6 +14,7 @@ from tests.agent.test_agent import stub_model
 from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext
 from llmgw.wire import (
+    EXTRA_ROUTES,
     EngineDialect,
     EngineKind,
     ModelSpec,
@@ -52,6 +53,27 @@ def test_each_adapter_declares_its_engines_dialect() -> None:
     sim = SimAdapter().build(_context(assign(spec, [cpu_slot(0)]), weights=None)).dialect
     assert not sim.stream_usage and not sim.max_completion_tokens
     assert (sim.tokenize_path, sim.tokenize_field) == ("/tokenize", "prompt")
+
+
+def test_each_adapter_declares_the_extra_routes_its_engine_serves() -> None:
+    gguf = WeightsSource(kind="local", path="/w/model.gguf")
+    llama = assign(model(EngineKind.LLAMACPP, weights=gguf), [gpu(0)])
+    python = LlamaCppAdapter(server_binary="").build(_context(llama)).dialect
+    assert python.extra_routes == []
+    server = LlamaCppAdapter(server_binary="/usr/bin/llama-server")
+    assert server.build(_context(llama)).dialect.extra_routes == []
+    reranker = model(EngineKind.LLAMACPP, weights=gguf).model_copy(
+        update={"engine_args": ["--reranking"]})  # fmt: skip
+    assert server.build(_context(assign(reranker, [gpu(0)]))).dialect.extra_routes == [
+        "/v1/rerank"]  # fmt: skip
+    vllm = VllmAdapter().build(_context(assign(model(EngineKind.VLLM), [gpu(0)]))).dialect
+    assert vllm.extra_routes == list(EXTRA_ROUTES)
+    sglang = SglangAdapter().build(_context(assign(model(EngineKind.SGLANG), [gpu(0)]))).dialect
+    assert sglang.extra_routes == ["/v1/responses", "/v1/rerank"]
+    for routes, declared in ((None, list(EXTRA_ROUTES)), ([], []), (["/v1/score"], ["/v1/score"])):
+        spec = ModelSpec(name="s", engine=EngineKind.SIM, sim=SimParams(routes=routes))
+        sim = SimAdapter().build(_context(assign(spec, [cpu_slot(0)]), weights=None)).dialect
+        assert sim.extra_routes == declared
 
 
 IGNORANT = EngineDialect(max_completion_tokens=False, stream_usage=False,
