@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -14,14 +15,25 @@ from tests.gateway.conftest import async_client, fast_settings, make_config, rou
 from llmgw.gateway.link import MemoryLink
 
 
+async def _within(seconds: float, check: Callable[[], bool]) -> None:
+    """Returns once ``check()`` holds or ``seconds`` have passed (the caller asserts)."""
+    for _ in range(int(seconds / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+
+
 async def test_first_request_starts_the_model_and_is_answered(upstreams: Any) -> None:
     engine = await upstreams("cold")
     published_at: list[float] = []
     link = MemoryLink(poll_timeout_s=1.0)
+    # The engine "loads" until the test has seen every request waiting: a fixed
+    # load time raced the five clients' arrival on a busy machine.
+    loaded = asyncio.Event()
 
     async def start_replica(model: str) -> None:
         async def later() -> None:
-            await asyncio.sleep(0.4)  # the engine "loads"
+            await loaded.wait()
             published_at.append(time.monotonic())
             link.publish(make_config(2, [route(model, [engine], on_demand=True)]))
 
@@ -39,11 +51,12 @@ async def test_first_request_starts_the_model_and_is_answered(upstreams: Any) ->
             return answer.choices[0].message.content or ""
 
         tasks = [asyncio.create_task(ask(i)) for i in range(5)]
-        await asyncio.sleep(0.2)
+        await _within(10, lambda: gateway.runtime.room.waiting() == {"lazy": 5})
         assert gateway.runtime.room.waiting() == {"lazy": 5}
-        await asyncio.sleep(0.05)
         # The waiting count reaches the control plane with the load reports.
+        await _within(10, lambda: any(r.waiting == {"lazy": 5} for r in link.loads))
         assert any(report.waiting == {"lazy": 5} for report in link.loads)
+        loaded.set()
         answers = await asyncio.gather(*tasks)
         assert answers == ["hello from cold"] * 5
         assert link.demands == ["lazy"]  # asked once, not once per request
