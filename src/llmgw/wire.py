@@ -17,10 +17,10 @@ import ipaddress
 import re
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PROTOCOL_VERSION = 1
 
@@ -39,6 +39,29 @@ class Wire(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+
+
+_W = TypeVar("_W", bound=Wire)
+
+
+def read_from_newer(kind: type[_W], body: bytes | str) -> tuple[_W, list[str]]:
+    """``body`` as ``kind``, tolerating fields added by a newer sender; and their names.
+
+    The control plane is upgraded before its agents and gateways (docs/
+    operations.md), so for a while it answers them with fields they do not
+    know. Refusing those answers, as :class:`Wire` refuses everything else,
+    would stop every node mid-upgrade; the reader ignores them instead and
+    names them, so the caller can say once that it is older than its
+    control plane. Any other fault still raises ``pydantic.ValidationError``.
+    """
+    try:
+        return kind.model_validate_json(body), []
+    except ValidationError as exc:
+        errors = exc.errors()
+        unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+        if len(unknown) != len(errors):
+            raise
+    return kind.model_validate_json(body, extra="ignore"), unknown
 
 
 # ---------------------------------------------------------------------------

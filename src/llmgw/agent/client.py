@@ -24,7 +24,13 @@ from pydantic import ValidationError as PydanticValidationError
 from llmgw.errors import AuthError, LlmgwError, ValidationError
 from llmgw.failover import ControlPlaneUnreachable, LeaderFinder
 from llmgw.tls import ClientTrust, fetch_ca
-from llmgw.wire import AgentRegistration, AgentRegistrationAnswer, AgentReport, AgentReportAnswer
+from llmgw.wire import (
+    AgentRegistration,
+    AgentRegistrationAnswer,
+    AgentReport,
+    AgentReportAnswer,
+    read_from_newer,
+)
 
 log = logging.getLogger("llmgw.agent.client")
 
@@ -126,6 +132,24 @@ def _message(body: bytes) -> str:
 
 def _parse(kind: type[_Answer], body: bytes, path: str) -> _Answer:
     try:
-        return kind.model_validate_json(body)
+        answer, unknown = read_from_newer(kind, body)
     except PydanticValidationError as exc:
         raise ValidationError(f"{path}: the control plane's answer is malformed: {exc}") from None
+    if unknown:
+        _warn_newer(path, unknown)
+    return answer
+
+
+_warned_newer: set[tuple[str, ...]] = set()
+
+
+def _warn_newer(path: str, fields: list[str]) -> None:
+    """Says once per set of fields that the control plane is newer than this agent."""
+    key = (path, *fields)
+    if key not in _warned_newer:
+        _warned_newer.add(key)
+        log.warning(
+            "%s: the control plane sent fields this agent does not know (%s) and they are "
+            "ignored: it is newer than this agent; upgrade the agent",
+            path, ", ".join(fields),
+        )

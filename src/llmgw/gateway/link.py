@@ -9,6 +9,7 @@ way: keep the last config, keep serving, try again later.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -24,6 +25,8 @@ CONFIG_PATH = "/gateway/v1/config"
 LOAD_PATH = "/gateway/v1/load"
 DEMAND_PATH = "/gateway/v1/demand"
 USAGE_PATH = "/gateway/v1/usage"
+
+log = logging.getLogger("llmgw.gateway.link")
 
 
 class ControlPlaneLink(Protocol):
@@ -75,6 +78,8 @@ class HttpControlPlaneLink:
         # from its own start): elsewhere the gateway's version means nothing,
         # and asking for "newer than" it could wait out a whole long poll.
         self._versions_from: str | None = None
+        # Fields of the last config this gateway did not know (said once per set).
+        self._unknown_fields: set[str] = set()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -96,11 +101,20 @@ class HttpControlPlaneLink:
             self._versions_from = None  # it may come back restarted
             raise
         try:
-            config = wire.GatewayConfig.model_validate_json(body)
+            config, unknown = wire.read_from_newer(wire.GatewayConfig, body)
         except ValueError as exc:
             raise ControlPlaneUnavailable(
                 f"GET {url}{CONFIG_PATH}: malformed config: {exc}"
             ) from None
+        if unknown and set(unknown) != self._unknown_fields:
+            # Once per set: the control plane is upgraded first, so this is
+            # expected for a while, and the config comes on every change.
+            self._unknown_fields = set(unknown)
+            log.warning(
+                "GET %s%s: the control plane sent fields this gateway does not know (%s) and "
+                "they are ignored: it is newer than this gateway; upgrade the gateway",
+                url, CONFIG_PATH, ", ".join(unknown),
+            )
         self._versions_from = url
         return config
 
