@@ -72,6 +72,10 @@ def up(
         Path | None, typer.Option(help="Run a simulated fleet from this YAML spec instead.")
     ] = None,
     cpu_slots: Annotated[int, typer.Option(help="CPU engine slots of the local node.")] = 1,
+    traffic: Annotated[
+        float | None, typer.Option(help="With --sim: send this many demo requests per second"
+                                   " (a mix of models, keys and shared prompts).")
+    ] = None,
     tls: Annotated[bool, TLS_OPTION] = False,
     insecure_http: Annotated[bool, INSECURE_OPTION] = False,
     tls_cert: Annotated[Path | None, TLS_CERT_OPTION] = None,
@@ -91,6 +95,7 @@ def up(
         catalog=catalog,
         sim=sim,
         cpu_slots=cpu_slots,
+        traffic=traffic,
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),
     )

@@ -28,6 +28,7 @@ import uvicorn
 from llmgw import procstats
 from llmgw.cli.httpserver import server_config
 from llmgw.cli.secretfile import metrics_token_from
+from llmgw.cli.uptraffic import KEYS_FILE, check_rate, demo_keys, start_traffic
 from llmgw.config import default_data_dir, ensure_data_dir, sqlite_url
 from llmgw.control.app import create_app
 from llmgw.control.fleetca import share_ca
@@ -148,6 +149,7 @@ class UpOptions:
     sim: Path | None = None
     cpu_slots: int = 1
     tls: TlsOptions = field(default_factory=lambda: TlsOptions())
+    traffic: float | None = None  # demo requests per second (--sim only)
 
 
 # -- checks that run before anything starts -----------------------------------
@@ -358,6 +360,7 @@ def run_up(options: UpOptions) -> int:
                           "certificate against it")
     catalog: list[ModelSpec] | None = None
     fleet: Any = None
+    check_rate(options.traffic, options.sim is not None)
     if options.sim is not None:
         fleet = load_sim_fleet(options.sim)
     if options.catalog is not None:
@@ -609,11 +612,20 @@ async def _up(
     path = write_up_json(data_dir, info)
     saved = json.loads(path.read_text())
     print_banner({**saved, "up_json": str(path)}, creds, up=True)
+    traffic: asyncio.Task[None] | None = None
+    if options.traffic is not None:
+        keys = await demo_keys(cp, data_dir)
+        traffic = start_traffic(cp, info["api_url"], options.traffic, keys)
+        print(f"Demo traffic: {options.traffic:g} requests/s with keys "
+              f"{', '.join(k.name for k in keys)} ({data_dir / KEYS_FILE}).\n", flush=True)
     freeze_startup_objects()
     try:
         await stop.wait()
     finally:
         print("llmgw: stopping...", file=sys.stderr, flush=True)
+        if traffic is not None:
+            traffic.cancel()
+            await asyncio.gather(traffic, return_exceptions=True)
         for agent in agents:
             with contextlib.suppress(Exception):
                 await agent.shutdown(stop_engines=True)

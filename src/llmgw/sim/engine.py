@@ -370,6 +370,8 @@ class SimEngine:
             if parsed.stream:
                 return await self._stream(request, parsed, sim, req_id)
             return await self._whole(request, parsed, sim, req_id)
+        except ConnectionResetError:
+            return client_left()
         finally:
             self.core.abort(sim)  # no-op once finished; frees blocks of a dropped request
 
@@ -448,6 +450,16 @@ class SimEngine:
         if self.params.fault not in ("crash_mid_stream", "cut_stream"):
             return None
         return self.params.crash_after_tokens
+
+
+def client_left() -> web.Response:
+    """What a handler returns when its client hung up mid-stream.
+
+    A gateway cuts a stream whose own client left (or that is stopping), so
+    this is routine, not an error to log with a traceback; aiohttp finds the
+    connection gone when it sends this and drops it quietly.
+    """
+    return web.Response(status=499)
 
 
 def _drop(request: web.Request) -> None:

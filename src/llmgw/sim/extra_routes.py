@@ -48,6 +48,12 @@ from llmgw.wire import EXTRA_ROUTES
 if TYPE_CHECKING:
     from llmgw.sim.engine import SimEngine
 
+
+def client_left() -> web.Response:
+    from llmgw.sim.engine import client_left as left  # the engine imports this module
+
+    return left()
+
 _DEFAULT_OUTPUT = 16
 _AUDIO_BYTES_PER_SECOND = 32000  # 16 kHz, 16-bit, mono
 _ids = itertools.count(1)
@@ -160,6 +166,8 @@ class ExtraRoutes:
             return _error(404, f"The model `{exc.args[0]}` does not exist.", "model")
         except QueueFullError as exc:
             return _error(503, str(exc))
+        except ConnectionResetError:
+            return client_left()
 
     # -- /v1/responses ---------------------------------------------------------
 
