@@ -12,6 +12,7 @@ the answer, and streams relayed whole.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -25,6 +26,7 @@ from llmgw import wire
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.link import MemoryLink
 from llmgw.sim.engine import SimEngine
+from llmgw.sim.tokens import random_words
 
 FAST = wire.SimParams(startup_s=0.0, decode_ms_per_token=0.2, prefill_tokens_per_s=1e6)
 AUTH = {"Authorization": f"Bearer {SECRET}"}
@@ -296,3 +298,36 @@ async def test_a_responses_stream_cut_short_ends_with_an_error_event() -> None:
         assert usage["requests"] == 1 and usage["errors"] == 1
     finally:
         await runner.cleanup()
+
+
+async def test_responses_are_routed_by_prefix_and_share_it_with_chat() -> None:
+    """A conversation keeps to the replica holding its prompt, whichever API it uses."""
+    engines = [SimEngine("sim", FAST) for _ in range(3)]
+    for engine in engines:
+        await engine.start("127.0.0.1", 0)
+        await engine.wait_ready()
+    route = wire.ModelRoute(name="m", served_name="sim", endpoints=[
+        _endpoint(engine, f"r{i}") for i, engine in enumerate(engines)])  # fmt: skip
+    link = MemoryLink(make_config(1, [route]), poll_timeout_s=1.0)
+    rng = random.Random(3)
+    systems = [random_words(rng, 300) for _ in range(3)]
+    try:
+        async with running_gateway(link) as (_, url):
+            client = async_client(url)
+            cached: list[int] = []
+            for system in systems:
+                # The first turn by chat, the next ones by the Responses API.
+                await client.chat.completions.create(model="m", max_tokens=2, messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": random_words(rng, 10)}])  # fmt: skip
+                for _ in range(2):
+                    answer = await client.responses.create(
+                        model="m", instructions=system, input=random_words(rng, 10),
+                        max_output_tokens=2)  # fmt: skip
+                    assert answer.usage is not None
+                    cached.append(answer.usage.input_tokens_details.cached_tokens)
+    finally:
+        for engine in engines:
+            await engine.stop()
+    # Every Responses turn found its 300-token system prompt cached (16-token blocks).
+    assert min(cached) >= 288, cached

@@ -25,13 +25,17 @@ route table):
   transcription is complete with ``[DONE]``. A stream cut short gets an error
   event in the route's own shape, as a chat stream does.
 
-Prefix routing does not apply: these requests route by load.
+Routing: ``/v1/responses`` is routed by prompt prefix as chat is, its
+``instructions`` and ``input`` rendered as chat messages are, so a
+conversation keeps to the replica holding its KV cache whichever of the two
+APIs it uses; the other routes hold no prompt worth caching and route by load.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +43,10 @@ import orjson
 
 from llmgw.gateway.auth import KeyRecord
 from llmgw.gateway.external import renaming_send
-from llmgw.gateway.handler import Runtime, _account, _replica_for, parse
+from llmgw.gateway.handler import Runtime, _account, _Prefill, _replica_for, parse
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
+from llmgw.gateway.prefix import render_chat
 from llmgw.gateway.proxy import Usage, sse_error, usage_object
 from llmgw.gateway.responses import JSON, ApiError, overhead_header, send_bytes
 from llmgw.gateway.routing import ModelRouter, Replica
@@ -70,6 +75,20 @@ def _marks(event_type: str) -> tuple[bytes, ...]:
 _DONE = (b"data: [DONE]", b"data:[DONE]")
 
 
+def responses_prompt(payload: dict[str, Any]) -> str | None:
+    """A Responses request's prompt as the chat route renders its messages (prefix routing)."""
+    messages: list[Any] = []
+    instructions = payload.get("instructions")
+    if isinstance(instructions, str):
+        messages.append({"role": "system", "content": instructions})
+    given = payload.get("input")
+    if isinstance(given, str):
+        messages.append({"role": "user", "content": given})
+    elif isinstance(given, list):
+        messages += given
+    return render_chat(messages)
+
+
 @dataclass(frozen=True, slots=True)
 class PassThrough:
     """One route: how its body is read and sent on, and how its stream ends."""
@@ -85,6 +104,8 @@ class PassThrough:
     response_events: bool = False
     # The request's output limit, lowered to the catalog's max_output_tokens.
     output_field: str | None = None
+    # The text to route by prefix; None: the route is routed by load.
+    prompt: Callable[[dict[str, Any]], str | None] | None = None
 
     def parse(self, scope: Scope, body: bytes) -> dict[str, Any]:
         if not self.form:
@@ -119,6 +140,7 @@ ROUTES: dict[str, PassThrough] = {
         fails=_marks("response.failed") + _marks("error"),
         response_events=True,
         output_field="max_output_tokens",
+        prompt=responses_prompt,
     ),
     RERANK_PATH: PassThrough(RERANK_PATH),
     SCORE_PATH: PassThrough(SCORE_PATH),
@@ -203,6 +225,7 @@ async def _proxy(
         route, payload, body, router.route.served_name, router.route.max_output_tokens
     )
     stream = route.wants_stream(payload)
+    prompt = route.prompt(payload) if route.prompt and router.policy == "prefix" else None
     # An external model's answers carry the upstream's name: put the catalog's back.
     rename = snapshot.renames.get(model) if snapshot is not None else None
     tried: list[Replica] = []
@@ -210,7 +233,7 @@ async def _proxy(
     wait_deadline = time.monotonic() + settings.queue_wait_s
     attempts = 0
     while attempts <= settings.retries:
-        router, pick, wait = await _replica_for(rt, router, None, tried, wait_deadline)
+        router, pick, wait = await _replica_for(rt, router, prompt, tried, wait_deadline)
         waited += wait
         if pick is None:
             break
@@ -231,6 +254,7 @@ async def _proxy(
         replica.requests += 1
         replica.last_request_at = time.time()
         metrics.in_flight(model, 1)
+        prefill = _Prefill(router, pick)
         before = time.perf_counter() - started - waited
         response: Response | None = None
         try:
@@ -247,11 +271,16 @@ async def _proxy(
                 # Nothing goes to the client before the first chunk, so a
                 # replica that dies before answering is still retried elsewhere.
                 first = await response.next_chunk()
+                prefill.started(streamed=True)
                 metrics.ttft(model, time.perf_counter() - started - waited)
                 relayed, response = response, None
                 out = send if rename is None else renaming_send(send, rename)
                 return await _relay(rt, route, relayed, first or b"", model, record, before,
                                     id_header, out)  # fmt: skip
+            if response.status == 200:
+                prefill.started(streamed=False)
+            else:
+                prefill.done()
             data = await response.read()
             if rename is not None:
                 data = rename(data)
@@ -270,6 +299,7 @@ async def _proxy(
             if response is not None:
                 response.release()
             replica.in_flight -= 1
+            prefill.done()
             metrics.in_flight(model, -1)
     raise ApiError(
         503,
