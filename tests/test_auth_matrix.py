@@ -162,6 +162,11 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
         await store.close()
 
 
+# Routes that replace a credential, and which one.
+ROTATES = {"/admin/v1/admin-token/rotate": "admin token",
+           "/admin/v1/gateway-token/rotate": "gateway token"}
+
+
 def _control_body(path: str) -> Any:
     if path == "/agent/v1/report":
         return AgentReport(node="n1", inventory=inventory("n1")).model_dump(mode="json")
@@ -194,6 +199,9 @@ async def _check(
                 path_q = path + "?wait=0" if path == "/gateway/v1/config" else path
                 answer = await client.request(method, path_q, headers=headers,
                                               json=payload if method != "GET" else None)
+                if answer.status_code == 200 and path in ROTATES:
+                    # The credential just used was replaced: carry on with the new one.
+                    tokens[ROTATES[path]] = answer.json()["token"]
                 refused = answer.status_code in (401, 403)
                 allowed = (credential == "join token") if kind == "join" else (
                     credential in ALLOWED[kind])

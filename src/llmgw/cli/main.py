@@ -22,7 +22,7 @@ app = typer.Typer(
     help="Self-hosted LLM gateway and GPU fleet manager.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 EXIT_CONFIG = 2

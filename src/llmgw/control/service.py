@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from llmgw import secrets
 from llmgw.control import approval, external
@@ -254,6 +255,27 @@ class ControlPlane:
         await self._save_join_tokens()
         await self.event("credentials", "join-token",
                          f"join tokens rotated: all revoked, {token.id} made")
+        return secret
+
+    async def rotate_token(self, kind: Literal["admin", "gateway"]) -> str:
+        """A new admin or gateway token; the old one stops working at once.
+
+        At once on this instance; a standby reads the new hash with its next
+        refresh (every few seconds). Gateways holding the old gateway token
+        keep serving the routes they know and fail to sync until given the
+        new one, so rotate it with the new token ready to hand out.
+        """
+        self.require_leader()
+        prefix, setting = ((secrets.ADMIN_PREFIX, ADMIN_HASH) if kind == "admin"
+                           else (secrets.GATEWAY_PREFIX, GATEWAY_HASH))
+        secret = secrets.new_secret(prefix)
+        digest = secrets.hash_secret(secret)
+        await self.writes.set_setting(setting, digest)
+        if kind == "admin":
+            self._admin_hash = digest
+        else:
+            self._gateway_hash = digest
+        await self.event("credentials", f"{kind}-token", f"{kind} token rotated")
         return secret
 
     async def create_join_token(

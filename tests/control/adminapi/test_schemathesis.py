@@ -41,7 +41,10 @@ def admin_schema() -> BaseSchema:
     return schemathesis.openapi.from_dict(app.openapi())
 
 
-schema = admin_schema()
+# Rotating the admin token mid-run would leave every later operation refused
+# (the plane's token would be gone), and the gateway token rotation is its
+# twin: both are tested in tests/cli/test_ctl_rotate.py.
+schema = admin_schema().exclude(path_regex=r"^/admin/v1/(admin|gateway)-token/rotate$")
 
 
 @schema.parametrize()

@@ -7,7 +7,8 @@ This package assembles the typer app; each module owns one part:
 ``client`` (where to connect, with what token, and one-line errors),
 ``render`` (tables, ``--json``, ``--watch``), and the commands by subject:
 ``status``, ``nodes``, ``models``, ``catalog`` (apply, plan), ``replicas``,
-``events``, ``access`` (keys, join token) and ``usage``.
+``events``, ``access`` (keys, join token), ``usage``, and ``backup`` (backup and
+restore, which talk to the store itself).
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ from typing import Annotated
 
 import typer
 
-from llmgw.cli.ctl import access, catalog, events, models, nodes, replicas, status, usage
+from llmgw.cli.ctl import (
+    access,
+    backup,
+    catalog,
+    events,
+    models,
+    nodes,
+    replicas,
+    status,
+    usage,
+)
 from llmgw.cli.ctl.client import Settings
 from llmgw.cli.secretfile import pick_secret
 from llmgw.errors import ConfigError
@@ -25,7 +36,8 @@ from llmgw.errors import ConfigError
 app = typer.Typer(
     name="ctl",
     help=(
-        "Operate a running llmgw: fleet status, nodes, models, replicas, keys.\n\n"
+        "Operate a running llmgw: fleet status, nodes, models, replicas, keys, usage;"
+        " back up and restore its store.\n\n"
         "With a leader and standbys, give every instance: --url http://cp1:8080,http://cp2:8080"
         " (or LLMGW_URL). Reads come from the first that answers; a write a standby refuses"
         " goes to the leader it names, or to the next URL."
@@ -86,5 +98,9 @@ app.add_typer(access.keys_app, name="keys")
 app.command()(usage.usage)
 app.command("join-token")(access.join_token)
 app.add_typer(access.join_tokens_app, name="join-tokens")
+app.command("admin-token")(access.admin_token)
+app.command("gateway-token")(access.gateway_token)
+app.command()(backup.backup)
+app.command()(backup.restore)
 
 __all__ = ["app", "ctl"]

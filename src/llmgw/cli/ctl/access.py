@@ -1,4 +1,5 @@
-"""Who may use the fleet: ``llmgw ctl keys`` (list, create, revoke), ``join-token``."""
+"""Who may use the fleet: ``llmgw ctl keys`` (list, create, revoke), ``join-token``,
+``admin-token`` and ``gateway-token`` (rotation)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from llmgw.cli.ctl.client import CtlError, admin_client, guarded
+from llmgw.cli.ctl.client import CtlError, admin_client, follow_admin_token, guarded
 from llmgw.cli.ctl.render import (
     JsonOpt,
     local_time,
@@ -79,6 +80,34 @@ def join_token(
     client = admin_client(ctx)
     secret = client.call("POST", "/join-token/rotate")["join_token"]
     typer.echo(client.join_token_for_agents(secret))
+
+
+@guarded
+def admin_token(
+    ctx: typer.Context,
+    rotate: Annotated[bool, typer.Option("--rotate", help="Make a new admin token.")] = False,
+) -> None:
+    """Make a new admin token (the old one stops working; up.json here follows)."""
+    if not rotate:
+        raise CtlError("the admin token is stored only as a hash and cannot be shown; "
+                       "make a new one with --rotate")
+    secret = admin_client(ctx).call("POST", "/admin-token/rotate")["token"]
+    typer.echo(secret)
+    written = follow_admin_token(ctx, secret)
+    if written is not None:
+        typer.echo(f"(written to {written} as well)", err=True)
+
+
+@guarded
+def gateway_token(
+    ctx: typer.Context,
+    rotate: Annotated[bool, typer.Option("--rotate", help="Make a new gateway token.")] = False,
+) -> None:
+    """Make a new gateway token for standalone gateways (the old one stops working)."""
+    if not rotate:
+        raise CtlError("the gateway token is stored only as a hash and cannot be shown; "
+                       "make a new one with --rotate")
+    typer.echo(admin_client(ctx).call("POST", "/gateway-token/rotate")["token"])
 
 
 join_tokens_app = typer.Typer(help="Join tokens: list (default), create, revoke.")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,30 @@ def _up_json(data_dir: Path | None) -> dict[str, Any]:
     except ValueError:
         raise CtlError(f"{path} is not valid JSON; remove it or pass --url and --token") from None
     return data if isinstance(data, dict) else {}
+
+
+def follow_admin_token(ctx: typer.Context, new_token: str) -> Path | None:
+    """Write a rotated admin token to up.json when that is where this ctl took the old one.
+
+    Only then: an up.json of another fleet (``--url`` and ``--token`` given)
+    is left alone. Written owner-only and replaced whole, as serve writes it.
+    """
+    settings: Settings = ctx.obj or Settings()
+    path = (settings.data_dir or default_data_dir()) / "up.json"
+    up = _up_json(settings.data_dir)
+    if not up.get("admin_token") or (settings.token and settings.token != up["admin_token"]):
+        return None
+    up["admin_token"] = new_token
+    partial = path.with_name(path.name + ".tmp")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(up, out, indent=2)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise CtlError(f"the new admin token could not be written to {path} "
+                       f"({exc.strerror or exc}); it is printed above") from None
+    return path
 
 
 class AdminClient:

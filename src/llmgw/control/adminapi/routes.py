@@ -31,7 +31,8 @@ from llmgw import secrets
 from llmgw.control import secretenv
 from llmgw.control.adminapi import schemas
 from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
-from llmgw.control.adminapi.summary import Summary, fleet_summary
+from llmgw.control.adminapi.summary import Summary
+from llmgw.control.adminapi.summary_keeper import SummaryKeeper
 from llmgw.control.adminapi.usagereport import add_usage_report_route
 from llmgw.control.adminapi.views.models import ModelView, ReplicaTally, model_view
 from llmgw.control.adminapi.views.nodes import NodeView, node_view, used_by_node
@@ -185,12 +186,15 @@ def build_admin_router(
 
     # -- summary ---------------------------------------------------------------
 
+    # fleet_summary's answer, kept between calls (summary_keeper.py).
+    kept_summary = SummaryKeeper().summary
+
     @router.get("/summary", response_model=Summary, tags=["fleet"])
     async def get_summary() -> Response:
         """The whole fleet in one answer."""
         store = await patroni.status()
         with paused_gc():  # see paused_gc: the bytes are made before the views are freed
-            body = fleet_summary(state, time.time(), store).model_dump_json()
+            body = kept_summary(state, time.time(), store).model_dump_json()
         return Response(body, media_type="application/json")
 
     # -- nodes -------------------------------------------------------------------
@@ -504,6 +508,18 @@ def build_admin_router(
     async def rotate_join_token() -> Response:
         """A new join token; the old one stops working (registered nodes keep theirs)."""
         return json_response(schemas.JoinToken(join_token=await cp.rotate_join_token()))
+
+    @router.post("/admin-token/rotate", response_model=schemas.RotatedToken,
+                 tags=["credentials"])
+    async def rotate_admin_token() -> Response:
+        """A new admin token; this one stops working (a standby follows within seconds)."""
+        return json_response(schemas.RotatedToken(token=await cp.rotate_token("admin")))
+
+    @router.post("/gateway-token/rotate", response_model=schemas.RotatedToken,
+                 tags=["credentials"])
+    async def rotate_gateway_token() -> Response:
+        """A new gateway token; standalone gateways need it before their next sync."""
+        return json_response(schemas.RotatedToken(token=await cp.rotate_token("gateway")))
 
     @router.get("/join-tokens", response_model=list[schemas.JoinTokenView],
                 tags=["credentials"])

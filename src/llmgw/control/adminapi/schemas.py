@@ -147,6 +147,11 @@ class JoinToken(BaseModel):
     join_token: str
 
 
+class RotatedToken(BaseModel):
+    # Shown once; the old token no longer works.
+    token: str
+
+
 class NodeFabrics(_Body):
     # The node's fabrics from now on, whatever its reports say.
     fabrics: list[str] = Field(max_length=16)
