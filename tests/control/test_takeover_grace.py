@@ -58,19 +58,31 @@ async def test_a_node_silent_only_while_no_one_led_stays_reachable_and_keeps_its
         adapters={EngineKind.SIM: StubAdapter()},
     )
     run = asyncio.create_task(agent.run())
+    runners = []
     try:
-        def ready() -> list[str]:
-            return [r.id for r in leader.cp.state.replicas.values()
-                    if r.state == ReplicaState.READY]
+        try:
+            def ready() -> list[str]:
+                return [r.id for r in leader.cp.state.replicas.values()
+                        if r.state == ReplicaState.READY]
 
-        await eventually(lambda: bool(ready()), 15, "a ready replica on the leader")
-        (replica_id,) = ready()
+            await eventually(lambda: bool(ready()), 15, "a ready replica on the leader")
+            (replica_id,) = ready()
+        finally:
+            runners = list(agent.runners.values())
+            # The node goes quiet with its replica running (the agent is only
+            # away; its engines are not stopped).
+            await agent.shutdown(stop_engines=False)
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+        await _takes_over_with_the_node_reachable(leader, standby, replica_id)
     finally:
-        # The node goes quiet with its replica running (the agent is only
-        # away; its engines are not stopped).
-        await agent.shutdown(stop_engines=False)
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
+        # Its engine, left running for an agent that never comes back.
+        await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
+
+
+async def _takes_over_with_the_node_reachable(
+    leader: Instance, standby: Instance, replica_id: str
+) -> None:
     await leader.cp.flush_heartbeats()
     # Its last report reached the store longer ago than the replacement
     # grace: that long without a leader (a store failover, say).
