@@ -22,8 +22,8 @@ from llmgw.control.gcpause import paused_gc
 from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
+from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
-from llmgw.control.scheduler.snapshot import DeviceCache
 from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotFoundError
@@ -96,7 +96,8 @@ class Reconciler:
             evict_min_idle_s=evict_min_idle_s,
         )
         self.placer = placer or Placer()
-        self._devices = DeviceCache()
+        # The snapshot of the fleet kept between passes (scheduler/keeper.py).
+        self._keeper = SnapshotKeeper()
         self.last_pass: PassResult | None = None
         # When each draining replica was first seen draining (memory only; a
         # new leader restarts the clock, which only delays removal).
@@ -114,7 +115,7 @@ class Reconciler:
                     self.policy,
                     placer=self.placer,
                     draining_since=self._draining_since,
-                    cache=self._devices,
+                    keeper=self._keeper,
                 )
             # One fenced transaction for the whole pass: replicas, models and
             # events land together or not at all, and memory changes only after.

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from llmgw.control.scheduler.decisions import Decisions, ModelWork, Policy, Removal
 from llmgw.control.scheduler.eviction import evictable_replicas
 from llmgw.control.scheduler.filters import Request
+from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.shortfall import place_shortfall
 from llmgw.control.scheduler.snapshot import DeviceCache, build_snapshot
@@ -37,11 +38,13 @@ def decide(
     placer: Placer | None = None,
     draining_since: Mapping[str, float] | None = None,
     always_snapshot: bool = False,
-    cache: DeviceCache | None = None,
+    keeper: SnapshotKeeper | None = None,
 ) -> Decisions:
+    """``keeper``: the reconciler's snapshot kept between passes (keeper.py);
+    without one the snapshot is built from scratch, to the same result."""
     policy = policy or Policy()
     placer = placer or Placer()
-    cache = cache if cache is not None else DeviceCache()
+    cache = keeper.devices if keeper is not None else DeviceCache()
     out = Decisions(now=now)
     known_draining = dict(draining_since or {})
 
@@ -86,7 +89,10 @@ def decide(
     pending = [w for w in work if w.to_place > 0]
     if pending or always_snapshot:
         removed = [r.replica.id for r in out.removals]
-        out.snapshot = build_snapshot(state, now, exclude=removed, cache=cache)
+        if keeper is not None:
+            out.snapshot = keeper.snapshot(state, now, exclude=removed)
+        else:
+            out.snapshot = build_snapshot(state, now, exclude=removed, cache=cache)
     if pending and out.snapshot is not None:
         evictable = evictable_replicas(state, out, now, policy)
         pending.sort(key=lambda w: (w.record.spec.on_demand, -w.record.spec.gpus, w.record.name))

@@ -116,10 +116,10 @@ class Placer:
         self._weight_sum = sum(s.weight for s in self.scorers) or 1.0
         self.candidate_limit = candidate_limit
         self.show_top = show_top
-        # Unplaceable answers by request shape and what the filters can see
-        # of the nodes of its classes (Snapshot.fingerprint): a model that
-        # did not fit last pass, on a fleet that did not change where it
-        # could go, gets the same answer without a fleet-wide explanation.
+        # Unplaceable answers by request shape and the versions of the nodes
+        # of its classes (Snapshot.version): a model that did not fit last
+        # pass, on a fleet that did not change where it could go, gets the
+        # same answer without a fleet-wide explanation.
         self._memo: dict[tuple[object, ...], Unplaceable] = {}
 
     # -- building blocks ---------------------------------------------------------
@@ -153,8 +153,8 @@ class Placer:
         """Place one replica, or say why not.
 
         ``expect_unplaceable``: the caller saw this shape fail recently, so
-        looking up an earlier answer (which costs a fingerprint of the
-        shape's nodes) is likely to pay; the answer is the same either way.
+        looking up an earlier answer is likely to pay; the answer is the
+        same either way.
         """
         key = self._memo_key(snapshot, request) if expect_unplaceable else None
         if key is not None:
@@ -181,7 +181,7 @@ class Placer:
             request.nodes,
             request.memory_mib,
             len(snapshot.nodes),
-            tuple(snapshot.fingerprint(c) for c in request.all_classes),
+            tuple(snapshot.version(c) for c in request.all_classes),
         )
 
     def try_place(self, snapshot: Snapshot, request: Request) -> Placement | None:

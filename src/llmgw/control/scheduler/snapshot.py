@@ -15,8 +15,10 @@ and thousands of replicas turns a pass into seconds.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmgw import memory
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
@@ -63,6 +65,8 @@ class NodeView:
     # replicas placed here are charged for it (llmgw.memory).
     memory_total_mib: int | None = None
     memory_used_mib: int = 0
+    # The snapshot allowed to change this view in place (Snapshot._own).
+    owner: object = None
 
     def free_count(self, gpu_class: str) -> int:
         free = self.free.get(gpu_class)
@@ -84,7 +88,21 @@ class NodeView:
 
 
 class Snapshot:
-    """Nodes by name plus the indexes over them; see the module docstring."""
+    """Nodes by name plus the indexes over them; see the module docstring.
+
+    A snapshot can be forked (``fork``): the fork shares every node view and
+    index with its parent and copies one only before changing it, so a pass
+    that places nothing copies nothing. The reconciler keeps one snapshot
+    across passes this way (keeper.py) instead of building 10,000 node views
+    every pass.
+
+    Iteration orders are part of the answer: placement takes the first
+    feasible nodes of a bucket, so two snapshots of the same fleet must list
+    every index in the same order, or the planner (which builds its own)
+    would predict other nodes than the reconciler picks. A built snapshot
+    lists each index by node name; one changed by the keeper is put back in
+    that order (``canonical``).
+    """
 
     def __init__(
         self, now: float, nodes: dict[str, NodeView], ram_need: dict[str, int] | None = None
@@ -102,34 +120,96 @@ class Snapshot:
         self._holders: dict[str, OrderedSet] = {}
         # class -> nodes having at least one device of it (any state).
         self._class_nodes: dict[str, OrderedSet] = {}
-        # class -> what placement can see of the nodes having it (see
-        # ``fingerprint``); dropped whenever one of those nodes changes.
-        self._fingerprints: dict[str, tuple[object, ...]] = {}
+        # class -> a number standing for what its nodes look like (see
+        # ``version``); dropped whenever one of those nodes changes.
+        self._versions: dict[str, int] = {}
+        # Views whose ``owner`` is not this token are shared with another
+        # snapshot and copied before a change (``_own``).
+        self._token = object()
+        # The bucket and free-node indexes are shared with another snapshot
+        # (copied before a change), as are the holder and class indexes.
+        self._placing_shared = False
+        self._holding_shared = False
+        # Index entries changed out of name order (see ``canonical``); None
+        # while nothing needs to put them back.
+        self._unordered: set[tuple[str, str, object]] | None = None
+        token = self._token
         for view in nodes.values():
+            view.owner = token
             for model in view.weights:
                 self._holders.setdefault(model, {})[view.name] = None
             for gpu_class in view.total:
                 self._class_nodes.setdefault(gpu_class, {})[view.name] = None
             self._index(view)
 
+    # -- sharing -----------------------------------------------------------------
+
+    def fork(self, now: float) -> Snapshot:
+        """A snapshot equal to this one, sharing everything until either changes it."""
+        # Versions are settled before the copy, so that an answer memoised
+        # in this pass's fork holds for the next pass's while nothing changed.
+        for gpu_class in self._class_nodes:
+            self.version(gpu_class)
+        other = Snapshot.__new__(Snapshot)
+        other.now = now
+        other.nodes = dict(self.nodes)
+        other.ram_need = self.ram_need
+        other._buckets = self._buckets
+        other._whole_free = self._whole_free
+        other._holders = self._holders
+        other._class_nodes = self._class_nodes
+        other._versions = dict(self._versions)
+        other._token = object()
+        other._placing_shared = other._holding_shared = True
+        other._unordered = None
+        # Both sides now hold views and indexes the other reads.
+        self._token = object()
+        self._placing_shared = self._holding_shared = True
+        return other
+
+    def _own(self, name: str) -> NodeView:
+        view = self.nodes[name]
+        if view.owner is not self._token:
+            view = self.nodes[name] = _copy_view(view, self._token)
+        return view
+
+    def _placing(self) -> None:
+        if self._placing_shared:
+            self._buckets = {c: _copy_sets(b) for c, b in self._buckets.items()}
+            self._whole_free = {c: _copy_sets(b) for c, b in self._whole_free.items()}
+            self._placing_shared = False
+
+    def _holding(self) -> None:
+        if self._holding_shared:
+            self._holders = {m: dict(v) for m, v in self._holders.items()}
+            self._class_nodes = {c: dict(v) for c, v in self._class_nodes.items()}
+            self._holding_shared = False
+
     # -- indexes ---------------------------------------------------------------
 
     def _index(self, view: NodeView) -> None:
         if view.state is not NodeState.READY:
             return
+        self._placing()
+        unordered = self._unordered
         for gpu_class, free in view.free.items():
             if free:
                 self._buckets.setdefault(gpu_class, {}).setdefault(len(free), {})[view.name] = None
+                if unordered is not None:
+                    unordered.add(("bucket", gpu_class, len(free)))
         if view.entirely_free:
             for gpu_class, cap in view.capacity.items():
                 if cap:
                     by_fabric = self._whole_free.setdefault(gpu_class, {})
                     for fabric in view.fabrics:
                         by_fabric.setdefault(fabric, {})[view.name] = None
+                        if unordered is not None:
+                            unordered.add(("whole", gpu_class, fabric))
 
     def _unindex(self, view: NodeView) -> None:
         if view.state is not NodeState.READY:
             return
+        self._placing()
         for gpu_class, free in view.free.items():
             if free:
                 bucket = self._buckets.get(gpu_class, {}).get(len(free))
@@ -157,43 +237,33 @@ class Snapshot:
     def class_nodes(self, gpu_class: str) -> OrderedSet:
         return self._class_nodes.get(gpu_class, {})
 
-    def fingerprint(self, gpu_class: str) -> tuple[object, ...]:
-        """Everything a filter or an explanation reads of ``gpu_class`` nodes.
+    def version(self, gpu_class: str) -> int:
+        """A number that changes whenever a node having ``gpu_class`` changes.
 
-        Two snapshots with equal fingerprints for a request's classes (and
-        the same number of nodes) give that request the same placement
-        answer, which lets the reconciler reuse an "unplaceable" from the
-        previous pass instead of explaining it again every pass.
+        Two snapshots with equal versions for a request's classes (and the
+        same number of nodes) give that request the same placement answer,
+        which lets the reconciler reuse an "unplaceable" from the previous
+        pass instead of explaining it again every pass. Versions are drawn
+        from one counter for the whole process and never reused, so equal
+        versions mean the same facts: the same snapshot, or a fork of it
+        that changed nothing there. A class no node has is 0 everywhere.
         """
-        found = self._fingerprints.get(gpu_class)
+        found = self._versions.get(gpu_class)
         if found is None:
-            nodes = self.nodes
-            found = tuple(
-                (
-                    name,
-                    view.state,
-                    len(view.free.get(gpu_class, ())),
-                    view.capacity.get(gpu_class, 0),
-                    view.total.get(gpu_class, 0),
-                    view.used_total,
-                    view.fabrics,
-                    view.memory_free_mib,
-                )
-                for name in self._class_nodes.get(gpu_class, {})
-                for view in (nodes[name],)
-            )
-            self._fingerprints[gpu_class] = found
+            if gpu_class not in self._class_nodes:
+                return 0  # no node has it: nothing about it can differ
+            found = self._versions[gpu_class] = next(_VERSIONS)
         return found
 
     def _touched(self, view: NodeView) -> None:
         for gpu_class in view.total:
-            self._fingerprints.pop(gpu_class, None)
+            self._versions.pop(gpu_class, None)
 
     # -- changes made during a pass ---------------------------------------------
 
     def allocate(self, node: str, numbers: Iterable[int], model: str) -> None:
         """Mark devices of ``node`` as held by a replica of ``model``."""
-        view = self.nodes[node]
+        view = self._own(node)
         self._unindex(view)
         self._touched(view)
         taken = set(numbers)
@@ -213,9 +283,9 @@ class Snapshot:
 
     def release(self, node: str, numbers: Iterable[int], model: str) -> None:
         """Give the devices back, e.g. for a replica removed in this pass."""
-        view = self.nodes.get(node)
-        if view is None:
+        if node not in self.nodes:
             return
+        view = self._own(node)
         self._unindex(view)
         self._touched(view)
         given = set(numbers)
@@ -247,6 +317,117 @@ class Snapshot:
     def release_replica(self, replica: ReplicaRecord) -> None:
         for shard in replica.shards:
             self.release(shard.node, shard.device_numbers, replica.model)
+
+    # -- whole nodes (the keeper's changes between passes) -----------------------
+
+    def put_node(self, view: NodeView) -> None:
+        """Add ``view`` or replace the node's view by it (indexes follow)."""
+        old = self.nodes.get(view.name)
+        self.begin_changes()
+        unordered = self._unordered
+        assert unordered is not None
+        # The holder and class indexes change only with weights or classes.
+        rehold = old is None or old.weights != view.weights or old.total.keys() != view.total.keys()
+        if old is None:
+            unordered.add(("nodes", "", None))
+        else:
+            self._unindex(old)
+            self._touched(old)
+        if rehold:
+            self._holding()
+            if old is not None:
+                self._unhold(old)
+            for model in view.weights:
+                self._holders.setdefault(model, {})[view.name] = None
+                unordered.add(("holders", model, None))
+            for gpu_class in view.total:
+                self._class_nodes.setdefault(gpu_class, {})[view.name] = None
+                unordered.add(("classes", gpu_class, None))
+        view.owner = self._token
+        self.nodes[view.name] = view
+        self._touched(view)
+        self._index(view)
+
+    def drop_node(self, name: str) -> None:
+        old = self.nodes.pop(name, None)
+        if old is None:
+            return
+        self._holding()
+        self._unindex(old)
+        self._touched(old)
+        self._unhold(old)
+
+    def _unhold(self, view: NodeView) -> None:
+        for model in view.weights:
+            _discard(self._holders, model, view.name)
+        for gpu_class in view.total:
+            _discard(self._class_nodes, gpu_class, view.name)
+
+    def begin_changes(self) -> None:
+        """From now on, remember which index entries fall out of name order."""
+        if self._unordered is None:
+            self._unordered = set()
+
+    def canonical(self) -> None:
+        """Put every index changed since ``begin_changes`` back in name order."""
+        unordered, self._unordered = self._unordered, None
+        for kind, key, sub in unordered or ():
+            if kind == "nodes":
+                self.nodes = dict(sorted(self.nodes.items()))
+            elif kind == "bucket" and isinstance(sub, int):
+                _sort_entry(self._buckets.get(key, {}), sub)
+            elif kind == "whole" and isinstance(sub, str):
+                _sort_entry(self._whole_free.get(key, {}), sub)
+            elif kind == "holders":
+                _sort_entry(self._holders, key)
+            elif kind == "classes":
+                _sort_entry(self._class_nodes, key)
+
+
+def _copy_sets(sets: dict[Any, OrderedSet]) -> dict[Any, OrderedSet]:
+    return {key: dict(found) for key, found in sets.items()}
+
+
+def _sort_entry(parent: dict[Any, OrderedSet], key: object) -> None:
+    found = parent.get(key)
+    if found is not None and len(found) > 1:
+        parent[key] = dict.fromkeys(sorted(found))
+
+
+_VERSIONS = itertools.count(1)
+
+
+def _discard(index: dict[str, OrderedSet], key: str, name: str) -> None:
+    found = index.get(key)
+    if found is not None:
+        found.pop(name, None)
+        if not found:
+            del index[key]
+
+
+def _copy_view(view: NodeView, owner: object) -> NodeView:
+    """A view whose changing parts (free, used, replicas) are its own."""
+    return NodeView(
+        name=view.name,
+        state=view.state,
+        fabrics=view.fabrics,
+        weights=view.weights,
+        free={c: list(numbers) for c, numbers in view.free.items()},
+        capacity=view.capacity,
+        total=view.total,
+        used=dict(view.used),
+        unhealthy=view.unhealthy,
+        out_of_placement=view.out_of_placement,
+        uuids=view.uuids,
+        device_class=view.device_class,
+        placeable=view.placeable,
+        replicas=dict(view.replicas),
+        used_total=view.used_total,
+        capacity_total=view.capacity_total,
+        memory_total_mib=view.memory_total_mib,
+        memory_used_mib=view.memory_used_mib,
+        owner=owner,
+    )
 
 
 @dataclass(slots=True)
