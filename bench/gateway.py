@@ -20,9 +20,18 @@ rate until the added p99 reaches 50 ms, requests fail, or the sender cannot
 reach the rate.
 
     python bench/gateway.py [--quick] [--seconds 8] [--pin] [--nice -5]
+                            [--stream] [--rates 1000 --no-ramp]
+
+``--stream``: streamed chat with ``stream_options.include_usage``; the
+upstream answers an SSE stream (chunked, as engines do): the role and first
+token at once, then after 1 ms five more tokens, the finish, the usage event
+and ``[DONE]``. Latency is then to the end of the stream, and TTFT (to the
+first body byte) is measured too.
 
 Last line: JSON with added_p50_ms_at_1000, added_p99_ms_at_1000,
-max_rps_p99_under_50ms (and the per-rate table).
+cpu_ms_per_request_at_1000 (the gateway process's CPU time over the
+requests it served at that rate), max_rps_p99_under_50ms (and the per-rate
+table); with ``--stream`` also added_ttft_p50_ms_at_1000.
 """
 
 from __future__ import annotations
@@ -71,6 +80,37 @@ ANSWER_BODY = json.dumps(
 ).encode()
 
 
+def _sse(payload: dict[str, Any]) -> bytes:
+    event = b"data: " + json.dumps(payload).encode() + b"\n\n"
+    return hex(len(event))[2:].encode() + b"\r\n" + event + b"\r\n"
+
+
+def _stream_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1700000000,
+        "model": MODEL, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }  # fmt: skip
+
+
+STREAM_USAGE = {"prompt_tokens": 31, "completion_tokens": 6, "total_tokens": 37}
+STREAM_REQUEST_BODY = json.dumps(
+    {**json.loads(REQUEST_BODY), "stream": True, "stream_options": {"include_usage": True}}
+).encode()
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+# Written at once: the answer's start (what TTFT measures).
+STREAM_FIRST = _sse(_stream_chunk({"role": "assistant", "content": "Hello"}))
+# Written 1 ms later: the rest of the answer, in one write.
+STREAM_REST = (
+    b"".join(_sse(_stream_chunk({"content": word})) for word in (",", " bench", "mark", "!", ""))
+    + _sse(_stream_chunk({}, "stop"))
+    + _sse({**_stream_chunk({}), "choices": [], "usage": STREAM_USAGE})
+    + b"e\r\ndata: [DONE]\n\n\r\n"
+    + b"0\r\n\r\n"
+)
+
+
 def _pin(cpus: set[int] | None) -> None:
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
@@ -89,6 +129,8 @@ class _UpstreamProtocol(asyncio.Protocol):
         + ANSWER_BODY
     )
 
+    stream = False  # set in the upstream process by --stream
+
     def __init__(self) -> None:
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
@@ -96,6 +138,10 @@ class _UpstreamProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses: no isinstance.
         self.transport = cast(asyncio.Transport, transport)
+
+    def _rest(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(STREAM_REST)
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer + data
@@ -108,7 +154,12 @@ class _UpstreamProtocol(asyncio.Protocol):
                 break
             buffer = buffer[end + 4 + length :]
             assert self.transport is not None
-            self.transport.write(self.response)
+            if self.stream:
+                # One request at a time per connection (the clients here never pipeline).
+                self.transport.write(STREAM_HEAD + STREAM_FIRST)
+                asyncio.get_running_loop().call_later(0.001, self._rest)
+            else:
+                self.transport.write(self.response)
         self.buffer = buffer
 
 
@@ -121,7 +172,8 @@ def _content_length(head: bytes) -> int:
     return int(lower[at + 15 : stop if stop >= 0 else None])
 
 
-async def _run_upstream() -> None:
+async def _run_upstream(stream: bool) -> None:
+    _UpstreamProtocol.stream = stream
     loop = asyncio.get_running_loop()
     server = await loop.create_server(_UpstreamProtocol, "127.0.0.1", 0, backlog=4096)
     print(server.sockets[0].getsockname()[1], flush=True)
@@ -190,6 +242,7 @@ class _Client(asyncio.Protocol):
         self.buffer = b""
         self.waiter: asyncio.Future[tuple[int, float | None]] | None = None
         self.transport: asyncio.Transport | None = None
+        self.first_byte_at = 0.0  # perf_counter when the answer's body began
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses: no isinstance.
@@ -202,11 +255,20 @@ class _Client(asyncio.Protocol):
             self.buffer = buffer
             return
         head = buffer[:end]
-        length = _content_length(head)
-        if len(buffer) < end + 4 + length:
-            self.buffer = buffer
-            return
-        self.buffer = buffer[end + 4 + length :]
+        if not self.first_byte_at and len(buffer) > end + 4:
+            self.first_byte_at = time.perf_counter()
+        if b"chunked" in head.lower():
+            # A stream (the clients here never pipeline): whole at its last chunk.
+            if not buffer.endswith(b"\r\n0\r\n\r\n"):
+                self.buffer = buffer
+                return
+            self.buffer = b""
+        else:
+            length = _content_length(head)
+            if len(buffer) < end + 4 + length:
+                self.buffer = buffer
+                return
+            self.buffer = buffer[end + 4 + length :]
         status = int(head[9:12])
         overhead = None
         at = head.find(b"x-llmgw-overhead-ms: ")
@@ -225,6 +287,7 @@ class Phase:
     rate: int
     target: str
     latencies_ms: list[float] = field(default_factory=list)
+    ttfts_ms: list[float] = field(default_factory=list)
     overheads_ms: list[float] = field(default_factory=list)
     errors: int = 0
     sent: int = 0
@@ -243,17 +306,18 @@ class Phase:
 
 
 class LoadGenerator:
-    def __init__(self, port: int, *, auth: bool) -> None:
+    def __init__(self, port: int, *, auth: bool, stream: bool = False) -> None:
         self.port = port
+        body = STREAM_REQUEST_BODY if stream else REQUEST_BODY
         headers = [
             b"POST /v1/chat/completions HTTP/1.1",
             b"Host: 127.0.0.1",
             b"Content-Type: application/json",
-            b"Content-Length: " + str(len(REQUEST_BODY)).encode(),
+            b"Content-Length: " + str(len(body)).encode(),
         ]
         if auth:
             headers.append(b"Authorization: Bearer " + KEY.encode())
-        self.request = b"\r\n".join(headers) + b"\r\n\r\n" + REQUEST_BODY
+        self.request = b"\r\n".join(headers) + b"\r\n\r\n" + body
         self.idle: list[_Client] = []
 
     async def _connect(self) -> _Client:
@@ -285,6 +349,7 @@ class LoadGenerator:
                 return
         loop = asyncio.get_running_loop()
         client.waiter = loop.create_future()
+        client.first_byte_at = 0.0
         started = time.perf_counter()
         assert client.transport is not None
         client.transport.write(self.request)
@@ -294,6 +359,8 @@ class LoadGenerator:
             phase.errors += 1
             return
         phase.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+        if client.first_byte_at:
+            phase.ttfts_ms.append((client.first_byte_at - started) * 1000.0)
         if overhead is not None:
             phase.overheads_ms.append(overhead)
         if status != 200:
@@ -377,6 +444,9 @@ def _row(rate: int, direct: Phase, through: Phase) -> dict[str, Any]:
         "added_p99_ms": round(through.pct(0.99) - direct.pct(0.99), 3),
         "overhead_header_p50_ms": round(through.pct(0.50, through.overheads_ms), 3),
         "overhead_header_p99_ms": round(through.pct(0.99, through.overheads_ms), 3),
+        "added_ttft_p50_ms": round(
+            through.pct(0.50, through.ttfts_ms) - direct.pct(0.50, direct.ttfts_ms), 3
+        ),
         "errors": through.errors + direct.errors,
         "late_sends": through.late_sends + direct.late_sends,
     }
@@ -386,8 +456,8 @@ async def _measure(
     args: argparse.Namespace, upstream_port: int, gateway_port: int, gateway_pid: int
 ) -> None:
     gateway_process = psutil.Process(gateway_pid)
-    direct = LoadGenerator(upstream_port, auth=False)
-    through = LoadGenerator(gateway_port, auth=True)
+    direct = LoadGenerator(upstream_port, auth=False, stream=args.stream)
+    through = LoadGenerator(gateway_port, auth=True, stream=args.stream)
     await direct.open(32)
     await through.open(32)
     seconds = args.seconds
@@ -403,6 +473,7 @@ async def _measure(
         # disturbed by other jobs on a shared machine.
         used = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
         row["gateway_cpu_us_per_request"] = round(used / max(1, g.sent) * 1e6, 1)
+        row["cpu_ms_per_request"] = round(used / max(1, g.sent) * 1e3, 4)
         print(
             f"rate {rate:>5}/s  achieved {row['achieved_rps']:>7}/s   "
             f"direct p50 {row['direct_p50_ms']:6.3f} p99 {row['direct_p99_ms']:7.3f} ms   "
@@ -410,7 +481,9 @@ async def _measure(
             f"added p50 {row['added_p50_ms']:6.3f} p99 {row['added_p99_ms']:7.3f} ms   "
             f"header p50 {row['overhead_header_p50_ms']:.3f} p99 "
             f"{row['overhead_header_p99_ms']:.3f} ms   gateway cpu "
-            f"{row['gateway_cpu_us_per_request']} us/req   errors {row['errors']}",
+            f"{row['gateway_cpu_us_per_request']} us/req   "
+            + (f"added ttft p50 {row['added_ttft_p50_ms']:.3f} ms   " if args.stream else "")
+            + f"errors {row['errors']}",
             flush=True,
         )
         return row
@@ -449,6 +522,13 @@ async def _measure(
         "gateway_cpu_us_per_request_at_1000": (
             at_1000["gateway_cpu_us_per_request"] if at_1000 else None
         ),
+        "cpu_ms_per_request_at_1000": at_1000["cpu_ms_per_request"] if at_1000 else None,
+        "stream": args.stream,
+        **(
+            {"added_ttft_p50_ms_at_1000": at_1000["added_ttft_p50_ms"] if at_1000 else None}
+            if args.stream
+            else {}
+        ),
         "seconds_per_phase": seconds,
         "pinned": args.pin,
         "nice": args.nice,
@@ -482,6 +562,13 @@ def main() -> None:
         default=0,
         help="niceness for all three processes (e.g. -5 on a machine busy with other work)",
     )
+    parser.add_argument(
+        "--stream", action="store_true", help="streamed chat with include_usage (SSE)"
+    )
+    parser.add_argument(
+        "--rates", help="comma-separated rates to measure (default 100,500,1000,2000)"
+    )
+    parser.add_argument("--no-ramp", action="store_true", help="skip the ramp to the max rate")
     parser.add_argument("--role", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
@@ -489,18 +576,18 @@ def main() -> None:
     if args.role:
         _pin({int(c) for c in args.cpus.split(",")} if args.cpus else None)
         if args.role == "upstream":
-            uvloop.run(_run_upstream())
+            uvloop.run(_run_upstream(args.stream))
         else:
             uvloop.run(_run_gateway(args.upstream_url))
         return
     if args.seconds is None:
         args.seconds = 2.5 if args.quick else 8.0
-    args.rates = [100, 500, 1000, 2000]
+    args.rates = [int(r) for r in args.rates.split(",")] if args.rates else [100, 500, 1000, 2000]
     args.ramp = (
-        [2500, 3000, 3500, 4000, 5000]
-        if args.quick
-        else [2500, 3000, 3500, 4000, 4500, 5000, 6000, 7000, 8000]
-    )
+        [] if args.no_ramp else
+        [2500, 3000, 3500, 4000, 5000] if args.quick else
+        [2500, 3000, 3500, 4000, 4500, 5000, 6000, 7000, 8000]
+    )  # fmt: skip
     if args.nice:
         os.nice(args.nice)  # inherited by the upstream and gateway processes
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -509,7 +596,9 @@ def main() -> None:
         gateway_cpus, others = {cpus[-1]}, set(cpus[:-1])
     else:
         args.pin = False
-    upstream, upstream_port = _spawn("upstream", cpus=others)
+    upstream, upstream_port = _spawn(
+        "upstream", *(["--stream"] if args.stream else []), cpus=others
+    )
     gateway, gateway_port = _spawn(
         "gateway", "--upstream-url", f"http://127.0.0.1:{upstream_port}", cpus=gateway_cpus
     )
