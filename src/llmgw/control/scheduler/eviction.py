@@ -17,14 +17,17 @@ def evictable_replicas(
     """Idle on-demand replicas, longest idle first."""
     leaving = {r.replica.id for r in out.removals} | {r.id for r in out.mark_draining}
     found = []
-    for replica in state.replicas.values():
-        record = state.models.get(replica.model)
-        if record is None or not record.spec.on_demand or replica.id in leaving:
+    # By model: on-demand models' replicas only, not a scan of every replica.
+    for record in state.models.values():
+        if not record.spec.on_demand:
             continue
-        if replica.state is not ReplicaState.READY or replica.draining or replica.in_flight:
-            continue
-        if idle_for(replica, now) >= policy.evict_min_idle_s:
-            found.append(replica)
+        for replica in state.replicas.of_model(record.name):
+            if replica.id in leaving:
+                continue
+            if replica.state is not ReplicaState.READY or replica.draining or replica.in_flight:
+                continue
+            if idle_for(replica, now) >= policy.evict_min_idle_s:
+                found.append(replica)
     found.sort(key=lambda r: (-idle_for(r, now), r.id))
     return found
 

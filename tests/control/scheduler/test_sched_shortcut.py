@@ -1,0 +1,88 @@
+"""The shortcut for models with nothing to triage decides exactly what the full path does.
+
+Random fleets and catalogs move between passes as in test_sched_properties
+(replicas become ready or fail, nodes are cordoned or drained), with the
+clock moving too (start timeouts, idle on-demand replicas, unreachable
+nodes); every pass is decided twice, with and without the shortcut.
+"""
+
+from __future__ import annotations
+
+import itertools
+from unittest.mock import patch
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.control.scheduler.test_sched_properties import NOW, apply, catalog, nodes
+
+from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decisions import Decisions, Policy
+from llmgw.control.scheduler.fleetgen import fleet
+from llmgw.control.state import FleetState, NodeRecord
+from llmgw.wire import ModelSpec, NodeState, ReplicaState
+
+
+def essence(decisions: Decisions) -> object:
+    return (
+        [(r.id, r.model, [(s.node, s.device_numbers) for s in r.shards]) for r in decisions.new],
+        [(r.replica.id, r.kind) for r in decisions.removals],
+        [r.id for r in decisions.mark_draining],
+        {n: (u.failures, u.parked, u.last_error, u.backoff_until, u.node_failures)
+         for n, u in decisions.models.items()},
+        decisions.reasons,
+        [(e.kind, e.subject, e.message, e.data) for e in decisions.events],
+        {n: (o.desired, [r.id for r in o.kept], [r.id for r in o.moving], o.status, o.reason,
+             [r.id for r, _ in o.placed], o.avoided, o.used_anyway)
+         for n, o in decisions.outcomes.items()},
+        decisions.draining_since,
+    )
+
+
+def evolve(state: FleetState, now: float, data: st.DataObject) -> None:
+    """Like test_sched_properties.evolve, but a start may also still be going."""
+    for replica in sorted(state.replicas.values(), key=lambda r: r.id):
+        if replica.state is ReplicaState.STARTING:
+            replica.state = data.draw(st.sampled_from(
+                [ReplicaState.READY, ReplicaState.FAILED, ReplicaState.STARTING]))
+            replica.ready_at = now if replica.state is ReplicaState.READY else None
+            replica.reason = "boom" if replica.state is ReplicaState.FAILED else None
+        elif replica.state is ReplicaState.READY and data.draw(st.integers(0, 4)) == 0:
+            replica.last_request_at = now
+    act: bool = data.draw(st.booleans())
+    if state.nodes and act:
+        name = data.draw(st.sampled_from(sorted(state.nodes)))
+        state.nodes[name].admin_state = data.draw(
+            st.sampled_from([NodeState.READY, NodeState.CORDONED, NodeState.DRAINING])
+        )
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(nodes(), catalog(), st.data())
+def test_the_shortcut_decides_what_the_full_path_decides(
+    node_list: list[NodeRecord], specs: list[ModelSpec], data: st.DataObject
+) -> None:
+    state = fleet(node_list, specs, NOW)
+    for record in state.models.values():
+        if record.spec.on_demand and data.draw(st.booleans()):
+            record.demand_at = NOW
+        record.spec.start_timeout_s = data.draw(st.sampled_from([30.0, 600.0]))
+    policy = Policy(backoff_base_s=data.draw(st.sampled_from([0.0, 5.0])), drain_grace_s=0.0,
+                    failure_limit=3)
+    now = NOW
+    for step in range(6):
+        outcomes = []
+        for shortcut in (True, False):
+            ids = (f"r{step}-{n:04d}" for n in itertools.count())
+            with patch("llmgw.control.scheduler.shortfall.new_id", lambda ids=ids: next(ids)):
+                outcomes.append(decide(state, now, policy, shortcut=shortcut))
+        assert essence(outcomes[0]) == essence(outcomes[1])
+        apply(state, outcomes[0])
+        evolve(state, now, data)
+        now += data.draw(st.sampled_from([1.0, 40.0, 400.0]))
+        for node in state.nodes.values():
+            if node.last_seen is not None and data.draw(st.integers(0, 3)):
+                node.last_seen = now  # most nodes keep reporting
