@@ -103,6 +103,16 @@ class Rejection:
 class Filter(Protocol):
     name: str
 
+    def applies(self, request: Request) -> bool:
+        """Whether ``check`` can refuse any node for this request at all.
+
+        The placer asks once per request and runs only the filters that can,
+        since it runs them on about ten nodes per replica it places: most
+        filters guard shapes (multi-node, MIG, RAM, avoided nodes) that most
+        requests do not have.
+        """
+        ...
+
     def check(self, node: NodeView, request: Request) -> Rejection | None: ...
 
 
@@ -110,6 +120,9 @@ class NodeReady:
     """Cordoned, draining and unreachable nodes take nothing new (DESIGN §3)."""
 
     name = "node-ready"
+
+    def applies(self, request: Request) -> bool:
+        return True
 
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         if node.state is NodeState.READY:
@@ -127,6 +140,9 @@ class ClassAccepted:
 
     name = "class-accepted"
 
+    def applies(self, request: Request) -> bool:
+        return True
+
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         for gpu_class in request.all_classes:
             if node.total.get(gpu_class):
@@ -140,6 +156,9 @@ class MigSingleInstance:
     process that can open only one of the devices it was given."""
 
     name = "mig-single-instance"
+
+    def applies(self, request: Request) -> bool:
+        return bool(request.mig_refused)
 
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         if not request.mig_refused:
@@ -161,6 +180,9 @@ class EnoughFreeDevices:
     """Enough free, healthy, placeable devices of one accepted class."""
 
     name = "enough-free-devices"
+
+    def applies(self, request: Request) -> bool:
+        return True
 
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         need = request.per_node
@@ -200,6 +222,9 @@ class EnoughMemory:
 
     name = "enough-memory"
 
+    def applies(self, request: Request) -> bool:
+        return bool(request.memory_mib)
+
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         need = request.memory_mib
         free = node.memory_free_mib
@@ -218,6 +243,9 @@ class WholeNode:
     pressure on a shared node slows every shard to the slowest one."""
 
     name = "whole-node"
+
+    def applies(self, request: Request) -> bool:
+        return request.multi_node
 
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         if not request.multi_node or node.entirely_free:
@@ -238,6 +266,9 @@ class InFabric:
 
     name = "in-fabric"
 
+    def applies(self, request: Request) -> bool:
+        return request.multi_node
+
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         if not request.multi_node or node.fabrics:
             return None
@@ -256,6 +287,9 @@ class AvoidFailedNodes:
     """
 
     name = "avoid-failed-nodes"
+
+    def applies(self, request: Request) -> bool:
+        return bool(request.avoid)
 
     def check(self, node: NodeView, request: Request) -> Rejection | None:
         if not request.avoid or node.name not in request.avoid:

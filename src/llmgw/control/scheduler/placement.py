@@ -121,15 +121,31 @@ class Placer:
         # pass, on a fleet that did not change where it could go, gets the
         # same answer without a fleet-wide explanation.
         self._memo: dict[tuple[object, ...], Unplaceable] = {}
+        # Request -> the filters that apply to it (Filter.applies).
+        self._applying: dict[Request, tuple[Filter, ...]] = {}
+        self._applying_to: tuple[Filter, ...] = self.filters
 
     # -- building blocks ---------------------------------------------------------
 
     def first_rejection(self, node: NodeView, request: Request) -> Rejection | None:
-        for check in self.filters:
+        for check in self._active(request):
             rejection = check.check(node, request)
             if rejection is not None:
                 return rejection
         return None
+
+    def _active(self, request: Request) -> tuple[Filter, ...]:
+        """The filters that can refuse a node for ``request`` (Filter.applies), in order."""
+        if self._applying_to is not self.filters:
+            self._applying, self._applying_to = {}, self.filters
+        found = self._applying.get(request)
+        if found is None:
+            if len(self._applying) >= 4096:
+                self._applying.clear()
+            found = self._applying[request] = tuple(
+                f for f in self.filters if getattr(f, "applies", _always)(request)
+            )
+        return found
 
     def rejections(self, node: NodeView, request: Request) -> list[Rejection]:
         """Every filter's answer, not just the first (for explanations)."""
@@ -144,6 +160,15 @@ class Placer:
             parts.append((scorer.name, value))
             total += scorer.weight * value
         return Candidate(node.name, gpu_class, round(total / self._weight_sum, 6), tuple(parts))
+
+    def _total(self, node: NodeView, request: Request) -> float:
+        """``score(...).score`` without its parts: the parts are shown for the
+        best few only, and building them for every candidate was a third of
+        placing a replica."""
+        total = 0.0
+        for scorer in self.scorers:
+            total += scorer.weight * scorer.score(node, request)
+        return round(total / self._weight_sum, 6)
 
     # -- placing -----------------------------------------------------------------
 
@@ -202,21 +227,22 @@ class Placer:
         return self._place_single(snapshot, request)
 
     def _place_single(self, snapshot: Snapshot, request: Request) -> Placement | None:
-        candidates: list[Candidate] = []
+        candidates: list[_Scored] = []
         seen: set[str] = set()
+        active = self._active(request)
         # Weights first: a node holding them wins on score anyway, and it may
         # sit in any bucket. Bounded, since a popular model's weights may be on
         # most of the fleet and most of those nodes are full.
         for examined, name in enumerate(snapshot.holders(request.model), start=1):
             if examined > 8 * self.candidate_limit or len(candidates) >= self.candidate_limit:
                 break
-            self._consider(snapshot.nodes[name], request, candidates, seen)
+            self._consider(snapshot.nodes[name], request, candidates, seen, active)
         found_in_buckets = 0
         for gpu_class in request.classes:
             buckets = snapshot.buckets(gpu_class)
             for count in sorted(c for c in buckets if c >= request.per_node):
                 for name in buckets[count]:
-                    if self._consider(snapshot.nodes[name], request, candidates, seen):
+                    if self._consider(snapshot.nodes[name], request, candidates, seen, active):
                         found_in_buckets += 1
                     if found_in_buckets >= self.candidate_limit:
                         break
@@ -224,27 +250,36 @@ class Placer:
                     break
         if not candidates:
             return None
-        ranked = _rank(candidates)
-        best = ranked[0]
-        view = snapshot.nodes[best.node]
+        # Stable: equal scores keep candidate order (weights holders, then best fit).
+        ranked = sorted(candidates, key=_by_score)
+        best = snapshot.nodes[ranked[0][1]]
         return Placement(
             request,
-            [_pick(view, best.gpu_class, request.per_node)],
-            candidates=ranked[: self.show_top],
+            [_pick(best, ranked[0][2], request.per_node)],
+            candidates=[
+                self.score(snapshot.nodes[name], request, gpu_class)
+                for _, name, gpu_class in ranked[: self.show_top]
+            ],
         )
 
     def _consider(
-        self, node: NodeView, request: Request, out: list[Candidate], seen: set[str]
+        self,
+        node: NodeView,
+        request: Request,
+        out: list[_Scored],
+        seen: set[str],
+        active: tuple[Filter, ...],
     ) -> bool:
         if node.name in seen:
             return False
         seen.add(node.name)
-        if self.first_rejection(node, request) is not None:
-            return False
+        for check in active:  # first_rejection, with the filters looked up once
+            if check.check(node, request) is not None:
+                return False
         gpu_class = usable_class(node, request)
         if gpu_class is None:
             return False
-        out.append(self.score(node, request, gpu_class))
+        out.append((self._total(node, request), node.name, gpu_class))
         return True
 
     def _place_multi(self, snapshot: Snapshot, request: Request) -> Placement | None:
@@ -294,6 +329,18 @@ class Placer:
                     continue
                 out.append(self.score(view, request, gpu_class))
         return _rank(out)
+
+
+# (score, node, class): what ranking needs of a candidate (Placer._total).
+_Scored = tuple[float, str, str]
+
+
+def _by_score(candidate: _Scored) -> float:
+    return -candidate[0]
+
+
+def _always(request: Request) -> bool:
+    return True
 
 
 def _rank(candidates: list[Candidate]) -> list[Candidate]:
