@@ -5,7 +5,8 @@ one core and the others to the rest, for machines with cores to spare):
 
 * upstream: a minimal OpenAI-compatible server (raw asyncio + uvloop, one
   canned chat completion with usage), as fast as a Python server gets;
-* gateway: the real `Gateway` under uvicorn (httptools, uvloop), configured
+* gateway: the real `Gateway` under uvicorn with `llmgw gateway`'s server
+  settings (llmgw.cli.httpserver: httptools, guarded heads, uvloop), configured
   through an in-memory link with one model, one API key, prefix routing;
 * load generator (this process): a raw HTTP/1.1 keep-alive client sending an
   open-loop, constant-rate load (a new connection when all are busy, so a
@@ -191,6 +192,7 @@ async def _run_gateway(upstream_url: str) -> None:
     import uvicorn
 
     from llmgw import secrets, wire
+    from llmgw.cli.httpserver import server_config
     from llmgw.gateway.app import Gateway, freeze_startup_objects
     from llmgw.gateway.link import MemoryLink
 
@@ -214,12 +216,12 @@ async def _run_gateway(upstream_url: str) -> None:
     freeze_startup_objects()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    # The settings `llmgw gateway` serves with (its guarded protocol included).
     server = uvicorn.Server(
-        uvicorn.Config(
-            gateway, lifespan="off", http="httptools", ws="none", access_log=False,
-            log_level="warning", backlog=4096, proxy_headers=False,
-            # The load generator keeps idle connections between rates; with
-            # uvicorn's 5 s default they would close under its feet.
+        server_config(
+            gateway, log_level="warning", backlog=4096,
+            # The load generator keeps idle connections between rates; they
+            # must not close under its feet.
             timeout_keep_alive=75,
         )
     )  # fmt: skip
