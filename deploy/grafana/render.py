@@ -55,6 +55,7 @@ class Panel:
     errors: list[str] = field(default_factory=list)
     renames: dict[str, str] = field(default_factory=dict)
     stacked: bool = False
+    step: float = 0.0  # of range queries: a longer gap between points is a gap in the data
 
 
 class Prometheus:
@@ -111,7 +112,7 @@ def load_panels(dashboard: dict[str, Any], prom: Prometheus, minutes: float,
     panels = []
     for raw in dashboard["panels"]:
         unit = raw.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
-        panel = Panel(raw["title"], raw["type"], unit, raw["gridPos"])
+        panel = Panel(raw["title"], raw["type"], unit, raw["gridPos"], step=step)
         custom = raw.get("fieldConfig", {}).get("defaults", {}).get("custom", {})
         panel.stacked = custom.get("stacking", {}).get("mode", "none") != "none"
         for transform in raw.get("transformations", []):
@@ -193,12 +194,27 @@ def graph_svg(panel: Panel, width: int, height: int) -> str:
         anchor = ("start", "middle", "middle", "end")[i]
         parts.append(f'<text x="{x:.1f}" y="{height - 3}" text-anchor="{anchor}">{label}</text>')
     for n, series in enumerate(panel.series):
-        line = " ".join(xy(t, v) for t, v in series.points if math.isfinite(v))
-        if line:
+        for run in _runs(series.points, panel.step):
+            line = " ".join(xy(t, v) for t, v in run)
             parts.append(f'<polyline fill="none" stroke="{COLOURS[n % len(COLOURS)]}" '
                          f'stroke-width="1.5" points="{line}"/>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _runs(points: list[tuple[float, float]], step: float) -> list[list[tuple[float, float]]]:
+    """Points split where data is missing, so a gap is drawn as one (as Grafana does)."""
+    runs: list[list[tuple[float, float]]] = []
+    last = None
+    for t, v in points:
+        if not math.isfinite(v):
+            last = None
+            continue
+        if last is None or (step and t - last > 1.5 * step):
+            runs.append([])
+        runs[-1].append((t, v))
+        last = t
+    return runs
 
 
 def panel_body(panel: Panel, width: int, height: int) -> str:
