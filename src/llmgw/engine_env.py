@@ -54,7 +54,7 @@ LLAMA_CPP_PYTHON_SETTINGS = frozenset(
 LLAMA_CPP_PYTHON_MANAGED = frozenset(
     {
         "model", "model_alias", "host", "port", "api_key", "config_file", "n_ctx",
-        "interrupt_requests",
+        "interrupt_requests", "ssl_keyfile", "ssl_certfile",
     }
 )  # fmt: skip
 # llama-server's variables for the flags the agent manages (set_env in
@@ -73,6 +73,8 @@ LLAMA_SERVER_MANAGED_ENV = {
     "LLAMA_ARG_MODELS_DIR": "--models-dir",
     "LLAMA_ARG_MODELS_PRESET": "--models-preset",
     "LLAMA_ARG_CTX_SIZE": "--ctx-size",
+    "LLAMA_ARG_SSL_KEY_FILE": "--ssl-key-file",
+    "LLAMA_ARG_SSL_CERT_FILE": "--ssl-cert-file",
 }
 
 # The variable other engines read their API key from: the agent sets it to

@@ -638,6 +638,10 @@ class ReplicaStatus(Wire):
     # What its engine's API gets wrong (the adapter's declaration); None from
     # an agent older than dialects.
     dialect: EngineDialect | None = None
+    # The engine listens with TLS under the node's certificate (https://);
+    # False: plain http (no certificate yet, an engine without TLS flags, an
+    # agent older than engine TLS).
+    tls: bool = False
 
 
 class AgentRegistration(Wire):
@@ -807,6 +811,10 @@ class RoutingTable(Wire):
 
     version: int
     models: list[ModelRoute] = Field(default_factory=list)
+    # PEM of the CA that signs node certificates, which the https:// endpoints
+    # of engines llmgw runs present (not external ones: the system's CAs
+    # verify those); None in a fleet that issues none.
+    engine_ca: str | None = None
 
 
 class ReplicaLoad(Wire):

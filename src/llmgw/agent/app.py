@@ -36,7 +36,7 @@ from llmgw.agent import pinning
 from llmgw.agent.assignments import check_assignments
 from llmgw.agent.client import ControlPlaneClient, ControlPlaneUnavailable
 from llmgw.agent.engines import default_adapters
-from llmgw.agent.engines.base import EngineAdapter
+from llmgw.agent.engines.base import EngineAdapter, EngineTls
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.memguard import GuardMode, MemoryGuard, agent_tag, node_memory_mib
@@ -234,6 +234,8 @@ class Agent:
             liveness=self.config.liveness,
             memory=guard,
             peer_session=self._peer_session,
+            engine_tls=self._engine_tls,
+            engine_probe_ssl=self.node_cert.engine_probe_context,
         )
         self._adopt()
         if self.config.serve_weights:
@@ -390,6 +392,19 @@ class Agent:
             await server.stop()
             await server.start()
             self._changed.set()
+
+    def _engine_tls(self) -> EngineTls | None:
+        """The node's certificate for an engine to listen with, where the fleet issues them.
+
+        The same certificate as the agent's server: it names the address the
+        gateways reach the engine at. An engine started before the node has
+        one (or on a fleet that issues none) stays plain http, as its report
+        says, until it is restarted.
+        """
+        if not self._fleet_tls or self._node_tls is not True:
+            return None
+        files = self.node_cert.engine_files(self.config.address)
+        return EngineTls(str(files[0]), str(files[1])) if files is not None else None
 
     def _read_agent_key_hash(self) -> str | None:
         """The hash of this data dir's agent key (made now if missing), for reports.

@@ -42,6 +42,13 @@ class NodeCertificate:
         # Verifies peers against the CA that signs node certificates only
         # (not the system's CAs): with none known yet it trusts no one.
         self.peer_context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        # Verifies this node's own engines, which listen with its certificate,
+        # when the agent probes them. The chain is checked, the name is not:
+        # a probe goes to the engine's bind address on this machine (127.0.0.1
+        # for one bound to every interface), which the certificate does not
+        # name, and no other machine is on that path.
+        self.engine_probe_context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        self.engine_probe_context.check_hostname = False
 
     @property
     def cert_file(self) -> Path:
@@ -61,7 +68,7 @@ class NodeCertificate:
         self._cert = _read(self.cert_file)
         self._ca = _read(self.directory / CA_FILE)
         if self._ca is not None:
-            self.peer_context.load_verify_locations(cadata=self._ca.decode("ascii"))
+            self._trust(self._ca.decode("ascii"))
         return key
 
     def usable(self, address: str) -> bool:
@@ -87,12 +94,20 @@ class NodeCertificate:
         _write(self.directory / CA_FILE, ca)
         _write(self.cert_file, cert)
         if ca != self._ca:
-            self.peer_context.load_verify_locations(cadata=ca_pem)
+            self._trust(ca_pem)
         self._cert, self._ca = cert, ca
         if self._server is not None:
             self._server.load_cert_chain(str(self.cert_file), str(self.key_file))
         log.info("server certificate for %s kept (%s)", address, self.cert_file)
         return True
+
+    def _trust(self, ca_pem: str) -> None:
+        self.peer_context.load_verify_locations(cadata=ca_pem)
+        self.engine_probe_context.load_verify_locations(cadata=ca_pem)
+
+    def engine_files(self, address: str) -> tuple[Path, Path] | None:
+        """Certificate and key files for engines to listen with; None while unusable."""
+        return (self.cert_file, self.key_file) if self.usable(address) else None
 
     def server_context(self) -> ssl.SSLContext:
         """The server's context (once usable); renewed certificates load into it in place."""

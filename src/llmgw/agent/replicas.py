@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from llmgw import memory
-from llmgw.agent.engines.base import EngineAdapter, LaunchContext
+from llmgw.agent.engines.base import EngineAdapter, EngineTls, LaunchContext
 from llmgw.agent.liveness import FailedProbes, Liveness
 from llmgw.agent.memguard import EngineMemory, MemoryGuard
 from llmgw.agent.ports import PortAllocator
@@ -84,6 +85,11 @@ class RunnerDeps:
     # For copies from peers: verifies their servers against the CA that signs
     # node certificates (agent.nodecert) where the fleet runs TLS; None: ``session``.
     peer_session: aiohttp.ClientSession | None = None
+    # The node's certificate for engines to listen with (agent.nodecert),
+    # asked at each launch; None: engines are plain http.
+    engine_tls: Callable[[], EngineTls | None] = lambda: None
+    # Verifies engines that listen with TLS when the agent probes them.
+    engine_probe_ssl: ssl.SSLContext | None = None
 
 
 def _probe_host(host: str) -> str:
@@ -118,6 +124,7 @@ class ReplicaRunner:
         self.liveness_path: str | None = "/health"
         self.metrics: ProgressMetrics | None = None
         self.dialect: EngineDialect | None = None  # the adapter's, once built
+        self.tls = False  # the engine listens with TLS (EngineLaunch.tls)
         self.memory: EngineMemory | None = None  # once the budget is known
         self._failed_probes = FailedProbes(deps.liveness)
         self._stall = StallWatch(deps.liveness)
@@ -149,6 +156,7 @@ class ReplicaRunner:
         self.liveness_path = record.liveness_path
         self.metrics = record.progress
         self.dialect = record.dialect
+        self.tls = record.tls
         self.deps.ports.restore(self.replica_id, record.port)
         if record.failed:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
@@ -228,6 +236,7 @@ class ReplicaRunner:
             started_at=self.started_at,
             ready_at=self.ready_at,
             dialect=self.dialect,
+            tls=self.tls,
         )
 
     # -- the life of a replica ---------------------------------------------------
@@ -282,12 +291,14 @@ class ReplicaRunner:
                 devices=self.devices,
                 memory_budget_mib=budget,
                 weights_bytes=weights_bytes,
+                tls=deps.engine_tls(),
             )
         )
         self.health_path = launch.health_path
         self.liveness_path = launch.serving_probe
         self.metrics = launch.progress if launch.serving_probe is not None else None
         self.dialect = launch.dialect
+        self.tls = launch.tls
         self.started_at = time.time()
         # The record (and so the port) is on disk before the process exists:
         # an agent that dies right after the spawn still knows the port is taken.
@@ -436,7 +447,7 @@ class ReplicaRunner:
         url = self._engine_url(metrics.path)
         timeout = aiohttp.ClientTimeout(total=self.deps.liveness.timeout_s)
         async with self.deps.session.get(
-            url, timeout=timeout, headers=self._engine_auth()
+            url, timeout=timeout, headers=self._engine_auth(), ssl=self._engine_ssl()
         ) as resp:
             if resp.status != 200:
                 raise MetricsError(f"HTTP {resp.status}")
@@ -455,14 +466,22 @@ class ReplicaRunner:
         return {"Authorization": f"Bearer {key}"} if key else None
 
     def _engine_url(self, path: str) -> str:
-        return f"http://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
+
+    def _engine_ssl(self) -> ssl.SSLContext | bool:
+        """How a probe verifies an engine that listens with TLS (True: aiohttp's default)."""
+        if self.tls and self.deps.engine_probe_ssl is not None:
+            return self.deps.engine_probe_ssl
+        return True
 
     async def _probe(self, path: str, timeout_s: float) -> str | None:
         """GET ``path`` on the engine: None when it answers 200, else what went wrong."""
         url = self._engine_url(path)
         try:
             async with self.deps.session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=self._engine_auth()
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=self._engine_auth(),
+                ssl=self._engine_ssl(),
             ) as resp:
                 return None if resp.status == 200 else f"HTTP {resp.status}"
         except TimeoutError:
@@ -540,6 +559,7 @@ class ReplicaRunner:
             liveness_path=self.liveness_path,
             progress=self.metrics,
             dialect=self.dialect,
+            tls=self.tls,
             started_at=self.started_at,
             ready_at=self.ready_at,
             memory_budget_mib=self.memory.budget_mib if self.memory else None,

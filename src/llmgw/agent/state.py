@@ -44,6 +44,8 @@ class EngineRecord(BaseModel):
     progress: ProgressMetrics | None = None
     # The adapter's dialect, reported again by an agent that adopts the engine.
     dialect: EngineDialect | None = None
+    # It listens with TLS (EngineLaunch.tls): probed, and reported, as https.
+    tls: bool = False
     started_at: float | None = None
     ready_at: float | None = None
     # The engine's memory budget (agent.memguard), held again on adoption.

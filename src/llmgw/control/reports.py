@@ -155,6 +155,10 @@ def _mirror_statuses(
             # with the next report, and the routing table follows).
             replica.dialect = status.dialect
             effects.routing_changed = effects.routing_changed or replica.state == ReplicaState.READY
+        if status.tls != replica.tls:
+            # The endpoint's scheme (http:// or https://) follows it.
+            replica.tls = status.tls
+            effects.routing_changed = effects.routing_changed or replica.state == ReplicaState.READY
         if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
             replica.move_to(ReplicaState.READY)
             replica.port = status.port

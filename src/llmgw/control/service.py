@@ -555,8 +555,8 @@ class ControlPlane:
             endpoints = external.endpoints(model.spec) or [
                 Endpoint(
                     replica_id=r.id,
-                    url=f"http://{host_in_url(self.state.nodes[r.leader_node].address)}"
-                    f":{r.port}",
+                    url=f"{self._engine_scheme(r)}://"
+                    f"{host_in_url(self.state.nodes[r.leader_node].address)}:{r.port}",
                     kv_capacity_tokens=model.spec.kv_capacity_tokens,
                     dialect=r.dialect,
                     engine_key=self.engine_keys.key(r.id),
@@ -577,12 +577,29 @@ class ControlPlane:
                     max_output_tokens=model.spec.max_output_tokens,
                 )
             )
+        issuer = self.node_certs.issuer
         config = GatewayConfig(
-            routing=RoutingTable(version=version, models=routes),
+            routing=RoutingTable(
+                version=version,
+                models=routes,
+                engine_ca=issuer.ca_pem.decode("ascii") if issuer is not None else None,
+            ),
             keys=list(self._keys.values()),
         )
         self._gateway_config, self._gateway_config_version = config, version
         return config
+
+    def _engine_scheme(self, replica: ReplicaRecord) -> str:
+        """http or https, as the replica's agent reported its engine listens.
+
+        Until that agent reports again after this instance started (a restart,
+        a standby taking over), a fleet that issues node certificates assumes
+        https, as its agents start every engine that can with TLS; the next
+        report (seconds) corrects an engine that cannot.
+        """
+        if replica.tls is None:
+            return self.node_certs.scheme
+        return "https" if replica.tls else "http"
 
     async def watch_config(self, after_version: int, wait_s: float = 25.0) -> GatewayConfig:
         """The config once it is newer than ``after_version``, or after ``wait_s``."""

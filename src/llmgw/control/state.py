@@ -12,6 +12,7 @@ status lines, in-flight counts) is never persisted.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,10 +76,13 @@ class NodeRecord:
     def silent_for(self, now: float) -> float:
         """Seconds without a report that count: since it last reported, or since
         this instance took over if that is later."""
+        return now - self._heard_at()
+
+    def _heard_at(self) -> float:
         seen = self.last_seen if self.last_seen is not None else self.registered_at
         if self.listening_since is not None and self.listening_since > seen:
             seen = self.listening_since
-        return now - seen
+        return seen
 
     def state(self, now: float, unreachable_after: float | None = None) -> NodeState:
         # The module's grace is read at call time, so a test can shorten it.
@@ -86,6 +90,17 @@ class NodeRecord:
         if self.last_seen is None or self.silent_for(now) > grace:
             return NodeState.UNREACHABLE
         return self.admin_state
+
+    def reachable_until(self) -> float:
+        """About when ``state`` turns unreachable if nothing else changes (the
+        grace past its last report); -inf when it has never reported.
+
+        For callers that cache states and must know when to ask again; the
+        figure is rounded by float arithmetic, so ask ``state`` near it.
+        """
+        if self.last_seen is None:
+            return -math.inf
+        return self._heard_at() + UNREACHABLE_AFTER_S
 
     def model_names_with_weights(self) -> list[str]:
         return sorted({w.model for w in self.weights})
@@ -174,6 +189,9 @@ class ReplicaRecord:
     in_flight: int = 0
     # Memory only: the engine's dialect as its agent last reported it.
     dialect: EngineDialect | None = None
+    # Memory only, like the dialect: whether its engine listens with TLS
+    # (ReplicaStatus.tls); None until its agent reports after a restart.
+    tls: bool | None = None
 
     @property
     def nodes(self) -> list[str]:

@@ -139,6 +139,9 @@ class Gateway:
         ):
             return False
         snapshot = Snapshot(config, self.settings, current)
+        self.runtime.upstream.trust_engines(
+            config.routing.engine_ca, (e.url for e in snapshot.external.values())
+        )
         self.runtime.snapshot = snapshot
         self.metrics.config_version = snapshot.version
         self._configured.set()

@@ -38,9 +38,11 @@ _HIGH_WATER = 1 << 20  # buffered answer bytes before a streamed answer stops be
 MAX_ANSWER_BYTES = 256 << 20
 _MAX_IDLE_PER_HOST = 1024
 
-# Connections are pooled per (host, port, TLS): an https upstream (an
-# external model's hosted API) never shares a pool with a plain engine.
-_Key = tuple[str, int, bool]
+# Connections are pooled per (host, port, TLS context): an https upstream
+# never shares a pool with a plain engine, nor one verified against the
+# fleet's CA (an engine llmgw runs) with one verified against the system's
+# CAs (an external model's hosted API).
+_Key = tuple[str, int, ssl.SSLContext | None]
 
 
 class ConnectFailed(Exception):
@@ -301,7 +303,6 @@ class Pool:
         self._connect_timeout = connect_timeout_s
         self._deadline = deadline_s
         self._idle: dict[_Key, list[_Connection]] = {}
-        self._tls: ssl.SSLContext | None = None
         self._closed = False
         # Answers in progress and when they must be done by. One sweep a second
         # enforces the deadline: a timer per request cost more than the check.
@@ -320,22 +321,16 @@ class Pool:
         if idle and conn in idle:
             idle.remove(conn)
 
-    def _tls_context(self) -> ssl.SSLContext:
-        # The system's trust store (SSL_CERT_FILE/SSL_CERT_DIR honoured), made
-        # once: loading it costs milliseconds, too much per connection.
-        if self._tls is None:
-            self._tls = ssl.create_default_context()
-        return self._tls
-
-    async def _connect(self, host: str, port: int, tls: bool = False) -> _Connection:
+    async def _connect(
+        self, host: str, port: int, tls: ssl.SSLContext | None = None
+    ) -> _Connection:
         loop = asyncio.get_running_loop()
         key = (host, port, tls)
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: _Connection(self, key), host, port,
-                    ssl=self._tls_context() if tls else None,
-                    server_hostname=host if tls else None,
+                    ssl=tls, server_hostname=host if tls is not None else None,
                 )  # fmt: skip
         except TimeoutError:
             raise ConnectFailed(f"connect to {host}:{port} timed out") from None
@@ -355,8 +350,14 @@ class Pool:
                 return conn
         return None
 
-    async def request(self, host: str, port: int, payload: bytes, tls: bool = False) -> Response:
-        """Send ``payload`` (a whole HTTP/1.1 request) and wait for the answer's headers."""
+    async def request(
+        self, host: str, port: int, payload: bytes, tls: ssl.SSLContext | None = None
+    ) -> Response:
+        """Send ``payload`` (a whole HTTP/1.1 request) and wait for the answer's headers.
+
+        ``tls``: https, verified by this context (made once by its owner:
+        loading CAs costs milliseconds, too much per connection); None: plain.
+        """
         conn = self._checkout((host, port, tls))
         if conn is not None:
             try:

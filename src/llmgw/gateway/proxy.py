@@ -9,7 +9,8 @@ yet); anything after the first byte was relayed is reported in-band.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import ssl
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,7 +34,9 @@ class Target:
     port: int
     path: str
     head: bytes  # the request line and constant headers, rendered once
-    tls: bool = False  # https: an external model's server (engines are plain http)
+    # https, verified by this context (the fleet's CA for an engine llmgw
+    # runs, the system's CAs for an external model's server); None: http.
+    tls: ssl.SSLContext | None = None
 
 
 class Upstream:
@@ -43,6 +46,38 @@ class Upstream:
         self._settings = settings
         self._pool: Pool | None = None
         self._targets: dict[tuple[str, str, str | None, bool], Target] = {}
+        self._system_tls: ssl.SSLContext | None = None
+        self._engine_ca: str | None = None
+        self._engine_tls: ssl.SSLContext | None = None
+        self._external: frozenset[str] = frozenset()
+
+    def trust_engines(self, engine_ca: str | None, external: Iterable[str]) -> None:
+        """Verify https engines against ``engine_ca`` (the fleet's CA), except
+        the ``external`` base URLs (hosted APIs), which the system's CAs verify.
+
+        Called with every config, not per request: targets are parsed again
+        only when either changed.
+        """
+        bases = frozenset(url.rstrip("/") for url in external)
+        if engine_ca == self._engine_ca and bases == self._external:
+            return
+        if engine_ca != self._engine_ca:
+            # The fleet's CA only, not the system's: a certificate a public CA
+            # issued for a node's address must not pass for an engine's.
+            self._engine_tls = (
+                ssl.create_default_context(cadata=engine_ca) if engine_ca else None
+            )
+            self._engine_ca = engine_ca
+        self._external = bases
+        self._targets.clear()
+
+    def _tls_for(self, base: str) -> ssl.SSLContext:
+        if self._engine_tls is not None and base.rstrip("/") not in self._external:
+            return self._engine_tls
+        if self._system_tls is None:
+            # The system's trust store (SSL_CERT_FILE/SSL_CERT_DIR honoured).
+            self._system_tls = ssl.create_default_context()
+        return self._system_tls
 
     async def start(self) -> None:
         self._pool = Pool(self._settings.connect_timeout_s, self._settings.upstream_timeout_s)
@@ -72,11 +107,11 @@ class Upstream:
                 raise ConnectFailed(f"endpoint URL {base!r} is not http(s)://host[:port]")
             if len(self._targets) > 4096:
                 self._targets.clear()
-            # Engines llmgw runs are plain http on the cluster network; https
-            # is for external models' servers (hosted APIs), verified against
-            # the system's trust store.
-            tls = parts.scheme == "https"
-            port = parts.port or (443 if tls else 80)
+            # An engine llmgw runs is https:// where its node has a
+            # certificate from the fleet's CA (trust_engines); an external
+            # model's server is checked against the system's trust store.
+            tls = self._tls_for(base) if parts.scheme == "https" else None
+            port = parts.port or (443 if tls is not None else 80)
             full = parts.path.rstrip("/") + path
             head = request_head(parts.hostname, port, full, engine_key, json=json)
             target = Target(parts.hostname, port, full, head, tls)

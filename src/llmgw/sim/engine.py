@@ -55,6 +55,7 @@ import itertools
 import logging
 import os
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -110,6 +111,7 @@ class SimEngine:
         self.started_at: float | None = None
         self.ready_at: float | None = None
         self.stalled = False  # stall_after_s has passed: no engine steps any more
+        self.tls = False  # listens with TLS (start's ``tls``)
 
     # -- life cycle ----------------------------------------------------------
 
@@ -118,10 +120,15 @@ class SimEngine:
         """Base URL without ``/v1`` (what ``wire.Endpoint.url`` holds)."""
         if self.port is None:
             raise RuntimeError("engine not started")
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+    async def start(
+        self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None
+    ) -> int:
         """Listen on ``host:port`` (0: an ephemeral port) and return the port.
+
+        ``tls``: listen with TLS (as the agent starts real engines with the
+        node's certificate), so that path is tested without a GPU.
 
         Returns as soon as the server listens; readiness follows the start-up
         delay (poll ``/health`` or ``state``).
@@ -150,12 +157,13 @@ class SimEngine:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, host, port)
+            site = web.TCPSite(runner, host, port, ssl_context=tls)
             await site.start()
         except OSError:
             await runner.cleanup()
             raise
         self._runner = runner
+        self.tls = tls is not None
         self.host = host
         self.port = int(runner.addresses[0][1])
         self.state = "starting"
@@ -514,6 +522,7 @@ async def run_engines(
     model: str = "sim",
     base_port: int = 0,
     api_key: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> list[SimEngine]:
     """Start ``n`` engines on one loop: ports ``base_port + i``, or ephemeral when 0.
 
@@ -523,7 +532,7 @@ async def run_engines(
     try:
         for i in range(n):
             engine = SimEngine(model, params, api_key=api_key)
-            await engine.start(host, base_port + i if base_port else 0)
+            await engine.start(host, base_port + i if base_port else 0, tls)
             engines.append(engine)
     except BaseException:
         await asyncio.gather(*(e.stop() for e in engines), return_exceptions=True)
@@ -543,6 +552,7 @@ async def serve(
     port: int,
     count: int = 1,
     api_key: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     """Run ``count`` engines until SIGINT/SIGTERM (0) or a failed start (1)."""
     loop = asyncio.get_running_loop()
@@ -552,7 +562,7 @@ async def serve(
     procstats.install("sim-engine")
     try:
         engines = await run_engines(
-            count, params, host, model=model, base_port=port, api_key=api_key
+            count, params, host, model=model, base_port=port, api_key=api_key, tls=tls
         )
     except BaseException:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -585,13 +595,14 @@ def run_blocking(
     port: int,
     count: int = 1,
     api_key: str | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> int:
     """Run :func:`serve` on a fresh loop (uvloop when installed)."""
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(serve(model, params, host, port, count, api_key))
-    return uvloop.run(serve(model, params, host, port, count, api_key))
+        return asyncio.run(serve(model, params, host, port, count, api_key, tls))
+    return uvloop.run(serve(model, params, host, port, count, api_key, tls))
 
 
 def parse_params(raw: str) -> SimParams:
@@ -611,6 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="the served model name")
     parser.add_argument("--params-json", default="{}", help="wire.SimParams as JSON")
     parser.add_argument("--count", type=int, default=1, help="engines on consecutive ports")
+    # Spelled as vLLM's, which the agent passes the same way.
+    parser.add_argument("--ssl-certfile", help="listen with TLS under this certificate (PEM)")
+    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
     args = parser.parse_args(argv)
     try:
         params = parse_params(args.params_json)
@@ -621,11 +635,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.count < 1:
         print("error: --count must be >= 1", file=sys.stderr)
         return 2
+    tls = None
+    if args.ssl_certfile or args.ssl_keyfile:
+        try:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.load_cert_chain(args.ssl_certfile or "", args.ssl_keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            print(f"error: --ssl-certfile/--ssl-keyfile: {exc}", file=sys.stderr)
+            return 2
     try:
         # The agent passes the replica's engine key in the environment, never
         # in argv (world-readable in /proc).
         api_key = os.environ.get(ENGINE_KEY_ENV[EngineKind.SIM]) or None
-        return run_blocking(args.model, params, args.host, args.port, args.count, api_key)
+        return run_blocking(
+            args.model, params, args.host, args.port, args.count, api_key, tls
+        )
     except OSError as exc:
         print(
             f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",

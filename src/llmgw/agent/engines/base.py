@@ -52,6 +52,18 @@ PINNING_ENV = frozenset(
 
 
 @dataclass(frozen=True)
+class EngineTls:
+    """The node's certificate and key (agent.nodecert), for an engine to listen with.
+
+    Paths, not contents: the key stays in its owner-only file in the agent's
+    data dir, and only its path reaches argv.
+    """
+
+    cert_file: str
+    key_file: str
+
+
+@dataclass(frozen=True)
 class LaunchContext:
     """Everything an adapter needs besides the assignment itself."""
 
@@ -66,6 +78,9 @@ class LaunchContext:
     memory_budget_mib: int | None = None
     # Size of the weights at ``weights_path``, for the same sizing.
     weights_bytes: int | None = None
+    # Listen with TLS under the node's certificate where the engine can;
+    # None: the fleet issues none (or this node has none yet), plain http.
+    tls: EngineTls | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,9 @@ class EngineLaunch:
     # the supervisor writes it to a file only the agent's user can read and
     # passes ``flag PATH``, since argv is world-readable in /proc.
     secret_file: SecretFile | None = None
+    # The engine listens with TLS (it took LaunchContext.tls): its endpoint
+    # is https://, and the agent probes it so.
+    tls: bool = False
 
     @property
     def serving_probe(self) -> str | None:

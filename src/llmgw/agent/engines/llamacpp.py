@@ -72,6 +72,11 @@ BINARY_RULES = FlagRules(
             "--models-preset",
             "-c",
             "--ctx-size",
+            # TLS only in builds with OpenSSL, which the agent does not tell
+            # apart: it starts llama-server plain, and a catalog's flags
+            # would make it https while its endpoint says http.
+            "--ssl-key-file",
+            "--ssl-cert-file",
         ]
     ),
     dashes=True,
@@ -282,6 +287,9 @@ class LlamaCppAdapter:
                 argv += ["--n_gpu_layers", "-1"]
             if gemma and not has_flag(extra, "--chat_format"):
                 argv += ["--chat_format", "gemma"]
+            if ctx.tls is not None:
+                # Paths only: the key stays in its owner-only file.
+                argv += ["--ssl_keyfile", ctx.tls.key_file, "--ssl_certfile", ctx.tls.cert_file]
             argv += _python_memory_flags(ctx, extra)
             health = "/v1/models"
             # Every model route of llama_cpp.server waits for the model lock,
@@ -307,6 +315,8 @@ class LlamaCppAdapter:
             health_path=health,
             liveness_path=liveness,
             dialect=dialect,
+            # llama-server stays plain (see BINARY_RULES).
+            tls=ctx.tls is not None and not self.server_binary,
             # What this server would read over the argv above (llmgw.engine_env).
             drop_env=LLAMA_SERVER_DROP if self.server_binary else LLAMA_CPP_PYTHON_DROP,
         )

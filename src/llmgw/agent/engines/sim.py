@@ -15,7 +15,7 @@ from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError
 from llmgw.wire import EXTRA_ROUTES, EngineDialect, EngineKind, ReplicaAssignment, SimParams
 
-MANAGED_FLAGS = ("--host", "--port", "--model", "--params-json")
+MANAGED_FLAGS = ("--host", "--port", "--model", "--params-json", "--ssl-certfile", "--ssl-keyfile")
 
 
 class SimAdapter:
@@ -46,8 +46,10 @@ class SimAdapter:
             spec.name,
             "--params-json",
             params.model_dump_json(),
-            *spec.engine_args,
         ]
+        if ctx.tls is not None:
+            argv += ["--ssl-certfile", ctx.tls.cert_file, "--ssl-keyfile", ctx.tls.key_file]
+        argv += spec.engine_args
         # It exports vLLM's metric names (llmgw.sim.metrics) and tokenizes as
         # vLLM's /tokenize does; its dialect switches and the extra routes it
         # serves come from its params.
@@ -67,4 +69,5 @@ class SimAdapter:
             health_path="/health",
             progress=VLLM_METRICS,
             dialect=dialect,
+            tls=ctx.tls is not None,
         )

@@ -71,6 +71,10 @@ MANAGED_FLAGS = FlagRules(
             "--master-port",
             "--headless",
             "--config",  # a YAML file of flags, managed ones included
+            # The node's certificate where the fleet issues one: a catalog's
+            # own would make the engine https while its endpoint says http.
+            "--ssl-keyfile",
+            "--ssl-certfile",
         ]
     ),
     dashes=True,
@@ -193,6 +197,10 @@ class VllmAdapter:
             if assignment.shard.rank > 0:
                 argv.append("--headless")
                 health = None
+        # Only the rank that serves HTTP listens with TLS (uvicorn's flags).
+        tls = ctx.tls is not None and health is not None
+        if tls and ctx.tls is not None:
+            argv += ["--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file]
         argv += spec.engine_args
         env = dict(spec.env)
         env.update(engine_env(ctx.devices, vulkan=False))
@@ -209,6 +217,7 @@ class VllmAdapter:
             health_path=health,
             progress=progress,
             dialect=DIALECT,
+            tls=tls,
             # An inherited key would lock the gateway out of a replica without one.
             drop_env=frozenset({ENGINE_KEY_ENV[EngineKind.VLLM]}),
         )

@@ -1,0 +1,268 @@
+"""Gateway -> engine over TLS: engines listen with their node's certificate (issue 13).
+
+On a fleet whose control plane signs node certificates, the agent starts each
+engine that can with the node's certificate and key, reports it as TLS, the
+control plane hands the gateways an https:// endpoint and the fleet's CA, and
+the gateway's upstream pool verifies the engine against that CA and the
+node's address. Real servers on loopback: a TLS control plane, a real agent
+spawning the simulated engine as a process, a gateway, the official openai
+client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ssl
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import openai
+import psutil
+import pytest
+from tests.agent.helpers import assign, cpu_slot, gpu, model
+from tests.agent.test_engines import ctx
+from tests.control.test_agent_api import inventory
+from tests.servers import serve_asgi
+
+from llmgw.agent.app import Agent, AgentConfig
+from llmgw.agent.engines import SimAdapter
+from llmgw.agent.engines.base import EngineTls
+from llmgw.agent.engines.llamacpp import LlamaCppAdapter
+from llmgw.agent.engines.vllm import VllmAdapter
+from llmgw.control.app import create_app
+from llmgw.control.nodecerts import NodeCertificates
+from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.state import ReplicaRecord
+from llmgw.control.store.repo import Store
+from llmgw.errors import EngineError
+from llmgw.gateway.app import Gateway
+from llmgw.gateway.http1 import ConnectFailed
+from llmgw.gateway.link import HttpControlPlaneLink
+from llmgw.gateway.proxy import Upstream
+from llmgw.gateway.settings import GatewaySettings
+from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
+from llmgw.sim.engine import SimEngine
+from llmgw.tls import ClientTrust, ServerTls, ensure_server_tls
+from llmgw.wire import (
+    EngineKind,
+    ModelSpec,
+    ReplicaState,
+    ShardAssignment,
+    SimParams,
+    WeightsSource,
+)
+
+
+@dataclass
+class Plane:
+    cp: ControlPlane
+    url: str
+    ca: ServerTls
+    creds: NewCredentials
+
+
+@pytest.fixture
+async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
+    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+    cp = ControlPlane(store)
+    await cp.load()
+    creds = await cp.ensure_credentials()
+    tls = ensure_server_tls(tmp_path / "cp-tls", ["127.0.0.1"])
+    assert tls.ca_file is not None and tls.ca_key_file is not None
+    cp.node_certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file))
+    try:
+        async with serve_asgi(create_app(cp), tls=tls) as url:
+            yield Plane(cp, url, tls, creds)
+    finally:
+        await store.close()
+
+
+async def _status(url: str, context: ssl.SSLContext | bool, key: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    async with aiohttp.ClientSession() as session, session.get(
+            url, ssl=context, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as answer:
+        return answer.status
+
+
+async def test_the_gateway_reaches_a_managed_engine_over_tls_only(
+    plane: Plane, tmp_path: Path
+) -> None:
+    cp, creds = plane.cp, plane.creds
+    assert creds.join_token and creds.gateway_token and creds.api_key
+    sim = SimParams(startup_s=0.1, decode_ms_per_token=1)
+    await cp.put_models([ModelSpec(name="m", engine="sim", weights=WeightsSource(kind="none"),
+                                   gpu_classes=["cpu"], sim=sim)])
+    agent = Agent(
+        AgentConfig(control_plane=plane.url, data_dir=tmp_path / "n1", name="n1",
+                    join_token=creds.join_token, memory_guard="off", ca_file=plane.ca.ca_file),
+        inventory_provider=lambda: inventory("n1"), adapters={EngineKind.SIM: SimAdapter()})
+    link = HttpControlPlaneLink(plane.url, creds.gateway_token,
+                                trust=ClientTrust(ca_file=plane.ca.ca_file))
+    gateway = Gateway(link, GatewaySettings(load_report_s=0.5, usage_flush_s=0.5))
+    try:
+        await agent.report_once()  # registers; the answer brings the node's certificate
+        shard = ShardAssignment(node="n1", device_numbers=[0], device_uuids=["CPU-n1-0"])
+        cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=time.time(),
+                                                shards=[shard])
+        deadline = time.monotonic() + 60
+        while cp.state.replicas["r1"].state != ReplicaState.READY:
+            replica = cp.state.replicas["r1"]
+            assert time.monotonic() < deadline and replica.state != ReplicaState.FAILED, replica
+            agent.converge(await agent.report_once())
+            await asyncio.sleep(0.2)
+        runner = agent.runners["r1"]
+        assert runner.tls and runner.proc is not None
+        # The engine got the node's certificate and key as paths (the key
+        # file owner-only), never key material on its command line.
+        key_file = tmp_path / "n1" / "tls" / "node.key"
+        argv = psutil.Process(runner.proc.pid).cmdline()
+        assert argv[argv.index("--ssl-keyfile") + 1] == str(key_file)
+        assert argv[argv.index("--ssl-certfile") + 1] == str(tmp_path / "n1" / "tls" / "node.pem")
+        assert key_file.stat().st_mode & 0o777 == 0o600
+
+        (endpoint,) = cp.gateway_config().routing.models[0].endpoints
+        assert endpoint.url == f"https://127.0.0.1:{runner.port}"
+        assert cp.gateway_config().routing.engine_ca == plane.ca.ca_file.read_text()  # type: ignore[union-attr]
+        fleet_ca = ssl.create_default_context(cafile=str(plane.ca.ca_file))
+        assert await _status(f"{endpoint.url}/v1/models", fleet_ca, endpoint.engine_key) == 200
+        with pytest.raises(aiohttp.ClientError):  # plain HTTP to the engine gets nowhere
+            await _status(f"http://127.0.0.1:{runner.port}/v1/models", False,
+                          endpoint.engine_key)
+        with pytest.raises(aiohttp.ClientError):  # nor TLS trusting the system's CAs
+            await _status(f"{endpoint.url}/v1/models", True, endpoint.engine_key)
+
+        await gateway.start()
+        async with serve_asgi(gateway.asgi) as gw_url:
+            client = openai.AsyncOpenAI(base_url=f"{gw_url}/v1", api_key=creds.api_key,
+                                        max_retries=0)
+            answer = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hello over TLS"}],
+                max_tokens=8)
+            assert answer.choices[0].message.content
+            stream = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "stream it"}],
+                max_tokens=8, stream=True)
+            chunks = [chunk async for chunk in stream]
+            assert chunks
+            await client.close()
+        # The agent's probes reach it over TLS too: still ready, no failures.
+        agent.converge(await agent.report_once())
+        assert cp.state.replicas["r1"].state == ReplicaState.READY
+        assert agent.runners["r1"].reason is None
+    finally:
+        await gateway.stop()
+        await link.close()
+        await cp.state.bump_routing()
+        await agent.shutdown()
+
+
+def _node_cert(tmp: Path, ca: ServerTls, address: str) -> EngineTls:
+    assert ca.ca_file is not None and ca.ca_key_file is not None
+    key = load_or_make_key(tmp / f"{address}.key")
+    issuer = NodeIssuer.from_files(ca.ca_file, ca.ca_key_file)
+    cert = tmp / f"{address}.pem"
+    cert.write_text(issuer.issue(make_csr(key, "n", address), "n", address))
+    return EngineTls(str(cert), str(tmp / f"{address}.key"))
+
+
+async def test_the_upstream_verifies_the_fleet_ca_and_the_nodes_address(tmp_path: Path) -> None:
+    fleet = ensure_server_tls(tmp_path / "fleet", ["127.0.0.1"])
+    other = ensure_server_tls(tmp_path / "other", ["127.0.0.1"])
+    assert fleet.ca_file is not None
+    fleet_ca = fleet.ca_file.read_text()
+    engines: list[SimEngine] = []
+    upstream = Upstream(GatewaySettings())
+    await upstream.start()
+
+    async def serve(files: EngineTls) -> str:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(files.cert_file, files.key_file)
+        engine = SimEngine("m", SimParams(startup_s=0.0))
+        await engine.start("127.0.0.1", 0, context)
+        engines.append(engine)
+        return engine.url
+
+    async def status(base: str) -> int:
+        response = await upstream.post(upstream.target(base, "/v1/chat/completions"),
+                                       b'{"model":"m","messages":[{"role":"user","content":"x"}],'
+                                       b'"max_tokens":2}', "req-1")
+        await response.read()
+        response.release()
+        return response.status
+
+    try:
+        good = await serve(_node_cert(tmp_path, fleet, "127.0.0.1"))
+        assert good.startswith("https://")
+        upstream.trust_engines(fleet_ca, [])
+        await asyncio.sleep(0.1)
+        assert await status(good) == 200
+        # A certificate from another CA, or from the fleet's CA for another
+        # node's address, does not pass for this engine.
+        foreign = await serve(_node_cert(tmp_path, other, "127.0.0.1"))
+        with pytest.raises(ConnectFailed, match="TLS"):
+            await status(foreign)
+        elsewhere = await serve(_node_cert(tmp_path, fleet, "10.0.0.9"))
+        with pytest.raises(ConnectFailed, match="TLS"):
+            await status(elsewhere)
+        # An external model's server is checked against the system's CAs,
+        # never the fleet's: the same engine, named external, is refused.
+        upstream.trust_engines(fleet_ca, [good])
+        with pytest.raises(ConnectFailed, match="TLS"):
+            await status(good)
+        upstream.trust_engines(fleet_ca, [])
+        assert await status(good) == 200
+    finally:
+        await upstream.close()
+        for engine in engines:
+            await engine.stop()
+
+
+@pytest.mark.parametrize(
+    ("adapter", "flag"),
+    [(SimAdapter(), "--ssl-keyfile"), (VllmAdapter(executable="vllm"), "--ssl_keyfile"),
+     (VllmAdapter(executable="vllm"), "--ssl-certfile"),
+     (LlamaCppAdapter(server_binary=""), "--ssl_certfile"),
+     (LlamaCppAdapter(server_binary=""), "--ssl_key"),  # an abbreviation argparse takes
+     (LlamaCppAdapter(server_binary="llama-server"), "--ssl_key_file")],
+)  # fmt: skip
+def test_a_catalog_cannot_set_the_tls_flags(
+    adapter: SimAdapter | VllmAdapter | LlamaCppAdapter, flag: str
+) -> None:
+    d = [cpu_slot(0)] if adapter.kind != EngineKind.VLLM else [gpu(0)]
+    spec = model(adapter.kind.value, gpu_classes=[d[0].gpu_class])
+    spec = spec.model_copy(update={"engine_args": [flag, "/tmp/mine.pem"]})
+    with pytest.raises(EngineError, match="manages"):
+        adapter.validate(assign(spec, d))
+
+
+@pytest.mark.parametrize(
+    ("adapter", "key_flag", "cert_flag"),
+    [(SimAdapter(), "--ssl-keyfile", "--ssl-certfile"),
+     (VllmAdapter(executable="vllm"), "--ssl-keyfile", "--ssl-certfile"),
+     (LlamaCppAdapter(server_binary=""), "--ssl_keyfile", "--ssl_certfile"),
+     (LlamaCppAdapter(server_binary="llama-server"), None, None)],
+)  # fmt: skip
+def test_each_engine_listens_with_the_nodes_certificate_where_it_can(
+    adapter: SimAdapter | VllmAdapter | LlamaCppAdapter, key_flag: str | None,
+    cert_flag: str | None,
+) -> None:
+    d = [cpu_slot(0)] if adapter.kind != EngineKind.VLLM else [gpu(0)]
+    spec = model(adapter.kind.value, gpu_classes=[d[0].gpu_class])
+    if adapter.kind == EngineKind.SIM:
+        spec = spec.model_copy(update={"weights": WeightsSource(kind="none")})
+    files = EngineTls("/data/tls/node.pem", "/data/tls/node.key")
+    plain = ctx(assign(spec, d), d)
+    launch = adapter.build(dataclasses.replace(plain, tls=files))
+    if key_flag is None or cert_flag is None:
+        # llama-server has TLS only in builds with OpenSSL: started plain.
+        assert not launch.tls and not any("ssl" in item for item in launch.argv)
+    else:
+        assert launch.tls
+        assert launch.argv[launch.argv.index(key_flag) + 1] == files.key_file
+        assert launch.argv[launch.argv.index(cert_flag) + 1] == files.cert_file
+    bare = adapter.build(plain)  # no certificate: plain http, no flags
+    assert not bare.tls and not any("ssl" in item for item in bare.argv)
