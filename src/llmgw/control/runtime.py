@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 
+from llmgw.control.gcpause import freeze_survivors
 from llmgw.control.leader import LeaderElection
 from llmgw.control.nudge import Nudger, assignment_signature, changed_nodes
 from llmgw.control.retention import Retention, prune
@@ -185,12 +185,9 @@ class ControlPlaneRuntime:
                 await self.cp.flush_activity()
             except Exception:
                 log.exception("storing replicas' use failed")
-            # The fleet's state is hundreds of thousands of long-lived objects;
-            # a full cyclic collection walking them took 120-300 ms and landed
-            # on whatever request was running. Freezing moves what exists now
-            # out of the collector's reach (reference counting still frees it),
-            # so collections only walk what was allocated since.
-            gc.freeze()
+            # Long-lived fleet state out of the collector's reach, so that
+            # collections only walk what was allocated since; garbage first.
+            freeze_survivors()
 
     async def _retention_loop(self) -> None:
         """The leader deletes events and usage past their retention (llmgw.control.retention)."""
