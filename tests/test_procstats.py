@@ -12,6 +12,8 @@ import tempfile
 import time
 import tracemalloc
 
+import pytest
+
 from llmgw import procstats
 
 
@@ -80,10 +82,14 @@ def test_a_sim_engine_answers_sigusr1_and_lives_on() -> None:
             proc.wait()
 
 
-def test_under_tracemalloc_the_line_names_what_grew_since_the_last_one() -> None:
+def test_with_llmgw_tracemalloc_the_first_line_starts_tracing_and_the_next_names_growth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert "allocation_growth" not in procstats.snapshot("test")
-    tracemalloc.start(4)
+    monkeypatch.setenv(procstats.TRACE_ENV, "4")
     try:
+        assert procstats.snapshot("test")["allocation_growth"] == []
+        assert tracemalloc.is_tracing() and tracemalloc.get_traceback_limit() == 4
         procstats.snapshot("test")  # the baseline
         held = [bytearray(1024) for _ in range(4000)]
         growth = procstats.snapshot("test")["allocation_growth"]
@@ -92,3 +98,6 @@ def test_under_tracemalloc_the_line_names_what_grew_since_the_last_one() -> None
     site, kib, blocks = growth[0]
     assert site.startswith(f"{os.path.basename(__file__)}:") and kib > 3000 and blocks >= 4000
     assert len(held) == 4000
+    # The process's own bookkeeping (the kept snapshot) is never reported as growth.
+    frames = [frame.split(":")[0] for row in growth for frame in row[0].split(" <- ")]
+    assert "procstats.py" not in frames

@@ -20,10 +20,14 @@ nothing until it is sent, and works the same in every part. The line goes to
 stderr directly, not through logging, so that a quiet log level cannot swallow
 an answer that was asked for (as the Go runtime's SIGQUIT dump does).
 
-A process started with ``PYTHONTRACEMALLOC=N`` (N frames per allocation)
-adds ``allocation_growth``: the allocation sites whose memory grew most since
-the previous SIGUSR1 (since start-up the first time), as ``[site, KiB, blocks]``,
-so two signals a while apart name the code that holds on to memory.
+With ``LLMGW_TRACEMALLOC=N`` in its environment, the first SIGUSR1 also
+starts tracing allocations (N frames each), and every later line carries
+``allocation_growth``: the allocation sites whose memory grew most since the
+previous line, as ``[site, KiB, blocks]``, so signals a few minutes apart name
+the code that holds on to memory. Tracing from the first signal rather than
+from start-up (``PYTHONTRACEMALLOC``, which works too) leaves the imports'
+hundreds of thousands of blocks out of every snapshot: comparing snapshots
+then takes milliseconds instead of minutes of a loaded process's loop.
 
 The figures are taken on the event loop between callbacks, so the task count
 is exact. ``gc_objects`` walks the heap (tens of milliseconds in a large
@@ -50,6 +54,7 @@ MARKER = "llmgw-procstats"
 SIGNAL = signal.SIGUSR1
 TOP_TASKS = 8
 TOP_SITES = 12
+TRACE_ENV = "LLMGW_TRACEMALLOC"
 SITE_FRAMES = 4
 
 
@@ -84,11 +89,16 @@ class _AllocationGrowth:
 
     def take(self) -> list[list[Any]] | None:
         if not tracemalloc.is_tracing():
+            frames = _wanted_frames()
+            if frames:
+                tracemalloc.start(frames)
+                return []  # tracing from now on; the next line has the growth
             return None
         # Our own bookkeeping (the kept snapshot) is not the process's growth.
-        current = tracemalloc.take_snapshot().filter_traces(
-            (tracemalloc.Filter(False, tracemalloc.__file__),)
-        )
+        current = tracemalloc.take_snapshot().filter_traces((
+            tracemalloc.Filter(False, tracemalloc.__file__, all_frames=True),
+            tracemalloc.Filter(False, __file__, all_frames=True),
+        ))
         previous, self.previous = self.previous, current
         key = "traceback" if tracemalloc.get_traceback_limit() > 1 else "lineno"
         if previous is None:
@@ -101,10 +111,21 @@ class _AllocationGrowth:
                 for tb, size, count in stats[:TOP_SITES]]
 
 
+def _wanted_frames() -> int:
+    try:
+        return max(0, min(int(os.environ.get(TRACE_ENV, "0")), 100))
+    except ValueError:
+        return 0
+
+
 def _site(traceback: tracemalloc.Traceback) -> str:
-    # Innermost first: where the memory was allocated, then who asked.
-    frames = list(traceback)[-SITE_FRAMES:]
-    return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno}" for f in reversed(frames))
+    # Innermost first: where the memory was allocated, then who asked. Deep
+    # in a library the allocating lines say little, so after the innermost
+    # frame come llmgw's own frames, where there are any: the code to fix.
+    frames = list(reversed(traceback))
+    ours = [f for f in frames[1:] if f"{os.sep}llmgw{os.sep}" in f.filename]
+    shown = [frames[0], *ours][:SITE_FRAMES] if ours else frames[:SITE_FRAMES]
+    return " <- ".join(f"{f.filename.rsplit(os.sep, 1)[-1]}:{f.lineno}" for f in shown)
 
 
 _growth = _AllocationGrowth()
