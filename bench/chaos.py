@@ -1,7 +1,7 @@
 """The chaos suite: each fault under steady load, and what a client and the store lost.
 
-    python bench/chaos.py                 # every fault, longer windows (~15 min on 2 cores)
-    python bench/chaos.py --quick         # every fault once, briefly (~8 min)
+    python bench/chaos.py                 # every fault, longer windows (~10 min on 2 cores)
+    python bench/chaos.py --quick         # every fault once, briefly (~7 min)
     python bench/chaos.py --quick --faults engine_kill,slow_clients
 
 A fleet on loopback as an operator runs it, every part its own process:
@@ -152,15 +152,15 @@ async def local_phase(names: list[str], mode: Mode, root: Path, *, llamacpp: boo
         frame = Frame(fleet, _workers(mode, llamacpp=llamacpp, lazy=lazy),
                       mode.settle_s, mode.after_s)
         victim = "gemma" if llamacpp else "chat"
-        holder = (await faults._holder(fleet, "chat", avoid={"n3"}))["nodes"][0]
+        chat_node = (await faults.holder(fleet, "chat", avoid={"n3"}))["nodes"][0]
         plan: dict[str, Inject] = {
             "engine_kill": lambda load: faults.engine_kill(frame, load, victim),
-            "agent_restart": lambda load: faults.agent_restart(frame, load, holder),
+            "agent_restart": lambda load: faults.agent_restart(frame, load, chat_node),
             "slow_clients": lambda load: faults.slow_clients(
                 frame, load, slow_key.json()["secret"], "chat", mode.slow_clients_s),
             "control_plane_leader_kill": lambda load: faults.control_plane_leader_kill(
                 frame, load),
-            "agent_stopped": lambda load: faults.agent_stopped(frame, load, holder),
+            "agent_stopped": lambda load: faults.agent_stopped(frame, load, chat_node),
             "disk_full": lambda load: faults.disk_full(frame, load, list(tmpfs)),
             "node_kill": lambda load: faults.node_kill(frame, load, "n3", "lazy"),
         }

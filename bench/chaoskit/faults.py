@@ -25,7 +25,7 @@ from chaoskit.run import OUTAGE_WATCH_S, Frame, Injected, gateway_in_flight, gat
 from llmgw.control.state import UNREACHABLE_AFTER_S
 
 
-async def _holder(fleet: Fleet, model: str, *, avoid: set[str] | None = None) -> dict[str, Any]:
+async def holder(fleet: Fleet, model: str, *, avoid: set[str] | None = None) -> dict[str, Any]:
     """A ready replica of ``model`` (one on a node not in ``avoid`` if there is one)."""
     ready = [r for r in await fleet.replicas(model) if r["state"] == "ready"]
     if not ready:
@@ -46,7 +46,7 @@ def _engine_of(replica: dict[str, Any]) -> Any:
 
 async def engine_kill(frame: Frame, load: Load, model: str) -> Injected:
     """kill -9 of one replica's engine; its agent reports it failed and it is replaced."""
-    replica = await _holder(frame.fleet, model)
+    replica = await holder(frame.fleet, model)
     engine = _engine_of(replica)
     retries = await gateway_metric(frame.fleet, RETRIES, model) or 0.0
     at = time.monotonic()

@@ -29,7 +29,7 @@ import httpx
 import psycopg
 
 from chaoskit.admin import Admin
-from chaoskit.procs import Proc, free_port
+from chaoskit.procs import Proc, engine_children, free_port, kill_all, orphan_engines
 
 
 @dataclass
@@ -256,8 +256,6 @@ class Fleet:
         if self.admin is not None:
             await self.admin.close()
         # Agents first, each with its engines (they outlive a plain stop).
-        from chaoskit.procs import engine_children, kill_all
-
         engines = []
         for proc in self.agents.values():
             if proc.alive():
@@ -269,22 +267,6 @@ class Fleet:
         kill_all(orphan_engines(self.root))
         for mount in self._mounts:
             await asyncio.to_thread(subprocess.run, ["umount", "-l", str(mount)], check=False)
-
-
-def orphan_engines(root: Path) -> list[Any]:
-    """Engines left by agents killed during the run (their logs are under ``root``)."""
-    import psutil
-
-    marker = str(root)
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        argv = proc.info["cmdline"] or []
-        if not ("llama_cpp.server" in argv or "llmgw.sim.engine" in argv):
-            continue
-        with contextlib.suppress(psutil.Error):
-            if any(marker in f.path for f in proc.open_files()) or marker in " ".join(argv):
-                found.append(proc)
-    return found
 
 
 def create_database(admin_url: str) -> str:

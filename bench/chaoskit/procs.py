@@ -135,6 +135,20 @@ def engine_on_port(port: int) -> psutil.Process | None:
     return None
 
 
+def orphan_engines(root: Path) -> list[psutil.Process]:
+    """Engines left by agents killed during the run: their logs are under ``root``."""
+    marker = str(root)
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if not is_engine(argv):
+            continue
+        with contextlib.suppress(psutil.Error):
+            if any(marker in f.path for f in proc.open_files()) or marker in " ".join(argv):
+                found.append(proc)
+    return found
+
+
 def kill_all(procs: list[psutil.Process], sig: int = signal.SIGKILL) -> list[int]:
     killed = []
     for proc in procs:
