@@ -46,6 +46,7 @@ from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
 from llmgw.sim.engine import SimEngine
+from llmgw.sim.inprocess import InProcessEngines
 from llmgw.tls import ClientTrust, ServerTls, ensure_server_tls
 from llmgw.wire import (
     EngineKind,
@@ -278,3 +279,24 @@ def test_each_engine_listens_with_the_nodes_certificate_where_it_can(
         assert launch.argv[launch.argv.index(cert_flag) + 1] == files.cert_file
     bare = adapter.build(plain)  # no certificate: plain http, no flags
     assert not bare.tls and not any("ssl" in item for item in bare.argv)
+
+
+async def test_an_in_process_sim_engine_listens_with_tls_when_launched_so(tmp_path: Path) -> None:
+    fleet = ensure_server_tls(tmp_path / "fleet", ["127.0.0.1"])
+    assert fleet.ca_file is not None
+    d = [cpu_slot(0)]
+    spec = model("sim", gpu_classes=["cpu"]).model_copy(
+        update={"weights": WeightsSource(kind="none"), "sim": SimParams(startup_s=0.0)})
+    files = _node_cert(tmp_path, fleet, "127.0.0.1")
+    launch = SimAdapter().build(dataclasses.replace(ctx(assign(spec, d), d, port=0), tls=files))
+    launch = dataclasses.replace(launch, argv=[
+        "127.0.0.1" if item == "10.0.0.5" else item for item in launch.argv])
+    engines = InProcessEngines()
+    proc = engines.spawn("r1", launch)
+    try:
+        port = await proc.handle.starting
+        assert proc.handle.engine.url == f"https://127.0.0.1:{port}"
+        fleet_ca = ssl.create_default_context(cafile=str(fleet.ca_file))
+        assert await _status(f"https://127.0.0.1:{port}/health", fleet_ca) == 200
+    finally:
+        await engines.stop(proc, 1.0)

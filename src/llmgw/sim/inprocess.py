@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import ssl
 from collections import deque
 from dataclasses import dataclass
 
@@ -45,9 +46,11 @@ class RunningEngine:
     log: deque[str]
 
 
-async def _start(engine: SimEngine, host: str, port: int, log: deque[str]) -> int:
+async def _start(
+    engine: SimEngine, host: str, port: int, log: deque[str], tls: ssl.SSLContext | None
+) -> int:
     try:
-        bound = await engine.start(host, port)
+        bound = await engine.start(host, port, tls)
     except OSError as exc:
         log.append(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
         raise
@@ -61,7 +64,23 @@ def _argv_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--model", required=True)
     parser.add_argument("--params-json", default="{}")
+    # The node's certificate, on a fleet that issues them (agent.engines.sim).
+    parser.add_argument("--ssl-certfile")
+    parser.add_argument("--ssl-keyfile")
     return parser
+
+
+def launch_tls(launch: EngineLaunch) -> ssl.SSLContext | None:
+    """The server context a sim launch asks for (``--ssl-certfile``/``--ssl-keyfile``)."""
+    args, _ = _argv_parser().parse_known_args(launch.argv[launch.argv.index(SIM_MODULE) + 1 :])
+    if not args.ssl_certfile:
+        return None
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise EngineError(f"the sim engine cannot listen with TLS: {exc}") from None
+    return context
 
 
 def parse_launch(launch: EngineLaunch) -> tuple[str, str, int, str]:
@@ -102,12 +121,13 @@ class InProcessEngines:
             check_params(params)
         except ValidationError as exc:
             raise EngineError(f"bad sim parameters: {exc}") from None
+        tls = launch_tls(launch)
         engine = SimEngine(model, params)
         log: deque[str] = deque(maxlen=TAIL_LINES)
         # spawn is synchronous in the seam; the engine binds its port in a
         # task, and a port it cannot bind shows as an exit on the next poll.
         starting = asyncio.get_running_loop().create_task(
-            _start(engine, host, port, log), name=f"sim-engine-{replica_id}"
+            _start(engine, host, port, log, tls), name=f"sim-engine-{replica_id}"
         )
         entry = RunningEngine(replica_id, engine, starting, log)
         self.running[replica_id] = entry
