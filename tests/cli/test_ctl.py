@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from rich.console import Console
 from tests.control.adminapi.fleetkit import Fleet, Served, gpu, gpus, mig, served_control_plane
@@ -234,8 +235,16 @@ def test_status_watch_refreshes_until_interrupted(served: Served) -> None:
          served.admin_token, "status", "--watch", "0.2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
     )
+    port = int(served.url.rsplit(":", 1)[1])
     try:
-        time.sleep(2.5)
+        # Interrupt only once it is watching: a fixed sleep raced ctl's own start
+        # (3.7 s to import on a loaded machine) and the SIGINT hit the import.
+        deadline = time.monotonic() + 60
+        while not any(c.raddr and c.raddr.port == port
+                      for c in psutil.Process(proc.pid).net_connections("tcp")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.6)  # a few refreshes at 0.2 s
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=15)
     finally:
