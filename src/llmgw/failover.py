@@ -50,6 +50,12 @@ from llmgw.wire import LEADER_HEADER, STANDBY_CODE
 class ControlPlaneUnreachable(LlmgwError):
     """No configured control-plane instance took the call (down, or only standbys)."""
 
+    def __init__(self, message: str, *, standby_answered: bool = False) -> None:
+        super().__init__(message)
+        # A standby answered: the store is up and a leader is being elected,
+        # so a caller should try again soon rather than back off for long.
+        self.standby_answered = standby_answered
+
 
 def parse_control_plane_urls(value: str | Sequence[str]) -> list[str]:
     """``"http://a:8080, http://b:8080"`` (or a list of such strings) as clean URLs.
@@ -169,7 +175,8 @@ class LeaderFinder:
                 continue
             return Answer(url=url, status=status, body=body)
         raise ControlPlaneUnreachable(
-            f"{method} {path}: no control plane took the call: {walk.summary()}"
+            f"{method} {path}: no control plane took the call: {walk.summary()}",
+            standby_answered=walk.standby_answered,
         )
 
     def walk(self, *, once_each: bool = False) -> CallWalk:
@@ -205,6 +212,11 @@ class CallWalk:
         """``url`` did not answer (``problem`` says how)."""
         self.tried.append((url, problem))
         self.finder.unreachable(url)
+
+    @property
+    def standby_answered(self) -> bool:
+        """Whether any instance tried in this call answered as a standby."""
+        return any(what.startswith("standby") for _, what in self.tried)
 
     def standby(self, url: str, hint: str | None) -> None:
         """``url`` is a standby; ``hint`` is the leader it named, if any."""

@@ -19,6 +19,7 @@ from aiohttp import web
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext, check_common
 from llmgw.secrets import NODE_PREFIX, bearer, new_secret
 from llmgw.wire import (
+    STANDBY_CODE,
     AgentRegistration,
     AgentRegistrationAnswer,
     AgentReport,
@@ -67,6 +68,9 @@ class FakeControlPlane:
         self.peer_token: str | None = "peer-secret"
         self.interval = 0.3
         self.reports: list[AgentReport] = []
+        # True: answer reports as a standby does while no instance leads.
+        self.standby = False
+        self.standby_answers = 0
         self.registrations = 0
         self.agent_keys: list[str | None] = []  # as each registration carried it
         self.url = ""
@@ -92,6 +96,10 @@ class FakeControlPlane:
         )
 
     async def _report(self, request: web.Request) -> web.Response:
+        if self.standby:
+            self.standby_answers += 1
+            error = {"message": "standby", "type": "standby_error", "code": STANDBY_CODE}
+            return web.json_response({"error": error}, status=503)
         token = bearer(request.headers.get("Authorization"))
         node = self.tokens.get(token or "")
         if node is None:

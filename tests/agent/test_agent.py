@@ -315,3 +315,22 @@ async def test_a_failing_discovery_does_not_end_the_loop(
     assert "discovery failed: nvidia-smi" in report.inventory.warnings[0]
     assert len(report.inventory.devices) == 4  # the last inventory seen, flagged
     await fake_cp.wait_for(lambda r: calls >= 3)
+
+
+async def test_while_only_a_standby_answers_reports_keep_the_interval(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    # A new leader counts a node's silence from its takeover; an agent that had
+    # backed off to 30 s while no instance led would reach it at the edge of the
+    # unreachable grace. A standby's answer means a leader is on its way.
+    make_agent("n1")
+    await fake_cp.wait_for(lambda r: True)
+    fake_cp.standby = True
+    await asyncio.sleep(3.0)
+    # Interval 0.3 s: about 10 tries; doubling from 1 s would have made 2 or 3.
+    assert fake_cp.standby_answers >= 6, fake_cp.standby_answers
+    fake_cp.standby = False
+    before = len(fake_cp.reports)
+    started = time.monotonic()
+    await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before, within=5)
+    assert time.monotonic() - started < 1.5

@@ -265,6 +265,13 @@ class Agent:
             try:
                 answer = await self.report_once()
             except ControlPlaneUnavailable as exc:
+                if exc.standby_answered:
+                    # A standby answered: a leader is being elected on a live
+                    # store. A new leader counts a node's silence from its
+                    # takeover, so a report held back 30 s would reach it at
+                    # the edge of the unreachable grace; the report interval
+                    # keeps the node well inside it.
+                    backoff = min(backoff, self._interval)
                 log.warning("%s; retrying in %.0f s", exc, backoff)
                 wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
             except RegistrationRefused:

@@ -43,6 +43,11 @@ REPORT_PATH = "/agent/v1/report"
 class ControlPlaneUnavailable(LlmgwError):
     """The control plane did not answer (down, restarting, network); the loop retries."""
 
+    def __init__(self, message: str, *, standby_answered: bool = False) -> None:
+        super().__init__(message)
+        # Only standbys answered: a leader is being elected (see the loop's backoff).
+        self.standby_answered = standby_answered
+
 
 class ControlPlaneClient:
     def __init__(
@@ -98,7 +103,9 @@ class ControlPlaneClient:
                 self.session, "POST", path, data=payload, headers=headers, limits=self.timeout
             )
         except ControlPlaneUnreachable as exc:
-            raise ControlPlaneUnavailable(str(exc)) from None
+            raise ControlPlaneUnavailable(
+                str(exc), standby_answered=exc.standby_answered
+            ) from None
         status, body = answer.status, answer.body
         if status in (401, 403):
             raise AuthError(f"{path}: HTTP {status}: {_message(body)}")
