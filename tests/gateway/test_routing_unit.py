@@ -163,10 +163,12 @@ def test_new_prefix_goes_by_hash_unless_it_would_wait_a_whole_prefill() -> None:
         # The same key lands alike whatever the order: two gateways agree.
         assert policy.choose([c, a, b], {}, key=key)[0] is picked
         assert picked is rendezvous([a, b, c], key)
-    # Decoding, or some prefill queued (0.1 s against 0.256 s of its own):
-    # still within the wait ratio, so the hash decides, and a gateway that
-    # cannot see that load (another gateway's) chooses alike.
-    a.in_flight, b.pending_prefill = 3, 100.0
+    # Busy everywhere (no idle replica to prefer), one with some prefill
+    # queued (0.1 s against 0.256 s of its own): still within the wait
+    # ratio, so the hash decides, and a gateway that cannot see that load
+    # (another gateway's) chooses alike.
+    a.in_flight = b.in_flight = c.in_flight = 1
+    b.pending_prefill = 100.0
     assert policy.landings([a, b, c]) == {"a", "b", "c"}
     # A whole prefill of its size queued there (the first prompt of the same
     # new group, still prefilling): never waited behind.
@@ -178,6 +180,33 @@ def test_new_prefix_goes_by_hash_unless_it_would_wait_a_whole_prefill() -> None:
     assert strict.landings([a, b, c]) == {"a", "b", "c"}
     b.pending_prefill = 100.0
     assert strict.landings([a, b, c]) == {"a", "c"}
+
+
+def test_at_low_load_a_new_prefix_skips_a_busy_replica_for_the_next_idle_one() -> None:
+    policy = Policy()
+    fleet = [replica(n) for n in "abcd"]
+    a, b, c, d = fleet
+    a.in_flight = 1  # decoding: nothing queued, so just as soon by the estimate
+    for key in range(40):
+        picked = policy.choose(fleet, {}, key=key)[0]
+        # The first idle replica in hash order (where the hash says, when that is idle).
+        assert picked is rendezvous([b, c, d], key)
+    assert "a" not in policy.landings(fleet)
+    # Half the fleet busy still counts as low load; more than half does not,
+    # and the hash alone decides again (gateways' views differ most there).
+    b.in_flight = 1
+    assert "a" not in policy.landings(fleet) and "b" not in policy.landings(fleet)
+    c.in_flight = 1
+    assert policy.landings(fleet) == {"a", "b", "c", "d"}
+    # A prompt somebody holds is no new prefix: its holder too busy, it goes
+    # by hash among the others, busy or not.
+    b.in_flight = c.in_flight = 0
+    holder = replica("holder")
+    holder.pending_prefill = 1000.0
+    spilled = {
+        policy.choose([holder, *fleet], {"holder": 64}, key=k)[0].replica_id for k in range(40)
+    }
+    assert "a" in spilled
 
 
 def test_holder_wins_while_its_saving_outweighs_its_queue() -> None:

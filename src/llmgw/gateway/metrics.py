@@ -166,7 +166,8 @@ class _Exporter(Collector):
         yield _filled(CounterMetricFamily(
             "llmgw_gateway_prefix_routing",
             "Routing decisions by outcome: hit (cached prefix), miss (new prefix),"
-            " overloaded (holder too loaded), none (policy ignores prefixes).",
+            " overloaded (a holder too busy: another replica was estimated to answer"
+            " sooner), none (policy ignores prefixes).",
             labels=["model", "outcome"],
         ), m.routing)  # fmt: skip
         yield _filled(CounterMetricFamily(

@@ -196,6 +196,14 @@ class SoonestStart:
       share the engines' caches while each gateway's index counts on all of
       it, and the hit rate collapses under load. Still below 1, so a prompt
       never waits behind a whole prefill of its own size.
+    * While at least half the replicas have nothing in flight, a new prefix
+      whose replica by hash is busy (decoding, say) goes to the first idle
+      one in hash order instead: decode steps slow a prefill started next to
+      them, round-robin rarely puts two requests together at low load, and
+      hash placement alone did often enough to lose to it. Only then, and
+      only for prefixes nobody holds: where gateways' views of who is idle
+      differ most, each detour is a second copy of a prefix, and under load
+      those copies cost more hits than the detours save time.
 
     ``spread`` bounds in-flight requests above the least busy replica: the
     estimate sees prefill only, and a hot prefix that is always cached would
@@ -238,7 +246,10 @@ class SoonestStart:
         per_token = self._chars_per_token
         estimates: list[float] = []
         soonest = math.inf
+        idle = 0
         for replica in replicas:
+            if not replica.in_flight:
+                idle += 1
             if replica.in_flight > ceiling:
                 estimates.append(math.inf)
                 continue
@@ -265,13 +276,20 @@ class SoonestStart:
             # No holder is close to the soonest, so the soonest holds nothing
             # and is among these: holders here would make a hit wait.
             limit = soonest * (1.0 + self._wait_ratio) + slack
+            idle_first = not matched and 2 * idle >= len(replicas)
+            first_idle: Replica | None = None
+            idle_score = -1
             for replica, estimate in zip(replicas, estimates, strict=True):
                 if estimate > limit or replica.replica_id in matched:
                     continue
                 score = _mix(key ^ replica.seed)
                 if score > best_score:
                     best, best_score = replica, score
+                if idle_first and not replica.in_flight and score > idle_score:
+                    first_idle, idle_score = replica, score
             assert best is not None
+            if best.in_flight and first_idle is not None:
+                best = first_idle
         longest = max(matched.values(), default=0)
         outcome = MISS if not longest else HIT if best_blocks == longest else OVERLOADED
         cached = best_blocks * block_chars
