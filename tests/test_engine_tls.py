@@ -49,9 +49,11 @@ from llmgw.sim.engine import SimEngine
 from llmgw.sim.inprocess import InProcessEngines
 from llmgw.tls import ClientTrust, ServerTls, ensure_server_tls
 from llmgw.wire import (
+    AgentReport,
     EngineKind,
     ModelSpec,
     ReplicaState,
+    ReplicaStatus,
     ShardAssignment,
     SimParams,
     WeightsSource,
@@ -300,3 +302,42 @@ async def test_an_in_process_sim_engine_listens_with_tls_when_launched_so(tmp_pa
         assert await _status(f"https://127.0.0.1:{port}/health", fleet_ca) == 200
     finally:
         await engines.stop(proc, 1.0)
+
+
+async def test_the_endpoint_scheme_follows_the_agents_report(plane: Plane) -> None:
+    cp = plane.cp
+    await cp.put_models([MODELS["sim"], ModelSpec(
+        name="s", engine="sglang", gpu_classes=["cpu"],
+        weights=WeightsSource(kind="hf", repo="org/s"))])
+    for rid, name in (("r1", "m"), ("r2", "s")):
+        cp.state.replicas[rid] = ReplicaRecord(
+            id=rid, model=name, created_at=0.0, shards=[ShardAssignment(node="n1")])
+    fleet_ca = ssl.create_default_context(cafile=str(plane.ca.ca_file))
+    async with aiohttp.ClientSession() as session:
+        answer = await session.post(f"{plane.url}/agent/v1/register", ssl=fleet_ca,
+                                    json={"node": "n1", "join_token": plane.creds.join_token})
+        assert answer.status == 200, await answer.text()
+        token = (await answer.json())["node_token"]
+        report = AgentReport(node="n1", inventory=inventory("n1"), replicas=[
+            ReplicaStatus(replica_id="r1", state=ReplicaState.READY, port=4000, tls=True),
+            ReplicaStatus(replica_id="r2", state=ReplicaState.READY, port=4001)])
+        answer = await session.post(
+            f"{plane.url}/agent/v1/report", ssl=fleet_ca, data=report.model_dump_json(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        assert answer.status == 200, await answer.text()
+
+    def urls() -> dict[str, str]:
+        return {e.replica_id: e.url for m in cp.gateway_config().routing.models
+                for e in m.endpoints}
+
+    assert urls() == {"r1": "https://127.0.0.1:4000", "r2": "http://127.0.0.1:4001"}
+    # Not reported since this instance started (a restart, a standby taking
+    # over): https where the fleet signs node certificates, but SGLang's,
+    # which never listens with TLS.
+    for rid in ("r1", "r2"):
+        cp.state.replicas[rid].tls = None
+    await cp.state.bump_routing()
+    assert urls() == {"r1": "https://127.0.0.1:4000", "r2": "http://127.0.0.1:4001"}
+    cp.state.replicas["r1"].tls = False  # as a report of a plain engine sets it
+    await cp.state.bump_routing()
+    assert urls()["r1"] == "http://127.0.0.1:4000"

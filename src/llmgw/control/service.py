@@ -61,6 +61,7 @@ from llmgw.wire import (
     AgentReportAnswer,
     ApiKeyInfo,
     Endpoint,
+    EngineKind,
     GatewayConfig,
     GatewayLoadReport,
     ModelRoute,
@@ -555,7 +556,7 @@ class ControlPlane:
             endpoints = external.endpoints(model.spec) or [
                 Endpoint(
                     replica_id=r.id,
-                    url=f"{self._engine_scheme(r)}://"
+                    url=f"{self._engine_scheme(r, model.spec)}://"
                     f"{host_in_url(self.state.nodes[r.leader_node].address)}:{r.port}",
                     kv_capacity_tokens=model.spec.kv_capacity_tokens,
                     dialect=r.dialect,
@@ -589,16 +590,17 @@ class ControlPlane:
         self._gateway_config, self._gateway_config_version = config, version
         return config
 
-    def _engine_scheme(self, replica: ReplicaRecord) -> str:
+    def _engine_scheme(self, replica: ReplicaRecord, spec: ModelSpec) -> str:
         """http or https, as the replica's agent reported its engine listens.
 
         Until that agent reports again after this instance started (a restart,
         a standby taking over), a fleet that issues node certificates assumes
-        https, as its agents start every engine that can with TLS; the next
-        report (seconds) corrects an engine that cannot.
+        https, as its agents start every engine that can with TLS, except
+        SGLang's, which never does; the next report (seconds) corrects the
+        rest (llama-server, engines started before their node's certificate).
         """
         if replica.tls is None:
-            return self.node_certs.scheme
+            return "http" if spec.engine == EngineKind.SGLANG else self.node_certs.scheme
         return "https" if replica.tls else "http"
 
     async def watch_config(self, after_version: int, wait_s: float = 25.0) -> GatewayConfig:
