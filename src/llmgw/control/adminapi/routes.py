@@ -187,14 +187,14 @@ def build_admin_router(
     # -- summary ---------------------------------------------------------------
 
     # fleet_summary's answer, kept between calls (summary_keeper.py).
-    kept_summary = SummaryKeeper().summary
+    kept_summary = SummaryKeeper().summary_json
 
     @router.get("/summary", response_model=Summary, tags=["fleet"])
     async def get_summary() -> Response:
         """The whole fleet in one answer."""
         store = await patroni.status()
         with paused_gc():  # see paused_gc: the bytes are made before the views are freed
-            body = kept_summary(state, time.time(), store).model_dump_json()
+            body = kept_summary(state, time.time(), store)
         return Response(body, media_type="application/json")
 
     # -- nodes -------------------------------------------------------------------

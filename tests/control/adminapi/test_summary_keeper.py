@@ -1,0 +1,132 @@
+"""The kept summary is the summary built from scratch, whatever changed and whenever.
+
+Random fleets change between calls the way the control plane changes them
+(fields assigned, inventories and lists replaced, records added, removed or
+replaced) while the clock moves, sometimes past the unreachable grace or the
+idle threshold; after each change the keeper's answer must equal
+``fleet_summary``'s.
+"""
+
+from __future__ import annotations
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
+
+from llmgw.control.adminapi.patroni import StoreStatus
+from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
+from llmgw.control.adminapi.summary_keeper import SummaryKeeper
+from llmgw.wire import NodeInventory, NodeState, ReplicaState, WeightsEntry
+
+MODELS = ["a", "b", "c"]
+STORE = StoreStatus(members=[])
+
+
+def start() -> Fleet:
+    fleet = Fleet()
+    fleet.node("n1", gpus(4), weights=("a",))
+    fleet.node("n2", [gpu(0, healthy=False), *gpus(4)[1:]], fabrics=("ib-b",), weights=("b",))
+    fleet.node("n3", [mig(0, 0), mig(0, 1), gpu(1, "a100-80g")], fabrics=("ib-a", "ib-b"))
+    fleet.model("a", max_replicas=3)
+    # Asked for 20 s before its idle timeout runs out: the clock alone changes it.
+    fleet.model("b", min_replicas=0, max_replicas=2, idle_timeout_s=900.0,
+                demand_at=fleet.now - 880)
+    fleet.model("c", parked=True, failures=5, last_error="engine exited (1)")
+    fleet.replica("a", "n1", [0, 1], idle=3600)
+    fleet.replica("b", "n2", [1], state=ReplicaState.STARTING)
+    return fleet
+
+
+CHANGES = [
+    "add", "add", "remove", "replace-record", "state", "in-flight", "used", "cordon",
+    "silence", "report", "inventory", "weights", "fabrics", "new-node", "drop-node", "park",
+    "unplaceable", "demand", "new-model", "drop-model", "clock", "clock", "idle-clock",
+]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(CHANGES), st.integers(0, 10_000)), max_size=30))
+def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None:
+    fleet = start()
+    state = fleet.state
+    keeper = SummaryKeeper()
+    now = fleet.now
+    assert keeper.summary(state, now, STORE) == fleet_summary(state, now, STORE)
+    for kind, roll in steps:
+        nodes = sorted(state.nodes)
+        node = state.nodes[nodes[roll % len(nodes)]] if nodes else None
+        rids = sorted(state.replicas)
+        replica = state.replicas[rids[roll % len(rids)]] if rids else None
+        models = sorted(state.models)
+        if kind == "add" and node is not None and node.inventory is not None and models:
+            numbers = [d.number for d in node.inventory.devices][roll % 2:][: 1 + roll % 2]
+            fleet.replica(models[roll % len(models)], node.name, numbers,
+                          state=[ReplicaState.READY, ReplicaState.STARTING][roll % 2],
+                          idle=[5.0, 900.0, None][roll % 3])
+        elif kind == "remove" and replica is not None:
+            del state.replicas[replica.id]
+        elif kind == "replace-record" and replica is not None:
+            shard = replica.shards[0]
+            fleet.replica(replica.model, shard.node, list(shard.device_numbers))
+            new = state.replicas.pop(f"r{fleet._ids:04d}")
+            new.id = replica.id
+            state.replicas[replica.id] = new
+        elif kind == "state" and replica is not None:
+            replica.state = [ReplicaState.READY, ReplicaState.FAILED, ReplicaState.DRAINING,
+                             ReplicaState.STARTING][roll % 4]
+            replica.ready_at = now - roll % 2000 if replica.state is ReplicaState.READY else None
+        elif kind == "in-flight" and replica is not None:
+            replica.in_flight = roll % 3
+        elif kind == "used" and replica is not None:
+            replica.last_request_at = now - roll % 1500
+        elif kind == "cordon" and node is not None:
+            node.admin_state = [NodeState.READY, NodeState.CORDONED, NodeState.DRAINING][roll % 3]
+        elif kind == "silence" and node is not None:
+            node.last_seen = now - 3600
+        elif kind == "report" and node is not None:
+            node.last_seen = now
+        elif kind == "inventory" and node is not None and node.inventory is not None:
+            devices = [d.model_copy() for d in node.inventory.devices]
+            devices[roll % len(devices)] = devices[roll % len(devices)].model_copy(
+                update={"healthy": not devices[roll % len(devices)].healthy})
+            node.inventory = NodeInventory(hostname=node.name, source="fake", devices=devices)
+        elif kind == "weights" and node is not None:
+            node.weights = [WeightsEntry(model=m) for m in MODELS if (roll >> MODELS.index(m)) & 1]
+        elif kind == "fabrics" and node is not None:
+            node.fabrics = [["ib-a"], ["ib-b"], [], ["ib-a", "ib-c"]][roll % 4]
+        elif kind == "new-node":
+            fleet.node(f"x{roll}", gpus(1 + roll % 3), seen_ago=roll % 60)
+        elif kind == "drop-node" and node is not None:
+            del state.nodes[node.name]
+        elif kind == "park" and models:
+            record = state.models[models[roll % len(models)]]
+            record.parked, record.failures = not record.parked, roll % 7
+        elif kind == "unplaceable" and models:
+            state.models[models[roll % len(models)]].unplaceable_reason = (
+                None if roll % 2 else "needs 8 free h100-80g on one node")
+        elif kind == "demand" and models:
+            state.models[models[roll % len(models)]].demand_at = now - roll % 1200
+        elif kind == "new-model":
+            fleet.model(f"m{roll}", min_replicas=roll % 2, max_replicas=2)
+        elif kind == "drop-model" and models:
+            del state.models[models[roll % len(models)]]
+        elif kind == "clock":
+            now += roll % 50
+        elif kind == "idle-clock":
+            now += IDLE_THRESHOLD_S - 30 + roll % 60
+        built = fleet_summary(state, now, STORE)
+        if roll % 2:
+            assert keeper.summary(state, now, STORE) == built, kind
+        else:  # the route's bytes
+            assert orjson.loads(keeper.summary_json(state, now, STORE)) == built.model_dump(
+                mode="json"), kind
+
+
+def test_a_clock_that_goes_back_starts_over() -> None:
+    fleet = start()
+    keeper = SummaryKeeper()
+    later = keeper.summary(fleet.state, fleet.now + 4000, STORE)
+    assert later.nodes.unreachable == 3
+    assert keeper.summary(fleet.state, fleet.now, STORE) == fleet_summary(
+        fleet.state, fleet.now, STORE)
