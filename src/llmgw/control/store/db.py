@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, cast
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import orjson
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -87,14 +88,22 @@ def is_sqlite(url: str) -> bool:
 
 def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     url = normalise_url(url)
-    kwargs: dict[str, Any] = {}
+    # JSON columns (a replica's shards, an event's data) through orjson: the
+    # standard library's encoder was a third of writing a 10,000-replica
+    # pass, one row at a time. Readers parse either the same.
+    kwargs: dict[str, Any] = {"json_serializer": _json_text}
     if is_sqlite(url):
-        engine = create_async_engine(url, pool_size=pool_size, max_overflow=0)
+        engine = create_async_engine(url, pool_size=pool_size, max_overflow=0, **kwargs)
         _make_sqlite_safe(engine)
         return engine
     kwargs["pool_pre_ping"] = True
     kwargs["connect_args"] = {"connect_timeout": 5}
     return create_async_engine(url, pool_size=pool_size, max_overflow=10, **kwargs)
+
+
+def _json_text(value: Any) -> str:
+    # Keys that are not strings become strings, as the standard library's do.
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _make_sqlite_safe(engine: AsyncEngine) -> None:
