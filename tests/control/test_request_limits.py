@@ -173,3 +173,41 @@ def test_every_server_uses_the_limits() -> None:
     config = server_config(object())
     assert config.limit_concurrency == 4096 and config.timeout_keep_alive == 30
     assert config.http is GuardedHttpToolsProtocol
+
+
+async def test_an_answers_head_goes_out_with_its_body_or_at_once() -> None:
+    """The head is written with the body (one write), yet never waits for a late body."""
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        late = scope["path"] == "/late"
+        if scope["method"] == "POST":
+            await receive()  # type: ignore[operator]
+        headers = [] if late else [(b"content-length", b"5")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})  # type: ignore[operator]
+        if late:
+            await asyncio.sleep(2.0)
+        await send({"type": "http.response.body", "body": b"hello"})  # type: ignore[operator]
+
+    async with _served(app) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = await asyncio.wait_for(reader.read(65536), 3.0)
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"\r\n\r\nhello"), first
+        # A stream's head is not held back until its first event.
+        writer.write(b"GET /late HTTP/1.1\r\nHost: x\r\n\r\n")
+        started = time.monotonic()
+        head = await asyncio.wait_for(reader.read(65536), 3.0)
+        assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+        assert time.monotonic() - started < 1.5
+        body = await asyncio.wait_for(reader.read(65536), 5.0)
+        assert body == b"5\r\nhello\r\n0\r\n\r\n"
+        # 100 Continue still comes before the body is sent.
+        writer.write(b"POST /now HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: 2\r\n\r\n")  # fmt: skip
+        assert (await asyncio.wait_for(reader.read(65536), 3.0)).startswith(
+            b"HTTP/1.1 100 Continue"
+        )
+        writer.write(b"{}")
+        answer = await asyncio.wait_for(reader.read(65536), 3.0)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello"), answer
+        writer.close()
