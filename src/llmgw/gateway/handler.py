@@ -619,10 +619,17 @@ async def _relay(
             "type": "http.response.start", "status": 200,
             "headers": [*_SSE_HEADERS, id_header, overhead_header(before)],
         })  # fmt: skip
+        last = b""
         try:
             chunk: bytes | None = first
             while chunk is not None:
                 out = relay.feed(chunk)
+                if response.drained and (counter is None or not asked):
+                    # The engine's answer is over: its last events go out with
+                    # the stream's end, one write to the client instead of two
+                    # (not when a count must come first: they would wait for it).
+                    last = out
+                    break
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 chunk = await response.next_chunk()
@@ -632,7 +639,7 @@ async def _relay(
             tail = relay.flush() + sse_error(f"The model `{model}` stopped answering: {exc}")
             await send({"type": "http.response.body", "body": tail, "more_body": False})
             return 200
-        tail = relay.flush()
+        tail = last + relay.flush()
         if not relay.whole:
             # Cut short by the engine yet ended as if complete: the client
             # must not take the short answer for the whole one.

@@ -175,6 +175,11 @@ class Response:
             self._conn.resume()
         return chunk
 
+    @property
+    def drained(self) -> bool:
+        """The answer is complete and every chunk of it was taken: next_chunk() is None."""
+        return self.complete and not self._chunks
+
     def release(self) -> None:
         """Give the connection back (complete answer) or close it (anything else).
 
