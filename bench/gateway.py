@@ -213,18 +213,19 @@ async def _run_gateway(upstream_url: str) -> None:
     gateway = Gateway(MemoryLink(config, poll_timeout_s=3600))
     await gateway.start()
     await gateway.wait_configured(10)
-    freeze_startup_objects()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    # The settings `llmgw gateway` serves with (its guarded protocol included).
-    server = uvicorn.Server(
-        server_config(
-            gateway, log_level="warning", backlog=4096,
-            # The load generator keeps idle connections between rates; they
-            # must not close under its feet.
-            timeout_keep_alive=75,
-        )
+    # The settings `llmgw gateway` serves with (its guarded protocol included),
+    # loaded before the freeze as it does.
+    served = server_config(
+        gateway, log_level="warning", backlog=4096,
+        # The load generator keeps idle connections between rates; they
+        # must not close under its feet.
+        timeout_keep_alive=75,
     )  # fmt: skip
+    served.load()
+    freeze_startup_objects()
+    server = uvicorn.Server(served)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():

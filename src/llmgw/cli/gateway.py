@@ -87,11 +87,14 @@ async def serve_gateway(
             log.warning("control plane not reachable yet (%s); answering 503 until it is", exc)
         await gateway.start()
         procstats.install("gateway")
-        freeze_startup_objects()
         config = server_config(
             gateway, log_level=logging.getLevelName(logging.getLogger().level).lower(),
             **(tls.uvicorn_settings() if tls else {}),
         )
+        # uvicorn imports its protocol, loop and lifespan modules here (or at
+        # its start): before the freeze, so a full collection never walks them.
+        config.load()
+        freeze_startup_objects()
         server = uvicorn.Server(config)
         actual = sock.getsockname()[1]
         log.info("gateway listening on %s:%s%s, control plane %s", host, actual,
