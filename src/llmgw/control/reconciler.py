@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llmgw.control.gcpause import paused_gc
+from llmgw.control.gcpause import freeze_burst, paused_gc
 from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
@@ -30,6 +30,11 @@ from llmgw.errors import NotFoundError
 from llmgw.wire import Event, ReplicaState
 
 Row = dict[str, Any]
+
+# A pass writing more rows than this leaves the collector a heap of new
+# objects (replicas, rows, events) to walk again and again while the store's
+# driver allocates per row (see gcpause.freeze_burst).
+_FREEZE_AFTER = 1000
 
 
 class ReplicaWriter(Protocol):
@@ -117,15 +122,21 @@ class Reconciler:
                     draining_since=self._draining_since,
                     keeper=self._keeper,
                 )
+                rows = [replica_row(r) for r in decisions.new] + [
+                    replica_row(r, draining=True) for r in decisions.mark_draining
+                ]
+                events = [event_row(e) for e in decisions.events]
+                models = self._model_rows(decisions, now)
+                if len(rows) + len(events) > _FREEZE_AFTER:
+                    freeze_burst()
             # One fenced transaction for the whole pass: replicas, models and
             # events land together or not at all, and memory changes only after.
             await self.store.write_replicas(
-                [replica_row(r) for r in decisions.new]
-                + [replica_row(r, draining=True) for r in decisions.mark_draining],
+                rows,
                 [removal.replica.id for removal in decisions.removals],
                 epoch=epoch,
-                events=[event_row(e) for e in decisions.events],
-                models=self._model_rows(decisions, now),
+                events=events,
+                models=models,
             )
             self._apply_replicas(decisions)
             self._apply_models(decisions)
