@@ -101,6 +101,11 @@ class Rejection:
 
 
 class Filter(Protocol):
+    """A feasibility check. One with ``indexed = True`` holds for every node the
+    snapshot lists as having at least the request's per-node count free of a
+    class the request accepts (Snapshot.buckets): placement does not run it
+    on candidates taken from there (Placer._place_single)."""
+
     name: str
 
     def applies(self, request: Request) -> bool:
@@ -120,6 +125,7 @@ class NodeReady:
     """Cordoned, draining and unreachable nodes take nothing new (DESIGN §3)."""
 
     name = "node-ready"
+    indexed = True
 
     def applies(self, request: Request) -> bool:
         return True
@@ -139,6 +145,7 @@ class ClassAccepted:
     """The node has at least one device of a class the model accepts."""
 
     name = "class-accepted"
+    indexed = True
 
     def applies(self, request: Request) -> bool:
         return True
@@ -180,6 +187,7 @@ class EnoughFreeDevices:
     """Enough free, healthy, placeable devices of one accepted class."""
 
     name = "enough-free-devices"
+    indexed = True
 
     def applies(self, request: Request) -> bool:
         return True

@@ -238,11 +238,14 @@ class Placer:
                 break
             self._consider(snapshot.nodes[name], request, candidates, seen, active)
         found_in_buckets = 0
+        # A node from a bucket of an accepted class with enough free devices
+        # passes the indexed filters by construction (Filter, "indexed").
+        unindexed = tuple(f for f in active if not getattr(f, "indexed", False))
         for gpu_class in request.classes:
             buckets = snapshot.buckets(gpu_class)
             for count in sorted(c for c in buckets if c >= request.per_node):
                 for name in buckets[count]:
-                    if self._consider(snapshot.nodes[name], request, candidates, seen, active):
+                    if self._consider(snapshot.nodes[name], request, candidates, seen, unindexed):
                         found_in_buckets += 1
                     if found_in_buckets >= self.candidate_limit:
                         break

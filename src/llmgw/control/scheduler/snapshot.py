@@ -453,11 +453,17 @@ def _devices(inventory: NodeInventory | None) -> _Devices:
     out = _Devices()
     if inventory is None:
         return out
+    # Locals, not attribute lookups: this runs for every device of every
+    # node when a snapshot is first built (80,000 devices at 10,000 nodes).
+    total, uuids, device_class = out.total, out.uuids, out.device_class
+    capacity, free, placeable = out.capacity, out.free, out.placeable
+    placeable_count = 0
     for device in inventory.devices:
         gpu_class = device.gpu_class
-        out.total[gpu_class] = out.total.get(gpu_class, 0) + 1
-        out.uuids[device.number] = device.uuid
-        out.device_class[device.number] = gpu_class
+        number = device.number
+        total[gpu_class] = total.get(gpu_class, 0) + 1
+        uuids[number] = device.uuid
+        device_class[number] = gpu_class
         # Unhealthy devices are neither used nor free: counting them as free is
         # how a fleet looks like it has room it does not have.
         if not device.healthy:
@@ -465,12 +471,17 @@ def _devices(inventory: NodeInventory | None) -> _Devices:
         elif not device.placeable:
             out.out_of_placement[gpu_class] = out.out_of_placement.get(gpu_class, 0) + 1
         else:
-            out.capacity[gpu_class] = out.capacity.get(gpu_class, 0) + 1
-            out.free.setdefault(gpu_class, []).append(device.number)
-            out.placeable.add(device.number)
-            out.capacity_total += 1
-    for free in out.free.values():
-        free.sort()
+            capacity[gpu_class] = capacity.get(gpu_class, 0) + 1
+            numbers = free.get(gpu_class)
+            if numbers is None:
+                free[gpu_class] = [number]
+            else:
+                numbers.append(number)
+            placeable.add(number)
+            placeable_count += 1
+    out.capacity_total = placeable_count
+    for numbers in free.values():
+        numbers.sort()
     return out
 
 
