@@ -131,13 +131,20 @@ async def test_console_on_llmgw_up_sim(up: Plane, watched: Watched, shots: Path)
 
     await page.get_by_role("link", name="Nodes", exact=True).click()
     await expect(page.locator("article.node")).to_have_count(4)
-    for node in await up.get("/nodes"):
-        card = page.locator(f'article[data-node="{node["name"]}"]')
-        boxes = await card.locator("li.dev").evaluate_all(
-            "els => els.map(e => [e.dataset.device, e.dataset.status, e.innerText])"
-        )
-        assert sorted(b[:2] for b in boxes) == sorted([d["label"], d["status"]]
-                                                      for d in node["devices"])
+    for name in [n["name"] for n in await up.get("/nodes")]:
+        card = page.locator(f'article[data-node="{name}"]')
+        # The fleet may still be placing (a replica lands between the page's
+        # refresh and this read): compare until both have seen the same fleet.
+        for _ in range(40):
+            node = await up.get(f"/nodes/{name}")
+            boxes = await card.locator("li.dev").evaluate_all(
+                "els => els.map(e => [e.dataset.device, e.dataset.status, e.innerText])"
+            )
+            shown = sorted(b[:2] for b in boxes)
+            if shown == sorted([d["label"], d["status"]] for d in node["devices"]):
+                break
+            await asyncio.sleep(0.5)
+        assert shown == sorted([d["label"], d["status"]] for d in node["devices"])
         for d in node["devices"]:
             if d["status"] == "used":
                 text = next(b[2] for b in boxes if b[0] == d["label"])
