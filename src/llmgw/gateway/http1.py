@@ -162,14 +162,25 @@ class Response:
         return data
 
     async def next_chunk(self) -> bytes | None:
-        """The next piece of body, or None at its end."""
+        """All of the body that has arrived and was not taken yet, or None at its end.
+
+        All of it, not one piece: httptools hands over a chunked answer one
+        HTTP chunk at a time (one SSE event each, from most engines), and a
+        relay writes to its client once per piece it gets, so several events
+        that arrived together cost one write instead of one each.
+        """
         while not self._chunks:
             if self.complete:
                 return None
             if self._error is not None:
                 raise self._error
             await self._wait()
-        chunk = self._chunks.popleft()
+        chunks = self._chunks
+        if len(chunks) == 1:
+            chunk = chunks.popleft()
+        else:
+            chunk = b"".join(chunks)
+            chunks.clear()
         self._size -= len(chunk)
         if self._conn is not None and self._size < _HIGH_WATER // 2:
             self._conn.resume()
