@@ -79,6 +79,15 @@ class SimRequest:
         return self.phase in (Phase.DONE, Phase.ABORTED)
 
 
+@dataclass(frozen=True)
+class Step:
+    """One engine step: who decodes a token, who prefills how much, and for how long."""
+
+    decoding: list[SimRequest]
+    plan: list[tuple[SimRequest, int]]
+    seconds: float  # time_factor applied
+
+
 @dataclass
 class CoreCounters:
     """Monotonic totals, exported as Prometheus counters."""
@@ -172,34 +181,50 @@ class EngineCore:
 
     async def run(self) -> None:
         """Drive the engine until cancelled."""
-        p = self.params
         deadline = self.now()
         while True:
-            self._admit()
-            if not self._prefilling and not self._decoding:
+            step = self.next_step()
+            if step is None:
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = self.now()
                 continue
-            decoding = list(self._decoding)
-            plan: list[tuple[SimRequest, int]] = []
-            budget = p.prefill_chunk_tokens
-            for req in self._prefilling:
-                if budget == 0:
-                    break
-                take = min(req.prefill_left, budget)
-                plan.append((req, take))
-                budget -= take
-            step = (p.prefill_chunk_tokens - budget) / p.prefill_tokens_per_s
-            if decoding:
-                batch = 1.0 + p.decode_batch_alpha * (self.running - 1)
-                step += p.decode_ms_per_token / 1000.0 * batch
-            deadline += step * self.scale
+            deadline += step.seconds
             now = self.now()
             if deadline < now - _MAX_LAG_S:
                 deadline = now
             await asyncio.sleep(max(0.0, deadline - now))
-            self._apply(decoding, plan)
+            self.finish(step)
+
+    def next_step(self) -> Step | None:
+        """Admit what fits and plan the next step; None when there is nothing to do.
+
+        :meth:`run` sleeps the step's duration and then calls :meth:`finish`;
+        a replay with a clock of its own (bench/routing_replay.py) advances
+        its clock instead, which is what makes it deterministic.
+        """
+        p = self.params
+        self._admit()
+        if not self._prefilling and not self._decoding:
+            return None
+        decoding = list(self._decoding)
+        plan: list[tuple[SimRequest, int]] = []
+        budget = p.prefill_chunk_tokens
+        for req in self._prefilling:
+            if budget == 0:
+                break
+            take = min(req.prefill_left, budget)
+            plan.append((req, take))
+            budget -= take
+        seconds = (p.prefill_chunk_tokens - budget) / p.prefill_tokens_per_s
+        if decoding:
+            batch = 1.0 + p.decode_batch_alpha * (self.running - 1)
+            seconds += p.decode_ms_per_token / 1000.0 * batch
+        return Step(decoding, plan, seconds * self.scale)
+
+    def finish(self, step: Step) -> None:
+        """Apply a step planned by :meth:`next_step` once its time has passed."""
+        self._apply(step.decoding, step.plan)
 
     def _apply(self, decoding: list[SimRequest], plan: list[tuple[SimRequest, int]]) -> None:
         now = self.now()

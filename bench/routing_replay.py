@@ -1,0 +1,224 @@
+"""bench/routing.py replayed in simulated time: deterministic, seconds instead of minutes.
+
+The same workload, engines and flags as bench/routing.py, but nothing runs in
+real time: each engine is the simulated engine's own scheduler
+(``EngineCore``, stepped by this script's clock instead of sleeping), and each
+gateway is the gateway's own router (``Snapshot`` built from the same config
+and ``GatewaySettings``: index, policy, in-flight and queued-prefill counts,
+measured prefill speed), told what the gateway's handler would tell it --
+a request sent, its first token, its end. Two gateways are two routers with
+their own state, requests alternating between them.
+
+What it leaves out: HTTP and the processes' CPU. A fixed 1 ms each way stands
+in for the network. On two busy cores the live benchmark's TTFT moves by
+~10 ms from run to run at low rates, which is the size of the differences
+that decide whether prefix routing is ever worse than round-robin there; the
+replay shows such differences without that noise, and a change to the
+policy can be tried on both seeds in under a minute. The live benchmark
+remains the measurement.
+
+    python bench/routing_replay.py [--seed 1] [--policies prefix,round_robin] \\
+        [--rates 4,8,...] [--decode-ms 25]      # the flags of bench/routing.py
+
+Last line: one JSON object, per policy and rate ttft_p50_s, ttft_p90_s,
+hit_rate (prompt tokens found cached over prompt tokens, of the requests that
+arrived at that rate); each policy's hit rate over the run; saturation_rate
+and the targets, read as bench/routing.py reads them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import routing as live  # bench/routing.py: the setup, its flags, its targets
+
+from llmgw import secrets, wire
+from llmgw.gateway.prefix import render_chat
+from llmgw.gateway.routing import ModelRouter, Pick
+from llmgw.gateway.settings import GatewaySettings
+from llmgw.gateway.snapshot import Snapshot
+from llmgw.sim import benchstats
+from llmgw.sim import tokens as simtokens
+from llmgw.sim.core import EngineCore, Phase, SimRequest, Step
+from llmgw.sim.workloads import TimedRequest
+
+NETWORK_S = 0.001  # each way, gateway <-> engine
+REPLAYED = ("round_robin", "least_loaded", "prefix", "prefix_2gw")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class InFlight:
+    """One request between its pick and its end, as the gateway's handler tracks it."""
+
+    request: TimedRequest
+    router: ModelRouter
+    pick: Pick
+    ahead: float  # prefill queued on the replica when it was sent (this gateway's view)
+    sent_at: float
+    engine: int
+    first_at: float | None = None
+    sim: SimRequest | None = field(default=None, repr=False)
+
+
+def _router(setup: live.Setup, policy: str) -> ModelRouter:
+    """A gateway's router for the model, built as the gateway builds it."""
+    endpoints = [
+        wire.Endpoint(
+            replica_id=f"r{i}", url=f"http://engine-{i}", kv_capacity_tokens=setup.kv_blocks * 16
+        )
+        for i in range(setup.engines)
+    ]
+    route = wire.ModelRoute(
+        name=live.MODEL, served_name=live.MODEL, routing=live.POLICIES[policy], endpoints=endpoints
+    )
+    key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(live.API_KEY))
+    config = wire.GatewayConfig(routing=wire.RoutingTable(version=1, models=[route]), keys=[key])
+    return Snapshot(config, GatewaySettings(gateway_id="replay"), None).routes[live.MODEL]
+
+
+def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
+    clock = Clock()
+    params = setup.sim_params()
+    engines = [EngineCore(params, clock=clock) for _ in range(setup.engines)]
+    routers = [_router(setup, policy) for _ in range(2 if policy == "prefix_2gw" else 1)]
+    steps: list[Step | None] = [None] * len(engines)
+    order = itertools.count()  # ties in time are taken in the order they were queued
+    events: list[tuple[float, int, str, Any]] = []
+    for request in setup.workload():
+        heapq.heappush(events, (request.at_s, next(order), "arrive", request))
+    flights: dict[int, InFlight] = {}  # id(SimRequest) -> its request
+    done: list[tuple[int, float, int, int]] = []  # stage, ttft, cached, prompt tokens
+
+    def start_step(engine: int) -> None:
+        step = engines[engine].next_step()
+        steps[engine] = step
+        if step is not None:
+            heapq.heappush(events, (clock.now + step.seconds, next(order), "step", engine))
+
+    while events:
+        clock.now, _, kind, what = heapq.heappop(events)
+        if kind == "arrive":
+            request = what
+            router = routers[request.index % len(routers)]
+            prompt = render_chat(request.messages) if router.policy == "prefix" else None
+            pick = router.pick(prompt)
+            assert pick is not None
+            replica = pick.replica
+            flight = InFlight(
+                request, router, pick, replica.pending_prefill, clock.now,
+                int(replica.replica_id[1:]),
+            )  # fmt: skip
+            replica.in_flight += 1
+            replica.pending_prefill += pick.uncached_tokens
+            heapq.heappush(events, (clock.now + NETWORK_S, next(order), "submit", flight))
+        elif kind == "submit":
+            flight = what
+            body = simtokens.render_chat(flight.request.messages).encode()
+            flight.sim = engines[flight.engine].submit(body, flight.request.max_tokens)
+            flights[id(flight.sim)] = flight
+            if steps[flight.engine] is None:
+                start_step(flight.engine)
+        else:
+            engine = what
+            step = steps[engine]
+            assert step is not None
+            engines[engine].finish(step)
+            for sim in [req for req, _ in step.plan] + step.decoding:
+                flight_or_none = flights.get(id(sim))
+                if flight_or_none is None:
+                    continue
+                flight = flight_or_none
+                if flight.first_at is None and sim.first_token_at is not None:
+                    _answer_started(flight, clock.now + NETWORK_S)
+                if sim.phase is Phase.DONE:
+                    flight.pick.replica.in_flight -= 1
+                    assert flight.first_at is not None
+                    ttft = flight.first_at - flight.request.at_s
+                    done.append((flight.request.stage, ttft, sim.cached_tokens, sim.prompt_tokens))
+                    del flights[id(sim)]
+            start_step(engine)
+    return _summary(setup, done)
+
+
+def _answer_started(flight: InFlight, at: float) -> None:
+    """What the handler does at a stream's first chunk (its _Prefill.started)."""
+    flight.first_at = at
+    pick = flight.pick
+    if flight.ahead < 1.0:
+        flight.router.measured(pick.uncached_tokens, at - flight.sent_at)
+    flight.router.record(pick)
+    pick.replica.pending_prefill -= pick.uncached_tokens
+
+
+def _summary(setup: live.Setup, done: list[tuple[int, float, int, int]]) -> dict[str, Any]:
+    rates: dict[str, Any] = {}
+    for stage, rate in enumerate(setup.rates):
+        rows = [row for row in done if row[0] == stage]
+        ttfts = [row[1] for row in rows]
+        queried = sum(row[3] for row in rows)
+        rates[f"{rate:g}"] = {
+            "ttft_p50_s": _round(benchstats.percentile(ttfts, 50)),
+            "ttft_p90_s": _round(benchstats.percentile(ttfts, 90)),
+            "hit_rate": _round(sum(row[2] for row in rows) / queried if queried else None),
+            "requests": len(rows),
+        }
+    queried = sum(row[3] for row in done)
+    return {"rates": rates, "hit_rate_all": _round(sum(row[2] for row in done) / queried)}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, setup = live.parse_args(argv)
+    policies = args.policies.split(",") if args.policies else list(REPLAYED)
+    for policy in policies:
+        if policy not in REPLAYED:
+            raise SystemExit(f"policy {policy!r} is not replayed; these are: {', '.join(REPLAYED)}")
+    results = {policy: replay(setup, policy) for policy in policies}
+    for policy, result in results.items():
+        print(f"\n{policy}  (hit rate over the run: {result['hit_rate_all']})", file=sys.stderr)
+        print("  rate  p50_s   p90_s   hit", file=sys.stderr)
+        for rate, row in result["rates"].items():
+            print(
+                f"  {rate:>4}  {row['ttft_p50_s']:6.3f}  {row['ttft_p90_s']:6.3f}"
+                f"  {row['hit_rate']:5.3f}",
+                file=sys.stderr,
+            )
+    rr = results.get("round_robin")
+    saturation = (
+        benchstats.saturation_rate(
+            [(float(rate), row["ttft_p90_s"]) for rate, row in rr["rates"].items()]
+        )
+        if rr is not None
+        else None
+    )
+    out: dict[str, Any] = {"bench": "routing_replay", "seed": setup.seed}
+    for policy, result in results.items():
+        out[policy] = result["rates"]
+        out[f"{policy}_hit_rate_all"] = result["hit_rate_all"]
+    out["saturation_rate"] = saturation
+    out["targets"] = live.targets(results, saturation)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
