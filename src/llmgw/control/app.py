@@ -28,6 +28,7 @@ from llmgw.console.server import mount_console
 from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.limits import BodyLimit
 from llmgw.control.metrics import CountReports, control_registry
+from llmgw.control.reportroute import ReportRoute
 from llmgw.control.service import ControlPlane
 from llmgw.control.standby import standby_response
 from llmgw.errors import (
@@ -83,6 +84,8 @@ def create_app(
     app = FastAPI(title=title, version="1", docs_url=None, redoc_url=None,
                   openapi_url="/admin/v1/openapi.json")
     app.state.cp = cp
+    # Innermost: agent reports answered without the routing below (reportroute.py).
+    app.add_middleware(ReportRoute, cp=cp, handlers=app.exception_handlers)
     app.add_middleware(BodyLimit)
     app.add_middleware(CountReports, metrics=cp.metrics)  # outermost: sees BodyLimit's 413s
 
@@ -172,6 +175,8 @@ def create_app(
         reg = AgentRegistration.model_validate(await _body(request))
         return _json(await cp.register(reg))
 
+    # Answered by the ReportRoute middleware (reportroute.py) before routing;
+    # declared here too, for other methods' 405 and for an app built without it.
     @app.post("/agent/v1/report", include_in_schema=False)
     async def report(request: Request) -> Response:
         cp.require_leader()

@@ -27,17 +27,23 @@ import secrets as _random
 from llmgw.control.store.repo import Store
 
 SETTING = "engine_key_seed"
+# Derived keys kept at most (a fleet's replicas, with room to spare).
+_KEPT = 200_000
 
 
 class EngineKeys:
     """Derives each replica's engine key from the fleet's seed."""
 
-    __slots__ = ("_seed",)
+    __slots__ = ("_keys", "_seed")
 
     def __init__(self, seed: bytes | None = None) -> None:
         # Without a stored seed (a control plane that never loaded its store:
         # tests, benchmarks) keys are still random, for this process's life.
         self._seed = seed if seed is not None else _random.token_bytes(32)
+        # Keys already derived, by replica id: every agent report's answer and
+        # every routing table carries them, and an HMAC each time was a tenth
+        # of answering a report. Holding them is no more than holding the seed.
+        self._keys: dict[str, str] = {}
 
     @classmethod
     async def load(cls, store: Store) -> EngineKeys:
@@ -49,5 +55,12 @@ class EngineKeys:
 
     def key(self, replica_id: str) -> str:
         """The engine key of ``replica_id``: 43 URL-safe characters (256 bits)."""
-        mac = hmac.new(self._seed, b"llmgw-engine-key\x00" + replica_id.encode(), hashlib.sha256)
-        return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
+        found = self._keys.get(replica_id)
+        if found is None:
+            if len(self._keys) >= _KEPT:
+                self._keys.clear()
+            mac = hmac.new(self._seed, b"llmgw-engine-key\x00" + replica_id.encode(),
+                           hashlib.sha256)
+            found = base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
+            self._keys[replica_id] = found
+        return found

@@ -222,8 +222,8 @@ class DigestBook:
     def for_node(self, state: FleetState, node: NodeRecord) -> dict[str, WeightsDigests]:
         """The records of the models assigned to the node (its report answer carries them)."""
         out: dict[str, WeightsDigests] = {}
-        for replica in state.replicas.values():
-            if node.name in replica.nodes and replica.model not in out:
+        for replica in state.replicas.on_node(node.name):
+            if replica.model not in out:
                 record = self.current(state, replica.model)
                 if record is not None:
                     out[replica.model] = record
@@ -272,7 +272,7 @@ class DigestBook:
             # The agent's words: kept to one line of sane length.
             text = " ".join(message.split())[:REFUSAL_CHARS]
             await self._event("node", node.name, f"node {node.name}: {text}")
-        assigned = {r.model for r in state.replicas.values() if node.name in r.nodes}
+        assigned = {r.model for r in state.replicas.on_node(node.name)}
         self.look_up(state, assigned)
         changed = False
         for entry in report.weights:
