@@ -58,6 +58,8 @@ from llmgw.wire import (
 log = logging.getLogger("llmgw.agent.replicas")
 
 HEALTH_TIMEOUT_S = 2.0
+# How often an engine still starting after its first 10 s is probed.
+SLOW_POLL_S = 0.1
 LOG_ROTATE_EVERY_S = 30.0
 REASON_LINES = 3
 
@@ -76,7 +78,12 @@ class RunnerDeps:
     peers: Callable[[str], list[str]]  # model -> peer agent URLs
     peer_token: Callable[[], str | None]
     stop_grace_s: float = 15.0
-    poll_s: float = 0.25
+    # How often a starting engine is probed: every probe that finds it not
+    # yet answering costs whatever of this interval is left when it comes up,
+    # and that wait is the request's, held at the gateway (an on-demand cold
+    # start spent 140-200 ms of it at 0.25 s, measured by bench/coldstart.py).
+    # A refused connection or a 503 costs the engine nothing.
+    poll_s: float = 0.02
     monitor_s: float = 1.0
     liveness: Liveness = field(default_factory=Liveness)
     # Holds engines to their memory budgets (agent.memguard); None: nothing
@@ -334,10 +341,11 @@ class ReplicaRunner:
                 await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
                 await self._fail(f"engine not ready after {timeout:g} s (start timeout)")
                 return
-            # Poll quickly at first (the simulated engine is up in a second),
-            # then gently: a GPU engine takes minutes.
+            # Poll quickly at first (the simulated engine is up in a second,
+            # llama.cpp with a small model in a few), then gently: a GPU engine
+            # takes minutes, and a tenth of a second is nothing beside them.
             slow = time.monotonic() - began > 10.0
-            await asyncio.sleep(1.0 if slow else self.deps.poll_s)
+            await asyncio.sleep(max(SLOW_POLL_S, self.deps.poll_s) if slow else self.deps.poll_s)
 
     async def _watch(self) -> None:
         if self.state == ReplicaState.FAILED:
