@@ -40,24 +40,43 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def freeze_survivors() -> None:
-    """Collect, then freeze (``gc.freeze``) what survived, so later collections skip it.
+# Below this many objects outside the frozen set a full collection takes a
+# few milliseconds (about 1 us an object on these machines), so freezing them
+# gains nothing, and every freeze risks what the docstring below says.
+FREEZE_MIN_OBJECTS = 20_000
+
+
+def freeze_survivors(min_objects: int | None = None) -> bool:
+    """Collect, then freeze (``gc.freeze``) what survived, once there is much of it.
 
     The fleet's state is hundreds of thousands of long-lived objects; a full
     collection walking them took 120-300 ms and landed on whatever request
-    was running, so the runtime freezes what exists every few seconds. A
-    frozen object is never collected again: freezing without collecting first
-    made every reference cycle that had become garbage since the last freeze
-    immortal. SQLAlchemy statements are such cycles (a usage upsert's
-    ``excluded`` alias and its columns), and ``serve`` grew by 1.3 MB a
-    minute under a soak's steady load (bench/soak.py) until this collected
-    first. The collection walks only what was allocated since the previous
-    freeze, so it stays short. What is alive at a freeze and dropped later
-    is freed by reference counting as before; only a cycle among such
-    objects stays (an in-flight request's, at the moment of a freeze).
+    was running, so the runtime looks every few seconds and freezes the old
+    generation when it has grown past ``min_objects`` (``FREEZE_MIN_OBJECTS``):
+    later collections skip it. A frozen object is never collected again,
+    which made this a leak twice over, both found by bench/soak.py (``serve``
+    under a steady load, SQLAlchemy statements: each usage upsert's
+    ``excluded`` alias and its columns are a reference cycle):
+
+    - freezing without collecting first made every cycle that had become
+      garbage since the last freeze immortal: 1.3 MB a minute;
+    - freezing every 5 s whatever its size froze, each time, the cycles of
+      work in flight (a statement waiting for the database), immortal once
+      that work ended: that one site kept ~15 KB more every minute
+      (tracemalloc), with serve growing ~57 KB a minute in all.
+
+    In a steady state the old generation stays small (what survives is only
+    what was made since) and nothing is frozen; after the fleet grew (nodes
+    registered, replicas placed) the new state is frozen once. Returns
+    whether it froze. Counting the old generation lists it: cheap while it
+    is small, and once it is not, it is frozen right after.
     """
+    threshold = FREEZE_MIN_OBJECTS if min_objects is None else min_objects
+    if len(gc.get_objects(generation=2)) < threshold:
+        return False
     gc.collect()
     gc.freeze()
+    return True
 
 
 def freeze_burst() -> None:
@@ -70,8 +89,8 @@ def freeze_burst() -> None:
     time). Collecting first (``freeze_survivors``) would walk them once more
     for nothing: they are the pass's records, rows and events, which hold no
     cycles and are freed by reference counting when dropped. What it makes
-    immortal is a reference cycle that became garbage since the last freeze
-    (at most a few seconds of them: the runtime freezes every 5 s) and only
-    on such a pass, which is rare (a fleet's first pass, a mass failure).
+    immortal is a reference cycle that became garbage and was not yet
+    collected, and only on such a pass, which is rare (a fleet's first pass,
+    a mass failure).
     """
     gc.freeze()

@@ -185,8 +185,8 @@ class ControlPlaneRuntime:
                 await self.cp.flush_activity()
             except Exception:
                 log.exception("storing replicas' use failed")
-            # Long-lived fleet state out of the collector's reach, so that
-            # collections only walk what was allocated since; garbage first.
+            # A fleet state that grew goes out of the collector's reach, so
+            # that collections only walk what was allocated since.
             freeze_survivors()
 
     async def _retention_loop(self) -> None:
