@@ -22,12 +22,14 @@ an answer that was asked for (as the Go runtime's SIGQUIT dump does).
 
 With ``LLMGW_TRACEMALLOC=N`` in its environment, the first SIGUSR1 also
 starts tracing allocations (N frames each), and every later line carries
-``allocation_growth``: the allocation sites whose memory grew most since the
-previous line, as ``[site, KiB, blocks]``, so signals a few minutes apart name
-the code that holds on to memory. Tracing from the first signal rather than
-from start-up (``PYTHONTRACEMALLOC``, which works too) leaves the imports'
-hundreds of thousands of blocks out of every snapshot: comparing snapshots
-then takes milliseconds instead of minutes of a loaded process's loop.
+``allocation_growth``: the allocation sites holding the most memory allocated
+since that first signal, as ``[site, KiB, blocks]``. In a process past its
+warm-up that is what it kept, so the code holding on to memory tops the list,
+and signals minutes apart show whether it keeps growing. Tracing from a
+signal rather than from start-up (``PYTHONTRACEMALLOC``, which works too but
+then counts the imports) keeps start-up's hundreds of thousands of blocks
+out of every snapshot, which then takes milliseconds, not minutes of a
+loaded process's loop.
 
 The figures are taken on the event loop between callbacks, so the task count
 is exact. ``gc_objects`` walks the heap (tens of milliseconds in a large
@@ -81,34 +83,27 @@ def _coro_name(task: asyncio.Task[Any]) -> str:
     return str(getattr(coro, "__qualname__", None) or type(coro).__name__)
 
 
-class _AllocationGrowth:
-    """The previous tracemalloc snapshot, to report growth between two signals."""
+def allocations_held() -> list[list[Any]] | None:
+    """Memory allocated since tracing began and still held, by site; None when not tracing.
 
-    def __init__(self) -> None:
-        self.previous: tracemalloc.Snapshot | None = None
-
-    def take(self) -> list[list[Any]] | None:
-        if not tracemalloc.is_tracing():
-            frames = _wanted_frames()
-            if frames:
-                tracemalloc.start(frames)
-                return []  # tracing from now on; the next line has the growth
-            return None
-        # Our own bookkeeping (the kept snapshot) is not the process's growth.
-        current = tracemalloc.take_snapshot().filter_traces((
-            tracemalloc.Filter(False, tracemalloc.__file__, all_frames=True),
-            tracemalloc.Filter(False, __file__, all_frames=True),
-        ))
-        previous, self.previous = self.previous, current
-        key = "traceback" if tracemalloc.get_traceback_limit() > 1 else "lineno"
-        if previous is None:
-            stats = [(s.traceback, s.size, s.count) for s in current.statistics(key)]
-        else:
-            stats = [(d.traceback, d.size_diff, d.count_diff)
-                     for d in current.compare_to(previous, key)]
-        stats.sort(key=lambda item: -item[1])
-        return [[_site(tb), round(size / 1024, 1), count]
-                for tb, size, count in stats[:TOP_SITES]]
+    Tracing starts at the first call when ``LLMGW_TRACEMALLOC`` asks for it,
+    so a snapshot holds only what was allocated since and survived: in a
+    process in a steady state, its growth, with nothing to compare against.
+    """
+    if not tracemalloc.is_tracing():
+        frames = _wanted_frames()
+        if frames:
+            tracemalloc.start(frames)
+            return []  # tracing from now on; the next line shows what stays
+        return None
+    # What is being counted right now (this function's own objects) is not growth.
+    current = tracemalloc.take_snapshot().filter_traces((
+        tracemalloc.Filter(False, tracemalloc.__file__, all_frames=True),
+        tracemalloc.Filter(False, __file__, all_frames=True),
+    ))
+    key = "traceback" if tracemalloc.get_traceback_limit() > 1 else "lineno"
+    return [[_site(s.traceback), round(s.size / 1024, 1), s.count]
+            for s in current.statistics(key)[:TOP_SITES]]
 
 
 def _wanted_frames() -> int:
@@ -126,9 +121,6 @@ def _site(traceback: tracemalloc.Traceback) -> str:
     ours = [f for f in frames[1:] if f"{os.sep}llmgw{os.sep}" in f.filename]
     shown = [frames[0], *ours][:SITE_FRAMES] if ours else frames[:SITE_FRAMES]
     return " <- ".join(f"{f.filename.rsplit(os.sep, 1)[-1]}:{f.lineno}" for f in shown)
-
-
-_growth = _AllocationGrowth()
 
 
 def snapshot(part: str) -> dict[str, Any]:
@@ -149,9 +141,9 @@ def snapshot(part: str) -> dict[str, Any]:
         "gc_objects": len(gc.get_objects()),
         "top_tasks": [[name, count] for name, count in by_name.most_common(TOP_TASKS)],
     }
-    growth = _growth.take()
-    if growth is not None:
-        stats["allocation_growth"] = growth
+    held = allocations_held()
+    if held is not None:
+        stats["allocation_growth"] = held
     return stats
 
 
