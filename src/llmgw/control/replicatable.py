@@ -40,13 +40,17 @@ _MISSING: Any = object()
 
 
 class ReplicaTable(dict[str, R]):
-    __slots__ = ("_by_model", "_by_node")
+    __slots__ = ("_by_model", "_by_node", "version")
 
     def __init__(self, items: Mapping[str, R] | Iterable[tuple[str, R]] = ()) -> None:
         super().__init__()
         # model or node -> replica id -> replica, in the order they came in.
         self._by_model: dict[str, dict[str, R]] = {}
         self._by_node: dict[str, dict[str, R]] = {}
+        # Counts every write: a reader that saw this number has seen the
+        # table as it is (the scheduler's keeper skips its scan of 10,000
+        # replicas when nothing was added, replaced or removed).
+        self.version = 0
         self.update(items)
 
     # -- the indexes -------------------------------------------------------------
@@ -86,11 +90,13 @@ class ReplicaTable(dict[str, R]):
             self._unindex(rid, old)
         super().__setitem__(rid, replica)
         self._index(rid, replica)
+        self.version += 1
 
     def __delitem__(self, rid: str) -> None:
         replica = self[rid]
         super().__delitem__(rid)
         self._unindex(rid, replica)
+        self.version += 1
 
     @overload
     def pop(self, rid: str) -> R: ...
@@ -110,12 +116,14 @@ class ReplicaTable(dict[str, R]):
     def popitem(self) -> tuple[str, R]:
         rid, replica = super().popitem()
         self._unindex(rid, replica)
+        self.version += 1
         return rid, replica
 
     def clear(self) -> None:
         super().clear()
         self._by_model.clear()
         self._by_node.clear()
+        self.version += 1
 
     def setdefault(self, rid: str, default: R) -> R:
         if rid not in self:

@@ -87,7 +87,15 @@ class NodeRecord:
     def state(self, now: float, unreachable_after: float | None = None) -> NodeState:
         # The module's grace is read at call time, so a test can shorten it.
         grace = UNREACHABLE_AFTER_S if unreachable_after is None else unreachable_after
-        if self.last_seen is None or self.silent_for(now) > grace:
+        seen = self.last_seen
+        if seen is None:
+            return NodeState.UNREACHABLE
+        # silent_for, written out: this runs for every node several times a
+        # pass (scheduler, keeper, views) and three calls deep it showed.
+        since = self.listening_since
+        if since is not None and since > seen:
+            seen = since
+        if now - seen > grace:
             return NodeState.UNREACHABLE
         return self.admin_state
 

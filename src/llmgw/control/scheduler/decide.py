@@ -17,7 +17,9 @@ capacity than arrival order). The knobs and the answer are in decisions.py.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from operator import attrgetter
 
+from llmgw.control import state as state_module
 from llmgw.control.scheduler.decisions import Decisions, ModelWork, Policy, Removal
 from llmgw.control.scheduler.eviction import evictable_replicas
 from llmgw.control.scheduler.filters import Request
@@ -51,18 +53,24 @@ def decide(
     out = Decisions(now=now)
     known_draining = dict(draining_since or {})
 
-    # One sweep over the nodes for all four sets (10,000 nodes, every pass).
+    # One sweep over the nodes for all four sets and every node's state (the
+    # keeper reads them too): 10,000 nodes, every pass.
     lost_nodes: set[str] = set()
     unreachable: set[str] = set()
     draining_nodes: set[str] = set()
     settled_nodes: list[str] = []
+    node_states: dict[str, NodeState] = {}
+    replace_after = policy.replace_after_s
+    # A node silent past the replacement grace is past the unreachable one
+    # too, unless a policy makes the first the shorter.
+    lost_only_if_unreachable = replace_after >= state_module.UNREACHABLE_AFTER_S
     for name, node in state.nodes.items():
-        node_state = node.state(now)
+        node_state = node_states[name] = node.state(now)
         if node_state is NodeState.UNREACHABLE:
             unreachable.add(name)
-            if node.silent_for(now) > policy.replace_after_s:
+            if node.silent_for(now) > replace_after:
                 lost_nodes.add(name)
-        elif node.silent_for(now) > policy.replace_after_s:
+        elif not lost_only_if_unreachable and node.silent_for(now) > replace_after:
             lost_nodes.add(name)
         elif node_state is not NodeState.DRAINING:
             settled_nodes.append(name)
@@ -87,12 +95,15 @@ def decide(
             )
 
     work: list[ModelWork] = []
-    shapes = ShapeCheck(state, cache)
+    # The kept snapshot first: its views give each node's device classes to
+    # the shape check without a lookup of the node's digested inventory.
+    base = keeper.refresh(state, now, node_states) if keeper is not None else None
+    shapes = ShapeCheck(state, cache, base.nodes if base is not None else None)
     for name in sorted(state.models):
         record = state.models[name]
         replicas = by_model.get(name) or []
         if len(replicas) > 1:
-            replicas.sort(key=_by_id)
+            replicas.sort(key=_BY_ID)
         item = triage_model(
             out,
             record,
@@ -112,7 +123,7 @@ def decide(
     if pending or always_snapshot:
         removed = [r.replica.id for r in out.removals]
         if keeper is not None:
-            out.snapshot = keeper.snapshot(state, now, exclude=removed)
+            out.snapshot = keeper.fork(state, now, exclude=removed)
         else:
             out.snapshot = build_snapshot(state, now, exclude=removed, cache=cache)
     if pending and out.snapshot is not None:
@@ -130,8 +141,6 @@ def decide(
     return out
 
 
-def _by_id(replica: ReplicaRecord) -> str:
-    return replica.id
-
+_BY_ID = attrgetter("id")
 
 __all__ = ["decide"]

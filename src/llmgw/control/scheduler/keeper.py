@@ -24,7 +24,7 @@ the property tests hold the two to the same placements.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.control.scheduler.snapshot import (
@@ -61,10 +61,34 @@ class SnapshotKeeper:
         # replaced under the same id counts as one gone and one new.
         self._held: dict[str, ReplicaRecord] = {}
         self._ram_need: dict[str, int] = {}
+        self._replicas_version = -1
 
-    def snapshot(self, state: FleetState, now: float, exclude: Iterable[str] = ()) -> Snapshot:
-        """The fleet as placement sees it at ``now``, without ``exclude``'s replicas."""
-        base = self._refresh(state, now)
+    def snapshot(
+        self,
+        state: FleetState,
+        now: float,
+        exclude: Iterable[str] = (),
+        states: Mapping[str, NodeState] | None = None,
+    ) -> Snapshot:
+        """The fleet as placement sees it at ``now``, without ``exclude``'s replicas.
+
+        ``states``: every node's ``state(now)``, when the caller has them already.
+        """
+        self.refresh(state, now, states)
+        return self.fork(state, now, exclude)
+
+    def refresh(
+        self, state: FleetState, now: float, states: Mapping[str, NodeState] | None = None
+    ) -> Snapshot:
+        """Bring the kept snapshot up to date with ``state``; it is returned for
+        reading only (its views' device classes, say): ``fork`` is for placing."""
+        return self._refresh(state, now, states)
+
+    def fork(self, state: FleetState, now: float, exclude: Iterable[str] = ()) -> Snapshot:
+        """A snapshot to place on, from the one ``refresh`` brought up to date."""
+        base = self._base
+        if base is None:
+            raise RuntimeError("SnapshotKeeper.fork before refresh")
         fork = base.fork(now)
         skip = set(exclude)
         touched = {s.node for rid in skip if rid in self._held for s in self._held[rid].shards}
@@ -79,29 +103,39 @@ class SnapshotKeeper:
 
     # -- the base ------------------------------------------------------------------
 
-    def _refresh(self, state: FleetState, now: float) -> Snapshot:
+    def _refresh(
+        self, state: FleetState, now: float, states: Mapping[str, NodeState] | None
+    ) -> Snapshot:
         ram_need = ram_needs(state)
         base = self._base
         if base is None or ram_need != self._ram_need:
             return self._rebuild(state, now, ram_need)
         base.now = now
         base.begin_changes()
-        stale = self._changed_nodes(state, now)
+        stale = self._changed_nodes(state, now, states)
         replicas = state.replicas
         held = self._held
-        gone = [rid for rid, r in held.items() if replicas.get(rid) is not r]
-        for rid in gone:
-            stale.update(s.node for s in held.pop(rid).shards)
         nodes = base.nodes
-        for rid, replica in replicas.items():
-            if rid not in held:
-                held[rid] = replica
-                for shard in replica.shards:
-                    # A stale node's view is built again below, with every
-                    # replica it holds.
-                    if shard.node not in stale and shard.node in nodes:
-                        base.allocate(shard.node, shard.device_numbers, replica.model)
-        gone_nodes = [n for n in nodes if n not in state.nodes]
+        # The table counts its writes: the same count, the same replicas.
+        if replicas.version != self._replicas_version or len(replicas) != len(held):
+            gone = [rid for rid, r in held.items() if replicas.get(rid) is not r]
+            for rid in gone:
+                stale.update(s.node for s in held.pop(rid).shards)
+            for rid, replica in replicas.items():
+                if rid not in held:
+                    held[rid] = replica
+                    for shard in replica.shards:
+                        # A stale node's view is built again below, with every
+                        # replica it holds.
+                        if shard.node not in stale and shard.node in nodes:
+                            base.allocate(shard.node, shard.device_numbers, replica.model)
+            self._replicas_version = replicas.version
+        # A node that came is stale already; only then can one have gone.
+        gone_nodes = (
+            [n for n in nodes if n not in state.nodes]
+            if len(nodes) != len(state.nodes) or stale.difference(nodes)
+            else []
+        )
         for name in gone_nodes:
             base.drop_node(name)
             self._built.pop(name, None)
@@ -119,31 +153,41 @@ class SnapshotKeeper:
         base = build_snapshot(state, now, cache=self.devices)
         self._base, self._ram_need = base, ram_need
         self._held = dict(state.replicas)
+        self._replicas_version = state.replicas.version
         self._built = {
             name: self._inputs(node, now, frozenset(base.nodes[name].weights))
             for name, node in state.nodes.items()
         }
         return base
 
-    def _changed_nodes(self, state: FleetState, now: float) -> set[str]:
+    def _changed_nodes(
+        self, state: FleetState, now: float, states: Mapping[str, NodeState] | None
+    ) -> set[str]:
         """Nodes whose view no longer matches what it was built from."""
         built = self._built
         cache = self.devices
+        entries = cache.entries
         changed: set[str] = set()
         for name, node in state.nodes.items():
             seen = built.get(name)
             if seen is None:
                 changed.add(name)
                 continue
-            devices = cache.get(node)
+            entry = entries.get(name)
+            devices = (
+                entry[1] if entry is not None and entry[0] is node.inventory else cache.get(node)
+            )
             if devices is not seen.devices:
                 # A new inventory object (reports replace it whenever any
                 # figure moved): the same placement facts change nothing.
-                if devices != seen.devices:
+                inventory = node.inventory
+                memory = inventory.memory_total_mib if inventory is not None else None
+                if devices != seen.devices or memory != seen.memory_total_mib:
                     changed.add(name)
                     continue
                 seen.devices = devices
-            if node.state(now) is not seen.state or node.fabrics != seen.fabrics:
+            node_state = states[name] if states is not None else node.state(now)
+            if node_state is not seen.state or node.fabrics != seen.fabrics:
                 changed.add(name)
                 continue
             if node.weights is not seen.weights_list:
@@ -151,10 +195,6 @@ class SnapshotKeeper:
                     changed.add(name)
                     continue
                 seen.weights_list = node.weights
-            inventory = node.inventory
-            memory = inventory.memory_total_mib if inventory is not None else None
-            if memory != seen.memory_total_mib:
-                changed.add(name)
         return changed
 
     def _view(

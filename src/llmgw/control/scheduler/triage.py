@@ -10,6 +10,8 @@ still missing is left for phase two to place (shortfall.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from llmgw import memory
 from llmgw.control.scheduler.decisions import (
     BACKING_OFF,
@@ -25,7 +27,7 @@ from llmgw.control.scheduler.demand import desired_count, idle_for
 from llmgw.control.scheduler.filters import Request
 from llmgw.control.scheduler.node_failures import NodeFailureBook, span
 from llmgw.control.scheduler.retire import finish_drain, retire, retire_order
-from llmgw.control.scheduler.snapshot import DeviceCache
+from llmgw.control.scheduler.snapshot import DeviceCache, NodeView
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
@@ -38,18 +40,29 @@ class ShapeCheck:
     draining node. Device classes are looked up lazily per node.
     """
 
-    def __init__(self, state: FleetState, cache: DeviceCache) -> None:
+    def __init__(
+        self, state: FleetState, cache: DeviceCache, views: Mapping[str, NodeView] | None = None
+    ) -> None:
         self.state = state
         self._cache = cache
-        # node -> device number -> class, looked up once per pass.
+        # node -> device number -> class, looked up once per pass: from the
+        # snapshot's views when given (current, and one lookup away), else
+        # from the digested inventories.
+        self._views = views
         self._classes: dict[str, dict[int, str]] = {}
 
-    def fits(self, replica: ReplicaRecord, spec: ModelSpec) -> bool:
+    def fits(
+        self, replica: ReplicaRecord, spec: ModelSpec, on: frozenset[str] | None = None
+    ) -> bool:
+        """Whether the replica still matches ``spec``; and, given ``on``, whether
+        every node it spans is in it (one walk over its shards for both)."""
         if len(replica.shards) != spec.nodes:
             return False
         per_node = spec.gpus // max(1, spec.nodes)
         accepted = spec.gpu_classes
         for shard in replica.shards:
+            if on is not None and shard.node not in on:
+                return False
             numbers = shard.device_numbers
             if len(numbers) != per_node:
                 return False
@@ -83,6 +96,10 @@ class ShapeCheck:
         return found
 
     def _node_classes(self, node: str) -> dict[int, str]:
+        if self._views is not None:
+            view = self._views.get(node)
+            if view is not None:
+                return view.device_class
         record = self.state.nodes.get(node)
         return self._cache.get(record).device_class if record is not None else {}
 
@@ -313,10 +330,7 @@ def _steady(
                 return None
         elif state is not ReplicaState.READY:
             return None
-        for shard in replica.shards:
-            if shard.node not in settled_nodes:
-                return None
-        if not shapes.fits(replica, spec):
+        if not shapes.fits(replica, spec, settled_nodes):
             return None
     desired = desired_count(record, replicas, now)
     to_place = desired - len(replicas)
