@@ -31,9 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from llmgw.control.gcpause import paused_gc
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.scheduler import fleetgen
 from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.control.store.repo import Store
@@ -118,9 +120,12 @@ async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def baseline(args: argparse.Namespace) -> dict[str, float]:
+    """The pass from empty without the store: decide as the reconciler runs it."""
     state = build(args.nodes, args.models, args.seed)
+    _freeze()
     started = time.perf_counter()
-    decisions = decide(state, NOW)
+    with paused_gc():
+        decisions = decide(state, NOW, keeper=SnapshotKeeper())
     return {"placed": len(decisions.new), "decide_s": time.perf_counter() - started}
 
 
