@@ -90,6 +90,11 @@ REPORT_INTERVAL_S = 5.0
 SCALE_UP_IN_FLIGHT = 8.0
 
 
+def _same(before: list[Endpoint], now: list[Endpoint]) -> bool:
+    """The same endpoint objects, in the same order."""
+    return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
+
+
 def served_name(spec: ModelSpec) -> str:
     """The name the upstream knows the model by: what the gateway puts in request bodies."""
     if spec.external is not None and spec.external.model:
@@ -124,6 +129,12 @@ class ControlPlane:
         self._keys: dict[str, ApiKeyInfo] = {}
         self._gateway_config: GatewayConfig | None = None
         self._gateway_config_version = -1
+        # The last table's endpoints and routes with what they were built
+        # from, by replica id and model name (gateway_config reuses them).
+        self._endpoints: dict[str, tuple[tuple[object, ...], Endpoint]] = {}
+        self._routes: dict[str, tuple[tuple[object, ...], ModelRoute]] = {}
+        # watch_config holds a new table until then (monotonic).
+        self._config_quiet_until = 0.0
         self._reconcile_wakeup = asyncio.Event()
         self._admin_hash: str | None = None
         self.join_tokens = JoinTokens()
@@ -550,34 +561,45 @@ class ControlPlane:
         version = self.state.routing_version
         if self._gateway_config is not None and self._gateway_config_version == version:
             return self._gateway_config
+        began = time.monotonic()
         now = time.time()
+        nodes = self.state.nodes
+        # Which nodes are down, once per table, not once per replica shard.
+        down = {name for name, node in nodes.items() if node.state(now) is NodeState.UNREACHABLE}
         routes: list[ModelRoute] = []
+        endpoints_before, self._endpoints = self._endpoints, {}
+        routes_before, self._routes = self._routes, {}
         for model in sorted(self.state.models.values(), key=lambda m: m.name):
-            endpoints = external.endpoints(model.spec) or [
-                Endpoint(
-                    replica_id=r.id,
-                    url=f"{self._engine_scheme(r, model.spec)}://"
-                    f"{host_in_url(self.state.nodes[r.leader_node].address)}:{r.port}",
-                    kv_capacity_tokens=model.spec.kv_capacity_tokens,
-                    dialect=r.dialect,
-                    engine_key=self.engine_keys.key(r.id),
-                )
+            spec = model.spec
+            endpoints = external.endpoints(spec) or [
+                self._endpoint(endpoints_before, r, spec)
                 for r in sorted(self.state.replicas_of(model.name), key=lambda r: r.id)
-                if self.state.routable(r, now) and r.port is not None
+                # FleetState.routable, with the down nodes looked up once.
+                if r.state is ReplicaState.READY and r.port is not None
+                and all(s.node in nodes and s.node not in down for s in r.shards)
             ]
-            routes.append(
-                ModelRoute(
+            # Built again only when something in it changed: 10,000 replicas'
+            # worth of validated objects per change was most of a busy control
+            # plane's CPU (bench/reports.py, py-spy).
+            key = (tuple(spec.aliases), spec.on_demand, spec.routing, served_name(spec),
+                   spec.max_output_tokens, model.parked, model.last_error)
+            kept = routes_before.get(model.name)
+            if kept is not None and kept[0] == key and _same(kept[1].endpoints, endpoints):
+                route = kept[1]
+            else:
+                route = ModelRoute(
                     name=model.name,
-                    aliases=list(model.spec.aliases),
-                    on_demand=model.spec.on_demand,
-                    routing=model.spec.routing,
-                    served_name=served_name(model.spec),
+                    aliases=list(spec.aliases),
+                    on_demand=spec.on_demand,
+                    routing=spec.routing,
+                    served_name=served_name(spec),
                     endpoints=endpoints,
                     parked=model.parked,
                     parked_reason=model.last_error if model.parked else None,
-                    max_output_tokens=model.spec.max_output_tokens,
+                    max_output_tokens=spec.max_output_tokens,
                 )
-            )
+            self._routes[model.name] = (key, route)
+            routes.append(route)
         issuer = self.node_certs.issuer
         config = GatewayConfig(
             routing=RoutingTable(
@@ -588,7 +610,29 @@ class ControlPlane:
             keys=list(self._keys.values()),
         )
         self._gateway_config, self._gateway_config_version = config, version
+        took = time.monotonic() - began
+        # Rebuilt at most a quarter of the time (watch_config waits out the rest).
+        self._config_quiet_until = time.monotonic() + 3 * took
         return config
+
+    def _endpoint(
+        self, before: dict[str, tuple[tuple[object, ...], Endpoint]], replica: ReplicaRecord,
+        spec: ModelSpec,
+    ) -> Endpoint:
+        """The replica's endpoint: the last table's object while nothing in it changed."""
+        url = (f"{self._engine_scheme(replica, spec)}://"
+               f"{host_in_url(self.state.nodes[replica.leader_node].address)}:{replica.port}")
+        key = (url, spec.kv_capacity_tokens, replica.dialect)
+        kept = before.get(replica.id)
+        if kept is not None and kept[0] == key:
+            endpoint = kept[1]
+        else:
+            endpoint = Endpoint(replica_id=replica.id, url=url,
+                                kv_capacity_tokens=spec.kv_capacity_tokens,
+                                dialect=replica.dialect,
+                                engine_key=self.engine_keys.key(replica.id))
+        self._endpoints[replica.id] = (key, endpoint)
+        return endpoint
 
     def _engine_scheme(self, replica: ReplicaRecord, spec: ModelSpec) -> str:
         """http or https, as the replica's agent reported its engine listens.
@@ -613,6 +657,14 @@ class ControlPlane:
                         cond.wait_for(lambda: self.state.routing_version > after_version),
                         wait_s,
                     )
+        # A table that takes long to build is not built back to back: a burst
+        # of changes (every replica's first report after a restart changes
+        # routing) once kept a 10,000-node control plane rebuilding it with
+        # three quarters of its CPU, its reports starved. A small table, built
+        # in a millisecond, is never held (a cold start's waiters see it at once).
+        wait = self._config_quiet_until - time.monotonic()
+        if wait > 0 and self._gateway_config_version != self.state.routing_version:
+            await asyncio.sleep(wait)
         return self.gateway_config()
 
     async def demand(self, model_name: str) -> None:
