@@ -12,7 +12,7 @@ TEST_OUTPUT ?= $(CURDIR)/test-output
 LLMGW_TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
 export LLMGW_TEST_PG_URL
 
-.PHONY: setup run test lint bench bench-quick chaos postgres clean
+.PHONY: setup run test lint bench bench-quick chaos soak postgres clean
 
 setup: $(STAMP)
 
@@ -34,9 +34,10 @@ lint: setup
 	$(BIN)/ruff check src tests bench deploy
 	$(BIN)/mypy
 
-# The chaos suite has its own target: it needs PostgreSQL, etcd and root.
+# The chaos suite and the soak have their own targets: the first needs
+# PostgreSQL, etcd and root, the second takes half an hour.
 bench: setup
-	@for b in $(filter-out bench/chaos.py,$(wildcard bench/*.py)); do \
+	@for b in $(filter-out bench/chaos.py bench/soak.py,$(wildcard bench/*.py)); do \
 		echo "== $$b"; $(BIN)/python $$b $(BENCH_ARGS) || exit 1; done
 
 bench-quick:
@@ -45,6 +46,11 @@ bench-quick:
 # Faults under load (bench/chaos.py); CHAOS_ARGS=--quick runs each once, briefly.
 chaos: setup postgres
 	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+
+# Mixed load on the simulated fleet for 30 minutes: do RSS, open files and
+# asyncio tasks of every process stay flat? (bench/soak.py; SOAK_ARGS=--quick: 3 minutes)
+soak: setup
+	$(BIN)/python bench/soak.py $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(TEST_OUTPUT)

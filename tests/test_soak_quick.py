@@ -1,0 +1,97 @@
+"""The soak (bench/soak.py) in miniature, and how it judges growth.
+
+The 30-minute run is `make soak`; here half a minute shows that every part
+(serve, the standalone gateway, the sim fleet, each engine process) answers
+SIGUSR1 with its figures while real load goes through both gateways.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _soak() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("soak", ROOT / "bench" / "soak.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _samples(rss: list[float], files: list[int], tasks: list[int]) -> list[dict[str, Any]]:
+    return [
+        {"t_s": 60.0 * i, "procs": {"serve": {
+            "pid": 7, "rss_mb": r, "open_files": f, "tasks": t, "gc_objects": 1000}}}
+        for i, (r, f, t) in enumerate(zip(rss, files, tasks, strict=True))
+    ]
+
+
+def test_growth_skips_warm_up_and_compares_first_and_last_windows() -> None:
+    soak = _soak()
+    # Ten samples: two of warm-up (however much they grew), then flat within
+    # 5 % but for in-flight noise on files and tasks.
+    flat = soak.growth(_samples(
+        [80, 120, 125, 126, 125, 127, 126, 128, 127, 129],
+        [20, 30, 40, 31, 30, 45, 30, 30, 50, 31],
+        [5, 9, 9, 12, 9, 9, 20, 9, 10, 9],
+    ))  # fmt: skip
+    assert flat["failures"] == []
+    assert flat["rss_growth_pct"]["serve"] == pytest.approx(100 * (128 - 125) / 125, abs=0.01)
+    assert flat["open_files_growth"]["serve"] == 0 and flat["tasks_growth"]["serve"] == 0
+    leaking = soak.growth(_samples(
+        [80, 100, 102, 104, 106, 108, 110, 112, 114, 116],
+        [20, 30, 31, 32, 33, 34, 35, 36, 37, 38],
+        [5, 9, 9, 9, 9, 9, 9, 9, 9, 9],
+    ))  # fmt: skip
+    assert leaking["rss_growth_pct"]["serve"] == pytest.approx(100 * (114 - 104) / 104, abs=0.01)
+    assert leaking["open_files_growth"]["serve"] == 35 - 31  # floors of the two halves
+    assert [f.split(":")[0] for f in leaking["failures"]] == ["serve", "serve"]
+
+
+def test_a_process_that_restarted_gets_no_growth_figure() -> None:
+    soak = _soak()
+    samples = _samples([100] * 6, [20] * 6, [5] * 6)
+    samples[4]["procs"]["serve"]["pid"] = 8
+    assert soak.growth(samples)["rss_growth_pct"] == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_half_a_minute_of_soak_samples_every_process(test_output: Path) -> None:
+    log = test_output / "soak-quick.log"
+    with log.open("wb") as err:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "soak.py"), "--minutes", "0.5",
+             "--sample-s", "10", "--rate", "2"],
+            stdout=subprocess.PIPE, stderr=err, timeout=280, cwd=ROOT,
+        )  # fmt: skip
+    text = log.read_text()
+    # 1 is a growth verdict, which half a minute cannot give reliably.
+    assert done.returncode in (0, 1), text[-4000:]
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    samples = result["samples"]
+    assert len(samples) == 4
+    for sample in samples:
+        procs = sample["procs"]
+        assert {"serve", "gateway", "sim-fleet"} <= set(procs), procs
+        # The always-on models' engine processes: two chat, one mini, one embed.
+        assert sum(name.startswith("engine ") for name in procs) >= 4, procs
+        for name, figures in procs.items():
+            assert not figures.get("missing"), f"{name} did not answer SIGUSR1"
+            assert figures["tasks"] >= 1 and figures["open_files"] >= 3, (name, figures)
+    assert set(result["rss_growth_pct"]) >= {"serve", "gateway", "sim-fleet"}
+    sent = {kind: sum(c.values()) for kind, c in result["requests"].items()}
+    assert sent.get("chat_stream", 0) > 0 and sent.get("embeddings", 0) > 0, result["requests"]
+    failed = {kind: c["failed"] for kind, c in result["requests"].items() if c.get("failed")}
+    assert failed == {}, text[-4000:]
