@@ -64,6 +64,10 @@ class ReplicaTable(dict[str, R]):
         found = self._by_model.get(model)
         return found.values() if found else ()
 
+    def models(self) -> Iterable[str]:
+        """The models that have replicas here (a live view)."""
+        return self._by_model.keys()
+
     def on_node(self, node: str) -> Iterable[R]:
         """Replicas with a shard on ``node`` (a live view, like ``of_model``)."""
         found = self._by_node.get(node)

@@ -1,4 +1,5 @@
-"""The shortcut for models with nothing to triage decides exactly what the full path does.
+"""The shortcut for models with nothing to triage decides exactly what the full path does,
+and so do its answers kept from pass to pass (scheduler/triagememo.py).
 
 Random fleets and catalogs move between passes as in test_sched_properties
 (replicas become ready or fail, nodes are cordoned or drained), with the
@@ -17,7 +18,8 @@ from tests.control.scheduler.test_sched_properties import NOW, apply, catalog, n
 
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
-from llmgw.control.scheduler.fleetgen import fleet
+from llmgw.control.scheduler.fleetgen import fleet, generate
+from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.state import FleetState, NodeRecord
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
@@ -73,16 +75,70 @@ def test_the_shortcut_decides_what_the_full_path_decides(
     policy = Policy(backoff_base_s=data.draw(st.sampled_from([0.0, 5.0])), drain_grace_s=0.0,
                     failure_limit=3)
     now = NOW
+    # The reconciler's way: a snapshot keeper kept across passes, which also
+    # keeps steady models' answers (triagememo.py).
+    keeper = SnapshotKeeper()
     for step in range(6):
         outcomes = []
-        for shortcut in (True, False):
+        for shortcut, kept in ((True, None), (False, None), (True, keeper)):
             ids = (f"r{step}-{n:04d}" for n in itertools.count())
             with patch("llmgw.control.scheduler.shortfall.new_id", lambda ids=ids: next(ids)):
-                outcomes.append(decide(state, now, policy, shortcut=shortcut))
+                outcomes.append(decide(state, now, policy, shortcut=shortcut, keeper=kept))
         assert essence(outcomes[0]) == essence(outcomes[1])
+        assert essence(outcomes[2]) == essence(outcomes[1])
         apply(state, outcomes[0])
         evolve(state, now, data)
         now += data.draw(st.sampled_from([1.0, 40.0, 400.0]))
         for node in state.nodes.values():
             if node.last_seen is not None and data.draw(st.integers(0, 3)):
                 node.last_seen = now  # most nodes keep reporting
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.lists(st.tuples(st.sampled_from(
+    ["fail", "drain", "silence", "load", "min", "classes", "reclass", "nothing"]),
+    st.integers(0, 1000)), min_size=1, max_size=8))
+def test_kept_answers_follow_every_change_that_leaves_the_replicas_be(
+    seed: int, changes: list[tuple[str, int]]
+) -> None:
+    # A generated fleet, placed and ready (most models satisfied, so their
+    # answers are kept); then changes that add or remove no replica (so the
+    # kept answers are used), each followed by a pass decided both ways.
+    state = generate(nodes=24, models=10, fabrics=2, seed=seed, now=NOW)
+    for node in state.nodes.values():
+        node.last_seen, node.admin_state = NOW, NodeState.READY
+    apply(state, decide(state, NOW))
+    for replica in state.replicas.values():
+        replica.state, replica.ready_at = ReplicaState.READY, NOW
+    keeper = SnapshotKeeper()
+    decide(state, NOW, keeper=keeper)
+    now = NOW
+    for kind, roll in changes:
+        replicas = sorted(state.replicas.values(), key=lambda r: r.id)
+        names = sorted(state.nodes)
+        node = state.nodes[names[roll % len(names)]]
+        record = state.models[sorted(state.models)[roll % len(state.models)]]
+        if kind == "fail" and replicas:
+            replicas[roll % len(replicas)].state = ReplicaState.FAILED
+        elif kind == "drain":
+            node.admin_state = NodeState.DRAINING
+        elif kind == "silence":
+            node.last_seen = now - 1000.0
+        elif kind == "load":
+            record.load_demand += 1
+        elif kind == "min":
+            record.spec.min_replicas = roll % 3  # edited in place
+        elif kind in ("classes", "reclass") and node.inventory is not None:
+            devices = list(node.inventory.devices)
+            index = roll % len(devices)
+            devices[index] = devices[index].model_copy(
+                update={"gpu_class": "l4-24g"} if kind == "reclass"
+                else {"healthy": not devices[index].healthy})
+            node.inventory = node.inventory.model_copy(update={"devices": devices})
+        now += 1.0
+        answers = []
+        for kwargs in ({"keeper": keeper}, {"shortcut": False}):
+            ids = (f"k{n:04d}" for n in itertools.count())
+            with patch("llmgw.control.scheduler.shortfall.new_id", lambda ids=ids: next(ids)):
+                answers.append(decide(state, now, **kwargs))  # type: ignore[arg-type]
+        assert essence(answers[0]) == essence(answers[1]), kind

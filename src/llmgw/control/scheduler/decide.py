@@ -27,8 +27,8 @@ from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.shortfall import place_shortfall
 from llmgw.control.scheduler.snapshot import DeviceCache, build_snapshot
-from llmgw.control.scheduler.triage import ShapeCheck, triage_model
-from llmgw.control.state import FleetState, ReplicaRecord
+from llmgw.control.scheduler.triage import ShapeCheck, steady_answer, triage_model
+from llmgw.control.state import FleetState
 from llmgw.wire import NodeState
 
 
@@ -46,7 +46,8 @@ def decide(
     """``keeper``: the reconciler's snapshot kept between passes (keeper.py);
     without one the snapshot is built from scratch, to the same result.
     ``shortcut``: answer models with nothing to triage without the full
-    bookkeeping (triage._steady); off, only to test that it changes nothing."""
+    bookkeeping (triage.steady_answer), and keep those answers while they hold
+    (triagememo.py, with ``keeper``); off, only to test that it changes nothing."""
     policy = policy or Policy()
     placer = placer or Placer()
     cache = keeper.devices if keeper is not None else DeviceCache()
@@ -78,17 +79,10 @@ def decide(
             draining_nodes.add(name)
     unreachable_nodes = frozenset(unreachable)
     settled = frozenset(settled_nodes)
-    by_model: dict[str, list[ReplicaRecord]] = {}
-    for replica in state.replicas.values():
-        found = by_model.get(replica.model)
-        if found is None:
-            by_model[replica.model] = [replica]
-        else:
-            found.append(replica)
 
     # Replicas of models no longer in the catalog.
-    for model in sorted(set(by_model) - set(state.models)):
-        for replica in sorted(by_model[model], key=lambda r: r.id):
+    for model in sorted(set(state.replicas.models()) - set(state.models)):
+        for replica in sorted(state.replicas.of_model(model), key=_BY_ID):
             out.removals.append(Removal(replica, "orphaned"))
             out.event(
                 "removed", replica.id, f"removed replica {replica.id}: model {model!r} was deleted"
@@ -99,24 +93,37 @@ def decide(
     # the shape check without a lookup of the node's digested inventory.
     base = keeper.refresh(state, now, node_states) if keeper is not None else None
     shapes = ShapeCheck(state, cache, base.nodes if base is not None else None)
+    # Steady models' answers from earlier passes, while they hold (triagememo.py).
+    memo = keeper.triage if keeper is not None and shortcut else None
+    if memo is not None and keeper is not None:
+        memo.begin(state, settled, keeper.changed_nodes)
     for name in sorted(state.models):
         record = state.models[name]
-        replicas = by_model.get(name) or []
+        kept = memo.get(record) if memo is not None else None
+        if kept is not None:
+            out.outcomes[name] = kept.outcome
+            work.append(kept)
+            continue
+        replicas = list(state.replicas.of_model(name))
         if len(replicas) > 1:
             replicas.sort(key=_BY_ID)
-        item = triage_model(
-            out,
-            record,
-            replicas,
-            now,
-            policy,
-            lost_nodes,
-            draining_nodes,
-            shapes,
-            known_draining,
-            unreachable_nodes,
-            settled if shortcut else None,
-        )
+        item = steady_answer(out, record, replicas, now, shapes, settled) if shortcut else None
+        if item is not None:
+            if memo is not None:
+                memo.keep(record, replicas, item)
+        else:
+            item = triage_model(
+                out,
+                record,
+                replicas,
+                now,
+                policy,
+                lost_nodes,
+                draining_nodes,
+                shapes,
+                known_draining,
+                unreachable_nodes,
+            )
         work.append(item)
 
     pending = [w for w in work if w.to_place > 0]

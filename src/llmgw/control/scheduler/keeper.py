@@ -36,6 +36,7 @@ from llmgw.control.scheduler.snapshot import (
     node_view,
     ram_needs,
 )
+from llmgw.control.scheduler.triagememo import TriageMemo
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.wire import NodeState, WeightsEntry
 
@@ -62,6 +63,10 @@ class SnapshotKeeper:
         self._held: dict[str, ReplicaRecord] = {}
         self._ram_need: dict[str, int] = {}
         self._replicas_version = -1
+        # Nodes whose views the last refresh built again (None: all of them).
+        self.changed_nodes: set[str] | None = None
+        # Steady models' triage answers, kept between passes (triagememo.py).
+        self.triage = TriageMemo()
 
     def snapshot(
         self,
@@ -140,6 +145,8 @@ class SnapshotKeeper:
             base.drop_node(name)
             self._built.pop(name, None)
             stale.discard(name)
+        # For the triage memo (triagememo.py): views built again this refresh.
+        self.changed_nodes = stale | set(gone_nodes)
         for name in sorted(stale):
             node = state.nodes.get(name)
             if node is not None:
@@ -152,6 +159,7 @@ class SnapshotKeeper:
     def _rebuild(self, state: FleetState, now: float, ram_need: dict[str, int]) -> Snapshot:
         base = build_snapshot(state, now, cache=self.devices)
         self._base, self._ram_need = base, ram_need
+        self.changed_nodes = None  # everything
         self._held = dict(state.replicas)
         self._replicas_version = state.replicas.version
         self._built = {

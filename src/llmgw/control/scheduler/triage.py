@@ -120,7 +120,7 @@ def triage_model(
     """``settled_nodes``: nodes present and neither lost, unreachable nor
     draining; given, a model with nothing to do is answered by a shortcut."""
     if settled_nodes is not None:
-        steady = _steady(out, record, replicas, now, shapes, settled_nodes)
+        steady = steady_answer(out, record, replicas, now, shapes, settled_nodes)
         if steady is not None:
             return steady
     spec = record.spec
@@ -298,7 +298,7 @@ def triage_model(
     return ModelWork(record, outcome, to_place, [r.id for r in moving])
 
 
-def _steady(
+def steady_answer(
     out: Decisions,
     record: ModelRecord,
     replicas: list[ReplicaRecord],
