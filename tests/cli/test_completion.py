@@ -1,4 +1,8 @@
-"""Shell completion for ``llmgw`` (typer's): shown, installed, and completing in a real bash."""
+"""Shell completion for ``llmgw`` (typer's): shown, installed, and completing in a real bash.
+
+Each command runs under ``sh``, as make and provisioning scripts run it: typer's own
+``--show-completion`` would detect that shell and refuse it, the named shell must win.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,14 @@ LLMGW = Path(sys.executable).with_name("llmgw")
 
 
 def run(*argv: str, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(["sh", "-c", '"$0" "$@"', *argv], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
 def test_bash_completes_commands_and_options_from_the_shown_script(tmp_path: Path) -> None:
-    script = run(str(LLMGW), "--show-completion", "bash")
+    script = run(str(LLMGW), "completion", "bash")
     assert "_LLMGW_COMPLETE=complete_bash" in script
     assert script.strip().endswith("complete -o default -F _llmgw_completion llmgw")
     (tmp_path / "llmgw-completion.sh").write_text(script)
@@ -31,7 +35,7 @@ def test_bash_completes_commands_and_options_from_the_shown_script(tmp_path: Pat
 
 
 def test_install_completion_writes_the_script_and_sources_it(tmp_path: Path) -> None:
-    out = run(str(LLMGW), "--install-completion", "bash",
+    out = run(str(LLMGW), "completion", "bash", "--install",
               env={"HOME": str(tmp_path), "SHELL": "/bin/bash"})
     installed = tmp_path / ".bash_completions" / "llmgw.sh"
     assert str(installed) in out

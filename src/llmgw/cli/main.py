@@ -189,13 +189,14 @@ def serve(
 
 def _mount_subcommands() -> None:
     """Commands owned by their own modules (agent, gateway, ctl, sim, doctor)."""
-    from llmgw.cli import agent, ctl, doctor, gateway, sim
+    from llmgw.cli import agent, completion, ctl, doctor, gateway, sim
 
     app.add_typer(agent.app, name="agent")
     app.add_typer(gateway.app, name="gateway")
     app.add_typer(sim.app, name="sim")
     app.add_typer(ctl.app, name="ctl")
     app.command("doctor")(doctor.doctor)
+    app.command("completion")(completion.completion)
 
 
 _mount_subcommands()

@@ -1,0 +1,44 @@
+"""Waiting for something to become true, in one place.
+
+A test that sleeps a fixed time either waits longer than it needs (the suite
+gets slow) or not long enough on a loaded machine (the suite gets flaky). These
+poll a condition instead and fail with what was awaited, so a timeout reads as
+"timed out waiting for the replica to be ready", not a bare assertion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def eventually(check: Callable[[], T | Awaitable[T]], within_s: float = 10.0,
+                     what: str = "the condition", every_s: float = 0.05) -> T:
+    """Poll `check` (plain or async) until it returns something truthy; return that."""
+    deadline = time.monotonic() + within_s
+    while True:
+        got = check()
+        if isinstance(got, Awaitable):
+            got = await got
+        if got:
+            return got  # type: ignore[return-value]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+        await asyncio.sleep(every_s)
+
+
+def eventually_sync(check: Callable[[], T], within_s: float = 10.0,
+                    what: str = "the condition", every_s: float = 0.05) -> T:
+    """`eventually` for tests without an event loop (subprocesses, threads)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+        time.sleep(every_s)
