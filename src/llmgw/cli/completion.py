@@ -12,7 +12,9 @@ from enum import StrEnum
 from typing import Annotated
 
 import typer
-from typer.completion import get_completion_script, install
+
+# typer.completion imports these without exporting them; this is where they live.
+from typer._completion_shared import get_completion_script, install
 
 PROG = "llmgw"
 # typer's name for the variable the script sets when it asks llmgw to complete.
