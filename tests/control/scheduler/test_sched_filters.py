@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from llmgw.control.scheduler import filters as f
 from llmgw.control.scheduler.fleetgen import cpu_node, gpu_node, model
+from llmgw.control.scheduler.placementnode import PlacementNode, placement_node
 from llmgw.control.scheduler.scorers import BinPack, Spread, WeightsLocal
-from llmgw.control.scheduler.snapshot import NodeView, node_view
 from llmgw.wire import NodeState
 
 NOW = 100.0
 
 
-def view(**kwargs: object) -> NodeView:
-    return node_view(gpu_node("n1", seen_at=NOW, **kwargs), NOW)  # type: ignore[arg-type]
+def view(**kwargs: object) -> PlacementNode:
+    return placement_node(gpu_node("n1", seen_at=NOW, **kwargs), NOW)  # type: ignore[arg-type]
 
 
 def request(**kwargs: object) -> f.Request:
@@ -28,7 +28,7 @@ def test_node_ready_names_the_state() -> None:
     ]:
         rejection = check.check(view(admin_state=state), request())
         assert rejection is not None and rejection.reason == reason
-    stale = node_view(gpu_node("n2", seen_at=NOW - 31), NOW)
+    stale = placement_node(gpu_node("n2", seen_at=NOW - 31), NOW)
     rejection = check.check(stale, request())
     assert rejection is not None and rejection.reason == f.UNREACHABLE
     assert rejection.dimension == "node state"
@@ -106,7 +106,7 @@ def test_whole_node_and_fabric_apply_to_multi_node_requests_only() -> None:
 
 
 def test_cpu_slots_are_devices_of_class_cpu() -> None:
-    node = node_view(cpu_node("c1", slots=3, seen_at=NOW), NOW)
+    node = placement_node(cpu_node("c1", slots=3, seen_at=NOW), NOW)
     assert node.free == {"cpu": [0, 1, 2]}
     assert f.EnoughFreeDevices().check(node, request(classes=["cpu"])) is None
 

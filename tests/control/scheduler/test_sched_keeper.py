@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.keeper import SnapshotKeeper
-from llmgw.control.scheduler.snapshot import Snapshot, build_snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
 from llmgw.control.state import FleetState, ReplicaRecord
 from llmgw.wire import NodeInventory, NodeState, ShardAssignment, WeightsEntry
 
@@ -20,7 +20,7 @@ NOW = 10_000.0
 MODELS = ["m0", "m1", "m2"]
 
 
-def picture(snapshot: Snapshot) -> dict[str, object]:
+def picture(snapshot: PlacementSnapshot) -> dict[str, object]:
     """Everything placement reads, orders included."""
     views = {
         name: (

@@ -8,8 +8,9 @@ from llmgw.control.scheduler import filters as f
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import PARKED, Policy
 from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
+from llmgw.control.scheduler.placementnode import placement_node
 from llmgw.control.scheduler.planner import plan
-from llmgw.control.scheduler.snapshot import build_snapshot, node_view
+from llmgw.control.scheduler.snapshot import build_snapshot
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.errors import ValidationError
 from llmgw.wire import EngineKind, ModelSpec, ReplicaState, ShardAssignment, WeightsEntry
@@ -30,7 +31,7 @@ def cpu_model(name: str, memory_mib: int | None, **kwargs: object) -> ModelSpec:
 
 def test_the_filter_names_need_free_and_capacity() -> None:
     check = f.EnoughMemory()
-    node = node_view(with_ram(cpu_node("n1", slots=4, seen_at=NOW), 16384), NOW)
+    node = placement_node(with_ram(cpu_node("n1", slots=4, seen_at=NOW), 16384), NOW)
     usable = memory.usable_mib(16384)  # an eighth (2 GiB) stays with the system
     assert usable == 14336
     fits = f.Request.for_spec(cpu_model("m", 4096), memory_mib=4096)
@@ -42,7 +43,7 @@ def test_the_filter_names_need_free_and_capacity() -> None:
     assert (rejection.requested, rejection.available, rejection.capacity) == (20000, 14336, 14336)
     # No need stated by placement, or no RAM reported by the node: not refused.
     assert check.check(node, f.Request.for_spec(cpu_model("m", 20000))) is None
-    unknown = node_view(cpu_node("n2", slots=4, seen_at=NOW), NOW)
+    unknown = placement_node(cpu_node("n2", slots=4, seen_at=NOW), NOW)
     assert check.check(unknown, big) is None
 
 

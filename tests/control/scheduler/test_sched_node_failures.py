@@ -10,8 +10,9 @@ from llmgw.control.scheduler.decisions import BACKING_OFF, PARKED, Policy
 from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.node_failures import Avoided, NodeFailureBook, span
 from llmgw.control.scheduler.placement import Placement, Placer, Unplaceable
+from llmgw.control.scheduler.placementnode import placement_node
 from llmgw.control.scheduler.planner import plan
-from llmgw.control.scheduler.snapshot import build_snapshot, node_view
+from llmgw.control.scheduler.snapshot import build_snapshot
 from llmgw.control.state import FleetState, NodeFailure, ReplicaRecord
 from llmgw.wire import ReplicaState, ShardAssignment
 
@@ -74,7 +75,7 @@ def test_the_plan_sentence() -> None:
 
 def test_the_filter_refuses_only_avoided_nodes() -> None:
     check = f.AvoidFailedNodes()
-    view = node_view(gpu_node("n1", seen_at=NOW), NOW)
+    view = placement_node(gpu_node("n1", seen_at=NOW), NOW)
     request = f.Request.for_spec(model("m"))
     assert check.check(view, request) is None
     assert check.check(view, replace(request, avoid=frozenset({"n2"}))) is None

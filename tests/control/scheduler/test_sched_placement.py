@@ -12,25 +12,25 @@ from llmgw.control.scheduler.placement import (
     Unplaceable,
     commit,
 )
-from llmgw.control.scheduler.snapshot import Snapshot, build_snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
 from llmgw.control.state import NodeRecord
 from llmgw.wire import ModelSpec, NodeState
 
 NOW = 1000.0
 
 
-def snap(*nodes: NodeRecord) -> Snapshot:
+def snap(*nodes: NodeRecord) -> PlacementSnapshot:
     return build_snapshot(fleet(nodes, []), NOW)
 
 
-def place(snapshot: Snapshot, spec: ModelSpec) -> Placement:
+def place(snapshot: PlacementSnapshot, spec: ModelSpec) -> Placement:
     result = Placer().place(snapshot, Request.for_spec(spec))
     assert isinstance(result, Placement), getattr(result, "reason", result)
     commit(snapshot, result)
     return result
 
 
-def refuse(snapshot: Snapshot, spec: ModelSpec) -> Unplaceable:
+def refuse(snapshot: PlacementSnapshot, spec: ModelSpec) -> Unplaceable:
     result = Placer().place(snapshot, Request.for_spec(spec))
     assert isinstance(result, Unplaceable), result
     return result

@@ -25,8 +25,9 @@ from llmgw.control.scheduler.eviction import evictable_replicas
 from llmgw.control.scheduler.filters import Request
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
+from llmgw.control.scheduler.placementnode import DeviceCache
 from llmgw.control.scheduler.shortfall import place_shortfall
-from llmgw.control.scheduler.snapshot import DeviceCache, build_snapshot
+from llmgw.control.scheduler.snapshot import build_snapshot
 from llmgw.control.scheduler.triage import ShapeCheck, steady_answer, triage_model
 from llmgw.control.state import FleetState
 from llmgw.wire import NodeState

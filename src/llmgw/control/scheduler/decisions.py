@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from llmgw.control.scheduler.node_failures import Avoided
 from llmgw.control.scheduler.placement import Placement, Unplaceable
-from llmgw.control.scheduler.snapshot import Snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot
 from llmgw.control.state import REPLACE_AFTER_S, ModelRecord, NodeFailure, ReplicaRecord
 from llmgw.wire import Event
 
@@ -123,7 +123,7 @@ class Decisions:
     outcomes: dict[str, ModelOutcome] = field(default_factory=dict)
     # replica id -> when it was first seen draining (memory of the reconciler).
     draining_since: dict[str, float] = field(default_factory=dict)
-    snapshot: Snapshot | None = None
+    snapshot: PlacementSnapshot | None = None
 
     @property
     def changes_replicas(self) -> bool:

@@ -6,7 +6,7 @@ from llmgw.control.scheduler.decisions import Decisions, Policy, Removal
 from llmgw.control.scheduler.demand import idle_for
 from llmgw.control.scheduler.filters import Request
 from llmgw.control.scheduler.placement import Placement, Placer
-from llmgw.control.scheduler.snapshot import Snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot
 from llmgw.control.state import FleetState, ReplicaRecord
 from llmgw.wire import ReplicaState
 
@@ -34,7 +34,7 @@ def evictable_replicas(
 
 def make_room(
     out: Decisions,
-    snapshot: Snapshot,
+    snapshot: PlacementSnapshot,
     placer: Placer,
     request: Request,
     evictable: list[ReplicaRecord],
@@ -73,7 +73,7 @@ def make_room(
     return None
 
 
-def _holds_class(snapshot: Snapshot, replica: ReplicaRecord, classes: set[str]) -> bool:
+def _holds_class(snapshot: PlacementSnapshot, replica: ReplicaRecord, classes: set[str]) -> bool:
     for shard in replica.shards:
         view = snapshot.nodes.get(shard.node)
         if view is None:

@@ -30,7 +30,7 @@ from llmgw.control.scheduler.filters import (
     Rejection,
     Request,
 )
-from llmgw.control.scheduler.snapshot import Snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot
 
 if TYPE_CHECKING:
     from llmgw.control.scheduler.placement import Placer
@@ -43,7 +43,7 @@ _FABRICS_SHOWN = 6
 
 
 def explain(
-    placer: Placer, snapshot: Snapshot, request: Request
+    placer: Placer, snapshot: PlacementSnapshot, request: Request
 ) -> tuple[str, str, dict[str, int]]:
     """(status, sentence, node counts by reason) for a request that did not fit."""
     if not request.classes:
@@ -107,7 +107,7 @@ def explain(
 _LESS_RAM = "lower the model's memory_mib or its context (kv_capacity_tokens), or add RAM"
 
 
-def _most_ram(snapshot: Snapshot, request: Request) -> int | None:
+def _most_ram(snapshot: PlacementSnapshot, request: Request) -> int | None:
     """The most RAM any node with an accepted class offers engines; None: not RAM-placed."""
     if not request.memory_mib:
         return None
@@ -121,7 +121,7 @@ def _most_ram(snapshot: Snapshot, request: Request) -> int | None:
 
 def _explain_multi(
     placer: Placer,
-    snapshot: Snapshot,
+    snapshot: PlacementSnapshot,
     request: Request,
     fit: int,
     total: int,
@@ -182,7 +182,7 @@ def _per_fabric(counts: Counter[str]) -> str:
 
 
 def _count(
-    placer: Placer, snapshot: Snapshot, request: Request
+    placer: Placer, snapshot: PlacementSnapshot, request: Request
 ) -> tuple[Counter[tuple[str, str]], int, dict[str, int]]:
     """Nodes by first rejection, nodes that fit, and the most free seen per class."""
     counts: Counter[tuple[str, str]] = Counter()

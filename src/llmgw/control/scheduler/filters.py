@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from llmgw.control.scheduler.snapshot import NodeView
+from llmgw.control.scheduler.placementnode import PlacementNode
 from llmgw.wire import CPU_CLASS, ModelSpec, NodeState, is_mig_class
 
 # Fixed reasons (the words of the unplaceable sentence; a test pins them).
@@ -103,7 +103,7 @@ class Rejection:
 class Filter(Protocol):
     """A feasibility check. One with ``indexed = True`` holds for every node the
     snapshot lists as having at least the request's per-node count free of a
-    class the request accepts (Snapshot.buckets): placement does not run it
+    class the request accepts (PlacementSnapshot.buckets): placement does not run it
     on candidates taken from there (Placer._place_single)."""
 
     name: str
@@ -118,7 +118,7 @@ class Filter(Protocol):
         """
         ...
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None: ...
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None: ...
 
 
 class NodeReady:
@@ -130,7 +130,7 @@ class NodeReady:
     def applies(self, request: Request) -> bool:
         return True
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if node.state is NodeState.READY:
             return None
         reason = {
@@ -150,7 +150,7 @@ class ClassAccepted:
     def applies(self, request: Request) -> bool:
         return True
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         for gpu_class in request.all_classes:
             if node.total.get(gpu_class):
                 return None
@@ -167,7 +167,7 @@ class MigSingleInstance:
     def applies(self, request: Request) -> bool:
         return bool(request.mig_refused)
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.mig_refused:
             return None
         if any(node.total.get(c) for c in request.classes):
@@ -192,7 +192,7 @@ class EnoughFreeDevices:
     def applies(self, request: Request) -> bool:
         return True
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         need = request.per_node
         best: tuple[int, int, int, str] | None = None  # (free, capacity, total, class)
         for gpu_class in request.classes:
@@ -233,7 +233,7 @@ class EnoughMemory:
     def applies(self, request: Request) -> bool:
         return bool(request.memory_mib)
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         need = request.memory_mib
         free = node.memory_free_mib
         if not need or free is None or free >= need:
@@ -255,7 +255,7 @@ class WholeNode:
     def applies(self, request: Request) -> bool:
         return request.multi_node
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.multi_node or node.entirely_free:
             return None
         return Rejection(
@@ -277,7 +277,7 @@ class InFabric:
     def applies(self, request: Request) -> bool:
         return request.multi_node
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.multi_node or node.fabrics:
             return None
         return Rejection(self.name, NO_FABRIC, "fabric")
@@ -299,13 +299,13 @@ class AvoidFailedNodes:
     def applies(self, request: Request) -> bool:
         return bool(request.avoid)
 
-    def check(self, node: NodeView, request: Request) -> Rejection | None:
+    def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.avoid or node.name not in request.avoid:
             return None
         return Rejection(self.name, FAILED_HERE, "node")
 
 
-def usable_class(node: NodeView, request: Request) -> str | None:
+def usable_class(node: PlacementNode, request: Request) -> str | None:
     """The first accepted class (catalog order) with enough free devices."""
     for gpu_class in request.classes:
         if node.free_count(gpu_class) >= request.per_node:

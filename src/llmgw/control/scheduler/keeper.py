@@ -15,10 +15,10 @@ none excluded) and, each pass, changes only what changed in the fleet:
   claim one device;
 - a change in what CPU replicas are charged in RAM rebuilds everything.
 
-Each pass then gets a fork (Snapshot.fork), from which the replicas the
+Each pass then gets a fork (PlacementSnapshot.fork), from which the replicas the
 pass removes are taken out the same way, so the base stays the fleet as it
 is. The result equals ``build_snapshot`` of the same state, down to the
-order of every index (Snapshot.canonical); the planner builds its own and
+order of every index (PlacementSnapshot.canonical); the planner builds its own and
 the property tests hold the two to the same placements.
 """
 
@@ -27,15 +27,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from llmgw.control.scheduler.snapshot import (
+from llmgw.control.scheduler.placementnode import (
     DeviceCache,
-    NodeView,
-    Snapshot,
-    _Devices,
-    build_snapshot,
-    node_view,
-    ram_needs,
+    DeviceDigest,
+    PlacementNode,
+    placement_node,
 )
+from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot, ram_needs
 from llmgw.control.scheduler.triagememo import TriageMemo
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.wire import NodeState, WeightsEntry
@@ -45,7 +43,7 @@ from llmgw.wire import NodeState, WeightsEntry
 class _Built:
     """What one node's view in the base was built from."""
 
-    devices: _Devices
+    devices: DeviceDigest
     state: NodeState
     fabrics: list[str]
     weights_list: list[WeightsEntry]
@@ -56,7 +54,7 @@ class _Built:
 class SnapshotKeeper:
     def __init__(self) -> None:
         self.devices = DeviceCache()
-        self._base: Snapshot | None = None
+        self._base: PlacementSnapshot | None = None
         self._built: dict[str, _Built] = {}
         # Replicas marked in the base, by id: the record itself, so a record
         # replaced under the same id counts as one gone and one new.
@@ -74,7 +72,7 @@ class SnapshotKeeper:
         now: float,
         exclude: Iterable[str] = (),
         states: Mapping[str, NodeState] | None = None,
-    ) -> Snapshot:
+    ) -> PlacementSnapshot:
         """The fleet as placement sees it at ``now``, without ``exclude``'s replicas.
 
         ``states``: every node's ``state(now)``, when the caller has them already.
@@ -84,12 +82,12 @@ class SnapshotKeeper:
 
     def refresh(
         self, state: FleetState, now: float, states: Mapping[str, NodeState] | None = None
-    ) -> Snapshot:
+    ) -> PlacementSnapshot:
         """Bring the kept snapshot up to date with ``state``; it is returned for
         reading only (its views' device classes, say): ``fork`` is for placing."""
         return self._refresh(state, now, states)
 
-    def fork(self, state: FleetState, now: float, exclude: Iterable[str] = ()) -> Snapshot:
+    def fork(self, state: FleetState, now: float, exclude: Iterable[str] = ()) -> PlacementSnapshot:
         """A snapshot to place on, from the one ``refresh`` brought up to date."""
         base = self._base
         if base is None:
@@ -110,7 +108,7 @@ class SnapshotKeeper:
 
     def _refresh(
         self, state: FleetState, now: float, states: Mapping[str, NodeState] | None
-    ) -> Snapshot:
+    ) -> PlacementSnapshot:
         ram_need = ram_needs(state)
         base = self._base
         if base is None or ram_need != self._ram_need:
@@ -156,7 +154,9 @@ class SnapshotKeeper:
             self.devices.forget_missing(state.nodes)
         return base
 
-    def _rebuild(self, state: FleetState, now: float, ram_need: dict[str, int]) -> Snapshot:
+    def _rebuild(
+        self, state: FleetState, now: float, ram_need: dict[str, int]
+    ) -> PlacementSnapshot:
         base = build_snapshot(state, now, cache=self.devices)
         self._base, self._ram_need = base, ram_need
         self.changed_nodes = None  # everything
@@ -207,12 +207,12 @@ class SnapshotKeeper:
 
     def _view(
         self, state: FleetState, node: NodeRecord, now: float, skip: set[str] | None = None
-    ) -> NodeView:
+    ) -> PlacementNode:
         """A node's view from scratch, with the replicas it holds (but ``skip``) marked."""
-        view = node_view(node, now, self.devices)
+        view = placement_node(node, now, self.devices)
         if skip is None:
             self._built[node.name] = self._inputs(node, now, view.weights)
-        one = Snapshot(now, {node.name: view}, self._ram_need)
+        one = PlacementSnapshot(now, {node.name: view}, self._ram_need)
         for replica in state.replicas.on_node(node.name):
             if skip is None or replica.id not in skip:
                 for shard in replica.shards:

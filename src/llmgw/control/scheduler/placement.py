@@ -2,8 +2,8 @@
 
 The pipeline is assembled in one place (:class:`Placer`) so that the
 reconciler, the planner and the tests all run exactly the same checks in
-the same order. Placement reads a :class:`Snapshot` and returns what it
-would do; applying it (``Snapshot.allocate``, writing replicas) is the
+the same order. Placement reads a :class:`PlacementSnapshot` and returns what it
+would do; applying it (``PlacementSnapshot.allocate``, writing replicas) is the
 caller's separate step, so a dry run is the real run minus that step.
 
 Candidates come from the snapshot's indexes rather than a scan of every
@@ -34,8 +34,9 @@ from llmgw.control.scheduler.filters import (
     WholeNode,
     usable_class,
 )
+from llmgw.control.scheduler.placementnode import PlacementNode
 from llmgw.control.scheduler.scorers import BinPack, Scorer, Spread, WeightsLocal
-from llmgw.control.scheduler.snapshot import NodeView, Snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot
 from llmgw.wire import ShardAssignment
 
 __all__ = ["CANNOT_FIT_NOW", "CAN_NEVER_FIT", "Placement", "Placer", "Unplaceable"]
@@ -117,7 +118,7 @@ class Placer:
         self.candidate_limit = candidate_limit
         self.show_top = show_top
         # Unplaceable answers by request shape and the versions of the nodes
-        # of its classes (Snapshot.version): a model that did not fit last
+        # of its classes (PlacementSnapshot.version): a model that did not fit last
         # pass, on a fleet that did not change where it could go, gets the
         # same answer without a fleet-wide explanation.
         self._memo: dict[tuple[object, ...], Unplaceable] = {}
@@ -127,7 +128,7 @@ class Placer:
 
     # -- building blocks ---------------------------------------------------------
 
-    def first_rejection(self, node: NodeView, request: Request) -> Rejection | None:
+    def first_rejection(self, node: PlacementNode, request: Request) -> Rejection | None:
         for check in self._active(request):
             rejection = check.check(node, request)
             if rejection is not None:
@@ -147,12 +148,12 @@ class Placer:
             )
         return found
 
-    def rejections(self, node: NodeView, request: Request) -> list[Rejection]:
+    def rejections(self, node: PlacementNode, request: Request) -> list[Rejection]:
         """Every filter's answer, not just the first (for explanations)."""
         found = (check.check(node, request) for check in self.filters)
         return [r for r in found if r is not None]
 
-    def score(self, node: NodeView, request: Request, gpu_class: str) -> Candidate:
+    def score(self, node: PlacementNode, request: Request, gpu_class: str) -> Candidate:
         parts = []
         total = 0.0
         for scorer in self.scorers:
@@ -161,7 +162,7 @@ class Placer:
             total += scorer.weight * value
         return Candidate(node.name, gpu_class, round(total / self._weight_sum, 6), tuple(parts))
 
-    def _total(self, node: NodeView, request: Request) -> float:
+    def _total(self, node: PlacementNode, request: Request) -> float:
         """``score(...).score`` without its parts: the parts are shown for the
         best few only, and building them for every candidate was a third of
         placing a replica."""
@@ -173,7 +174,7 @@ class Placer:
     # -- placing -----------------------------------------------------------------
 
     def place(
-        self, snapshot: Snapshot, request: Request, *, expect_unplaceable: bool = False
+        self, snapshot: PlacementSnapshot, request: Request, *, expect_unplaceable: bool = False
     ) -> Placement | Unplaceable:
         """Place one replica, or say why not.
 
@@ -198,7 +199,7 @@ class Placer:
         self._memo[key or self._memo_key(snapshot, request)] = result
         return result
 
-    def _memo_key(self, snapshot: Snapshot, request: Request) -> tuple[object, ...]:
+    def _memo_key(self, snapshot: PlacementSnapshot, request: Request) -> tuple[object, ...]:
         return (
             request.classes,
             request.mig_refused,
@@ -209,7 +210,7 @@ class Placer:
             tuple(snapshot.version(c) for c in request.all_classes),
         )
 
-    def try_place(self, snapshot: Snapshot, request: Request) -> Placement | None:
+    def try_place(self, snapshot: PlacementSnapshot, request: Request) -> Placement | None:
         """A placement, or None without the (fleet-wide) explanation.
 
         Nodes in ``request.avoid`` are used only when no other node fits:
@@ -221,12 +222,12 @@ class Placer:
             placement = self._try_place(snapshot, request.relaxed())
         return placement
 
-    def _try_place(self, snapshot: Snapshot, request: Request) -> Placement | None:
+    def _try_place(self, snapshot: PlacementSnapshot, request: Request) -> Placement | None:
         if request.multi_node:
             return self._place_multi(snapshot, request)
         return self._place_single(snapshot, request)
 
-    def _place_single(self, snapshot: Snapshot, request: Request) -> Placement | None:
+    def _place_single(self, snapshot: PlacementSnapshot, request: Request) -> Placement | None:
         candidates: list[_Scored] = []
         seen: set[str] = set()
         active = self._active(request)
@@ -267,7 +268,7 @@ class Placer:
 
     def _consider(
         self,
-        node: NodeView,
+        node: PlacementNode,
         request: Request,
         out: list[_Scored],
         seen: set[str],
@@ -285,7 +286,7 @@ class Placer:
         out.append((self._total(node, request), node.name, gpu_class))
         return True
 
-    def _place_multi(self, snapshot: Snapshot, request: Request) -> Placement | None:
+    def _place_multi(self, snapshot: PlacementSnapshot, request: Request) -> Placement | None:
         """Whole free nodes of one fabric, all of one class.
 
         Among fabrics that can take the replica, prefer the one whose chosen
@@ -312,7 +313,7 @@ class Placer:
         return Placement(request, shards, fabric=fabric, candidates=chosen[: self.show_top])
 
     def _fabric_candidates(
-        self, snapshot: Snapshot, request: Request, gpu_class: str, names: dict[str, None]
+        self, snapshot: PlacementSnapshot, request: Request, gpu_class: str, names: dict[str, None]
     ) -> list[Candidate]:
         out: list[Candidate] = []
         seen: set[str] = set()
@@ -351,12 +352,12 @@ def _rank(candidates: list[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: -c.score)
 
 
-def _pick(view: NodeView, gpu_class: str, count: int) -> ShardPick:
+def _pick(view: PlacementNode, gpu_class: str, count: int) -> ShardPick:
     numbers = tuple(view.free[gpu_class][:count])
     return ShardPick(view.name, gpu_class, numbers, tuple(view.uuids[n] for n in numbers))
 
 
-def commit(snapshot: Snapshot, placement: Placement) -> None:
+def commit(snapshot: PlacementSnapshot, placement: Placement) -> None:
     """Apply a placement to the snapshot so the next decisions see it."""
     for shard in placement.shards:
         snapshot.allocate(shard.node, shard.numbers, placement.request.model)

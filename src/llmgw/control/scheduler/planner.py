@@ -16,7 +16,7 @@ from llmgw.control.gcpause import paused_gc
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, ModelOutcome, Policy
 from llmgw.control.scheduler.placement import Placer
-from llmgw.control.scheduler.snapshot import Snapshot, build_snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
 from llmgw.wire import Device, ModelSpec, ShardAssignment, device_label_on
 
@@ -216,7 +216,7 @@ def _inventory_devices(state: FleetState, node: str) -> list[Device]:
     return record.inventory.devices if record is not None and record.inventory else []
 
 
-def _device_counts(current: Snapshot, decisions: Decisions) -> list[DeviceCount]:
+def _device_counts(current: PlacementSnapshot, decisions: Decisions) -> list[DeviceCount]:
     counts: dict[str, DeviceCount] = {}
     for view in current.nodes.values():
         for gpu_class, total in view.total.items():

@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from llmgw.control.scheduler.filters import Request
-from llmgw.control.scheduler.snapshot import NodeView
+from llmgw.control.scheduler.placementnode import PlacementNode
 
 
 class Scorer(Protocol):
     name: str
     weight: float
 
-    def score(self, node: NodeView, request: Request) -> float: ...
+    def score(self, node: PlacementNode, request: Request) -> float: ...
 
 
 class WeightsLocal:
@@ -33,7 +33,7 @@ class WeightsLocal:
     def __init__(self, weight: float = 10.0) -> None:
         self.weight = weight
 
-    def score(self, node: NodeView, request: Request) -> float:
+    def score(self, node: PlacementNode, request: Request) -> float:
         return 1.0 if request.model in node.weights else 0.0
 
 
@@ -50,7 +50,7 @@ class BinPack:
     def __init__(self, weight: float = 1.0) -> None:
         self.weight = weight
 
-    def score(self, node: NodeView, request: Request) -> float:
+    def score(self, node: PlacementNode, request: Request) -> float:
         if node.capacity_total <= 0:
             return 0.0
         after = node.used_total + request.per_node
@@ -71,5 +71,5 @@ class Spread:
     def __init__(self, weight: float = 2.0) -> None:
         self.weight = weight
 
-    def score(self, node: NodeView, request: Request) -> float:
+    def score(self, node: PlacementNode, request: Request) -> float:
         return 1.0 / (1.0 + node.replicas.get(request.model, 0))

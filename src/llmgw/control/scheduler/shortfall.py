@@ -13,7 +13,7 @@ from llmgw.control.scheduler.eviction import make_room
 from llmgw.control.scheduler.explain import CANNOT_FIT_NOW
 from llmgw.control.scheduler.filters import Request
 from llmgw.control.scheduler.placement import Placer, Unplaceable, commit
-from llmgw.control.scheduler.snapshot import Snapshot
+from llmgw.control.scheduler.snapshot import PlacementSnapshot
 from llmgw.control.state import ReplicaRecord
 from llmgw.secrets import new_id
 from llmgw.wire import ReplicaState
@@ -21,7 +21,7 @@ from llmgw.wire import ReplicaState
 
 def place_shortfall(
     out: Decisions,
-    snapshot: Snapshot,
+    snapshot: PlacementSnapshot,
     placer: Placer,
     item: ModelWork,
     evictable: list[ReplicaRecord],

@@ -5,6 +5,7 @@ while a pass runs, and a decision taken half on old and half on new facts is
 how one device ends up given to two replicas. The snapshot is built once per
 pass from FleetState, then placements and removals made during the pass are
 applied to it (``allocate``/``release``) so later decisions see earlier ones.
+Each node is a PlacementNode (placementnode.py).
 
 It also keeps the indexes that make placement cheap at fleet scale: ready
 nodes bucketed by their number of free devices per class, entirely free
@@ -17,12 +18,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw import memory
-from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import CPU_CLASS, NodeInventory, NodeState
+from llmgw.control.scheduler.placementnode import (
+    DeviceCache,
+    PlacementNode,
+    copy_node,
+    placement_node,
+)
+from llmgw.control.state import FleetState, ReplicaRecord
+from llmgw.wire import NodeState
 
 # An insertion-ordered set: iteration order must not depend on string hash
 # seeds, or the planner and the reconciler could pick different nodes for the
@@ -30,64 +36,7 @@ from llmgw.wire import CPU_CLASS, NodeInventory, NodeState
 OrderedSet = dict[str, None]
 
 
-@dataclass(slots=True)
-class NodeView:
-    """What placement needs to know about one node, by device class.
-
-    Only ``free``, ``used``, ``replicas`` and ``used_total`` change during a
-    pass; the other maps are shared with the inventory cache.
-    """
-
-    name: str
-    state: NodeState
-    fabrics: tuple[str, ...]
-    weights: frozenset[str]
-    # Healthy, placeable devices no replica holds, lowest number first.
-    free: dict[str, list[int]] = field(default_factory=dict)
-    # Healthy and placeable devices (free or not): what the node could offer.
-    capacity: dict[str, int] = field(default_factory=dict)
-    # Every device of the class, healthy or not.
-    total: dict[str, int] = field(default_factory=dict)
-    used: dict[str, int] = field(default_factory=dict)
-    unhealthy: dict[str, int] = field(default_factory=dict)
-    out_of_placement: dict[str, int] = field(default_factory=dict)
-    uuids: dict[int, str] = field(default_factory=dict)
-    device_class: dict[int, str] = field(default_factory=dict)
-    # Numbers of the healthy, placeable devices: only these can ever be freed,
-    # so releasing a replica that sat on a now-unhealthy card cannot make that
-    # card look free.
-    placeable: set[int] = field(default_factory=set)
-    # Replicas per model with a shard here (spreading).
-    replicas: dict[str, int] = field(default_factory=dict)
-    used_total: int = 0
-    capacity_total: int = 0
-    # The node's RAM (None: its agent does not say) and what the CPU
-    # replicas placed here are charged for it (llmgw.memory).
-    memory_total_mib: int | None = None
-    memory_used_mib: int = 0
-    # The snapshot allowed to change this view in place (Snapshot._own).
-    owner: object = None
-
-    def free_count(self, gpu_class: str) -> int:
-        free = self.free.get(gpu_class)
-        return len(free) if free else 0
-
-    @property
-    def entirely_free(self) -> bool:
-        return self.used_total == 0
-
-    @property
-    def memory_free_mib(self) -> int | None:
-        if self.memory_total_mib is None:
-            return None
-        return self.memory_total_mib - self.memory_used_mib
-
-    def on_cpu(self, numbers: Iterable[int]) -> bool:
-        """Whether a shard on these devices runs on CPU slots (and so in RAM)."""
-        return any(self.device_class.get(n) == CPU_CLASS for n in numbers)
-
-
-class Snapshot:
+class PlacementSnapshot:
     """Nodes by name plus the indexes over them; see the module docstring.
 
     A snapshot can be forked (``fork``): the fork shares every node view and
@@ -105,7 +54,7 @@ class Snapshot:
     """
 
     def __init__(
-        self, now: float, nodes: dict[str, NodeView], ram_need: dict[str, int] | None = None
+        self, now: float, nodes: dict[str, PlacementNode], ram_need: dict[str, int] | None = None
     ) -> None:
         self.now = now
         self.nodes = nodes
@@ -144,13 +93,13 @@ class Snapshot:
 
     # -- sharing -----------------------------------------------------------------
 
-    def fork(self, now: float) -> Snapshot:
+    def fork(self, now: float) -> PlacementSnapshot:
         """A snapshot equal to this one, sharing everything until either changes it."""
         # Versions are settled before the copy, so that an answer memoised
         # in this pass's fork holds for the next pass's while nothing changed.
         for gpu_class in self._class_nodes:
             self.version(gpu_class)
-        other = Snapshot.__new__(Snapshot)
+        other = PlacementSnapshot.__new__(PlacementSnapshot)
         other.now = now
         other.nodes = dict(self.nodes)
         other.ram_need = self.ram_need
@@ -167,10 +116,10 @@ class Snapshot:
         self._placing_shared = self._holding_shared = True
         return other
 
-    def _own(self, name: str) -> NodeView:
+    def _own(self, name: str) -> PlacementNode:
         view = self.nodes[name]
         if view.owner is not self._token:
-            view = self.nodes[name] = _copy_view(view, self._token)
+            view = self.nodes[name] = copy_node(view, self._token)
         return view
 
     def _placing(self) -> None:
@@ -187,7 +136,7 @@ class Snapshot:
 
     # -- indexes ---------------------------------------------------------------
 
-    def _index(self, view: NodeView) -> None:
+    def _index(self, view: PlacementNode) -> None:
         if view.state is not NodeState.READY:
             return
         self._placing()
@@ -206,7 +155,7 @@ class Snapshot:
                         if unordered is not None:
                             unordered.add(("whole", gpu_class, fabric))
 
-    def _unindex(self, view: NodeView) -> None:
+    def _unindex(self, view: PlacementNode) -> None:
         if view.state is not NodeState.READY:
             return
         self._placing()
@@ -255,7 +204,7 @@ class Snapshot:
             found = self._versions[gpu_class] = next(_VERSIONS)
         return found
 
-    def _touched(self, view: NodeView) -> None:
+    def _touched(self, view: PlacementNode) -> None:
         for gpu_class in view.total:
             self._versions.pop(gpu_class, None)
 
@@ -320,7 +269,7 @@ class Snapshot:
 
     # -- whole nodes (the keeper's changes between passes) -----------------------
 
-    def put_node(self, view: NodeView) -> None:
+    def put_node(self, view: PlacementNode) -> None:
         """Add ``view`` or replace the node's view by it (indexes follow)."""
         old = self.nodes.get(view.name)
         self.begin_changes()
@@ -357,7 +306,7 @@ class Snapshot:
         self._touched(old)
         self._unhold(old)
 
-    def _unhold(self, view: NodeView) -> None:
+    def _unhold(self, view: PlacementNode) -> None:
         for model in view.weights:
             _discard(self._holders, model, view.name)
         for gpu_class in view.total:
@@ -405,146 +354,6 @@ def _discard(index: dict[str, OrderedSet], key: str, name: str) -> None:
             del index[key]
 
 
-def _copy_view(view: NodeView, owner: object) -> NodeView:
-    """A view whose changing parts (free, used, replicas) are its own."""
-    return NodeView(
-        name=view.name,
-        state=view.state,
-        fabrics=view.fabrics,
-        weights=view.weights,
-        free={c: list(numbers) for c, numbers in view.free.items()},
-        capacity=view.capacity,
-        total=view.total,
-        used=dict(view.used),
-        unhealthy=view.unhealthy,
-        out_of_placement=view.out_of_placement,
-        uuids=view.uuids,
-        device_class=view.device_class,
-        placeable=view.placeable,
-        replicas=dict(view.replicas),
-        used_total=view.used_total,
-        capacity_total=view.capacity_total,
-        memory_total_mib=view.memory_total_mib,
-        memory_used_mib=view.memory_used_mib,
-        owner=owner,
-    )
-
-
-@dataclass(slots=True)
-class _Devices:
-    """What a node's inventory says, independent of replicas and time.
-
-    Shared (never mutated) by every NodeView built from the same inventory
-    object; only the free lists are copied per snapshot.
-    """
-
-    free: dict[str, list[int]] = field(default_factory=dict)
-    capacity: dict[str, int] = field(default_factory=dict)
-    total: dict[str, int] = field(default_factory=dict)
-    unhealthy: dict[str, int] = field(default_factory=dict)
-    out_of_placement: dict[str, int] = field(default_factory=dict)
-    uuids: dict[int, str] = field(default_factory=dict)
-    device_class: dict[int, str] = field(default_factory=dict)
-    placeable: set[int] = field(default_factory=set)
-    capacity_total: int = 0
-
-
-def _devices(inventory: NodeInventory | None) -> _Devices:
-    out = _Devices()
-    if inventory is None:
-        return out
-    # Locals, not attribute lookups: this runs for every device of every
-    # node when a snapshot is first built (80,000 devices at 10,000 nodes).
-    total, uuids, device_class = out.total, out.uuids, out.device_class
-    capacity, free, placeable = out.capacity, out.free, out.placeable
-    placeable_count = 0
-    for device in inventory.devices:
-        gpu_class = device.gpu_class
-        number = device.number
-        total[gpu_class] = total.get(gpu_class, 0) + 1
-        uuids[number] = device.uuid
-        device_class[number] = gpu_class
-        # Unhealthy devices are neither used nor free: counting them as free is
-        # how a fleet looks like it has room it does not have.
-        if not device.healthy:
-            out.unhealthy[gpu_class] = out.unhealthy.get(gpu_class, 0) + 1
-        elif not device.placeable:
-            out.out_of_placement[gpu_class] = out.out_of_placement.get(gpu_class, 0) + 1
-        else:
-            capacity[gpu_class] = capacity.get(gpu_class, 0) + 1
-            numbers = free.get(gpu_class)
-            if numbers is None:
-                free[gpu_class] = [number]
-            else:
-                numbers.append(number)
-            placeable.add(number)
-            placeable_count += 1
-    out.capacity_total = placeable_count
-    for numbers in free.values():
-        numbers.sort()
-    return out
-
-
-class DeviceCache:
-    """Inventories already digested, by node, keyed by the inventory object.
-
-    Digesting 2,000 inventories is most of a snapshot's cost, and between
-    two passes almost none of them change. The key is the object itself:
-    the control plane replaces a node's inventory when a report brings a
-    different one and never edits it in place, so the same object means
-    the same devices. (A report handler that replaces even equal
-    inventories only costs hits, never correctness.)
-    """
-
-    def __init__(self) -> None:
-        # node -> (the inventory object, its digest). Read directly by the
-        # keeper's per-pass sweep of every node, where a method call per
-        # node was a tenth of the sweep; written only through ``get``.
-        self.entries: dict[str, tuple[NodeInventory | None, _Devices]] = {}
-
-    def get(self, node: NodeRecord) -> _Devices:
-        entry = self.entries.get(node.name)
-        if entry is not None and entry[0] is node.inventory:
-            return entry[1]
-        devices = _devices(node.inventory)
-        self.entries[node.name] = (node.inventory, devices)
-        return devices
-
-    def forget_missing(self, names: Iterable[str]) -> None:
-        keep = set(names)
-        for name in [n for n in self.entries if n not in keep]:
-            del self.entries[name]
-
-
-def node_view(node: NodeRecord, now: float, cache: DeviceCache | None = None) -> NodeView:
-    devices = cache.get(node) if cache is not None else _devices(node.inventory)
-    return NodeView(
-        name=node.name,
-        state=node.state(now),
-        fabrics=tuple(node.fabrics),
-        weights=frozenset(w.model for w in node.weights),
-        free={c: list(numbers) for c, numbers in devices.free.items()},
-        capacity=devices.capacity,
-        total=devices.total,
-        used={},
-        unhealthy=devices.unhealthy,
-        out_of_placement=devices.out_of_placement,
-        uuids=devices.uuids,
-        device_class=devices.device_class,
-        placeable=devices.placeable,
-        replicas={},
-        used_total=0,
-        capacity_total=devices.capacity_total,
-        memory_total_mib=_usable_ram(node.inventory),
-    )
-
-
-def _usable_ram(inventory: NodeInventory | None) -> int | None:
-    if inventory is None or inventory.memory_total_mib is None:
-        return None
-    return memory.usable_mib(inventory.memory_total_mib)
-
-
 def ram_needs(state: FleetState) -> dict[str, int]:
     """What one CPU shard of each RAM-placed model is charged (llmgw.memory.need_mib).
 
@@ -569,14 +378,14 @@ def build_snapshot(
     *,
     exclude: Iterable[str] = (),
     cache: DeviceCache | None = None,
-) -> Snapshot:
+) -> PlacementSnapshot:
     """The fleet as placement sees it at ``now``.
 
     ``exclude`` names replicas whose devices count as free (replicas the
     current pass is removing); ``cache`` keeps digested inventories between
     passes.
     """
-    views = {name: node_view(node, now, cache) for name, node in sorted(state.nodes.items())}
+    views = {name: placement_node(node, now, cache) for name, node in sorted(state.nodes.items())}
     if cache is not None:
         cache.forget_missing(views)
     skip = set(exclude)
@@ -600,4 +409,4 @@ def build_snapshot(
             view.replicas[replica.model] = view.replicas.get(replica.model, 0) + 1
             if replica.model in ram_need and view.on_cpu(shard.device_numbers):
                 view.memory_used_mib += ram_need[replica.model]
-    return Snapshot(now, views, ram_need)
+    return PlacementSnapshot(now, views, ram_need)

@@ -26,8 +26,8 @@ from llmgw.control.scheduler.decisions import (
 from llmgw.control.scheduler.demand import desired_count, idle_for
 from llmgw.control.scheduler.filters import Request
 from llmgw.control.scheduler.node_failures import NodeFailureBook, span
+from llmgw.control.scheduler.placementnode import DeviceCache, PlacementNode
 from llmgw.control.scheduler.retire import finish_drain, retire, retire_order
-from llmgw.control.scheduler.snapshot import DeviceCache, NodeView
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
@@ -41,7 +41,10 @@ class ShapeCheck:
     """
 
     def __init__(
-        self, state: FleetState, cache: DeviceCache, views: Mapping[str, NodeView] | None = None
+        self,
+        state: FleetState,
+        cache: DeviceCache,
+        views: Mapping[str, PlacementNode] | None = None,
     ) -> None:
         self.state = state
         self._cache = cache
