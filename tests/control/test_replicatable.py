@@ -73,8 +73,8 @@ def test_fleet_state_takes_a_plain_dict_and_answers_from_the_indexes() -> None:
     state = FleetState(replicas={"a": a, "b": b})  # type: ignore[arg-type]
     assert isinstance(state.replicas, ReplicaTable)
     assert state.replicas_of("m1") == [a] and state.replicas_of("m3") == []
-    assert state.replicas_on("n2") == [a, b] and state.replicas_on("n9") == []
+    assert list(state.replicas.on_node("n2")) == [a, b] and not list(state.replicas.on_node("n9"))
     # Same model and nodes under the same id: the place in the indexes is kept.
     a2 = replica("a", "m1", ["n1", "n2"])
     state.replicas["a"] = a2
-    assert state.replicas_on("n2") == [a2, b]
+    assert list(state.replicas.on_node("n2")) == [a2, b]

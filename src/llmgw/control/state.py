@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -109,9 +108,6 @@ class NodeRecord:
         if self.last_seen is None:
             return -math.inf
         return self._heard_at() + UNREACHABLE_AFTER_S
-
-    def model_names_with_weights(self) -> list[str]:
-        return sorted({w.model for w in self.weights})
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,9 +298,6 @@ class FleetState:
             and self.reachable(replica, now)
         )
 
-    def replicas_on(self, node: str) -> list[ReplicaRecord]:
-        return list(self.replicas.on_node(node))
-
     def resolve_model(self, name: str) -> ModelRecord | None:
         record = self.models.get(name)
         if record is not None:
@@ -322,7 +315,3 @@ def replica_reachable(replica: ReplicaRecord, nodes: dict[str, NodeRecord], now:
         if node is None or node.state(now) is NodeState.UNREACHABLE:
             return False
     return True
-
-
-def now() -> float:
-    return time.time()

@@ -27,7 +27,6 @@ from llmgw.control.scheduler.filters import (
     TOO_LITTLE_RAM,
     TOO_SMALL,
     UNREACHABLE,
-    Rejection,
     Request,
 )
 from llmgw.control.scheduler.snapshot import PlacementSnapshot
@@ -242,16 +241,3 @@ def _phrase(key: tuple[str, str], n: int, request: Request, most_free: dict[str,
     if reason == FAILED_HERE:
         return f"{n} avoided after failures of {request.model} there"
     return f"{n} {reason}"
-
-
-def rejection_text(rejection: Rejection) -> str:
-    """One node's rejection as words (for a per-node view in the planner)."""
-    numbers = []
-    if rejection.requested is not None:
-        numbers.append(f"needs {rejection.requested}")
-    if rejection.available is not None:
-        numbers.append(f"{rejection.available} free")
-    if rejection.capacity is not None:
-        numbers.append(f"{rejection.capacity} usable")
-    suffix = f" ({', '.join(numbers)})" if numbers else ""
-    return f"{rejection.reason} {rejection.dimension}{suffix}"

@@ -148,11 +148,6 @@ class Placer:
             )
         return found
 
-    def rejections(self, node: PlacementNode, request: Request) -> list[Rejection]:
-        """Every filter's answer, not just the first (for explanations)."""
-        found = (check.check(node, request) for check in self.filters)
-        return [r for r in found if r is not None]
-
     def score(self, node: PlacementNode, request: Request, gpu_class: str) -> Candidate:
         parts = []
         total = 0.0
