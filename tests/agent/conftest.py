@@ -7,8 +7,11 @@ import contextlib
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from tests.agent.fakes import FakeControlPlane, StubAdapter, serve_app
@@ -17,7 +20,10 @@ from tests.agent.helpers import cpu_slot
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.memguard import MemoryGuard, agent_tag
+from llmgw.agent.replicas import ReplicaRunner
 from llmgw.wire import EngineKind, NodeInventory
+
+T = TypeVar("T")
 
 
 def cpu_inventory(slots: int = 4, host: str = "h") -> NodeInventory:
@@ -94,3 +100,51 @@ async def make_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
     for directory in dirs:
         with contextlib.suppress(Exception):
             MemoryGuard(agent_tag(directory), "cgroup")
+
+
+Calls = list[tuple[float, T]]
+
+
+@dataclass
+class WatchLog:
+    """What the agents' watch loops did, each call with when it ended (monotonic).
+
+    A test that checks nothing happened to a serving engine reads here that
+    the loop did look at it meanwhile: an idle loop would pass it as well.
+    """
+
+    probes: Calls[str | None] = field(default_factory=list)  # None: it answered
+    # (running, counters) as read, or what the scrape raised
+    scrapes: Calls[tuple[float, tuple[float, ...]] | Exception] = field(default_factory=list)
+
+    @staticmethod
+    def since(calls: Calls[T], start: float) -> list[T]:
+        return [got for when, got in calls if when >= start]
+
+    @staticmethod
+    def spans(calls: Calls[T], start: float, seconds: float) -> bool:
+        """Whether the calls went on until ``seconds`` after ``start``."""
+        return bool(calls) and calls[-1][0] - start >= seconds
+
+
+@pytest.fixture
+def watch_log(monkeypatch: pytest.MonkeyPatch) -> WatchLog:
+    log = WatchLog()
+
+    def spy(name: str, into: Calls[Any]) -> None:
+        original = getattr(ReplicaRunner, name)
+
+        async def recorded(self: ReplicaRunner, *args: object) -> object:
+            try:
+                got = await original(self, *args)
+            except Exception as exc:
+                into.append((time.monotonic(), exc))
+                raise
+            into.append((time.monotonic(), got))
+            return got
+
+        monkeypatch.setattr(ReplicaRunner, name, recorded)
+
+    spy("_probe", log.probes)
+    spy("_scrape", log.scrapes)
+    return log

@@ -8,17 +8,18 @@ up after 3 failed probes spanning 1.5 s.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tests.agent.conftest import AgentFactory
+from tests.agent.conftest import AgentFactory, WatchLog
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot
 from tests.agent.test_agent import alive, stub_model, wait_dead
+from tests.waiting import eventually
 
 from llmgw.agent.liveness import FailedProbes, Liveness
 from llmgw.agent.state import EngineRecord
@@ -133,7 +134,7 @@ async def test_engine_that_stops_answering_health_is_killed_and_failed(
 
 
 async def test_a_short_stall_is_reported_but_not_failed(
-    fake_cp: FakeControlPlane, make_agent: AgentFactory
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, watch_log: WatchLog
 ) -> None:
     make_agent("n1", liveness=FAST)
     # Failed probes (one or two) span at most the stall plus one probe
@@ -145,7 +146,12 @@ async def test_a_short_stall_is_reported_but_not_failed(
     recovered = await fake_cp.wait_state("r1", ReplicaState.READY)
     while recovered.reason is not None:
         recovered = await fake_cp.wait_state("r1", ReplicaState.READY)
-    await asyncio.sleep(2.0)  # longer than the window
+    since = time.monotonic()
+    # The agent went on probing for longer than the window, and each probe passed.
+    await eventually(
+        lambda: WatchLog.spans(watch_log.probes, since, 2.0), what="probes over 2 s"
+    )
+    assert set(WatchLog.since(watch_log.probes, since)) == {None}
     seen = [s for r in fake_cp.reports if (s := status_of(r)) is not None]
     assert ReplicaState.FAILED not in {s.state for s in seen}
     assert seen[-1].state == ReplicaState.READY and seen[-1].reason is None

@@ -12,17 +12,19 @@ import asyncio
 import contextlib
 import dataclasses
 import re
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from tests.agent.conftest import AgentFactory
+from tests.agent.conftest import AgentFactory, WatchLog
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, model
 from tests.agent.test_agent import alive, wait_dead
 from tests.agent.test_engines import ctx
 from tests.agent.test_liveness import status_of
+from tests.waiting import eventually
 
 from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext
@@ -364,12 +366,22 @@ async def test_engine_that_stalls_with_a_request_running_is_killed_and_failed(
 
 
 async def test_an_idle_engine_with_still_counters_is_left_alone(
-    fake_cp: FakeControlPlane, make_agent: AgentFactory
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, watch_log: WatchLog
 ) -> None:
     # Its engine steps stop too: nothing tells it from a stuck engine but the
     # running gauge, which says there is nothing to make progress on.
     ready = await ready_sim(fake_cp, make_agent, SimAdapter(), sim_model(stall_after_s=0.2))
-    await asyncio.sleep(2.5)  # the stall, then longer than the window
+    since = time.monotonic()
+    # The stall, then longer than the window: scraped all along, and each
+    # scrape read still counters with nothing running.
+    await eventually(
+        lambda: WatchLog.spans(watch_log.scrapes, since, 2.5), what="scrapes over 2.5 s"
+    )
+    read = WatchLog.since(watch_log.scrapes, since)
+    values = [got for got in read if not isinstance(got, Exception)]
+    assert values and len(values) == len(read), read
+    assert {running for running, _ in values} == {0.0}
+    assert len({counters for _, counters in values}) == 1
     seen = serving(fake_cp)
     assert {s.state for s in seen} == {ReplicaState.READY}
     assert all(s.reason is None for s in seen)
@@ -393,16 +405,22 @@ async def test_a_slow_engine_that_makes_progress_is_left_alone(
 
 
 async def test_an_engine_without_metrics_is_not_scraped(
-    fake_cp: FakeControlPlane, make_agent: AgentFactory
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, watch_log: WatchLog
 ) -> None:
     # The same stall with a request running as above, but the launch names no
     # metrics (as llama.cpp's): only the health probe watches it, and /health
     # answers. Without the scrape nothing notices, which is the point here.
     ready = await ready_sim(fake_cp, make_agent, NoMetricsSim(), sim_model(stall_after_s=0.5))
     assert ready.port is not None
+    since = time.monotonic()
     async with streaming(ready.port, max_tokens=10_000) as flight:
-        await asyncio.sleep(2.5)  # the stall, then longer than the window
+        # The stall, then longer than the window: probed all along, never scraped.
+        await eventually(
+            lambda: WatchLog.spans(watch_log.probes, since, 2.5), what="probes over 2.5 s"
+        )
         assert flight.chunks and not flight.task.done()
+    assert not watch_log.scrapes
+    assert set(WatchLog.since(watch_log.probes, since)) == {None}
     seen = serving(fake_cp)
     assert {s.state for s in seen} == {ReplicaState.READY}
     assert all(s.reason is None for s in seen)
