@@ -26,9 +26,10 @@ from llmgw.control.scheduler.filters import Request
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.placementnode import DeviceCache
+from llmgw.control.scheduler.shapecheck import ShapeCheck
 from llmgw.control.scheduler.shortfall import place_shortfall
 from llmgw.control.scheduler.snapshot import build_snapshot
-from llmgw.control.scheduler.triage import ShapeCheck, steady_answer, triage_model
+from llmgw.control.scheduler.triage import TriagePass, steady_answer, triage_model
 from llmgw.control.state import FleetState
 from llmgw.wire import NodeState
 
@@ -94,6 +95,9 @@ def decide(
     # the shape check without a lookup of the node's digested inventory.
     base = keeper.refresh(state, now, node_states) if keeper is not None else None
     shapes = ShapeCheck(state, cache, base.nodes if base is not None else None)
+    triaging = TriagePass(
+        out, now, policy, shapes, lost_nodes, draining_nodes, unreachable_nodes, known_draining
+    )
     # Steady models' answers from earlier passes, while they hold (triagememo.py).
     memo = keeper.triage if keeper is not None and shortcut else None
     if memo is not None and keeper is not None:
@@ -113,18 +117,7 @@ def decide(
             if memo is not None:
                 memo.keep(record, replicas, item)
         else:
-            item = triage_model(
-                out,
-                record,
-                replicas,
-                now,
-                policy,
-                lost_nodes,
-                draining_nodes,
-                shapes,
-                known_draining,
-                unreachable_nodes,
-            )
+            item = triage_model(triaging, record, replicas)
         work.append(item)
 
     pending = [w for w in work if w.to_place > 0]
