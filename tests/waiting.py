@@ -17,8 +17,12 @@ T = TypeVar("T")
 
 
 async def eventually(check: Callable[[], T | Awaitable[T]], within_s: float = 10.0,
-                     what: str = "the condition", every_s: float = 0.05) -> T:
-    """Poll `check` (plain or async) until it returns something truthy; return that."""
+                     what: str = "the condition", every_s: float = 0.05,
+                     note: Callable[[], object] | None = None) -> T:
+    """Poll `check` (plain or async) until it returns something truthy; return that.
+
+    ``note``, if given, says at the timeout what was last seen.
+    """
     deadline = time.monotonic() + within_s
     while True:
         got = check()
@@ -27,12 +31,13 @@ async def eventually(check: Callable[[], T | Awaitable[T]], within_s: float = 10
         if got:
             return got  # type: ignore[return-value]
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+            raise AssertionError(_timed_out(within_s, what, note))
         await asyncio.sleep(every_s)
 
 
 def eventually_sync(check: Callable[[], T], within_s: float = 10.0,
-                    what: str = "the condition", every_s: float = 0.05) -> T:
+                    what: str = "the condition", every_s: float = 0.05,
+                    note: Callable[[], object] | None = None) -> T:
     """`eventually` for tests without an event loop (subprocesses, threads)."""
     deadline = time.monotonic() + within_s
     while True:
@@ -40,5 +45,10 @@ def eventually_sync(check: Callable[[], T], within_s: float = 10.0,
         if got:
             return got
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+            raise AssertionError(_timed_out(within_s, what, note))
         time.sleep(every_s)
+
+
+def _timed_out(within_s: float, what: str, note: Callable[[], object] | None) -> str:
+    seen = f"; last seen: {note()}" if note is not None else ""
+    return f"timed out after {within_s} s waiting for {what}{seen}"
