@@ -9,6 +9,7 @@ import pytest
 
 from llmgw.control.reconciler import Reconciler, unpark
 from llmgw.control.rows import model_from_row, model_row
+from llmgw.control.scheduler.decisions import Policy
 from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, ModelRecord, NodeFailure, NodeRecord, ReplicaRecord
@@ -84,7 +85,7 @@ async def test_a_stale_epoch_changes_neither_store_nor_memory(store: Store) -> N
 async def test_failures_back_off_exponentially_then_park_and_unpark(store: Store) -> None:
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a"), [model("m")], T0)
-    reconciler = Reconciler(state, store, failure_limit=3, backoff_base_s=10.0)
+    reconciler = Reconciler(state, store, policy=Policy(failure_limit=3, backoff_base_s=10.0))
     now = T0
     await reconciler.run_pass(now, epoch)
     retried_at = []
@@ -140,7 +141,7 @@ async def test_a_model_that_failed_on_a_node_is_next_placed_on_another(store: St
     epoch = await store.bump_epoch()
     nodes = [gpu_node("a", gpus=1, seen_at=T0, weights=["m"]), gpu_node("b", gpus=1, seen_at=T0)]
     state = fleet(nodes, [model("m")], T0)
-    reconciler = Reconciler(state, store, backoff_base_s=5.0)
+    reconciler = Reconciler(state, store, policy=Policy(backoff_base_s=5.0))
     await reconciler.run_pass(T0, epoch)
     assert only(state).nodes == ["a"]  # it holds the weights
     fail_all_starting(state)
@@ -171,7 +172,7 @@ async def test_with_one_node_a_failed_model_is_retried_there_after_its_backoff(
     state = fleet(one_gpu_nodes("a"), [model("m")], T0)
     # The model's backoff (10 s) is far shorter than the node's (60 s): with
     # nowhere else to go, the model's own backoff decides.
-    reconciler = Reconciler(state, store, backoff_base_s=10.0)
+    reconciler = Reconciler(state, store, policy=Policy(backoff_base_s=10.0))
     await reconciler.run_pass(T0, epoch)
     fail_all_starting(state)
     await reconciler.run_pass(T0 + 1, epoch)
@@ -191,7 +192,7 @@ async def test_a_model_failing_on_one_node_is_not_parked_while_others_serve_it(
     # Three one-card nodes, a broken; two replicas wanted.
     nodes = [gpu_node(n, gpus=1, seen_at=T0, weights=["m"] if n == "a" else []) for n in "abc"]
     state = fleet(nodes, [model("m", min_replicas=2)], T0)
-    reconciler = Reconciler(state, store, failure_limit=3, backoff_base_s=1.0)
+    reconciler = Reconciler(state, store, policy=Policy(failure_limit=3, backoff_base_s=1.0))
     now = T0
     await reconciler.run_pass(now, epoch)
     for step in range(6):
@@ -215,7 +216,7 @@ async def test_a_model_failing_on_one_node_is_not_parked_while_others_serve_it(
 async def test_a_model_failing_on_every_node_is_parked_as_before(store: Store) -> None:
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a", "b", "c", "d"), [model("m")], T0)
-    reconciler = Reconciler(state, store, failure_limit=3, backoff_base_s=1.0)
+    reconciler = Reconciler(state, store, policy=Policy(failure_limit=3, backoff_base_s=1.0))
     now = T0
     await reconciler.run_pass(now, epoch)
     tried = []
@@ -240,7 +241,7 @@ async def test_a_model_failing_on_every_node_is_parked_as_before(store: Store) -
 async def test_a_replica_that_becomes_ready_resets_the_failure_count(store: Store) -> None:
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a"), [model("m")], T0)
-    reconciler = Reconciler(state, store, backoff_base_s=1.0)
+    reconciler = Reconciler(state, store, policy=Policy(backoff_base_s=1.0))
     await reconciler.run_pass(T0, epoch)
     only(state).state = ReplicaState.FAILED
     await reconciler.run_pass(T0 + 1, epoch)
@@ -296,7 +297,7 @@ async def test_idle_on_demand_replicas_are_evicted_longest_idle_first(store: Sto
         model("fresh", min_replicas=0, max_replicas=1),
     ]
     state = fleet(one_gpu_nodes("a", gpus=3), specs, T0)
-    reconciler = Reconciler(state, store, evict_min_idle_s=60.0)
+    reconciler = Reconciler(state, store, policy=Policy(evict_min_idle_s=60.0))
     for name in ("old", "recent", "fresh"):
         state.models[name].demand_at = T0
     await reconciler.run_pass(T0, epoch)
@@ -329,7 +330,7 @@ async def test_idle_on_demand_replicas_are_evicted_longest_idle_first(store: Sto
 async def test_draining_node_moves_replicas_make_before_break(store: Store) -> None:
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a", "b"), [model("m")], T0)
-    reconciler = Reconciler(state, store, drain_grace_s=5.0)
+    reconciler = Reconciler(state, store, policy=Policy(drain_grace_s=5.0))
     await reconciler.run_pass(T0, epoch)
     old = only(state)
     ready(old, T0 + 1)
@@ -377,7 +378,7 @@ async def test_replicas_on_nodes_unreachable_past_the_grace_are_replaced(store: 
     # for (its node may come back with a warm cache), then replaced.
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a", "b", "c"), [model("m", min_replicas=2)], T0)
-    reconciler = Reconciler(state, store, replace_after_s=120.0)
+    reconciler = Reconciler(state, store, policy=Policy(replace_after_s=120.0))
     await reconciler.run_pass(T0, epoch)
     for replica in state.replicas.values():
         ready(replica, T0)
@@ -399,7 +400,7 @@ async def test_replicas_on_nodes_unreachable_past_the_grace_are_replaced(store: 
 async def test_a_model_left_with_no_routable_replica_is_replaced_at_once(store: Store) -> None:
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a", "b"), [model("m")], T0)
-    reconciler = Reconciler(state, store, replace_after_s=120.0)
+    reconciler = Reconciler(state, store, policy=Policy(replace_after_s=120.0))
     await reconciler.run_pass(T0, epoch)
     lost = only(state)
     ready(lost, T0)
@@ -428,7 +429,7 @@ async def test_a_model_left_with_no_routable_replica_is_replaced_at_once(store: 
 async def test_with_nowhere_to_go_a_stranded_replica_is_kept(store: Store) -> None:
     epoch = await store.bump_epoch()
     state = fleet(one_gpu_nodes("a"), [model("m")], T0)
-    reconciler = Reconciler(state, store, replace_after_s=120.0)
+    reconciler = Reconciler(state, store, policy=Policy(replace_after_s=120.0))
     await reconciler.run_pass(T0, epoch)
     lost = only(state)
     ready(lost, T0)

@@ -24,7 +24,7 @@ from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
-from llmgw.control.state import REPLACE_AFTER_S, FleetState, ModelRecord
+from llmgw.control.state import FleetState, ModelRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotFoundError
 from llmgw.wire import Event, ReplicaState
@@ -74,32 +74,14 @@ class Reconciler:
         state: FleetState,
         store: Store | ReplicaWriter,
         *,
-        failure_limit: int = 5,
-        park_min_nodes: int = 2,
-        backoff_base_s: float = 5.0,
-        backoff_max_s: float = 300.0,
-        node_backoff_base_s: float = 60.0,
-        node_backoff_max_s: float = 3600.0,
-        replace_after_s: float = REPLACE_AFTER_S,
-        drain_grace_s: float = 5.0,
-        drain_timeout_s: float = 120.0,
-        evict_min_idle_s: float = 60.0,
+        policy: Policy | None = None,
         placer: Placer | None = None,
     ) -> None:
         self.state = state
         self.store = store
-        self.policy = Policy(
-            failure_limit=failure_limit,
-            park_min_nodes=park_min_nodes,
-            backoff_base_s=backoff_base_s,
-            backoff_max_s=backoff_max_s,
-            node_backoff_base_s=node_backoff_base_s,
-            node_backoff_max_s=node_backoff_max_s,
-            replace_after_s=replace_after_s,
-            drain_grace_s=drain_grace_s,
-            drain_timeout_s=drain_timeout_s,
-            evict_min_idle_s=evict_min_idle_s,
-        )
+        # The control plane's (ControlPlane.policy), which the admin plan
+        # reads too: a plan with other knobs would predict other parking.
+        self.policy = policy or Policy()
         self.placer = placer or Placer()
         # The snapshot of the fleet kept between passes (scheduler/keeper.py).
         self._keeper = SnapshotKeeper()

@@ -36,14 +36,12 @@ class ControlPlaneRuntime:
         *,
         reconcile_interval_s: float = RECONCILE_INTERVAL_S,
         name: str = "",
-        failure_limit: int = 5,
         advertise_url: str = "",
         retention: Retention | None = None,
     ) -> None:
         self.cp = cp
         self.retention = retention or Retention()
         self.reconcile_interval_s = reconcile_interval_s
-        self.failure_limit = failure_limit
         self.election = LeaderElection(
             cp.store, self._on_leadership, name=name, advertise_url=advertise_url,
             leadership=cp.leadership,
@@ -115,7 +113,7 @@ class ControlPlaneRuntime:
     async def _reconcile_loop(self, epoch: int) -> None:
         from llmgw.control.reconciler import Reconciler
 
-        reconciler = Reconciler(self.cp.state, self.cp.writes, failure_limit=self.failure_limit)
+        reconciler = Reconciler(self.cp.state, self.cp.writes, policy=self.cp.policy)
         last = assignment_signature(self.cp.state)
         while True:
             started = time.perf_counter()

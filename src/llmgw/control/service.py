@@ -41,6 +41,7 @@ from llmgw.control.rows import (
     replica_from_row,
     replica_row,
 )
+from llmgw.control.scheduler.decisions import Policy
 from llmgw.control.standby import LeaderHint
 from llmgw.control.state import (
     UNREACHABLE_AFTER_S,
@@ -125,6 +126,10 @@ class ControlPlane:
         self.leadership = leadership or Leadership()
         self.writes = FencedWrites(store, self.leadership)
         self.state = state or FleetState()
+        # The reconciler's knobs (scheduler.decisions.Policy): the runtime's
+        # reconciler and the admin plan read this one object, so a plan
+        # parks and backs off as the passes it predicts do.
+        self.policy = Policy()
         self._pending_heartbeats: dict[str, float] = {}
         self._keys: dict[str, ApiKeyInfo] = {}
         self._gateway_config: GatewayConfig | None = None

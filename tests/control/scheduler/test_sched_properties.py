@@ -238,7 +238,8 @@ async def _agree(node_list: list[NodeRecord], specs: list[ModelSpec], fails: lis
         try:
             epoch = await store.bump_epoch()
             state = fleet(node_list, specs, NOW)
-            reconciler = Reconciler(state, store, backoff_base_s=0.0, failure_limit=3)
+            policy = Policy(backoff_base_s=0.0, failure_limit=3)
+            reconciler = Reconciler(state, store, policy=policy)
             for step in range(3):
                 now = NOW + step
                 predicted = plan(state, now, policy=reconciler.policy)

@@ -412,7 +412,7 @@ def build_admin_router(
     def _plan(what_if: list[ModelSpec] | None) -> dict[str, Any]:
         from llmgw.control.scheduler.planner import plan
 
-        return plan(state, time.time(), what_if=what_if).model_dump(mode="json")
+        return plan(state, time.time(), what_if=what_if, policy=cp.policy).model_dump(mode="json")
 
     @router.post("/apply", response_model=schemas.ApplyResult, tags=["models"])
     async def apply(body: schemas.CatalogInput) -> Response:
