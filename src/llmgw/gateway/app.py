@@ -28,8 +28,8 @@ import time
 from collections.abc import Awaitable, Callable
 
 from llmgw import secrets, wire
-from llmgw.gateway import handler, passthrough
-from llmgw.gateway.handler import Runtime
+from llmgw.gateway import front, handler, passthrough
+from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
 from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -311,7 +311,7 @@ class Gateway:
         return endpoint
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await handler.list_models(self.runtime, scope, send)
+        await front.list_models(self.runtime, scope, send)
 
     async def _scrape(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._metrics_allowed(scope):
@@ -335,7 +335,7 @@ class Gateway:
 
     @staticmethod
     def _id() -> list[tuple[bytes, bytes]]:
-        return [(b"x-request-id", handler.new_request_id().encode())]
+        return [(b"x-request-id", front.new_request_id().encode())]
 
     async def _refuse(self, send: Send, status: int, message: str) -> None:
         await send_error(send, ApiError(status, message), self._id())

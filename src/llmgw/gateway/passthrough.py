@@ -2,8 +2,9 @@
 
 They share the chat route's front half in :func:`llmgw.gateway.handler.handle`
 (key, body cap, envelope check, model and key's models, RPM/TPM limits, a
-client that leaves) and its choice of a replica (waiting for an on-demand
-model, retries elsewhere before the first byte, cool-down); what differs
+client that leaves) and its choice of a replica in :mod:`llmgw.gateway.forward`
+(waiting for an on-demand model, retries elsewhere before the first byte,
+cool-down); what differs
 lives here, decided once per route (:data:`ROUTES`, mounted by the gateway's
 route table):
 
@@ -34,23 +35,21 @@ APIs it uses; the other routes hold no prompt worth caching and route by load.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from llmgw.gateway.auth import KeyRecord
-from llmgw.gateway.external import renaming_send
-from llmgw.gateway.handler import Runtime, _account, _Prefill, _replica_for, parse
+from llmgw.gateway.forward import Call, Prefill, account, answer_whole, first_chunk, forward
+from llmgw.gateway.front import header, parse
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
 from llmgw.gateway.prefix import render_chat
 from llmgw.gateway.proxy import Usage, sse_error, usage_object
-from llmgw.gateway.responses import JSON, ApiError, overhead_header, send_bytes
+from llmgw.gateway.responses import ApiError
 from llmgw.gateway.routing import ModelRouter, Replica
-from llmgw.gateway.types import Scope, Send
+from llmgw.gateway.types import Scope
 from llmgw.gateway.validation import (
     RERANK_PATH,
     RESPONSES_PATH,
@@ -62,7 +61,6 @@ from llmgw.gateway.validation import (
 log = logging.getLogger(__name__)
 
 _SSE = b"text/event-stream"
-_SSE_HEADERS = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
 _USAGE_MARKS = (b'"usage":{', b'"usage": {')
 
 
@@ -110,15 +108,23 @@ class PassThrough:
     def parse(self, scope: Scope, body: bytes) -> dict[str, Any]:
         if not self.form:
             return parse(body)
-        return read_form(body, boundary_of(_header(scope, b"content-type")))
+        return read_form(body, boundary_of(header(scope, b"content-type")))
 
     async def proxy(
-        self, rt: Runtime, payload: dict[str, Any], body: bytes, router: ModelRouter,
-        record: KeyRecord, started: float, request_id: str, id_header: tuple[bytes, bytes],
-        send: Send,
-    ) -> int:  # fmt: skip
-        return await _proxy(rt, self, payload, body, router, record, started, request_id,
-                            id_header, send)  # fmt: skip
+        self, call: Call, payload: dict[str, Any], body: bytes, router: ModelRouter
+    ) -> int:
+        snapshot = call.rt.snapshot
+        if snapshot is not None:
+            narrowed = snapshot.support.router(router, self.path)
+            if narrowed is None:
+                raise _not_served(call.model, self.path)
+            router = narrowed
+        upstream_body, headers = _upstream_body(
+            self, payload, body, router.route.served_name, router.route.max_output_tokens
+        )
+        prompt = self.prompt(payload) if self.prompt and router.policy == "prefix" else None
+        passing = _Passing(call, self, upstream_body, headers, self.wants_stream(payload))
+        return await forward(call, router, prompt, passing)
 
     def wants_stream(self, payload: dict[str, Any]) -> bool:
         if not self.streams:
@@ -146,13 +152,6 @@ ROUTES: dict[str, PassThrough] = {
     SCORE_PATH: PassThrough(SCORE_PATH),
     TRANSCRIPTIONS_PATH: PassThrough(TRANSCRIPTIONS_PATH, form=True, streams=True, ends=_DONE),
 }
-
-
-def _header(scope: Scope, name: bytes) -> bytes | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return value  # type: ignore[no-any-return]
-    return None
 
 
 def usage_in(data: bytes) -> Usage | None:
@@ -207,123 +206,44 @@ def _upstream_body(
     return (orjson.dumps(payload) if changed else body), b""
 
 
-async def _proxy(
-    rt: Runtime, route: PassThrough, payload: dict[str, Any], body: bytes,
-    router: ModelRouter, record: KeyRecord, started: float, request_id: str,
-    id_header: tuple[bytes, bytes], send: Send,
-) -> int:  # fmt: skip
-    settings = rt.settings
-    metrics = rt.metrics
-    snapshot = rt.snapshot
-    model = router.route.name
-    if snapshot is not None:
-        narrowed = snapshot.support.router(router, route.path)
+class _Passing:
+    """One request of a passed-through route, on its way to replicas that serve the route."""
+
+    __slots__ = ("body", "call", "headers", "route", "stream")
+
+    def __init__(self, call: Call, route: PassThrough, body: bytes, headers: bytes, stream: bool):
+        self.call = call
+        self.route = route
+        self.body = body
+        self.headers = headers
+        self.stream = stream
+
+    def reroute(self, router: ModelRouter, replica: Replica) -> ModelRouter | None:
+        path = self.route.path
+        current = self.call.rt.snapshot
+        if current is None or current.support.serves(replica, path):
+            return None
+        # The replica that came while the request waited runs an engine
+        # without this route: another of the model's may have it.
+        narrowed = current.support.router(router, path)
         if narrowed is None:
-            raise _not_served(model, route.path)
-        router = narrowed
-    upstream_body, headers = _upstream_body(
-        route, payload, body, router.route.served_name, router.route.max_output_tokens
-    )
-    stream = route.wants_stream(payload)
-    prompt = route.prompt(payload) if route.prompt and router.policy == "prefix" else None
-    # An external model's answers carry the upstream's name: put the catalog's back.
-    rename = snapshot.renames.get(model) if snapshot is not None else None
-    tried: list[Replica] = []
-    waited = 0.0
-    wait_deadline = time.monotonic() + settings.queue_wait_s
-    attempts = 0
-    while attempts <= settings.retries:
-        router, pick, wait = await _replica_for(rt, router, prompt, tried, wait_deadline)
-        waited += wait
-        if pick is None:
-            break
-        attempts = 1 if wait else attempts + 1
-        replica = pick.replica
-        current = rt.snapshot
-        if wait and current is not None and not current.support.serves(replica, route.path):
-            # The replica that came while the request waited runs an engine
-            # without this route: another of the model's may have it.
-            narrowed = current.support.router(router, route.path)
-            if narrowed is None:
-                raise _not_served(model, route.path)
-            router = narrowed
-            continue
-        if not tried:
-            metrics.routed(model, pick.outcome)
-        replica.in_flight += 1
-        replica.requests += 1
-        replica.last_request_at = time.time()
-        metrics.in_flight(model, 1)
-        prefill = _Prefill(router, pick)
-        before = time.perf_counter() - started - waited
-        response: Response | None = None
-        try:
-            target = rt.upstream.target(replica.url, route.path, replica.engine_key,
-                                        json=not route.form)  # fmt: skip
-            response = await rt.upstream.post(target, upstream_body, request_id, headers)
-            if response.status in (401, 403):
-                # The engine refused the gateway's engine key: no fault of the
-                # client's, and another replica may take the request.
-                raise ConnectFailed(f"engine refused the engine key ({response.status})")
-            replica.connect_succeeded()
-            kind = response.content_type or b""
-            if stream and response.status == 200 and kind.startswith(_SSE):
-                # Nothing goes to the client before the first chunk, so a
-                # replica that dies before answering is still retried elsewhere.
-                first = await response.next_chunk()
-                prefill.started(streamed=True)
-                metrics.ttft(model, time.perf_counter() - started - waited)
-                relayed, response = response, None
-                out = send if rename is None else renaming_send(send, rename)
-                return await _relay(rt, route, relayed, first or b"", model, record, before,
-                                    id_header, out)  # fmt: skip
-            if response.status == 200:
-                prefill.started(streamed=False)
-            else:
-                prefill.done()
-            data = await response.read()
-            if rename is not None:
-                data = rename(data)
-            return await _answer(rt, response, data, model, record, before, id_header, send)
-        except (ConnectFailed, BodyBroken) as exc:
-            log.info("%s: replica %s unavailable: %s", request_id, replica.replica_id, exc)
-            replica.connect_failed(settings.cooldown_after, settings.cooldown_s)
-            tried.append(replica)
-            metrics.retried(model)
-        except UpstreamTimeout:
-            raise ApiError(
-                504, f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
-                kind="server_error", code="upstream_timeout",
-            ) from None  # fmt: skip
-        finally:
-            if response is not None:
-                response.release()
-            replica.in_flight -= 1
-            prefill.done()
-            metrics.in_flight(model, -1)
-    raise ApiError(
-        503,
-        f"No replica of the model `{model}` could be reached.",
-        kind="service_unavailable_error",
-        code="upstream_unavailable",
-        retry_after=settings.retry_after_s,
-    )
+            raise _not_served(self.call.model, path)
+        return narrowed
 
+    async def post(self, router: ModelRouter, replica: Replica) -> Response:
+        upstream = self.call.rt.upstream
+        target = upstream.target(replica.url, self.route.path, replica.engine_key,
+                                 json=not self.route.form)  # fmt: skip
+        return await upstream.post(target, self.body, self.call.request_id, self.headers)
 
-async def _answer(
-    rt: Runtime, response: Response, data: bytes, model: str, record: KeyRecord,
-    before: float, id_header: tuple[bytes, bytes], send: Send,
-) -> int:  # fmt: skip
-    read_at = time.perf_counter()
-    status = response.status
-    ok = status < 400
-    _account(rt, model, record, usage_in(data) if ok else None, not ok)
-    overhead = before + (time.perf_counter() - read_at)
-    rt.metrics.overhead(overhead)
-    await send_bytes(
-        send, status, data, response.content_type or JSON, [id_header, overhead_header(overhead)]
-    )
-    return status
+    async def answer(
+        self, response: Response, replica: Replica, prefill: Prefill, before: float
+    ) -> int:
+        kind = response.content_type or b""
+        if self.stream and response.status == 200 and kind.startswith(_SSE):
+            first = await first_chunk(self.call, response, prefill)
+            return await _relay(self.call, self.route, response, first, before)
+        return await answer_whole(self.call, response, prefill, before, usage_in)
 
 
 class EventRelay:
@@ -362,17 +282,14 @@ class EventRelay:
 
 
 async def _relay(
-    rt: Runtime, route: PassThrough, response: Response, first: bytes, model: str,
-    record: KeyRecord, before: float, id_header: tuple[bytes, bytes], send: Send,
-) -> int:  # fmt: skip
+    call: Call, route: PassThrough, response: Response, first: bytes, before: float
+) -> int:
+    model = call.model
     relay = EventRelay(route.ends, route.fails)
-    rt.metrics.overhead(before)
+    send = call.stream_send()
     failed = False
     try:
-        await send({
-            "type": "http.response.start", "status": 200,
-            "headers": [*_SSE_HEADERS, id_header, overhead_header(before)],
-        })  # fmt: skip
+        await send(call.stream_start(before))
         try:
             chunk: bytes | None = first
             while chunk is not None:
@@ -401,4 +318,4 @@ async def _relay(
     finally:
         response.release()
         # Also a stream that broke or a client that left: what was generated is metered.
-        _account(rt, model, record, relay.usage, failed or relay.failed)
+        account(call, relay.usage, failed or relay.failed)

@@ -59,6 +59,13 @@ class ApiError(Exception):
         return [(b"retry-after", str(seconds).encode())]
 
 
+def unavailable(message: str, code: str, retry_after: float) -> ApiError:
+    """A 503: the gateway cannot answer now, and the client may retry after ``retry_after``."""
+    return ApiError(
+        503, message, kind="service_unavailable_error", code=code, retry_after=retry_after
+    )
+
+
 def overhead_header(seconds: float) -> tuple[bytes, bytes]:
     return (OVERHEAD, b"%.3f" % (seconds * 1000.0))
 

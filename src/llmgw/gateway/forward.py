@@ -1,0 +1,288 @@
+"""Choosing a replica and trying it, for every /v1 POST route: one loop, two kinds of route.
+
+Chat, completions and embeddings (:mod:`llmgw.gateway.handler`) and the
+routes passed through (:mod:`llmgw.gateway.passthrough`) differ in the body
+they send and in how they read the answer (an :class:`Exchange`); what a
+replica is owed does not, and lives here once: waiting for an on-demand
+model, a retry elsewhere while nothing has reached the client, the replica's
+cool-down after it failed, its in-flight count and pending prefill, and the
+usage and overhead every answer is metered with.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from llmgw.gateway.auth import KeyRecord
+from llmgw.gateway.external import renaming_send
+from llmgw.gateway.front import Runtime
+from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
+from llmgw.gateway.proxy import Usage
+from llmgw.gateway.responses import JSON, ApiError, overhead_header, send_bytes, unavailable
+from llmgw.gateway.routing import ModelRouter, Pick, Replica
+from llmgw.gateway.types import Message, Send
+
+log = logging.getLogger(__name__)
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class Call:
+    """One request once its key and model are known: what its answer is sent and metered with."""
+
+    __slots__ = ("id_header", "model", "record", "rename", "request_id", "rt", "send", "started",
+                 "waited")  # fmt: skip
+
+    def __init__(
+        self, rt: Runtime, record: KeyRecord, model: str, started: float, request_id: str,
+        id_header: tuple[bytes, bytes], send: Send, rename: Callable[[bytes], bytes] | None,
+    ) -> None:  # fmt: skip
+        self.rt = rt
+        self.record = record
+        self.model = model
+        self.started = started
+        self.request_id = request_id
+        self.id_header = id_header
+        self.send = send
+        # An external model's answers carry the upstream's name for it: this
+        # puts back the catalog's (llmgw.gateway.external).
+        self.rename = rename
+        self.waited = 0.0  # for an on-demand replica: not the gateway's overhead
+
+    def stream_send(self) -> Send:
+        """Where a stream's messages go (renamed chunk by chunk where the model is external)."""
+        return self.send if self.rename is None else renaming_send(self.send, self.rename)
+
+    def stream_start(self, before: float) -> Message:
+        """The start of a streamed answer; ``before``: the overhead up to the first chunk."""
+        self.rt.metrics.overhead(before)
+        headers = [*_SSE_HEADERS, self.id_header, overhead_header(before)]
+        return {"type": "http.response.start", "status": 200, "headers": headers}
+
+
+class Prefill:
+    """Uncached prompt tokens charged to a replica until its answer starts.
+
+    The start of the answer is also when the replica holds the prompt's
+    prefix (so the router records it then) and, for a stream that queued
+    behind none of this gateway's other prefills on the replica, a
+    measurement of the model's prefill speed.
+    """
+
+    __slots__ = ("ahead", "pick", "router", "sent_at", "tokens")
+
+    def __init__(self, router: ModelRouter, pick: Pick) -> None:
+        self.router = router
+        self.pick = pick
+        self.tokens = pick.uncached_tokens
+        self.ahead = pick.replica.pending_prefill
+        pick.replica.pending_prefill += self.tokens
+        self.sent_at = time.perf_counter()
+
+    def started(self, streamed: bool) -> None:
+        if streamed and self.ahead < 1.0:
+            self.router.measured(self.tokens, time.perf_counter() - self.sent_at)
+        self.router.record(self.pick)
+        self.done()
+
+    def done(self) -> None:
+        if self.tokens:
+            self.pick.replica.pending_prefill -= self.tokens
+            self.tokens = 0.0
+
+
+class Exchange(Protocol):
+    """What one route sends a replica and how it answers the client with the reply."""
+
+    def reroute(self, router: ModelRouter, replica: Replica) -> ModelRouter | None:
+        """After a wait: the router to pick from again when ``replica`` cannot take the route."""
+        ...
+
+    async def post(self, router: ModelRouter, replica: Replica) -> Response: ...
+
+    async def answer(
+        self, response: Response, replica: Replica, prefill: Prefill, before: float
+    ) -> int:
+        """Answer the client (the status sent); may raise BodyBroken before anything was sent."""
+        ...
+
+
+async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange: Exchange) -> int:
+    """Send the request to replicas of the model until one answers; the status sent."""
+    rt = call.rt
+    settings = rt.settings
+    metrics = rt.metrics
+    model = call.model
+    tried: list[Replica] = []
+    wait_deadline = time.monotonic() + settings.queue_wait_s
+    attempts = 0
+    while attempts <= settings.retries:
+        router, pick, wait = await replica_for(rt, router, prompt, tried, wait_deadline)
+        call.waited += wait
+        if pick is None:
+            break
+        # After a wait the retries start again: what failed before it is
+        # gone or back, and the wait itself is bounded by its deadline.
+        attempts = 1 if wait else attempts + 1
+        replica = pick.replica
+        if wait:
+            other = exchange.reroute(router, replica)
+            if other is not None:
+                router = other
+                continue
+        if not tried:
+            metrics.routed(model, pick.outcome)
+        replica.in_flight += 1
+        replica.requests += 1
+        replica.last_request_at = time.time()
+        prefill = Prefill(router, pick)
+        metrics.in_flight(model, 1)
+        before = time.perf_counter() - call.started - call.waited
+        response: Response | None = None
+        try:
+            response = await exchange.post(router, replica)
+            if response.status in (401, 403):
+                # The engine refused the gateway's engine key (a routing table
+                # older than the engine): no fault of the client's key, and
+                # another replica may take the request, as if unreachable.
+                raise ConnectFailed(f"engine refused the engine key ({response.status})")
+            replica.connect_succeeded()
+            return await exchange.answer(response, replica, prefill, before)
+        except (ConnectFailed, BodyBroken) as exc:
+            # Nothing reached the client yet: another replica may answer.
+            log.info("%s: replica %s unavailable: %s", call.request_id, replica.replica_id, exc)
+            replica.connect_failed(settings.cooldown_after, settings.cooldown_s)
+            tried.append(replica)
+            metrics.retried(model)
+        except UpstreamTimeout:
+            raise ApiError(
+                504, f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
+                kind="server_error", code="upstream_timeout",
+            ) from None  # fmt: skip
+        finally:
+            # Released twice where a relay took it: the second time is a no-op.
+            if response is not None:
+                response.release()
+            replica.in_flight -= 1
+            prefill.done()
+            metrics.in_flight(model, -1)
+    raise unavailable(
+        f"No replica of the model `{model}` could be reached.",
+        "upstream_unavailable",
+        settings.retry_after_s,
+    )
+
+
+async def replica_for(
+    rt: Runtime, router: ModelRouter, prompt: str | None, tried: list[Replica], deadline: float
+) -> tuple[ModelRouter, Pick | None, float]:
+    """A pick, waiting for a replica if the model has none to offer (and the time waited).
+
+    Any model waits while it has no replica at all. An on-demand model also
+    waits while every replica it has is cooling down or failed this request:
+    that is how its requests ride out the loss of its only replica's node,
+    until the control plane's replacement arrives (or the cooled replica
+    answers again), instead of failing with 503 meanwhile. ``deadline``
+    (time.monotonic()) is the request's, however many times it waits.
+    """
+    on_demand = router.route.on_demand
+    pick = router.pick(prompt, tried, fallback=not on_demand)
+    if pick is not None or (tried and not on_demand):
+        return router, pick, 0.0
+    name = router.route.name
+    if router.route.parked:
+        raise unavailable(
+            f"The model `{name}` cannot be started: {router.route.parked_reason or 'parked'}.",
+            "model_parked",
+            rt.settings.retry_after_s * 12,
+        )
+    if rt.room.full(name):
+        raise ApiError(
+            429,
+            f"Too many requests are waiting for the model `{name}` to start.",
+            kind="requests",
+            code="rate_limit_exceeded",
+            retry_after=rt.settings.retry_after_s,
+        )
+    began = time.monotonic()
+    if rt.room.enter(name):
+        rt.demand(name)
+    try:
+        while True:
+            # Woken by a config that serves the model, or when a cooled (or
+            # just failed) replica may be tried again: it may only have restarted.
+            wake_at = min(deadline, router.cooling_ends() or deadline)
+            if tried:
+                wake_at = min(wake_at, time.monotonic() + rt.settings.cooldown_s)
+            await rt.room.wait(name, wake_at)
+            snapshot = rt.snapshot
+            fresh = snapshot.routes.get(name) if snapshot is not None else None
+            if fresh is not None:
+                router = fresh
+                pick = router.pick(prompt, fallback=not on_demand)
+                if pick is not None:
+                    return router, pick, time.monotonic() - began
+            if time.monotonic() >= deadline:
+                raise unavailable(
+                    f"The model `{name}` is starting and was not ready in time.",
+                    "model_not_ready",
+                    rt.settings.retry_after_s,
+                )
+    finally:
+        rt.room.leave(name)
+
+
+def account(call: Call, usage: Usage | None, error: bool) -> None:
+    """Meter an answer: the key's tokens per minute, the usage rows, the token counters."""
+    usage = usage or Usage()
+    record = call.record
+    total = usage.prompt + usage.completion
+    if total and record.tpm is not None:
+        record.tpm.charge(total)
+    minute = int(time.time()) // 60 * 60
+    call.rt.usage.add(
+        minute, record.key_id, call.model, usage.prompt, usage.completion, usage.cached, error
+    )
+    call.rt.metrics.tokens(call.model, usage.prompt, usage.completion, usage.cached)
+
+
+async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bool = True) -> bytes:
+    """A stream's first chunk, read before anything goes to the client.
+
+    Nothing is sent before it, so a replica that dies during prefill is still
+    retried elsewhere.
+    """
+    first = await response.next_chunk()
+    prefill.started(streamed=True)
+    if ttft:
+        call.rt.metrics.ttft(call.model, time.perf_counter() - call.started - call.waited)
+    return first or b""
+
+
+async def answer_whole(
+    call: Call, response: Response, prefill: Prefill, before: float,
+    usage_in: Callable[[bytes], Usage | None],
+) -> int:  # fmt: skip
+    """Answer with the engine's unstreamed answer as it is (but for the model's name)."""
+    if response.status == 200:
+        prefill.started(streamed=False)
+    else:
+        prefill.done()
+    data = await response.read()
+    if call.rename is not None:
+        data = call.rename(data)
+    read_at = time.perf_counter()
+    status = response.status
+    ok = status < 400
+    account(call, usage_in(data) if ok else None, not ok)
+    overhead = before + (time.perf_counter() - read_at)
+    call.rt.metrics.overhead(overhead)
+    await send_bytes(
+        call.send, status, data, response.content_type or JSON,
+        [call.id_header, overhead_header(overhead)],
+    )  # fmt: skip
+    return status
+

@@ -1,0 +1,214 @@
+"""The front half every request to the gateway's /v1 routes shares, before a replica is chosen.
+
+Cheap refusals first (no config, bad key, body too big), the body parsed
+once, the model looked up in a dict built per config version. What a route
+does with the request after that lives in :mod:`llmgw.gateway.handler`
+(chat, completions, embeddings) and :mod:`llmgw.gateway.passthrough` (the
+others); both forward through :mod:`llmgw.gateway.forward`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import count
+from typing import Any
+
+import orjson
+
+from llmgw.gateway.auth import KeyRecord, authorize
+from llmgw.gateway.metrics import GatewayMetrics
+from llmgw.gateway.ondemand import WaitRoom
+from llmgw.gateway.proxy import Upstream
+from llmgw.gateway.responses import REQUEST_ID, ApiError, send_error, send_json, unavailable
+from llmgw.gateway.routing import ModelRouter
+from llmgw.gateway.settings import GatewaySettings
+from llmgw.gateway.snapshot import Snapshot
+from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.usage import UsageBatcher
+
+_ID_PREFIX = os.urandom(8).hex()
+_ids = count(1)
+
+
+def new_request_id() -> str:
+    # A per-process random prefix and a counter: unique across gateways with
+    # overwhelming probability, and ~10x cheaper than uuid4 per request.
+    # Exactly 32 hex digits, because engines may parse it as a UUID:
+    # llama-cpp-python's server answers 400 to any X-Request-Id that is not.
+    return f"{_ID_PREFIX}{next(_ids):016x}"
+
+
+@dataclass
+class Runtime:
+    """What the request path shares with the gateway's lifecycle."""
+
+    settings: GatewaySettings
+    metrics: GatewayMetrics
+    upstream: Upstream
+    usage: UsageBatcher
+    room: WaitRoom
+    demand: Callable[[str], None]
+    snapshot: Snapshot | None = None
+
+
+# A request answered faster than this never pays for a disconnect watcher
+# (a task per request was ~5 % of the gateway's CPU); a client that leaves a
+# long generation is noticed at most this late.
+WATCH_AFTER_S = 0.05
+
+
+class ClientGone(Exception):
+    """The client hung up before its request was complete."""
+
+
+class Watch:
+    """Shared between a request and its disconnect watcher."""
+
+    __slots__ = ("done", "gone", "task")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.gone = False
+        self.task: asyncio.Task[None] | None = None
+
+
+def start_watch(receive: Receive, request: asyncio.Task[Any], watch: Watch) -> None:
+    if not watch.done:
+        watch.task = asyncio.get_running_loop().create_task(
+            _watch_disconnect(receive, request, watch)
+        )
+
+
+async def _watch_disconnect(receive: Receive, request: asyncio.Task[Any], watch: Watch) -> None:
+    # After the body, the next ASGI message is http.disconnect: either the
+    # client left (cancel the upstream request, it is wasted GPU time) or the
+    # server finished the response (``done`` is already set then).
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    if not watch.done:
+        watch.gone = True
+        request.cancel()
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+def configured_snapshot(rt: Runtime) -> Snapshot:
+    """The routing snapshot, or a 503 before the first config has arrived."""
+    snapshot = rt.snapshot
+    if snapshot is None:
+        raise unavailable("The gateway has not received its configuration yet.", "not_ready", 1)
+    return snapshot
+
+
+def authenticate(rt: Runtime, snapshot: Snapshot, scope: Scope) -> KeyRecord:
+    raw = header(scope, b"authorization")
+    if raw is None:
+        if rt.settings.allow_anonymous:
+            return snapshot.keys.anonymous
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-llmgw-...'.",
+            code="invalid_api_key",
+        )
+    record = snapshot.keys.by_header.get(raw)
+    if record is None:
+        scheme, _, token = raw.decode("latin-1").partition(" ")
+        token = token.strip()
+        record = snapshot.keys.lookup(token) if scheme.lower() == "bearer" and token else None
+        if record is None:
+            shown = f"{token[:8]}****{token[-4:]}" if len(token) > 16 else "****"
+            raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+        snapshot.keys.remember(raw, record)
+    refusal = authorize(record)
+    if refusal is not None:
+        raise ApiError(refusal.status, refusal.message, kind=refusal.kind, code=refusal.code)
+    return record
+
+
+async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
+    declared = header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    message = await receive()
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):
+        if len(body) > max_bytes:
+            raise _too_large(max_bytes)
+        return body
+    parts = [body]
+    size = len(body)
+    while message.get("more_body", False):
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    # 413, as OpenAI answers: a client that retries on 400 "fix your request"
+    # logic can tell "too big" from "malformed" only by the status.
+    return ApiError(413, f"Request body is larger than {max_bytes} bytes.", code="body_too_large")
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(
+            400, f"The request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    return payload
+
+
+def usable_router(snapshot: Snapshot, record: KeyRecord, model: str) -> ModelRouter:
+    """The model's router, or OpenAI's 404 when it is unknown or not the key's to use."""
+    router = snapshot.routes.get(model)
+    if router is None or not record.may_use(router.route):
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    return router
+
+
+def resolve(snapshot: Snapshot, record: KeyRecord, payload: dict[str, Any]) -> ModelRouter:
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, "The request must name a 'model'.", param="model", code="missing_model")
+    return usable_router(snapshot, record, model)
+
+
+async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
+    extra = [(REQUEST_ID, new_request_id().encode())]
+    try:
+        snapshot = configured_snapshot(rt)
+        record = authenticate(rt, snapshot, scope)
+        path: str = scope["path"]
+        if path in ("/v1/models", "/v1/models/"):
+            await send_json(send, 200, snapshot.listing(record.allowed), extra)
+            return
+        name = path[len("/v1/models/") :]
+        usable_router(snapshot, record, name)
+        entry = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+        await send_json(send, 200, entry, extra)
+    except ApiError as error:
+        await send_error(send, error, extra)
