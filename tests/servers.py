@@ -1,15 +1,23 @@
-"""Running ASGI apps on real loopback sockets inside tests."""
+"""Servers for tests: ASGI apps on real loopback sockets, and `llmgw up` as a child process."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import signal
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
+from tests.waiting import eventually, eventually_sync
 
 from llmgw.tls import ServerTls
 
@@ -48,3 +56,83 @@ async def serve_asgi(
     finally:
         server.should_exit = True
         await task
+
+
+# -- `llmgw up` as a child process ------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+LLMGW = str(Path(sys.executable).with_name("llmgw"))
+
+
+def up_json(data_dir: Path, exited: int | None, log: Path) -> dict[str, Any] | None:
+    """What `llmgw up` wrote to up.json, None before it has; fails at once if it exited."""
+    if exited is not None:
+        raise AssertionError(f"llmgw up exited {exited}: {log.read_text()[-3000:]}")
+    path = data_dir / "up.json"
+    return dict(json.loads(path.read_text())) if path.exists() else None
+
+
+async def stop_process(proc: asyncio.subprocess.Process, sig: int = signal.SIGINT) -> None:
+    """Stop as a person does (Ctrl-C unless told); killed only if it hangs on the way out."""
+    if proc.returncode is None:
+        proc.send_signal(sig)
+    try:
+        async with asyncio.timeout(20):
+            await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+@dataclass
+class Up:
+    info: dict[str, Any]  # up.json: URLs, tokens, keys
+    data: Path
+    port: int
+    log: Path
+
+
+@asynccontextmanager
+async def llmgw_up(
+    root: Path, *args: str, env: dict[str, str] | None = None,
+    command: Sequence[str] = (LLMGW,), within_s: float = 40.0,
+) -> AsyncIterator[Up]:
+    """`llmgw up *args` on a free port and ``root``/data, once it has written up.json.
+
+    Its output goes to ``root``/up.log; it is stopped with Ctrl-C on the way out.
+    """
+    data, log, port = root / "data", root / "up.log", free_port()
+    with log.open("w") as out:
+        proc = await asyncio.create_subprocess_exec(
+            *command, "up", *args, "--data-dir", str(data), "--port", str(port),
+            cwd=ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
+        try:
+            info = await eventually(
+                lambda: up_json(data, proc.returncode, log), within_s, what="up.json"
+            )
+            yield Up(info, data, port, log)
+        finally:
+            await stop_process(proc)
+
+
+def spawn_up(
+    data_dir: Path, port: int, log: Path, *args: str, env: dict[str, str] | None = None,
+    append: bool = False,
+) -> subprocess.Popen[bytes]:
+    """`llmgw up *args` in its own session, its output written (or appended) to ``log``."""
+    with log.open("ab" if append else "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "llmgw.cli.main", "up", "--data-dir", str(data_dir),
+             "--port", str(port), *args, "--log-level", "info"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+
+
+def wait_up_json(
+    proc: subprocess.Popen[bytes], data_dir: Path, log: Path, within_s: float = 60.0
+) -> dict[str, Any]:
+    return eventually_sync(
+        lambda: up_json(data_dir, proc.poll(), log), within_s, what="up.json", every_s=0.2
+    )

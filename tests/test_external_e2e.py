@@ -33,7 +33,7 @@ import pytest
 from openai import OpenAI
 from tests.gateway.test_external import KEY as HOSTED_KEY
 from tests.gateway.test_external import HostedApi
-from tests.servers import free_port
+from tests.servers import free_port, spawn_up, wait_up_json
 
 pytestmark = pytest.mark.slow
 
@@ -162,19 +162,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         catalog.write_text(_catalog(engines, hosted_url))
         data_dir, log = folder / "data", output / "external-e2e-up.log"
         env = {**os.environ, "TEAM_LLAMA_KEY": ENGINE_KEY, "HOSTED_KEY": HOSTED_KEY}
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "llmgw.cli.main", "up", "--data-dir", str(data_dir),
-                 "--port", str(free_port()), "--catalog", str(catalog), "--log-level", "info"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )  # fmt: skip
-        up_json = data_dir / "up.json"
-        deadline = time.monotonic() + 60
-        while not up_json.exists():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "llmgw up wrote no up.json"
-            time.sleep(0.2)
-        world = World(engines, hosted, hosted_url, json.loads(up_json.read_text()), data_dir, log)
+        proc = spawn_up(data_dir, free_port(), log, "--catalog", str(catalog), env=env)
+        world = World(engines, hosted, hosted_url, wait_up_json(proc, data_dir, log), data_dir, log)
         _until(lambda: set(world.urls("team-llama").values()) == {"up"}, "both URLs up")
         yield world
     finally:

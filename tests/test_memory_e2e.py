@@ -18,7 +18,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +29,7 @@ import psutil
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
-from tests.servers import free_port
+from tests.servers import free_port, spawn_up, wait_up_json
 from tests.test_up_e2e import descendants, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -109,18 +108,9 @@ def test_the_engine_stays_within_its_budget_under_mixed_traffic(
     port = free_port()
     data_dir = tmp_path / "data"
     log = test_output / "memory-e2e.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw.cli.main", "up", "--data-dir", str(data_dir),
-             "--port", str(port), "--log-level", "info"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    proc = spawn_up(data_dir, port, log)
     try:
-        deadline = time.monotonic() + 60
-        while not (data_dir / "up.json").exists() and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-        info = json.loads((data_dir / "up.json").read_text())
+        info = wait_up_json(proc, data_dir, log)
         client = OpenAI(base_url=info["api_url"], api_key=info["api_key"], max_retries=0,
                         timeout=120)  # fmt: skip
         wait_ready(client, proc, log)

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import httpx
 import psutil
 import pytest
 from openai import OpenAI
-from tests.servers import free_port
+from tests.servers import free_port, spawn_up, wait_up_json
 
 pytestmark = pytest.mark.slow
 
@@ -78,20 +77,11 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
     port = free_port()
     data_dir = tmp_path / "data"
     log = test_output / "up-e2e.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw.cli.main", "up", "--data-dir", str(data_dir),
-             "--port", str(port), "--log-level", "info"],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    proc = spawn_up(data_dir, port, log)
     engine_pid = -1
     try:
         up_json = data_dir / "up.json"
-        deadline = time.monotonic() + 60
-        while not up_json.exists() and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
-        info = json.loads(up_json.read_text())
+        info = wait_up_json(proc, data_dir, log)
         assert oct(up_json.stat().st_mode & 0o777) == "0o600"
         assert info["api_url"] == f"http://127.0.0.1:{port}/v1"
         assert info["admin_token"].startswith("llmgw-admin-")
@@ -165,12 +155,7 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         assert psutil.pid_exists(engine_pid), "the engine must survive its agent"
-        with log.open("ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "llmgw.cli.main", "up", "--data-dir", str(data_dir),
-                 "--port", str(port), "--log-level", "info"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+        proc = spawn_up(data_dir, port, log, append=True)
         readopted = wait_ready(client, proc, log)
         again = client.chat.completions.create(
             model="default", messages=[{"role": "user", "content": "Say yes."}], max_tokens=4

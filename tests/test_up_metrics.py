@@ -8,20 +8,15 @@ and pass promtool's lint.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
-from tests.servers import free_port
+from tests.servers import llmgw_up
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -39,48 +34,13 @@ models:
 TOKEN = "llmgw-metrics-test"
 
 
-async def _until(what: str, check: Any, within_s: float = 40.0, note: Any = None) -> Any:
-    for _ in range(int(within_s / 0.2)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    seen = f"; last seen: {note()}" if note else ""
-    raise AssertionError(f"timed out waiting for {what}{seen}")
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def up(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, str]]:
     root = tmp_path_factory.mktemp("upmetrics")
     (root / "fleet.yaml").write_text(FLEET)
-    data = root / "data"
-    log = (root / "up.log").open("w")
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("llmgw")), "up", "--sim", str(root / "fleet.yaml"),
-        "--data-dir", str(data), "--port", str(free_port()),
-        stdout=log, stderr=asyncio.subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "LLMGW_METRICS_TOKEN": TOKEN},
-    )
-    try:
-        async def settings() -> dict[str, Any] | None:
-            if proc.returncode is not None:
-                raise AssertionError(f"llmgw up exited {proc.returncode}: "
-                                     + (root / "up.log").read_text()[-2000:])
-            path = data / "up.json"
-            return json.loads(path.read_text()) if path.exists() else None
-
-        info = await _until("up.json", settings)
-        yield info["admin_url"], info["admin_token"]
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(20):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        log.close()
+    async with llmgw_up(root, "--sim", str(root / "fleet.yaml"),
+                        env={"LLMGW_METRICS_TOKEN": TOKEN}) as running:  # fmt: skip
+        yield running.info["admin_url"], running.info["admin_token"]
 
 
 async def test_up_serves_both_parts_on_one_metrics(up: tuple[str, str]) -> None:
@@ -98,7 +58,7 @@ async def test_up_serves_both_parts_on_one_metrics(up: tuple[str, str]) -> None:
             seen[:] = [await summary()]
             return bool(seen[0].get("replicas", {}).get("ready") == 2)
 
-        await _until("2 ready sim-chat replicas", chat_ready, note=lambda: seen)
+        await eventually(chat_ready, 40, what="2 ready sim-chat replicas", note=lambda: seen)
 
         async def steady_scrape() -> tuple[Any, Scrape] | None:
             # The fleet lives in another process and may move between two
@@ -109,7 +69,7 @@ async def test_up_serves_both_parts_on_one_metrics(up: tuple[str, str]) -> None:
             after = await summary()
             return (after, parse_scrape(answer.text)) if before == after else None
 
-        fleet, metrics = await _until("a steady fleet", steady_scrape)
+        fleet, metrics = await eventually(steady_scrape, 40, what="a steady fleet")
 
     names = set(metrics.families)
     assert {"llmgw_gateway_requests", "llmgw_gateway_overhead_seconds",

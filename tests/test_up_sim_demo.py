@@ -13,11 +13,7 @@ One process serves both checks:
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +22,8 @@ import httpx
 import openai
 import pytest
 import pytest_asyncio
-from tests.servers import free_port
+from tests.servers import llmgw_up
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -44,46 +41,12 @@ models:
 """
 
 
-async def _until(what: str, check: Any, within_s: float = 40.0, note: Any = None) -> Any:
-    for _ in range(int(within_s / 0.25)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.25)
-    seen = f"; last seen: {note()}" if note else ""
-    raise AssertionError(f"timed out waiting for {what}{seen}")
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def up(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Any, Path]]:
     root = tmp_path_factory.mktemp("updemo")
     (root / "fleet.yaml").write_text(FLEET)
-    data = root / "data"
-    log = (root / "up.log").open("w")
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("llmgw")), "up", "--sim", str(root / "fleet.yaml"),
-        "--traffic", "10", "--data-dir", str(data), "--port", str(free_port()),
-        stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        async def settings() -> dict[str, Any] | None:
-            if proc.returncode is not None:
-                raise AssertionError(f"llmgw up exited {proc.returncode}: "
-                                     + (root / "up.log").read_text()[-2000:])
-            path = data / "up.json"
-            return json.loads(path.read_text()) if path.exists() else None
-
-        yield await _until("up.json", settings), data
-    finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(20):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        log.close()
+    async with llmgw_up(root, "--sim", str(root / "fleet.yaml"), "--traffic", "10") as running:
+        yield running.info, running.data
 
 
 async def test_demo_traffic_shows_in_usage_within_seconds(
@@ -101,8 +64,8 @@ async def test_demo_traffic_shows_in_usage_within_seconds(
             models = {g["model"] for g in groups if g["requests"]}
             return len(keys) >= 2 and {"sim-a", "sim-chat-only"} <= models
 
-        await _until("demo requests of two keys on two models in the usage", usage,
-                     within_s=30, note=lambda: seen)  # fmt: skip
+        await eventually(usage, 30, what="demo requests of two keys on two models in the usage",
+                         note=lambda: seen)  # fmt: skip
         demo = json.loads((data / "traffic-keys.json").read_text())
         assert oct((data / "traffic-keys.json").stat().st_mode & 0o777) == "0o600"
         demo_ids = {entry["key_id"] for entry in demo.values()}
@@ -114,7 +77,7 @@ async def test_demo_traffic_shows_in_usage_within_seconds(
             return any(g["model"] == "sim-lazy" and g["requests"] > g["errors"] for g in groups)
 
         # The on-demand model is started by the traffic's first burst.
-        await _until("the on-demand model served", lazy_served, within_s=40)
+        await eventually(lazy_served, 40, what="the on-demand model served")
 
 
 async def test_newer_openai_routes_end_to_end(up: tuple[dict[str, Any], Path]) -> None:

@@ -80,6 +80,17 @@ def model(
     )
 
 
+def gemma(**fields: object) -> ModelSpec:
+    """The small GGUF model on a CPU slot, as a llama.cpp catalog entry names it."""
+    spec = model(
+        "llamacpp",
+        name="gemma-3-270m",
+        weights=WeightsSource(kind="package", package="p"),
+        gpu_classes=["cpu"],
+    )
+    return spec.model_copy(update=fields)
+
+
 def assign(
     spec: ModelSpec,
     devices: list[Device],

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.agent.helpers import assign, cpu_slot, gpu, mig_instance, model
+from tests.agent.helpers import assign, cpu_slot, gemma, gpu, mig_instance, model
 
 from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
 from llmgw.agent.engines.base import LaunchContext, split_host_port, validate_engine_args
@@ -164,13 +164,7 @@ GGUF = "/data/weights/gemma-3-270m-q4_k_m.gguf"
 
 def test_llamacpp_python_server_on_cpu() -> None:
     d = [cpu_slot()]
-    spec = model(
-        "llamacpp",
-        name="gemma-3-270m",
-        weights=WeightsSource(kind="package", package="p"),
-        gpu_classes=["cpu"],
-    )
-    launch = LlamaCppAdapter(server_binary="").build(ctx(assign(spec, d), d, weights=GGUF))
+    launch = LlamaCppAdapter(server_binary="").build(ctx(assign(gemma(), d), d, weights=GGUF))
     assert launch.argv[:3] == [sys.executable, "-m", "llama_cpp.server"]
     assert flag(launch.argv, "--model") == GGUF
     assert flag(launch.argv, "--model_alias") == "gemma-3-270m"

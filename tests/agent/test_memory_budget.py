@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
-from tests.agent.helpers import assign, cpu_slot, model
+from tests.agent.helpers import assign, cpu_slot, gemma, model
+from tests.waiting import eventually_sync
 
 from llmgw import memory
 from llmgw.agent.memguard import (
@@ -176,14 +176,8 @@ def test_rss_watch_sums_the_engines_process_tree() -> None:
     )
     try:
         watch = RssWatch(parent.pid, 64 * memory.MIB)
-        deadline = time.monotonic() + 10
-        used = 0
-        while time.monotonic() < deadline:
-            used = watch.used() or 0
-            if used > 96 * memory.MIB:
-                break
-            time.sleep(0.1)
-        assert used > 96 * memory.MIB  # the child's memory counts against the engine
+        # The child's memory counts against the engine.
+        eventually_sync(lambda: (watch.used() or 0) > 96 * memory.MIB, what="the tree's 96 MiB")
     finally:
         for child in psutil.Process(parent.pid).children(recursive=True):
             child.kill()
@@ -196,33 +190,41 @@ def test_node_memory_is_the_machines_or_its_cgroups_limit() -> None:
     assert 0 < total <= psutil.virtual_memory().total // memory.MIB
 
 
-def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
+GGUF_MIB = 242
+# What llama.cpp's budget holds besides its prompt cache: the runtime, the KV of
+# 8192 tokens and the GGUF.
+NOT_CACHE_MIB = 768 + 256 + GGUF_MIB
+GEMMA = gemma(kv_capacity_tokens=8192)
+GEMMA_BUDGET_MIB = memory.need_mib(GEMMA, GGUF_MIB * memory.MIB)
+
+
+def llamacpp_argv(
+    server_binary: str, engine_args: list[str], budget_mib: int | None = GEMMA_BUDGET_MIB
+) -> list[str]:
     from llmgw.agent.engines.base import LaunchContext
-    from llmgw.agent.engines.llamacpp import PROMPT_CACHE_SHARE, LlamaCppAdapter
+    from llmgw.agent.engines.llamacpp import LlamaCppAdapter
 
     d = [cpu_slot()]
-    spec = model(
-        "llamacpp",
-        name="gemma-3-270m",
-        weights=WeightsSource(kind="package", package="p"),
-        gpu_classes=["cpu"],
-    ).model_copy(update={"kv_capacity_tokens": 8192})
-    weights = 242 * memory.MIB
-    budget = memory.need_mib(spec, weights)
+    ctx = LaunchContext(
+        assignment=assign(GEMMA.model_copy(update={"engine_args": engine_args}), d),
+        weights_path="/w/gemma.gguf",
+        host="127.0.0.1",
+        port=21000,
+        devices=d,
+        memory_budget_mib=budget_mib,
+        weights_bytes=GGUF_MIB * memory.MIB,
+    )
+    return LlamaCppAdapter(server_binary=server_binary).build(ctx).argv
+
+
+def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
+    from llmgw.agent.engines.llamacpp import PROMPT_CACHE_SHARE
+
+    budget = GEMMA_BUDGET_MIB
     assert budget == 768 + 242 + 256 + 512  # runtime, GGUF, KV of 8192 tokens, headroom
 
     def argv(engine_args: list[str]) -> list[str]:
-        entry = spec.model_copy(update={"engine_args": engine_args})
-        ctx = LaunchContext(
-            assignment=assign(entry, d),
-            weights_path="/w/gemma.gguf",
-            host="127.0.0.1",
-            port=21000,
-            devices=d,
-            memory_budget_mib=budget,
-            weights_bytes=weights,
-        )
-        return LlamaCppAdapter(server_binary="").build(ctx).argv
+        return llamacpp_argv("", engine_args)
 
     plain = argv([])
     # No logits kept per token, no RAM prompt cache (it does not count what it holds).
@@ -230,7 +232,7 @@ def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
     assert "--cache" not in plain and "--cache_size" not in plain
     # A catalog that turns the cache on gets it sized to a share of the room left.
     cached = argv(["--cache", "true"])
-    room = budget - 768 - 256 - 242
+    room = budget - NOT_CACHE_MIB
     assert cached[cached.index("--cache_size") + 1] == str(room * memory.MIB // PROMPT_CACHE_SHARE)
     # What the catalog says wins.
     mine = argv(["--cache", "true", "--cache_size", "1000", "--logits_all", "true"])
@@ -240,37 +242,16 @@ def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
 def test_llama_server_prompt_cache_is_sized_from_the_budget() -> None:
     # llama-server keeps up to 8 GiB of saved prompt states in RAM unless
     # told (-cram, in MiB): far past a small replica's budget.
-    from llmgw.agent.engines.base import LaunchContext
-    from llmgw.agent.engines.llamacpp import SERVER_CACHE_RAM_SHARE, LlamaCppAdapter
+    from llmgw.agent.engines.llamacpp import SERVER_CACHE_RAM_SHARE
 
-    d = [cpu_slot()]
-    spec = model(
-        "llamacpp",
-        name="gemma-3-270m",
-        weights=WeightsSource(kind="package", package="p"),
-        gpu_classes=["cpu"],
-    ).model_copy(update={"kv_capacity_tokens": 8192})
-    weights = 242 * memory.MIB
-    budget = memory.need_mib(spec, weights)
-
-    def argv(engine_args: list[str], budget_mib: int | None = budget) -> list[str]:
-        entry = spec.model_copy(update={"engine_args": engine_args})
-        ctx = LaunchContext(
-            assignment=assign(entry, d),
-            weights_path="/w/gemma.gguf",
-            host="127.0.0.1",
-            port=21000,
-            devices=d,
-            memory_budget_mib=budget_mib,
-            weights_bytes=weights,
-        )
-        return LlamaCppAdapter(server_binary="llama-server").build(ctx).argv
+    def argv(engine_args: list[str], budget_mib: int | None = GEMMA_BUDGET_MIB) -> list[str]:
+        return llamacpp_argv("llama-server", engine_args, budget_mib)
 
     plain = argv([])
-    room = budget - 768 - 256 - 242  # after the runtime, the KV of 8192 tokens and the GGUF
+    room = GEMMA_BUDGET_MIB - NOT_CACHE_MIB
     assert plain[plain.index("--cache-ram") + 1] == str(room // SERVER_CACHE_RAM_SHARE) == "256"
     # A budget with no room left turns the cache off (0), never "no limit" (-1).
-    tight = argv([], budget_mib=768 + 256 + 242 - 10)
+    tight = argv([], budget_mib=NOT_CACHE_MIB - 10)
     assert tight[tight.index("--cache-ram") + 1] == "0"
     # What the catalog says wins, in any spelling llama-server reads.
     for mine in (["-cram", "64"], ["--cache-ram", "64"], ["--cache_ram=64"]):

@@ -11,11 +11,6 @@ whose state the test writes directly.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +18,10 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
-from playwright.async_api import expect
+from playwright.async_api import Locator, expect
 from tests.console.conftest import Plane, Watched, sign_in
-from tests.servers import free_port
+from tests.servers import llmgw_up
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -45,46 +41,21 @@ models:
 """
 
 
-async def _until(what: str, check: Any, within_s: float = 30.0) -> Any:
-    """Poll ``check`` (there is nothing to wait on: the state is in another process)."""
-    for _ in range(int(within_s / 0.2)):
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def up(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane]:
     root = tmp_path_factory.mktemp("upsim")
     (root / "fleet.yaml").write_text(FLEET)
-    data = root / "data"
-    port = free_port()
-    log = (root / "up.log").open("w")
-    proc = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).with_name("llmgw")), "up", "--sim", str(root / "fleet.yaml"),
-        "--data-dir", str(data), "--port", str(port),
-        stdout=log, stderr=asyncio.subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        async def settings() -> dict[str, Any] | None:
-            if proc.returncode is not None:
-                raise AssertionError(f"llmgw up exited {proc.returncode}: "
-                                     + (root / "up.log").read_text()[-2000:])
-            path = data / "up.json"
-            return json.loads(path.read_text()) if path.exists() else None
-
-        info = await _until("up.json", settings)
-        url = info["admin_url"]
-        headers = {"Authorization": f"Bearer {info['admin_token']}"}
+    async with llmgw_up(root, "--sim", str(root / "fleet.yaml"), within_s=30) as running:
+        url, token = running.info["admin_url"], running.info["admin_token"]
+        headers = {"Authorization": f"Bearer {token}"}
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as api:
-            plane = Plane(url=url, admin_token=info["admin_token"], api=api)
+            plane = Plane(url=url, admin_token=token, api=api)
 
+            # Polled: the state is in another process, with nothing to wait on.
             async def registered() -> bool:
                 return bool((await plane.get("/summary"))["nodes"]["ready"] == 4)
 
-            await _until("4 ready nodes", registered)
+            await eventually(registered, 30, what="4 ready nodes")
             answer = await api.post("/admin/v1/apply", json={"document": CATALOG})
             assert answer.status_code == 200, answer.text
 
@@ -92,19 +63,8 @@ async def up(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane]:
                 replicas = await plane.get("/replicas", model="sim-chat", state="ready")
                 return len(replicas) == 2
 
-            await _until("2 ready sim-chat replicas", chat_ready)
+            await eventually(chat_ready, 30, what="2 ready sim-chat replicas")
             yield plane
-    finally:
-        # Ctrl-C, as a person stops it; killed only if it hangs on the way out.
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            async with asyncio.timeout(20):
-                await proc.wait()
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-        log.close()
 
 
 async def test_console_on_llmgw_up_sim(up: Plane, watched: Watched, shots: Path) -> None:
@@ -135,16 +95,18 @@ async def test_console_on_llmgw_up_sim(up: Plane, watched: Watched, shots: Path)
         card = page.locator(f'article[data-node="{name}"]')
         # The fleet may still be placing (a replica lands between the page's
         # refresh and this read): compare until both have seen the same fleet.
-        for _ in range(40):
+        async def agreeing(name: str = name, card: Locator = card) -> Any:
             node = await up.get(f"/nodes/{name}")
             boxes = await card.locator("li.dev").evaluate_all(
                 "els => els.map(e => [e.dataset.device, e.dataset.status, e.innerText])"
             )
             shown = sorted(b[:2] for b in boxes)
-            if shown == sorted([d["label"], d["status"]] for d in node["devices"]):
-                break
-            await asyncio.sleep(0.5)
-        assert shown == sorted([d["label"], d["status"]] for d in node["devices"])
+            agree = shown == sorted([d["label"], d["status"]] for d in node["devices"])
+            return (node, boxes) if agree else None
+
+        node, boxes = await eventually(
+            agreeing, 20, what=f"the page and the API agreeing on {name}", every_s=0.5
+        )
         for d in node["devices"]:
             if d["status"] == "used":
                 text = next(b[2] for b in boxes if b[0] == d["label"])

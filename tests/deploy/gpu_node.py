@@ -17,8 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
+
+from tests.waiting import eventually_sync
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
@@ -48,11 +49,7 @@ def cards() -> FakeNvml:
 
 
 def wait_for(up_json: Path, within_s: float = 120.0) -> dict[str, str]:
-    deadline = time.monotonic() + within_s
-    while not up_json.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{up_json} did not appear within {within_s:g} s")
-        time.sleep(0.1)
+    eventually_sync(up_json.exists, within_s, what=str(up_json), every_s=0.1)
     return dict(json.loads(up_json.read_text()))
 
 

@@ -23,7 +23,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from tests.servers import free_port, serve_asgi
+from tests.servers import free_port, llmgw_up, serve_asgi, stop_process
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -46,6 +47,7 @@ RENDER = ROOT / "deploy" / "grafana" / "render.py"
 PROMETHEUS = "/usr/bin/prometheus"
 TOKEN = "llmgw-metrics-alerts"
 MIB = 1024 * 1024
+WAIT_S = 45.0  # for anything the fleet, its agents or Prometheus do
 
 FLEET = """\
 fabrics: [ib-a]
@@ -75,29 +77,6 @@ LEADERLESS_STORE = [
     {"name": "pg-b", "role": "replica", "state": "streaming", "host": "10.0.0.2", "port": 5432,
      "lag": 5 * MIB},
 ]
-
-
-async def until(what: str, check: Callable[[], Awaitable[Any]], within_s: float = 45.0,
-                note: Callable[[], Any] | None = None) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while loop.time() < deadline:
-        value = await check()
-        if value:
-            return value
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}" + (f"; last: {note()}" if note else ""))
-
-
-async def stop(proc: asyncio.subprocess.Process, sig: int = signal.SIGINT) -> None:
-    if proc.returncode is None:
-        proc.send_signal(sig)
-    try:
-        async with asyncio.timeout(20):
-            await proc.wait()
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
 
 
 @dataclass
@@ -158,27 +137,19 @@ async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup
         procs.append(proc)
         return proc
 
-    async with serve_asgi(Starlette(routes=[Route("/cluster", patroni_cluster)])) as patroni:
+    patroni_app = Starlette(routes=[Route("/cluster", patroni_cluster)])
+    async with serve_asgi(patroni_app) as patroni, llmgw_up(
+        root, "--sim", str(root / "fleet.yaml"), within_s=WAIT_S,
+        command=(sys.executable, "-m", "tests.deploy.quick_up"),
+        env={"LLMGW_METRICS_TOKEN": TOKEN, "LLMGW_PATRONI_URL": patroni},
+    ) as up:
         try:
-            up_port = free_port()
-            data = root / "data"
-            up = await spawn("up", sys.executable, "-m", "tests.deploy.quick_up", "up", "--sim",
-                             str(root / "fleet.yaml"), "--data-dir", str(data),
-                             "--port", str(up_port),
-                             LLMGW_METRICS_TOKEN=TOKEN, LLMGW_PATRONI_URL=patroni)
-
-            async def up_json() -> Any:
-                assert up.returncode is None, (root / "up.log").read_text()[-3000:]
-                path = data / "up.json"
-                return json.loads(path.read_text()) if path.exists() else None
-
             agent_port = free_port()
             node = await spawn("gpu-node", sys.executable, "-m", "tests.deploy.gpu_node",
-                               str(data / "up.json"), str(root / "gpu-node"), str(agent_port))
-            info = await until("up.json", up_json)
+                               str(up.data / "up.json"), str(root / "gpu-node"), str(agent_port))
             async with httpx.AsyncClient(
-                base_url=info["admin_url"], timeout=15,
-                headers={"Authorization": f"Bearer {info['admin_token']}"},
+                base_url=up.info["admin_url"], timeout=15,
+                headers={"Authorization": f"Bearer {up.info['admin_token']}"},
             ) as api:
                 async def registered() -> Any:
                     assert node.returncode is None, (root / "gpu-node.log").read_text()[-3000:]
@@ -188,10 +159,10 @@ async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup
                                  if n["name"] == "gpu-node" and n["agent_port"]), None)
 
                 # The scrape target as an operator finds it: the node's agent_port.
-                found = await until("gpu-node registered", registered)
+                found = await eventually(registered, WAIT_S, what="gpu-node registered")
                 agent_target = f"{found['address']}:{found['agent_port']}"
                 assert found["agent_port"] == agent_port
-                (root / "prometheus.yml").write_text(prometheus_config(up_port, agent_target))
+                (root / "prometheus.yml").write_text(prometheus_config(up.port, agent_target))
                 prom_port = free_port()
                 await spawn("prometheus", PROMETHEUS,
                             f"--config.file={root / 'prometheus.yml'}",
@@ -205,13 +176,14 @@ async def setup(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Setup
                         except httpx.TransportError:
                             return False
 
-                    await until("prometheus ready", ready,
-                                note=lambda: (root / "prometheus.log").read_text()[-2000:])
-                    yield Setup(api, info["api_key"], prom, prom_url, node, agent_target,
+                    await eventually(ready, WAIT_S, what="prometheus ready",
+                                     note=lambda: (root / "prometheus.log").read_text()[-2000:])
+                    yield Setup(api, up.info["api_key"], prom, prom_url, node, agent_target,
                                 cluster, root)
         finally:
+            # Prometheus killed, the node's agent stopped; `llmgw up` after them.
             for proc in reversed(procs):
-                await stop(proc, signal.SIGKILL if proc is procs[-1] else signal.SIGINT)
+                await stop_process(proc, signal.SIGKILL if proc is procs[-1] else signal.SIGINT)
             for log in logs:
                 log.close()
 
@@ -287,9 +259,11 @@ async def compare_all(s: Setup, lost: bool) -> None:
         seen.update(got=got, fleet=after)
         return before == after and got == after
 
-    await until(f"every alert's expression to match the fleet (lost={lost})", agree,
-                note=lambda: {a: (seen["got"][a], seen["fleet"][a]) for a in seen.get("got", {})
-                              if seen["got"][a] != seen["fleet"][a]})
+    await eventually(
+        agree, WAIT_S, what=f"every alert's expression to match the fleet (lost={lost})",
+        note=lambda: {a: (seen["got"][a], seen["fleet"][a]) for a in seen.get("got", {})
+                      if seen["got"][a] != seen["fleet"][a]},
+    )
     assert set(seen["got"]) == set(exprs)
 
 
@@ -311,15 +285,15 @@ async def test_alerts_match_the_fleet_and_the_dashboard_draws(setup: Setup) -> N
         return (summary["replicas"]["ready"] == 3 and bool(summary["parked"])
                 and bool(summary["store"]))
 
-    await until("3 ready replicas, a parked model, the store's members", steady,
-                note=lambda: s.root.joinpath("up.log").read_text()[-2000:])
+    await eventually(steady, WAIT_S, what="3 ready replicas, a parked model, the store's members",
+                     note=lambda: s.root.joinpath("up.log").read_text()[-2000:])
 
     async def scraped() -> bool:
         return len(await s.query('up == 1')) == 2
 
     # A counter's first sample is its start to rate() and increase(): no
     # traffic before Prometheus has scraped both targets once.
-    await until("Prometheus scraping both targets", scraped)
+    await eventually(scraped, WAIT_S, what="Prometheus scraping both targets")
 
     # Traffic over a few seconds of scrapes; sim-broken answers 503 (parked).
     headers = {"Authorization": f"Bearer {s.api_key}"}
@@ -340,7 +314,7 @@ async def test_alerts_match_the_fleet_and_the_dashboard_draws(setup: Setup) -> N
         alerts = await active_alerts(s)
         return alerts if ("LlmgwGatewayErrorRate", "sim-broken") in alerts else None
 
-    alerts = await until("Prometheus's own evaluation of the rules", evaluated)
+    alerts = await eventually(evaluated, WAIT_S, what="Prometheus's own evaluation of the rules")
     # `for: 0` fires at once; the others wait out their `for`.
     assert alerts == {
         ("LlmgwModelParked", "sim-broken"): "firing",
@@ -363,7 +337,7 @@ async def test_alerts_match_the_fleet_and_the_dashboard_draws(setup: Setup) -> N
         return (summary["nodes"]["unreachable"] == 1
                 and {m["name"]: m["lag"] for m in summary["store"]}.get("pg-b") == 5 * MIB)
 
-    await until("the node unreachable and the store leaderless", lost)
+    await eventually(lost, WAIT_S, what="the node unreachable and the store leaderless")
     await compare_all(s, lost=True)
     new = {("LlmgwNodeUnreachable", ()), ("LlmgwTargetDown", ("llmgw-agent", s.agent_target)),
            ("LlmgwStoreNoLeader", ()), ("LlmgwStoreMemberLagging", "pg-b"),
@@ -373,7 +347,7 @@ async def test_alerts_match_the_fleet_and_the_dashboard_draws(setup: Setup) -> N
         alerts = await active_alerts(s)
         return alerts if new <= set(alerts) else None
 
-    alerts = await until("the lost node's and store's alerts", evaluated_lost)
+    alerts = await eventually(evaluated_lost, WAIT_S, what="the lost node's and store's alerts")
     assert {alerts[name] for name in new} == {"pending"}
     # The device's own alert went with its agent's series; the fleet's stays.
     assert not any(name == "LlmgwDeviceUnhealthy" for name, _ in alerts)
