@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 from tests.waiting import eventually, eventually_sync
 
+from llmgw.serving import start_server
 from llmgw.tls import ServerTls
 
 
@@ -46,11 +47,7 @@ async def serve_asgi(
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
+    task = await start_server(server)
     try:
         yield f"{'https' if tls else 'http'}://127.0.0.1:{config.port}"
     finally:

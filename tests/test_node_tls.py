@@ -280,7 +280,7 @@ def test_a_report_carries_at_most_a_small_csr() -> None:
 
 
 def test_an_operators_ca_signs_node_certificates_only_with_its_key(tmp_path: Path) -> None:
-    from llmgw.cli.up import TlsOptions, sign_node_certificates
+    from llmgw.cli.combined import TlsOptions, sign_node_certificates
     from llmgw.errors import ConfigError
 
     pki = ensure_server_tls(tmp_path / "pki", ["127.0.0.1"])  # stands in for the operator's

@@ -17,7 +17,7 @@ from tests.gateway.conftest import make_config
 from tests.gateway.fake_control_plane import TOKEN, FakeControlPlane
 
 from llmgw.cli.secretfile import pick_secret, read_secret_file
-from llmgw.cli.up import print_banner
+from llmgw.cli.upjson import print_banner
 from llmgw.control.service import NewCredentials
 from llmgw.errors import ConfigError
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from tests.servers import free_port
 
-from llmgw.cli.up import ServeOptions, TlsOptions, advertise_url, run_serve, serve_admin_urls
+from llmgw.cli.combined import TlsOptions
+from llmgw.cli.serve import ServeOptions, advertise_url, run_serve
+from llmgw.cli.upjson import serve_admin_urls
 from llmgw.errors import ConfigError
 
 

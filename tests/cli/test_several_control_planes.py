@@ -29,7 +29,7 @@ from llmgw.agent.discovery.fake import FakeNvml
 from llmgw.cli.ctl import app as ctl_app
 from llmgw.cli.doctor import run_doctor
 from llmgw.cli.doctor_control_plane import judge_leadership
-from llmgw.cli.up import serve_admin_urls, write_up_json
+from llmgw.cli.upjson import serve_admin_urls, write_up_json
 from llmgw.control.service import NewCredentials
 from llmgw.errors import ConfigError
 from llmgw.sim.fleet import apply_models, start_fleet

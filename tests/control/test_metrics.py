@@ -27,7 +27,7 @@ from tests.console.fleet import MIG_CLASS, build
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
 from tests.servers import free_port, serve_asgi
 
-from llmgw.cli.up import PathDispatcher, build_gateway
+from llmgw.cli.combined import PathDispatcher, build_gateway
 from llmgw.control.adminapi.patroni import PatroniReader
 from llmgw.control.app import create_app
 from llmgw.control.metrics import ControlCollector, fleet_families

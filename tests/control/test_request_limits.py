@@ -19,6 +19,7 @@ from llmgw.cli.httpserver import GuardedHttpToolsProtocol, server_config
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.repo import Store
+from llmgw.serving import start_server
 
 MiB = 1024 * 1024
 
@@ -30,11 +31,7 @@ async def _served(app: object, **overrides: object) -> AsyncIterator[int]:
     port = int(sock.getsockname()[1])
     server = uvicorn.Server(server_config(app, log_level="warning", loop="none", **overrides))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
+    task = await start_server(server, [sock])
     try:
         yield port
     finally:

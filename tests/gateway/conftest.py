@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -17,6 +16,7 @@ from llmgw import secrets, wire
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.link import ControlPlaneLink, MemoryLink
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.serving import start_server
 
 SECRET = "sk-llmgw-test-key-0123456789abcdefghijklmnop"
 
@@ -71,11 +71,7 @@ async def serve(app: Any) -> AsyncIterator[str]:
         app, lifespan="off", log_level="warning", access_log=False, loop="none", ws="none"
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.005)
+    task = await start_server(server, [sock])
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

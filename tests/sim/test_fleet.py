@@ -163,9 +163,9 @@ def _launch(port: int = 0, **sim: object) -> EngineLaunch:
 
 
 def test_parse_launch_reads_the_adapters_argv_and_refuses_other_engines() -> None:
-    host, model, port, params = parse_launch(_launch(port=12345, kv_blocks=77))
-    assert (host, model, port) == ("127.0.0.1", "m", 12345)
-    assert SimParams.model_validate_json(params).kv_blocks == 77
+    args = parse_launch(_launch(port=12345, kv_blocks=77))
+    assert (args.host, args.model, args.port) == ("127.0.0.1", "m", 12345)
+    assert SimParams.model_validate_json(args.params_json).kv_blocks == 77
     with pytest.raises(EngineError, match="only sim engines"):
         parse_launch(EngineLaunch(argv=["vllm", "serve", "x"]))
     with pytest.raises(EngineError, match="takes no arguments"):

@@ -14,20 +14,20 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from llmgw import procstats
 from llmgw.cli.logs import setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
-from llmgw.errors import AuthError, ConfigError
+from llmgw.errors import AuthError, ConfigError, ControlPlaneUnavailable, ValidationError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.gateway.app import Gateway, freeze_startup_objects
-from llmgw.gateway.link import ControlPlaneUnavailable, HttpControlPlaneLink
+from llmgw.gateway.link import HttpControlPlaneLink
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.serving import run
 from llmgw.tls import (
     ClientTrust,
     ServerTls,
@@ -83,7 +83,7 @@ async def serve_gateway(
                 gateway.apply(await link.watch_config(-1))
         except AuthError as exc:
             raise ConfigError(str(exc)) from None
-        except (ControlPlaneUnavailable, TimeoutError) as exc:
+        except (ControlPlaneUnavailable, ValidationError, TimeoutError) as exc:
             log.warning("control plane not reachable yet (%s); answering 503 until it is", exc)
         await gateway.start()
         procstats.install("gateway")
@@ -196,8 +196,7 @@ def gateway(
             allow_anonymous=allow_anonymous,
             metrics_token=metrics_token_from(metrics_token_file),
         )
-        _run_loop(serve_gateway(control_plane, token, host, port, settings,
-                                trust=trust, tls=tls))
+        run(serve_gateway(control_plane, token, host, port, settings, trust=trust, tls=tls))
     except ConfigError as exc:
         typer.echo(f"llmgw: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -219,17 +218,6 @@ def _listening_tls(host: str, cert: Path | None, key: Path | None, directory: Pa
             "--insecure-http"
         )
     return None
-
-
-def _run_loop(main: Coroutine[Any, Any, None]) -> None:
-    # uvloop when available: it roughly halves the event loop's share of the
-    # per-request cost on the hot path.
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
 
 
 if __name__ == "__main__":

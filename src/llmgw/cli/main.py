@@ -84,7 +84,8 @@ def up(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
 ) -> None:
     """Run everything on this machine: control plane, gateway and a local agent."""
-    from llmgw.cli.up import TlsOptions, UpOptions, run_up
+    from llmgw.cli.combined import TlsOptions
+    from llmgw.cli.up import UpOptions, run_up
 
     setup_logging(log_level)
     options = UpOptions(
@@ -163,7 +164,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
-    from llmgw.cli.up import ServeOptions, TlsOptions, run_serve
+    from llmgw.cli.combined import TlsOptions
+    from llmgw.cli.serve import ServeOptions, run_serve
     from llmgw.control.retention import Retention
 
     setup_logging(log_level)

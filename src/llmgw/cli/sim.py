@@ -21,9 +21,10 @@ import typer
 from llmgw import procstats
 from llmgw.cli.logs import setup_logging
 from llmgw.errors import AuthError, ConfigError, ValidationError
-from llmgw.sim import engine as sim_engine
+from llmgw.serving import run
 from llmgw.sim.core import check_params
 from llmgw.sim.fleetspec import FleetSpec, load_fleet_spec
+from llmgw.sim.process import parse_params, serve
 from llmgw.wire import SimParams
 
 app = typer.Typer(
@@ -79,7 +80,7 @@ def engine_command(
         "stall_after_s": stall_after_s,
     }
     try:
-        base = sim_engine.parse_params(params_json)
+        base = parse_params(params_json)
         merged = {**base.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
         params = SimParams.model_validate(merged)
         check_params(params)
@@ -87,7 +88,7 @@ def engine_command(
         typer.echo(f"llmgw sim engine: {exc}", err=True)
         raise typer.Exit(2) from None
     try:
-        code = sim_engine.run_blocking(model, params, host, port, count)
+        code = run(serve(model, params, host, port, count))
     except OSError as exc:
         typer.echo(
             f"llmgw sim engine: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True

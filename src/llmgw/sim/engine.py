@@ -42,36 +42,30 @@ the agent's progress check is for.
 
 ``python -m llmgw.sim.engine --host H --port P --model NAME --params-json '{...}'``
 runs engines as a process (the agent starts replicas that way, with an argv
-list); ``llmgw sim engine`` is the same with friendlier flags.
+list; llmgw.sim.process); ``llmgw sim engine`` is the same with friendlier flags.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hmac
 import itertools
 import logging
-import os
-import signal
 import ssl
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-import orjson
-import pydantic
 from aiohttp import web
 
-from llmgw import procstats
-from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import ValidationError
 from llmgw.sim import metrics, openai_api, tokens
 from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
 from llmgw.sim.extra_routes import ExtraRoutes
-from llmgw.wire import EngineKind, SimParams
+from llmgw.sim.responses import client_left, drop, error, json_response, model_not_found, read_json
+from llmgw.wire import SimParams
 
 EngineState = Literal["created", "starting", "ready", "hung", "failed", "stopped"]
 
@@ -269,14 +263,14 @@ class SimEngine:
         if self.state == "ready":
             return None
         if self.state == "failed":
-            return _error(500, "engine failed at start (fault fail_at_start)", "server_error", 500)
-        return _error(503, f"engine is {self.state}", "service_unavailable", 503, retry_after=True)
+            return error(500, "engine failed at start (fault fail_at_start)", "server_error", 500)
+        return error(503, f"engine is {self.state}", "service_unavailable", 503, retry_after=True)
 
     @web.middleware
     async def _guarded(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         given = request.headers.get("Authorization", "").encode()
         if request.path != "/health" and not hmac.compare_digest(given, self._auth or b""):
-            return _error(
+            return error(
                 401, "missing or wrong API key", "invalid_request_error", "invalid_api_key"
             )
         return await handler(request)
@@ -285,7 +279,7 @@ class SimEngine:
     async def _wedged(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         if self.state == "hung":
             await self._stopping.wait()
-            _drop(request)
+            drop(request)
             return web.Response(status=503)
         return await handler(request)
 
@@ -308,18 +302,18 @@ class SimEngine:
             "owned_by": "llmgw-sim",
             "max_model_len": self.params.kv_blocks * self.params.block_tokens,
         }
-        return _json({"object": "list", "data": [card]})
+        return json_response({"object": "list", "data": [card]})
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         refusal = self._not_serving()
         if refusal is not None:
             return refusal
         try:
-            model, inputs, as_base64 = openai_api.embedding_inputs(await _read_json(request))
+            model, inputs, as_base64 = openai_api.embedding_inputs(await read_json(request))
         except ValidationError as exc:
-            return _error(400, str(exc), "invalid_request_error", None, param=exc.field)
+            return error(400, str(exc), "invalid_request_error", None, param=exc.field)
         if model != self.model:
-            return _model_not_found(model)
+            return model_not_found(model)
         return web.Response(
             body=openai_api.embeddings_body(model, inputs, as_base64),
             content_type="application/json",
@@ -331,16 +325,18 @@ class SimEngine:
         if refusal is not None:
             return refusal
         try:
-            body = await _read_json(request)
+            body = await read_json(request)
         except ValidationError as exc:
-            return _error(400, str(exc), "invalid_request_error", None)
+            return error(400, str(exc), "invalid_request_error", None)
         text = body.get("prompt") if isinstance(body, dict) else None
         if not isinstance(text, str):
-            return _error(400, "'prompt' must be a string", "invalid_request_error", None,
+            return error(400, "'prompt' must be a string", "invalid_request_error", None,
                           param="prompt")  # fmt: skip
         count = tokens.count_tokens(text)
         max_len = self.params.kv_blocks * self.params.block_tokens
-        return _json({"count": count, "tokens": list(range(count)), "max_model_len": max_len})
+        return json_response(
+            {"count": count, "tokens": list(range(count)), "max_model_len": max_len}
+        )
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -354,25 +350,25 @@ class SimEngine:
             return refusal
         try:
             parsed = openai_api.parse_completion(
-                await _read_json(request),
+                await read_json(request),
                 chat=chat,
                 max_completion_tokens=self.params.max_completion_tokens,
                 stream_usage=self.params.stream_usage,
             )
         except ValidationError as exc:
-            return _error(400, str(exc), "invalid_request_error", None, param=exc.field)
+            return error(400, str(exc), "invalid_request_error", None, param=exc.field)
         if parsed.model != self.model:
-            return _model_not_found(parsed.model)
+            return model_not_found(parsed.model)
         if self.params.fault == "hang":
             await self._stopping.wait()
-            _drop(request)
+            drop(request)
             return web.Response(status=503)
         try:
             sim = self.core.submit(parsed.prompt, parsed.max_tokens)
         except ValidationError as exc:
-            return _error(400, str(exc), "invalid_request_error", None, param=exc.field)
+            return error(400, str(exc), "invalid_request_error", None, param=exc.field)
         except QueueFullError as exc:
-            return _error(503, str(exc), "service_unavailable", 503, retry_after=True)
+            return error(503, str(exc), "service_unavailable", 503, retry_after=True)
         req_id = f"{'chatcmpl' if chat else 'cmpl'}-sim{self._id}-{next(self._requests)}"
         try:
             if parsed.stream:
@@ -405,7 +401,7 @@ class SimEngine:
             await sim.changed.wait()
             sim.changed.clear()
             if sim.phase is Phase.ABORTED:
-                _drop(request)
+                drop(request)
                 return resp
             upto = min(sim.produced, crash_at) if crash_at is not None else sim.produced
             if upto > sent:
@@ -420,7 +416,7 @@ class SimEngine:
                     await resp.write(out.done())
                     await resp.write_eof()
                 else:
-                    _drop(request)
+                    drop(request)
                 return resp
             if sim.phase is Phase.DONE:
                 break
@@ -443,12 +439,12 @@ class SimEngine:
         crash_at = self._crash_at()
         while not sim.finished:
             if crash_at is not None and sim.produced >= crash_at:
-                _drop(request)
+                drop(request)
                 return web.Response(status=500)
             await sim.changed.wait()
             sim.changed.clear()
         if sim.phase is Phase.ABORTED or crash_at is not None:
-            _drop(request)
+            drop(request)
             return web.Response(status=500)
         usage = openai_api.usage(sim.prompt_tokens, sim.produced, sim.cached_tokens)
         body = openai_api.completion_body(req_id, parsed.model, parsed.chat, sim.produced, usage)
@@ -460,203 +456,9 @@ class SimEngine:
         return self.params.crash_after_tokens
 
 
-def client_left() -> web.Response:
-    """What a handler returns when its client hung up mid-stream.
-
-    A gateway cuts a stream whose own client left (or that is stopping), so
-    this is routine, not an error to log with a traceback; aiohttp finds the
-    connection gone when it sends this and drops it quietly.
-    """
-    return web.Response(status=499)
-
-
-def _drop(request: web.Request) -> None:
-    """Cut the connection with no further byte: what a crashed engine looks like."""
-    transport = request.transport
-    if transport is not None:
-        transport.abort()
-
-
-async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ValidationError(f"request body is not JSON: {exc}") from None
-
-
-def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
-
-
-def _error(
-    status: int,
-    message: str,
-    type_: str,
-    code: str | int | None,
-    *,
-    param: str | None = None,
-    retry_after: bool = False,
-) -> web.Response:
-    headers = {"Retry-After": "1"} if retry_after else None
-    return web.Response(
-        body=openai_api.error_body(message, type_, code, param),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-def _model_not_found(model: str) -> web.Response:
-    return _error(
-        404, f"The model `{model}` does not exist.", "invalid_request_error", "model_not_found",
-        param="model",
-    )  # fmt: skip
-
-
-async def run_engines(
-    n: int,
-    params: SimParams | None = None,
-    host: str = "127.0.0.1",
-    *,
-    model: str = "sim",
-    base_port: int = 0,
-    api_key: str | None = None,
-    tls: ssl.SSLContext | None = None,
-) -> list[SimEngine]:
-    """Start ``n`` engines on one loop: ports ``base_port + i``, or ephemeral when 0.
-
-    All or nothing: if one cannot listen, those already started are stopped.
-    """
-    engines: list[SimEngine] = []
-    try:
-        for i in range(n):
-            engine = SimEngine(model, params, api_key=api_key)
-            await engine.start(host, base_port + i if base_port else 0, tls)
-            engines.append(engine)
-    except BaseException:
-        await asyncio.gather(*(e.stop() for e in engines), return_exceptions=True)
-        raise
-    return engines
-
-
-# ---------------------------------------------------------------------------
-# As a process
-# ---------------------------------------------------------------------------
-
-
-async def serve(
-    model: str,
-    params: SimParams,
-    host: str,
-    port: int,
-    count: int = 1,
-    api_key: str | None = None,
-    tls: ssl.SSLContext | None = None,
-) -> int:
-    """Run ``count`` engines until SIGINT/SIGTERM (0) or a failed start (1)."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    procstats.install("sim-engine")
-    try:
-        engines = await run_engines(
-            count, params, host, model=model, base_port=port, api_key=api_key, tls=tls
-        )
-    except BaseException:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        raise
-    for engine in engines:
-        print(f"sim engine {model} listening on {engine.url}", flush=True)
-    exits = [loop.create_task(e.wait_exit()) for e in engines]
-    stopper = loop.create_task(stop.wait())
-    try:
-        await asyncio.wait([stopper, *exits], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        stopper.cancel()
-        failed = any(t.done() and t.result() == 1 for t in exits)
-        await asyncio.gather(*(e.stop() for e in engines))
-        for t in exits:
-            t.cancel()
-    if failed:
-        print(f"sim engine {model}: failed at start (fault fail_at_start)", file=sys.stderr)
-        return 1
-    return 0
-
-
-def run_blocking(
-    model: str,
-    params: SimParams,
-    host: str,
-    port: int,
-    count: int = 1,
-    api_key: str | None = None,
-    tls: ssl.SSLContext | None = None,
-) -> int:
-    """Run :func:`serve` on a fresh loop (uvloop when installed)."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(serve(model, params, host, port, count, api_key, tls))
-    return uvloop.run(serve(model, params, host, port, count, api_key, tls))
-
-
-def parse_params(raw: str) -> SimParams:
-    """SimParams from JSON text; ValidationError with pydantic's message otherwise."""
-    try:
-        return SimParams.model_validate_json(raw or "{}")
-    except pydantic.ValidationError as exc:
-        raise ValidationError(f"--params-json: {exc}") from None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m llmgw.sim.engine", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0: ephemeral")
-    parser.add_argument("--model", required=True, help="the served model name")
-    parser.add_argument("--params-json", default="{}", help="wire.SimParams as JSON")
-    parser.add_argument("--count", type=int, default=1, help="engines on consecutive ports")
-    # Spelled as vLLM's, which the agent passes the same way.
-    parser.add_argument("--ssl-certfile", help="listen with TLS under this certificate (PEM)")
-    parser.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
-    args = parser.parse_args(argv)
-    try:
-        params = parse_params(args.params_json)
-        EngineCore(params)  # validates the values the wire type leaves open
-    except ValidationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.count < 1:
-        print("error: --count must be >= 1", file=sys.stderr)
-        return 2
-    tls = None
-    if args.ssl_certfile or args.ssl_keyfile:
-        try:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(args.ssl_certfile or "", args.ssl_keyfile)
-        except (OSError, ssl.SSLError) as exc:
-            print(f"error: --ssl-certfile/--ssl-keyfile: {exc}", file=sys.stderr)
-            return 2
-    try:
-        # The agent passes the replica's engine key in the environment, never
-        # in argv (world-readable in /proc).
-        api_key = os.environ.get(ENGINE_KEY_ENV[EngineKind.SIM]) or None
-        return run_blocking(
-            args.model, params, args.host, args.port, args.count, api_key, tls
-        )
-    except OSError as exc:
-        print(
-            f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
-            file=sys.stderr,
-        )
-        return 1
-
-
 if __name__ == "__main__":
+    # The agent runs `python -m llmgw.sim.engine`; the process's own parts
+    # (argv, signals) live in llmgw.sim.process.
+    from llmgw.sim.process import main
+
     sys.exit(main())

@@ -41,18 +41,14 @@ import orjson
 from aiohttp import web
 
 from llmgw.errors import ValidationError
-from llmgw.sim import openai_api, tokens
+from llmgw.sim import tokens
 from llmgw.sim.core import Phase, QueueFullError, SimRequest
+from llmgw.sim.responses import client_left, error, json_response, read_json
 from llmgw.wire import EXTRA_ROUTES
 
 if TYPE_CHECKING:
     from llmgw.sim.engine import SimEngine
 
-
-def client_left() -> web.Response:
-    from llmgw.sim.engine import client_left as left  # the engine imports this module
-
-    return left()
 
 _DEFAULT_OUTPUT = 16
 _AUDIO_BYTES_PER_SECOND = 32000  # 16 kHz, 16-bit, mono
@@ -61,12 +57,7 @@ _ids = itertools.count(1)
 
 def _error(status: int, message: str, param: str | None = None) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return web.Response(body=openai_api.error_body(message, kind, status, param), status=status,
-                        content_type="application/json")  # fmt: skip
-
-
-def _json(payload: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+    return error(status, message, kind, status, param=param)
 
 
 def _relevance(query: str, document: str) -> float:
@@ -132,10 +123,7 @@ class ExtraRoutes:
     # -- shared --------------------------------------------------------------
 
     async def _json_body(self, request: web.Request) -> dict[str, Any]:
-        try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            raise ValidationError(f"request body is not JSON: {exc}") from None
+        body = await read_json(request)
         if not isinstance(body, dict):
             raise ValidationError("request body must be a JSON object")
         model = body.get("model")
@@ -189,7 +177,7 @@ class ExtraRoutes:
             await self._finish(sim)
             if sim.phase is Phase.ABORTED:
                 return web.Response(status=500)
-            return _json(self._response(body, resp_id, sim, "completed"))
+            return json_response(self._response(body, resp_id, sim, "completed"))
         finally:
             self.engine.core.abort(sim)
 
@@ -298,8 +286,8 @@ class ExtraRoutes:
         top = body.get("top_n")
         if isinstance(top, int) and top > 0:
             results = results[:top]
-        return _json({"id": f"rerank-sim{next(_ids)}", "model": self.engine.model,
-                      "usage": {"total_tokens": used}, "results": results})  # fmt: skip
+        return json_response({"id": f"rerank-sim{next(_ids)}", "model": self.engine.model,
+                              "usage": {"total_tokens": used}, "results": results})  # fmt: skip
 
     async def _score(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, self._scored)
@@ -316,9 +304,9 @@ class ExtraRoutes:
         data = [{"index": i, "object": "score", "score": _relevance(a, b)}
                 for i, (a, b) in enumerate(zip(first, second, strict=True))]  # fmt: skip
         usage = {"prompt_tokens": used, "total_tokens": used, "completion_tokens": 0}
-        return _json({"id": f"score-sim{next(_ids)}", "object": "list",
-                      "created": int(time.time()), "model": self.engine.model, "data": data,
-                      "usage": usage})  # fmt: skip
+        return json_response({"id": f"score-sim{next(_ids)}", "object": "list",
+                              "created": int(time.time()), "model": self.engine.model,
+                              "data": data, "usage": usage})  # fmt: skip
 
     # -- /v1/audio/transcriptions ------------------------------------------------
 
@@ -359,9 +347,10 @@ class ExtraRoutes:
             head = "WEBVTT\n\n" if fmt == "vtt" else "1\n"
             return web.Response(text=f"{head}{cue}\n{text}\n", content_type="text/plain")
         if fmt == "verbose_json":
-            return _json({"task": "transcribe", "language": "en", "duration": float(seconds),
-                          "text": text, "segments": [], "usage": usage_})  # fmt: skip
-        return _json({"text": text, "usage": usage_})
+            return json_response({"task": "transcribe", "language": "en",
+                                  "duration": float(seconds), "text": text, "segments": [],
+                                  "usage": usage_})  # fmt: skip
+        return json_response({"text": text, "usage": usage_})
 
     async def _transcript_stream(
         self, request: web.Request, sim: SimRequest, include_usage: bool

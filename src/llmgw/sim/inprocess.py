@@ -30,9 +30,9 @@ from llmgw.agent.engines.base import EngineLaunch
 from llmgw.agent.supervisor import RUNNING, EngineProcess, ExitStatus
 from llmgw.errors import EngineError, ValidationError
 from llmgw.sim.core import check_params
-from llmgw.sim.engine import SimEngine, parse_params
+from llmgw.sim.engine import SimEngine
+from llmgw.sim.process import SIM_MODULE, argv_parser, parse_params, server_tls
 
-SIM_MODULE = "llmgw.sim.engine"
 TAIL_LINES = 20
 
 
@@ -58,33 +58,8 @@ async def _start(
     return bound
 
 
-def _argv_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=SIM_MODULE, add_help=False, exit_on_error=False)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--params-json", default="{}")
-    # The node's certificate, on a fleet that issues them (agent.engines.sim).
-    parser.add_argument("--ssl-certfile")
-    parser.add_argument("--ssl-keyfile")
-    return parser
-
-
-def launch_tls(launch: EngineLaunch) -> ssl.SSLContext | None:
-    """The server context a sim launch asks for (``--ssl-certfile``/``--ssl-keyfile``)."""
-    args, _ = _argv_parser().parse_known_args(launch.argv[launch.argv.index(SIM_MODULE) + 1 :])
-    if not args.ssl_certfile:
-        return None
-    try:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
-    except (OSError, ssl.SSLError) as exc:
-        raise EngineError(f"the sim engine cannot listen with TLS: {exc}") from None
-    return context
-
-
-def parse_launch(launch: EngineLaunch) -> tuple[str, str, int, str]:
-    """(host, model, port, params JSON) of a sim engine launch; EngineError otherwise."""
+def parse_launch(launch: EngineLaunch) -> argparse.Namespace:
+    """A sim engine launch's arguments (llmgw.sim.process's flags); EngineError otherwise."""
     argv = launch.argv
     if SIM_MODULE not in argv:
         raise EngineError(
@@ -92,12 +67,14 @@ def parse_launch(launch: EngineLaunch) -> tuple[str, str, int, str]:
         )
     rest = argv[argv.index(SIM_MODULE) + 1 :]
     try:
-        args, unknown = _argv_parser().parse_known_args(rest)
+        args, unknown = argv_parser(exit_on_error=False).parse_known_args(rest)
     except (argparse.ArgumentError, SystemExit) as exc:
         raise EngineError(f"cannot read the sim engine's arguments: {exc}") from None
     if unknown:
         raise EngineError(f"the sim engine takes no arguments {unknown}")
-    return str(args.host), str(args.model), int(args.port), str(args.params_json)
+    if args.count != 1:
+        raise EngineError("an in-process sim engine is one engine (--count 1)")
+    return args
 
 
 class InProcessEngines:
@@ -115,14 +92,18 @@ class InProcessEngines:
         return [r.engine for r in self.running.values()]
 
     def spawn(self, replica_id: str, launch: EngineLaunch) -> EngineProcess:
-        host, model, port, params_json = parse_launch(launch)
+        args = parse_launch(launch)
         try:
-            params = parse_params(params_json)
+            params = parse_params(args.params_json)
             check_params(params)
         except ValidationError as exc:
             raise EngineError(f"bad sim parameters: {exc}") from None
-        tls = launch_tls(launch)
-        engine = SimEngine(model, params)
+        try:
+            tls = server_tls(args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
+        except (OSError, ssl.SSLError) as exc:
+            raise EngineError(f"the sim engine cannot listen with TLS: {exc}") from None
+        host, port = str(args.host), int(args.port)
+        engine = SimEngine(str(args.model), params)
         log: deque[str] = deque(maxlen=TAIL_LINES)
         # spawn is synchronous in the seam; the engine binds its port in a
         # task, and a port it cannot bind shows as an exit on the next poll.

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Store
+from llmgw.serving import start_server
 from llmgw.wire import (
     AgentRegistration,
     Device,
@@ -196,11 +197,7 @@ def served_control_plane(tmp: Path, fleet: FleetState | None = None) -> Iterator
             port = sock.getsockname()[1]
             server = uvicorn.Server(uvicorn.Config(admin_app(cp), lifespan="off",
                                                    log_level="warning", access_log=False))
-            task = asyncio.create_task(server.serve(sockets=[sock]))
-            while not server.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
+            task = await start_server(server, [sock])
             stop.append(asyncio.Event())
             assert creds.admin_token and creds.join_token and creds.gateway_token
             assert creds.api_key

