@@ -9,6 +9,7 @@ import json
 import sys
 import textwrap
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -182,13 +183,31 @@ def plant(cache: WeightsCache, spec: ModelSpec, data: bytes, name: str = "tiny.g
     return key_dir / name
 
 
+@dataclass
+class Peer:
+    """Another node serving its weights cache, and a session to copy from it with."""
+
+    cache: WeightsCache
+    url: str
+    session: aiohttp.ClientSession
+
+    async def fetch(
+        self, mine: WeightsCache, spec: ModelSpec, progress: Progress | None = None
+    ) -> str | None:
+        """``mine`` ensures ``spec`` with this peer as the one it may copy from."""
+        return await mine.ensure(
+            spec, progress=progress or Progress(), peers=[self.url], peer_token=TOKEN,
+            session=self.session,
+        )
+
+
 @pytest.fixture
-async def peer(tmp_path: Path) -> AsyncIterator[tuple[WeightsCache, str]]:
+async def peer(tmp_path: Path, session: aiohttp.ClientSession) -> AsyncIterator[Peer]:
     cache = WeightsCache(tmp_path / "peer")
     server = WeightsServer(cache, lambda: TOKEN, host="127.0.0.1", port=0, node="peer")
     port = await server.start()
     try:
-        yield cache, f"http://127.0.0.1:{port}"
+        yield Peer(cache, f"http://127.0.0.1:{port}", session)
     finally:
         await server.stop()
 
@@ -197,51 +216,43 @@ HF = WeightsSource(kind="hf", repo="org/tiny", revision="abc", file="tiny.gguf")
 
 
 async def test_copy_from_a_peer(
-    tmp_path: Path, peer: tuple[WeightsCache, str], session: aiohttp.ClientSession
+    tmp_path: Path, peer: Peer
 ) -> None:
-    peer_cache, url = peer
     spec = spec_of(HF)
-    plant(peer_cache, spec, PAYLOAD)
+    plant(peer.cache, spec, PAYLOAD)
     mine = WeightsCache(tmp_path / "mine", hf_endpoint="http://127.0.0.1:9")
     progress = Progress()
-    path = await mine.ensure(
-        spec, progress=progress, peers=[url], peer_token=TOKEN, session=session
-    )
+    path = await peer.fetch(mine, spec, progress)
     assert path is not None and content(path) == PAYLOAD
     assert progress.snapshot().bytes_done == len(PAYLOAD) == progress.snapshot().bytes_total
-    assert mine.report()[0].sha256 == peer_cache.report()[0].sha256
+    assert mine.report()[0].sha256 == peer.cache.report()[0].sha256
 
 
 async def test_corrupted_transfer_is_caught_by_the_checksum(
-    tmp_path: Path, peer: tuple[WeightsCache, str], session: aiohttp.ClientSession
+    tmp_path: Path, peer: Peer
 ) -> None:
-    peer_cache, url = peer
     spec = spec_of(HF)
-    held = plant(peer_cache, spec, PAYLOAD)
+    held = plant(peer.cache, spec, PAYLOAD)
     damaged = bytearray(PAYLOAD)
     damaged[12345] ^= 0xFF  # same size, one bit flipped on the peer's disk
     held.write_bytes(bytes(damaged))
     mine = WeightsCache(tmp_path / "mine", hf_endpoint="http://127.0.0.1:9")
     with pytest.raises(WeightsError, match="checksum mismatch"):
-        await mine.ensure(spec, progress=Progress(), peers=[url], peer_token=TOKEN, session=session)
+        await peer.fetch(mine, spec)
     assert mine.report() == [] and mine.lookup(spec) is None
     assert staging_is_empty(mine)
 
 
 async def test_bad_peer_falls_back_to_the_origin(
     tmp_path: Path,
-    peer: tuple[WeightsCache, str],
-    session: aiohttp.ClientSession,
+    peer: Peer,
     fake_package: str,
 ) -> None:
-    peer_cache, url = peer
     spec = spec_of(package_source(fake_package))
-    plant(peer_cache, spec, PAYLOAD[:-1] + b"!")
-    (peer_cache.root / cache_key(spec.name, spec.weights) / "tiny.gguf").write_bytes(b"short")
+    plant(peer.cache, spec, PAYLOAD[:-1] + b"!")
+    (peer.cache.root / cache_key(spec.name, spec.weights) / "tiny.gguf").write_bytes(b"short")
     mine = WeightsCache(tmp_path / "mine")
-    path = await mine.ensure(
-        spec, progress=Progress(), peers=[url], peer_token=TOKEN, session=session
-    )
+    path = await peer.fetch(mine, spec)
     assert path is not None and content(path) == PAYLOAD
 
 
@@ -323,22 +334,22 @@ async def test_full_disk_is_named_and_leaves_nothing(
 
 
 async def test_peer_server_requires_the_token_and_serves_only_manifest_files(
-    peer: tuple[WeightsCache, str], session: aiohttp.ClientSession
+    peer: Peer
 ) -> None:
-    peer_cache, url = peer
-    plant(peer_cache, spec_of(HF), PAYLOAD)
-    manifest = f"{url}{fetchers.MANIFEST_PATH}"
-    file = f"{url}{fetchers.FILE_PATH}"
+    plant(peer.cache, spec_of(HF), PAYLOAD)
+    manifest = f"{peer.url}{fetchers.MANIFEST_PATH}"
+    file = f"{peer.url}{fetchers.FILE_PATH}"
     for headers in ({}, {"Authorization": "Bearer wrong"}):
-        async with session.get(manifest, params={"model": "tiny"}, headers=headers) as resp:
+        async with peer.session.get(manifest, params={"model": "tiny"}, headers=headers) as resp:
             assert resp.status == 401
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    async with session.get(manifest, params={"model": "tiny"}, headers=auth) as resp:
+    async with peer.session.get(manifest, params={"model": "tiny"}, headers=auth) as resp:
         assert resp.status == 200
     for path in ("../../etc/passwd", "meta.json", "/etc/passwd"):
-        async with session.get(file, params={"model": "tiny", "path": path}, headers=auth) as resp:
+        params = {"model": "tiny", "path": path}
+        async with peer.session.get(file, params=params, headers=auth) as resp:
             assert resp.status == 404
-    async with session.get(manifest, params={"model": "other"}, headers=auth) as resp:
+    async with peer.session.get(manifest, params={"model": "other"}, headers=auth) as resp:
         assert resp.status == 404
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 from tests.agent.conftest import AgentFactory
@@ -23,7 +21,7 @@ from tests.agent.helpers import assign, cpu_slot, model
 from tests.agent.test_weights import (
     HF,
     PAYLOAD,
-    TOKEN,
+    Peer,
     content,
     package_source,
     plant,
@@ -32,6 +30,7 @@ from tests.agent.test_weights import (
 )
 from tests.agent.test_weights import fake_package as fake_package
 from tests.agent.test_weights import peer as peer
+from tests.agent.test_weights import session as session
 from typer.testing import CliRunner
 
 from llmgw.agent import diskroom
@@ -266,40 +265,28 @@ async def test_release_counts_as_a_use(tmp_path: Path, fake_package: str, disk: 
 # -- sizes as each source knows them -------------------------------------------------
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 async def test_peer_copy_makes_room_from_the_announced_size(
     tmp_path: Path,
-    peer: tuple[WeightsCache, str],
-    session: aiohttp.ClientSession,
+    peer: Peer,
     disk: FakeDisk,
 ) -> None:
-    peer_cache, url = peer
     spec = spec_of(HF)
-    plant(peer_cache, spec, PAYLOAD)
+    plant(peer.cache, spec, PAYLOAD)
     mine = WeightsCache(tmp_path / "mine", hf_endpoint=OFFLINE, reserve=NO_RESERVE)
     plant(mine, hf("old"), PAYLOAD)
     disk.capacity = tree_size(mine.root) + MIB // 2
-    path = await mine.ensure(
-        spec, progress=Progress(), peers=[url], peer_token=TOKEN, session=session
-    )
+    path = await peer.fetch(mine, spec)
     assert path is not None and content(path) == PAYLOAD
     assert held_models(mine) == ["tiny"]
 
 
 async def test_peer_copy_that_cannot_fit_fails_before_a_byte(
     tmp_path: Path,
-    peer: tuple[WeightsCache, str],
-    session: aiohttp.ClientSession,
+    peer: Peer,
     disk: FakeDisk,
 ) -> None:
-    peer_cache, url = peer
     spec = spec_of(HF)
-    plant(peer_cache, spec, PAYLOAD)
+    plant(peer.cache, spec, PAYLOAD)
     mine = WeightsCache(tmp_path / "mine", hf_endpoint=OFFLINE, reserve=NO_RESERVE)
     mine.root.mkdir()
     disk.capacity = MIB // 2
@@ -308,7 +295,7 @@ async def test_peer_copy_that_cannot_fit_fails_before_a_byte(
     with pytest.raises(
         NotEnoughDisk, match=r"^not enough disk for weights of 'tiny': need 1\.0 MB"
     ):
-        await mine.ensure(spec, progress=progress, peers=[url], peer_token=TOKEN, session=session)
+        await peer.fetch(mine, spec, progress)
     assert progress.done == 0 and mine.report() == [] and staging_is_empty(mine)
 
 

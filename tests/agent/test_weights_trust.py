@@ -6,14 +6,13 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import aiohttp
 import pytest
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, model
 from tests.agent.test_weights import (
     PAYLOAD,
-    TOKEN,
+    Peer,
     content,
     fake_package,
     package_source,
@@ -41,35 +40,29 @@ def record(source: WeightsSource, sha256: str = SHA) -> WeightsDigests:
 
 async def test_a_rogue_peer_copy_is_refused_and_fetched_from_the_origin(
     tmp_path: Path,
-    peer: tuple[WeightsCache, str],
-    session: aiohttp.ClientSession,
+    peer: Peer,
     fake_package: str,
 ) -> None:
-    peer_cache, url = peer
     spec = spec_of(package_source(fake_package))
     # A rogue peer's copy agrees with its own manifest: only the record catches it.
-    plant(peer_cache, spec, b"evil" * 1000)
+    plant(peer.cache, spec, b"evil" * 1000)
     mine = WeightsCache(tmp_path / "mine")
     mine.trust({spec.name: record(spec.weights)})
-    path = await mine.ensure(
-        spec, progress=Progress(), peers=[url], peer_token=TOKEN, session=session
-    )
+    path = await peer.fetch(mine, spec)
     assert path is not None and content(path) == PAYLOAD
     [refusal] = mine.take_refusals()
-    assert f"from peer {url} do not match the digests recorded from package" in refusal
+    assert f"from peer {peer.url} do not match the digests recorded from package" in refusal
     assert "tiny.gguf has 4000 bytes" in refusal and "the copy was deleted" in refusal
     assert mine.take_refusals() == [] and staging_is_empty(mine)
 
 
 async def test_an_extra_file_from_a_peer_is_refused(
     tmp_path: Path,
-    peer: tuple[WeightsCache, str],
-    session: aiohttp.ClientSession,
+    peer: Peer,
     fake_package: str,
 ) -> None:
-    peer_cache, url = peer
     spec = spec_of(package_source(fake_package))
-    held = plant(peer_cache, spec, PAYLOAD)
+    held = plant(peer.cache, spec, PAYLOAD)
     # The right weights, plus code that would ride along (trust_remote_code).
     (held.parent / "modeling.py").write_bytes(b"import os\n")
     meta = CacheEntry.model_validate_json((held.parent / "meta.json").read_bytes())
@@ -78,9 +71,7 @@ async def test_an_extra_file_from_a_peer_is_refused(
     (held.parent / "meta.json").write_text(meta.model_dump_json())
     mine = WeightsCache(tmp_path / "mine")
     mine.trust({spec.name: record(spec.weights)})
-    path = await mine.ensure(
-        spec, progress=Progress(), peers=[url], peer_token=TOKEN, session=session
-    )
+    path = await peer.fetch(mine, spec)
     assert path is not None and not (Path(path).parent / "modeling.py").exists()
     assert "modeling.py not in the record" in mine.take_refusals()[0]
 
