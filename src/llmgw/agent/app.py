@@ -33,28 +33,30 @@ import aiohttp
 
 from llmgw import __version__ as _llmgw_version
 from llmgw.agent import pinning
-from llmgw.agent.assignments import check_assignments
 from llmgw.agent.client import ControlPlaneClient, ControlPlaneUnavailable
 from llmgw.agent.engines import default_adapters
-from llmgw.agent.engines.base import EngineAdapter, EngineTls
+from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.memguard import GuardMode, MemoryGuard, agent_tag, node_memory_mib
 from llmgw.agent.metrics import AgentMetrics
 from llmgw.agent.nodecert import NodeCertificate
 from llmgw.agent.ports import DEFAULT_RANGE, PortAllocator
-from llmgw.agent.replicas import ReplicaRunner, RunnerDeps
+from llmgw.agent.replicas import ReplicaRunner
+from llmgw.agent.replicaset import ReplicaSet
+from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.server import WeightsServer
 from llmgw.agent.state import StateStore
 from llmgw.agent.supervisor import ProcessControl, Supervisor
+from llmgw.agent.tlsmode import TlsMode
 from llmgw.agent.weights import DiskReserve, WeightsCache
+from llmgw.backoff import Backoff
 from llmgw.config import ensure_data_dir
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.secrets import hash_secret
 from llmgw.tls import (
     CA_CERT,
-    INSECURE_FLAG,
     ClientTrust,
     is_loopback,
     parse_fingerprint,
@@ -64,10 +66,8 @@ from llmgw.wire import (
     AgentRegistration,
     AgentReport,
     AgentReportAnswer,
-    Device,
     EngineKind,
     NodeInventory,
-    ReplicaAssignment,
 )
 
 log = logging.getLogger("llmgw.agent")
@@ -159,8 +159,7 @@ class Agent:
         )
         self.state = StateStore(self.data_dir / "engines.json")
         self.ports = PortAllocator(self.bind_host, config.port_range)
-        self.runners: dict[str, ReplicaRunner] = {}
-        self.refused: dict[str, str] = {}
+        self.replicas = ReplicaSet(self.adapters)
         self.inventory: NodeInventory | None = None
         self.identity: Identity | None = None
         self._agent_key_hash: str | None = None
@@ -169,9 +168,6 @@ class Agent:
         self._interval = config.report_interval_s
         self._peer_token: str | None = None
         self._weight_peers: dict[str, list[str]] = {}
-        self._stopping: set[asyncio.Task[None]] = set()
-        self._stop_tasks: dict[str, asyncio.Task[None]] = {}
-        self._stopping_devices: dict[str, set[int]] = {}
         self._changed = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         # A simulated fleet runs hundreds of agents in one process: one shared
@@ -182,16 +178,20 @@ class Agent:
         self._opened = False
         self._run_task: asyncio.Task[None] | None = None
         self._ram_mib: int | None = None  # read once: RAM does not change under us
-        # Where the control plane is https://, the fleet runs TLS: this node's
-        # server listens only with a certificate from the fleet's CA
-        # (agent.nodecert), and peers are checked against that CA.
-        self._fleet_tls = any(url.startswith("https://") for url in self._control_plane_urls)
         self.node_cert = NodeCertificate(self.data_dir / "tls", config.name)
+        fleet_tls = any(url.startswith("https://") for url in self._control_plane_urls)
+        self.tls = TlsMode(
+            self.node_cert,
+            fleet_tls=fleet_tls,
+            address=config.address,
+            plain_allowed=not fleet_tls or config.insecure_http or is_loopback(self.bind_host),
+        )
+        # Where the fleet runs TLS, peers are checked against its CA.
         self._peer_session: aiohttp.ClientSession | None = None
-        # What the last answer said: the control plane issues node
-        # certificates (True), does not (False), or no answer yet (None).
-        self._node_tls: bool | None = None
-        self._certificate_note: str | None = None  # said once, not per report
+
+    @property
+    def runners(self) -> dict[str, ReplicaRunner]:
+        return self.replicas.runners
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -207,7 +207,7 @@ class Agent:
         if self._discoverer is not None:
             await asyncio.to_thread(self._discoverer.start_watching)
         self._session = self._shared_session or aiohttp.ClientSession()
-        if self._fleet_tls and self._shared_session is None:
+        if self.tls.fleet_tls and self._shared_session is None:
             # (A simulated fleet's agents share one session and copy no weights.)
             self._peer_session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self.node_cert.peer_context))
@@ -234,10 +234,10 @@ class Agent:
             liveness=self.config.liveness,
             memory=guard,
             peer_session=self._peer_session,
-            engine_tls=self._engine_tls,
+            engine_tls=self.tls.engine_tls,
             engine_probe_ssl=self.node_cert.engine_probe_context,
         )
-        self._adopt()
+        self.replicas.adopt(self.state.load(), self._deps)
         if self.config.serve_weights:
             self.server = WeightsServer(
                 self.weights,
@@ -249,58 +249,54 @@ class Agent:
                 metrics=AgentMetrics(self).render,
                 metrics_token=self.config.metrics_token,
             )
-            if not self._fleet_tls:
-                await self.server.start()
-            elif await asyncio.to_thread(self.node_cert.usable, self.config.address):
-                await self.server.start(self.node_cert.server_context())
-            # Otherwise it starts once an answer brings a certificate
-            # (_take_certificate): never in plain HTTP on a TLS fleet unasked.
+            await self.tls.open(self.server)
 
     async def run(self) -> None:
         """Report and converge until cancelled (or until ``shutdown``)."""
         self._run_task = asyncio.current_task()
         await self.start()
-        backoff = 1.0
+        backoff = Backoff(first_s=1.0, most_s=MAX_BACKOFF_S)
         while True:
             try:
                 answer = await self.report_once()
-            except ControlPlaneUnavailable as exc:
-                if exc.standby_answered:
-                    # A standby answered: a leader is being elected on a live
-                    # store. A new leader counts a node's silence from its
-                    # takeover, so a report held back 30 s would reach it at
-                    # the edge of the unreachable grace; the report interval
-                    # keeps the node well inside it.
-                    backoff = min(backoff, self._interval)
-                log.warning("%s; retrying in %.0f s", exc, backoff)
-                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
-            except RegistrationRefused:
-                raise  # a wrong join token does not heal by retrying
-            except AuthError as exc:
-                if self.identity is not None and self.config.join_token:
-                    log.warning("node token refused (%s); registering again", exc)
-                    self.identity = None
-                else:
-                    log.error("%s", exc)
-                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
-            except ValidationError as exc:
-                log.error("%s", exc)
-                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
-            except ConfigError:
-                raise  # e.g. no node token and no join token: a person must act
-            except Exception:
-                # A bug must not end the loop: engines keep running unwatched
-                # and the node would go unreachable for no good reason.
-                log.exception("agent report failed")
-                wait, backoff = backoff, min(backoff * 2, MAX_BACKOFF_S)
+            except (RegistrationRefused, ConfigError):
+                # A wrong join token does not heal by retrying, nor does a
+                # missing node token: a person must act.
+                raise
+            except Exception as exc:
+                self._report_failed(exc, backoff)
+                await self._wait_for_change(backoff.failed())
+                continue
+            backoff.succeeded()
+            try:
+                self.converge(answer)
+            except Exception:  # never let one bad answer end the loop
+                log.exception("cannot apply the control plane's answer")
+            await self._wait_for_change(self._interval)
+
+    def _report_failed(self, exc: Exception, backoff: Backoff) -> None:
+        """Say why a report failed; forget a node token the control plane refused."""
+        if isinstance(exc, ControlPlaneUnavailable):
+            if exc.standby_answered:
+                # A standby answered: a leader is being elected on a live
+                # store. A new leader counts a node's silence from its
+                # takeover, so a report held back 30 s would reach it at
+                # the edge of the unreachable grace; the report interval
+                # keeps the node well inside it.
+                backoff.cap(self._interval)
+            log.warning("%s; retrying in %.0f s", exc, backoff.next_s)
+        elif isinstance(exc, AuthError):
+            if self.identity is not None and self.config.join_token:
+                log.warning("node token refused (%s); registering again", exc)
+                self.identity = None
             else:
-                backoff = 1.0
-                wait = self._interval
-                try:
-                    self.converge(answer)
-                except Exception:  # never let one bad answer end the loop
-                    log.exception("cannot apply the control plane's answer")
-            await self._wait_for_change(wait)
+                log.error("%s", exc)
+        elif isinstance(exc, ValidationError):
+            log.error("%s", exc)
+        else:
+            # A bug must not end the loop: engines keep running unwatched
+            # and the node would go unreachable for no good reason.
+            log.exception("agent report failed")
 
     async def shutdown(self, stop_engines: bool = True) -> None:
         """End the loop; stop the engines, or leave them running for the next agent."""
@@ -309,13 +305,7 @@ class Agent:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        runners, self.runners = list(self.runners.values()), {}
-        if stop_engines:
-            await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)
-        else:
-            await asyncio.gather(*(r.detach() for r in runners), return_exceptions=True)
-        if self._stopping:
-            await asyncio.gather(*self._stopping, return_exceptions=True)
+        await self.replicas.close(stop_engines)
         if self.server is not None:
             await self.server.stop()
             self.server = None
@@ -351,67 +341,9 @@ class Agent:
         self._peer_token = answer.peer_token
         self._weight_peers = dict(answer.weight_peers)
         self.weights.trust(answer.weight_digests)
-        await self._take_certificate(answer)
-        return answer
-
-    async def _take_certificate(self, answer: AgentReportAnswer) -> None:
-        """Keep a certificate the answer brought; start (or switch) the server to match.
-
-        The control plane says whether it issues node certificates; where it
-        does, the server listens only with one. Where it does not, the server
-        listens in plain HTTP, as the URLs the control plane hands out for it
-        say, if the fleet runs plain; on a TLS fleet whose serve holds no CA
-        key, only on loopback or with --insecure-http, since it carries the
-        peer token.
-        """
-        self._node_tls = answer.node_tls
-        address = self.config.address
-        if answer.certificate is not None and answer.certificate_ca is not None:
-            await asyncio.to_thread(self.node_cert.accept, answer.certificate,
-                                    answer.certificate_ca, address)
-        plain_allowed = (not self._fleet_tls or self.config.insecure_http
-                         or is_loopback(self.bind_host))
-        note = answer.certificate_refused
-        if note is None and not answer.node_tls and self._fleet_tls:
-            note = ("the control plane signs no node certificates (serve was given --tls-cert"
-                    " without --tls-ca-key); " + (
-                        "this node's server is plain HTTP: keep its port on the node network"
-                        if plain_allowed else "this node's server stays down (no peer copies"
-                        " from it, no nudges, no /metrics) unless the agent runs with"
-                        f" {INSECURE_FLAG}"))
-        if note is not None and note != self._certificate_note:
-            log.warning("server certificate: %s", note)
-        self._certificate_note = note
-        server = self.server
-        if server is None:
-            return
-        if not answer.node_tls and not plain_allowed:
-            if server.running:
-                await server.stop()
-                self._changed.set()  # the next report carries no port
-        elif answer.node_tls:
-            usable = await asyncio.to_thread(self.node_cert.usable, address)
-            if usable and not (server.running and server.tls):
-                await server.stop()
-                await server.start(self.node_cert.server_context())
-                self._changed.set()  # the next report carries its port
-        elif not server.running or server.tls:
-            await server.stop()
-            await server.start()
+        if await self.tls.take(answer, self.server):
             self._changed.set()
-
-    def _engine_tls(self) -> EngineTls | None:
-        """The node's certificate for an engine to listen with, where the fleet issues them.
-
-        The same certificate as the agent's server: it names the address the
-        gateways reach the engine at. An engine started before the node has
-        one (or on a fleet that issues none) stays plain http, as its report
-        says, until it is restarted.
-        """
-        if not self._fleet_tls or self._node_tls is not True:
-            return None
-        files = self.node_cert.engine_files(self.config.address)
-        return EngineTls(str(files[0]), str(files[1])) if files is not None else None
+        return answer
 
     def _read_agent_key_hash(self) -> str | None:
         """The hash of this data dir's agent key (made now if missing), for reports.
@@ -485,95 +417,20 @@ class Agent:
             replicas=[r.status() for r in self.runners.values()],
             weights=self.weights.report(),
             agent_port=self.server.port if self.server and self.server.running else None,
-            refused=dict(self.refused),
+            refused=dict(self.replicas.refused),
             agent_key_hash=self._agent_key_hash,
             weights_refused=self.weights.take_refusals(),
-            csr=(self.node_cert.request(self.config.address)
-                 if self._fleet_tls and self.server is not None and self._node_tls is not False
-                 else None),
+            csr=self.tls.csr() if self.server is not None else None,
         )
 
     # -- convergence ---------------------------------------------------------------
 
     def converge(self, answer: AgentReportAnswer) -> None:
-        """Start what is missing, stop what is not asked for, replace new generations."""
-        deps = self._require_deps()
+        """Run what the answer asks of this node (agent.replicaset)."""
         inventory = self.inventory or NodeInventory(hostname="unknown")
-        wanted: dict[str, ReplicaAssignment] = {}
-        for assignment in answer.assignments:
-            wanted.setdefault(assignment.replica_id, assignment)
-        kept: dict[str, ReplicaRunner] = {}
-        for rid, runner in self.runners.items():
-            target = wanted.get(rid)
-            if target is not None and target.generation == runner.generation:
-                runner.assignment = target  # e.g. the draining flag
-                kept[rid] = runner
-        held = {d.number: rid for rid, r in kept.items() for d in r.devices}
-        fresh = [a for rid, a in wanted.items() if rid not in kept]
-        checked = check_assignments(
-            fresh,
-            node=self.config.name,
-            inventory=inventory,
-            adapters=self.adapters,
-            held=held,
-        )
-        for rid, reason in checked.refused.items():
-            if self.refused.get(rid) != reason:  # once, not on every report
-                log.warning("refused replica %s: %s", rid, reason)
-        self.refused = checked.refused
-        for rid, runner in list(self.runners.items()):
-            if rid not in kept:
-                self._begin_stop(runner)
-                del self.runners[rid]
-        for rid, accepted in checked.accepted.items():
-            numbers = {d.number for d in accepted.devices}
-            after = [
-                task
-                for other, task in self._stop_tasks.items()
-                if not task.done() and (other == rid or other in self._device_owners(numbers))
-            ]
-            runner = ReplicaRunner(
-                accepted.assignment, accepted.adapter, accepted.devices, deps, after=after
-            )
-            self.runners[rid] = runner
-            runner.start()
-            log.info("starting replica %s (%s)", rid, accepted.assignment.model.name)
-        if checked.accepted or len(kept) != len(self.runners):
+        if self.replicas.converge(answer.assignments, node=self.config.name,
+                                  inventory=inventory, deps=self._require_deps()):
             self._changed.set()
-
-    def _device_owners(self, numbers: set[int]) -> set[str]:
-        return {rid for rid, devices in self._stopping_devices.items() if numbers & devices}
-
-    def _begin_stop(self, runner: ReplicaRunner) -> None:
-        log.info("stopping replica %s (%s)", runner.replica_id, runner.assignment.model.name)
-        task = asyncio.create_task(runner.stop(), name=f"stop-{runner.replica_id}")
-        self._stopping.add(task)
-        self._stop_tasks[runner.replica_id] = task
-        self._stopping_devices[runner.replica_id] = {d.number for d in runner.devices}
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._stopping.discard(finished)
-            if self._stop_tasks.get(runner.replica_id) is finished:
-                del self._stop_tasks[runner.replica_id]
-                self._stopping_devices.pop(runner.replica_id, None)
-
-        task.add_done_callback(done)
-
-    # -- adoption ------------------------------------------------------------------
-
-    def _adopt(self) -> None:
-        """Take over the engines a previous agent on this data dir left running."""
-        deps = self._require_deps()
-        for rid, record in self.state.load().items():
-            assignment = record.assignment
-            adapter = self.adapters.get(assignment.model.engine)
-            if adapter is None:
-                continue
-            runner = ReplicaRunner(assignment, adapter, [], deps)
-            runner.devices = _devices_of(assignment)
-            runner.adopt(record)
-            self.runners[rid] = runner
-            log.info("adopted replica %s: %s", rid, runner.state.value)
 
     # -- helpers -------------------------------------------------------------------
 
@@ -605,11 +462,3 @@ class Agent:
             raise ConfigError("agent not started")
         return self._deps
 
-
-def _devices_of(assignment: ReplicaAssignment) -> list[Device]:
-    """Device stand-ins for an adopted replica, enough to keep its devices claimed."""
-    uuids = assignment.shard.device_uuids or [""] * len(assignment.shard.device_numbers)
-    return [
-        Device(number=n, label=str(n), uuid=u, name="", gpu_class="")
-        for n, u in zip(assignment.shard.device_numbers, uuids, strict=False)
-    ]

@@ -22,29 +22,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import ssl
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import aiohttp
 
 from llmgw import memory
-from llmgw.agent.engines.base import EngineAdapter, EngineTls, LaunchContext
-from llmgw.agent.liveness import FailedProbes, Liveness
-from llmgw.agent.memguard import EngineMemory, MemoryGuard
-from llmgw.agent.ports import PortAllocator
-from llmgw.agent.progress import (
-    MAX_METRICS_BYTES,
-    MetricsError,
-    ProgressMetrics,
-    StallWatch,
-    read_progress,
-)
-from llmgw.agent.state import EngineRecord, StateStore
-from llmgw.agent.supervisor import EngineProcess, ExitStatus, ProcessControl, describe_exit
-from llmgw.agent.weights import Progress, WeightsCache
+from llmgw.agent.engineprobe import EngineEndpoint
+from llmgw.agent.engines.base import EngineAdapter, LaunchContext
+from llmgw.agent.memguard import EngineMemory
+from llmgw.agent.progress import MetricsError, ProgressMetrics
+from llmgw.agent.runnerdeps import RunnerDeps
+from llmgw.agent.servingwatch import ServingWatch, Verdict
+from llmgw.agent.state import EngineRecord
+from llmgw.agent.supervisor import EngineProcess, ExitStatus, describe_exit
+from llmgw.agent.weights import Progress, weights_size
 from llmgw.errors import EngineError
 from llmgw.wire import (
     CPU_CLASS,
@@ -62,46 +54,6 @@ HEALTH_TIMEOUT_S = 2.0
 SLOW_POLL_S = 0.1
 LOG_ROTATE_EVERY_S = 30.0
 REASON_LINES = 3
-
-
-@dataclass
-class RunnerDeps:
-    """What every runner shares with the agent; one instance per agent."""
-
-    supervisor: ProcessControl
-    weights: WeightsCache
-    ports: PortAllocator
-    state: StateStore
-    session: aiohttp.ClientSession
-    host: str  # where engines listen
-    on_change: Callable[[], None]  # a state changed: report soon
-    peers: Callable[[str], list[str]]  # model -> peer agent URLs
-    peer_token: Callable[[], str | None]
-    stop_grace_s: float = 15.0
-    # How often a starting engine is probed: every probe that finds it not
-    # yet answering costs whatever of this interval is left when it comes up,
-    # and that wait is the request's, held at the gateway (an on-demand cold
-    # start spent 140-200 ms of it at 0.25 s, measured by bench/coldstart.py).
-    # A refused connection or a 503 costs the engine nothing.
-    poll_s: float = 0.02
-    monitor_s: float = 1.0
-    liveness: Liveness = field(default_factory=Liveness)
-    # Holds engines to their memory budgets (agent.memguard); None: nothing
-    # is enforced (fake process controls, whose pids are not real engines).
-    memory: MemoryGuard | None = None
-    # For copies from peers: verifies their servers against the CA that signs
-    # node certificates (agent.nodecert) where the fleet runs TLS; None: ``session``.
-    peer_session: aiohttp.ClientSession | None = None
-    # The node's certificate for engines to listen with (agent.nodecert),
-    # asked at each launch; None: engines are plain http.
-    engine_tls: Callable[[], EngineTls | None] = lambda: None
-    # Verifies engines that listen with TLS when the agent probes them.
-    engine_probe_ssl: ssl.SSLContext | None = None
-
-
-def _probe_host(host: str) -> str:
-    # An engine bound to every interface is reached locally over loopback.
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
 class ReplicaRunner:
@@ -133,8 +85,7 @@ class ReplicaRunner:
         self.dialect: EngineDialect | None = None  # the adapter's, once built
         self.tls = False  # the engine listens with TLS (EngineLaunch.tls)
         self.memory: EngineMemory | None = None  # once the budget is known
-        self._failed_probes = FailedProbes(deps.liveness)
-        self._stall = StallWatch(deps.liveness)
+        self._serving = ServingWatch(assignment.replica_id, deps.liveness)
         self._task: asyncio.Task[None] | None = None
         self._weights_key: str | None = None  # held while starting or running
 
@@ -286,7 +237,7 @@ class ReplicaRunner:
         else:
             path = None
         self.port = deps.ports.allocate(self.replica_id)
-        weights_bytes = await asyncio.to_thread(_size_of, path)
+        weights_bytes = await asyncio.to_thread(weights_size, path)
         gpus = sum(1 for d in self.devices if d.gpu_class != CPU_CLASS)
         budget = memory.need_mib(spec, weights_bytes, gpus)
         launch = self.adapter.build(
@@ -369,7 +320,7 @@ class ReplicaRunner:
                     return
                 # An engine that does not answer is the probe's to judge;
                 # scraping it as well would only time out a second time.
-                metrics = None if self._failed_probes.failing else self.metrics
+                metrics = None if self._serving.probes.failing else self.metrics
                 if metrics is not None and await self._stalled(proc, metrics):
                     return
                 next_probe = time.monotonic() + liveness.interval_s
@@ -383,60 +334,37 @@ class ReplicaRunner:
 
         True when the replica failed (hung, or its process turned out to be gone).
         """
-        failed = self._failed_probes
         began, began_wall = time.monotonic(), time.time()
         error = await self._probe(path, self.deps.liveness.timeout_s)
-        now = time.monotonic()
-        if error is None:
-            if failed.passed():
-                log.info("replica %s answers %s again", self.replica_id, path)
-                self._set(self.state, None, notify=True)
-            return False
-        first = not failed.failing
-        # The engine has not answered since this probe was sent: the window
-        # starts there, not when the probe gave up.
-        failed.failed(error, began, began_wall)
-        if not failed.hung(now):
-            if first:
-                log.warning("replica %s: %s probe failed: %s", self.replica_id, path, error)
-            # Still routed to: one slow answer is not a hung engine. The reason
-            # shows in reports (and `llmgw ctl replicas`) while it lasts.
-            self._set(self.state, failed.failing_reason(path), notify=first)
-            return False
-        await self._kill_and_fail(proc, failed.hung_reason(path, now))
-        return True
+        verdict = self._serving.probed(path, error, began, began_wall, time.monotonic())
+        return await self._act_on(proc, verdict)
 
     async def _stalled(self, proc: EngineProcess, metrics: ProgressMetrics) -> bool:
         """Scrape a serving engine's metrics; kill and fail it once it has stalled long enough.
 
         True when the replica failed (stalled, or its process turned out to be gone).
         """
-        stall = self._stall
         began, began_wall = time.monotonic(), time.time()
         try:
-            values = await self._scrape(metrics)
+            running, counters = await self._scrape(metrics)
         except (MetricsError, TimeoutError, aiohttp.ClientError, OSError) as exc:
             # Not a stall: the engine may just be between restarts of its
             # metrics, and one that stopped answering is the probe's to catch.
             # The still run is kept: no scrape says the counters moved.
             log.debug("replica %s: metrics %s: %s", self.replica_id, metrics.path, exc)
             return False
-        was_stalling = stall.stalling
-        running, counters = values
-        stall.observe(running, counters, began, began_wall)
-        now = time.monotonic()
-        if not stall.stalling:
-            if was_stalling:
-                log.info("replica %s makes progress again", self.replica_id)
-                self._set(self.state, None, notify=True)
+        verdict = self._serving.scraped(running, counters, began, began_wall, time.monotonic())
+        return await self._act_on(proc, verdict)
+
+    async def _act_on(self, proc: EngineProcess, verdict: Verdict | None) -> bool:
+        """Show what the watch judged, or kill the engine for it; True when it was killed."""
+        if verdict is None:
             return False
-        if not stall.stalled(now):
-            if not was_stalling:
-                log.warning("replica %s: %s", self.replica_id, stall.stalling_reason())
-            self._set(self.state, stall.stalling_reason(), notify=not was_stalling)
-            return False
-        await self._kill_and_fail(proc, stall.stalled_reason(now))
-        return True
+        if verdict.kill and verdict.reason is not None:
+            await self._kill_and_fail(proc, verdict.reason)
+            return True
+        self._set(self.state, verdict.reason, notify=verdict.notify)
+        return False
 
     async def _kill_and_fail(
         self, proc: EngineProcess, reason: str, grace_s: float | None = None
@@ -451,51 +379,18 @@ class ReplicaRunner:
         stopped = await self.deps.supervisor.stop(proc, grace)
         await self._fail(reason + self._last_words(), stopped.code)
 
-    async def _scrape(self, metrics: ProgressMetrics) -> tuple[float, tuple[float, ...]]:
-        url = self._engine_url(metrics.path)
-        timeout = aiohttp.ClientTimeout(total=self.deps.liveness.timeout_s)
-        async with self.deps.session.get(
-            url, timeout=timeout, headers=self._engine_auth(), ssl=self._engine_ssl()
-        ) as resp:
-            if resp.status != 200:
-                raise MetricsError(f"HTTP {resp.status}")
-            body = bytearray()
-            async for chunk in resp.content.iter_chunked(64 * 1024):
-                body += chunk
-                if len(body) > MAX_METRICS_BYTES:
-                    raise MetricsError(f"metrics larger than {MAX_METRICS_BYTES} bytes")
-        return read_progress(body.decode("utf-8", errors="replace"), metrics)
-
-    def _engine_auth(self) -> dict[str, str] | None:
-        """The replica's engine key as a bearer token: sent on every probe, since
-        engines differ in what they guard (llama_cpp.server's /v1/models, the
-        readiness path, needs it; vLLM's /health does not)."""
-        key = self.assignment.engine_key
-        return {"Authorization": f"Bearer {key}"} if key else None
-
-    def _engine_url(self, path: str) -> str:
-        scheme = "https" if self.tls else "http"
-        return f"{scheme}://{_url_host(_probe_host(self.deps.host))}:{self.port}{path}"
-
-    def _engine_ssl(self) -> ssl.SSLContext | bool:
-        """How a probe verifies an engine that listens with TLS (True: aiohttp's default)."""
-        if self.tls and self.deps.engine_probe_ssl is not None:
-            return self.deps.engine_probe_ssl
-        return True
+    def _endpoint(self) -> EngineEndpoint:
+        return EngineEndpoint(
+            self.deps.session, self.deps.host, self.port, tls=self.tls,
+            key=self.assignment.engine_key, probe_ssl=self.deps.engine_probe_ssl,
+        )
 
     async def _probe(self, path: str, timeout_s: float) -> str | None:
         """GET ``path`` on the engine: None when it answers 200, else what went wrong."""
-        url = self._engine_url(path)
-        try:
-            async with self.deps.session.get(
-                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers=self._engine_auth(),
-                ssl=self._engine_ssl(),
-            ) as resp:
-                return None if resp.status == 200 else f"HTTP {resp.status}"
-        except TimeoutError:
-            return f"no answer within {timeout_s:g} s"
-        except (aiohttp.ClientError, OSError) as exc:
-            return str(exc) or type(exc).__name__
+        return await self._endpoint().probe(path, timeout_s)
+
+    async def _scrape(self, metrics: ProgressMetrics) -> tuple[float, tuple[float, ...]]:
+        return await self._endpoint().scrape(metrics, self.deps.liveness.timeout_s)
 
     def _hold_memory(self, budget_mib: int) -> None:
         """Hold the engine to ``budget_mib`` (agent.memguard) from now on."""
@@ -575,23 +470,3 @@ class ReplicaRunner:
             exit_code=self.exit_code,
             reason=self.reason if self.state == ReplicaState.FAILED else None,
         )
-
-
-def _size_of(path: str | None) -> int | None:
-    """Bytes of a weights file, or of every file under a weights directory."""
-    if path is None:
-        return None
-    try:
-        if os.path.isfile(path):
-            return os.path.getsize(path)
-        return sum(
-            os.path.getsize(os.path.join(root, name))
-            for root, _, names in os.walk(path)
-            for name in names
-        )
-    except OSError:
-        return None
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

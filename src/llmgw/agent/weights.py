@@ -421,3 +421,19 @@ class WeightsCache:
             for_model,
         )
         await asyncio.to_thread(shutil.rmtree, doomed, True)
+
+
+def weights_size(path: str | None) -> int | None:
+    """Bytes of a weights file, or of every file under a weights directory."""
+    if path is None:
+        return None
+    try:
+        if os.path.isfile(path):
+            return os.path.getsize(path)
+        return sum(
+            os.path.getsize(os.path.join(root, name))
+            for root, _, names in os.walk(path)
+            for name in names
+        )
+    except OSError:
+        return None
