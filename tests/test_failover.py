@@ -10,9 +10,8 @@ import pytest
 from aiohttp import web
 from tests.servers import free_port
 
-from llmgw.errors import ConfigError
+from llmgw.errors import ConfigError, ControlPlaneUnavailable
 from llmgw.failover import (
-    ControlPlaneUnreachable,
     LeaderFinder,
     parse_control_plane_urls,
     standby_hint,
@@ -156,7 +155,7 @@ async def test_a_hint_to_an_instance_not_configured_is_not_followed(instances: S
     other_scheme = await instances("standby", standby.replace("http://", "https://"))
     finder = LeaderFinder([standby, other_scheme])
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(ControlPlaneUnreachable, match="not followed") as caught:
+        with pytest.raises(ControlPlaneUnavailable, match="not followed") as caught:
             await finder.request(session, "POST", "/call")
     assert f"leader: {decoy}, not followed" in str(caught.value)
     assert finder.current in (standby, other_scheme)
@@ -168,7 +167,7 @@ async def test_standbys_that_know_no_leader_end_in_an_error_not_a_loop(
     lost = await instances("standby", None)
     finder = LeaderFinder([lost, f"http://127.0.0.1:{free_port()}"])
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(ControlPlaneUnreachable, match="standby") as caught:
+        with pytest.raises(ControlPlaneUnavailable, match="standby") as caught:
             await finder.request(session, "POST", "/call")
     assert "Connect" in str(caught.value)
 
@@ -193,7 +192,7 @@ async def test_standbys_whose_hints_name_each_other_do_not_bounce_a_call_forever
     try:
         finder = LeaderFinder([first])
         async with aiohttp.ClientSession() as session:
-            with pytest.raises(ControlPlaneUnreachable) as caught:
+            with pytest.raises(ControlPlaneUnavailable) as caught:
                 await finder.request(session, "POST", "/call")
         assert str(caught.value).count("standby") == 2  # twice the one URL given
     finally:

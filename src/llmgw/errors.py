@@ -5,6 +5,7 @@
     ├── StoreError             the store cannot be reached or is inconsistent
     │   └── NotLeaderError     a write from a deposed reconciler (stale epoch)
     ├── StandbyError           a write sent to a control-plane instance that is not the leader
+    ├── ControlPlaneUnavailable  no control-plane instance took a call (down, restarting, standbys)
     ├── ValidationError        a catalog entry, request or report that is malformed
     │   └── TransitionError    a replica state change its lifecycle does not allow
     ├── NotFoundError          a named node, model, replica or key does not exist
@@ -42,6 +43,20 @@ class StandbyError(LlmgwError):
     A standby that took the write itself would act on views up to seconds old
     and change memory the leader never reads.
     """
+
+
+class ControlPlaneUnavailable(LlmgwError):
+    """No control-plane instance took a call: down, restarting, the network, or only standbys.
+
+    The client side of StandbyError and of an outage: the agent's loop and
+    the gateway's retry it (llmgw.cpclient, llmgw.failover).
+    """
+
+    def __init__(self, message: str, *, standby_answered: bool = False) -> None:
+        super().__init__(message)
+        # A standby answered: the store is up and a leader is being elected,
+        # so a caller should try again soon rather than back off for long.
+        self.standby_answered = standby_answered
 
 
 class ValidationError(LlmgwError):

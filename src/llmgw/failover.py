@@ -16,7 +16,7 @@ leading and moves on when that stops working:
 
 One call tries at most twice as many instances as are configured, without
 sleeping in between; when none took it, it fails with
-:class:`ControlPlaneUnreachable` and the caller's own backoff decides when to
+:class:`~llmgw.errors.ControlPlaneUnavailable` and the caller's own backoff decides when to
 try again. The cap is what stops two standbys whose hints name each other
 (each read the store just before a failover) from bouncing a call forever.
 A caller with no backoff of its own (a person typing ``llmgw ctl``) asks for
@@ -41,20 +41,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
-import orjson
 
-from llmgw.errors import ConfigError, LlmgwError
-from llmgw.wire import LEADER_HEADER, STANDBY_CODE
-
-
-class ControlPlaneUnreachable(LlmgwError):
-    """No configured control-plane instance took the call (down, or only standbys)."""
-
-    def __init__(self, message: str, *, standby_answered: bool = False) -> None:
-        super().__init__(message)
-        # A standby answered: the store is up and a leader is being elected,
-        # so a caller should try again soon rather than back off for long.
-        self.standby_answered = standby_answered
+from llmgw.errors import ConfigError, ControlPlaneUnavailable
+from llmgw.wire import LEADER_HEADER, ErrorBody
 
 
 def parse_control_plane_urls(value: str | Sequence[str]) -> list[str]:
@@ -95,12 +84,8 @@ def standby_hint(status: int, headers: Mapping[str, str], body: bytes) -> tuple[
     """(is this a standby's refusal, the leader URL it names if any)."""
     if status != 503:
         return False, None
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False, None
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if not isinstance(error, dict) or error.get("code") != STANDBY_CODE:
+    error = ErrorBody.parse(body)
+    if error is None or not error.from_standby:
         return False, None
     hint = (headers.get(LEADER_HEADER) or "").strip().rstrip("/")
     return True, hint if hint.startswith(("http://", "https://")) else None
@@ -174,7 +159,7 @@ class LeaderFinder:
                 walk.standby(url, hint)
                 continue
             return Answer(url=url, status=status, body=body)
-        raise ControlPlaneUnreachable(
+        raise ControlPlaneUnavailable(
             f"{method} {path}: no control plane took the call: {walk.summary()}",
             standby_answered=walk.standby_answered,
         )

@@ -10,8 +10,8 @@ from openai.types.chat import ChatCompletionMessageParam
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
 from tests.gateway.fake_control_plane import TOKEN, FakeControlPlane
 
-from llmgw.errors import AuthError
-from llmgw.gateway.link import ControlPlaneUnavailable, HttpControlPlaneLink
+from llmgw.errors import AuthError, ControlPlaneUnavailable
+from llmgw.gateway.link import HttpControlPlaneLink
 
 
 async def test_standalone_gateway_follows_the_control_plane_and_survives_its_absence(

@@ -33,7 +33,7 @@ import aiohttp
 
 from llmgw import __version__ as _llmgw_version
 from llmgw.agent import pinning
-from llmgw.agent.client import ControlPlaneClient, ControlPlaneUnavailable
+from llmgw.agent.client import ControlPlaneClient
 from llmgw.agent.engines import default_adapters
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
@@ -52,7 +52,7 @@ from llmgw.agent.tlsmode import TlsMode
 from llmgw.agent.weights import DiskReserve, WeightsCache
 from llmgw.backoff import Backoff
 from llmgw.config import ensure_data_dir
-from llmgw.errors import AuthError, ConfigError, ValidationError
+from llmgw.errors import AuthError, ConfigError, ControlPlaneUnavailable, ValidationError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.secrets import hash_secret
 from llmgw.tls import (

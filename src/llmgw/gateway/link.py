@@ -17,9 +17,10 @@ import aiohttp
 import orjson
 
 from llmgw import wire
-from llmgw.errors import AuthError, LlmgwError
-from llmgw.failover import ControlPlaneUnreachable, LeaderFinder
-from llmgw.tls import ClientTrust, fetch_ca
+from llmgw.cpclient import ControlPlaneCaller, NewerAnswers
+from llmgw.errors import ControlPlaneUnavailable
+from llmgw.failover import LeaderFinder
+from llmgw.tls import ClientTrust
 
 CONFIG_PATH = "/gateway/v1/config"
 LOAD_PATH = "/gateway/v1/load"
@@ -42,10 +43,6 @@ class ControlPlaneLink(Protocol):
     async def report_usage(self, records: list[wire.UsageRecord]) -> None: ...
 
 
-class ControlPlaneUnavailable(LlmgwError):
-    """The control plane could not be reached or answered with an error."""
-
-
 class HttpControlPlaneLink:
     """The standalone gateway's link: long-poll for config, POSTs for the rest.
 
@@ -66,9 +63,8 @@ class HttpControlPlaneLink:
         request_timeout_s: float = 10.0,
         trust: ClientTrust | None = None,
     ) -> None:
-        self.leader = LeaderFinder(base_url)
         # Verifies an https:// control plane against the fleet's CA (llmgw.tls).
-        self.trust = trust or ClientTrust()
+        self.caller = ControlPlaneCaller(base_url, trust=trust or ClientTrust())
         self._headers = {"Authorization": f"Bearer {token}"}
         self._poll_timeout = aiohttp.ClientTimeout(total=poll_timeout_s, connect=request_timeout_s)
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
@@ -78,8 +74,15 @@ class HttpControlPlaneLink:
         # from its own start): elsewhere the gateway's version means nothing,
         # and asking for "newer than" it could wait out a whole long poll.
         self._versions_from: str | None = None
-        # Fields of the last config this gateway did not know (said once per set).
-        self._unknown_fields: set[str] = set()
+        # Fields of a config this gateway does not know are said once per set:
+        # the control plane is upgraded first, so they are expected for a
+        # while, and the config comes on every change.
+        self._newer = NewerAnswers(log, "gateway")
+
+    @property
+    def leader(self) -> LeaderFinder:
+        """The configured instances and the one calls go to now."""
+        return self.caller.leader
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -100,21 +103,7 @@ class HttpControlPlaneLink:
         except ControlPlaneUnavailable:
             self._versions_from = None  # it may come back restarted
             raise
-        try:
-            config, unknown = wire.read_from_newer(wire.GatewayConfig, body)
-        except ValueError as exc:
-            raise ControlPlaneUnavailable(
-                f"GET {url}{CONFIG_PATH}: malformed config: {exc}"
-            ) from None
-        if unknown and set(unknown) != self._unknown_fields:
-            # Once per set: the control plane is upgraded first, so this is
-            # expected for a while, and the config comes on every change.
-            self._unknown_fields = set(unknown)
-            log.warning(
-                "GET %s%s: the control plane sent fields this gateway does not know (%s) and "
-                "they are ignored: it is newer than this gateway; upgrade the gateway",
-                url, CONFIG_PATH, ", ".join(unknown),
-            )
+        config = self._newer.read(wire.GatewayConfig, body, f"GET {url}{CONFIG_PATH}")
         self._versions_from = url
         return config
 
@@ -139,29 +128,11 @@ class HttpControlPlaneLink:
         params: Callable[[str], Mapping[str, int | str]] | None = None,
     ) -> tuple[str, bytes]:
         headers = {"Content-Type": "application/json"} if payload is not None else None
-        try:
-            # Once, before the first call carries the gateway token out.
-            self.leader.ssl = await self.trust.context(
-                self.leader.urls,
-                lambda urls, expected: fetch_ca(self._client(), urls, expected),
-            )
-        except ConnectionError as exc:
-            raise ControlPlaneUnavailable(str(exc)) from None
-        try:
-            answer = await self.leader.request(
-                self._client(), method, path, data=payload, headers=headers, params=params,
-                limits=limits,
-            )
-        except ControlPlaneUnreachable as exc:
-            raise ControlPlaneUnavailable(str(exc)) from None
-        url, status, body = answer.url + path, answer.status, answer.body
-        if status in (401, 403):
-            raise AuthError(
-                f"{method} {url}: the control plane refused the gateway token ({status})"
-            )
-        if status >= 300:
-            raise ControlPlaneUnavailable(f"{method} {url}: HTTP {status}: {body[:200]!r}")
-        return answer.url, body
+        answer = await self.caller.call(
+            self._client(), method, path, data=payload, headers=headers, params=params,
+            limits=limits, credential="gateway token",
+        )
+        return answer.url, answer.body
 
 
 class MemoryLink:

@@ -40,8 +40,9 @@ from llmgw.agent.engines.sim import SimAdapter
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.supervisor import ProcessControl, Supervisor
 from llmgw.config import ensure_data_dir
-from llmgw.errors import AuthError, ConfigError, ValidationError
-from llmgw.failover import ControlPlaneUnreachable, LeaderFinder, parse_control_plane_urls
+from llmgw.cpclient import ControlPlaneCaller
+from llmgw.errors import ConfigError, ControlPlaneUnavailable
+from llmgw.failover import parse_control_plane_urls
 from llmgw.sim.engine import SimEngine
 from llmgw.sim.fleetspec import FleetSpec, load_fleet_spec
 from llmgw.sim.inprocess import InProcessEngines
@@ -227,38 +228,22 @@ async def apply_models(
     """
     body = orjson.dumps({"models": [m.model_dump(mode="json") for m in models]})
     headers = {"Authorization": f"Bearer {admin_token}", "Content-Type": "application/json"}
-    leader = LeaderFinder(control_plane_url)
     own = session is None
     client = session or aiohttp.ClientSession()
     try:
-        answer = await leader.request(
+        answer = await ControlPlaneCaller(control_plane_url).call(
             client, "POST", APPLY_PATH, data=body, headers=headers,
+            credential="admin token", refused="the fleet's models",
             # A one-off call with no backoff around it: no instance twice.
             limits=aiohttp.ClientTimeout(total=30), once_each=True,
         )
-    except ControlPlaneUnreachable as exc:
+    except ControlPlaneUnavailable as exc:
         raise ConfigError(f"cannot apply the fleet's models: {exc}") from None
     finally:
         if own:
             await client.close()
-    raw, status = answer.body, answer.status
-    message = _error_message(raw)
-    if status in (401, 403):
-        raise AuthError(f"the control plane refused the admin token ({status}): {message}")
-    if status == 422:
-        raise ValidationError(f"the control plane refused the fleet's models: {message}")
-    if status >= 300:
-        raise ConfigError(f"applying the fleet's models at {answer.url}: HTTP {status}: {message}")
-    result: dict[str, Any] = orjson.loads(raw)
+    result: dict[str, Any] = orjson.loads(answer.body)
     return result
-
-
-def _error_message(raw: bytes) -> str:
-    try:
-        data = orjson.loads(raw)
-        return str(data["error"]["message"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return raw.decode("utf-8", errors="replace")[:300]
 
 
 async def start_fleet(

@@ -30,6 +30,7 @@ from llmgw.config import default_data_dir
 from llmgw.errors import ConfigError
 from llmgw.failover import CallWalk, LeaderFinder, parse_control_plane_urls, standby_hint
 from llmgw.tls import check_plain_urls, client_context, fingerprint, token_with_fingerprint
+from llmgw.wire import ErrorBody
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 ADMIN_PREFIX = "/admin/v1"
@@ -200,13 +201,11 @@ def _answer(url: str, path: str, response: httpx.Response, *, text: bool = False
 
 
 def _error_text(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-        message = body["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        first = response.text.strip().splitlines()[0] if response.text.strip() else ""
-        message = f"HTTP {response.status_code} {first[:200]}".strip()
-    return str(message)
+    body = ErrorBody.parse(response.content)
+    if body is not None:
+        return body.error.message
+    first = response.text.strip().splitlines()[0] if response.text.strip() else ""
+    return f"HTTP {response.status_code} {first[:200]}".strip()
 
 
 def admin_client(ctx: typer.Context) -> AdminClient:
