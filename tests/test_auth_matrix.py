@@ -21,13 +21,12 @@ import httpx
 import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import Mount, Route
-from tests.control.test_agent_api import KEY, inventory, register
+from tests.control.planekit import KEY, inventory, opened_plane, register
 from tests.servers import serve_asgi
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
-from llmgw.control.service import ControlPlane
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.tls import CA_PATH, CaRoute, ensure_server_tls
@@ -112,54 +111,48 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    from llmgw.control.store.repo import Store
-
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    await cp.put_models([ModelSpec(name="m", engine="sim")])
-    gateway = Gateway(InProcessLink(cp), GatewaySettings())
-    await gateway.start()
-    assert await gateway.wait_configured(10)
-    # As serve mounts it under TLS: the CA route in front of the control plane.
-    ca = ensure_server_tls(tmp_path / "tls", ["127.0.0.1"])
-    control = CaRoute(create_app(cp), ca.ca_pem() or b"")
-    agent: Agent | None = None
-    try:
-        async with (serve_asgi(control) as url, serve_asgi(gateway) as gateway_url,
-                    httpx.AsyncClient() as client):
-            assert creds.join_token and creds.admin_token and creds.gateway_token
-            assert creds.api_key
-            tokens = {
-                "api key": creds.api_key,
-                "gateway token": creds.gateway_token,
-                "node token": await register(client, url, creds.join_token, "n1", KEY),
-                "other node token": await register(client, url, creds.join_token, "n2"),
-                "agent key": KEY,
-                "join token": creds.join_token,
-                "admin token": creds.admin_token,
-                "peer token": cp.peer_token,
-                "engine key": cp.engine_keys.key("r1"),
-            }
-            agent = Agent(AgentConfig(control_plane=url, data_dir=tmp_path / "n3", name="n3",
-                                      join_token=creds.join_token, memory_guard="off"),
-                          inventory_provider=lambda: inventory("n3"), adapters={})
-            await agent.report_once()  # registers, and learns the peer token
-            server = agent.server
-            assert server is not None
-            control_routes = [*_control_routes(create_app(cp).routes), ("GET", CA_PATH)]
-            yield Fleet(
-                tokens,
-                (url, control_routes),
-                (gateway_url, gateway.routes()),
-                (f"http://127.0.0.1:{server.port}", server.routes()),
-            )
-    finally:
-        if agent is not None:
-            await agent.shutdown()
-        await gateway.stop()
-        await store.close()
+    async with opened_plane(tmp_path) as (cp, creds):
+        await cp.catalog.put([ModelSpec(name="m", engine="sim")])
+        gateway = Gateway(InProcessLink(cp), GatewaySettings())
+        await gateway.start()
+        assert await gateway.wait_configured(10)
+        # As serve mounts it under TLS: the CA route in front of the control plane.
+        ca = ensure_server_tls(tmp_path / "tls", ["127.0.0.1"])
+        control = CaRoute(create_app(cp), ca.ca_pem() or b"")
+        agent: Agent | None = None
+        try:
+            async with (serve_asgi(control) as url, serve_asgi(gateway) as gateway_url,
+                        httpx.AsyncClient() as client):
+                assert creds.join_token and creds.admin_token and creds.gateway_token
+                assert creds.api_key
+                tokens = {
+                    "api key": creds.api_key,
+                    "gateway token": creds.gateway_token,
+                    "node token": await register(client, url, creds.join_token, "n1", KEY),
+                    "other node token": await register(client, url, creds.join_token, "n2"),
+                    "agent key": KEY,
+                    "join token": creds.join_token,
+                    "admin token": creds.admin_token,
+                    "peer token": cp.peer_token,
+                    "engine key": cp.engine_keys.key("r1"),
+                }
+                agent = Agent(AgentConfig(control_plane=url, data_dir=tmp_path / "n3", name="n3",
+                                          join_token=creds.join_token, memory_guard="off"),
+                              inventory_provider=lambda: inventory("n3"), adapters={})
+                await agent.report_once()  # registers, and learns the peer token
+                server = agent.server
+                assert server is not None
+                control_routes = [*_control_routes(create_app(cp).routes), ("GET", CA_PATH)]
+                yield Fleet(
+                    tokens,
+                    (url, control_routes),
+                    (gateway_url, gateway.routes()),
+                    (f"http://127.0.0.1:{server.port}", server.routes()),
+                )
+        finally:
+            if agent is not None:
+                await agent.shutdown()
+            await gateway.stop()
 
 
 # Routes that replace a credential, and which one.

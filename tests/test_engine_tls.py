@@ -11,7 +11,6 @@ client.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import ssl
 import time
@@ -25,19 +24,17 @@ import psutil
 import pytest
 from tests.agent.helpers import assign, cpu_slot, gpu, model
 from tests.agent.test_engines import ctx
-from tests.control.test_agent_api import inventory
+from tests.control.planekit import get_status, inventory, signing_plane
 from tests.servers import serve_asgi
+from tests.waiting import eventually
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.engines import SimAdapter
 from llmgw.agent.engines.base import EngineTls
 from llmgw.agent.engines.llamacpp import LlamaCppAdapter
 from llmgw.agent.engines.vllm import VllmAdapter
-from llmgw.control.app import create_app
-from llmgw.control.nodecerts import NodeCertificates
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.errors import EngineError
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.http1 import ConnectFailed
@@ -70,25 +67,8 @@ class Plane:
 
 @pytest.fixture
 async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    tls = ensure_server_tls(tmp_path / "cp-tls", ["127.0.0.1"])
-    assert tls.ca_file is not None and tls.ca_key_file is not None
-    cp.node_certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file))
-    try:
-        async with serve_asgi(create_app(cp), tls=tls) as url:
-            yield Plane(cp, url, tls, creds)
-    finally:
-        await store.close()
-
-
-async def _status(url: str, context: ssl.SSLContext | bool, key: str | None = None) -> int:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    async with aiohttp.ClientSession() as session, session.get(
-            url, ssl=context, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as answer:
-        return answer.status
+    async with signing_plane(tmp_path) as (served, tls):
+        yield Plane(served.cp, served.url, tls, served.creds)
 
 
 MODELS = {
@@ -107,7 +87,7 @@ async def test_the_gateway_reaches_a_managed_engine_over_tls_only(
 ) -> None:
     cp, creds = plane.cp, plane.creds
     assert creds.join_token and creds.gateway_token and creds.api_key
-    await cp.put_models([MODELS[engine]])
+    await cp.catalog.put([MODELS[engine]])
     agent = Agent(
         AgentConfig(control_plane=plane.url, data_dir=tmp_path / "n1", name="n1",
                     join_token=creds.join_token, memory_guard="off", ca_file=plane.ca.ca_file),
@@ -122,12 +102,16 @@ async def test_the_gateway_reaches_a_managed_engine_over_tls_only(
         shard = ShardAssignment(node="n1", device_numbers=[0], device_uuids=["CPU-n1-0"])
         cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=time.time(),
                                                 shards=[shard])
-        deadline = time.monotonic() + 300
-        while cp.state.replicas["r1"].state != ReplicaState.READY:
+
+        async def ready() -> bool:
             replica = cp.state.replicas["r1"]
-            assert time.monotonic() < deadline and replica.state != ReplicaState.FAILED, replica
+            assert replica.state != ReplicaState.FAILED, replica
+            if replica.state == ReplicaState.READY:
+                return True
             agent.converge(await agent.report_once())
-            await asyncio.sleep(0.2)
+            return False
+
+        await eventually(ready, within_s=300, what="replica r1 ready", every_s=0.2)
         runner = agent.runners["r1"]
         assert runner.tls and runner.proc is not None
         # The engine got the node's certificate and key as paths (the key
@@ -139,16 +123,16 @@ async def test_the_gateway_reaches_a_managed_engine_over_tls_only(
         assert argv[argv.index(f"--ssl{dash}certfile") + 1] == str(key_file.with_name("node.pem"))
         assert key_file.stat().st_mode & 0o777 == 0o600
 
-        (endpoint,) = cp.gateway_config().routing.models[0].endpoints
+        (endpoint,) = cp.gateways.config().routing.models[0].endpoints
         assert endpoint.url == f"https://127.0.0.1:{runner.port}"
-        assert cp.gateway_config().routing.engine_ca == plane.ca.ca_file.read_text()  # type: ignore[union-attr]
+        assert cp.gateways.config().routing.engine_ca == plane.ca.ca_file.read_text()  # type: ignore[union-attr]
         fleet_ca = ssl.create_default_context(cafile=str(plane.ca.ca_file))
-        assert await _status(f"{endpoint.url}/v1/models", fleet_ca, endpoint.engine_key) == 200
+        assert await get_status(f"{endpoint.url}/v1/models", fleet_ca, endpoint.engine_key) == 200
         with pytest.raises(aiohttp.ClientError):  # plain HTTP to the engine gets nowhere
-            await _status(f"http://127.0.0.1:{runner.port}/v1/models", False,
+            await get_status(f"http://127.0.0.1:{runner.port}/v1/models", False,
                           endpoint.engine_key)
         with pytest.raises(aiohttp.ClientError):  # nor TLS trusting the system's CAs
-            await _status(f"{endpoint.url}/v1/models", True, endpoint.engine_key)
+            await get_status(f"{endpoint.url}/v1/models", True, endpoint.engine_key)
 
         await gateway.start()
         async with serve_asgi(gateway.asgi) as gw_url:
@@ -213,7 +197,6 @@ async def test_the_upstream_verifies_the_fleet_ca_and_the_nodes_address(tmp_path
         good = await serve(_node_cert(tmp_path, fleet, "127.0.0.1"))
         assert good.startswith("https://")
         upstream.trust_engines(fleet_ca, [])
-        await asyncio.sleep(0.1)
         assert await status(good) == 200
         # A certificate from another CA, or from the fleet's CA for another
         # node's address, does not pass for this engine.
@@ -299,14 +282,14 @@ async def test_an_in_process_sim_engine_listens_with_tls_when_launched_so(tmp_pa
         port = await proc.handle.starting
         assert proc.handle.engine.url == f"https://127.0.0.1:{port}"
         fleet_ca = ssl.create_default_context(cafile=str(fleet.ca_file))
-        assert await _status(f"https://127.0.0.1:{port}/health", fleet_ca) == 200
+        assert await get_status(f"https://127.0.0.1:{port}/health", fleet_ca) == 200
     finally:
         await engines.stop(proc, 1.0)
 
 
 async def test_the_endpoint_scheme_follows_the_agents_report(plane: Plane) -> None:
     cp = plane.cp
-    await cp.put_models([MODELS["sim"], ModelSpec(
+    await cp.catalog.put([MODELS["sim"], ModelSpec(
         name="s", engine="sglang", gpu_classes=["cpu"],
         weights=WeightsSource(kind="hf", repo="org/s"))])
     for rid, name in (("r1", "m"), ("r2", "s")):
@@ -327,7 +310,7 @@ async def test_the_endpoint_scheme_follows_the_agents_report(plane: Plane) -> No
         assert answer.status == 200, await answer.text()
 
     def urls() -> dict[str, str]:
-        return {e.replica_id: e.url for m in cp.gateway_config().routing.models
+        return {e.replica_id: e.url for m in cp.gateways.config().routing.models
                 for e in m.endpoints}
 
     assert urls() == {"r1": "https://127.0.0.1:4000", "r2": "http://127.0.0.1:4001"}

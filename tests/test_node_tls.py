@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from tests.agent.test_weights import PAYLOAD, plant, spec_of
-from tests.control.test_agent_api import inventory
+from tests.control.planekit import fleet_ca, get_status, inventory, served_plane, signing_plane
 from tests.servers import serve_asgi
 
 from llmgw import nodetls
@@ -32,8 +32,7 @@ from llmgw.control.nodecerts import NodeCertificates
 from llmgw.control.nudge import Nudger
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import FleetState, NodeRecord
-from llmgw.control.store.repo import Store
-from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
+from llmgw.nodetls import load_or_make_key, make_csr
 from llmgw.tls import ServerTls, ensure_server_tls
 from llmgw.wire import AgentReport, WeightsSource
 
@@ -56,26 +55,8 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    tls = ensure_server_tls(tmp_path / "cp-tls", ["127.0.0.1"])
-    assert tls.ca_file is not None and tls.ca_key_file is not None
-    cp.node_certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file))
-    assert creds.join_token
-    try:
-        async with serve_asgi(create_app(cp), tls=tls) as url:
-            yield Fleet(cp, url, tls, tmp_path, creds.join_token)
-    finally:
-        await store.close()
-
-
-async def _get(url: str, context: ssl.SSLContext | bool, token: str | None = None) -> int:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession() as session, session.get(
-            url, ssl=context, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as answer:
-        return answer.status
+    async with signing_plane(tmp_path) as (plane, tls):
+        yield Fleet(plane.cp, plane.url, tls, tmp_path, plane.join)
 
 
 async def test_agents_serve_peers_and_nudges_only_over_tls_from_the_fleet_ca(
@@ -94,13 +75,14 @@ async def test_agents_serve_peers_and_nudges_only_over_tls_from_the_fleet_ca(
         assert (fleet.tmp / "n1" / "tls" / "node.key").stat().st_mode & 0o777 == 0o600
 
         fleet_ca = ssl.create_default_context(cafile=str(fleet.ca.ca_file))
-        assert await _get(f"{base}/metrics", fleet_ca) == 200
-        assert await _get(f"{base}/agent/v1/weights/manifest?model=x", fleet_ca) == 401
+        assert await get_status(f"{base}/metrics", fleet_ca) == 200
+        assert await get_status(f"{base}/agent/v1/weights/manifest?model=x", fleet_ca) == 401
         with pytest.raises(aiohttp.ClientError):  # plain HTTP to the TLS port
-            await _get(f"http://127.0.0.1:{a.server.port}/metrics", False)
+            await get_status(f"http://127.0.0.1:{a.server.port}/metrics", False)
         other = ensure_server_tls(fleet.tmp / "other", ["127.0.0.1"])
+        other_ca = ssl.create_default_context(cafile=str(other.ca_file))
         with pytest.raises(aiohttp.ClientConnectorCertificateError):
-            await _get(f"{base}/metrics", ssl.create_default_context(cafile=str(other.ca_file)))
+            await get_status(f"{base}/metrics", other_ca)
 
         # A peer copy: n2 reads n1's weights over https://, checked against the fleet's CA.
         spec = spec_of(WeightsSource(kind="package", package="tiny-pkg"))
@@ -172,34 +154,25 @@ async def test_without_the_ca_key_the_server_is_plain_only_where_allowed(
 
 
 async def test_a_plain_fleet_asks_for_nothing(tmp_path: Path) -> None:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    agent = None
-    try:
-        async with serve_asgi(create_app(cp)) as url:
-            agent = Agent(AgentConfig(control_plane=url, data_dir=tmp_path / "n1", name="n1",
-                                      join_token=creds.join_token, memory_guard="off"),
-                          inventory_provider=lambda: inventory("n1"), adapters={})
+    async with served_plane(tmp_path) as plane:
+        agent = Agent(AgentConfig(control_plane=plane.url, data_dir=tmp_path / "n1", name="n1",
+                                  join_token=plane.join, memory_guard="off"),
+                      inventory_provider=lambda: inventory("n1"), adapters={})
+        try:
             await agent.start()
             assert agent.server is not None and agent.server.running and not agent.server.tls
             assert agent.build_report(inventory("n1")).csr is None
             assert not (await agent.report_once()).node_tls
             assert not (tmp_path / "n1" / "tls").exists()
-    finally:
-        if agent is not None:
+        finally:
             await agent.shutdown()
-        await store.close()
 
 
 # -- who gets a certificate --------------------------------------------------------------
 
 
 def _issuer(tmp_path: Path) -> NodeCertificates:
-    tls = ensure_server_tls(tmp_path / "ca", ["127.0.0.1"])
-    assert tls.ca_file is not None and tls.ca_key_file is not None
-    return NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file))
+    return fleet_ca(tmp_path / "ca")[1]
 
 
 def _csr(tmp_path: Path, name: str, address: str) -> str:

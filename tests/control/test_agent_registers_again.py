@@ -19,13 +19,14 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.control.planekit import opened_plane, register, send_report
 from tests.servers import serve_asgi
+from tests.waiting import eventually
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.identity import Identity, load_identity, save_identity
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane
-from llmgw.control.store.repo import Store
 from llmgw.secrets import hash_secret
 from llmgw.wire import AgentReport, NodeInventory
 
@@ -79,17 +80,11 @@ class Plane:
 @pytest.fixture
 async def plane(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> AsyncIterator[Plane]:
     caplog.set_level(logging.DEBUG)
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    assert creds.join_token
-    proxy = LosesRegistrationAnswers(create_app(cp), lose=0)
-    try:
+    async with opened_plane(tmp_path) as (cp, creds):
+        assert creds.join_token
+        proxy = LosesRegistrationAnswers(create_app(cp), lose=0)
         async with serve_asgi(proxy) as url, AsyncExitStack() as agents:
             yield Plane(cp, url, creds.join_token, proxy, agents)
-    finally:
-        await store.close()
     # Whatever happened, no agent key reached a log line.
     keys = agent_keys_under(tmp_path)
     assert keys and not any(key in caplog.text for key in keys)
@@ -99,11 +94,8 @@ def agent_keys_under(directory: Path) -> list[str]:
     return [path.read_text() for path in directory.glob("*/agent.key")]
 
 
-async def until(check: Callable[[], bool], what: str, within: float = 20.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+async def until(check: Callable[[], bool], what: str) -> None:
+    await eventually(check, within_s=20.0, what=what)
 
 
 def reported(cp: ControlPlane, after: float = 0.0) -> Callable[[], bool]:
@@ -145,9 +137,7 @@ async def test_an_agent_that_lost_its_node_token_but_kept_its_key_gets_its_node_
     assert new is not None and new.node_token != old.node_token
     report = AgentReport(node="n1", inventory=NodeInventory(hostname="n1"))
     async with httpx.AsyncClient() as client:
-        answer = await client.post(f"{plane.url}/agent/v1/report",
-                                   content=report.model_dump_json(),
-                                   headers={"Authorization": f"Bearer {old.node_token}"})
+        answer = await send_report(client, plane.url, old.node_token, report)
     assert answer.status_code == 401  # the old token was revoked
     assert list(plane.cp.state.nodes) == ["n1"]
 
@@ -168,7 +158,7 @@ async def test_a_wiped_data_dir_waits_for_a_person(
     assert wiped.identity is None and not reported(plane.cp, after=since)()
     assert "already registered" in caplog.text and "not the one it registered with" in caplog.text
 
-    await plane.cp.delete_node("n1")  # what the message says to do
+    await plane.cp.nodes.delete("n1")  # what the message says to do
     await until(reported(plane.cp, after=since), "a report once the node was deleted")
     key = (tmp_path / "wiped" / "agent.key").read_text()
     assert plane.cp.state.nodes["n1"].agent_key_hash == hash_secret(key)
@@ -180,13 +170,10 @@ async def test_a_node_registered_before_agent_keys_learns_its_key_and_can_regist
     # A node and data dir as an agent from before agent keys left them: a
     # node token on disk, no agent key anywhere.
     async with httpx.AsyncClient() as client:
-        answer = await client.post(f"{plane.url}/agent/v1/register",
-                                   json={"node": "n1", "join_token": plane.join_token})
-    assert answer.status_code == 200, answer.text
+        token = await register(client, plane.url, plane.join_token, "n1")
     data_dir = tmp_path / "n1"
     data_dir.mkdir()
-    save_identity(data_dir, Identity(node="n1", node_token=answer.json()["node_token"],
-                                     control_plane=plane.url))
+    save_identity(data_dir, Identity(node="n1", node_token=token, control_plane=plane.url))
     assert plane.cp.state.nodes["n1"].agent_key_hash is None
 
     first = plane.start_agent(data_dir)

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import httpx
 import pytest
-from tests.control.test_agent_api import inventory, register
-from tests.servers import serve_asgi
+from tests.control.planekit import Plane, inventory, register, report_ok
 
-from llmgw.control.app import create_app
 from llmgw.control.catalog import validate_catalog
 from llmgw.control.enginekeys import EngineKeys
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.errors import ValidationError
 from llmgw.wire import (
     AgentReport,
@@ -25,19 +19,6 @@ from llmgw.wire import (
     ReplicaStatus,
     ShardAssignment,
 )
-
-Plane = tuple[ControlPlane, NewCredentials, str, Store]
-
-
-@pytest.fixture
-async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    async with serve_asgi(create_app(cp)) as url:
-        yield cp, creds, url, store
-    await store.close()
 
 
 def test_keys_are_distinct_per_replica_and_fixed_by_the_seed() -> None:
@@ -53,25 +34,19 @@ def test_keys_are_distinct_per_replica_and_fixed_by_the_seed() -> None:
 async def test_the_node_and_the_gateways_get_the_key_and_no_admin_read_shows_it(
     plane: Plane,
 ) -> None:
-    cp, creds, url, store = plane
-    assert creds.join_token and creds.admin_token
-    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    cp, _, url = plane
+    await cp.catalog.put([ModelSpec(name="m", engine="sim")])
     for rid, node in (("r1", "n1"), ("r2", "n2")):
         cp.state.replicas[rid] = ReplicaRecord(
             id=rid, model="m", created_at=0.0, shards=[ShardAssignment(node=node)]
         )
     async with httpx.AsyncClient() as client:
-        tokens = {n: await register(client, url, creds.join_token, n) for n in ("n1", "n2")}
+        tokens = {n: await register(client, url, plane.join, n) for n in ("n1", "n2")}
 
         async def report(node: str, rid: str) -> AgentReportAnswer:
             status = ReplicaStatus(replica_id=rid, state=ReplicaState.READY, port=4000)
             body = AgentReport(node=node, inventory=inventory(node), replicas=[status])
-            answer = await client.post(
-                f"{url}/agent/v1/report",
-                content=body.model_dump_json(),
-                headers={"Authorization": f"Bearer {tokens[node]}"},
-            )
-            assert answer.status_code == 200, answer.text
+            answer = await report_ok(client, url, tokens[node], body)
             return AgentReportAnswer.model_validate_json(answer.content)
 
         (mine,) = (await report("n1", "r1")).assignments
@@ -80,20 +55,19 @@ async def test_the_node_and_the_gateways_get_the_key_and_no_admin_read_shows_it(
         assert key and theirs.engine_key and key != theirs.engine_key
         assert key not in repr(mine)  # a logged assignment never shows it
         # Each gateway endpoint carries its replica's key.
-        endpoints = cp.gateway_config().routing.models[0].endpoints
+        endpoints = cp.gateways.config().routing.models[0].endpoints
         assert {e.replica_id: e.engine_key for e in endpoints} == {
             "r1": key, "r2": theirs.engine_key
         }  # fmt: skip
-        admin = {"Authorization": f"Bearer {creds.admin_token}"}
         for path in ("/summary", "/nodes", "/nodes/n1", "/replicas", "/replicas/r1", "/models",
                      "/models/m", "/events", "/plan"):  # fmt: skip
-            read = await client.get(f"{url}/admin/v1{path}", headers=admin)
+            read = await client.get(f"{url}/admin/v1{path}", headers=plane.admin)
             assert read.status_code == 200, (path, read.text)
             assert key not in read.text and theirs.engine_key not in read.text, path
 
     # Another instance on the same store (a restart, a standby taking over)
     # hands out the same key, so running engines and adopted ones keep theirs.
-    again = ControlPlane(store)
+    again = ControlPlane(cp.store)
     await again.load()
     assert again.engine_keys.key("r1") == key
 

@@ -3,18 +3,12 @@ until an operator approves it (issue 13)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import httpx
 import pytest
-from tests.control.test_agent_api import inventory, register
-from tests.servers import serve_asgi
+from tests.control.planekit import Plane, inventory, register, report_ok, send_report
 
-from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.wire import (
     AgentReport,
     ModelSpec,
@@ -25,37 +19,26 @@ from llmgw.wire import (
     WeightsSource,
 )
 
-Plane = tuple[ControlPlane, NewCredentials, str]
-
 
 @pytest.fixture
-async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    cp.approve_nodes = True
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    async with serve_asgi(create_app(cp)) as url:
-        yield cp, creds, url
-    await store.close()
+def plane(plane: Plane) -> Plane:
+    """serve --approve-nodes (set before any node has registered)."""
+    plane.cp.nodes.approve_nodes = True
+    return plane
 
 
 async def _report(client: httpx.AsyncClient, url: str, token: str,
                   fabrics: list[str] | None = None) -> dict[str, object]:
     report = AgentReport(node="n1", inventory=inventory("n1"), fabrics=fabrics or [])
-    answer = await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
-                               headers={"Authorization": f"Bearer {token}"})
-    assert answer.status_code == 200, answer.text
-    body: dict[str, object] = answer.json()
+    body: dict[str, object] = (await report_ok(client, url, token, report)).json()
     return body
 
 
 async def test_a_new_node_waits_for_approval(plane: Plane) -> None:
-    cp, creds, url = plane
-    assert creds.join_token and creds.admin_token
-    admin = {"Authorization": f"Bearer {creds.admin_token}"}
+    cp, _, url = plane
+    admin = plane.admin
     async with httpx.AsyncClient() as client:
-        token = await register(client, url, creds.join_token, "n1")
+        token = await register(client, url, plane.join, "n1")
         answer = await _report(client, url, token)
         assert answer["peer_token"] is None and answer["weight_peers"] == {}
         node = (await client.get(f"{url}/admin/v1/nodes/n1", headers=admin)).json()
@@ -86,22 +69,20 @@ async def test_a_new_node_waits_for_approval(plane: Plane) -> None:
 
 
 async def test_without_the_flag_nodes_are_placed_at_once(plane: Plane) -> None:
-    cp, creds, url = plane
-    cp.approve_nodes = False
-    assert creds.join_token
+    cp, _, url = plane
+    cp.nodes.approve_nodes = False
     async with httpx.AsyncClient() as client:
-        token = await register(client, url, creds.join_token, "n1")
+        token = await register(client, url, plane.join, "n1")
         answer = await _report(client, url, token)
     assert answer["peer_token"] == cp.peer_token
     assert cp.state.nodes["n1"].state(cp.state.nodes["n1"].last_seen or 0) == NodeState.READY
 
 
 async def test_approval_pins_the_fabrics_the_operator_saw(plane: Plane) -> None:
-    cp, creds, url = plane
-    assert creds.join_token and creds.admin_token
-    admin = {"Authorization": f"Bearer {creds.admin_token}"}
+    cp, _, url = plane
+    admin = plane.admin
     async with httpx.AsyncClient() as client:
-        token = await register(client, url, creds.join_token, "n1")
+        token = await register(client, url, plane.join, "n1")
         await _report(client, url, token, fabrics=["ib-a"])
         await client.post(f"{url}/admin/v1/nodes/n1/approve", headers=admin)
         # Later reports cannot move the node into another fabric.
@@ -128,39 +109,34 @@ async def test_approval_pins_the_fabrics_the_operator_saw(plane: Plane) -> None:
 
 
 async def test_trusting_reported_fabrics_lets_reports_decide(plane: Plane) -> None:
-    cp, creds, url = plane
-    cp.approve_nodes = False
+    cp, _, url = plane
+    cp.nodes.approve_nodes = False
     cp.trust_reported_fabrics = True
-    assert creds.join_token
     async with httpx.AsyncClient() as client:
-        token = await register(client, url, creds.join_token, "n1")
+        token = await register(client, url, plane.join, "n1")
         await _report(client, url, token, fabrics=["ib-a"])
         await _report(client, url, token, fabrics=["ib-b"])
     assert cp.state.nodes["n1"].fabrics == ["ib-b"]
 
 
 async def test_a_node_waiting_for_approval_is_no_weight_source(plane: Plane) -> None:
-    cp, creds, url = plane
-    assert creds.join_token and creds.admin_token
+    cp, _, url = plane
     source = WeightsSource(kind="package", package="m-weights")
-    await cp.put_models([ModelSpec(name="m", engine="sim", weights=source)])
+    await cp.catalog.put([ModelSpec(name="m", engine="sim", weights=source)])
     # The copy n1 reports is the recorded one: only approval holds it back.
     cp.digests.records["m"] = WeightsDigests(source=source, origin="package", sha256="a" * 64)
     cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=0.0,
                                             shards=[ShardAssignment(node="n2")])
     async with httpx.AsyncClient() as client:
-        rogue = await register(client, url, creds.join_token, "n1")
+        rogue = await register(client, url, plane.join, "n1")
         report = AgentReport(node="n1", inventory=inventory("n1"), agent_port=9999,
                              weights=[WeightsEntry(model="m", source=source, sha256="a" * 64)])
-        await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
-                          headers={"Authorization": f"Bearer {rogue}"})
-        cp.approve_nodes = False
-        honest = await register(client, url, creds.join_token, "n2")
+        await send_report(client, url, rogue, report)
+        cp.nodes.approve_nodes = False
+        honest = await register(client, url, plane.join, "n2")
         ask = AgentReport(node="n2", inventory=inventory("n2"))
-        answer = await client.post(f"{url}/agent/v1/report", content=ask.model_dump_json(),
-                                   headers={"Authorization": f"Bearer {honest}"})
+        answer = await send_report(client, url, honest, ask)
         assert answer.json()["weight_peers"] == {}
-        await cp.approve_node("n1")
-        answer = await client.post(f"{url}/agent/v1/report", content=ask.model_dump_json(),
-                                   headers={"Authorization": f"Bearer {honest}"})
+        await cp.nodes.approve("n1")
+        answer = await send_report(client, url, honest, ask)
         assert answer.json()["weight_peers"] == {"m": ["http://127.0.0.1:9999"]}

@@ -4,52 +4,33 @@ are checked, and join tokens expire, run out and can be revoked (issue 13)."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.control.test_agent_api import KEY, inventory, register
-from tests.servers import serve_asgi
+from tests.control.planekit import KEY, Plane, bearer, inventory, register, send_report
 
-from llmgw.control.app import create_app
 from llmgw.control.rows import replica_row
-from llmgw.control.service import JOIN_HASH, ControlPlane, NewCredentials
+from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.services.credentials import JOIN_HASH
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import AuthError
 from llmgw.secrets import hash_secret
 from llmgw.wire import AgentReport, ModelSpec, ReplicaState, ReplicaStatus, ShardAssignment
 
-Plane = tuple[ControlPlane, NewCredentials, str]
-
-
-@pytest.fixture
-async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    async with serve_asgi(create_app(cp)) as url:
-        yield cp, creds, url
-    await store.close()
-
-
-def _bearer(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
 
 async def _report(client: httpx.AsyncClient, url: str, token: str, **fields: Any) -> httpx.Response:
     body = {"node": fields.pop("node"), "inventory": inventory("h").model_dump(mode="json"),
             **fields}
-    return await client.post(f"{url}/agent/v1/report", json=body, headers=_bearer(token))
+    return await send_report(client, url, token, body)
 
 
 async def test_a_node_cannot_fail_or_refuse_another_nodes_replicas(plane: Plane) -> None:
     cp, creds, url = plane
     assert creds.join_token
-    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    await cp.catalog.put([ModelSpec(name="m", engine="sim")])
     replica = ReplicaRecord(id="r1", model="m", created_at=0.0, state=ReplicaState.READY,
                             port=4000, shards=[ShardAssignment(node="n1", device_numbers=[0])])
     other = ReplicaRecord(id="r2", model="m", created_at=0.0,
@@ -93,19 +74,26 @@ async def test_registration_refuses_unsafe_node_names(plane: Plane, name: str) -
     assert "node" in answer.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("address", [
-    "http://evil.example", "user@10.0.0.5", "10.0.0.5/x", "10.0.0.5:9000", "evil.example:80",
-    "", "a b", "[::1]", "host#frag", "[red]x",
+NOT_HOSTS = ["http://evil.example", "user@10.0.0.5", "10.0.0.5/x", "10.0.0.5:9000",
+             "evil.example:80", "", "a b", "[::1]", "host#frag", "[red]x"]
+BAD_FABRICS = [["ib/a"], ["[red]f"], ["ok", "x y"], [f"f{i}" for i in range(17)]]
+
+
+@pytest.mark.parametrize(("field", "value", "named"), [
+    *(("address", address, "address") for address in NOT_HOSTS),
+    *(("fabrics", fabrics, "fabric") for fabrics in BAD_FABRICS),
 ])
-async def test_reports_refuse_addresses_that_are_not_hosts(plane: Plane, address: str) -> None:
-    cp, creds, url = plane
-    assert creds.join_token
+async def test_reports_refuse_addresses_that_are_not_hosts_and_bad_fabrics(
+    plane: Plane, field: str, value: object, named: str,
+) -> None:
+    cp, _, url = plane
     async with httpx.AsyncClient() as client:
-        token = await register(client, url, creds.join_token, "n1")
-        answer = await _report(client, url, token, node="n1", address=address)
+        token = await register(client, url, plane.join, "n1")
+        answer = await _report(client, url, token, node="n1", **{field: value})
     assert answer.status_code == 422, answer.text
-    assert "address" in answer.json()["error"]["message"]
-    assert cp.state.nodes["n1"].address == "127.0.0.1"
+    assert named in answer.json()["error"]["message"]
+    node = cp.state.nodes["n1"]
+    assert node.address == "127.0.0.1" and node.reported_fabrics == []
 
 
 @pytest.mark.parametrize("address", ["10.0.0.5", "::1", "fe80::1", "gpu-01.example.com",
@@ -113,7 +101,7 @@ async def test_reports_refuse_addresses_that_are_not_hosts(plane: Plane, address
 async def test_reports_accept_hosts_and_ips(plane: Plane, address: str) -> None:
     cp, creds, url = plane
     assert creds.join_token
-    await cp.put_models([ModelSpec(name="m", engine="sim")])
+    await cp.catalog.put([ModelSpec(name="m", engine="sim")])
     replica = ReplicaRecord(id="r1", model="m", created_at=0.0,
                             shards=[ShardAssignment(node="n1", device_numbers=[0])])
     cp.state.replicas["r1"] = replica
@@ -123,22 +111,10 @@ async def test_reports_accept_hosts_and_ips(plane: Plane, address: str) -> None:
         answer = await _report(client, url, token, node="n1", address=address,
                                replicas=[status.model_dump(mode="json")])
     assert answer.status_code == 200, answer.text
-    endpoint = cp.gateway_config().routing.models[0].endpoints[0].url
+    endpoint = cp.gateways.config().routing.models[0].endpoints[0].url
     host = f"[{address}]" if ":" in address else address
     assert endpoint == f"http://{host}:4321"
     assert httpx.URL(endpoint).port == 4321
-
-
-@pytest.mark.parametrize("fabrics", [["ib/a"], ["[red]f"], ["ok", "x y"], [f"f{i}" for i in
-                                                                          range(17)]])
-async def test_reports_refuse_bad_fabrics(plane: Plane, fabrics: list[str]) -> None:
-    _, creds, url = plane
-    assert creds.join_token
-    async with httpx.AsyncClient() as client:
-        token = await register(client, url, creds.join_token, "n1")
-        answer = await _report(client, url, token, node="n1", fabrics=fabrics)
-    assert answer.status_code == 422, answer.text
-    assert "fabric" in answer.json()["error"]["message"]
 
 
 # -- join tokens ---------------------------------------------------------------------
@@ -147,7 +123,7 @@ async def test_reports_refuse_bad_fabrics(plane: Plane, fabrics: list[str]) -> N
 async def _admin(client: httpx.AsyncClient, creds: NewCredentials, method: str, url: str,
                  **kw: Any) -> httpx.Response:
     assert creds.admin_token
-    return await client.request(method, url, headers=_bearer(creds.admin_token), **kw)
+    return await client.request(method, url, headers=bearer(creds.admin_token), **kw)
 
 
 async def _register_status(client: httpx.AsyncClient, url: str, join: str, node: str,
@@ -161,7 +137,7 @@ async def _register_status(client: httpx.AsyncClient, url: str, join: str, node:
 async def test_the_first_join_token_expires(plane: Plane) -> None:
     cp, creds, url = plane
     assert creds.join_token
-    (first,) = cp.join_tokens.tokens.values()
+    (first,) = cp.credentials.join_tokens.tokens.values()
     assert first.expires_at is not None
     assert 23 * 3600 < first.expires_at - time.time() <= 24 * 3600
     first.expires_at = time.time() - 1
@@ -208,11 +184,11 @@ async def test_single_use_revoked_and_listed_join_tokens(plane: Plane) -> None:
         assert unknown.status_code == 404
         # Node tokens and join tokens do not work on these routes.
         assert (await client.get(f"{url}/admin/v1/join-tokens",
-                                 headers=_bearer(creds.join_token))).status_code == 401
+                                 headers=bearer(creds.join_token))).status_code == 401
     # Kept across a restart: uses and revocations are in the store.
     reloaded = ControlPlane(cp.store)
     await reloaded.load()
-    by_id = reloaded.join_tokens.tokens
+    by_id = reloaded.credentials.join_tokens.tokens
     assert by_id[view["id"]].uses == 1
     assert by_id[forever["token"]["id"]].revoked
 
@@ -220,7 +196,7 @@ async def test_single_use_revoked_and_listed_join_tokens(plane: Plane) -> None:
 async def test_rotation_revokes_every_other_join_token(plane: Plane) -> None:
     cp, creds, url = plane
     assert creds.join_token
-    new = await cp.rotate_join_token()
+    new = await cp.credentials.rotate_join_token()
     async with httpx.AsyncClient() as client:
         assert (await _register_status(client, url, creds.join_token, "n1")).status_code == 401
         assert (await _register_status(client, url, new, "n1")).status_code == 200
@@ -234,10 +210,10 @@ async def test_a_store_from_before_join_token_ids_keeps_its_token(tmp_path: Path
         await cp.load()
         created = await cp.ensure_credentials()
         assert created.join_token is None  # not replaced behind the operator's back
-        assert cp.join_tokens.check("llmgw-join-old", time.time()).id == "legacy"
-        await cp.rotate_join_token()
+        assert cp.credentials.join_tokens.check("llmgw-join-old", time.time()).id == "legacy"
+        await cp.credentials.rotate_join_token()
         with pytest.raises(AuthError):
-            cp.join_tokens.check("llmgw-join-old", time.time())
+            cp.credentials.join_tokens.check("llmgw-join-old", time.time())
     finally:
         await store.close()
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from tests.control.planekit import opened_plane
 
 from llmgw.cli.httpserver import GuardedHttpToolsProtocol, server_config
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
-from llmgw.control.store.repo import Store
 from llmgw.serving import start_server
 
 MiB = 1024 * 1024
@@ -43,13 +43,8 @@ async def _served(app: object, **overrides: object) -> AsyncIterator[int]:
 
 @pytest.fixture
 async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, NewCredentials, int]]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    async with _served(create_app(cp)) as port:
+    async with opened_plane(tmp_path) as (cp, creds), _served(create_app(cp)) as port:
         yield cp, creds, port
-    await store.close()
 
 
 async def _exchange(port: int, head: bytes, body: bytes = b"") -> bytes:
@@ -67,8 +62,9 @@ async def test_a_64_mib_registration_is_refused_before_its_body_or_token_is_read
 ) -> None:
     cp, _, port = control
     looked_at: list[str] = []
-    real_find = cp.join_tokens.find
-    monkeypatch.setattr(cp.join_tokens, "find", lambda s: looked_at.append(s) or real_find(s))
+    real_find = cp.credentials.join_tokens.find
+    monkeypatch.setattr(cp.credentials.join_tokens, "find",
+                        lambda s: looked_at.append(s) or real_find(s))
     head = (f"POST /agent/v1/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
             f"\r\nContent-Length: {64 * MiB}\r\n\r\n").encode()
     started = time.monotonic()

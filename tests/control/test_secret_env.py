@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.servers import serve_asgi
+from tests.control.planekit import Plane
 
-from llmgw.control.app import create_app
 from llmgw.control.reports import assignments_for
 from llmgw.control.secretenv import REDACTED
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.wire import ShardAssignment
 
 Admin = tuple[ControlPlane, httpx.AsyncClient]
@@ -27,16 +24,9 @@ ENTRY: dict[str, Any] = {
 
 
 @pytest.fixture
-async def admin(tmp_path: Path) -> AsyncIterator[Admin]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    async with serve_asgi(create_app(cp)) as url, httpx.AsyncClient(
-        base_url=f"{url}/admin/v1", headers={"Authorization": f"Bearer {creds.admin_token}"}
-    ) as client:
-        yield cp, client
-    await store.close()
+async def admin(plane: Plane) -> AsyncIterator[Admin]:
+    async with httpx.AsyncClient(base_url=f"{plane.url}/admin/v1", headers=plane.admin) as client:
+        yield plane.cp, client
 
 
 async def test_secret_env_values_are_redacted_in_every_read(admin: Admin) -> None:

@@ -7,21 +7,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 from aiohttp import web
 from tests.agent.fakes import serve_app
-from tests.control.test_agent_api import inventory, register
-from tests.servers import serve_asgi
+from tests.control.planekit import Plane, inventory, register, report_ok
 
 from llmgw.control import weightdigests
-from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.wire import (
     AgentReport,
     ModelSpec,
@@ -31,21 +27,8 @@ from llmgw.wire import (
     WeightsSource,
 )
 
-Plane = tuple[ControlPlane, NewCredentials, str]
 SHA = hashlib.sha256(b"the real weights").hexdigest()
 BOGUS = hashlib.sha256(b"a rogue's weights").hexdigest()
-
-
-@pytest.fixture
-async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    async with serve_asgi(create_app(cp)) as url:
-        yield cp, creds, url
-    await cp.digests.close()
-    await store.close()
 
 
 @pytest.fixture
@@ -61,10 +44,7 @@ def origin_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> WeightsSo
 
 async def _report(client: httpx.AsyncClient, url: str, token: str, report: AgentReport
                   ) -> dict[str, object]:
-    answer = await client.post(f"{url}/agent/v1/report", content=report.model_dump_json(),
-                               headers={"Authorization": f"Bearer {token}"})
-    assert answer.status_code == 200, answer.text
-    body: dict[str, object] = answer.json()
+    body: dict[str, object] = (await report_ok(client, url, token, report)).json()
     return body
 
 
@@ -74,7 +54,7 @@ def holding(node: str, source: WeightsSource, sha256: str, port: int) -> AgentRe
 
 
 async def _model_on_n2(cp: ControlPlane, source: WeightsSource) -> None:
-    await cp.put_models([ModelSpec(name="m", engine="sim", weights=source)])
+    await cp.catalog.put([ModelSpec(name="m", engine="sim", weights=source)])
     cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=0.0,
                                             shards=[ShardAssignment(node="n2")])
 
@@ -82,14 +62,13 @@ async def _model_on_n2(cp: ControlPlane, source: WeightsSource) -> None:
 async def test_a_rogue_node_is_no_weight_source_for_a_model_it_was_not_given(
     plane: Plane, origin_package: WeightsSource
 ) -> None:
-    cp, creds, url = plane
-    assert creds.join_token
+    cp, _, url = plane
     await _model_on_n2(cp, origin_package)
     async with httpx.AsyncClient() as client:
         # Anyone with the join token: a fake agent on loopback with a valid node token.
-        rogue = await register(client, url, creds.join_token, "n1")
+        rogue = await register(client, url, plane.join, "n1")
         await _report(client, url, rogue, holding("n1", origin_package, BOGUS, 9999))
-        honest = await register(client, url, creds.join_token, "n2")
+        honest = await register(client, url, plane.join, "n2")
         ask = AgentReport(node="n2", inventory=inventory("n2"))
         await _report(client, url, honest, ask)
         await cp.digests.settled()
@@ -111,7 +90,7 @@ async def test_a_rogue_node_is_no_weight_source_for_a_model_it_was_not_given(
         assert cp.state.nodes["n1"].weights == []
         # A node whose copy is the recorded one is a peer (and its copy is
         # still verified by whoever reads it: llmgw.agent.trust).
-        holder = await register(client, url, creds.join_token, "n3")
+        holder = await register(client, url, plane.join, "n3")
         await _report(client, url, holder, holding("n3", origin_package, SHA, 9998))
         answer = await _report(client, url, honest, ask)
         assert answer["weight_peers"] == {"m": ["http://127.0.0.1:9998"]}
@@ -123,16 +102,15 @@ async def test_a_rogue_node_is_no_weight_source_for_a_model_it_was_not_given(
 async def test_without_an_origin_only_a_node_given_the_model_is_trusted_first(
     plane: Plane,
 ) -> None:
-    cp, creds, url = plane
-    assert creds.join_token
+    cp, _, url = plane
     source = WeightsSource(kind="package", package="llmgw-not-installed-anywhere")
     await _model_on_n2(cp, source)
     async with httpx.AsyncClient() as client:
-        honest = await register(client, url, creds.join_token, "n2")
+        honest = await register(client, url, plane.join, "n2")
         ask = AgentReport(node="n2", inventory=inventory("n2"))
         await _report(client, url, honest, ask)
         await cp.digests.settled()  # the origin could not be read
-        rogue = await register(client, url, creds.join_token, "n1")
+        rogue = await register(client, url, plane.join, "n1")
         await _report(client, url, rogue, holding("n1", source, BOGUS, 9999))
         answer = await _report(client, url, honest, ask)
         assert answer["weight_digests"] == {} and answer["weight_peers"] == {}
@@ -148,12 +126,11 @@ async def test_without_an_origin_only_a_node_given_the_model_is_trusted_first(
 
 
 async def test_a_refused_copy_becomes_an_event_naming_the_peer(plane: Plane) -> None:
-    cp, creds, url = plane
-    assert creds.join_token
+    cp, _, url = plane
     message = ("weights of 'm' from peer http://10.0.0.9:7000 do not match the digests"
                " recorded from hub (m.gguf has 4 bytes, not 9); the copy was deleted")
     async with httpx.AsyncClient() as client:
-        token = await register(client, url, creds.join_token, "n2")
+        token = await register(client, url, plane.join, "n2")
         await _report(client, url, token, AgentReport(
             node="n2", inventory=inventory("n2"), weights_refused=[message]))
     events = await cp.store.list_events(kind="node", subject="n2")
