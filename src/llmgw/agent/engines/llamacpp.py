@@ -19,7 +19,6 @@ import shutil
 import sys
 
 from llmgw import memory
-from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -29,6 +28,7 @@ from llmgw.agent.engines.base import (
     require_weights,
     uses_gpus,
 )
+from llmgw.agent.pinning import engine_env
 from llmgw.engine_env import (
     LLAMA_CPP_PYTHON_DROP,
     LLAMA_CPP_PYTHON_MANAGED,

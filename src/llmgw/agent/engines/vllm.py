@@ -26,7 +26,6 @@ import re
 import shutil
 from pathlib import Path
 
-from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -36,6 +35,7 @@ from llmgw.agent.engines.base import (
     require_leader,
     require_weights,
 )
+from llmgw.agent.pinning import engine_env
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError

@@ -1,13 +1,14 @@
-"""The agent's inventory provider: discovery with a memory, and the Xid watch.
+"""The agent's single door to discovery: inventory and device-pinning environment.
 
-Discovery (``llmgw.agent.discovery``) owns the rules for reading GPUs; the
-agent calls it through :class:`Discoverer` and nothing else, so the agent
-never depends on how discovery is laid out inside.
+Discovery (``llmgw.agent.discovery``) owns the rules for reading GPUs and for
+pinning an engine to them; the agent calls it through these two names and
+nothing else, so the supervisor and the engine adapters never depend on how
+discovery is laid out inside.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from llmgw.agent.discovery import (
     LastSeen,
@@ -17,7 +18,8 @@ from llmgw.agent.discovery import (
     discover,
     ignored_xids_from_env,
 )
-from llmgw.wire import NodeInventory
+from llmgw.agent.discovery import pinning as _pinning
+from llmgw.wire import Device, NodeInventory
 
 
 class Discoverer:
@@ -67,3 +69,7 @@ class Discoverer:
         """Stop the watch; the marks stay (an in-process restart keeps them)."""
         self._watcher.stop()
 
+
+def engine_env(devices: Sequence[Device], vulkan: bool = False) -> dict[str, str]:
+    """The environment that pins an engine to ``devices``."""
+    return dict(_pinning.engine_env(list(devices), vulkan=vulkan))
