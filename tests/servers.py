@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -133,3 +134,35 @@ def wait_up_json(
     return eventually_sync(
         lambda: up_json(data_dir, proc.poll(), log), within_s, what="up.json", every_s=0.2
     )
+
+
+# -- other llmgw commands as child processes ----------------------------------------------
+
+
+@asynccontextmanager
+async def child_process(*argv: str, **options: Any) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A child process (``asyncio.create_subprocess_exec``), killed on the way out if it runs."""
+    proc = await asyncio.create_subprocess_exec(*argv, **options)
+    try:
+        yield proc
+    finally:
+        await stop_process(proc, signal.SIGKILL)
+
+
+async def terminates_cleanly(proc: asyncio.subprocess.Process, within_s: float = 15.0) -> None:
+    """SIGTERM, as systemd stops it: it must exit 0, and soon."""
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), within_s) == 0
+
+
+async def logged_port(
+    proc: asyncio.subprocess.Process, pattern: str, within_s: float = 30.0
+) -> int:
+    """The port a process says on stderr it listens on (``pattern``'s one group)."""
+    assert proc.stderr is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stderr.readline(), within_s)).decode()
+        assert line, f"exited before saying it listens: {pattern}"
+        found = re.search(pattern, line)
+        if found:
+            return int(found.group(1))

@@ -23,7 +23,7 @@ the agent again at launch. An engine's settings belong in ``engine_args``,
 where the flags the agent manages are refused by name.
 
 This module is shared by the control plane (catalog checks) and the agent
-(launch), which is why it lives beside ``wire.py`` and imports nothing else.
+(launch), which is why it lives beside ``llmgw.wire`` and imports nothing else.
 """
 
 from __future__ import annotations

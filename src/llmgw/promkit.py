@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import hmac
 from bisect import bisect_left
+from collections.abc import Mapping
+from typing import TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from llmgw import secrets
 
@@ -41,6 +45,24 @@ class Histogram:
         running += self.counts[-1]
         points.append(("+Inf", running))
         return points, self.total
+
+    def family(self, name: str, documentation: str) -> HistogramMetricFamily:
+        """This histogram as a family of one unlabelled sample."""
+        family = HistogramMetricFamily(name, documentation)
+        points, total = self.family_points()
+        family.add_metric([], points, total)
+        return family
+
+
+_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
+
+
+def filled(family: _Family, values: Mapping[str, int] | Mapping[tuple[str, str], int]) -> _Family:
+    """``family`` with one sample per entry; a key is the label value (a tuple: the values)."""
+    # A copy of the items: the counters may change while a scrape renders them.
+    for key, value in list(values.items()):
+        family.add_metric([key] if isinstance(key, str) else list(key), value)
+    return family
 
 
 def scrape_allowed(authorization: str | None, expected: str | None) -> bool:

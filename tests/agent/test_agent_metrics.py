@@ -21,8 +21,8 @@ from tests.agent.helpers import assign, model
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
 from tests.servers import free_port
 
+from llmgw.agent.discoverer import Discoverer
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
-from llmgw.agent.pinning import Discoverer
 from llmgw.wire import ReplicaState, WeightsSource
 
 A100 = "NVIDIA A100-SXM4-80GB"

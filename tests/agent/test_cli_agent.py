@@ -12,46 +12,41 @@ from pathlib import Path
 import psutil
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot
+from tests.servers import child_process, terminates_cleanly
 
 from llmgw.wire import EngineKind, ModelSpec, ReplicaState, SimParams
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main", "agent"]
 
 
+def agent_argv(control_plane: str, join_token: str, data_dir: Path, *more: str) -> list[str]:
+    return [
+        *LLMGW,
+        "--control-plane",
+        control_plane,
+        "--join-token",
+        join_token,
+        "--data-dir",
+        str(data_dir),
+        *more,
+    ]
+
+
 async def test_agent_command_reports_and_stops_on_sigterm(
     fake_cp: FakeControlPlane, tmp_path: Path
 ) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *LLMGW,
-        "--control-plane",
-        fake_cp.url,
-        "--join-token",
-        fake_cp.join_token,
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--name",
-        "cli-node",
-        "--cpu-slots",
-        "2",
-        "--fabric",
-        "ib-a",
-        "--log-level",
-        "warning",
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+    argv = agent_argv(
+        fake_cp.url, fake_cp.join_token, tmp_path / "d",
+        "--name", "cli-node", "--cpu-slots", "2", "--fabric", "ib-a", "--log-level", "warning",
+    )  # fmt: skip
+    async with child_process(*argv, stderr=asyncio.subprocess.PIPE) as proc:
         report = await fake_cp.wait_for(lambda r: r.node == "cli-node", within=30)
         assert report.fabrics == ["ib-a"]
         assert sum(d.gpu_class == "cpu" for d in report.inventory.devices) == 2
         # Its RAM, for placing CPU replicas (the machine's, or its cgroup's limit).
         ram = report.inventory.memory_total_mib
         assert ram is not None and 0 < ram <= psutil.virtual_memory().total >> 20
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 15) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await terminates_cleanly(proc)
 
 
 async def test_bad_memory_guard_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -75,24 +70,9 @@ async def test_bad_memory_guard_is_one_line_and_exit_2(tmp_path: Path) -> None:
 async def test_bad_join_token_is_one_line_and_exit_2(
     fake_cp: FakeControlPlane, tmp_path: Path
 ) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *LLMGW,
-        "--control-plane",
-        fake_cp.url,
-        "--join-token",
-        "llmgw-join-wrong",
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--name",
-        "n",
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
+    argv = agent_argv(fake_cp.url, "llmgw-join-wrong", tmp_path / "d", "--name", "n")
+    async with child_process(*argv, stderr=asyncio.subprocess.PIPE) as proc:
         _, err = await asyncio.wait_for(proc.communicate(), 30)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
     assert proc.returncode == 2
     lines = err.decode().strip().splitlines()
     assert lines[-1].startswith("llmgw: ") and "401" in lines[-1]
@@ -107,37 +87,22 @@ async def test_killed_agent_process_comes_back_to_the_same_engine(
     assignment = assign(spec, [cpu_slot(0)], node="k")
     assignment.shard.device_uuids = []  # the real discovery names this host's slots
     fake_cp.assignments["k"] = [assignment]
-    argv = [
-        *LLMGW,
-        "--control-plane",
-        fake_cp.url,
-        "--join-token",
-        fake_cp.join_token,
-        "--data-dir",
-        str(tmp_path / "d"),
-        "--name",
-        "k",
-        "--log-level",
-        "warning",
-    ]
-    first = await asyncio.create_subprocess_exec(*argv)
-    second = None
+    argv = agent_argv(
+        fake_cp.url, fake_cp.join_token, tmp_path / "d", "--name", "k", "--log-level", "warning"
+    )
     engine_pid = None
     try:
-        ready = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
-        engine_pid = ready.pid
-        first.kill()
-        await first.wait()
+        async with child_process(*argv) as first:
+            ready = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
+            engine_pid = ready.pid
+            first.kill()
+            await first.wait()
         assert engine_pid is not None and psutil.pid_exists(engine_pid)
-        second = await asyncio.create_subprocess_exec(*argv)
-        again = await fake_cp.wait_for(lambda r: bool(r.replicas), within=30)
-        assert again.replicas[0].state == ReplicaState.READY
-        assert again.replicas[0].pid == engine_pid
+        async with child_process(*argv):
+            again = await fake_cp.wait_for(lambda r: bool(r.replicas), within=30)
+            assert again.replicas[0].state == ReplicaState.READY
+            assert again.replicas[0].pid == engine_pid
     finally:
-        for proc in (first, second):
-            if proc is not None and proc.returncode is None:
-                proc.kill()
-                await proc.wait()
         if engine_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(engine_pid, signal.SIGKILL)

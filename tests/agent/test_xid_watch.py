@@ -7,8 +7,8 @@ import time
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
 
+from llmgw.agent.discoverer import Discoverer
 from llmgw.agent.discovery.fake import FakeGpu, FakeNvml
-from llmgw.agent.pinning import Discoverer
 
 
 async def test_an_xid_reaches_the_report_and_the_watch_stops_with_the_agent(

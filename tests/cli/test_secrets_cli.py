@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
-import signal
-import sys
+from asyncio.subprocess import Process
 from pathlib import Path
 
 import httpx
 import pytest
 from tests.cli.test_ctl import ok, run, served  # noqa: F401 (fixture)
 from tests.control.adminapi.fleetkit import Served
-from tests.gateway.conftest import make_config
+from tests.gateway.conftest import GATEWAY_COMMAND, GATEWAY_LISTENING, make_config
 from tests.gateway.fake_control_plane import TOKEN, FakeControlPlane
+from tests.servers import child_process, logged_port, terminates_cleanly
+from tests.waiting import eventually
 
 from llmgw.cli.secretfile import pick_secret, read_secret_file
 from llmgw.cli.upjson import print_banner
@@ -65,40 +65,38 @@ async def test_standalone_gateway_reads_its_tokens_from_files(tmp_path: Path) ->
     token_file, metrics_file = tmp_path / "gw", tmp_path / "metrics"
     token_file.write_text(TOKEN)
     metrics_file.write_text("m-secret")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "llmgw.cli.main", "gateway", "--control-plane", plane.url,
-        "--token-file", str(token_file), "--metrics-token-file", str(metrics_file),
-        "--host", "127.0.0.1", "--port", "0", stderr=asyncio.subprocess.PIPE)
     try:
-        assert process.stderr is not None
-        port = None
-        while port is None:
-            line = (await asyncio.wait_for(process.stderr.readline(), 30)).decode()
-            assert line, "gateway exited before listening"
-            found = re.search(r"gateway listening on 127\.0\.0\.1:(\d+)", line)
-            port = int(found.group(1)) if found else None
-        async with httpx.AsyncClient() as client:
-            metrics = f"http://127.0.0.1:{port}/metrics"
-            for _ in range(100):  # "listening" is logged just before uvicorn listens
-                with contextlib.suppress(httpx.ConnectError):
-                    first = await client.get(metrics)
-                    break
-                await asyncio.sleep(0.05)
-            assert first.status_code == 401
-            assert (await client.get(metrics, headers={"Authorization": "Bearer m-secret"})
-                    ).status_code == 200
-        # The standalone gateway runs with llmgw's server limits (cli/httpserver.py).
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000
-                     + b"\r\n\r\n")
-        with contextlib.suppress(ConnectionError):
-            head = await asyncio.wait_for(reader.read(100), 5)
-            assert head.startswith(b"HTTP/1.1 400") or head == b"", head
-        writer.close()
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 15) == 0
+        async with child_process(
+            *GATEWAY_COMMAND, "--control-plane", plane.url,
+            "--token-file", str(token_file), "--metrics-token-file", str(metrics_file),
+            "--host", "127.0.0.1", "--port", "0", stderr=asyncio.subprocess.PIPE,
+        ) as process:  # fmt: skip
+            await _serves_with_token_files(process)
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
         await plane.stop()
+
+
+async def _serves_with_token_files(process: Process) -> None:
+    port = await logged_port(process, GATEWAY_LISTENING)
+    async with httpx.AsyncClient() as client:
+        metrics = f"http://127.0.0.1:{port}/metrics"
+
+        async def first_answer() -> httpx.Response | None:
+            with contextlib.suppress(httpx.ConnectError):
+                return await client.get(metrics)
+            return None
+
+        # "listening" is logged just before uvicorn listens.
+        first = await eventually(first_answer, 5, what="the gateway's /metrics")
+        assert first.status_code == 401
+        assert (await client.get(metrics, headers={"Authorization": "Bearer m-secret"})
+                ).status_code == 200
+    # The standalone gateway runs with llmgw's server limits (cli/httpserver.py).
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000
+                 + b"\r\n\r\n")
+    with contextlib.suppress(ConnectionError):
+        head = await asyncio.wait_for(reader.read(100), 5)
+        assert head.startswith(b"HTTP/1.1 400") or head == b"", head
+    writer.close()
+    await terminates_cleanly(process)

@@ -22,9 +22,9 @@ from pathlib import Path
 from tests.waiting import eventually_sync
 
 from llmgw.agent.app import Agent, AgentConfig
+from llmgw.agent.discoverer import Discoverer
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
 from llmgw.agent.engines.sim import SimAdapter
-from llmgw.agent.pinning import Discoverer
 from llmgw.sim.inprocess import InProcessEngines
 from llmgw.wire import EngineKind
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,6 +20,9 @@ from llmgw.gateway.settings import GatewaySettings
 from llmgw.serving import start_server
 
 SECRET = "sk-llmgw-test-key-0123456789abcdefghijklmnop"
+# `llmgw gateway` as its own process, and what it logs once it listens.
+GATEWAY_COMMAND = (sys.executable, "-m", "llmgw.cli.main", "gateway")
+GATEWAY_LISTENING = r"gateway listening on 127\.0\.0\.1:(\d+)"
 
 
 def endpoint(upstream: FakeUpstream | str, replica_id: str | None = None) -> wire.Endpoint:

@@ -4,7 +4,6 @@ against a real control plane (uvicorn on loopback, SQLite in tmp) and a real gat
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from tests.servers import serve_asgi
+from tests.servers import child_process, serve_asgi, terminates_cleanly
 
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext
 from llmgw.agent.engines.sim import SimAdapter
@@ -449,20 +448,14 @@ async def test_cli_runs_a_fleet_until_sigterm(tmp_path: Path) -> None:
     spec.write_text("nodes: [{count: 3, class: l4-24g, gpus: 1}]\n")
     async with control_plane(tmp_path) as plane:
         assert plane.creds.join_token
-        proc = await asyncio.create_subprocess_exec(
+        async with child_process(
             sys.executable, "-m", "llmgw.cli.main", "sim", "fleet", str(spec),
             "--control-plane", plane.url, "--join-token", plane.creds.join_token,
             "--data-dir", str(tmp_path / "fleet"),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        try:
+        ) as proc:  # fmt: skip
             assert proc.stdout is not None
             line = await asyncio.wait_for(proc.stdout.readline(), 30)
             assert b"3 nodes registered" in line, line
             assert sorted(plane.cp.state.nodes) == ["l4-24g-000", "l4-24g-001", "l4-24g-002"]
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 15) == 0
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await terminates_cleanly(proc)

@@ -32,8 +32,8 @@ from pathlib import Path
 import aiohttp
 
 from llmgw import __version__ as _llmgw_version
-from llmgw.agent import pinning
 from llmgw.agent.client import ControlPlaneClient
+from llmgw.agent.discoverer import Discoverer
 from llmgw.agent.engines import default_adapters
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
@@ -142,11 +142,11 @@ class Agent:
         self.data_dir = config.data_dir
         self.bind_host = config.bind_host or config.address
         # The discoverer's Xid watch runs while the agent does.
-        self._discoverer: pinning.Discoverer | None = None
-        if isinstance(inventory_provider, pinning.Discoverer):
+        self._discoverer: Discoverer | None = None
+        if isinstance(inventory_provider, Discoverer):
             self._discoverer = inventory_provider
         elif inventory_provider is None:
-            self._discoverer = inventory_provider = pinning.Discoverer(
+            self._discoverer = inventory_provider = Discoverer(
                 config.cpu_slots, config.class_overrides, ignored_xids=config.ignored_xids
             )
         self._inventory_provider = inventory_provider

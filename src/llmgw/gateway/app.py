@@ -22,12 +22,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from llmgw import secrets, wire
+from llmgw import wire
 from llmgw.gateway import front, handler, passthrough
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
@@ -40,6 +39,7 @@ from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import Snapshot
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.usage import UsageBatcher
+from llmgw.promkit import scrape_allowed
 
 log = logging.getLogger(__name__)
 
@@ -326,12 +326,8 @@ class Gateway:
     def _metrics_allowed(self, scope: Scope) -> bool:
         # Metrics name every model and replica and show the traffic: on a
         # shared network they are for the monitoring system, not for anyone.
-        expected = self.settings.metrics_token
-        if expected is None:
-            return True
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        given = secrets.bearer(header.decode("latin-1"))
-        return given is not None and hmac.compare_digest(given, expected)
+        header = front.header(scope, b"authorization") or b""
+        return scrape_allowed(header.decode("latin-1"), self.settings.metrics_token)
 
     @staticmethod
     def _id() -> list[tuple[bytes, bytes]]:

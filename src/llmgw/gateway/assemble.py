@@ -24,8 +24,8 @@ from typing import Any
 
 import orjson
 
-from llmgw.gateway.dialect import StreamTally
-from llmgw.gateway.proxy import Usage
+from llmgw.gateway.dialect import StreamTally, indexed_choices, sse_chunks, tool_calls
+from llmgw.gateway.proxy import Usage, chat_usage
 
 
 class _Choice:
@@ -61,19 +61,9 @@ class Assembler:
 
     def add(self, block: bytes) -> None:
         """Take a block of whole SSE events (StreamRelay's ``observe``)."""
-        for line in block.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if not data.startswith(b"{"):
-                continue
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(chunk, dict):
-                self.tally.chunk(chunk)
-                self._chunk(chunk)
+        for chunk in sse_chunks(block):
+            self.tally.chunk(chunk)
+            self._chunk(chunk)
 
     def _chunk(self, chunk: dict[str, Any]) -> None:
         error = chunk.get("error")
@@ -86,14 +76,7 @@ class Assembler:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            return
-        for raw in choices:
-            if not isinstance(raw, dict):
-                continue
-            index = raw.get("index", 0)
-            index = index if isinstance(index, int) else 0
+        for index, raw in indexed_choices(chunk):
             choice = self._choices.get(index)
             if choice is None:
                 choice = self._choices[index] = _Choice()
@@ -165,19 +148,7 @@ def counted_usage(usage: Usage) -> dict[str, Any]:
 
 def usage_of(usage: dict[str, Any] | None) -> Usage:
     """What to meter of a usage object an engine reported (None: nothing)."""
-    if usage is None:
-        return Usage()
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(
-        prompt=_count(usage.get("prompt_tokens")),
-        completion=_count(usage.get("completion_tokens")),
-        cached=_count(cached),
-    )
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
+    return Usage() if usage is None else chat_usage(usage)
 
 
 def _take_delta(choice: _Choice, delta: dict[str, Any]) -> None:
@@ -193,11 +164,8 @@ def _take_delta(choice: _Choice, delta: dict[str, Any]) -> None:
         value = delta.get(key)
         if isinstance(value, str):
             pieces.append(value)
-    calls = delta.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            if isinstance(call, dict):
-                _take_tool_call(choice, call)
+    for call in tool_calls(delta):
+        _take_tool_call(choice, call)
 
 
 def _take_tool_call(choice: _Choice, call: dict[str, Any]) -> None:

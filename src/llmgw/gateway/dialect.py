@@ -34,7 +34,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,6 +136,33 @@ def mend_request(path: str, payload: dict[str, Any], mending: Mending) -> bool:
     return True
 
 
+def sse_chunks(block: bytes) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a block of whole SSE events (``data: {...}``); anything else skipped."""
+    for line in block.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if not data.startswith(b"{"):
+            continue
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(chunk, dict):
+            yield chunk
+
+
+def indexed_choices(chunk: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """A chunk's choices with their index (0 where the engine gave none or a bad one)."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return
+    for choice in choices:
+        if isinstance(choice, dict):
+            index = choice.get("index", 0)
+            yield (index if isinstance(index, int) else 0), choice
+
+
 class StreamTally:
     """The text a stream delivered, per choice, and the fields of its chunks.
 
@@ -152,18 +179,8 @@ class StreamTally:
         self.head: dict[str, Any] | None = None
 
     def add(self, block: bytes) -> None:
-        for line in block.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if not data.startswith(b"{"):
-                continue
-            try:
-                chunk = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(chunk, dict):
-                self.chunk(chunk)
+        for chunk in sse_chunks(block):
+            self.chunk(chunk)
 
     def chunk(self, chunk: dict[str, Any]) -> None:
         """Take one parsed chunk (for a caller that parsed it already)."""
@@ -174,14 +191,7 @@ class StreamTally:
                 "created": chunk.get("created"),
                 "model": chunk.get("model"),
             }
-        choices = chunk.get("choices")
-        if not isinstance(choices, list):
-            return
-        for choice in choices:
-            if not isinstance(choice, dict):
-                continue
-            index = choice.get("index", 0)
-            index = index if isinstance(index, int) else 0
+        for index, choice in indexed_choices(chunk):
             pieces = self.texts.setdefault(index, [])
             finish = choice.get("finish_reason")
             if isinstance(finish, str):
@@ -234,15 +244,22 @@ def _delta_text(delta: dict[str, Any], pieces: list[str]) -> None:
         value = delta.get(key)
         if isinstance(value, str):
             pieces.append(value)
+    for call in tool_calls(delta):
+        function = call.get("function")
+        if isinstance(function, dict):
+            for key in ("name", "arguments"):
+                value = function.get(key)
+                if isinstance(value, str):
+                    pieces.append(value)
+
+
+def tool_calls(delta: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The pieces of tool calls in a chat delta (each a part of one call, by its index)."""
     calls = delta.get("tool_calls")
     if isinstance(calls, list):
         for call in calls:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                for key in ("name", "arguments"):
-                    value = function.get(key)
-                    if isinstance(value, str):
-                        pieces.append(value)
+            if isinstance(call, dict):
+                yield call
 
 
 # What each endpoint's tokenizer counts for an empty text (BOS and the like),

@@ -10,9 +10,7 @@ registry per Gateway lets several gateways share a process (tests, `llmgw up`).
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -23,35 +21,15 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+from llmgw import promkit
+from llmgw.promkit import Histogram, filled
+
+CONTENT_TYPE = promkit.CONTENT_TYPE.encode()
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 )  # fmt: skip
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
-
-
-class _Histogram:
-    __slots__ = ("buckets", "counts", "total")
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.buckets, value)] += 1
-        self.total += value
-
-    def family_points(self) -> tuple[list[tuple[str, float]], float]:
-        points: list[tuple[str, float]] = []
-        running = 0
-        for bound, count in zip(self.buckets, self.counts, strict=False):
-            running += count
-            points.append((repr(float(bound)), running))
-        running += self.counts[-1]
-        points.append(("+Inf", running))
-        return points, self.total
 
 
 class GatewayMetrics:
@@ -61,9 +39,9 @@ class GatewayMetrics:
         self.routing: dict[tuple[str, str], int] = {}
         self.retries: dict[str, int] = {}
         self.in_flight_by: dict[str, int] = {}
-        self.ttft_by: dict[str, _Histogram] = {}
-        self.latency_by: dict[str, _Histogram] = {}
-        self.overhead_hist = _Histogram(OVERHEAD_BUCKETS)
+        self.ttft_by: dict[str, Histogram] = {}
+        self.latency_by: dict[str, Histogram] = {}
+        self.overhead_hist = Histogram(OVERHEAD_BUCKETS)
         self.config_version = 0
         self._waiting = waiting or dict
         self.registry = CollectorRegistry(auto_describe=False)
@@ -109,21 +87,11 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
-def _observe(by_model: dict[str, _Histogram], model: str, seconds: float) -> None:
+def _observe(by_model: dict[str, Histogram], model: str, seconds: float) -> None:
     histogram = by_model.get(model)
     if histogram is None:
-        histogram = by_model[model] = _Histogram(LATENCY_BUCKETS)
+        histogram = by_model[model] = Histogram(LATENCY_BUCKETS)
     histogram.observe(seconds)
-
-
-_Family = TypeVar("_Family", CounterMetricFamily, GaugeMetricFamily)
-
-
-def _filled(family: _Family, values: Mapping[str, int] | Mapping[tuple[str, str], int]) -> _Family:
-    """``family`` with one sample per entry; a key is the label value(s)."""
-    for key, value in list(values.items()):
-        family.add_metric([key] if isinstance(key, str) else list(key), value)
-    return family
 
 
 class _Exporter(Collector):
@@ -134,7 +102,7 @@ class _Exporter(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self._m
-        yield _filled(CounterMetricFamily(
+        yield filled(CounterMetricFamily(
             "llmgw_gateway_requests", "Requests answered, by model and HTTP status.",
             labels=["model", "status"],
         ), m.requests)  # fmt: skip
@@ -149,32 +117,29 @@ class _Exporter(Collector):
                 points, total = histogram.family_points()
                 family.add_metric([model], points, total)
             yield family
-        overhead = HistogramMetricFamily(
+        yield m.overhead_hist.family(
             "llmgw_gateway_overhead_seconds",
             "Time the gateway itself added (excludes the engine and on-demand waiting).",
         )
-        points, total = m.overhead_hist.family_points()
-        overhead.add_metric([], points, total)
-        yield overhead
-        yield _filled(CounterMetricFamily(
+        yield filled(CounterMetricFamily(
             "llmgw_gateway_tokens", "Tokens by model and kind (prompt, completion, cached).",
             labels=["model", "kind"],
         ), m.tokens_by)  # fmt: skip
-        yield _filled(GaugeMetricFamily(
+        yield filled(GaugeMetricFamily(
             "llmgw_gateway_in_flight", "Requests in flight upstream, by model.", labels=["model"]
         ), m.in_flight_by)  # fmt: skip
-        yield _filled(CounterMetricFamily(
+        yield filled(CounterMetricFamily(
             "llmgw_gateway_prefix_routing",
             "Routing decisions by outcome: hit (cached prefix), miss (new prefix),"
             " overloaded (a holder too busy: another replica was estimated to answer"
             " sooner), none (policy ignores prefixes).",
             labels=["model", "outcome"],
         ), m.routing)  # fmt: skip
-        yield _filled(CounterMetricFamily(
+        yield filled(CounterMetricFamily(
             "llmgw_gateway_upstream_retries", "Requests retried on another replica.",
             labels=["model"],
         ), m.retries)  # fmt: skip
-        yield _filled(GaugeMetricFamily(
+        yield filled(GaugeMetricFamily(
             "llmgw_gateway_waiting", "Requests waiting for an on-demand replica.", labels=["model"]
         ), m.waiting())  # fmt: skip
         yield GaugeMetricFamily(

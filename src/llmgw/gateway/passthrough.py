@@ -46,7 +46,7 @@ from llmgw.gateway.front import header, parse
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
 from llmgw.gateway.prefix import render_chat
-from llmgw.gateway.proxy import Usage, sse_error, usage_object
+from llmgw.gateway.proxy import EventBuffer, Usage, sse_error, usage_object
 from llmgw.gateway.responses import ApiError
 from llmgw.gateway.routing import ModelRouter, Replica
 from llmgw.gateway.types import Scope
@@ -246,28 +246,23 @@ class _Passing:
         return await answer_whole(self.call, response, prefill, before, usage_in)
 
 
-class EventRelay:
+class EventRelay(EventBuffer):
     """Passes an SSE stream on whole events at a time, noting its end, failure and usage."""
 
-    __slots__ = ("_ends", "_fails", "_pending", "ended", "failed", "usage")
+    __slots__ = ("_ends", "_fails", "ended", "failed", "usage")
 
     def __init__(self, ends: tuple[bytes, ...], fails: tuple[bytes, ...]) -> None:
+        super().__init__()
         self._ends = ends
         self._fails = fails
-        self._pending = b""
         self.ended = False
         self.failed = False
         self.usage: Usage | None = None
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
-        cut = max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
-        if cut < 0:
-            self._pending = data
+        complete = self.whole_events(chunk)
+        if not complete:
             return b""
-        self._pending = data[cut:]
-        complete = data[:cut]
         if not self.ended and any(mark in complete for mark in self._ends):
             self.ended = True
         if not self.failed and any(mark in complete for mark in self._fails):
@@ -275,10 +270,6 @@ class EventRelay:
         if any(mark in complete for mark in _USAGE_MARKS):
             self.usage = usage_in(complete) or self.usage
         return complete
-
-    def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
-        return rest
 
 
 async def _relay(

@@ -145,8 +145,11 @@ def find_usage(data: bytes) -> Usage | None:
     object and parsing only it keeps the cost independent of answer size.
     """
     usage = usage_object(data)
-    if usage is None:
-        return None
+    return None if usage is None else chat_usage(usage)
+
+
+def chat_usage(usage: dict[str, Any]) -> Usage:
+    """What to meter of a usage object in chat's shape (``prompt_tokens``...)."""
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
@@ -195,7 +198,31 @@ def _last_boundary(data: bytes) -> int:
     return max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
 
 
-class StreamRelay:
+class EventBuffer:
+    """Holds a stream's bytes until they complete an SSE event: relays pass whole events on."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def whole_events(self, chunk: bytes) -> bytes:
+        """The events ``chunk`` completes, with what was held before them (b"": none yet)."""
+        data = self._pending + chunk if self._pending else chunk
+        cut = _last_boundary(data)
+        if cut < 0:
+            self._pending = data
+            return b""
+        self._pending = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        """What is held (the end of a stream that ended mid-event)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+
+class StreamRelay(EventBuffer):
     """Passes an SSE stream through whole events at a time, noting the usage.
 
     Events are forwarded as soon as they are complete (engines write whole
@@ -215,8 +242,7 @@ class StreamRelay:
     block before it is relayed (to count what the client received).
     """
 
-    __slots__ = ("_hold_done", "_observe", "_pending", "_strip", "done", "events", "finished",
-                 "usage")  # fmt: skip
+    __slots__ = ("_hold_done", "_observe", "_strip", "done", "events", "finished", "usage")
 
     def __init__(
         self,
@@ -225,10 +251,10 @@ class StreamRelay:
         hold_done: bool = False,
         observe: Callable[[bytes], None] | None = None,
     ) -> None:
+        super().__init__()
         self._strip = strip_usage
         self._hold_done = hold_done
         self._observe = observe
-        self._pending = b""
         self.usage: Usage | None = None
         self.events = 0
         self.finished = False  # a finish reason was seen
@@ -240,13 +266,9 @@ class StreamRelay:
         return self.finished and self.done
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        cut = _last_boundary(data)
-        if cut < 0:
-            self._pending = data
+        complete = self.whole_events(chunk)
+        if not complete:
             return b""
-        self._pending = data[cut:]
-        complete = data[:cut]
         self.events += complete.count(b"data:")
         if not self.finished and (_FINISH_MARK in complete or _FINISH_MARK_SPACED in complete):
             self.finished = True
@@ -257,10 +279,6 @@ class StreamRelay:
         if _DONE_MARK in complete:
             complete = self._take_done(complete)
         return complete
-
-    def flush(self) -> bytes:
-        rest, self._pending = self._pending, b""
-        return rest
 
     def _take_done(self, block: bytes) -> bytes:
         kept: list[bytes] = []

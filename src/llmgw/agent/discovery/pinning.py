@@ -35,7 +35,7 @@ def _is_cpu(device: Device) -> bool:
 
 
 def engine_env(
-    devices: list[Device],
+    devices: Sequence[Device],
     *,
     vulkan: bool,
     vulkan_order: Sequence[str] | None = None,
@@ -69,7 +69,7 @@ def engine_env(
     return env
 
 
-def _vulkan_indices(devices: list[Device], order: Sequence[str] | None) -> list[str]:
+def _vulkan_indices(devices: Sequence[Device], order: Sequence[str] | None) -> list[str]:
     if order is None:
         return [str(d.number) for d in devices]
     position = {uuid: n for n, uuid in enumerate(order)}

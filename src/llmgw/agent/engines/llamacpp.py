@@ -19,6 +19,7 @@ import shutil
 import sys
 
 from llmgw import memory
+from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -28,7 +29,6 @@ from llmgw.agent.engines.base import (
     require_weights,
     uses_gpus,
 )
-from llmgw.agent.pinning import engine_env
 from llmgw.engine_env import (
     LLAMA_CPP_PYTHON_DROP,
     LLAMA_CPP_PYTHON_MANAGED,

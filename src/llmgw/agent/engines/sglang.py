@@ -13,6 +13,7 @@ their process runs.
 
 from __future__ import annotations
 
+from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -24,7 +25,6 @@ from llmgw.agent.engines.base import (
     require_leader,
     require_weights,
 )
-from llmgw.agent.pinning import engine_env
 from llmgw.agent.progress import SGLANG_METRICS
 from llmgw.errors import EngineError
 from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment

@@ -26,6 +26,7 @@ import re
 import shutil
 from pathlib import Path
 
+from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -35,7 +36,6 @@ from llmgw.agent.engines.base import (
     require_leader,
     require_weights,
 )
-from llmgw.agent.pinning import engine_env
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError

@@ -1,14 +1,13 @@
-"""The agent's single door to discovery: inventory and device-pinning environment.
+"""The agent's inventory provider: discovery with a memory, and the Xid watch.
 
-Discovery (``llmgw.agent.discovery``) owns the rules for reading GPUs and for
-pinning an engine to them; the agent calls it through these two names and
-nothing else, so the supervisor and the engine adapters never depend on how
-discovery is laid out inside.
+Discovery (``llmgw.agent.discovery``) owns the rules for reading GPUs; the
+agent calls it through :class:`Discoverer` and nothing else, so the agent
+never depends on how discovery is laid out inside.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from llmgw.agent.discovery import (
     LastSeen,
@@ -18,8 +17,7 @@ from llmgw.agent.discovery import (
     discover,
     ignored_xids_from_env,
 )
-from llmgw.agent.discovery import pinning as _pinning
-from llmgw.wire import Device, NodeInventory
+from llmgw.wire import NodeInventory
 
 
 class Discoverer:
@@ -69,7 +67,3 @@ class Discoverer:
         """Stop the watch; the marks stay (an in-process restart keeps them)."""
         self._watcher.stop()
 
-
-def engine_env(devices: Sequence[Device], vulkan: bool = False) -> dict[str, str]:
-    """The environment that pins an engine to ``devices``."""
-    return dict(_pinning.engine_env(list(devices), vulkan=vulkan))

@@ -1,0 +1,121 @@
+"""The base of every message, how a reader meets a newer sender, states and names.
+
+The states are fixed by DESIGN.md §3; the name and host checks guard what
+users type before it reaches URLs, log lines and engine argv.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from enum import StrEnum
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+PROTOCOL_VERSION = 1
+
+
+class Wire(BaseModel):
+    """Base for every message: unknown fields are refused, not ignored.
+
+    An agent newer than its control plane (or a typo in a catalog entry)
+    should fail loudly with the field's name rather than lose the setting.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
+
+
+_W = TypeVar("_W", bound=Wire)
+
+
+def read_from_newer(kind: type[_W], body: bytes | str) -> tuple[_W, list[str]]:
+    """``body`` as ``kind``, tolerating fields added by a newer sender; and their names.
+
+    The control plane is upgraded before its agents and gateways (docs/
+    operations.md), so for a while it answers them with fields they do not
+    know. Refusing those answers, as :class:`Wire` refuses everything else,
+    would stop every node mid-upgrade; the reader ignores them instead and
+    names them, so the caller can say once that it is older than its
+    control plane. Any other fault still raises ``pydantic.ValidationError``.
+    """
+    try:
+        return kind.model_validate_json(body), []
+    except ValidationError as exc:
+        errors = exc.errors()
+        unknown = [".".join(map(str, e["loc"])) for e in errors if e["type"] == "extra_forbidden"]
+        if len(unknown) != len(errors):
+            raise
+    return kind.model_validate_json(body, extra="ignore"), unknown
+
+
+# States (fixed by DESIGN.md §3).
+
+
+class NodeState(StrEnum):
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    UNREACHABLE = "unreachable"
+
+
+class ReplicaState(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+class EngineKind(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    LLAMACPP = "llamacpp"
+    SIM = "sim"
+    # Not run by llmgw: servers that already exist (ModelSpec.external).
+    EXTERNAL = "external"
+
+
+# Node and fabric names reach URLs (``/admin/v1/nodes/NAME``), log lines,
+# tables in ``llmgw ctl`` and the console: a narrower alphabet than model
+# names (no ``/``, ``:``, ``@``, no brackets), so none of them can split a URL
+# path, pass for Rich markup or HTML, or be mistaken for an option.
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NODE_NAME_RE = re.compile(NODE_NAME_PATTERN)
+_HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
+
+
+def check_node_name(value: str, what: str = "node name") -> str:
+    """``value`` if it is a valid node or fabric name; ValueError saying why not."""
+    if not _NODE_NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid {what}: use letters, digits and . _ -, starting"
+            " with a letter or digit, at most 128 characters"
+        )
+    return value
+
+
+def check_host(value: str) -> str:
+    """``value`` if it is a bare host name or IP address; ValueError saying why not.
+
+    A node's address is where the gateway sends prompts and peers send the
+    peer token; it goes between ``http://`` and ``:port``, so a scheme, a
+    port, a path or user info in it would aim those requests somewhere else.
+    """
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    labels = value.split(".")
+    if len(value) > 253 or not all(_HOST_LABEL_RE.match(label) for label in labels):
+        raise ValueError(
+            f"{value!r} is not a host name or IP address (no scheme, port, path or user"
+            " info; e.g. 10.0.0.5 or gpu-01.example.com)"
+        )
+    return value
+
+
+def host_in_url(address: str) -> str:
+    """The address as it goes between ``scheme://`` and ``:port`` (IPv6 bracketed)."""
+    return f"[{address}]" if ":" in address else address
+

@@ -1,0 +1,117 @@
+"""Routing table (control plane -> gateway), load and usage (gateway -> control plane)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from llmgw.wire.base import Wire
+from llmgw.wire.catalog import ENV_NAME_PATTERN, EngineDialect, RoutingPolicy
+from llmgw.wire.replicas import EngineKey
+
+
+class Endpoint(Wire):
+    replica_id: str
+    url: str  # base URL of the engine's OpenAI API, without /v1
+    kv_capacity_tokens: int = 32768
+    # What the gateway mends for this engine; None: an agent too old to say,
+    # served unmended as before. Per endpoint, not per model: one model may
+    # run as llama-server on one node and llama_cpp.server on another.
+    dialect: EngineDialect | None = None
+    # What the gateway sends as ``Authorization: Bearer`` to this engine
+    # (ReplicaAssignment.engine_key); never passed on to a client.
+    engine_key: EngineKey | None = Field(None, repr=False)
+    # A server llmgw does not run (ModelSpec.external): the gateway probes
+    # it itself and takes it out of routing while it is down.
+    external: bool = False
+    # The environment variable, on the gateway, that holds the key to send
+    # (ExternalSpec.api_key_env): the name travels, never the key.
+    api_key_env: str | None = Field(None, pattern=ENV_NAME_PATTERN)
+
+
+class ModelRoute(Wire):
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    on_demand: bool = False
+    routing: RoutingPolicy = "prefix"
+    # The engine's own name for the model (what goes into the upstream body).
+    served_name: str
+    endpoints: list[Endpoint] = Field(default_factory=list)
+    parked: bool = False
+    parked_reason: str | None = None
+    # The catalog's max_output_tokens (see ModelSpec).
+    max_output_tokens: int | None = None
+
+
+class RoutingTable(Wire):
+    """Everything the gateway needs to route, as one versioned snapshot.
+
+    Snapshots, not deltas: a gateway that missed an update is healed by the
+    next one, and one that loses the control plane keeps the last it had.
+    """
+
+    version: int
+    models: list[ModelRoute] = Field(default_factory=list)
+    # PEM of the CA that signs node certificates, which the https:// endpoints
+    # of engines llmgw runs present (not external ones: the system's CAs
+    # verify those); None in a fleet that issues none.
+    engine_ca: str | None = None
+
+
+class ReplicaLoad(Wire):
+    replica_id: str
+    in_flight: int = 0
+    last_request_at: float | None = None  # unix time
+    requests: int = 0  # since the last report
+    # An external endpoint (Endpoint.external) as this gateway's probes see
+    # it: True up, False down (``reason`` says why), None never probed yet
+    # or not external.
+    up: bool | None = None
+    reason: str | None = Field(None, max_length=500)
+
+
+class GatewayLoadReport(Wire):
+    gateway_id: str
+    replicas: list[ReplicaLoad] = Field(default_factory=list)
+    # Models with requests waiting for a replica (on-demand start), with how
+    # many are waiting.
+    waiting: dict[str, int] = Field(default_factory=dict)
+
+
+class DemandRequest(Wire):
+    """The gateway asks for a replica of an on-demand model."""
+
+    model: str
+
+
+class UsageRecord(Wire):
+    """Usage of one key on one model in one minute."""
+
+    minute: int  # unix time // 60 * 60
+    key_id: str
+    model: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+
+
+class ApiKeyInfo(Wire):
+    """An API key as the gateway needs it: the hash, never the secret."""
+
+    key_id: str
+    name: str = ""
+    secret_hash: str
+    models: list[str] = Field(default_factory=list)  # empty: all models
+    expires_at: float | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    revoked: bool = False
+
+
+class GatewayConfig(Wire):
+    """Keys and routing, as a standalone gateway's watch stream sends them."""
+
+    routing: RoutingTable
+    keys: list[ApiKeyInfo] = Field(default_factory=list)
+
