@@ -45,6 +45,8 @@ from llmgw.control.gcpause import paused_gc
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Store
+from llmgw.serving import start_server
+from llmgw.sim.benchstats import percentile
 from llmgw.wire import (
     Device,
     DownloadProgress,
@@ -178,9 +180,7 @@ async def _serve(app: FastAPI) -> tuple[uvicorn.Server, asyncio.Task[None], str]
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                            access_log=False, http="httptools"))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
-        await asyncio.sleep(0.01)
+    task = await start_server(server, [sock])
     return server, task, f"http://127.0.0.1:{port}"
 
 
@@ -238,8 +238,7 @@ def _count_full_collections(phase: str, info: dict[str, Any]) -> None:
 
 
 def _p(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return percentile(values, q * 100) or 0.0
 
 
 async def run(nodes: int, gpus: int, calls: int) -> dict[str, Any]:

@@ -51,6 +51,8 @@ from typing import Any, cast
 import psutil
 import uvloop
 
+from llmgw.sim.benchstats import percentile
+
 MODEL = "bench"
 KEY = "sk-llmgw-bench-0123456789abcdefghijklmnopqrstuv"
 REQUEST_BODY = json.dumps(
@@ -195,6 +197,7 @@ async def _run_gateway(upstream_url: str) -> None:
     from llmgw.cli.httpserver import server_config
     from llmgw.gateway.app import Gateway, freeze_startup_objects
     from llmgw.gateway.link import MemoryLink
+    from llmgw.serving import start_server
 
     logging.basicConfig(level=logging.WARNING)
     config = wire.GatewayConfig(
@@ -226,11 +229,7 @@ async def _run_gateway(upstream_url: str) -> None:
     served.load()
     freeze_startup_objects()
     server = uvicorn.Server(served)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
+    task = await start_server(server, [sock])
     print(sock.getsockname()[1], flush=True)
     await task
 
@@ -298,10 +297,8 @@ class Phase:
     late_sends: int = 0
 
     def pct(self, q: float, values: list[float] | None = None) -> float:
-        data = sorted(self.latencies_ms if values is None else values)
-        if not data:
-            return float("nan")
-        return data[min(len(data) - 1, int(q * len(data)))]
+        value = percentile(self.latencies_ms if values is None else values, q * 100)
+        return float("nan") if value is None else value
 
     @property
     def achieved(self) -> float:

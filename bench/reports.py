@@ -46,6 +46,7 @@ from llmgw.control.scheduler import fleetgen
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.state import FleetState
 from llmgw.control.store.repo import Store
+from llmgw.sim.benchstats import percentile
 from llmgw.wire import AgentReport, NodeState, ReplicaState, ReplicaStatus
 
 TARGET_REPORTS_PER_S = 2000.0
@@ -230,7 +231,7 @@ def measure(url: str | None, args: argparse.Namespace) -> dict[str, Any]:
         "reports": count,
         "reports_per_s": count / result["elapsed"],
         "p50_ms": statistics.median(latencies),
-        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+        "p99_ms": percentile(latencies, 99),
         "max_ms": latencies[-1],
         # The control plane's own CPU per report (its process, every thread),
         # over the whole client run (the warm-up round included).

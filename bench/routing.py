@@ -238,6 +238,7 @@ async def _serve_gateways(routes: list[dict[str, Any]]) -> None:
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.link import MemoryLink
     from llmgw.gateway.settings import GatewaySettings
+    from llmgw.serving import start_server
 
     servers = []
     gateways = []
@@ -265,12 +266,7 @@ async def _serve_gateways(routes: list[dict[str, Any]]) -> None:
                 loop="none", http="httptools", ws="none",
             )
         )  # fmt: skip
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
-        servers.append((server, task))
+        servers.append((server, await start_server(server, [sock])))
         gateways.append(gateway)
         print(f"gateway listening on http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
     stopped = asyncio.Event()

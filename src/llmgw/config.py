@@ -39,12 +39,3 @@ def ensure_data_dir(path: Path) -> Path:
 def sqlite_url(data_dir: Path) -> str:
     return f"sqlite+aiosqlite:///{data_dir / 'llmgw.db'}"
 
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypedDict, TypeVar, Unpack
+from typing import TypeVar
 
 import aiohttp
 from pydantic import ValidationError as PydanticValidationError
@@ -36,16 +36,6 @@ _W = TypeVar("_W", bound=Wire)
 # An error body is logged and shown; one from a proxy in between may be a
 # whole HTML page.
 MESSAGE_LIMIT = 500
-
-
-class RequestOptions(TypedDict, total=False):
-    """What a call may add to its method and path: see :meth:`LeaderFinder.request`."""
-
-    data: bytes | str | None
-    headers: Mapping[str, str] | None
-    params: Callable[[str], Mapping[str, int | str]] | None
-    limits: aiohttp.ClientTimeout | None
-    once_each: bool
 
 
 class ControlPlaneCaller:
@@ -67,16 +57,23 @@ class ControlPlaneCaller:
         *,
         credential: str,
         refused: str = "the message",
-        **options: Unpack[RequestOptions],
+        data: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Callable[[str], Mapping[str, int | str]] | None = None,
+        limits: aiohttp.ClientTimeout | None = None,
+        once_each: bool = False,
     ) -> Answer:
         """The leader's answer to one call, when it took it (a 2xx status).
 
         ``credential`` names what a 401/403 refused ("node token"), and
-        ``refused`` what a 422 refused, for the error's sentence; ``options``
-        go to :meth:`LeaderFinder.request`.
+        ``refused`` what a 422 refused, for the error's sentence. The rest
+        goes to :meth:`LeaderFinder.request`.
         """
         await self._trust_from_now_on(session)
-        answer = await self.leader.request(session, method, path, **options)
+        answer = await self.leader.request(
+            session, method, path, data=data, headers=headers, params=params, limits=limits,
+            once_each=once_each,
+        )
         where = f"{method} {answer.url}{path}"
         status = answer.status
         if status in (401, 403):

@@ -1,4 +1,4 @@
-"""Small pieces the parts share for their /metrics: a cheap histogram, the token check.
+"""Small pieces the parts share for metrics: a cheap histogram, the token check, a page read.
 
 prometheus_client's own metric objects take a lock and check labels on every
 update; the parts of llmgw count from one event loop, so an observation here
@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hmac
 from bisect import bisect_left
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 
 from llmgw import secrets
 
@@ -75,3 +76,24 @@ def scrape_allowed(authorization: str | None, expected: str | None) -> bool:
         return True
     given = secrets.bearer(authorization)
     return given is not None and hmac.compare_digest(given, expected)
+
+
+def sum_samples(text: str, names: Iterable[str]) -> dict[str, float]:
+    """Each named sample's value summed over its label sets, from a page in the text format.
+
+    Only the lines that begin with a wanted name go to prometheus_client's
+    parser: an engine's page is mostly histograms nobody here reads, so this
+    keeps a scrape cheap (the agent reads every engine's page at each liveness
+    interval), and a line of another series cannot make the page unreadable.
+    A name with no sample is absent from the result; a wanted line the parser
+    cannot read raises ValueError.
+    """
+    wanted = set(names)
+    prefixes = tuple(wanted)
+    lines = [line for line in text.splitlines() if line.startswith(prefixes)]
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families("\n".join(lines)):
+        for sample in family.samples:
+            if sample.name in wanted:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals

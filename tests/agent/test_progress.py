@@ -78,7 +78,7 @@ def test_only_the_named_series_are_read_and_summed_over_labels() -> None:
     ("page", "message"),
     [
         ("vllm:num_requests_running 1\n", "no vllm:prompt_tokens_total in the metrics"),
-        ('vllm:num_requests_running{a="1" 1\n', "unclosed labels"),
+        ('vllm:num_requests_running{a="1" 1\n', "bad value or labels"),
         ("vllm:num_requests_running{} many\n", "bad value"),
         ("vllm:num_requests_running NaN\n", "is NaN"),
     ],

@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmgw.agent.liveness import Liveness
+from llmgw.promkit import sum_samples
 
 # vLLM's /metrics is a few hundred lines of histograms; one scrape reads only
 # the lines of the three series it needs, so a cap on the body is enough.
@@ -123,51 +124,14 @@ def read_progress(text: str, metrics: ProgressMetrics) -> tuple[float, tuple[flo
 
 
 def _sum_series(text: str, wanted: set[str]) -> dict[str, float]:
-    """Only lines that start with a wanted name are parsed."""
-    totals: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        cut = _name_end(line)
-        name = line[:cut]
-        if name not in wanted:
-            continue
-        rest = line[cut:]
-        if rest.startswith("{"):
-            rest = rest[_labels_end(rest, line) :]
-        fields = rest.split()
-        if not fields:
-            raise MetricsError(f"metric line without a value: {line[:200]!r}")
-        try:
-            value = float(fields[0])
-        except ValueError:
-            raise MetricsError(f"metric line with a bad value: {line[:200]!r}") from None
+    try:
+        totals = sum_samples(text, wanted)
+    except ValueError as exc:
+        raise MetricsError(f"metric line with a bad value or labels: {exc}") from None
+    for name, value in totals.items():
         if math.isnan(value):
             raise MetricsError(f"metric {name} is NaN")
-        totals[name] = totals.get(name, 0.0) + value
     return totals
-
-
-def _name_end(line: str) -> int:
-    for index, ch in enumerate(line):
-        if ch in "{ \t":
-            return index
-    return len(line)
-
-
-def _labels_end(rest: str, line: str) -> int:
-    """Index just past the ``}`` closing the label set; quoted values may hold ``}``."""
-    quoted = escaped = False
-    for index, ch in enumerate(rest):
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = quoted
-        elif ch == '"':
-            quoted = not quoted
-        elif ch == "}" and not quoted:
-            return index + 1
-    raise MetricsError(f"metric line with unclosed labels: {line[:200]!r}")
 
 
 class StallWatch:

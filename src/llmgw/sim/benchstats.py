@@ -11,6 +11,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from llmgw.promkit import sum_samples
+
 # The engines' counters (prometheus-client adds _total to counter names).
 HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
@@ -88,20 +90,9 @@ def output_rate(results: Iterable[RequestResult], start: float, end: float) -> f
 
 
 def parse_counters(text: str, names: Iterable[str] = (HITS, QUERIES)) -> dict[str, float]:
-    """Sum of each named metric over its label sets, from Prometheus text format."""
-    wanted = set(names)
-    totals = dict.fromkeys(wanted, 0.0)
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, value = line.rpartition(" ")
-        name = name_part.split("{", 1)[0].strip()
-        if name in wanted:
-            try:
-                totals[name] += float(value)
-            except ValueError:
-                continue
-    return totals
+    """Sum of each named metric over its label sets, from Prometheus text format (0 if absent)."""
+    wanted = tuple(names)
+    return {**dict.fromkeys(wanted, 0.0), **sum_samples(text, wanted)}
 
 
 def hit_rate(before: Mapping[str, float], after: Mapping[str, float]) -> float | None:
