@@ -30,8 +30,8 @@ import openai
 import pytest
 from tests.sim.test_fleet import Plane, control_plane, gateway_for
 
-from llmgw.control import service
 from llmgw.control import state as state_module
+from llmgw.control.services import agents as agents_service
 from llmgw.sim.fleet import Fleet, start_fleet
 from llmgw.sim.fleetspec import parse_fleet_spec
 from llmgw.wire import ReplicaState
@@ -153,7 +153,7 @@ async def node_kill(tmp_path: Path, *, workers: int = 4, settle_s: float = 2.0) 
 @pytest.fixture
 def short_graces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(state_module, "UNREACHABLE_AFTER_S", 3.0)
-    monkeypatch.setattr(service, "REPORT_INTERVAL_S", 0.5)
+    monkeypatch.setattr(agents_service, "REPORT_INTERVAL_S", 0.5)
 
 
 @pytest.mark.usefixtures("short_graces")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
 import aiohttp
 from pydantic import ValidationError as PydanticValidationError
@@ -36,6 +36,16 @@ _W = TypeVar("_W", bound=Wire)
 # An error body is logged and shown; one from a proxy in between may be a
 # whole HTML page.
 MESSAGE_LIMIT = 500
+
+
+class RequestOptions(TypedDict, total=False):
+    """What a call may add to its method and path: see :meth:`LeaderFinder.request`."""
+
+    data: bytes | str | None
+    headers: Mapping[str, str] | None
+    params: Callable[[str], Mapping[str, int | str]] | None
+    limits: aiohttp.ClientTimeout | None
+    once_each: bool
 
 
 class ControlPlaneCaller:
@@ -57,23 +67,16 @@ class ControlPlaneCaller:
         *,
         credential: str,
         refused: str = "the message",
-        data: bytes | str | None = None,
-        headers: Mapping[str, str] | None = None,
-        params: Callable[[str], Mapping[str, int | str]] | None = None,
-        limits: aiohttp.ClientTimeout | None = None,
-        once_each: bool = False,
+        **options: Unpack[RequestOptions],
     ) -> Answer:
         """The leader's answer to one call, when it took it (a 2xx status).
 
         ``credential`` names what a 401/403 refused ("node token"), and
-        ``refused`` what a 422 refused, for the error's sentence. The rest
-        goes to :meth:`LeaderFinder.request`.
+        ``refused`` what a 422 refused, for the error's sentence; ``options``
+        go to :meth:`LeaderFinder.request`.
         """
         await self._trust_from_now_on(session)
-        answer = await self.leader.request(
-            session, method, path, data=data, headers=headers, params=params, limits=limits,
-            once_each=once_each,
-        )
+        answer = await self.leader.request(session, method, path, **options)
         where = f"{method} {answer.url}{path}"
         status = answer.status
         if status in (401, 403):

@@ -178,7 +178,7 @@ def test_keys_create_list_revoke(served: Served) -> None:
 
 def test_usage(served: Served) -> None:
     minute = int(time.time()) // 60 * 60
-    served.call(lambda: served.cp.record_usage([
+    served.call(lambda: served.cp.gateways.record_usage([
         UsageRecord(minute=minute, key_id="k1", model="llama", requests=3, prompt_tokens=30),
     ]))
     out = ok(run(served, "usage"))

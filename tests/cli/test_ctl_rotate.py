@@ -42,7 +42,7 @@ def standby_accepts(served: Served, admin: str, gateway: str) -> tuple[bool, boo
     async def load() -> tuple[bool, bool]:
         standby = ControlPlane(served.cp.store)
         await standby.load()
-        return standby.is_admin(admin), standby.is_gateway(gateway)
+        return standby.credentials.is_admin(admin), standby.credentials.is_gateway(gateway)
 
     return served.call(load)
 

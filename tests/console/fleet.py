@@ -146,11 +146,11 @@ async def build(cp: ControlPlane, join_token: str) -> Fleet:
     for name in [*invs, "gpu-c1"]:
         devices = invs[name][1] if name in invs else [card(name, 0, A100, "a100-80g", temp=30,
                                                            power=60.0)]
-        answer = await cp.register(AgentRegistration(
+        answer = await cp.nodes.register(AgentRegistration(
             node=name, join_token=join_token,
             inventory=NodeInventory(hostname=name, source="fake", devices=devices)))
         tokens[name] = answer.node_token
-    await cp.put_models(MODELS)
+    await cp.catalog.put(MODELS)
     replicas = [
         # Idle: ready an hour ago, last asked for 25 minutes ago.
         _replica("r-chat-1", "chat-small", "gpu-a1", [mig_number(0, 0)], ReplicaState.READY,
@@ -171,8 +171,8 @@ async def build(cp: ControlPlane, join_token: str) -> Fleet:
     # What the scheduler would have said on its last pass (memory only).
     cp.state.models["big-model"].unplaceable_reason = UNPLACEABLE_REASON
     await report_all(cp, tokens)
-    key_ids = [k.key_id for k in cp.list_api_keys()]
-    second, _ = await cp.create_api_key(name="batch jobs")
+    key_ids = [k.key_id for k in cp.keys.all()]
+    second, _ = await cp.keys.create(name="batch jobs")
     key_ids.append(second.key_id)
     minute = int(now) // 60 * 60
     usage = []
@@ -186,7 +186,7 @@ async def build(cp: ControlPlane, join_token: str) -> Fleet:
         if i % 5 == 0:
             usage.append(UsageRecord(minute=minute - 60 * i, key_id=key_ids[1], model="embed",
                                      requests=3, prompt_tokens=500, completion_tokens=20))
-    await cp.record_usage(usage)
+    await cp.gateways.record_usage(usage)
     return Fleet(cp=cp, node_tokens=tokens, key_ids=key_ids)
 
 
@@ -195,9 +195,9 @@ async def report_all(cp: ControlPlane, tokens: dict[str, str]) -> None:
     now = time.time()
     per_node = statuses(now)
     for name, (fabrics, devices) in inventories().items():
-        node = cp.node_for_token(tokens[name])
+        node = cp.nodes.for_token(tokens[name])
         weights = [WeightsEntry(model="chat-small")] if name == "gpu-a1" else []
-        await cp.report(node, AgentReport(
+        await cp.agents.report(node, AgentReport(
             node=name, fabrics=fabrics, weights=weights, replicas=per_node.get(name, []),
             inventory=NodeInventory(hostname=name, source="fake", driver_version="550.54.15",
                                     devices=devices)))

@@ -287,7 +287,7 @@ async def test_models_page_and_apply_with_inline_errors(
     await expect(page.locator("#apply-result")).to_contain_text("Applied")
     await expect(page.locator('#model-list tr[data-model="new-model"]')).to_be_visible()
     assert "new-model" in {m["name"] for m in await console.get("/models")}
-    await console.fleet.cp.delete_model("new-model")
+    await console.fleet.cp.catalog.delete("new-model")
 
 
 async def test_replicas_page(console: Console, watched: Watched, shots: Path) -> None:
@@ -474,11 +474,11 @@ async def test_pages_update_live_and_pause_while_hidden(
     cordoned = page.locator("#node-totals .stat").filter(has_text="cordoned").locator(".stat-value")
     await expect(cordoned).to_have_text("0")
     # A change made elsewhere (ctl, another console) shows up without a reload.
-    await console.fleet.cp.set_node_state("gpu-b2", NodeState.CORDONED)
+    await console.fleet.cp.nodes.set_state("gpu-b2", NodeState.CORDONED)
     try:
         await expect(cordoned).to_have_text("1", timeout=8000)
     finally:
-        await console.fleet.cp.set_node_state("gpu-b2", NodeState.READY)
+        await console.fleet.cp.nodes.set_state("gpu-b2", NodeState.READY)
 
     # Hidden tab: no polling at all.
     await page.evaluate(
@@ -554,11 +554,11 @@ async def test_models_page_shows_an_external_models_urls_and_their_health(
         {"name": "team-vllm", "external": {"urls": urls, "model": "meta/llama-x",
                                            "api_key_env": "TEAM_VLLM_KEY"}}
     )  # fmt: skip
-    await cp.put_models([spec])
+    await cp.catalog.put([spec])
     loads = [ReplicaLoad(replica_id=endpoint_id("team-vllm", urls[0]), up=True),
              ReplicaLoad(replica_id=endpoint_id("team-vllm", urls[1]), up=False,
                          reason="connect to api.example.com:443: refused")]  # fmt: skip
-    await cp.record_load(GatewayLoadReport(gateway_id="g1", replicas=loads))
+    await cp.gateways.record_load(GatewayLoadReport(gateway_id="g1", replicas=loads))
     try:
         page = watched.page
         await sign_in(console, page, "#/models")
@@ -574,4 +574,4 @@ async def test_models_page_shows_an_external_models_urls_and_their_health(
         await expect(row).to_contain_text("refused")
         await row.screenshot(path=shots / "models-external.png")
     finally:
-        await cp.delete_model("team-vllm")
+        await cp.catalog.delete("team-vllm")

@@ -23,7 +23,7 @@ async def test_the_reconciler_is_woken_while_the_demand_is_still_being_written(
     try:
         cp = ControlPlane(store)
         await cp.load()
-        await cp.put_models([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"],
+        await cp.catalog.put([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"],
                                        min_replicas=0, max_replicas=1)])
         await cp.wait_for_wakeup(0.01)  # the catalog change's wake-up, consumed
         release = asyncio.Event()
@@ -34,7 +34,7 @@ async def test_the_reconciler_is_woken_while_the_demand_is_still_being_written(
             await real(*args, **kwargs)
 
         cp.writes.upsert_models = slow_write  # type: ignore[method-assign]
-        demand = asyncio.create_task(cp.demand("m"))
+        demand = asyncio.create_task(cp.catalog.demand("m"))
         # The write is held: the pass must be free to start anyway.
         await asyncio.wait_for(cp.wait_for_wakeup(5.0), 2.0)
         assert not demand.done()

@@ -107,8 +107,8 @@ async def test_the_routing_table_names_each_url_and_the_upstreams_name(
 ) -> None:
     monkeypatch.setenv("TEAM_VLLM_KEY", "sk-upstream-secret-value")
     (spec,) = parse_models(ISSUE)
-    await cp.put_models([spec])
-    (route,) = cp.gateway_config().routing.models
+    await cp.catalog.put([spec])
+    (route,) = cp.gateways.config().routing.models
     assert route.served_name == "meta-llama/Llama-3.1-8B-Instruct" and route.name == "team-vllm"
     assert [e.url for e in route.endpoints] == URLS
     for endpoint in route.endpoints:
@@ -117,7 +117,7 @@ async def test_the_routing_table_names_each_url_and_the_upstreams_name(
         # No dialect declared: OpenAI's, so streams are asked for their usage.
         assert endpoint.dialect == EngineDialect()
     # The control plane never reads the variable: its value is nowhere.
-    assert "sk-upstream-secret-value" not in cp.gateway_config().model_dump_json()
+    assert "sk-upstream-secret-value" not in cp.gateways.config().model_dump_json()
     assert "sk-upstream-secret-value" not in str(await cp.store.list_models())
 
 
@@ -146,7 +146,7 @@ async def test_health_from_the_gateways_reads_in_the_views_and_the_summary(
     cp: ControlPlane,
 ) -> None:
     (spec,) = parse_models(ISSUE)
-    await cp.put_models([spec, ModelSpec(name="m", engine="sim", min_replicas=0)])
+    await cp.catalog.put([spec, ModelSpec(name="m", engine="sim", min_replicas=0)])
     record = cp.state.models["team-vllm"]
 
     def view(later: float = 0.0) -> tuple[int, int, int, str | None, list[str]]:
@@ -155,19 +155,19 @@ async def test_health_from_the_gateways_reads_in_the_views_and_the_summary(
 
     # No gateway has looked yet.
     assert view() == (2, 0, 2, None, ["unknown", "unknown"])
-    await cp.record_load(_report("g1", True, url=URLS[0]))
-    await cp.record_load(_report("g1", False, "unreachable: connection refused"))
+    await cp.gateways.record_load(_report("g1", True, url=URLS[0]))
+    await cp.gateways.record_load(_report("g1", False, "unreachable: connection refused"))
     assert view() == (2, 1, 0, f"{URLS[1]} is down: unreachable: connection refused",
                       ["up", "down"])  # fmt: skip
     summary = fleet_summary(cp.state, time.time(), StoreStatus([]))
     assert (summary.models.total, summary.models.short) == (2, 1)
     assert summary.unplaceable == []  # nothing to place: it is short of URLs up
     # Another gateway reaches it: up, since it can be routed to from there.
-    await cp.record_load(_report("g2", True))
+    await cp.gateways.record_load(_report("g2", True))
     assert view()[4] == ["up", "up"]
     assert fleet_summary(cp.state, time.time(), StoreStatus([])).models.short == 0
     # Reports from gateways gone quiet stop counting.
     assert view(later=STALE_AFTER_S + 1)[4] == ["unknown", "unknown"]
     # Probes of URLs no longer listed (an older config's) are ignored.
-    await cp.record_load(_report("g1", False, url="http://10.9.9.9:1"))
+    await cp.gateways.record_load(_report("g1", False, url="http://10.9.9.9:1"))
     assert set(record.endpoint_health) == set(URLS)

@@ -65,18 +65,18 @@ async def leading(url: str) -> AsyncIterator[Fleet]:
         await cp.load()
         creds = await cp.ensure_credentials(first_api_key=False)
         assert creds.join_token
-        await cp.put_models([ModelSpec(name="m", engine="sim"),
+        await cp.catalog.put([ModelSpec(name="m", engine="sim"),
                              ModelSpec(name="parked", engine="sim")])
         cp.state.models["parked"].parked = True
         await cp.writes.upsert_models([model_row(cp.state.models["parked"])])
-        await cp.register(AgentRegistration(node="n1", join_token=creds.join_token,
+        await cp.nodes.register(AgentRegistration(node="n1", join_token=creds.join_token,
                                             agent_key=KEY))
         replica = ReplicaRecord(id="r1", model="m", created_at=time.time(),
                                 shards=[ShardAssignment(node="n1", device_numbers=[0])],
                                 state=ReplicaState.READY, port=30001)
         cp.state.replicas["r1"] = replica
         await cp.writes.write_replicas([replica_row(replica)])
-        info, _ = await cp.create_api_key(name="k")
+        info, _ = await cp.keys.create(name="k")
         yield Fleet(cp, rival, creds.join_token, info.key_id, stale)
     finally:
         await rival.close()
@@ -116,13 +116,13 @@ Write = Callable[[Fleet], Awaitable[object]]
 
 def _report(f: Fleet) -> Awaitable[object]:
     node = f.cp.state.nodes["n1"]
-    return f.cp.report(node, AgentReport(node="n1", address="10.0.0.9",
+    return f.cp.agents.report(node, AgentReport(node="n1", address="10.0.0.9",
                                          inventory=NodeInventory(hostname="n1")))
 
 
 async def _heartbeats(f: Fleet) -> None:
-    f.cp._pending_heartbeats["n1"] = time.time()
-    await f.cp.flush_heartbeats()
+    f.cp.agents._pending_heartbeats["n1"] = time.time()
+    await f.cp.agents.flush_heartbeats()
 
 
 async def _reconcile_pass(f: Fleet) -> None:
@@ -132,23 +132,23 @@ async def _reconcile_pass(f: Fleet) -> None:
 
 async def _replica_activity(f: Fleet) -> None:
     f.cp.state.replicas["r1"].in_flight = 2
-    await f.cp.flush_activity()
+    await f.cp.replicas.flush_activity()
 
 
 WRITES: dict[str, Write] = {
-    "put_models": lambda f: f.cp.put_models([ModelSpec(name="late", engine="sim")]),
-    "delete_model": lambda f: f.cp.delete_model("m"),
-    "unpark": lambda f: f.cp.unpark("parked"),
-    "set_node_state": lambda f: f.cp.set_node_state("n1", NodeState.CORDONED),
-    "delete_node": lambda f: f.cp.delete_node("n1"),
-    "drain_replica": lambda f: f.cp.drain_replica("r1"),
-    "create_api_key": lambda f: f.cp.create_api_key(name="late"),
-    "revoke_api_key": lambda f: f.cp.revoke_api_key(f.key_id),
-    "rotate_join_token": lambda f: f.cp.rotate_join_token(),
-    "register": lambda f: f.cp.register(AgentRegistration(
+    "put_models": lambda f: f.cp.catalog.put([ModelSpec(name="late", engine="sim")]),
+    "delete_model": lambda f: f.cp.catalog.delete("m"),
+    "unpark": lambda f: f.cp.catalog.unpark("parked"),
+    "set_node_state": lambda f: f.cp.nodes.set_state("n1", NodeState.CORDONED),
+    "delete_node": lambda f: f.cp.nodes.delete("n1"),
+    "drain_replica": lambda f: f.cp.replicas.drain("r1"),
+    "create_api_key": lambda f: f.cp.keys.create(name="late"),
+    "revoke_api_key": lambda f: f.cp.keys.revoke(f.key_id),
+    "rotate_join_token": lambda f: f.cp.credentials.rotate_join_token(),
+    "register": lambda f: f.cp.nodes.register(AgentRegistration(
         node="n2", join_token=f.join_token, agent_key=KEY)),
     "report": _report,
-    "demand": lambda f: f.cp.demand("m"),
+    "demand": lambda f: f.cp.catalog.demand("m"),
     "heartbeats": _heartbeats,
     "replica_activity": _replica_activity,
     "event": lambda f: f.cp.event("note", "x", "a late note"),
@@ -180,7 +180,8 @@ async def test_usage_is_kept_even_from_a_deposed_instance(pg_database_url: str) 
     # standby's own gateway records them too (llmgw.control.writes).
     async with leading(pg_database_url) as fleet:
         await fleet.rival.bump_epoch()
-        await fleet.cp.record_usage([UsageRecord(minute=60, key_id="k", model="m", requests=3)])
+        await fleet.cp.gateways.record_usage(
+            [UsageRecord(minute=60, key_id="k", model="m", requests=3)])
         assert [r["requests"] for r in await fleet.cp.store.query_usage()] == [3]
         assert fleet.cp.is_leader and fleet.stale == []
 

@@ -1,6 +1,6 @@
 """The routing table reuses what did not change, and shows everything that did.
 
-ControlPlane.gateway_config keeps each endpoint and each model's route from
+Gateways.config keeps each endpoint and each model's route from
 the last table while what it was built from is unchanged (at 10,000
 replicas, rebuilding every object on every change took most of the control
 plane's CPU); a change to a replica, a node or a catalog entry must still
@@ -23,7 +23,7 @@ async def test_unchanged_routes_are_reused_and_changes_show(tmp_path: Path) -> N
     try:
         cp = ControlPlane(store)
         await cp.load()
-        await cp.put_models([ModelSpec(name="a", engine="sim"), ModelSpec(name="b", engine="sim")])
+        await cp.catalog.put([ModelSpec(name="a", engine="sim"), ModelSpec(name="b", engine="sim")])
         now = time.time()
         for name in ("n1", "n2"):
             cp.state.nodes[name] = NodeRecord(name=name, registered_at=now, last_seen=now,
@@ -35,7 +35,7 @@ async def test_unchanged_routes_are_reused_and_changes_show(tmp_path: Path) -> N
                 shards=[ShardAssignment(node=node, device_numbers=[0])])
 
         def table() -> dict[str, ModelRoute]:
-            return {r.name: r for r in cp.gateway_config().routing.models}
+            return {r.name: r for r in cp.gateways.config().routing.models}
 
         async def changed() -> dict[str, ModelRoute]:
             await cp.state.bump_routing()

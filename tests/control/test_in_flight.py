@@ -32,13 +32,13 @@ def test_a_quiet_gateway_does_not_erase_another_gateways_long_request(tmp_path: 
         store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
         try:
             cp = ControlPlane(store, fleet.state)
-            await cp.record_load(report("gw-a", replica.id, 1))
-            await cp.record_load(report("gw-b", replica.id, 0))
+            await cp.gateways.record_load(report("gw-a", replica.id, 1))
+            await cp.gateways.record_load(report("gw-b", replica.id, 0))
             assert replica.in_flight == 1
-            await cp.record_load(report("gw-b", replica.id, 2))
+            await cp.gateways.record_load(report("gw-b", replica.id, 2))
             assert replica.in_flight == 3
-            await cp.record_load(report("gw-a", replica.id, 0))
-            await cp.record_load(report("gw-b", replica.id, 0))
+            await cp.gateways.record_load(report("gw-a", replica.id, 0))
+            await cp.gateways.record_load(report("gw-b", replica.id, 0))
             assert replica.in_flight == 0
         finally:
             await store.close()
@@ -56,8 +56,8 @@ def test_the_summary_sees_the_request_another_gateway_holds(tmp_path: Path) -> N
         store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
         try:
             cp = ControlPlane(store, fleet.state)
-            await cp.record_load(report("gw-a", replica.id, 1))
-            await cp.record_load(report("gw-b", replica.id, 0))
+            await cp.gateways.record_load(report("gw-a", replica.id, 1))
+            await cp.gateways.record_load(report("gw-b", replica.id, 0))
         finally:
             await store.close()
 
@@ -113,8 +113,8 @@ def test_a_replica_in_use_counts_as_used_now_so_idle_time_runs_from_the_requests
         store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
         try:
             cp = ControlPlane(store, fleet.state)
-            await cp.record_load(report("gw-a", replica.id, 1))  # sent 30 minutes ago
-            await cp.record_load(report("gw-a", replica.id, 0))  # ended now
+            await cp.gateways.record_load(report("gw-a", replica.id, 1))  # sent 30 minutes ago
+            await cp.gateways.record_load(report("gw-a", replica.id, 0))  # ended now
         finally:
             await store.close()
 

@@ -145,7 +145,7 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
     assert creds.join_token
     await build(cp, creds.join_token)
     # One more model that fits: the first pass places it.
-    await cp.put_models([ModelSpec(name="extra", engine=EngineKind.SIM,
+    await cp.catalog.put([ModelSpec(name="extra", engine=EngineKind.SIM,
                                    gpu_classes=["a100-80g"], min_replicas=1)])
     runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.05)
     try:
@@ -155,7 +155,7 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
             await wait_passes(runtime, 2)
             # Draining gpu-a1 moves its replicas make-before-break: placed as moves;
             # a replica whose engine failed is removed (and its model retried).
-            await cp.set_node_state("gpu-a1", NodeState.DRAINING)
+            await cp.nodes.set_state("gpu-a1", NodeState.DRAINING)
             cp.state.replicas["r-llama-1"].move_to(ReplicaState.FAILED, "engine exited (1)")
             await wait_passes(runtime, runtime.passes + 2)
             metrics = await scrape(url)

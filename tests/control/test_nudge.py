@@ -55,7 +55,7 @@ async def test_a_new_replica_starts_long_before_the_next_report(tmp_path: Path) 
             await asyncio.sleep(0.5)  # let the first exchange finish: the agent now waits
 
             asked = time.monotonic()
-            await cp.put_models([ModelSpec(name="m", engine="sim",
+            await cp.catalog.put([ModelSpec(name="m", engine="sim",
                                            sim=SimParams(startup_s=0.0))])
             while not agent.runners:
                 # Without the nudge the agent would hear of it at its next

@@ -92,7 +92,7 @@ async def plane(tmp_path: Path) -> ControlPlane:
     store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
     cp = ControlPlane(store)
     await cp.load()
-    await cp.put_models([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"])])
+    await cp.catalog.put([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"])])
     record = replica(S.READY)
     record.port, record.ready_at = 30001, 1.0
     cp.state.replicas[record.id] = record
@@ -103,19 +103,19 @@ async def plane(tmp_path: Path) -> ControlPlane:
 async def test_a_drained_replica_is_draining_everywhere_and_never_idle(tmp_path: Path) -> None:
     cp = await plane(tmp_path)
     try:
-        drained = await cp.drain_replica("r1")
+        drained = await cp.replicas.drain("r1")
         assert drained.state is S.DRAINING
-        assert (await cp.drain_replica("r1")).state is S.DRAINING  # twice: no error
+        assert (await cp.replicas.drain("r1")).state is S.DRAINING  # twice: no error
         summary = fleet_summary(cp.state, 10_000.0, StoreStatus(members=[]))
         assert (summary.replicas.ready, summary.replicas.draining) == (0, 1)
         assert summary.idle_replicas == []  # idle for hours, but leaving
         (assignment,) = assignments_for(cp.state, "n1")
         assert assignment.draining
-        assert cp.gateway_config().routing.models[0].endpoints == []
+        assert cp.gateways.config().routing.models[0].endpoints == []
         (row,) = await cp.store.list_replicas()
         assert (row["state"], row["draining"]) == ("draining", True)
         # A catalog change does not bring it back.
-        await cp.put_models([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"],
+        await cp.catalog.put([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"],
                                        max_replicas=2)])
         assert cp.state.replicas["r1"].state is S.DRAINING
     finally:
@@ -127,7 +127,7 @@ async def test_a_failed_replica_cannot_be_drained(tmp_path: Path) -> None:
     try:
         cp.state.replicas["r1"].move_to(S.FAILED, "engine exited (1)")
         with pytest.raises(TransitionError, match="is failed and cannot become draining"):
-            await cp.drain_replica("r1")
+            await cp.replicas.drain("r1")
     finally:
         await cp.store.close()
 

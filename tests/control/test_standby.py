@@ -61,7 +61,7 @@ async def test_a_standby_refuses_writes_naming_the_leader_and_serves_admin_reads
 ) -> None:
     leader, standby, creds = pair
     assert creds.join_token and creds.gateway_token and creds.admin_token
-    await leader.cp.put_models([ModelSpec(name="m", engine="sim")])
+    await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
     admin = {"Authorization": f"Bearer {creds.admin_token}"}
     gateway = {"Authorization": f"Bearer {creds.gateway_token}"}
     async with httpx.AsyncClient(base_url=standby.url, timeout=10) as http:
@@ -116,7 +116,7 @@ async def test_agents_and_gateways_follow_the_leader_across_a_failover(
     pair: tuple[Instance, Instance, NewCredentials], tmp_path: Path,
 ) -> None:
     leader, standby, creds = pair
-    await leader.cp.put_models([ModelSpec(name="m", engine="sim")])
+    await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
     agent = Agent(
         AgentConfig(control_plane=f"{standby.url},{leader.url}", data_dir=tmp_path / "n1",
                     name="n1", join_token=creds.join_token, stop_grace_s=2.0),
@@ -177,7 +177,7 @@ async def test_a_standby_shows_a_replica_busy_while_the_leader_hears_of_requests
     # summary is built from the store. A replica streaming one long request
     # must read as busy on both: idle time 0, never in idle_replicas.
     leader, standby, creds = pair
-    await leader.cp.put_models([ModelSpec(name="m", engine="sim")])
+    await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
     agent = Agent(
         AgentConfig(control_plane=leader.url, data_dir=tmp_path / "n1", name="n1",
                     join_token=creds.join_token, stop_grace_s=2.0),
@@ -246,7 +246,7 @@ async def test_a_standby_shows_a_replica_busy_while_the_leader_hears_of_requests
                 idle, seconds, in_flight = await views(http, url)
                 assert idle == [] and seconds < 60 and in_flight == 0, (url, seconds)
             # Nothing changed since: a flush writes no row (the write rate is bounded).
-            assert await leader.cp.flush_activity() == 0
+            assert await leader.cp.replicas.flush_activity() == 0
     finally:
         await agent.shutdown(stop_engines=True)
         with contextlib.suppress(asyncio.CancelledError):

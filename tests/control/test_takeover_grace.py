@@ -50,7 +50,7 @@ async def test_a_node_silent_only_while_no_one_led_stays_reachable_and_keeps_its
     pair: Pair, tmp_path: Path,
 ) -> None:
     leader, standby, creds = pair
-    await leader.cp.put_models([ModelSpec(name="m", engine="sim")])
+    await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
     agent = Agent(
         AgentConfig(control_plane=leader.url, data_dir=tmp_path / "n1", name="n1",
                     join_token=creds.join_token, stop_grace_s=2.0),
@@ -83,7 +83,7 @@ async def test_a_node_silent_only_while_no_one_led_stays_reachable_and_keeps_its
 async def _takes_over_with_the_node_reachable(
     leader: Instance, standby: Instance, replica_id: str
 ) -> None:
-    await leader.cp.flush_heartbeats()
+    await leader.cp.agents.flush_heartbeats()
     # Its last report reached the store longer ago than the replacement
     # grace: that long without a leader (a store failover, say).
     await standby.store.touch_nodes({"n1": time.time() - REPLACE_AFTER_S - 30})

@@ -10,7 +10,7 @@ with a 1 s backoff (not 5 starts from 5 s doubling: over a minute).
 
 from __future__ import annotations
 
-import llmgw.control.service as service
+import llmgw.control.services.agents as agents_service
 import llmgw.control.state as state
 from llmgw.cli.main import main
 from llmgw.control.reconciler import Reconciler
@@ -21,7 +21,7 @@ UNREACHABLE_AFTER_S = 4.0
 
 
 def shorten() -> None:
-    service.REPORT_INTERVAL_S = REPORT_INTERVAL_S
+    agents_service.REPORT_INTERVAL_S = REPORT_INTERVAL_S
     state.UNREACHABLE_AFTER_S = UNREACHABLE_AFTER_S
     # Defaults are read at each call, so the runtime builds its reconciler
     # with these; nothing else about the pass changes.

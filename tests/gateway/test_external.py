@@ -25,7 +25,7 @@ from tests.gateway.fake_upstream import FakeUpstream
 
 from llmgw import wire
 from llmgw.control import external
-from llmgw.control.service import served_name
+from llmgw.control.services.gateways import served_name
 from llmgw.gateway.link import MemoryLink
 from llmgw.tls import ensure_server_tls
 

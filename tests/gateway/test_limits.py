@@ -97,11 +97,11 @@ async def test_the_cap_reaches_the_gateway_in_the_routing_table(tmp_path: Path) 
     try:
         cp = ControlPlane(store)
         await cp.load()
-        await cp.put_models([
+        await cp.catalog.put([
             ModelSpec(name="capped", engine="sim", max_output_tokens=256),
             ModelSpec(name="free", engine="sim"),
         ])  # fmt: skip
-        config = cp.gateway_config()
+        config = cp.gateways.config()
     finally:
         await store.close()
     # As a standalone gateway receives it: JSON over the watch stream.
@@ -116,7 +116,7 @@ async def test_a_new_cap_restarts_no_engine(tmp_path: Path) -> None:
         cp = ControlPlane(store)
         await cp.load()
         spec = ModelSpec(name="m", engine="sim", max_output_tokens=256)
-        await cp.put_models([spec])
+        await cp.catalog.put([spec])
         shard = ShardAssignment(node="n1", device_numbers=[0])
         replica = ReplicaRecord(
             id="r1", model="m", created_at=0.0, state=ReplicaState.READY, shards=[shard]
@@ -126,12 +126,12 @@ async def test_a_new_cap_restarts_no_engine(tmp_path: Path) -> None:
         gateway_only = spec.model_copy(
             update={"max_output_tokens": 64, "aliases": ["small"], "routing": "least-loaded"}
         )
-        assert await cp.put_models([gateway_only]) == ([], ["m"])
+        assert await cp.catalog.put([gateway_only]) == ([], ["m"])
         assert (replica.generation, replica.state) == (1, ReplicaState.READY)
         assert cp.state.routing_version > version  # the gateways learn the new cap
-        assert cp.gateway_config().routing.models[0].max_output_tokens == 64
+        assert cp.gateways.config().routing.models[0].max_output_tokens == 64
         engine_side = gateway_only.model_copy(update={"engine_args": ["--flag"]})
-        await cp.put_models([engine_side])
+        await cp.catalog.put([engine_side])
         assert (replica.generation, replica.state) == (2, ReplicaState.STARTING)
     finally:
         await store.close()

@@ -106,7 +106,7 @@ async def open_control_plane(
 ) -> tuple[Store, ControlPlane, NewCredentials]:
     store = await Store.open(url)
     cp = ControlPlane(store)
-    cp.join_token_ttl_s = join_token_ttl_s
+    cp.credentials.join_token_ttl_s = join_token_ttl_s
     await cp.load()
     creds = await cp.ensure_credentials()
     return store, cp, creds

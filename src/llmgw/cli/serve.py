@@ -98,7 +98,7 @@ async def _serve(
             await store.close()
             raise
     sign_node_certificates(cp, tls)
-    cp.approve_nodes = options.approve_nodes
+    cp.nodes.approve_nodes = options.approve_nodes
     cp.trust_reported_fabrics = options.trust_reported_fabrics
     stop = install_stop_signals()
     procstats.install("serve")

@@ -96,9 +96,9 @@ async def _up(
     stop = install_stop_signals()
     procstats.install("up")
     if catalog is not None:
-        await cp.put_models(catalog)
+        await cp.catalog.put(catalog)
     elif options.sim is None and not cp.state.models:
-        await cp.put_models([ModelSpec.model_validate(STARTER_MODEL)])
+        await cp.catalog.put([ModelSpec.model_validate(STARTER_MODEL)])
     scheme = "https" if tls else "http"
     base = f"{scheme}://{public_host(options.host)}:{options.port}"
     runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0, advertise_url=base)
@@ -186,7 +186,7 @@ async def _start_local_agent(
 
 async def _own_join_token(cp: ControlPlane, uses: int | None) -> str:
     """A short-lived join token for the agents ``up`` starts itself."""
-    _, secret = await cp.create_join_token(ttl_s=600.0, max_uses=uses,
+    _, secret = await cp.credentials.create_join_token(ttl_s=600.0, max_uses=uses,
                                            description="llmgw up's own agents")
     return secret
 

@@ -68,7 +68,7 @@ def join_token_fields(
     """
     if not creds.join_token:
         return {}
-    token = cp.join_tokens.find(creds.join_token)
+    token = cp.credentials.join_tokens.find(creds.join_token)
     carried = token_with_fingerprint(creds.join_token, tls.ca_fingerprint() if tls else None)
     return {"join_token": carried,
             "join_token_expires_at": token.expires_at if token else None}

@@ -41,13 +41,13 @@ async def demo_keys(cp: ControlPlane, data_dir: Path) -> list[TrafficKey]:
     kept: dict[str, dict[str, str]] = {}
     with contextlib.suppress(OSError, ValueError):
         kept = json.loads(path.read_text())
-    live = {k.key_id for k in cp.list_api_keys() if not k.revoked}
+    live = {k.key_id for k in cp.keys.all() if not k.revoked}
     keys: list[TrafficKey] = []
     changed = False
     for name, weight in DEMO_KEYS:
         entry = kept.get(name)
         if not isinstance(entry, dict) or entry.get("key_id") not in live:
-            info, secret = await cp.create_api_key(name=name)
+            info, secret = await cp.keys.create(name=name)
             entry = kept[name] = {"key_id": info.key_id, "secret": secret}
             changed = True
         keys.append(TrafficKey(name, entry["secret"], weight))

@@ -173,19 +173,19 @@ def create_app(
     async def register(request: Request) -> Response:
         cp.require_leader()
         reg = AgentRegistration.model_validate(await _body(request))
-        return _json(await cp.register(reg))
+        return _json(await cp.nodes.register(reg))
 
     # Answered by the ReportRoute middleware (reportroute.py) before routing;
     # declared here too, for other methods' 405 and for an app built without it.
     @app.post("/agent/v1/report", include_in_schema=False)
     async def report(request: Request) -> Response:
         cp.require_leader()
-        node = cp.node_for_token(secrets.bearer(request.headers.get("authorization")))
+        node = cp.nodes.for_token(secrets.bearer(request.headers.get("authorization")))
         body = AgentReport.model_validate(await _body(request))
         if body.node != node.name:
             return error_body(403, f"this token speaks for node {node.name!r} only",
                               "permission_error", "wrong_node")
-        return _json(await cp.report(node, body))
+        return _json(await cp.agents.report(node, body))
 
     # -- gateway link API ----------------------------------------------------
     # All of it, the config watch included, is the leader's: a gateway that
@@ -197,27 +197,27 @@ def create_app(
 
     def _gateway(request: Request) -> None:
         cp.require_leader()
-        if not cp.is_gateway(secrets.bearer(request.headers.get("authorization"))):
+        if not cp.credentials.is_gateway(secrets.bearer(request.headers.get("authorization"))):
             raise AuthError("a gateway token is required")
 
     @app.get("/gateway/v1/config", include_in_schema=False)
     async def gateway_config(request: Request, after: int = -1, wait: float = 25.0) -> Response:
         _gateway(request)
-        config = await cp.watch_config(after, wait_s=max(0.0, min(wait, 60.0)))
+        config = await cp.gateways.watch(after, wait_s=max(0.0, min(wait, 60.0)))
         cp.require_leader()  # it may have stepped down during the wait
         return _json(config)
 
     @app.post("/gateway/v1/load", include_in_schema=False, status_code=204)
     async def gateway_load(request: Request) -> Response:
         _gateway(request)
-        await cp.record_load(GatewayLoadReport.model_validate(await _body(request)))
+        await cp.gateways.record_load(GatewayLoadReport.model_validate(await _body(request)))
         return Response(status_code=204)
 
     @app.post("/gateway/v1/demand", include_in_schema=False, status_code=202)
     async def gateway_demand(request: Request) -> Response:
         _gateway(request)
         demand = DemandRequest.model_validate(await _body(request))
-        await cp.demand(demand.model)
+        await cp.catalog.demand(demand.model)
         return Response(status_code=202)
 
     @app.post("/gateway/v1/usage", include_in_schema=False, status_code=204)
@@ -227,7 +227,7 @@ def create_app(
         # a standalone gateway's calls together on the leader, where its
         # demand and load must go anyway.
         _gateway(request)
-        await cp.record_usage(_usage_list.validate_python(await _body(request)))
+        await cp.gateways.record_usage(_usage_list.validate_python(await _body(request)))
         return Response(status_code=204)
 
     app.include_router(build_admin_router(cp), prefix="/admin/v1")

@@ -24,15 +24,15 @@ class InProcessLink:
         self.watch_timeout_s = watch_timeout_s
 
     async def watch_config(self, after_version: int) -> GatewayConfig:
-        return await self.cp.watch_config(after_version, wait_s=self.watch_timeout_s)
+        return await self.cp.gateways.watch(after_version, wait_s=self.watch_timeout_s)
 
     async def demand(self, model: str) -> None:
-        await self.cp.demand(model)
+        await self.cp.catalog.demand(model)
 
     async def report_load(self, report: GatewayLoadReport) -> None:
         if not self.cp.is_leader:
             return  # see the module's docstring; a warning a second would be noise
-        await self.cp.record_load(report)
+        await self.cp.gateways.record_load(report)
 
     async def report_usage(self, records: list[UsageRecord]) -> None:
-        await self.cp.record_usage(records)
+        await self.cp.gateways.record_usage(records)

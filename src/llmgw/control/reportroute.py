@@ -9,7 +9,7 @@ middleware sits inside the body limit and the report counter
 (limits.BodyLimit, metrics.CountReports), so both still see every report,
 and answers ``POST /agent/v1/report`` itself: the same checks in the same
 order as the route in app.py (leader, node token, body, node name), the
-same ``ControlPlane.report``, the same bytes. Failures are answered by the
+same ``Agents.report``, the same bytes. Failures are answered by the
 application's own exception handlers (the dict FastAPI fills from
 ``app.exception_handler``), so every error keeps its one shape.
 """
@@ -74,7 +74,7 @@ class ReportRoute:
     async def _answer(self, scope: Scope, body: bytes) -> bytes | Response:
         cp = self.cp
         cp.require_leader()
-        node = cp.node_for_token(secrets.bearer(_header(scope, b"authorization")))
+        node = cp.nodes.for_token(secrets.bearer(_header(scope, b"authorization")))
         try:
             # Parsed and validated in one step, in pydantic's core: a fifth
             # faster than orjson into dicts and validating those.
@@ -89,7 +89,7 @@ class ReportRoute:
             return JSONResponse({"error": {
                 "message": f"this token speaks for node {node.name!r} only",
                 "type": "permission_error", "code": "wrong_node"}}, status_code=403)
-        answer = await cp.report(node, report)
+        answer = await cp.agents.report(node, report)
         return answer.model_dump_json().encode()
 
     def _handler_for(self, exc: Exception) -> Handler | None:

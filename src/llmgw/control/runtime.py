@@ -16,7 +16,8 @@ from llmgw.control.gcpause import freeze_survivors
 from llmgw.control.leader import LeaderElection
 from llmgw.control.nudge import Nudger, assignment_signature, changed_nodes
 from llmgw.control.retention import Retention, prune
-from llmgw.control.service import HEARTBEAT_FLUSH_S, ControlPlane
+from llmgw.control.service import ControlPlane
+from llmgw.control.services.agents import HEARTBEAT_FLUSH_S
 from llmgw.errors import NotLeaderError
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class ControlPlaneRuntime:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         with contextlib.suppress(Exception):
-            await self.cp.flush_heartbeats()
+            await self.cp.agents.flush_heartbeats()
         await self._nudger.close()
 
     async def _on_leadership(self, leader: bool, epoch: int) -> None:
@@ -120,7 +121,7 @@ class ControlPlaneRuntime:
             result, outcome = None, "ok"
             try:
                 now = time.time()
-                await self.cp.note_reachability(now)
+                await self.cp.agents.note_reachability(now)
                 result = await reconciler.run_pass(now, epoch)
                 # Changes since the last pass, this pass's and those made
                 # between passes (a catalog edit, a drain), reach their
@@ -176,11 +177,11 @@ class ControlPlaneRuntime:
         while True:
             await asyncio.sleep(HEARTBEAT_FLUSH_S)
             try:
-                await self.cp.flush_heartbeats()
+                await self.cp.agents.flush_heartbeats()
             except Exception:
                 log.exception("flushing heartbeats failed")
             try:
-                await self.cp.flush_activity()
+                await self.cp.replicas.flush_activity()
             except Exception:
                 log.exception("storing replicas' use failed")
             # A fleet state that grew goes out of the collector's reach, so

@@ -168,6 +168,7 @@ def rendezvous(replicas: Sequence[Replica], key: int) -> Replica:
     return best
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SoonestStart:
     """The prefix policy: the replica estimated to start answering soonest.
 
@@ -210,22 +211,11 @@ class SoonestStart:
     otherwise pile decode work on one engine without limit.
     """
 
-    __slots__ = ("_block_chars", "_chars_per_token", "_slack_s", "_spread", "_wait_ratio")
-
-    def __init__(
-        self,
-        *,
-        block_chars: int,
-        chars_per_token: float,
-        slack_s: float,
-        wait_ratio: float,
-        spread: float,
-    ) -> None:
-        self._block_chars = block_chars
-        self._chars_per_token = chars_per_token
-        self._slack_s = slack_s
-        self._wait_ratio = wait_ratio
-        self._spread = spread
+    block_chars: int
+    chars_per_token: float
+    slack_s: float
+    wait_ratio: float
+    spread: float
 
     def choose(
         self,
@@ -241,9 +231,9 @@ class SoonestStart:
         ``tokens_per_s`` is the replicas' prefill speed. Estimates are kept
         in tokens of prefill, the tolerances turned into tokens at that speed.
         """
-        ceiling = min(r.in_flight for r in replicas) + self._spread
-        block_chars = self._block_chars
-        per_token = self._chars_per_token
+        ceiling = min(r.in_flight for r in replicas) + self.spread
+        block_chars = self.block_chars
+        per_token = self.chars_per_token
         estimates: list[float] = []
         soonest = math.inf
         idle = 0
@@ -259,7 +249,7 @@ class SoonestStart:
             estimates.append(estimate)
             if estimate < soonest:
                 soonest = estimate
-        slack = self._slack_s * tokens_per_s
+        slack = self.slack_s * tokens_per_s
         best: Replica | None = None
         best_blocks = 0
         best_score = -1
@@ -275,7 +265,7 @@ class SoonestStart:
         if best is None:
             # No holder is close to the soonest, so the soonest holds nothing
             # and is among these: holders here would make a hit wait.
-            limit = soonest * (1.0 + self._wait_ratio) + slack
+            limit = soonest * (1.0 + self.wait_ratio) + slack
             idle_first = not matched and 2 * idle >= len(replicas)
             first_idle: Replica | None = None
             idle_score = -1

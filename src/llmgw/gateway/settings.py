@@ -101,34 +101,26 @@ class GatewaySettings:
     inject_stream_usage: bool = True
 
     def __post_init__(self) -> None:
-        positive = {
-            "max_body_bytes": self.max_body_bytes,
-            "queue_length": self.queue_length,
-            "queue_wait_s": self.queue_wait_s,
-            "cooldown_s": self.cooldown_s,
-            "connect_timeout_s": self.connect_timeout_s,
-            "upstream_timeout_s": self.upstream_timeout_s,
-            "health_interval_s": self.health_interval_s,
-            "health_failures": self.health_failures,
-            "health_timeout_s": self.health_timeout_s,
-            "usage_flush_s": self.usage_flush_s,
-            "load_report_s": self.load_report_s,
-            "usage_max_rows": self.usage_max_rows,
-            "prefix_block_chars": self.prefix_block_chars,
-            "chars_per_token": self.chars_per_token,
-            "prefill_tokens_per_unit": self.prefill_tokens_per_unit,
-            "prefill_tokens_per_s": self.prefill_tokens_per_s,
-        }
-        for name, value in positive.items():
+        for name in _POSITIVE:
+            value = getattr(self, name)
             if value <= 0:
                 raise ConfigError(f"gateway setting {name} must be > 0, got {value}")
-        for name, value in {
-            "retries": self.retries,
-            "cooldown_after": self.cooldown_after,
-            "retry_after_s": self.retry_after_s,
-            "load_threshold": self.load_threshold,
-            "ttft_slack_s": self.ttft_slack_s,
-            "miss_wait_ratio": self.miss_wait_ratio,
-        }.items():
+        for name in _NON_NEGATIVE:
+            value = getattr(self, name)
             if value < 0:
                 raise ConfigError(f"gateway setting {name} must be >= 0, got {value}")
+
+
+# Checked at start-up, in this order: a zero or negative one would stall or
+# disable the gateway (a zero wait, an empty queue) rather than fail loudly.
+_POSITIVE = (
+    "max_body_bytes", "queue_length", "queue_wait_s", "cooldown_s", "connect_timeout_s",
+    "upstream_timeout_s", "health_interval_s", "health_failures", "health_timeout_s",
+    "usage_flush_s", "load_report_s", "usage_max_rows", "prefix_block_chars",
+    "chars_per_token", "prefill_tokens_per_unit", "prefill_tokens_per_s",
+)  # fmt: skip
+# Zero means "none" or "off" for these (no retries, no slack).
+_NON_NEGATIVE = (
+    "retries", "cooldown_after", "retry_after_s", "load_threshold", "ttft_slack_s",
+    "miss_wait_ratio",
+)  # fmt: skip

@@ -29,6 +29,7 @@ import os
 import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,24 +66,18 @@ SPREAD_PER_NODE_S = 0.025
 STOP_GRACE_S = 3.0
 
 
+@dataclass(eq=False)
 class Fleet:
     """The running fleet: its agents, their tasks and (in-process) their engines."""
 
-    def __init__(
-        self,
-        spec: FleetSpec,
-        nodes: list[SimNode],
-        agents: list[Agent],
-        engines: InProcessEngines | None,
-        session: aiohttp.ClientSession,
-    ) -> None:
-        self.spec = spec
-        self.nodes = nodes
-        self.agents = agents
-        self.engines = engines
-        self._session = session
-        self._tasks: list[asyncio.Task[None]] = []
-        self.started_at = time.monotonic()
+    spec: FleetSpec
+    nodes: list[SimNode]
+    agents: list[Agent]
+    engines: InProcessEngines | None
+    # The agents' one connection pool, closed with the fleet.
+    session: aiohttp.ClientSession
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
 
     def _launch(self, spread_s: float) -> None:
         rng = random.Random()
@@ -150,8 +145,8 @@ class Fleet:
             # In-process engines cannot outlive the process anyway; stop the
             # stragglers (e.g. ones a stopping agent had not reached) cleanly.
             await self.engines.stop_all()
-        if not self._session.closed:
-            await self._session.close()
+        if not self.session.closed:
+            await self.session.close()
 
 
 async def _run_agent(agent: Agent, delay_s: float) -> None:

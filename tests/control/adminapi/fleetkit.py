@@ -168,7 +168,8 @@ class Served:
 
     def node_token(self, node: str = "node-x") -> str:
         join = self.join_token
-        answer = self.call(lambda: self.cp.register(AgentRegistration(node=node, join_token=join)))
+        answer = self.call(lambda: self.cp.nodes.register(
+            AgentRegistration(node=node, join_token=join)))
         return answer.node_token
 
 

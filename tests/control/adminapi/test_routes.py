@@ -322,7 +322,7 @@ def test_usage_per_key_and_model(served: Served) -> None:
         UsageRecord(minute=minute, key_id="k2", model="qwen", requests=4, errors=1),
         UsageRecord(minute=minute - 7200, key_id="k1", model="llama", requests=100),
     ]
-    served.call(lambda: served.cp.record_usage(records))
+    served.call(lambda: served.cp.gateways.record_usage(records))
     with admin(served) as c:
         hour = c.get("/usage").json()
         k1 = c.get("/usage", params={"key_id": "k1", "since": minute - 86400}).json()
@@ -339,9 +339,9 @@ def test_join_token_rotation(served: Served) -> None:
     with admin(served) as c:
         token = c.post("/join-token/rotate").json()["join_token"]
     assert token.startswith("llmgw-join-")
-    answer = served.call(lambda: served.cp.register(AgentRegistration(node="new",
+    answer = served.call(lambda: served.cp.nodes.register(AgentRegistration(node="new",
                                                                       join_token=token)))
     assert answer.node == "new"
     with pytest.raises(Exception, match=r"was revoked|invalid join token"):
-        served.call(lambda: served.cp.register(
+        served.call(lambda: served.cp.nodes.register(
             AgentRegistration(node="old", join_token=served.join_token)))

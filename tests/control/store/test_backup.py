@@ -112,13 +112,13 @@ async def loaded(url: str) -> dict[str, Any]:
         await cp.load()
         return {
             "catalog": {n: m.spec.model_dump() for n, m in cp.state.models.items()},
-            "keys": sorted((k.model_dump() for k in cp.list_api_keys()), key=repr),
+            "keys": sorted((k.model_dump() for k in cp.keys.all()), key=repr),
             "nodes": {n: (r.token_hash, r.fabrics, r.admin_state,
                           r.inventory.model_dump() if r.inventory else None)
                       for n, r in cp.state.nodes.items()},
             "replicas": sorted(cp.state.replicas),
             "usage": await store.query_usage(since=0),
-            "join_tokens": sorted(cp.join_tokens.tokens),
+            "join_tokens": sorted(cp.credentials.join_tokens.tokens),
         }
     finally:
         await store.close()

@@ -98,7 +98,7 @@ async def test_a_store_of_the_previous_release_upgrades_and_keeps_its_rows(
         join = (await cp.ensure_credentials(first_api_key=False)).join_token
         assert join
         with pytest.raises(ValidationError, match="before agents sent an agent key"):
-            await cp.register(AgentRegistration(node="n1", join_token=join,
+            await cp.nodes.register(AgentRegistration(node="n1", join_token=join,
                                                 agent_key="llmgw-agent-key-" + "k" * 43))
         await store.upsert_nodes([dict(node, agent_key_hash="k" * 64)])
         assert (await store.list_nodes())[0]["agent_key_hash"] == "k" * 64

@@ -126,7 +126,7 @@ def _admin_route_class(cp: ControlPlane) -> type[APIRoute]:
                     return error_response(401, "an admin token is required "
                                           "(Authorization: Bearer llmgw-admin-...)",
                                           "authentication_error", "missing_token")
-                if not cp.is_admin(token):
+                if not cp.credentials.is_admin(token):
                     return error_response(401, "this token is not the admin token",
                                           "authentication_error", "invalid_token")
                 try:
@@ -254,7 +254,7 @@ def build_admin_router(
         return json_response(_node(name))
 
     async def _set_node(name: str, target: NodeState) -> Response:
-        await cp.set_node_state(name, target)
+        await cp.nodes.set_state(name, target)
         return json_response(_node(name))
 
     @router.post("/nodes/{name:name}/cordon", response_model=NodeView, responses=not_found,
@@ -278,28 +278,28 @@ def build_admin_router(
                 tags=["nodes"])
     async def pin_fabrics(name: str, body: schemas.NodeFabrics) -> Response:
         """Set a node's fabrics; its reports no longer change them."""
-        await cp.set_node_fabrics(name, body.fabrics)
+        await cp.nodes.set_fabrics(name, body.fabrics)
         return json_response(_node(name))
 
     @router.delete("/nodes/{name:name}/fabrics", response_model=NodeView, responses=not_found,
                    tags=["nodes"])
     async def unpin_fabrics(name: str) -> Response:
         """Let a node's reports decide its fabrics again."""
-        await cp.set_node_fabrics(name, None)
+        await cp.nodes.set_fabrics(name, None)
         return json_response(_node(name))
 
     @router.post("/nodes/{name:name}/approve", response_model=NodeView, responses=not_found,
                  tags=["nodes"])
     async def approve_node(name: str) -> Response:
         """Accept a node held by ``serve --approve-nodes``: uncordon it and let it copy weights."""
-        await cp.approve_node(name)
+        await cp.nodes.approve(name)
         return json_response(_node(name))
 
     @router.delete("/nodes/{name:name}", response_model=schemas.Done, responses=not_found,
                    tags=["nodes"])
     async def delete_node(name: str) -> Response:
         """Forget a node (its agent must register again with a join token)."""
-        await cp.delete_node(name)
+        await cp.nodes.delete(name)
         return json_response(schemas.Done(message=f"node {name} removed"))
 
     # -- replicas --------------------------------------------------------------------
@@ -331,7 +331,7 @@ def build_admin_router(
                  responses=not_found, tags=["replicas"])
     async def drain_replica(replica_id: str) -> Response:
         """Stop routing to it; in-flight requests finish, then it stops."""
-        replica = await cp.drain_replica(replica_id)
+        replica = await cp.replicas.drain(replica_id)
         return json_response(replica_view(replica, state.nodes, time.time()))
 
     # -- models ----------------------------------------------------------------------
@@ -366,21 +366,21 @@ def build_admin_router(
             raise ValidationError(
                 f"the entry is named {spec.name!r} but the URL names {name!r}", field="name"
             )
-        await cp.put_models(_validate([spec]))
+        await cp.catalog.put(_validate([spec]))
         return json_response(_model(name))
 
     @router.delete("/models/{name:name}", response_model=schemas.Done, responses=not_found,
                    tags=["models"])
     async def delete_model(name: str) -> Response:
         """Remove a model and stop its replicas."""
-        await cp.delete_model(name)
+        await cp.catalog.delete(name)
         return json_response(schemas.Done(message=f"model {name} deleted"))
 
     @router.post("/models/{name:name}/unpark", response_model=ModelView, responses=not_found,
                  tags=["models"])
     async def unpark(name: str) -> Response:
         """Retry a parked model from zero failures."""
-        await cp.unpark(name)
+        await cp.catalog.unpark(name)
         return json_response(_model(name))
 
     def _validate(specs: list[ModelSpec]) -> list[ModelSpec]:
@@ -432,7 +432,7 @@ def build_admin_router(
         if body.dry_run:
             result.plan = _plan(specs)
         else:
-            await cp.put_models(specs)
+            await cp.catalog.put(specs)
         return json_response(result)
 
     # -- plan ------------------------------------------------------------------------
@@ -466,7 +466,7 @@ def build_admin_router(
     @router.post("/keys", response_model=schemas.KeyCreated, status_code=201, tags=["keys"])
     async def create_key(body: schemas.KeyCreate) -> Response:
         """A new API key; its secret is in this answer and nowhere else, ever."""
-        info, secret = await cp.create_api_key(
+        info, secret = await cp.keys.create(
             name=body.name, models=body.models, expires_at=body.expires_at,
             rpm=body.rpm, tpm=body.tpm,
         )
@@ -475,13 +475,13 @@ def build_admin_router(
 
     @router.get("/keys", response_model=list[schemas.KeyView], tags=["keys"])
     async def list_keys() -> Response:
-        return json_response([schemas.key_view(k) for k in cp.list_api_keys()])
+        return json_response([schemas.key_view(k) for k in cp.keys.all()])
 
     @router.delete("/keys/{key_id}", response_model=schemas.KeyView, responses=not_found,
                    tags=["keys"])
     async def revoke_key(key_id: str) -> Response:
-        await cp.revoke_api_key(key_id)
-        info = next((k for k in cp.list_api_keys() if k.key_id == key_id), None)
+        await cp.keys.revoke(key_id)
+        info = next((k for k in cp.keys.all() if k.key_id == key_id), None)
         if info is None:
             raise NotFoundError(f"API key {key_id!r} does not exist")
         return json_response(schemas.key_view(info))
@@ -507,34 +507,35 @@ def build_admin_router(
     @router.post("/join-token/rotate", response_model=schemas.JoinToken, tags=["credentials"])
     async def rotate_join_token() -> Response:
         """A new join token; the old one stops working (registered nodes keep theirs)."""
-        return json_response(schemas.JoinToken(join_token=await cp.rotate_join_token()))
+        return json_response(schemas.JoinToken(join_token=await cp.credentials.rotate_join_token()))
 
     @router.post("/admin-token/rotate", response_model=schemas.RotatedToken,
                  tags=["credentials"])
     async def rotate_admin_token() -> Response:
         """A new admin token; this one stops working (a standby follows within seconds)."""
-        return json_response(schemas.RotatedToken(token=await cp.rotate_token("admin")))
+        return json_response(schemas.RotatedToken(token=await cp.credentials.rotate_token("admin")))
 
     @router.post("/gateway-token/rotate", response_model=schemas.RotatedToken,
                  tags=["credentials"])
     async def rotate_gateway_token() -> Response:
         """A new gateway token; standalone gateways need it before their next sync."""
-        return json_response(schemas.RotatedToken(token=await cp.rotate_token("gateway")))
+        token = await cp.credentials.rotate_token("gateway")
+        return json_response(schemas.RotatedToken(token=token))
 
     @router.get("/join-tokens", response_model=list[schemas.JoinTokenView],
                 tags=["credentials"])
     async def list_join_tokens() -> Response:
         """Join tokens (never their secrets), newest first."""
         now = time.time()
-        tokens = sorted(cp.join_tokens.tokens.values(), key=lambda t: -t.created_at)
+        tokens = sorted(cp.credentials.join_tokens.tokens.values(), key=lambda t: -t.created_at)
         return json_response([t.view(now) for t in tokens])
 
     @router.post("/join-tokens", response_model=schemas.JoinTokenCreated, status_code=201,
                  tags=["credentials"])
     async def create_join_token(body: schemas.JoinTokenCreate) -> Response:
         """A new join token (the others keep working); its secret is in this answer only."""
-        ttl = cp.join_token_ttl_s if body.ttl_s is None else (body.ttl_s or None)
-        token, secret = await cp.create_join_token(ttl_s=ttl, max_uses=body.uses,
+        ttl = cp.credentials.join_token_ttl_s if body.ttl_s is None else (body.ttl_s or None)
+        token, secret = await cp.credentials.create_join_token(ttl_s=ttl, max_uses=body.uses,
                                                    description=body.description)
         return json_response({"token": token.view(time.time()), "join_token": secret},
                              status=201)
@@ -543,7 +544,7 @@ def build_admin_router(
                    responses=not_found, tags=["credentials"])
     async def revoke_join_token(token_id: str) -> Response:
         """Stop a join token from working (nodes registered with it keep their own tokens)."""
-        token = await cp.revoke_join_token(token_id)
+        token = await cp.credentials.revoke_join_token(token_id)
         return json_response(token.view(time.time()))
 
     return router

@@ -141,7 +141,7 @@ def add_usage_report_route(router: APIRouter, cp: ControlPlane) -> None:
             raise ValidationError("until must be after since", field="until")
         rows = await cp.store.usage_report(since=start, until=end, by=dimensions,
                                            key_id=key_id, model=model)
-        names = {k.key_id: k.name for k in cp.list_api_keys()}
+        names = {k.key_id: k.name for k in cp.keys.all()}
         report = build_report(start, end, dimensions, rows, names)
         if format == "csv":
             return Response(to_csv(report), media_type="text/csv; charset=utf-8", headers={

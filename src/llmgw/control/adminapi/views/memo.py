@@ -10,7 +10,7 @@ Inputs are tuples of the record's fields compared with ``!=``: tuple equality
 tries identity first, element by element, in C, so an unchanged inventory or
 shard list costs a pointer comparison. That is sound only because the
 control plane replaces inventories, fabric lists, weights, refusals and shard
-lists rather than editing them in place (ControlPlane.report);
+lists rather than editing them in place (Agents.report);
 tests/control/adminapi/test_summary_memo.py changes each input the way the
 control plane does and expects the next summary to see it.
 

@@ -1,0 +1,239 @@
+"""The gateways' feed: the routing table and keys out, load, demand and usage in.
+
+The table is rebuilt only when the routing version moved, and each endpoint
+and route in it is the last table's object while what it was built from is
+unchanged: 10,000 replicas' worth of validated objects per change was most
+of a busy control plane's CPU (bench/reports.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+
+from llmgw.control import external
+from llmgw.control.inflight import InFlightBook
+from llmgw.control.services.catalog import Catalog
+from llmgw.control.services.core import Core
+from llmgw.control.services.keys import ApiKeys
+from llmgw.control.state import ReplicaRecord
+from llmgw.wire import (
+    Endpoint,
+    EngineKind,
+    GatewayConfig,
+    GatewayLoadReport,
+    ModelRoute,
+    ModelSpec,
+    NodeState,
+    ReplicaLoad,
+    ReplicaState,
+    RoutingTable,
+    UsageRecord,
+    host_in_url,
+)
+
+# Mean requests in flight per ready replica above which the gateway's load
+# asks for one more replica (bounded by the model's max_replicas).
+SCALE_UP_IN_FLIGHT = 8.0
+
+
+def _same(before: list[Endpoint], now: list[Endpoint]) -> bool:
+    """The same endpoint objects, in the same order."""
+    return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
+
+
+def served_name(spec: ModelSpec) -> str:
+    """The name the upstream knows the model by: what the gateway puts in request bodies."""
+    if spec.external is not None and spec.external.model:
+        return spec.external.model
+    return spec.name
+
+
+class Gateways:
+    def __init__(self, core: Core, keys: ApiKeys, catalog: Catalog) -> None:
+        self.core = core
+        self.keys = keys
+        self.catalog = catalog
+        self._gateway_config: GatewayConfig | None = None
+        self._gateway_config_version = -1
+        # The last table's endpoints and routes with what they were built
+        # from, by replica id and model name (config reuses them).
+        self._endpoints: dict[str, tuple[tuple[object, ...], Endpoint]] = {}
+        self._routes: dict[str, tuple[tuple[object, ...], ModelRoute]] = {}
+        # watch holds a new table until then (monotonic).
+        self._config_quiet_until = 0.0
+        # Requests in flight per replica and gateway (memory only, re-learnt).
+        self._in_flight = InFlightBook()
+        # External models' endpoint ids (control.external), per routing version.
+        self._external_index: dict[str, tuple[str, str]] = {}
+        self._external_index_version = -1
+
+    def config(self) -> GatewayConfig:
+        """The routing table and keys, rebuilt only when something changed."""
+        version = self.core.state.routing_version
+        if self._gateway_config is not None and self._gateway_config_version == version:
+            return self._gateway_config
+        began = time.monotonic()
+        now = time.time()
+        nodes = self.core.state.nodes
+        # Which nodes are down, once per table, not once per replica shard.
+        down = {name for name, node in nodes.items() if node.state(now) is NodeState.UNREACHABLE}
+        routes: list[ModelRoute] = []
+        endpoints_before, self._endpoints = self._endpoints, {}
+        routes_before, self._routes = self._routes, {}
+        for model in sorted(self.core.state.models.values(), key=lambda m: m.name):
+            spec = model.spec
+            endpoints = external.endpoints(spec) or [
+                self._endpoint(endpoints_before, r, spec)
+                for r in sorted(self.core.state.replicas_of(model.name), key=lambda r: r.id)
+                # FleetState.routable, with the down nodes looked up once.
+                if r.state is ReplicaState.READY and r.port is not None
+                and all(s.node in nodes and s.node not in down for s in r.shards)
+            ]
+            # Built again only when something in it changed: 10,000 replicas'
+            # worth of validated objects per change was most of a busy control
+            # plane's CPU (bench/reports.py, py-spy).
+            key = (tuple(spec.aliases), spec.on_demand, spec.routing, served_name(spec),
+                   spec.max_output_tokens, model.parked, model.last_error)
+            kept = routes_before.get(model.name)
+            if kept is not None and kept[0] == key and _same(kept[1].endpoints, endpoints):
+                route = kept[1]
+            else:
+                route = ModelRoute(
+                    name=model.name,
+                    aliases=list(spec.aliases),
+                    on_demand=spec.on_demand,
+                    routing=spec.routing,
+                    served_name=served_name(spec),
+                    endpoints=endpoints,
+                    parked=model.parked,
+                    parked_reason=model.last_error if model.parked else None,
+                    max_output_tokens=spec.max_output_tokens,
+                )
+            self._routes[model.name] = (key, route)
+            routes.append(route)
+        issuer = self.core.node_certs.issuer
+        config = GatewayConfig(
+            routing=RoutingTable(
+                version=version,
+                models=routes,
+                engine_ca=issuer.ca_pem.decode("ascii") if issuer is not None else None,
+            ),
+            keys=self.keys.all(),
+        )
+        self._gateway_config, self._gateway_config_version = config, version
+        took = time.monotonic() - began
+        # Rebuilt at most a quarter of the time (watch waits out the rest).
+        self._config_quiet_until = time.monotonic() + 3 * took
+        return config
+
+    def _endpoint(
+        self, before: dict[str, tuple[tuple[object, ...], Endpoint]], replica: ReplicaRecord,
+        spec: ModelSpec,
+    ) -> Endpoint:
+        """The replica's endpoint: the last table's object while nothing in it changed."""
+        url = (f"{self._engine_scheme(replica, spec)}://"
+               f"{host_in_url(self.core.state.nodes[replica.leader_node].address)}:{replica.port}")
+        key = (url, spec.kv_capacity_tokens, replica.dialect)
+        kept = before.get(replica.id)
+        if kept is not None and kept[0] == key:
+            endpoint = kept[1]
+        else:
+            endpoint = Endpoint(replica_id=replica.id, url=url,
+                                kv_capacity_tokens=spec.kv_capacity_tokens,
+                                dialect=replica.dialect,
+                                engine_key=self.core.engine_keys.key(replica.id))
+        self._endpoints[replica.id] = (key, endpoint)
+        return endpoint
+
+    def _engine_scheme(self, replica: ReplicaRecord, spec: ModelSpec) -> str:
+        """http or https, as the replica's agent reported its engine listens.
+
+        Until that agent reports again after this instance started (a restart,
+        a standby taking over), a fleet that issues node certificates assumes
+        https, as its agents start every engine that can with TLS, except
+        SGLang's, which never does; the next report (seconds) corrects the
+        rest (llama-server, engines started before their node's certificate).
+        """
+        if replica.tls is None:
+            return "http" if spec.engine == EngineKind.SGLANG else self.core.node_certs.scheme
+        return "https" if replica.tls else "http"
+
+    async def watch(self, after_version: int, wait_s: float = 25.0) -> GatewayConfig:
+        """The config once it is newer than ``after_version``, or after ``wait_s``."""
+        cond = self.core.state.changed()
+        if self.core.state.routing_version <= after_version:
+            async with cond:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        cond.wait_for(lambda: self.core.state.routing_version > after_version),
+                        wait_s,
+                    )
+        # A table that takes long to build is not built back to back: a burst
+        # of changes (every replica's first report after a restart changes
+        # routing) once kept a 10,000-node control plane rebuilding it with
+        # three quarters of its CPU, its reports starved. A small table, built
+        # in a millisecond, is never held (a cold start's waiters see it at once).
+        wait = self._config_quiet_until - time.monotonic()
+        if wait > 0 and self._gateway_config_version != self.core.state.routing_version:
+            await asyncio.sleep(wait)
+        return self.config()
+
+    async def record_load(self, report: GatewayLoadReport) -> None:
+        self.core.require_leader()
+        now = time.time()
+        self._in_flight.forget_except(self.core.state.replicas)
+        per_model: dict[str, list[int]] = {}
+        for load in report.replicas:
+            replica = self.core.state.replicas.get(load.replica_id)
+            if replica is None:
+                if load.up is not None:
+                    self._note_external(report.gateway_id, load, now)
+                continue
+            # Summed over gateways: each reports only the requests it proxies.
+            replica.in_flight = self._in_flight.record(
+                replica.id, report.gateway_id, load.in_flight, now
+            )
+            if replica.in_flight > 0:
+                # In use now: a request that has run for an hour ends an hour
+                # after it was sent, and idle time counts from its end.
+                replica.last_request_at = max(replica.last_request_at or 0.0, now)
+            if load.last_request_at and (
+                replica.last_request_at is None or load.last_request_at > replica.last_request_at
+            ):
+                replica.last_request_at = load.last_request_at
+                model = self.core.state.models.get(replica.model)
+                if model is not None:
+                    model.demand_at = max(model.demand_at or 0.0, load.last_request_at)
+            per_model.setdefault(replica.model, []).append(replica.in_flight)
+        for name, loads in per_model.items():
+            model = self.core.state.models.get(name)
+            if model is None:
+                continue
+            mean = sum(loads) / max(1, len(loads))
+            wanted = 1 if mean > SCALE_UP_IN_FLIGHT else 0
+            if wanted != model.load_demand:
+                model.load_demand = wanted
+                self.core.wake_reconciler()
+        for name, waiting in report.waiting.items():
+            # A model deleted since the gateway's last config is no reason to
+            # drop the rest of its report.
+            if waiting > 0 and self.core.state.resolve_model(name) is not None:
+                await self.catalog.demand(name)
+
+    def _note_external(self, gateway_id: str, load: ReplicaLoad, now: float) -> None:
+        """One gateway's probe of an external model's URL (control.external)."""
+        if self._external_index_version != self.core.state.routing_version:
+            self._external_index = external.index([m.spec for m in self.core.state.models.values()])
+            self._external_index_version = self.core.state.routing_version
+        found = self._external_index.get(load.replica_id)
+        model = self.core.state.models.get(found[0]) if found is not None else None
+        if found is None or model is None or load.up is None:
+            return  # a URL removed since that gateway's config
+        probe = external.Probe(up=load.up, reason=load.reason, at=now)
+        external.record(model.endpoint_health, found[1], gateway_id, probe)
+
+    async def record_usage(self, records: Iterable[UsageRecord]) -> None:
+        await self.core.writes.add_usage([r.model_dump() for r in records])
