@@ -1,7 +1,7 @@
 """Agent report ingestion: how many reports a second `llmgw serve` takes in, at fleet size.
 
 10,000 nodes reporting every 5 s is 2,000 reports a second. The fleet (from
-``llmgw.control.scheduler.fleetgen``: four classes, 10 % MIG, one fabric per
+``llmgw.sim.fleetgen``: four classes, 10 % MIG, one fabric per
 node, a few models' weights on each node) is placed by one reconcile pass
 and written to a real store (SQLite in a temporary data dir, or a fresh
 PostgreSQL database with ``--pg``) with every replica ready and a node
@@ -42,10 +42,10 @@ import orjson
 from llmgw import secrets
 from llmgw.config import sqlite_url
 from llmgw.control.rows import model_row, node_row, replica_row
-from llmgw.control.scheduler import fleetgen
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.state import FleetState
 from llmgw.control.store.repo import Store
+from llmgw.sim import fleetgen
 from llmgw.sim.benchstats import percentile
 from llmgw.wire import AgentReport, NodeState, ReplicaState, ReplicaStatus
 

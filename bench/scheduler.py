@@ -5,7 +5,7 @@ placements per second including the store's writes, the planner, peak RSS.
     .venv/bin/python bench/scheduler.py --quick    # 500 nodes, 250 models
     .venv/bin/python bench/scheduler.py --pg postgresql://user@host/db   # also PostgreSQL
 
-The fleet comes from ``llmgw.control.scheduler.fleetgen.generate``: four
+The fleet comes from ``llmgw.sim.fleetgen.generate``: four
 classes, 10 % of cards in MIG mode (some with nothing carved), four fabrics,
 some unhealthy cards, a few cordoned, draining and unreachable nodes, weights
 cached on a few nodes per model. The catalog mixes 1/2/4/8-GPU models,
@@ -33,12 +33,12 @@ from pathlib import Path
 
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.reconciler import Reconciler
-from llmgw.control.scheduler import fleetgen
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.control.store.repo import Store
+from llmgw.sim import fleetgen
 from llmgw.wire import ReplicaState
 
 NOW = 1_000_000.0

@@ -33,10 +33,10 @@ from llmgw.control.app import create_app
 from llmgw.control.metrics import ControlCollector, fleet_families
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.scheduler.decide import decide
-from llmgw.control.scheduler.fleetgen import generate
 from llmgw.control.service import ControlPlane
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotLeaderError, StoreError
+from llmgw.sim.fleetgen import generate
 from llmgw.wire import EngineKind, ModelSpec, NodeState, ReplicaState
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -10,11 +10,11 @@ import pytest
 from llmgw.control.reconciler import Reconciler, unpark
 from llmgw.control.rows import model_from_row, model_row
 from llmgw.control.scheduler.decisions import Policy
-from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, ModelRecord, NodeFailure, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotFoundError, NotLeaderError
+from llmgw.sim.fleetgen import fleet, gpu_node, model
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
 T0 = 1_000_000.0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from llmgw.control.adminapi.views.fleet import fleet_views
-from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import ReplicaRecord
+from llmgw.sim.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.wire import CPU_CLASS, ReplicaState, ShardAssignment, device_label, device_label_on
 
 NOW = 500.0
@@ -34,7 +34,7 @@ def test_node_replica_and_plan_views_label_devices_alike() -> None:
     ]
     state = fleet(nodes, models, NOW)
     for rid, name, node, number in (
-        ("r-cpu", "small", "c", 1), ("r-gpu", "big", "g", 0), ("r-mig", "slice", "g", 1102),
+        ("r-cpu", "small", "c", 1), ("r-gpu", "big", "g", 0), ("r-mig", "slice", "g", 1101),
     ):
         state.replicas[rid] = ReplicaRecord(
             id=rid, model=name, created_at=NOW, ready_at=NOW, state=ReplicaState.READY,
@@ -44,9 +44,9 @@ def test_node_replica_and_plan_views_label_devices_alike() -> None:
     node_labels = {
         (n.name, d.number): d.label for n in views.nodes for d in n.devices or []
     }
-    assert node_labels[("c", 1)] == "cpu1" and node_labels[("g", 1102)] == "1/mig2"
+    assert node_labels[("c", 1)] == "cpu1" and node_labels[("g", 1101)] == "1/mig1"
     shown = {r.id: r.shards[0].devices for r in views.replicas}
-    assert shown == {"r-cpu": ["cpu1"], "r-gpu": ["0"], "r-mig": ["1/mig2"]}
+    assert shown == {"r-cpu": ["cpu1"], "r-gpu": ["0"], "r-mig": ["1/mig1"]}
     for replica in views.replicas:
         shard = replica.shards[0]
         assert shard.devices == [node_labels[(shard.node, n)] for n in shard.device_numbers]
@@ -54,6 +54,6 @@ def test_node_replica_and_plan_views_label_devices_alike() -> None:
     result = plan(state, NOW)
     devices = {r.id: r.devices for m in result.models for r in m.replicas}
     assert devices["r-cpu"] == ["c:cpu1"]
-    assert devices["r-gpu"] == ["g:0"] and devices["r-mig"] == ["g:1/mig2"]
+    assert devices["r-gpu"] == ["g:0"] and devices["r-mig"] == ["g:1/mig1"]
     [placed] = [r for m in result.models for r in m.replicas if r.action == "place"]
     assert placed.devices == ["c:cpu0"]  # the second replica of "small", on the free slot

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from llmgw.control.scheduler import filters as f
-from llmgw.control.scheduler.fleetgen import cpu_node, gpu_node, model
 from llmgw.control.scheduler.placementnode import PlacementNode, placement_node
 from llmgw.control.scheduler.scorers import BinPack, Spread, WeightsLocal
+from llmgw.sim.fleetgen import cpu_node, gpu_node, model
 from llmgw.wire import NodeState
 
 NOW = 100.0

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from tests.control.scheduler.test_sched_properties import NOW, catalog, nodes
 
 from llmgw.control.scheduler.filters import Request
-from llmgw.control.scheduler.fleetgen import fleet
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import build_snapshot
 from llmgw.control.state import NodeRecord
+from llmgw.sim.fleetgen import fleet
 from llmgw.wire import ModelSpec
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
 from llmgw.control.state import FleetState, ReplicaRecord
+from llmgw.sim.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.wire import NodeInventory, NodeState, ShardAssignment, WeightsEntry
 
 NOW = 10_000.0

@@ -7,12 +7,12 @@ from llmgw.control.catalog import validate_catalog
 from llmgw.control.scheduler import filters as f
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import PARKED, Policy
-from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.placementnode import placement_node
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.scheduler.snapshot import build_snapshot
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.errors import ValidationError
+from llmgw.sim.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.wire import EngineKind, ModelSpec, ReplicaState, ShardAssignment, WeightsEntry
 
 NOW = 100.0

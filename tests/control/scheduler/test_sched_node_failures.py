@@ -7,13 +7,13 @@ from dataclasses import replace
 from llmgw.control.scheduler import filters as f
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import BACKING_OFF, PARKED, Policy
-from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.node_failures import Avoided, NodeFailureBook, span
 from llmgw.control.scheduler.placement import Placement, Placer, Unplaceable
 from llmgw.control.scheduler.placementnode import placement_node
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.scheduler.snapshot import build_snapshot
 from llmgw.control.state import FleetState, NodeFailure, ReplicaRecord
+from llmgw.sim.fleetgen import fleet, gpu_node, model
 from llmgw.wire import ReplicaState, ShardAssignment
 
 NOW = 10_000.0

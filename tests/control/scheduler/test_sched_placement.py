@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from llmgw.control.scheduler.filters import Request
-from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.placement import (
     CAN_NEVER_FIT,
     CANNOT_FIT_NOW,
@@ -14,6 +13,7 @@ from llmgw.control.scheduler.placement import (
 )
 from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
 from llmgw.control.state import NodeRecord
+from llmgw.sim.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.wire import ModelSpec, NodeState
 
 NOW = 1000.0
@@ -86,7 +86,7 @@ def test_cordoned_draining_and_unreachable_nodes_get_nothing() -> None:
 def test_mig_replica_gets_exactly_one_instance() -> None:
     snapshot = snap(gpu_node("a", seen_at=NOW, gpus=2, mig={1: ("3g.40gb", 2)}))
     result = place(snapshot, model("m", classes=["h100-80g-mig-3g.40gb"]))
-    assert result.shards[0].numbers == (1101,)
+    assert result.shards[0].numbers == (1100,)  # discovery numbers instances from 0
     assert result.shards[0].uuids == ("MIG-a-1-1",)
     refused = refuse(snapshot, model("big", classes=["h100-80g-mig-3g.40gb"], gpus=2))
     assert refused.status == CAN_NEVER_FIT
@@ -203,4 +203,4 @@ def test_mig_class_refuses_tp_pp_and_nodes_above_one_each_on_its_own() -> None:
             f"{shapes[field]} but accepts only MIG class h100-80g-mig-3g.40gb:"
             " a replica on MIG runs on exactly one instance"
         ), (field, refused.reason)
-    assert place(snapshot, one).shards[0].numbers == (1101,)  # the plain shape still fits
+    assert place(snapshot, one).shards[0].numbers == (1100,)  # the plain shape still fits

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from llmgw.control.scheduler.decide import decide
-from llmgw.control.scheduler.fleetgen import fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import ReplicaRecord
+from llmgw.sim.fleetgen import fleet, gpu_node, model
 from llmgw.wire import ReplicaState, ShardAssignment
 
 NOW = 500.0
@@ -99,7 +99,7 @@ def test_the_planner_places_a_mig_replica_on_exactly_one_instance() -> None:
     result = plan(state, NOW)
     [slice_plan] = result.models
     placed = [r for r in slice_plan.replicas if r.action == "place"]
-    assert [r.devices for r in placed] == [["a:1/mig1"], ["a:1/mig2"]]
+    assert [r.devices for r in placed] == [["a:1/mig0"], ["a:1/mig1"]]
     assert all(len(r.shards) == 1 and len(r.shards[0].device_numbers) == 1 for r in placed)
     assert result.unplaceable == []
 

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
-from llmgw.control.scheduler.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.state import FleetState, NodeRecord
 from llmgw.control.store.repo import Store
+from llmgw.sim.fleetgen import cpu_node, fleet, gpu_node, model
 from llmgw.wire import ModelSpec, NodeState, ReplicaState, device_label_on, is_mig_class
 
 NOW = 10_000.0

@@ -18,9 +18,9 @@ from tests.control.scheduler.test_sched_properties import NOW, apply, catalog, n
 
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
-from llmgw.control.scheduler.fleetgen import fleet, generate
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.state import FleetState, NodeRecord
+from llmgw.sim.fleetgen import fleet, generate
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
 

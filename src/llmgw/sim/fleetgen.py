@@ -3,9 +3,12 @@
 Schedulers are tested against fake inventory (no peer tests placement on
 real GPUs), and the benchmark, the property tests and demos of ``ctl plan``
 need the same kinds of node: whole cards, MIG instances, cards in MIG mode
-with nothing carved, unhealthy cards, CPU slots, fabrics and weights. This
-builds them in one place so they agree with what discovery reports
-(numbering, labels, classes). Pure: no I/O, seeded randomness only.
+with nothing carved, unhealthy cards, CPU slots, fabrics and weights. The
+devices go through discovery's own code (``build_devices``, ``cpu_devices``)
+fed with made-up card facts, as the simulated fleet's do (sim/inventory.py),
+so numbering, labels, classes and reasons are the agent's: a second,
+hand-written copy of the MIG rules here had already drifted from them.
+Pure: no I/O, seeded randomness only.
 """
 
 from __future__ import annotations
@@ -13,21 +16,22 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping
 
+from llmgw.agent.discovery.base import CardFacts, HealthFacts, InstanceFacts
+from llmgw.agent.discovery.devices import build_devices
+from llmgw.agent.discovery.inventory import cpu_devices
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord
 from llmgw.wire import (
-    CPU_CLASS,
     Device,
     EngineKind,
-    MigInfo,
     ModelSpec,
     NodeInventory,
     NodeState,
     WeightsEntry,
-    device_label,
-    mig_number,
 )
 
 CARD_MEMORY_MIB = {"h100-80g": 81559, "a100-80g": 81920, "l40s-48g": 46068, "l4-24g": 23034}
+# What an unhealthy card reports: enough for discovery to call it unhealthy.
+_ECC_ERRORS = HealthFacts(ecc_volatile_uncorrected=2)
 
 
 def gpu_node(
@@ -46,62 +50,37 @@ def gpu_node(
 
     ``mig`` maps a card index to (profile, instances): that card is reported
     as its instances, or, with 0 instances, as a card out of placement.
+    Cards are named after their class, which pins the class (an override
+    by name, as an operator would write one).
     """
     mig = dict(mig or {})
     bad = set(unhealthy)
-    devices: list[Device] = []
     memory = CARD_MEMORY_MIB.get(gpu_class, 40960)
+    cards = []
     for card in range(gpus):
-        card_uuid = f"GPU-{name}-{card}"
-        if card in mig:
-            profile, count = mig[card]
-            if count == 0:
-                devices.append(
-                    Device(
-                        number=card,
-                        label=device_label(card, gpu_class),
-                        uuid=card_uuid,
-                        name=gpu_class,
-                        gpu_class=gpu_class,
-                        memory_total_mib=memory,
-                        placeable=False,
-                        unplaceable_reason="MIG mode is on but no instance is carved",
-                    )
-                )
-                continue
-            for instance in range(1, count + 1):
-                number = mig_number(card, instance)
-                devices.append(
-                    Device(
-                        number=number,
-                        label=device_label(number),
-                        uuid=f"MIG-{name}-{card}-{instance}",
-                        name=gpu_class,
-                        gpu_class=f"{gpu_class}-mig-{profile}",
-                        memory_total_mib=memory // max(1, count),
-                        healthy=card not in bad,
-                        mig=MigInfo(
-                            parent_uuid=card_uuid,
-                            parent_index=card,
-                            gpu_instance_id=instance,
-                            compute_instance_id=0,
-                            profile=profile,
-                        ),
-                    )
-                )
-            continue
-        devices.append(
-            Device(
-                number=card,
-                label=device_label(card, gpu_class),
-                uuid=card_uuid,
+        profile, count = mig.get(card, ("", 0))
+        cards.append(
+            CardFacts(
+                index=card,
+                uuid=f"GPU-{name}-{card}",
                 name=gpu_class,
-                gpu_class=gpu_class,
                 memory_total_mib=memory,
-                healthy=card not in bad,
-                unhealthy_reasons=["uncorrectable ECC errors"] if card in bad else [],
+                mig_current=card in mig,
+                mig_pending=card in mig,
+                instances=[
+                    InstanceFacts(
+                        uuid=f"MIG-{name}-{card}-{instance}",
+                        profile=profile,
+                        gpu_instance_id=instance,
+                        compute_instance_id=0,
+                        memory_total_mib=memory // max(1, count),
+                    )
+                    for instance in range(1, count + 1)
+                ],
+                health=_ECC_ERRORS if card in bad else HealthFacts(),
             )
         )
+    devices = build_devices(cards, class_overrides={gpu_class: gpu_class})
     return _node(name, devices, fabrics, weights, admin_state, seen_at)
 
 
@@ -115,17 +94,7 @@ def cpu_node(
     seen_at: float | None = 0.0,
 ) -> NodeRecord:
     """A node without GPUs: ``slots`` devices of class ``cpu``."""
-    devices = [
-        Device(
-            number=slot,
-            label=device_label(slot, CPU_CLASS),
-            uuid=f"CPU-{name}-{slot}",
-            name="cpu",
-            gpu_class=CPU_CLASS,
-        )
-        for slot in range(slots)
-    ]
-    return _node(name, devices, fabrics, weights, admin_state, seen_at)
+    return _node(name, cpu_devices(slots, name), fabrics, weights, admin_state, seen_at)
 
 
 def _node(
