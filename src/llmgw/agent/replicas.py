@@ -275,13 +275,7 @@ class ReplicaRunner:
         timeout = self.assignment.model.start_timeout_s
         deadline = (self.started_at or time.time()) + timeout
         began = time.monotonic()
-        while True:
-            status = self.deps.supervisor.poll(proc)
-            if status.exited:
-                await self._exited(status)
-                return
-            if await self._over_budget(proc):
-                return
+        while not await self._ended(proc):
             path = self.health_path
             if path is None or await self._probe(path, HEALTH_TIMEOUT_S) is None:
                 self.ready_at = time.time()
@@ -305,13 +299,7 @@ class ReplicaRunner:
         liveness = self.deps.liveness
         last_rotate = time.monotonic()
         next_probe = time.monotonic() + liveness.interval_s
-        while True:
-            status = self.deps.supervisor.poll(proc)
-            if status.exited:
-                await self._exited(status)
-                return
-            if await self._over_budget(proc):
-                return
+        while not await self._ended(proc):
             if time.monotonic() - last_rotate > LOG_ROTATE_EVERY_S:
                 await asyncio.to_thread(self.deps.supervisor.rotate_if_large, self.replica_id)
                 last_rotate = time.monotonic()
@@ -401,6 +389,14 @@ class ReplicaRunner:
                 self.memory.attach(self.replica_id, self.proc.pid)
             except OSError as exc:  # e.g. the engine exited at once
                 log.warning("replica %s: memory watch: %s", self.replica_id, exc)
+
+    async def _ended(self, proc: EngineProcess) -> bool:
+        """Whether the engine exited or went over its memory budget (its replica failed)."""
+        status = self.deps.supervisor.poll(proc)
+        if status.exited:
+            await self._exited(status)
+            return True
+        return await self._over_budget(proc)
 
     async def _over_budget(self, proc: EngineProcess) -> bool:
         """Kill and fail an engine that uses more than its memory budget; True when it did."""

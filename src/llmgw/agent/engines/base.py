@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.progress import ProgressMetrics
 from llmgw.engine_env import env_problem
 from llmgw.errors import EngineError
-from llmgw.wire import CPU_CLASS, Device, EngineDialect, EngineKind, ReplicaAssignment
+from llmgw.wire import CPU_CLASS, Device, EngineDialect, EngineKind, ModelSpec, ReplicaAssignment
 
 MAX_ENGINE_ARGS = 256
 MAX_ARG_CHARS = 4096
@@ -298,3 +299,55 @@ def check_common(assignment: ReplicaAssignment, managed_flags: FlagRules | Itera
         raise EngineError(
             f"shard rank {assignment.shard.rank} is outside 0..{assignment.nodes - 1}"
         )
+
+
+@dataclass(frozen=True)
+class ServeFlags:
+    """How an engine's ``serve`` command (vLLM's, SGLang's) names what the agent sets."""
+
+    weights: str | None  # the flag before the weights path; None: it is positional
+    tp: str  # tensor-parallel size
+    pp: str  # pipeline-parallel size
+    leader: str  # the rank-0 node's address, on a multi-node replica
+
+
+def serve_argv(executable: str, ctx: LaunchContext, flags: ServeFlags, leader: str) -> list[str]:
+    """``EXE serve WEIGHTS``, the served name, where to listen and the parallel sizes;
+    on a multi-node replica, the node count, this shard's rank and the ``leader``."""
+    assignment = ctx.assignment
+    spec = assignment.model
+    weights = [flags.weights] if flags.weights is not None else []
+    ranks = [] if assignment.nodes <= 1 else [
+        "--nnodes",
+        str(assignment.nodes),
+        "--node-rank",
+        str(assignment.shard.rank),
+        flags.leader,
+        leader,
+    ]
+    return [
+        executable,
+        "serve",
+        *weights,
+        require_weights(ctx),
+        "--served-model-name",
+        spec.name,
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.port),
+        flags.tp,
+        str(spec.tp),
+        flags.pp,
+        str(spec.pp),
+        *ranks,
+    ]
+
+
+def launch_env(
+    spec: ModelSpec, devices: Sequence[Device], *, vulkan: bool = False
+) -> dict[str, str]:
+    """The catalog entry's environment with the pinning to ``devices`` over it."""
+    env = dict(spec.env)
+    env.update(engine_env(devices, vulkan=vulkan))
+    return env

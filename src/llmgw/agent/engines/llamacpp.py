@@ -19,13 +19,13 @@ import shutil
 import sys
 
 from llmgw import memory
-from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
     LaunchContext,
     check_common,
     has_flag,
+    launch_env,
     require_weights,
     uses_gpus,
 )
@@ -299,8 +299,7 @@ class LlamaCppAdapter:
             # model still computes.
             liveness = "/docs"
         argv += extra
-        env = dict(spec.env)
-        env.update(engine_env(ctx.devices, vulkan=self.vulkan))
+        env = launch_env(spec, ctx.devices, vulkan=self.vulkan)
         key = ctx.assignment.engine_key
         if key is not None:
             # From the environment, not --api-key/--api_key: argv is

@@ -13,17 +13,18 @@ their process runs.
 
 from __future__ import annotations
 
-from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
     LaunchContext,
     SecretFile,
+    ServeFlags,
     check_common,
     console_script,
     has_flag,
+    launch_env,
     require_leader,
-    require_weights,
+    serve_argv,
 )
 from llmgw.agent.progress import SGLANG_METRICS
 from llmgw.errors import EngineError
@@ -61,6 +62,9 @@ MANAGED_FLAGS = FlagRules(
     ),
     abbreviations=True,
 )
+SERVE_FLAGS = ServeFlags(
+    weights="--model-path", tp="--tp-size", pp="--pp-size", leader="--dist-init-addr"
+)
 
 
 class SglangAdapter:
@@ -80,35 +84,9 @@ class SglangAdapter:
         assignment = ctx.assignment
         self.validate(assignment)
         spec = assignment.model
-        argv = [
-            self.executable,
-            "serve",
-            "--model-path",
-            require_weights(ctx),
-            "--served-model-name",
-            spec.name,
-            "--host",
-            ctx.host,
-            "--port",
-            str(ctx.port),
-            "--tp-size",
-            str(spec.tp),
-            "--pp-size",
-            str(spec.pp),
-        ]
-        health: str | None = "/health"
-        if assignment.nodes > 1:
-            leader = assignment.leader_address or ""
-            argv += [
-                "--nnodes",
-                str(assignment.nodes),
-                "--node-rank",
-                str(assignment.shard.rank),
-                "--dist-init-addr",
-                leader,
-            ]
-            if assignment.shard.rank > 0:
-                health = None
+        argv = serve_argv(self.executable, ctx, SERVE_FLAGS, assignment.leader_address or "")
+        # Only rank 0 serves HTTP (check_common: a single-node replica's rank is 0).
+        health = "/health" if assignment.shard.rank == 0 else None
         progress = SGLANG_METRICS if health is not None else None
         # SGLang serves /metrics only when asked; without it the agent could
         # not tell a stuck engine from an idle one.
@@ -121,8 +99,7 @@ class SglangAdapter:
             # so the catalog cannot pass one of its own).
             secret = SecretFile("--config", f'api-key: "{assignment.engine_key}"\n')
         argv += spec.engine_args
-        env = dict(spec.env)
-        env.update(engine_env(ctx.devices, vulkan=False))
+        env = launch_env(spec, ctx.devices)
         return EngineLaunch(
             argv=argv,
             env=env,

@@ -26,15 +26,16 @@ import re
 import shutil
 from pathlib import Path
 
-from llmgw.agent.discovery.pinning import engine_env
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
     LaunchContext,
+    ServeFlags,
     check_common,
     console_script,
+    launch_env,
     require_leader,
-    require_weights,
+    serve_argv,
 )
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
@@ -80,6 +81,10 @@ MANAGED_FLAGS = FlagRules(
     dashes=True,
     abbreviations=True,
     dotted=True,
+)
+SERVE_FLAGS = ServeFlags(
+    weights=None, tp="--tensor-parallel-size", pp="--pipeline-parallel-size",
+    leader="--master-addr",
 )
 MULTI_NODE_SINCE = (0, 11, 1)
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
@@ -166,44 +171,22 @@ class VllmAdapter:
         assignment = ctx.assignment
         self.validate(assignment)
         spec = assignment.model
-        argv = [
-            self.executable,
-            "serve",
-            require_weights(ctx),
-            "--served-model-name",
-            spec.name,
-            "--host",
-            ctx.host,
-            "--port",
-            str(ctx.port),
-            "--tensor-parallel-size",
-            str(spec.tp),
-            "--pipeline-parallel-size",
-            str(spec.pp),
-        ]
-        health: str | None = "/health"
+        host, port = ("", None)
         if assignment.nodes > 1:
             host, port = require_leader(assignment, needs_port=False)
-            argv += [
-                "--nnodes",
-                str(assignment.nodes),
-                "--node-rank",
-                str(assignment.shard.rank),
-                "--master-addr",
-                host,
-            ]
-            if port is not None:
-                argv += ["--master-port", str(port)]
-            if assignment.shard.rank > 0:
-                argv.append("--headless")
-                health = None
+        argv = serve_argv(self.executable, ctx, SERVE_FLAGS, host)
+        if port is not None:
+            argv += ["--master-port", str(port)]
+        health: str | None = "/health"
+        if assignment.shard.rank > 0:  # only rank 0 serves the API
+            argv.append("--headless")
+            health = None
         # Only the rank that serves HTTP listens with TLS (uvicorn's flags).
         tls = ctx.tls is not None and health is not None
         if tls and ctx.tls is not None:
             argv += ["--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file]
         argv += spec.engine_args
-        env = dict(spec.env)
-        env.update(engine_env(ctx.devices, vulkan=False))
+        env = launch_env(spec, ctx.devices)
         if assignment.engine_key is not None:
             # vLLM takes its key from VLLM_API_KEY when --api-key is absent,
             # which keeps it out of argv (world-readable in /proc). It then
