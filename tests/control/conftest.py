@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from tests.control.planekit import Plane, served_plane
+from tests.control.standby_kit import Pair, leader_and_standby
 
 
 @pytest.fixture
@@ -14,3 +15,10 @@ async def plane(tmp_path: Path) -> AsyncIterator[Plane]:
     """A control plane on a fresh store with its first credentials, served on loopback."""
     async with served_plane(tmp_path) as served:
         yield served
+
+
+@pytest.fixture
+async def pair(pg_database_url: str) -> AsyncIterator[Pair]:
+    """(leader, standby, credentials): two instances on one fresh PostgreSQL database."""
+    async with leader_and_standby(pg_database_url) as started:
+        yield started

@@ -12,13 +12,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from tests.agent.fakes import StubAdapter
+from tests.agent.helpers import cpu_slot
 from tests.servers import free_port, serve_asgi
 
+from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.app import create_app
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.repo import Store
+from llmgw.wire import EngineKind, NodeInventory
+
+Pair = tuple["Instance", "Instance", NewCredentials]
 
 
 @dataclass
@@ -61,9 +68,7 @@ async def instance(database_url: str) -> AsyncIterator[Instance]:
 
 
 @contextlib.asynccontextmanager
-async def leader_and_standby(
-    database_url: str,
-) -> AsyncIterator[tuple[Instance, Instance, NewCredentials]]:
+async def leader_and_standby(database_url: str) -> AsyncIterator[Pair]:
     """(leader, standby, credentials) on one fresh database; the first started leads."""
     store = await Store.open(database_url)
     creds = await ControlPlane(store).ensure_credentials()
@@ -71,3 +76,16 @@ async def leader_and_standby(
     async with instance(database_url) as leader, instance(database_url) as standby:
         assert leader.cp.is_leader and not standby.cp.is_leader
         yield leader, standby, creds
+
+
+def inventory() -> NodeInventory:
+    return NodeInventory(hostname="n1", devices=[cpu_slot(0, "n1")])
+
+
+def stub_agent(control_plane: str, data_dir: Path, join_token: str | None) -> Agent:
+    """Node n1's agent with one CPU slot, its engines stubs that are ready at once."""
+    return Agent(
+        AgentConfig(control_plane=control_plane, data_dir=data_dir, name="n1",
+                    join_token=join_token, stop_grace_s=2.0),
+        inventory_provider=inventory, adapters={EngineKind.SIM: StubAdapter()},
+    )

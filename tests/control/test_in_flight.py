@@ -12,6 +12,7 @@ from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
 from llmgw.control.inflight import ACTIVITY_SLACK_S, STALE_AFTER_S, InFlightBook, StoredActivity
 from llmgw.control.service import ControlPlane
+from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.wire import GatewayLoadReport, ReplicaLoad
 
@@ -22,46 +23,42 @@ def report(gateway: str, replica: str, in_flight: int) -> GatewayLoadReport:
     )
 
 
-def test_a_quiet_gateway_does_not_erase_another_gateways_long_request(tmp_path: Path) -> None:
+def idle_replica() -> tuple[Fleet, ReplicaRecord]:
+    """A fleet with one replica, idle long enough to be a candidate for stopping."""
     fleet = Fleet(now=time.time())
     fleet.node("n1")
     fleet.model("m", min_replicas=0, max_replicas=1)
-    replica = fleet.replica("m", "n1", [0], idle=3 * IDLE_THRESHOLD_S)
+    return fleet, fleet.replica("m", "n1", [0], idle=3 * IDLE_THRESHOLD_S)
 
-    async def main() -> None:
+
+def record_loads(tmp_path: Path, fleet: Fleet, replica: ReplicaRecord,
+                 loads: list[tuple[str, int]]) -> list[int]:
+    """Each (gateway, in flight) reported in turn; the replica's summed count after each."""
+
+    async def main() -> list[int]:
         store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
         try:
             cp = ControlPlane(store, fleet.state)
-            await cp.gateways.record_load(report("gw-a", replica.id, 1))
-            await cp.gateways.record_load(report("gw-b", replica.id, 0))
-            assert replica.in_flight == 1
-            await cp.gateways.record_load(report("gw-b", replica.id, 2))
-            assert replica.in_flight == 3
-            await cp.gateways.record_load(report("gw-a", replica.id, 0))
-            await cp.gateways.record_load(report("gw-b", replica.id, 0))
-            assert replica.in_flight == 0
+            seen = []
+            for gateway, in_flight in loads:
+                await cp.gateways.record_load(report(gateway, replica.id, in_flight))
+                seen.append(replica.in_flight)
+            return seen
         finally:
             await store.close()
 
-    asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_a_quiet_gateway_does_not_erase_another_gateways_long_request(tmp_path: Path) -> None:
+    fleet, replica = idle_replica()
+    loads = [("gw-a", 1), ("gw-b", 0), ("gw-b", 2), ("gw-a", 0), ("gw-b", 0)]
+    assert record_loads(tmp_path, fleet, replica, loads) == [1, 1, 3, 2, 0]
 
 
 def test_the_summary_sees_the_request_another_gateway_holds(tmp_path: Path) -> None:
-    fleet = Fleet(now=time.time())
-    fleet.node("n1")
-    fleet.model("m", min_replicas=0, max_replicas=1)
-    replica = fleet.replica("m", "n1", [0], idle=3 * IDLE_THRESHOLD_S)
-
-    async def main() -> None:
-        store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
-        try:
-            cp = ControlPlane(store, fleet.state)
-            await cp.gateways.record_load(report("gw-a", replica.id, 1))
-            await cp.gateways.record_load(report("gw-b", replica.id, 0))
-        finally:
-            await store.close()
-
-    asyncio.run(main())
+    fleet, replica = idle_replica()
+    record_loads(tmp_path, fleet, replica, [("gw-a", 1), ("gw-b", 0)])
     summary = fleet_summary(fleet.state, time.time(), StoreStatus(members=[]))
     assert summary.idle_replicas == []
 
@@ -104,21 +101,9 @@ def test_stored_use_is_written_on_a_turn_busy_or_quiet_and_else_at_a_bounded_rat
 def test_a_replica_in_use_counts_as_used_now_so_idle_time_runs_from_the_requests_end(
     tmp_path: Path,
 ) -> None:
-    fleet = Fleet(now=time.time())
-    fleet.node("n1")
-    fleet.model("m", min_replicas=0, max_replicas=1)
-    replica = fleet.replica("m", "n1", [0], idle=3 * IDLE_THRESHOLD_S)
-
-    async def main() -> None:
-        store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
-        try:
-            cp = ControlPlane(store, fleet.state)
-            await cp.gateways.record_load(report("gw-a", replica.id, 1))  # sent 30 minutes ago
-            await cp.gateways.record_load(report("gw-a", replica.id, 0))  # ended now
-        finally:
-            await store.close()
-
-    asyncio.run(main())
+    fleet, replica = idle_replica()
+    # Sent 30 minutes ago, ended now.
+    record_loads(tmp_path, fleet, replica, [("gw-a", 1), ("gw-a", 0)])
     idle = replica.idle_seconds(time.time())
     assert idle is not None and idle < 60
     assert fleet_summary(fleet.state, time.time(), StoreStatus(members=[])).idle_replicas == []

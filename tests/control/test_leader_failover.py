@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 from tests.servers import free_port
+from tests.waiting import eventually_sync
 
 
 def start_serve(tmp_path: Path, name: str, database_url: str) -> tuple[subprocess.Popen[str], str]:
@@ -32,24 +33,17 @@ def health(url: str) -> dict[str, object] | None:
     return dict(answer.json()) if answer.status_code == 200 else None
 
 
-def wait_for(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_standby_takes_over_when_the_leader_dies(tmp_path: Path, pg_database_url: str) -> None:
     first, first_url = start_serve(tmp_path, "first", pg_database_url)
     second: subprocess.Popen[str] | None = None
     try:
-        assert wait_for(lambda: (health(first_url) or {}).get("leader") is True, 30), (
-            (tmp_path / "first.log").read_text()
-        )
+        eventually_sync(lambda: (health(first_url) or {}).get("leader") is True, 30,
+                        "the first instance to lead", every_s=0.2,
+                        note=lambda: (tmp_path / "first.log").read_text())
         second, second_url = start_serve(tmp_path, "second", pg_database_url)
-        assert wait_for(lambda: health(second_url) is not None, 30)
+        eventually_sync(lambda: health(second_url), 30, "the second instance to answer",
+                        every_s=0.2)
+        # A while answering beside a live leader: it must not have taken over.
         time.sleep(1.5)
         # Hot standby: up and answering, but not reconciling.
         assert (health(second_url) or {}).get("leader") is False
@@ -58,9 +52,9 @@ def test_standby_takes_over_when_the_leader_dies(tmp_path: Path, pg_database_url
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(10)
         started = time.monotonic()
-        assert wait_for(lambda: (health(second_url) or {}).get("leader") is True, 20), (
-            (tmp_path / "second.log").read_text()
-        )
+        eventually_sync(lambda: (health(second_url) or {}).get("leader") is True, 20,
+                        "the standby to take over", every_s=0.2,
+                        note=lambda: (tmp_path / "second.log").read_text())
         took = time.monotonic() - started
         state = health(second_url) or {}
         assert int(state["epoch"]) > epoch_before  # type: ignore[call-overload]

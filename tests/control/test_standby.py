@@ -10,60 +10,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.agent.fakes import StubAdapter
-from tests.agent.helpers import cpu_slot
-from tests.control.standby_kit import Instance, leader_and_standby
+from tests.control.planekit import bearer, send_report
+from tests.control.standby_kit import Pair, inventory, stub_agent
+from tests.waiting import eventually
 
-from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.gateway_link import InProcessLink
 from llmgw.control.rows import replica_row
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.service import ControlPlane
 from llmgw.errors import StandbyError
 from llmgw.gateway.link import HttpControlPlaneLink
 from llmgw.wire import (
     LEADER_HEADER,
     STANDBY_CODE,
-    EngineKind,
     GatewayLoadReport,
     ModelSpec,
-    NodeInventory,
     ReplicaLoad,
     ReplicaState,
     UsageRecord,
 )
 
 
-@pytest.fixture
-async def pair(pg_database_url: str) -> AsyncIterator[tuple[Instance, Instance, NewCredentials]]:
-    """(leader, standby, credentials) on one fresh database."""
-    async with leader_and_standby(pg_database_url) as started:
-        yield started
-
-
-async def eventually(check: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
-def inventory() -> NodeInventory:
-    return NodeInventory(hostname="n1", devices=[cpu_slot(0, "n1")])
-
-
 async def test_a_standby_refuses_writes_naming_the_leader_and_serves_admin_reads(
-    pair: tuple[Instance, Instance, NewCredentials],
+    pair: Pair,
 ) -> None:
     leader, standby, creds = pair
     assert creds.join_token and creds.gateway_token and creds.admin_token
     await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
-    admin = {"Authorization": f"Bearer {creds.admin_token}"}
-    gateway = {"Authorization": f"Bearer {creds.gateway_token}"}
+    admin, gateway = bearer(creds.admin_token), bearer(creds.gateway_token)
     async with httpx.AsyncClient(base_url=standby.url, timeout=10) as http:
         refused = [
             await http.post("/agent/v1/register", json={"node": "n1",
@@ -101,7 +78,7 @@ async def test_a_standby_refuses_writes_naming_the_leader_and_serves_admin_reads
 
 
 async def test_the_in_process_gateway_of_a_standby_keeps_usage_and_refuses_demand(
-    pair: tuple[Instance, Instance, NewCredentials],
+    pair: Pair,
 ) -> None:
     _, standby, _ = pair
     link = InProcessLink(standby.cp)
@@ -113,15 +90,11 @@ async def test_the_in_process_gateway_of_a_standby_keeps_usage_and_refuses_deman
 
 
 async def test_agents_and_gateways_follow_the_leader_across_a_failover(
-    pair: tuple[Instance, Instance, NewCredentials], tmp_path: Path,
+    pair: Pair, tmp_path: Path,
 ) -> None:
     leader, standby, creds = pair
     await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
-    agent = Agent(
-        AgentConfig(control_plane=f"{standby.url},{leader.url}", data_dir=tmp_path / "n1",
-                    name="n1", join_token=creds.join_token, stop_grace_s=2.0),
-        inventory_provider=inventory, adapters={EngineKind.SIM: StubAdapter()},
-    )
+    agent = stub_agent(f"{standby.url},{leader.url}", tmp_path / "n1", creds.join_token)
     assert creds.gateway_token
     link = HttpControlPlaneLink([standby.url, leader.url], creds.gateway_token)
     run = asyncio.create_task(agent.run())
@@ -139,11 +112,8 @@ async def test_agents_and_gateways_follow_the_leader_across_a_failover(
         await link.demand("m")
 
         # The standby answers the agent's own report with the leader's URL.
-        report = agent.build_report(inventory())
         async with httpx.AsyncClient(timeout=10) as http:
-            answer = await http.post(f"{standby.url}/agent/v1/report",
-                                     content=report.model_dump_json(),
-                                     headers={"Authorization": f"Bearer {token}"})
+            answer = await send_report(http, standby.url, token, agent.build_report(inventory()))
         assert answer.status_code == 503 and answer.headers[LEADER_HEADER] == leader.url
 
         # The leader goes; the standby takes over, and the agent and the
@@ -171,21 +141,17 @@ async def test_agents_and_gateways_follow_the_leader_across_a_failover(
 
 
 async def test_a_standby_shows_a_replica_busy_while_the_leader_hears_of_requests_in_flight(
-    pair: tuple[Instance, Instance, NewCredentials], tmp_path: Path,
+    pair: Pair, tmp_path: Path,
 ) -> None:
     # Gateways report requests in flight to the leader only; a standby's
     # summary is built from the store. A replica streaming one long request
     # must read as busy on both: idle time 0, never in idle_replicas.
     leader, standby, creds = pair
     await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
-    agent = Agent(
-        AgentConfig(control_plane=leader.url, data_dir=tmp_path / "n1", name="n1",
-                    join_token=creds.join_token, stop_grace_s=2.0),
-        inventory_provider=inventory, adapters={EngineKind.SIM: StubAdapter()},
-    )
+    assert creds.admin_token and creds.gateway_token
+    agent = stub_agent(leader.url, tmp_path / "n1", creds.join_token)
     run = asyncio.create_task(agent.run())
-    admin = {"Authorization": f"Bearer {creds.admin_token}"}
-    gateway = {"Authorization": f"Bearer {creds.gateway_token}"}
+    admin, gateway = bearer(creds.admin_token), bearer(creds.gateway_token)
 
     def ready(cp: ControlPlane) -> list[str]:
         return [r.id for r in cp.state.replicas.values() if r.state == ReplicaState.READY]
@@ -197,10 +163,9 @@ async def test_a_standby_shows_a_replica_busy_while_the_leader_hears_of_requests
         return ([r["id"] for r in summary["idle_replicas"]], replica["idle_seconds"],
                 replica["in_flight"])
 
-    async def stored_in_flight() -> int | None:
+    async def stored_in_flight(expected: int) -> bool:
         (row,) = await standby.store.list_replicas()
-        value: int | None = row["in_flight"]
-        return value
+        return bool(row["in_flight"] == expected)
 
     async def load(http: httpx.AsyncClient, in_flight: int) -> None:
         body = GatewayLoadReport(gateway_id="g1", replicas=[
@@ -227,20 +192,16 @@ async def test_a_standby_shows_a_replica_busy_while_the_leader_hears_of_requests
             # A gateway reports the request it has been streaming for 25 minutes.
             await load(http, 1)
             # The leader's own flush loop stores it (every 5 s), fenced.
-            deadline = time.monotonic() + 12
-            while await stored_in_flight() != 1:
-                assert time.monotonic() < deadline, "the leader never stored the request"
-                await asyncio.sleep(0.2)
+            await eventually(lambda: stored_in_flight(1), 12, "the leader to store the request",
+                             every_s=0.2)
             await standby.cp.load()  # what its 5-second refresh does
             for url in (leader.url, standby.url):
                 assert await views(http, url) == ([], 0, 1), url
 
             # The request ends: idle counts from its end, not from when it was sent.
             await load(http, 0)
-            deadline = time.monotonic() + 12
-            while await stored_in_flight() != 0:
-                assert time.monotonic() < deadline, "the leader never stored the end"
-                await asyncio.sleep(0.2)
+            await eventually(lambda: stored_in_flight(0), 12, "the leader to store the end",
+                             every_s=0.2)
             await standby.cp.load()
             for url in (leader.url, standby.url):
                 idle, seconds, in_flight = await views(http, url)

@@ -15,35 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import pytest
-from tests.agent.fakes import StubAdapter
-from tests.agent.helpers import cpu_slot
-from tests.control.standby_kit import Instance, leader_and_standby
+from tests.control.standby_kit import Instance, Pair, stub_agent
+from tests.waiting import eventually
 
-from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import fleet_summary
-from llmgw.control.service import NewCredentials
 from llmgw.control.state import REPLACE_AFTER_S, UNREACHABLE_AFTER_S
-from llmgw.wire import EngineKind, ModelSpec, NodeInventory, NodeState, ReplicaState
-
-Pair = tuple[Instance, Instance, NewCredentials]
-
-
-@pytest.fixture
-async def pair(pg_database_url: str) -> AsyncIterator[Pair]:
-    async with leader_and_standby(pg_database_url) as started:
-        yield started
-
-
-async def eventually(check: Callable[[], bool], within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
 
 async def test_a_node_silent_only_while_no_one_led_stays_reachable_and_keeps_its_replica(
@@ -51,12 +31,7 @@ async def test_a_node_silent_only_while_no_one_led_stays_reachable_and_keeps_its
 ) -> None:
     leader, standby, creds = pair
     await leader.cp.catalog.put([ModelSpec(name="m", engine="sim")])
-    agent = Agent(
-        AgentConfig(control_plane=leader.url, data_dir=tmp_path / "n1", name="n1",
-                    join_token=creds.join_token, stop_grace_s=2.0),
-        inventory_provider=lambda: NodeInventory(hostname="n1", devices=[cpu_slot(0, "n1")]),
-        adapters={EngineKind.SIM: StubAdapter()},
-    )
+    agent = stub_agent(leader.url, tmp_path / "n1", creds.join_token)
     run = asyncio.create_task(agent.run())
     runners = []
     try:
@@ -90,7 +65,10 @@ async def _takes_over_with_the_node_reachable(
     await leader.stop()
     await eventually(lambda: standby.cp.is_leader, 10, "the standby to take over")
     took_over = time.time()
-    await asyncio.sleep(1.5)  # a few reconcile passes (0.3 s each in the kit)
+    # A few reconcile passes as leader: each would have called the node unreachable.
+    passes = standby.runtime.passes
+    await eventually(lambda: standby.runtime.passes >= passes + 4, 10,
+                     "four reconcile passes on the new leader")
 
     now = time.time()
     node = standby.cp.state.nodes["n1"]
