@@ -10,7 +10,6 @@ fake engine (which records what it was sent) play it, with the official
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,6 +19,8 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from tests.gateway.conftest import async_client, make_config, running_gateway
+from tests.gateway.sims import LLAMA_DIALECT, counts, running_sim
+from tests.waiting import eventually
 
 from llmgw import wire
 from llmgw.gateway.assemble import Assembler
@@ -28,10 +29,7 @@ from llmgw.gateway.link import MemoryLink
 from llmgw.sim.engine import SimEngine
 
 # llama_cpp.server's dialect, on the sim's tokenizer route.
-UNSTOPPING = wire.EngineDialect(
-    max_completion_tokens=False, stream_usage=False, tokenize_path="/tokenize",
-    tokenize_field="prompt", stops_unstreamed=False,
-)  # fmt: skip
+UNSTOPPING = LLAMA_DIALECT.model_copy(update={"stops_unstreamed": False})
 STOPPING = UNSTOPPING.model_copy(update={"stops_unstreamed": True})
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Tell me about the prefix cache of this engine."}
@@ -135,17 +133,8 @@ def test_completion_chunks_become_one_text_with_its_logprobs() -> None:
 
 @pytest.fixture
 async def unstopping_sim() -> AsyncIterator[SimEngine]:
-    params = wire.SimParams(
-        startup_s=0.0, decode_ms_per_token=0.2, prefill_tokens_per_s=1e6,
-        max_completion_tokens=False, stream_usage=False,
-    )  # fmt: skip
-    engine = SimEngine("sim", params)
-    await engine.start("127.0.0.1", 0)
-    assert await engine.wait_ready()
-    try:
+    async with running_sim() as engine:
         yield engine
-    finally:
-        await engine.stop()
 
 
 def _route(url: str, dialect: wire.EngineDialect, name: str = "m") -> wire.ModelRoute:
@@ -172,10 +161,7 @@ async def test_an_assembled_answer_equals_the_engines_own_unstreamed_one(
             assert built.choices[0].message.content == direct.choices[0].message.content
             assert built.choices[0].message.role == "assistant"
             assert built.choices[0].finish_reason == direct.choices[0].finish_reason
-            assert built.usage is not None and direct.usage is not None
-            assert (built.usage.prompt_tokens, built.usage.completion_tokens,
-                    built.usage.total_tokens) == (direct.usage.prompt_tokens,
-                    direct.usage.completion_tokens, direct.usage.total_tokens)  # fmt: skip
+            assert counts(built.usage) == counts(direct.usage)
         built_text = await client.completions.create(model="m", prompt="twelve bytes",
                                                      max_tokens=5, temperature=0)  # fmt: skip
         direct_text = await client.completions.create(model="direct", prompt="twelve bytes",
@@ -183,10 +169,7 @@ async def test_an_assembled_answer_equals_the_engines_own_unstreamed_one(
         assert built_text.object == "text_completion"
         assert built_text.choices[0].text == direct_text.choices[0].text
         assert built_text.choices[0].finish_reason == direct_text.choices[0].finish_reason
-        assert built_text.usage is not None and direct_text.usage is not None
-        assert (built_text.usage.prompt_tokens, built_text.usage.completion_tokens) == (
-            direct_text.usage.prompt_tokens, direct_text.usage.completion_tokens
-        )  # fmt: skip
+        assert counts(built_text.usage)[:2] == counts(direct_text.usage)[:2]
 
 
 async def test_an_engine_reporting_stream_usage_is_asked_for_it_and_it_is_kept(
@@ -236,17 +219,11 @@ async def test_a_client_that_leaves_closes_the_stream_under_its_answer(
         with pytest.raises(openai.APITimeoutError):
             await impatient.chat.completions.create(model="m", messages=MESSAGES)
         # The engine's stream is cancelled within moments, not after 10 s of tokens.
-        for _ in range(100):
-            if engine.cancelled:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: engine.cancelled, 5, what="engine.cancelled")
         assert engine.cancelled == 1 and time.monotonic() - started < 5
         assert engine.seen[-1].body["stream"] is True
     # What it generated before the client left is metered, as an error.
-    for _ in range(100):
-        if link.usage:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: link.usage, 5, what="link.usage")
     assert [r.errors for r in link.usage] == [1]
 
 

@@ -8,13 +8,14 @@ tokenizer is a documented rule (4 bytes a token), so exact counts are known.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
 import pytest
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
+from tests.gateway.sims import LLAMA_DIALECT, metered, running_sim
+from tests.waiting import eventually
 
 from llmgw import wire
 from llmgw.gateway.dialect import LEGACY, mend_request, mending_for
@@ -23,26 +24,14 @@ from llmgw.gateway.proxy import StreamRelay
 from llmgw.sim.engine import SimEngine
 
 # What the llama.cpp adapter declares for llama_cpp.server, on the sim's routes.
-IGNORANT = wire.EngineDialect(
-    max_completion_tokens=False, stream_usage=False, tokenize_path="/tokenize",
-    tokenize_field="prompt",
-)  # fmt: skip
+IGNORANT = LLAMA_DIALECT
 MESSAGES = [{"role": "user", "content": "Count the blocks of the prefix cache, please."}]
 
 
 @pytest.fixture
 async def ignorant_sim() -> AsyncIterator[SimEngine]:
-    params = wire.SimParams(
-        startup_s=0.0, decode_ms_per_token=0.2, prefill_tokens_per_s=1e6,
-        max_completion_tokens=False, stream_usage=False,
-    )  # fmt: skip
-    engine = SimEngine("sim", params)
-    await engine.start("127.0.0.1", 0)
-    assert await engine.wait_ready()
-    try:
+    async with running_sim() as engine:
         yield engine
-    finally:
-        await engine.stop()
 
 
 def _sim_route(engine: SimEngine, dialect: wire.EngineDialect | None) -> wire.ModelRoute:
@@ -159,13 +148,8 @@ async def test_counted_stream_usage_equals_the_unstreamed_answer(ignorant_sim: S
             2 * whole.usage.prompt_tokens + usage.prompt_tokens + 3,  # three chats, one prompt
             7 + 7 + 3 + 2,
         )
-        for _ in range(100):
-            got = (sum(r.prompt_tokens for r in link.usage),
-                   sum(r.completion_tokens for r in link.usage))  # fmt: skip
-            if got == expected:
-                break
-            await asyncio.sleep(0.05)
-        assert got == expected
+        await eventually(lambda: metered(link) == expected, 5, what=f"{expected} metered",
+                         note=lambda: metered(link))  # fmt: skip
 
 
 async def test_max_completion_tokens_is_honoured_where_the_engine_ignores_it(
@@ -213,20 +197,12 @@ async def test_a_stream_that_ends_unfinished_is_an_error(
 async def test_a_sim_stream_cut_short_is_an_error_and_metered(link: MemoryLink) -> None:
     params = wire.SimParams(startup_s=0.0, decode_ms_per_token=0.2, fault="cut_stream",
                             crash_after_tokens=3, stream_usage=False)  # fmt: skip
-    engine = SimEngine("sim", params)
-    await engine.start("127.0.0.1", 0)
-    assert await engine.wait_ready()
-    try:
+    async with running_sim(params) as engine:
         link.publish(make_config(1, [_sim_route(engine, IGNORANT)]))
         async with running_gateway(link) as (_, url):
             with pytest.raises(openai.APIError, match="before finishing"):
                 await _stream(async_client(url), max_tokens=10)
             # The three tokens the client received are metered (an error row).
-            for _ in range(100):
-                if sum(r.completion_tokens for r in link.usage) == 3:
-                    break
-                await asyncio.sleep(0.05)
-            assert sum(r.completion_tokens for r in link.usage) == 3
+            await eventually(lambda: metered(link)[1] == 3, 5, what="3 tokens metered")
+            assert metered(link)[1] == 3
             assert sum(r.errors for r in link.usage) == 1
-    finally:
-        await engine.stop()

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from tests.gateway.conftest import SECRET, async_client, make_config, running_gateway
+from tests.gateway.sims import LLAMA_DIALECT, running_sim
 
 from llmgw import wire
 from llmgw.gateway.http1 import request_head
@@ -22,26 +23,14 @@ from llmgw.sim.engine import SimEngine
 KEY = "engine-key-0123456789abcdefghijklmnopqrstu"
 # llama_cpp.server's dialect on the sim's routes: streams are counted on the
 # engine's tokenizer route, which needs the key as well.
-COUNTED = wire.EngineDialect(
-    max_completion_tokens=False, stream_usage=False, tokenize_path="/tokenize",
-    tokenize_field="prompt",
-)  # fmt: skip
+COUNTED = LLAMA_DIALECT
 ASK = {"model": "sim", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
 
 
 @pytest.fixture
 async def keyed_sim() -> AsyncIterator[SimEngine]:
-    params = wire.SimParams(
-        startup_s=0.0, decode_ms_per_token=0.2, prefill_tokens_per_s=1e6,
-        max_completion_tokens=False, stream_usage=False,
-    )  # fmt: skip
-    engine = SimEngine("sim", params, api_key=KEY)
-    await engine.start("127.0.0.1", 0)
-    assert await engine.wait_ready()
-    try:
+    async with running_sim(api_key=KEY) as engine:
         yield engine
-    finally:
-        await engine.stop()
 
 
 def _route(engine: SimEngine, key: str | None) -> wire.ModelRoute:
