@@ -41,19 +41,26 @@ async def serve_asgi(
     gateway's long poll, say) before cutting them off; None waits for them.
     With ``tls``, it listens with that certificate and the URL is https://.
     """
+    # Bound here and handed to uvicorn: a port picked free and bound later may
+    # be taken in between.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port or 0))
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port or free_port(), lifespan="off", log_level="warning",
-        access_log=False, loop="none", timeout_graceful_shutdown=graceful_s,
-        **(tls.uvicorn_settings() if tls is not None else {}),
+        app, lifespan="off", log_level="warning", access_log=False, loop="none", ws="none",
+        timeout_graceful_shutdown=graceful_s, **(tls.uvicorn_settings() if tls else {}),
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = await start_server(server)
     try:
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{config.port}"
+        task = await start_server(server, [sock])
+        try:
+            yield f"{'https' if tls else 'http'}://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            server.should_exit = True
+            await task
     finally:
-        server.should_exit = True
-        await task
+        sock.close()
 
 
 # -- `llmgw up` as a child process ------------------------------------------------------

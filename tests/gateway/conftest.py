@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -10,14 +9,13 @@ from typing import Any
 
 import openai
 import pytest
-import uvicorn
 from tests.gateway.fake_upstream import FakeUpstream
+from tests.servers import serve_asgi
 
 from llmgw import secrets, wire
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.link import ControlPlaneLink, MemoryLink
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.serving import start_server
 
 SECRET = "sk-llmgw-test-key-0123456789abcdefghijklmnop"
 # `llmgw gateway` as its own process, and what it logs once it listens.
@@ -65,26 +63,6 @@ def fast_settings(**overrides: Any) -> GatewaySettings:
 
 
 @asynccontextmanager
-async def serve(app: Any) -> AsyncIterator[str]:
-    """Serve an ASGI app with uvicorn on a socket bound here (no port race)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, loop="none", ws="none"
-    )
-    server = uvicorn.Server(config)
-    task = await start_server(server, [sock])
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
-
-
-@asynccontextmanager
 async def running_gateway(
     link: ControlPlaneLink, settings: GatewaySettings | None = None, *, wait: bool = True
 ) -> AsyncIterator[tuple[Gateway, str]]:
@@ -93,7 +71,7 @@ async def running_gateway(
     try:
         if wait:
             assert await gateway.wait_configured(5.0)
-        async with serve(gateway) as url:
+        async with serve_asgi(gateway) as url:
             yield gateway, url
     finally:
         await gateway.stop()

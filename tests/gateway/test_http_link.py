@@ -9,6 +9,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
 from tests.gateway.fake_control_plane import TOKEN, FakeControlPlane
+from tests.waiting import eventually
 
 from llmgw.errors import AuthError, ControlPlaneUnavailable
 from llmgw.gateway.link import HttpControlPlaneLink
@@ -30,10 +31,10 @@ async def test_standalone_gateway_follows_the_control_plane_and_survives_its_abs
             lazy = asyncio.create_task(
                 client.chat.completions.create(model="lazy", messages=messages)
             )
-            for _ in range(100):
-                if plane.usage and plane.loads and plane.demands:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(
+                lambda: plane.usage and plane.loads and plane.demands, 5,
+                what="usage, load and demand reports",
+            )
             assert plane.demands == ["lazy"]
             assert plane.usage[0].requests == 1 and plane.usage[0].key_id == "k1"
             assert any(r.replica_id == "e1" for load in plane.loads for r in load.replicas)
@@ -56,10 +57,9 @@ async def test_standalone_gateway_follows_the_control_plane_and_survives_its_abs
             plane = await FakeControlPlane(
                 make_config(3, [route("m", [engine]), route("new", [engine])]), port=port
             ).start()
-            for _ in range(200):
-                if gateway.snapshot.version == 3:
-                    break
-                await asyncio.sleep(0.05)
+            await eventually(
+                lambda: gateway.snapshot.version == 3, 10, what="gateway.snapshot.version == 3"
+            )
             assert gateway.snapshot.version == 3
             answer = await client.chat.completions.create(model="new", messages=messages)
             assert answer.choices[0].message.content == "hello from e1"

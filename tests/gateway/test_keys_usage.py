@@ -17,6 +17,7 @@ from tests.gateway.conftest import (
     route,
     running_gateway,
 )
+from tests.waiting import eventually
 
 from llmgw import wire
 from llmgw.gateway.auth import Bucket
@@ -63,10 +64,10 @@ async def test_rpm_limit_survives_a_config_update(upstreams: Any, link: MemoryLi
         for _ in range(3):
             await client.chat.completions.create(model="m", messages=MESSAGES)
         link.publish(make_config(2, [route("m", [engine])], [api_key(rpm=3)]))
-        for _ in range(100):
-            if gateway.snapshot is not None and gateway.snapshot.version == 2:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: gateway.snapshot is not None and gateway.snapshot.version == 2, 1,
+            what="routing table version 2",
+        )
         with pytest.raises(openai.RateLimitError) as limited:
             await client.chat.completions.create(model="m", messages=MESSAGES)
         assert limited.value.code == "rate_limit_exceeded"
@@ -110,10 +111,9 @@ async def test_usage_is_batched_per_key_model_minute(upstreams: Any, link: Memor
         assert len(link.usage) == delivered
         assert len(gateway.runtime.usage) > 0  # kept in memory meanwhile
         link.fail = False
-        for _ in range(100):
-            if sum(r.requests for r in link.usage) == 7:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: sum(r.requests for r in link.usage) == 7, 5, what="7 requests metered"
+        )
     totals: dict[tuple[str, str], list[int]] = {}
     for record in link.usage:
         assert record.minute % 60 == 0

@@ -8,6 +8,7 @@ from typing import Any
 
 from openai.types.chat import ChatCompletionMessageParam
 from tests.gateway.conftest import async_client, fast_settings, make_config, route, running_gateway
+from tests.waiting import eventually
 
 from llmgw.gateway.link import MemoryLink
 
@@ -68,10 +69,10 @@ async def test_second_prompt_of_a_new_group_starts_elsewhere_not_behind_the_firs
         first = asyncio.create_task(ask("first"))
         snapshot = gateway.snapshot
         assert snapshot is not None
-        for _ in range(200):  # until the gateway has sent it (well within the 0.5 s)
-            if any(r.in_flight for r in snapshot.replicas.values()):
-                break
-            await asyncio.sleep(0.005)
+        await eventually(
+            lambda: any(r.in_flight for r in snapshot.replicas.values()), 1,
+            what="a request in flight",
+        )
         # The first is still in prefill: the engine holds nothing of the group
         # yet, so the second starts at once on the idle engine.
         second = await ask("second")

@@ -14,6 +14,7 @@ from pathlib import Path
 import openai
 import pytest
 from tests.servers import child_process, serve_asgi, terminates_cleanly
+from tests.waiting import eventually
 
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext
 from llmgw.agent.engines.sim import SimAdapter
@@ -201,10 +202,7 @@ async def test_in_process_engine_on_a_taken_port_exits_1() -> None:
     taken = engines.engines()[0].port
     assert taken is not None
     second = engines.spawn("r2", _launch(port=taken))
-    for _ in range(100):
-        if engines.poll(second).exited:
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: engines.poll(second).exited, 1, what="engines.poll(second).exited")
     assert engines.poll(second).code == 1
     assert "cannot listen" in engines.log_tail("r2")[-1]
     await engines.stop_all()
@@ -234,10 +232,10 @@ async def control_plane(tmp_path: Path) -> AsyncIterator[Plane]:
     await runtime.start()
     # Leadership reloads the state from the store; wait for it so that a
     # test never reads the state halfway through that reload.
-    for _ in range(200):
-        if runtime.is_leader and runtime.passes:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: runtime.is_leader and runtime.passes, 10,
+        what="a leading control plane's first pass",
+    )
     assert runtime.is_leader
     try:
         async with serve_asgi(create_app(cp)) as url:
