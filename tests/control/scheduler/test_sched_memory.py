@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from tests.control.scheduler.schedkit import fail_starts
+
 from llmgw import memory
 from llmgw.control.catalog import validate_catalog
 from llmgw.control.scheduler import filters as f
-from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import PARKED, Policy
 from llmgw.control.scheduler.placementnode import placement_node
 from llmgw.control.scheduler.planner import plan
@@ -116,31 +117,6 @@ BUDGET_REASON = (
 )
 
 
-def fail_starts(state: FleetState, policy: Policy, passes: int, reason: str) -> list[str]:
-    """Each pass, every starting replica fails with ``reason``; the events of all passes."""
-    events: list[str] = []
-    now = NOW
-    for _ in range(passes):
-        for replica in state.replicas.values():
-            if replica.state is ReplicaState.STARTING:
-                replica.state, replica.reason = ReplicaState.FAILED, reason
-        for node in state.nodes.values():
-            node.last_seen = now
-        decisions = decide(state, now, policy)
-        events += [f"{e.kind}: {e.message}" for e in decisions.events]
-        for removal in decisions.removals:
-            del state.replicas[removal.replica.id]
-        for replica in decisions.new:
-            state.replicas[replica.id] = replica
-        for name, update in decisions.models.items():
-            record = state.models[name]
-            record.failures, record.parked = update.failures, update.parked
-            record.last_error, record.backoff_until = update.last_error, update.backoff_until
-            record.node_failures = update.node_failures
-        now += 1.0
-    return events
-
-
 def two_nodes_one_serving() -> FleetState:
     # b's replica has served all along; a is the only free place, so every
     # new start goes there (the scenario where a node's fault does not park).
@@ -159,7 +135,7 @@ def two_nodes_one_serving() -> FleetState:
 def test_running_out_of_its_budget_again_and_again_parks_the_model_even_on_one_node() -> None:
     policy = Policy(backoff_base_s=0.0, failure_limit=3)
     state = two_nodes_one_serving()
-    events = fail_starts(state, policy, 5, BUDGET_REASON)
+    events, _ = fail_starts(state, policy, 5, NOW, BUDGET_REASON)
     record = state.models["m"]
     assert record.parked and record.failures == 3 and list(record.node_failures) == ["a"]
     parked = [e for e in events if e.startswith("parked:")]
@@ -178,7 +154,7 @@ def test_running_out_of_its_budget_again_and_again_parks_the_model_even_on_one_n
     # Another cause on one node while another node serves: the node's fault,
     # retried there (test_sched_node_failures), never parked.
     other = two_nodes_one_serving()
-    fail_starts(other, policy, 5, "engine exited with code 1")
+    fail_starts(other, policy, 5, NOW, "engine exited with code 1")
     assert not other.models["m"].parked and other.models["m"].failures > policy.failure_limit
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tests.control.scheduler.schedkit import fail_starts
+
 from llmgw.control.scheduler import filters as f
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import BACKING_OFF, PARKED, Policy
@@ -180,28 +182,6 @@ def test_failures_on_nodes_that_left_the_fleet_are_forgotten() -> None:
     assert decide(state, NOW).models["m"].node_failures == {}
 
 
-def run_failures(state: FleetState, policy: Policy, passes: int, now: float) -> float:
-    """Each pass: every starting replica fails; returns the time after the last pass."""
-    for _ in range(passes):
-        for replica in state.replicas.values():
-            if replica.state is ReplicaState.STARTING:
-                replica.state, replica.reason = ReplicaState.FAILED, "exit code 1"
-        for node in state.nodes.values():
-            node.last_seen = now
-        decisions = decide(state, now, policy)
-        for removal in decisions.removals:
-            del state.replicas[removal.replica.id]
-        for replica in decisions.new:
-            state.replicas[replica.id] = replica
-        for name, update in decisions.models.items():
-            record = state.models[name]
-            record.failures, record.parked = update.failures, update.parked
-            record.last_error, record.backoff_until = update.last_error, update.backoff_until
-            record.node_failures = update.node_failures
-        now += 1.0
-    return now
-
-
 def test_failing_on_one_node_while_another_node_serves_it_does_not_park() -> None:
     # Two one-card nodes, two replicas: b's has served all along, a fails
     # every start. a is the only free place, so it is retried there.
@@ -213,7 +193,7 @@ def test_failing_on_one_node_while_another_node_serves_it_does_not_park() -> Non
     failed_on(state, "b", "m", NOW - 500, "good")
     state.replicas["good"].state = ReplicaState.READY
     policy = Policy(backoff_base_s=0.0, failure_limit=3)
-    now = run_failures(state, policy, 8, NOW)
+    _, now = fail_starts(state, policy, 8, NOW)
     record = state.models["m"]
     assert record.failures >= 6 and not record.parked
     assert set(record.node_failures) == {"a"}
@@ -233,7 +213,7 @@ def test_failing_on_every_node_parks_as_before() -> None:
         [gpu_node(n, gpus=1, seen_at=NOW) for n in "abc"], [model("m")], NOW
     )
     policy = Policy(backoff_base_s=0.0, failure_limit=3)
-    run_failures(state, policy, 4, NOW)
+    fail_starts(state, policy, 4, NOW)
     record = state.models["m"]
     assert record.parked and record.failures == 3
     # Each retry went to a node it had not failed on yet.
@@ -245,7 +225,7 @@ def test_the_only_node_that_can_hold_the_model_parks_it_alone() -> None:
     nodes = [gpu_node("a", gpus=1, seen_at=NOW), gpu_node("b", gpu_class="l4-24g", seen_at=NOW)]
     state = fleet(nodes, [model("m")], NOW)
     policy = Policy(backoff_base_s=0.0, failure_limit=3)
-    run_failures(state, policy, 4, NOW)
+    fail_starts(state, policy, 4, NOW)
     record = state.models["m"]
     assert record.parked and record.failures == 3 and list(record.node_failures) == ["a"]
     (planned,) = plan(state, NOW + 10, policy=policy).models

@@ -13,6 +13,7 @@ store).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from unittest.mock import patch
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from tests.control.scheduler.schedkit import apply, drawn_fleet, passes_settings
 
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.scheduler.decide import decide
@@ -103,20 +105,6 @@ def catalog(draw: st.DrawFn) -> list[ModelSpec]:
     return out
 
 
-def apply(state: FleetState, decisions: Decisions) -> None:
-    for removal in decisions.removals:
-        state.replicas.pop(removal.replica.id, None)
-    for replica in decisions.mark_draining:
-        state.replicas[replica.id].move_to(ReplicaState.DRAINING)
-    for replica in decisions.new:
-        state.replicas[replica.id] = replica
-    for name, update in decisions.models.items():
-        record = state.models[name]
-        record.failures, record.parked = update.failures, update.parked
-        record.last_error, record.backoff_until = update.last_error, update.backoff_until
-        record.node_failures = update.node_failures
-
-
 def check_invariants(state: FleetState, decisions: Decisions, before: FleetState) -> None:
     held: dict[tuple[str, int], str] = {}
     for replica in state.replicas.values():
@@ -182,32 +170,19 @@ def evolve(state: FleetState, data: st.DataObject) -> None:
 
 
 def copy_nodes(state: FleetState) -> FleetState:
+    """The nodes as they are now: what a pass decided against, before `evolve` moves them."""
     snapshot = FleetState(models=state.models, replicas=dict(state.replicas))
     for name, node in state.nodes.items():
-        snapshot.nodes[name] = NodeRecord(
-            name=node.name,
-            registered_at=node.registered_at,
-            admin_state=node.admin_state,
-            fabrics=list(node.fabrics),
-            inventory=node.inventory,
-            last_seen=node.last_seen,
-        )
+        snapshot.nodes[name] = dataclasses.replace(node, fabrics=list(node.fabrics))
     return snapshot
 
 
-@settings(
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@passes_settings(100)
 @given(nodes(), catalog(), st.data())
 def test_invariants_hold_over_several_passes(
     node_list: list[NodeRecord], specs: list[ModelSpec], data: st.DataObject
 ) -> None:
-    state = fleet(node_list, specs, NOW)
-    for record in state.models.values():
-        if record.spec.on_demand and data.draw(st.booleans()):
-            record.demand_at = NOW
+    state = drawn_fleet(node_list, specs, NOW, data)
     policy = Policy(backoff_base_s=0.0, drain_grace_s=0.0, failure_limit=3)
     # Replica ids break ties (which extra goes first): random ids would make
     # one example behave differently on replay, which hypothesis refuses.

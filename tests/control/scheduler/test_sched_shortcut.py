@@ -14,13 +14,14 @@ from unittest.mock import patch
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.control.scheduler.test_sched_properties import NOW, apply, catalog, nodes
+from tests.control.scheduler.schedkit import apply, drawn_fleet, passes_settings
+from tests.control.scheduler.test_sched_properties import NOW, catalog, nodes
 
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.state import FleetState, NodeRecord
-from llmgw.sim.fleetgen import fleet, generate
+from llmgw.sim.fleetgen import generate
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
 
@@ -58,19 +59,13 @@ def evolve(state: FleetState, now: float, data: st.DataObject) -> None:
         )
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@passes_settings(60)
 @given(nodes(), catalog(), st.data())
 def test_the_shortcut_decides_what_the_full_path_decides(
     node_list: list[NodeRecord], specs: list[ModelSpec], data: st.DataObject
 ) -> None:
-    state = fleet(node_list, specs, NOW)
+    state = drawn_fleet(node_list, specs, NOW, data)
     for record in state.models.values():
-        if record.spec.on_demand and data.draw(st.booleans()):
-            record.demand_at = NOW
         record.spec.start_timeout_s = data.draw(st.sampled_from([30.0, 600.0]))
     policy = Policy(backoff_base_s=data.draw(st.sampled_from([0.0, 5.0])), drain_grace_s=0.0,
                     failure_limit=3)
