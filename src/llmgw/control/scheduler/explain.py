@@ -215,29 +215,34 @@ def _breakdown(
     return ", ".join(_phrase(rej, n, request, most_free) for rej, n in ordered)
 
 
+# How each reason reads in the unplaceable sentence, after its count of
+# nodes: {dim} is the rejection's dimension, {most} the most free seen on a
+# node rejected for it; a reason not listed reads as itself.
+# tests/control/scheduler pins the wording.
+_PHRASES = {
+    UNREACHABLE: "{reason}",
+    CORDONED: "{reason}",
+    DRAINING: "{reason}",
+    NO_CLASS: "no {dim}",
+    MIG_ONE_INSTANCE: "only MIG {dim} (one instance per replica)",
+    TOO_SMALL: "fewer than {per_node} {dim} in all",
+    TOO_FEW_HEALTHY: "too few healthy {dim}",
+    TOO_FEW_FREE: "too few free {dim} (at most {most} free)",
+    TOO_LITTLE_RAM: "too little free RAM (needs {memory_mib} MiB, at most {most} MiB free)",
+    NOT_ENTIRELY_FREE: "not entirely free",
+    NO_FABRIC: "in no fabric",
+    FAILED_HERE: "avoided after failures of {model} there",
+}
+
+
 def _phrase(key: tuple[str, str], n: int, request: Request, most_free: dict[str, int]) -> str:
     reason, dim = key
-    if reason in (UNREACHABLE, CORDONED, DRAINING):
-        return f"{n} {reason}"
-    if reason == NO_CLASS:
-        return f"{n} no {dim}"
-    if reason == MIG_ONE_INSTANCE:
-        return f"{n} only MIG {dim} (one instance per replica)"
-    if reason == TOO_SMALL:
-        return f"{n} fewer than {request.per_node} {dim} in all"
-    if reason == TOO_FEW_HEALTHY:
-        return f"{n} too few healthy {dim}"
-    if reason == TOO_FEW_FREE:
-        return f"{n} too few free {dim} (at most {most_free.get(dim, 0)} free)"
-    if reason == TOO_LITTLE_RAM:
-        return (
-            f"{n} too little free RAM (needs {request.memory_mib} MiB, at most"
-            f" {most_free.get(dim, 0)} MiB free)"
-        )
-    if reason == NOT_ENTIRELY_FREE:
-        return f"{n} not entirely free"
-    if reason == NO_FABRIC:
-        return f"{n} in no fabric"
-    if reason == FAILED_HERE:
-        return f"{n} avoided after failures of {request.model} there"
-    return f"{n} {reason}"
+    words = _PHRASES.get(reason, "{reason}").format(
+        reason=reason,
+        dim=dim,
+        most=most_free.get(dim, 0),
+        per_node=request.per_node,
+        memory_mib=request.memory_mib,
+        model=request.model,
+    )
+    return f"{n} {words}"

@@ -11,7 +11,7 @@ holds these views and the indexes over them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from llmgw import memory
@@ -70,6 +70,27 @@ class PlacementNode:
         if self.memory_total_mib is None:
             return None
         return self.memory_total_mib - self.memory_used_mib
+
+    def hold(self, numbers: Collection[int], model: str, ram_mib: int | None) -> None:
+        """Mark these devices as held by a shard of ``model``; ``ram_mib``: what
+        a shard on CPU slots is charged in RAM (None: not placed against RAM).
+
+        A device already held stays held: two replicas claiming one device
+        (a report racing a pass) must not make it count twice.
+        """
+        free_by_class, used, device_class = self.free, self.used, self.device_class
+        for number in numbers:
+            gpu_class = device_class.get(number)
+            if gpu_class is None:
+                continue
+            free = free_by_class.get(gpu_class)
+            if free is not None and number in free:
+                free.remove(number)
+                used[gpu_class] = used.get(gpu_class, 0) + 1
+                self.used_total += 1
+        self.replicas[model] = self.replicas.get(model, 0) + 1
+        if ram_mib is not None and self.on_cpu(numbers):
+            self.memory_used_mib += ram_mib
 
     def on_cpu(self, numbers: Iterable[int]) -> bool:
         """Whether a shard on these devices runs on CPU slots (and so in RAM)."""

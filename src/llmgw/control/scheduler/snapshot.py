@@ -215,19 +215,7 @@ class PlacementSnapshot:
         view = self._own(node)
         self._unindex(view)
         self._touched(view)
-        taken = set(numbers)
-        for number in taken:
-            gpu_class = view.device_class.get(number)
-            if gpu_class is None:
-                continue
-            free = view.free.get(gpu_class)
-            if free is not None and number in free:
-                free.remove(number)
-                view.used[gpu_class] = view.used.get(gpu_class, 0) + 1
-                view.used_total += 1
-        view.replicas[model] = view.replicas.get(model, 0) + 1
-        if model in self.ram_need and view.on_cpu(taken):
-            view.memory_used_mib += self.ram_need[model]
+        view.hold(set(numbers), model, self.ram_need.get(model))
         self._index(view)
 
     def release(self, node: str, numbers: Iterable[int], model: str) -> None:
@@ -395,18 +383,6 @@ def build_snapshot(
             continue
         for shard in replica.shards:
             view = views.get(shard.node)
-            if view is None:
-                continue
-            for number in shard.device_numbers:
-                gpu_class = view.device_class.get(number)
-                if gpu_class is None:
-                    continue
-                free = view.free.get(gpu_class)
-                if free is not None and number in free:
-                    free.remove(number)
-                    view.used[gpu_class] = view.used.get(gpu_class, 0) + 1
-                    view.used_total += 1
-            view.replicas[replica.model] = view.replicas.get(replica.model, 0) + 1
-            if replica.model in ram_need and view.on_cpu(shard.device_numbers):
-                view.memory_used_mib += ram_need[replica.model]
+            if view is not None:
+                view.hold(shard.device_numbers, replica.model, ram_need.get(replica.model))
     return PlacementSnapshot(now, views, ram_need)
