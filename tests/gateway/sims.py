@@ -1,4 +1,4 @@
-"""The simulated engine as the gateway's tests start it: playing llama_cpp.server, exactly.
+"""Engines the gateway's tests start: the simulator playing llama_cpp.server, and aiohttp stubs.
 
 The sim's tokenizer is a documented rule (4 bytes a token), so the counts a
 test expects are known; these parameters and this dialect are what the
@@ -9,9 +9,10 @@ llama.cpp adapter declares for llama_cpp.server (it ignores
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+from aiohttp import web
 from openai.types import CompletionUsage
 
 from llmgw import wire
@@ -40,6 +41,22 @@ async def running_sim(
         yield engine
     finally:
         await engine.stop()
+
+
+@asynccontextmanager
+async def stub_engine(
+    path: str, answer: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> AsyncIterator[str]:
+    """An engine that answers POSTs to ``path`` with ``answer``, on a free port: its URL."""
+    app = web.Application()
+    app.router.add_post(path, answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 def metered(link: MemoryLink) -> tuple[int, int]:

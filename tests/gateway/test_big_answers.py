@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
+from tests.gateway.sims import stub_engine
 
 from llmgw.gateway.http1 import AnswerTooLarge, Pool, render_post, request_head
 from llmgw.gateway.link import MemoryLink
@@ -35,15 +36,8 @@ async def big_engine() -> AsyncIterator[str]:
             "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
         })
 
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with stub_engine("/v1/chat/completions", chat) as url:
+        yield url
 
 
 async def test_a_3_mib_answer_arrives_in_full_at_once(big_engine: str, link: MemoryLink) -> None:

@@ -21,6 +21,7 @@ import openai
 import pytest
 from aiohttp import web
 from tests.gateway.conftest import SECRET, async_client, fast_settings, make_config, running_gateway
+from tests.gateway.sims import stub_engine
 
 from llmgw import wire
 from llmgw.gateway.app import Gateway
@@ -276,17 +277,10 @@ async def test_a_responses_stream_cut_short_ends_with_an_error_event() -> None:
         await resp.write_eof()
         return resp
 
-    app = web.Application()
-    app.router.add_post("/v1/responses", cut)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    route = wire.ModelRoute(name="m", served_name="m", endpoints=[
-        wire.Endpoint(replica_id="r", url=f"http://127.0.0.1:{port}")])  # fmt: skip
-    link = MemoryLink(make_config(1, [route]), poll_timeout_s=1.0)
-    try:
+    async with stub_engine("/v1/responses", cut) as engine:
+        route = wire.ModelRoute(name="m", served_name="m", endpoints=[
+            wire.Endpoint(replica_id="r", url=engine)])  # fmt: skip
+        link = MemoryLink(make_config(1, [route]), poll_timeout_s=1.0)
         async with running_gateway(link) as (gateway, url), httpx.AsyncClient(timeout=20) as http:
             answer = await http.post(f"{url}/v1/responses", headers=AUTH,
                                      json={"model": "m", "input": "x", "stream": True})
@@ -296,8 +290,6 @@ async def test_a_responses_stream_cut_short_ends_with_an_error_event() -> None:
             assert '"code":"upstream_incomplete"' in events[-1]
             usage = await _usage(gateway, link, "m")
         assert usage["requests"] == 1 and usage["errors"] == 1
-    finally:
-        await runner.cleanup()
 
 
 async def test_responses_are_routed_by_prefix_and_share_it_with_chat() -> None:
