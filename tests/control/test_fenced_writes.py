@@ -10,7 +10,6 @@ has not noticed yet).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.control.standby_kit import leader_and_standby
+from tests.waiting import eventually
 
 from llmgw.control.leader import Leadership
 from llmgw.control.reconciler import Reconciler
@@ -201,9 +201,7 @@ async def test_a_deposed_leader_answers_like_a_standby_and_the_fleet_leads_again
         assert not leader.cp.is_leader
         assert await leader.store.list_models() == []
         # It let go of the lock: one of the two leads again, under a newer epoch.
-        deadline = time.monotonic() + 15
-        while not any(i.cp.is_leader and i.cp.epoch > first_epoch + 1
-                      for i in (leader, standby)):
-            assert time.monotonic() < deadline, "no leader after the step-down"
-            await asyncio.sleep(0.1)
+        await eventually(lambda: any(i.cp.is_leader and i.cp.epoch > first_epoch + 1
+                                     for i in (leader, standby)),
+                         15, "a leader after the step-down", every_s=0.1)
         assert "late" not in leader.cp.state.models  # memory went back to the store's

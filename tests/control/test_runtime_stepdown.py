@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
 import pytest
+from tests.waiting import eventually
 
 from llmgw.control.reconciler import PassResult, Reconciler
 from llmgw.control.runtime import ControlPlaneRuntime
@@ -37,12 +36,12 @@ async def test_a_refused_pass_lets_go_of_the_lock_and_contends_again(
     try:
         first_epoch = runtime.election.epoch
         assert first_epoch >= 1
-        deadline = time.monotonic() + 10
         # Stepping down while still holding the lock would leave no leader
         # at all: nobody else can take it, and this instance does not lead.
-        while not (refused and cp.is_leader and runtime.election.epoch > first_epoch):
-            assert time.monotonic() < deadline, (refused, cp.is_leader, runtime.election.epoch)
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: refused and cp.is_leader and runtime.election.epoch > first_epoch, 10,
+            "a refused pass, then leading again under a newer epoch",
+            note=lambda: (refused, cp.is_leader, runtime.election.epoch))
     finally:
         await runtime.stop()
         await store.close()
