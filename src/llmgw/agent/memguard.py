@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -204,12 +205,7 @@ class CgroupParent:
     @classmethod
     def find(cls) -> CgroupParent | None:
         """The agent's own memory cgroup if engines can get cgroups under it, else None."""
-        own = _own_cgroups()
-        for mount, version in _memory_mounts():
-            relative = own.get("memory" if version == 1 else "")
-            if relative is None:
-                continue
-            parent = mount / relative.lstrip("/")
+        for parent, version in _own_memory_cgroups():
             if not os.access(parent, os.W_OK):
                 continue
             if version == 2 and not _enable_v2_memory(parent):
@@ -258,6 +254,15 @@ def _own_cgroups() -> dict[str, str]:
         for controller in parts[1].split(","):
             found[controller] = parts[2]
     return found
+
+
+def _own_memory_cgroups() -> Iterator[tuple[Path, int]]:
+    """The agent's own memory cgroup (path, version) under each memory hierarchy mounted."""
+    own = _own_cgroups()
+    for mount, version in _memory_mounts():
+        relative = own.get("memory" if version == 1 else "")
+        if relative is not None:
+            yield mount / relative.lstrip("/"), version
 
 
 def _memory_mounts() -> list[tuple[Path, int]]:
@@ -425,12 +430,7 @@ def node_memory_mib() -> int:
     against it would meet the container's limit instead.
     """
     total = int(psutil.virtual_memory().total)
-    own = _own_cgroups()
-    for mount, version in _memory_mounts():
-        relative = own.get("memory" if version == 1 else "")
-        if relative is None:
-            continue
-        path = mount / relative.lstrip("/")
+    for path, version in _own_memory_cgroups():
         name = "memory.limit_in_bytes" if version == 1 else "memory.max"
         limit = _read_int(path / name)  # None also for v2's "max"
         if limit is not None and 0 < limit < total:

@@ -14,13 +14,14 @@ same real capture drives both sources.
 from __future__ import annotations
 
 import queue
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 
-from llmgw.agent.discovery.base import CardFacts
+from llmgw.agent.discovery.base import CardFacts, InstanceFacts, ProcessFacts
 from llmgw.agent.discovery.devices import pending_mode
 from llmgw.agent.discovery.nvml import GPU_IS_LOST, LIBRARY_NOT_FOUND, NOT_FOUND, NOT_SUPPORTED
 from llmgw.agent.discovery.xid import EVENT_XID_CRITICAL, TIMEOUT, WHOLE_GPU
@@ -305,6 +306,25 @@ def _mig_on(gpu: FakeGpu) -> bool:
     return gpu.mig_mode is not None and gpu.mig_mode[0] == 1
 
 
+def _fake_processes(processes: Iterable[ProcessFacts]) -> list[FakeProcess]:
+    return [FakeProcess(p.pid, p.used_memory_mib, p.name) for p in processes]
+
+
+def _fake_mig(instance: InstanceFacts, processes: list[ProcessFacts]) -> FakeMig:
+    """The MIG device NVML would show for ``instance``, with the card's processes on it."""
+    ids = (instance.gpu_instance_id, instance.compute_instance_id)
+    return FakeMig(
+        uuid=instance.uuid,
+        profile=instance.profile,
+        gpu_instance_id=instance.gpu_instance_id,
+        compute_instance_id=instance.compute_instance_id,
+        memory_total_mib=instance.memory_total_mib,
+        memory_used_mib=instance.memory_used_mib,
+        processes=_fake_processes(
+            p for p in processes if (p.gpu_instance_id, p.compute_instance_id) == ids
+        ),
+    )
+
 def fake_from_cards(cards: list[CardFacts]) -> FakeNvml:
     """A fake NVML answering what an nvidia-smi capture showed, card for card."""
     gpus = []
@@ -314,23 +334,7 @@ def fake_from_cards(cards: list[CardFacts]) -> FakeNvml:
             # NVML always answers both modes; a capture without <pending_mig>
             # has no change pending, so the pending mode is the current one.
             mode = (int(card.mig_current), int(bool(pending_mode(card))))
-        migs = [
-            FakeMig(
-                uuid=i.uuid,
-                profile=i.profile,
-                gpu_instance_id=i.gpu_instance_id,
-                compute_instance_id=i.compute_instance_id,
-                memory_total_mib=i.memory_total_mib,
-                memory_used_mib=i.memory_used_mib,
-                processes=[
-                    FakeProcess(p.pid, p.used_memory_mib, p.name)
-                    for p in card.processes
-                    if (p.gpu_instance_id, p.compute_instance_id)
-                    == (i.gpu_instance_id, i.compute_instance_id)
-                ],
-            )
-            for i in card.instances
-        ]
+        migs = [_fake_mig(i, card.processes) for i in card.instances]
         health = card.health
         rows = None
         if health.remapped_rows_pending is not None:
@@ -346,9 +350,7 @@ def fake_from_cards(cards: list[CardFacts]) -> FakeNvml:
                 power_mw=None if card.power_w is None else round(card.power_w * 1000),
                 mig_mode=mode,
                 migs=migs,
-                processes=[]
-                if card.mig_current
-                else [FakeProcess(p.pid, p.used_memory_mib, p.name) for p in card.processes],
+                processes=[] if card.mig_current else _fake_processes(card.processes),
                 ecc_volatile_uncorrected=health.ecc_volatile_uncorrected,
                 ecc_aggregate_uncorrected=health.ecc_aggregate_uncorrected,
                 retired_pages_pending=health.retired_pages_pending,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import replace
 
 from llmgw.agent.discovery.base import (
     CardFacts,
@@ -120,16 +121,10 @@ def _join_instances(listed: ListedGpu, xml: XmlCard) -> list[InstanceFacts]:
                 )
         else:
             found = xml.migs[position]
-        joined.append(
-            InstanceFacts(
-                uuid=named.uuid,
-                profile=named.profile,
-                gpu_instance_id=found.gpu_instance_id,
-                compute_instance_id=found.compute_instance_id,
-                memory_total_mib=found.memory_total_mib,
-                memory_used_mib=found.memory_used_mib,
-            )
-        )
+        # -q -x knows the ids and memory, -L the name; fresh lists, since
+        # processes and Xid reasons are added to each instance later.
+        joined.append(replace(found, uuid=named.uuid, profile=named.profile, processes=[],
+                              unhealthy_reasons=[]))
     return joined
 
 
