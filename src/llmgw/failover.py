@@ -29,9 +29,10 @@ way through the instances, apart from the HTTP library, so that the async
 clients (:meth:`LeaderFinder.request`, aiohttp) and the synchronous ``llmgw
 ctl`` (httpx) share these rules instead of each keeping a copy.
 
-Used by the agent (llmgw.agent.client), the standalone gateway
-(llmgw.gateway.link), ``llmgw ctl`` (llmgw.cli.ctl.client) and the simulated
-fleet (llmgw.sim.fleet); it imports none of them, nor the control plane.
+Used through llmgw.cpclient (which adds CA trust and reads statuses) by the
+agent, the standalone gateway and the simulated fleet, and directly by
+``llmgw ctl`` (llmgw.cli.ctl.client); it imports none of them, nor the
+control plane.
 """
 
 from __future__ import annotations
