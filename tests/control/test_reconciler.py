@@ -48,6 +48,17 @@ def touch(state: FleetState, at: float) -> None:
         node.last_seen = at
 
 
+async def first_pass(
+    store: Store, nodes: list[NodeRecord], specs: list[ModelSpec], policy: Policy | None = None
+) -> tuple[FleetState, Reconciler, int]:
+    """A fleet of ``nodes`` and ``specs`` after the reconciler's first pass at T0."""
+    epoch = await store.bump_epoch()
+    state = fleet(nodes, specs, T0)
+    reconciler = Reconciler(state, store, policy=policy)
+    await reconciler.run_pass(T0, epoch)
+    return state, reconciler, epoch
+
+
 async def kinds(store: Store) -> list[str]:
     return [row["kind"] for row in reversed(await store.list_events(limit=1000))]
 
@@ -239,10 +250,9 @@ async def test_a_model_failing_on_every_node_is_parked_as_before(store: Store) -
 
 
 async def test_a_replica_that_becomes_ready_resets_the_failure_count(store: Store) -> None:
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a"), [model("m")], T0)
-    reconciler = Reconciler(state, store, policy=Policy(backoff_base_s=1.0))
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(
+        store, one_gpu_nodes("a"), [model("m")], Policy(backoff_base_s=1.0)
+    )
     only(state).state = ReplicaState.FAILED
     await reconciler.run_pass(T0 + 1, epoch)
     assert state.models["m"].failures == 1
@@ -328,10 +338,9 @@ async def test_idle_on_demand_replicas_are_evicted_longest_idle_first(store: Sto
 
 
 async def test_draining_node_moves_replicas_make_before_break(store: Store) -> None:
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a", "b"), [model("m")], T0)
-    reconciler = Reconciler(state, store, policy=Policy(drain_grace_s=5.0))
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(
+        store, one_gpu_nodes("a", "b"), [model("m")], Policy(drain_grace_s=5.0)
+    )
     old = only(state)
     ready(old, T0 + 1)
     state.nodes[old.nodes[0]].admin_state = NodeState.DRAINING
@@ -360,10 +369,7 @@ async def test_draining_node_moves_replicas_make_before_break(store: Store) -> N
 
 
 async def test_a_drain_with_nowhere_to_go_keeps_the_old_replica(store: Store) -> None:
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a"), [model("m")], T0)
-    reconciler = Reconciler(state, store)
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(store, one_gpu_nodes("a"), [model("m")])
     ready(only(state), T0)
     state.nodes["a"].admin_state = NodeState.DRAINING
     result = await reconciler.run_pass(T0 + 1, epoch)
@@ -376,10 +382,12 @@ async def test_a_drain_with_nowhere_to_go_keeps_the_old_replica(store: Store) ->
 async def test_replicas_on_nodes_unreachable_past_the_grace_are_replaced(store: Store) -> None:
     # The model keeps a routable replica elsewhere: the lost one is waited
     # for (its node may come back with a warm cache), then replaced.
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a", "b", "c"), [model("m", min_replicas=2)], T0)
-    reconciler = Reconciler(state, store, policy=Policy(replace_after_s=120.0))
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(
+        store,
+        one_gpu_nodes("a", "b", "c"),
+        [model("m", min_replicas=2)],
+        Policy(replace_after_s=120.0),
+    )
     for replica in state.replicas.values():
         ready(replica, T0)
     lost = min(state.replicas.values(), key=lambda r: r.id)
@@ -398,10 +406,9 @@ async def test_replicas_on_nodes_unreachable_past_the_grace_are_replaced(store: 
 
 
 async def test_a_model_left_with_no_routable_replica_is_replaced_at_once(store: Store) -> None:
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a", "b"), [model("m")], T0)
-    reconciler = Reconciler(state, store, policy=Policy(replace_after_s=120.0))
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(
+        store, one_gpu_nodes("a", "b"), [model("m")], Policy(replace_after_s=120.0)
+    )
     lost = only(state)
     ready(lost, T0)
     survivor = "b" if lost.nodes == ["a"] else "a"
@@ -427,10 +434,9 @@ async def test_a_model_left_with_no_routable_replica_is_replaced_at_once(store: 
 
 
 async def test_with_nowhere_to_go_a_stranded_replica_is_kept(store: Store) -> None:
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a"), [model("m")], T0)
-    reconciler = Reconciler(state, store, policy=Policy(replace_after_s=120.0))
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(
+        store, one_gpu_nodes("a"), [model("m")], Policy(replace_after_s=120.0)
+    )
     lost = only(state)
     ready(lost, T0)
     result = await reconciler.run_pass(T0 + 40, epoch)
@@ -456,20 +462,14 @@ async def test_extras_are_removed_idle_first(store: Store) -> None:
 
 
 async def test_replicas_of_a_deleted_model_are_removed(store: Store) -> None:
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a"), [model("m")], T0)
-    reconciler = Reconciler(state, store)
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(store, one_gpu_nodes("a"), [model("m")])
     del state.models["m"]
     result = await reconciler.run_pass(T0 + 1, epoch)
     assert result.removed == 1 and state.replicas == {}
 
 
 async def test_a_changed_shape_is_replaced_make_before_break(store: Store) -> None:
-    epoch = await store.bump_epoch()
-    state = fleet(one_gpu_nodes("a", gpus=8), [model("m")], T0)
-    reconciler = Reconciler(state, store)
-    await reconciler.run_pass(T0, epoch)
+    state, reconciler, epoch = await first_pass(store, one_gpu_nodes("a", gpus=8), [model("m")])
     old = only(state)
     ready(old, T0)
     state.models["m"].spec = model("m", gpus=2)

@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from llmgw.control.gcpause import freeze_burst, paused_gc
 from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
@@ -26,6 +25,7 @@ from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.control.store.repo import Store
+from llmgw.control.writes import FencedWrites
 from llmgw.errors import NotFoundError
 from llmgw.wire import Event, ReplicaState
 
@@ -35,20 +35,6 @@ Row = dict[str, Any]
 # objects (replicas, rows, events) to walk again and again while the store's
 # driver allocates per row (see gcpause.freeze_burst).
 _FREEZE_AFTER = 1000
-
-
-class ReplicaWriter(Protocol):
-    """Where a pass is written: the runtime's fenced path (llmgw.control.writes), or a Store."""
-
-    async def write_replicas(
-        self,
-        upserts: Sequence[Row],
-        deletes: Iterable[str] = (),
-        *,
-        epoch: int | None = None,
-        events: Sequence[Row] = (),
-        models: Sequence[Row] = (),
-    ) -> None: ...
 
 
 @dataclass(slots=True)
@@ -72,7 +58,9 @@ class Reconciler:
     def __init__(
         self,
         state: FleetState,
-        store: Store | ReplicaWriter,
+        # Where a pass is written: the runtime's fenced path, or a Store
+        # itself (tests, benchmarks: one instance, no election).
+        store: Store | FencedWrites,
         *,
         policy: Policy | None = None,
         placer: Placer | None = None,

@@ -106,14 +106,14 @@ def test_several_replicas_of_one_cpu_model_on_one_node_take_a_slot_each() -> Non
     )
 
 
+def two_fabrics(*more: NodeRecord) -> list[NodeRecord]:
+    """Two eight-card nodes on fabric ib-a and two on ib-b, then ``more``."""
+    nodes = [gpu_node(f"{f}{n}", seen_at=NOW, fabrics=[f"ib-{f}"]) for f in "ab" for n in (1, 2)]
+    return [*nodes, *more]
+
+
 def test_multi_node_replica_takes_whole_free_nodes_of_one_fabric() -> None:
-    snapshot = snap(
-        gpu_node("a1", seen_at=NOW, fabrics=["ib-a"]),
-        gpu_node("a2", seen_at=NOW, fabrics=["ib-a"]),
-        gpu_node("b1", seen_at=NOW, fabrics=["ib-b"]),
-        gpu_node("b2", seen_at=NOW, fabrics=["ib-b"]),
-        gpu_node("b3", seen_at=NOW, fabrics=["ib-b"], weights=["big"]),
-    )
+    snapshot = snap(*two_fabrics(gpu_node("b3", seen_at=NOW, fabrics=["ib-b"], weights=["big"])))
     snapshot.allocate("a1", [0], "small")
     result = place(snapshot, model("big", gpus=16, nodes=2))
     assert result.fabric == "ib-b"
@@ -124,12 +124,7 @@ def test_multi_node_replica_takes_whole_free_nodes_of_one_fabric() -> None:
 
 
 def test_multi_node_wording_names_each_fabric() -> None:
-    snapshot = snap(
-        gpu_node("a1", seen_at=NOW, fabrics=["ib-a"]),
-        gpu_node("a2", seen_at=NOW, fabrics=["ib-a"]),
-        gpu_node("b1", seen_at=NOW, fabrics=["ib-b"]),
-        gpu_node("b2", seen_at=NOW, fabrics=["ib-b"]),
-    )
+    snapshot = snap(*two_fabrics())
     snapshot.allocate("a1", [0], "small")
     snapshot.allocate("b1", [0], "small")
     snapshot.allocate("b2", [0], "small")
