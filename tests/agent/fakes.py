@@ -13,8 +13,10 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
+from tests.agent.helpers import assign, cpu_slot
 
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext, check_common
 from llmgw.secrets import NODE_PREFIX, bearer, new_secret
@@ -25,6 +27,7 @@ from llmgw.wire import (
     AgentReport,
     AgentReportAnswer,
     EngineKind,
+    ModelSpec,
     ReplicaAssignment,
     ReplicaState,
     ReplicaStatus,
@@ -122,6 +125,12 @@ class FakeControlPlane:
             weight_digests=self.weight_digests,
         )
         return web.Response(body=answer.model_dump_json(), content_type="application/json")
+
+    def assign_one(self, spec: ModelSpec, node: str = "n1", **fields: Any) -> ReplicaAssignment:
+        """One replica of ``spec`` on the node's first CPU slot: its only assignment from now on."""
+        assignment = assign(spec, [cpu_slot(0)], node=node, **fields)
+        self.assignments[node] = [assignment]
+        return assignment
 
     async def wait_for(
         self, predicate: Callable[[AgentReport], bool], within: float = 15.0

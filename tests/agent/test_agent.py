@@ -17,6 +17,7 @@ from tests.agent.conftest import AgentFactory, cpu_inventory
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, model
 from tests.agent.test_weights import plant
+from tests.waiting import eventually
 
 from llmgw.errors import DiscoveryError
 from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, WeightsSource
@@ -43,11 +44,7 @@ def alive(pid: int) -> bool:
 
 
 async def wait_dead(pid: int, within: float = 10.0) -> None:
-    deadline = time.monotonic() + within
-    while alive(pid):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"pid {pid} still alive")
-        await asyncio.sleep(0.05)
+    await eventually(lambda: not alive(pid), within, what=f"pid {pid} to end")
 
 
 async def test_registers_once_and_keeps_the_token_private(
@@ -72,7 +69,7 @@ async def test_reports_ready_without_waiting_for_the_interval(
 ) -> None:
     fake_cp.interval = 30.0
     make_agent("n1")
-    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    fake_cp.assign_one(stub_model())
     await fake_cp.wait_for(lambda r: True)
     began = time.monotonic()
     # The only report that carries the assignment's answer was the first;
@@ -87,11 +84,11 @@ async def test_generation_change_restarts_and_kill_makes_failed(
     fake_cp: FakeControlPlane, make_agent: AgentFactory
 ) -> None:
     make_agent("n1")
-    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    fake_cp.assign_one(stub_model())
     first = await fake_cp.wait_state("r1", ReplicaState.READY)
     assert first.pid is not None
 
-    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)], generation=2)]
+    fake_cp.assign_one(stub_model(), generation=2)
     second = await fake_cp.wait_for(
         lambda r: any(s.generation == 2 and s.state == ReplicaState.READY for s in r.replicas)
     )
@@ -106,10 +103,12 @@ async def test_generation_change_restarts_and_kill_makes_failed(
     assert failed.reason and "SIGKILL" in failed.reason and "last output" in failed.reason
     assert failed.log_tail
     # Still assigned at the same generation: the agent does not restart it on
-    # its own; the control plane decides (a new generation, below).
-    await asyncio.sleep(0.8)
-    assert fake_cp.reports[-1].replicas[0].state == ReplicaState.FAILED
-    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)], generation=3)]
+    # its own; the control plane decides (a new generation, below). Three more
+    # reports (about a second) still say so.
+    for _ in range(3):
+        later = await fake_cp.wait_for(lambda r: True)
+        assert later.replicas[0].state == ReplicaState.FAILED
+    fake_cp.assign_one(stub_model(), generation=3)
     third = await fake_cp.wait_for(
         lambda r: any(s.generation == 3 and s.state == ReplicaState.READY for s in r.replicas)
     )
@@ -128,7 +127,7 @@ async def test_engine_exit_reason_has_code_and_last_lines(
 ) -> None:
     make_agent("n1")
     spec = stub_model(args=["--ready-after", "30", "--exit-after", "0.3", "--exit-code", "7"])
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
     assert failed.exit_code == 7
     assert failed.reason is not None
@@ -140,7 +139,7 @@ async def test_start_timeout_stops_the_engine(
 ) -> None:
     make_agent("n1")
     spec = stub_model(args=["--ready-after", "60"], timeout=1.0)
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     starting = await fake_cp.wait_state("r1", ReplicaState.STARTING)
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
     assert failed.reason and "start timeout" in failed.reason
@@ -224,7 +223,7 @@ async def test_agent_restart_adopts_the_running_engine(
 
 async def test_draining_is_reported(fake_cp: FakeControlPlane, make_agent: AgentFactory) -> None:
     make_agent("n1")
-    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    fake_cp.assign_one(stub_model())
     ready = await fake_cp.wait_state("r1", ReplicaState.READY)
     draining = assign(stub_model(), [cpu_slot(0)])
     draining.draining = True
@@ -326,9 +325,9 @@ async def test_while_only_a_standby_answers_reports_keep_the_interval(
     make_agent("n1")
     await fake_cp.wait_for(lambda r: True)
     fake_cp.standby = True
-    await asyncio.sleep(3.0)
-    # Interval 0.3 s: about 10 tries; doubling from 1 s would have made 2 or 3.
-    assert fake_cp.standby_answers >= 6, fake_cp.standby_answers
+    # Interval 0.3 s: about 10 tries in 3 s; doubling from 1 s would have made 2 or 3.
+    await eventually(lambda: fake_cp.standby_answers >= 6, 3.0, what="6 tries within 3 s",
+                     note=lambda: fake_cp.standby_answers)  # fmt: skip
     fake_cp.standby = False
     before = len(fake_cp.reports)
     started = time.monotonic()

@@ -91,7 +91,7 @@ async def test_the_dialect_is_reported_and_survives_adoption(
     fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
 ) -> None:
     agent = make_agent("n1", adapters={EngineKind.SIM: _IgnorantStub()})
-    fake_cp.assignments["n1"] = [assign(stub_model(), [cpu_slot(0)])]
+    fake_cp.assign_one(stub_model())
     ready = await fake_cp.wait_state("r1", ReplicaState.READY)
     assert ready.dialect == IGNORANT
     await agent.shutdown(stop_engines=False)  # as if the agent died

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
 import psutil
 import pytest
 import yaml
-from tests.agent.conftest import AgentFactory
+from tests.agent.conftest import AgentFactory, WatchLog
 from tests.agent.fakes import FakeControlPlane
 from tests.agent.helpers import assign, cpu_slot, gpu, model
 from tests.agent.test_engines import ctx
 from tests.agent.test_liveness import FAST
 from tests.agent.test_supervisor import wait_for_log
+from tests.waiting import eventually
 
 from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext, SecretFile
@@ -124,7 +125,7 @@ class GuardedProbes(SimAdapter):
 
 
 async def test_the_agent_probes_with_the_key_and_the_engine_refuses_others(
-    fake_cp: FakeControlPlane, make_agent: AgentFactory
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, watch_log: WatchLog
 ) -> None:
     make_agent("n1", adapters={EngineKind.SIM: GuardedProbes()}, liveness=FAST)
     spec = model("sim", name="sim-model", weights=WeightsSource(kind="none"),
@@ -141,8 +142,12 @@ async def test_the_agent_probes_with_the_key_and_the_engine_refuses_others(
                                headers={"Authorization": f"Bearer {KEY}"}) as resp:  # fmt: skip
             assert resp.status == 200
     # Liveness probes /v1/models every 0.1 s and fails the replica after 1.5 s
-    # of refusals: still ready well after that.
-    await asyncio.sleep(2.5)
+    # of refusals: probed and answered for well after that, and still ready.
+    since = time.monotonic()
+    await eventually(
+        lambda: WatchLog.spans(watch_log.probes, since, 2.5), what="probes over 2.5 s"
+    )
+    assert set(WatchLog.since(watch_log.probes, since)) == {None}
     report = await fake_cp.wait_for(lambda r: True)
     (status,) = report.replicas
     assert status.state == ReplicaState.READY and status.reason is None

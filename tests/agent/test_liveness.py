@@ -21,10 +21,11 @@ from tests.agent.helpers import assign, cpu_slot
 from tests.agent.test_agent import alive, stub_model, wait_dead
 from tests.waiting import eventually
 
+from llmgw.agent.app import Agent
 from llmgw.agent.liveness import FailedProbes, Liveness
 from llmgw.agent.state import EngineRecord
 from llmgw.errors import ConfigError
-from llmgw.wire import AgentReport, ReplicaState, ReplicaStatus
+from llmgw.wire import AgentReport, ModelSpec, ReplicaState, ReplicaStatus
 
 FAST = Liveness(interval_s=0.1, timeout_s=0.3, failures=3, window_s=1.5)
 HUNG = re.compile(
@@ -116,14 +117,23 @@ def test_a_record_from_before_liveness_checks_is_not_probed() -> None:
 # -- the agent ------------------------------------------------------------------------
 
 
+async def ready_stub(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, *stall: str
+) -> tuple[Agent, ModelSpec, ReplicaStatus]:
+    """An agent probing FAST, its stub engine ready; /health stalls after ``stall``."""
+    agent = make_agent("n1", liveness=FAST)
+    spec = stub_model(args=["--health-stall-after", *stall])
+    fake_cp.assign_one(spec)
+    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
+    assert ready.pid is not None
+    return agent, spec, ready
+
+
 async def test_engine_that_stops_answering_health_is_killed_and_failed(
     fake_cp: FakeControlPlane, make_agent: AgentFactory
 ) -> None:
-    make_agent("n1", liveness=FAST)
-    spec = stub_model(args=["--health-stall-after", "1"])
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
-    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
-    assert ready.reason is None and ready.pid is not None
+    _, _, ready = await ready_stub(fake_cp, make_agent, "1")
+    assert ready.reason is None
     # While the window runs it is still routed to, and says why it may not be.
     report = await fake_cp.wait_for(failing(ReplicaState.READY))
     status = status_of(report)
@@ -136,12 +146,9 @@ async def test_engine_that_stops_answering_health_is_killed_and_failed(
 async def test_a_short_stall_is_reported_but_not_failed(
     fake_cp: FakeControlPlane, make_agent: AgentFactory, watch_log: WatchLog
 ) -> None:
-    make_agent("n1", liveness=FAST)
     # Failed probes (one or two) span at most the stall plus one probe
     # timeout, 1.1 s: under the 1.5 s window.
-    spec = stub_model(args=["--health-stall-after", "1", "--health-stall-for", "0.8"])
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
-    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
+    _, _, ready = await ready_stub(fake_cp, make_agent, "1", "--health-stall-for", "0.8")
     await fake_cp.wait_for(failing(ReplicaState.READY))
     recovered = await fake_cp.wait_state("r1", ReplicaState.READY)
     while recovered.reason is not None:
@@ -164,10 +171,7 @@ async def test_a_draining_engine_is_checked_too(
 ) -> None:
     # In-flight requests to a hung draining engine would never finish, and
     # the control plane would wait out its whole drain timeout.
-    make_agent("n1", liveness=FAST)
-    spec = stub_model(args=["--health-stall-after", "2.5"])
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
-    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
+    _, spec, ready = await ready_stub(fake_cp, make_agent, "2.5")
     draining = assign(spec, [cpu_slot(0)])
     draining.draining = True
     fake_cp.assignments["n1"] = [draining]
@@ -182,11 +186,7 @@ async def test_a_draining_engine_is_checked_too(
 async def test_an_adopted_engine_is_checked_too(
     fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
 ) -> None:
-    agent = make_agent("n1", liveness=FAST)
-    spec = stub_model(args=["--health-stall-after", "3"])
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
-    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
-    assert ready.pid is not None
+    agent, _, ready = await ready_stub(fake_cp, make_agent, "3")
     await agent.shutdown(stop_engines=False)  # as if the agent died
     assert alive(ready.pid)
 

@@ -323,7 +323,7 @@ async def ready_sim(
     fake_cp: FakeControlPlane, make_agent: AgentFactory, adapter: SimAdapter, spec: ModelSpec
 ) -> ReplicaStatus:
     make_agent("n1", liveness=FAST, adapters={EngineKind.SIM: adapter})
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     ready = await fake_cp.wait_state("r1", ReplicaState.READY)
     assert ready.port is not None and ready.pid is not None
     return ready

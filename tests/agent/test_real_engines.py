@@ -20,7 +20,6 @@ import psutil
 import pytest
 from tests.agent.conftest import cpu_inventory
 from tests.agent.fakes import FakeControlPlane
-from tests.agent.helpers import assign, cpu_slot
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.engines import LlamaCppAdapter, SimAdapter
@@ -62,7 +61,7 @@ async def test_simulated_engine_becomes_ready_and_answers(
     spec = ModelSpec(
         name="sim-a", engine=EngineKind.SIM, sim=SimParams(startup_s=0.2), start_timeout_s=60
     )
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     status = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{status.port}/v1", api_key="x")
     try:
@@ -83,7 +82,7 @@ async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent:
         gpu_classes=["cpu"],
         start_timeout_s=240,
     )
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     status = await fake_cp.wait_state("r1", ReplicaState.READY, within=300)
     report = fake_cp.reports[-1]
     assert any(w.model == "gemma-3-270m" and w.size_bytes > 200_000_000 for w in report.weights)
@@ -123,7 +122,7 @@ async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent:
     assert "SIGKILL" in failed.reason
 
     # The control plane decides to start it again: a new generation.
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)], generation=2)]
+    fake_cp.assign_one(spec, generation=2)
     again = await fake_cp.wait_for(
         lambda r: any(s.generation == 2 and s.state == ReplicaState.READY for s in r.replicas),
         within=240,
@@ -149,7 +148,7 @@ async def test_llamacpp_runs_concurrent_streams_to_their_end(
         start_timeout_s=240,
         kv_capacity_tokens=4096,
     )
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     settled = (ReplicaState.READY, ReplicaState.FAILED)
     report = await fake_cp.wait_for(
         lambda r: any(s.state in settled for s in r.replicas), within=300
@@ -201,7 +200,7 @@ async def test_simulated_engine_that_hangs_after_ready_is_killed(
         sim=SimParams(startup_s=0.2, hang_after_s=1.0),
         start_timeout_s=60,
     )
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     ready = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED, within=30)
     assert failed.reason is not None
@@ -220,7 +219,7 @@ async def test_simulated_engine_that_cannot_load_is_failed(
         sim=SimParams(startup_s=0.2, fault="fail_at_start"),
         start_timeout_s=60,
     )
-    fake_cp.assignments["n1"] = [assign(spec, [cpu_slot(0)])]
+    fake_cp.assign_one(spec)
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED, within=60)
     assert failed.exit_code == 1
     assert failed.reason and failed.reason.startswith("engine exited with code 1")

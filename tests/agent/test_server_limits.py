@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from tests.waiting import eventually
 
 from llmgw.agent.server import IDLE_TIMEOUT_S, WeightsServer
 from llmgw.agent.weights import WeightsCache
@@ -72,7 +73,10 @@ async def test_past_the_connection_limit_requests_get_503(server: WeightsServer)
     finally:
         for _, writer in held:
             writer.close()
-    await asyncio.sleep(0.2)
-    async with aiohttp.ClientSession() as session, session.get(
-            f"http://127.0.0.1:{server.port}/agent/v1/health") as answer:
-        assert answer.status == 200
+
+    async def served() -> bool:
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{server.port}/agent/v1/health") as answer:
+            return answer.status == 200
+
+    await eventually(served, 5, what="health served once the connections closed")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 from tests.agent.fakes import STUB
+from tests.waiting import eventually
 
 from llmgw.agent.engines.base import EngineLaunch
 from llmgw.agent.ports import PortAllocator, port_is_free
@@ -31,13 +31,11 @@ def stub_launch(port: int, *extra: str) -> EngineLaunch:
 
 
 async def wait_for_log(sup: Supervisor, rid: str, text: str) -> list[str]:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        tail = sup.log_tail(rid)
-        if any(text in line for line in tail):
-            return tail
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{text!r} never appeared in the log: {sup.log_tail(rid)}")
+    def tail() -> list[str] | None:
+        lines = sup.log_tail(rid)
+        return lines if any(text in line for line in lines) else None
+
+    return await eventually(tail, 10, what=f"{text!r} in the log", note=lambda: sup.log_tail(rid))
 
 
 async def test_engine_runs_in_its_own_session_with_its_env(tmp_path: Path) -> None:

@@ -8,9 +8,7 @@ real bytes under the cache. Files, fetches, peers and the Hub API are real
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +29,7 @@ from tests.agent.test_weights import (
 from tests.agent.test_weights import fake_package as fake_package
 from tests.agent.test_weights import peer as peer
 from tests.agent.test_weights import session as session
+from tests.waiting import eventually
 from typer.testing import CliRunner
 
 from llmgw.agent import diskroom
@@ -265,14 +264,19 @@ async def test_release_counts_as_a_use(tmp_path: Path, fake_package: str, disk: 
 # -- sizes as each source knows them -------------------------------------------------
 
 
+def _held_by_the_peer(peer: Peer, tmp_path: Path) -> tuple[ModelSpec, WeightsCache]:
+    """A model the peer holds, and a cache of this node's with only the peer to copy from."""
+    spec = spec_of(HF)
+    plant(peer.cache, spec, PAYLOAD)
+    return spec, WeightsCache(tmp_path / "mine", hf_endpoint=OFFLINE, reserve=NO_RESERVE)
+
+
 async def test_peer_copy_makes_room_from_the_announced_size(
     tmp_path: Path,
     peer: Peer,
     disk: FakeDisk,
 ) -> None:
-    spec = spec_of(HF)
-    plant(peer.cache, spec, PAYLOAD)
-    mine = WeightsCache(tmp_path / "mine", hf_endpoint=OFFLINE, reserve=NO_RESERVE)
+    spec, mine = _held_by_the_peer(peer, tmp_path)
     plant(mine, hf("old"), PAYLOAD)
     disk.capacity = tree_size(mine.root) + MIB // 2
     path = await peer.fetch(mine, spec)
@@ -285,9 +289,7 @@ async def test_peer_copy_that_cannot_fit_fails_before_a_byte(
     peer: Peer,
     disk: FakeDisk,
 ) -> None:
-    spec = spec_of(HF)
-    plant(peer.cache, spec, PAYLOAD)
-    mine = WeightsCache(tmp_path / "mine", hf_endpoint=OFFLINE, reserve=NO_RESERVE)
+    spec, mine = _held_by_the_peer(peer, tmp_path)
     mine.root.mkdir()
     disk.capacity = MIB // 2
     progress = Progress()
@@ -368,10 +370,7 @@ async def test_replica_fails_for_disk_then_starts_once_unused_weights_can_go(
     # a's replica goes; the next generation of b evicts a's weights and runs.
     fake_cp.assignments["n1"] = [assign(b, [cpu_slot(1)], replica_id="rb")]
     # Its record goes once its engine has stopped, in the step that lets go of a.
-    deadline = time.monotonic() + 15
-    while "ra" in node.state.load():
-        assert time.monotonic() < deadline, "replica ra was not stopped"
-        await asyncio.sleep(0.05)
+    await eventually(lambda: "ra" not in node.state.load(), 15, what="replica ra stopped")
     fake_cp.assignments["n1"] = [assign(b, [cpu_slot(1)], replica_id="rb", generation=2)]
     await fake_cp.wait_state("rb", ReplicaState.READY)
     report = await fake_cp.wait_for(lambda r: r.node == "n1")
