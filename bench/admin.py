@@ -39,6 +39,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from llmgw import wire
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import fleet_summary
 from llmgw.control.gcpause import paused_gc
@@ -47,47 +48,33 @@ from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaReco
 from llmgw.control.store.repo import Store
 from llmgw.serving import start_server
 from llmgw.sim.benchstats import percentile
-from llmgw.wire import (
-    Device,
-    DownloadProgress,
-    EngineKind,
-    MigInfo,
-    ModelSpec,
-    NodeInventory,
-    NodeState,
-    ReplicaState,
-    ReplicaStatus,
-    ShardAssignment,
-    WeightsEntry,
-    mig_number,
-)
 
 FABRICS = 8
 MODELS = 60
 
 
-def _devices(rng: random.Random, node: int, gpus: int, mig: bool) -> list[Device]:
-    out: list[Device] = []
+def _devices(rng: random.Random, node: int, gpus: int, mig: bool) -> list[wire.Device]:
+    out: list[wire.Device] = []
     for card in range(gpus):
         healthy = rng.random() > 0.005
         reasons = [] if healthy else ["uncorrectable ECC errors: 2"]
         if mig and card < 2:
             # Two cards in MIG mode, carved into two 3g.40gb instances each.
             for inst in range(2):
-                number = mig_number(card, inst)
-                out.append(Device(
+                number = wire.mig_number(card, inst)
+                out.append(wire.Device(
                     number=number, label=f"{card}/mig{inst}", uuid=f"MIG-{node}-{card}-{inst}",
                     name="NVIDIA A100-SXM4-80GB", gpu_class="a100-80g-mig-3g.40gb",
                     memory_total_mib=40192, temperature_c=40, power_w=80.0,
                     healthy=healthy, unhealthy_reasons=reasons,
-                    mig=MigInfo(parent_uuid=f"GPU-{node}-{card}", parent_index=card,
-                                gpu_instance_id=inst + 1, compute_instance_id=0,
-                                profile="3g.40gb"),
+                    mig=wire.MigInfo(parent_uuid=f"GPU-{node}-{card}", parent_index=card,
+                                     gpu_instance_id=inst + 1, compute_instance_id=0,
+                                     profile="3g.40gb"),
                 ))
             continue
         cls, name = ("a100-80g", "NVIDIA A100-SXM4-80GB") if mig else (
             "h100-80g", "NVIDIA H100 80GB HBM3")
-        out.append(Device(
+        out.append(wire.Device(
             number=card, label=str(card), uuid=f"GPU-{node}-{card}", name=name, gpu_class=cls,
             memory_total_mib=81559, memory_used_mib=rng.randint(0, 80000),
             utilization_pct=rng.randint(0, 100), temperature_c=rng.randint(30, 80),
@@ -102,8 +89,8 @@ def make_fleet(nodes: int, gpus: int, now: float, seed: int = 7) -> FleetState:
     specs = []
     for m in range(MODELS):
         size = (1, 1, 2, 4, 8)[m % 5]
-        specs.append(ModelSpec(
-            name=f"model-{m:02d}", engine=EngineKind.SIM,
+        specs.append(wire.ModelSpec(
+            name=f"model-{m:02d}", engine=wire.EngineKind.SIM,
             gpu_classes=["h100-80g", "a100-80g"], gpus=size, tp=size,
             min_replicas=0 if m % 7 == 0 else 1, max_replicas=400,
         ))
@@ -121,20 +108,20 @@ def make_fleet(nodes: int, gpus: int, now: float, seed: int = 7) -> FleetState:
         record = NodeRecord(
             name=name, registered_at=now - 86400, address=f"10.{n // 250}.{n % 250}.1",
             agent_port=9000, fabrics=[f"ib-{n % FABRICS}"],
-            inventory=NodeInventory(hostname=name, source="fake",
-                                    devices=_devices(rng, n, gpus, mig)),
-            weights=[WeightsEntry(model=f"model-{(n + k) % MODELS:02d}") for k in range(3)]
+            inventory=wire.NodeInventory(hostname=name, source="fake",
+                                         devices=_devices(rng, n, gpus, mig)),
+            weights=[wire.WeightsEntry(model=f"model-{(n + k) % MODELS:02d}") for k in range(3)]
             if n % 2 == 0 else [],
             last_seen=now - 40 if n % 97 == 0 else now - 1,
-            admin_state=NodeState.CORDONED if n % 53 == 0 else (
-                NodeState.DRAINING if n % 71 == 0 else NodeState.READY),
+            admin_state=wire.NodeState.CORDONED if n % 53 == 0 else (
+                wire.NodeState.DRAINING if n % 71 == 0 else wire.NodeState.READY),
         )
         state.nodes[name] = record
     _place_replicas(state, specs, rng, now)
     return state
 
 
-def _place_replicas(state: FleetState, specs: list[ModelSpec], rng: random.Random,
+def _place_replicas(state: FleetState, specs: list[wire.ModelSpec], rng: random.Random,
                     now: float) -> None:
     counter = 0
     for node in state.nodes.values():
@@ -151,17 +138,17 @@ def _place_replicas(state: FleetState, specs: list[ModelSpec], rng: random.Rando
             ready = rng.random() < 0.9
             replica = ReplicaRecord(
                 id=rid, model=spec.name, created_at=now - 7200,
-                shards=[ShardAssignment(node=node.name, device_numbers=taken)],
-                state=ReplicaState.READY if ready else ReplicaState.STARTING,
+                shards=[wire.ShardAssignment(node=node.name, device_numbers=taken)],
+                state=wire.ReplicaState.READY if ready else wire.ReplicaState.STARTING,
                 port=20000 + counter % 10000, ready_at=now - 3600 if ready else None,
                 last_request_at=now - rng.choice((5, 60, 900, 7200)) if ready else None,
             )
             state.replicas[rid] = replica
-            node.statuses[rid] = ReplicaStatus(
+            node.statuses[rid] = wire.ReplicaStatus(
                 replica_id=rid, state=replica.state, port=replica.port,
                 log_tail=["INFO loading weights", "INFO ready"],
-                download=None if ready else DownloadProgress(bytes_done=5 << 30,
-                                                             bytes_total=16 << 30),
+                download=None if ready else wire.DownloadProgress(bytes_done=5 << 30,
+                                                                  bytes_total=16 << 30),
             )
 
 

@@ -490,6 +490,17 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
             print_table(f"{policy} ({time.monotonic() - t0:.0f} s)", results[policy])
     finally:
         stop(procs)
+    out = results_json({"bench": "routing", "quick": bool(args.quick)}, results)
+    out["setup"] = {k: v for k, v in setup.__dict__.items() if k not in ("rates",)} | {
+        "rates": list(setup.rates),
+        "kv_tokens_per_engine": setup.kv_blocks * 16,
+    }
+    out["elapsed_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def results_json(head: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    """``head``, then each policy's rows and hit rate, round-robin's saturation, the targets."""
     rr = results.get("round_robin")
     saturation = (
         benchstats.saturation_rate(
@@ -498,17 +509,12 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
         if rr is not None
         else None
     )
-    out: dict[str, Any] = {"bench": "routing", "quick": bool(args.quick)}
+    out = dict(head)
     for policy, result in results.items():
         out[policy] = result["rates"]
         out[f"{policy}_hit_rate_all"] = result["hit_rate_all"]
     out["saturation_rate"] = saturation
     out["targets"] = targets(results, saturation)
-    out["setup"] = {k: v for k, v in setup.__dict__.items() if k not in ("rates",)} | {
-        "rates": list(setup.rates),
-        "kv_tokens_per_engine": setup.kv_blocks * 16,
-    }
-    out["elapsed_s"] = round(time.monotonic() - started, 1)
     return out
 
 

@@ -202,21 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {row['hit_rate']:5.3f}",
                 file=sys.stderr,
             )
-    rr = results.get("round_robin")
-    saturation = (
-        benchstats.saturation_rate(
-            [(float(rate), row["ttft_p90_s"]) for rate, row in rr["rates"].items()]
-        )
-        if rr is not None
-        else None
-    )
-    out: dict[str, Any] = {"bench": "routing_replay", "seed": setup.seed}
-    for policy, result in results.items():
-        out[policy] = result["rates"]
-        out[f"{policy}_hit_rate_all"] = result["hit_rate_all"]
-    out["saturation_rate"] = saturation
-    out["targets"] = live.targets(results, saturation)
-    print(json.dumps(out))
+    print(json.dumps(live.results_json({"bench": "routing_replay", "seed": setup.seed}, results)))
     return 0
 
 

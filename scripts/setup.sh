@@ -15,41 +15,32 @@ fi
 echo "setup: installing llmgw with the llama.cpp engine and dev tools (first time: ~5 min)"
 "$VENV/bin/python" -m pip install -q -e '.[dev,llamacpp]'
 
-# Chromium for the console's browser tests (Debian's package; Playwright's
-# own browser download does not work on a closed network).
-if ! command -v chromium >/dev/null 2>&1; then
+# ensure_tool COMMAND PACKAGE WHAT [apt-get options]: the test suite needs
+# COMMAND; install Debian's PACKAGE when we are root with apt-get (updating
+# the package lists only if the first try fails), else say so. WHAT names
+# the tests that fail without it. Debian's packages: Playwright's and the
+# projects' own downloads do not work on a closed network.
+ensure_tool() {
+  local command=$1 package=$2 what=$3
+  shift 3
+  command -v "$command" >/dev/null 2>&1 && return 0
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "setup: installing chromium"
-    (apt-get install -y -q chromium >/dev/null 2>&1 || \
-      (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) || \
-      echo "setup: could not install chromium; console tests will fail" >&2
-  else
-    echo "setup: chromium not found; install it (apt-get install chromium) for the console tests" >&2
-  fi
-fi
-# etcd for the replicated-store tests: they run etcd and three PostgreSQL
-# members under Patroni (tests/store_cluster.py). Debian's package, as above.
-if ! command -v etcd >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "setup: installing etcd"
-    (apt-get install -y -q etcd-server >/dev/null 2>&1 || \
-      (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q etcd-server >/dev/null 2>&1)) || \
-      echo "setup: could not install etcd-server; the Patroni tests will fail" >&2
-  else
-    echo "setup: etcd not found; install it (apt-get install etcd-server) for the Patroni tests" >&2
-  fi
-fi
-# promtool (Debian's prometheus package) lints every /metrics in the tests
-# (tests/metrics_check.py); those tests fail without it rather than skip.
-if ! command -v promtool >/dev/null 2>&1; then
-  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "setup: installing promtool (prometheus)"
-    (apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1 || \
+    echo "setup: installing $command ($package)"
+    (apt-get install -y -q "$@" "$package" >/dev/null 2>&1 || \
       (apt-get update -q >/dev/null 2>&1 && \
-        apt-get install -y -q --no-install-recommends prometheus >/dev/null 2>&1)) || \
-      echo "setup: could not install prometheus; the metrics tests will fail" >&2
+        apt-get install -y -q "$@" "$package" >/dev/null 2>&1)) || \
+      echo "setup: could not install $package; $what will fail" >&2
   else
-    echo "setup: promtool not found; install it (apt-get install prometheus) for the metrics tests" >&2
+    echo "setup: $command not found; install it (apt-get install $package) for $what" >&2
   fi
-fi
+}
+
+# Chromium for the console's browser tests.
+ensure_tool chromium chromium "the console tests"
+# etcd for the replicated-store tests: they run etcd and three PostgreSQL
+# members under Patroni (tests/store_cluster.py).
+ensure_tool etcd etcd-server "the Patroni tests"
+# promtool (the prometheus package) lints every /metrics in the tests
+# (tests/metrics_check.py); those tests fail without it rather than skip.
+ensure_tool promtool prometheus "the metrics tests" --no-install-recommends
 echo "setup: done"

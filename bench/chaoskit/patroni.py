@@ -19,13 +19,18 @@ from chaoskit.load import Load
 from chaoskit.run import OUTAGE_WATCH_S, Frame, Injected
 
 
-async def _leading_epoch(frame: Frame) -> int:
+async def _whole_cluster(frame: Frame, cluster: PatroniCluster) -> int:
+    """Wait until every member is back; the control plane's epoch before the fault."""
+    await asyncio.to_thread(cluster.wait, cluster.healthy, 60, "a whole cluster")
     leader = await frame.fleet.api.leader()
     assert leader is not None, "no control-plane leader before the fault"
     return leader[1]
 
 
-def _new_epoch(frame: Frame, epoch: int, at: float, injected: Injected) -> None:
+def _injected(frame: Frame, epoch: int, at: float, note: str) -> Injected:
+    """The fault done at ``at``; whole again once the control plane leads under a new epoch."""
+    injected = Injected(ended=at, hold_until=at + OUTAGE_WATCH_S, notes=[note])
+
     async def led_again() -> bool:
         now = await frame.fleet.api.leader()
         if now is None or now[1] <= epoch:
@@ -36,31 +41,24 @@ def _new_epoch(frame: Frame, epoch: int, at: float, injected: Injected) -> None:
         return True
 
     injected.also = led_again
+    return injected
 
 
 async def switchover(frame: Frame, load: Load, cluster: PatroniCluster) -> Injected:
-    await asyncio.to_thread(cluster.wait, cluster.healthy, 60, "a whole cluster")
-    epoch = await _leading_epoch(frame)
+    epoch = await _whole_cluster(frame, cluster)
     old = cluster.leader()
     candidate = cluster.sync_standby()
     assert old and candidate, cluster.cluster()
     at = time.monotonic()
     await asyncio.to_thread(cluster.switchover, candidate)
-    injected = Injected(ended=at, hold_until=at + OUTAGE_WATCH_S,
-                        notes=[f"switchover {old} -> {candidate}"])
-    _new_epoch(frame, epoch, at, injected)
-    return injected
+    return _injected(frame, epoch, at, f"switchover {old} -> {candidate}")
 
 
 async def leader_kill(frame: Frame, load: Load, cluster: PatroniCluster) -> Injected:
     """kill -9 of the leader member's Patroni and PostgreSQL together: its machine died."""
-    await asyncio.to_thread(cluster.wait, cluster.healthy, 60, "a whole cluster")
-    epoch = await _leading_epoch(frame)
+    epoch = await _whole_cluster(frame, cluster)
     old = cluster.leader()
     assert old, cluster.cluster()
     at = time.monotonic()
     await asyncio.to_thread(cluster.crash_member, old)
-    injected = Injected(ended=at, hold_until=at + OUTAGE_WATCH_S,
-                        notes=[f"killed member {old} (Patroni and PostgreSQL)"])
-    _new_epoch(frame, epoch, at, injected)
-    return injected
+    return _injected(frame, epoch, at, f"killed member {old} (Patroni and PostgreSQL)")

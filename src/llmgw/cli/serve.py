@@ -13,16 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw import procstats
-from llmgw.cli.combined import (
-    ProcessOptions,
-    freeze_startup_objects,
-    install_stop_signals,
-    open_control_plane,
-    public_host,
-    resolve_store_url,
-    sign_node_certificates,
-    start_parts,
-)
+from llmgw.cli import combined
 from llmgw.cli.upchecks import check_port_free
 from llmgw.cli.upjson import (
     join_token_fields,
@@ -44,7 +35,7 @@ from llmgw.tls import ServerTls
 
 
 @dataclass
-class ServeOptions(ProcessOptions):
+class ServeOptions(combined.ProcessOptions):
     host: str = "0.0.0.0"
     advertise: str | None = None
     # The other instances on the same store (--peer-url), for up.json.
@@ -77,7 +68,7 @@ def run_serve(options: ServeOptions) -> int:
     advertise = advertise_url(options)
     serve_admin_urls(advertise, options.peer_urls)  # a bad --peer-url fails before anything
     data_dir = ensure_data_dir(options.data_dir or default_data_dir())
-    url = resolve_store_url(data_dir, options.database_url)
+    url = combined.resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
     # A generated CA is the fleet's, shared through the store (control.fleetca):
     # made or taken once the store is open.
@@ -89,7 +80,7 @@ def run_serve(options: ServeOptions) -> int:
 async def _serve(
     options: ServeOptions, data_dir: Path, url: str, advertise: str, tls: ServerTls | None
 ) -> int:
-    store, cp, creds = await open_control_plane(url, options.join_token_ttl_s)
+    store, cp, creds = await combined.open_control_plane(url, options.join_token_ttl_s)
     if options.tls.generated(options.host):
         try:
             await share_ca(store, data_dir / "tls")
@@ -97,15 +88,15 @@ async def _serve(
         except BaseException:
             await store.close()
             raise
-    sign_node_certificates(cp, tls)
+    combined.sign_node_certificates(cp, tls)
     cp.nodes.approve_nodes = options.approve_nodes
     cp.trust_reported_fabrics = options.trust_reported_fabrics
-    stop = install_stop_signals()
+    stop = combined.install_stop_signals()
     procstats.install("serve")
     runtime = ControlPlaneRuntime(cp, advertise_url=advertise, retention=options.retention)
-    parts = await start_parts(store, cp, runtime, options, tls)
+    parts = await combined.start_parts(store, cp, runtime, options, tls)
     scheme = "https" if tls else "http"
-    base = options.advertise or f"{scheme}://{public_host(options.host)}:{options.port}"
+    base = options.advertise or f"{scheme}://{combined.public_host(options.host)}:{options.port}"
     info: dict[str, Any] = {**urls(base), "up_json": None, **tls_fields(tls)}
     if creds.admin_token or creds.api_key or creds.join_token or options.peer_urls or tls:
         # serve keeps these for `llmgw ctl` on this machine, like up does;
@@ -119,7 +110,7 @@ async def _serve(
         info["up_json"] = str(data_dir / "up.json")
     print_banner(info, creds, up=False)
     print(await _role_line(cp, runtime), flush=True)
-    freeze_startup_objects()
+    combined.freeze_startup_objects()
     try:
         await stop.wait()
     finally:

@@ -26,7 +26,7 @@ import asyncio
 import bisect
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from llmgw.errors import LlmgwError, ValidationError
@@ -77,6 +77,21 @@ class SimRequest:
     @property
     def finished(self) -> bool:
         return self.phase in (Phase.DONE, Phase.ABORTED)
+
+    async def progress(self) -> AsyncIterator[int]:
+        """``produced`` after each change the core makes, for a handler that streams it.
+
+        Ends with the request: once DONE (its last count yielded first) or
+        ABORTED (nothing more; ``phase`` tells which).
+        """
+        while True:
+            await self.changed.wait()
+            self.changed.clear()
+            if self.phase is Phase.ABORTED:
+                return
+            yield self.produced
+            if self.phase is Phase.DONE:
+                return
 
 
 @dataclass(frozen=True)

@@ -397,13 +397,8 @@ class SimEngine:
         # know when a replica's queued prefill is done) must not see it early.
         role_due = parsed.chat
         sent = 0
-        while True:
-            await sim.changed.wait()
-            sim.changed.clear()
-            if sim.phase is Phase.ABORTED:
-                drop(request)
-                return resp
-            upto = min(sim.produced, crash_at) if crash_at is not None else sim.produced
+        async for produced in sim.progress():
+            upto = min(produced, crash_at) if crash_at is not None else produced
             if upto > sent:
                 if role_due:
                     await resp.write(out.role())
@@ -418,8 +413,9 @@ class SimEngine:
                 else:
                     drop(request)
                 return resp
-            if sim.phase is Phase.DONE:
-                break
+        if sim.phase is Phase.ABORTED:
+            drop(request)
+            return resp
         tail = out.finish("length")
         if role_due:
             tail = out.role() + tail

@@ -221,12 +221,8 @@ class ExtraRoutes:
 
         sent = 0
         opened = False
-        while True:
-            await sim.changed.wait()
-            sim.changed.clear()
-            if sim.phase is Phase.ABORTED:
-                return resp
-            if sim.produced > sent:
+        async for produced in sim.progress():
+            if produced > sent:
                 out = b""
                 if not opened:  # with the first token, after prefill
                     opened = True
@@ -240,11 +236,11 @@ class ExtraRoutes:
                                  part={"type": "output_text", "text": "", "annotations": []})
                 out += b"".join(event("response.output_text.delta", **item,
                                       delta=tokens.filler_token(i))
-                                for i in range(sent, sim.produced))  # fmt: skip
-                sent = sim.produced
+                                for i in range(sent, produced))  # fmt: skip
+                sent = produced
                 await resp.write(out)
-            if sim.phase is Phase.DONE:
-                break
+        if sim.phase is Phase.ABORTED:
+            return resp
         final = self._response(body, resp_id, sim, "completed")
         message = final["output"][0]
         text = message["content"][0]["text"]
@@ -367,17 +363,13 @@ class ExtraRoutes:
             return b"data: " + orjson.dumps({**head, "choices": [choice], **extra}) + b"\n\n"
 
         sent = 0
-        while True:
-            await sim.changed.wait()
-            sim.changed.clear()
-            if sim.phase is Phase.ABORTED:
-                return resp
-            if sim.produced > sent:
+        async for produced in sim.progress():
+            if produced > sent:
                 await resp.write(b"".join(chunk({"content": tokens.filler_token(i)}, None)
-                                          for i in range(sent, sim.produced)))  # fmt: skip
-                sent = sim.produced
-            if sim.phase is Phase.DONE:
-                break
+                                          for i in range(sent, produced)))  # fmt: skip
+                sent = produced
+        if sim.phase is Phase.ABORTED:
+            return resp
         tail = chunk({}, "stop")
         if include_usage:
             usage = {"prompt_tokens": sim.prompt_tokens, "completion_tokens": sent,

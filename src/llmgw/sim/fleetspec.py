@@ -45,6 +45,12 @@ _CLASS_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]{0,80}$")
 _PROFILE_RE = re.compile(r"^(\d+c\.)?\d+g\.\d+gb(\+me)?$")
 
 
+def _matching(pattern: re.Pattern[str], value: str, what: str) -> str:
+    if not pattern.match(value):
+        raise ValueError(f"{value!r} is not {what}")
+    return value
+
+
 class _Spec(BaseModel):
     # A misspelt key ("unhealty: 1") must fail, not silently give a healthy fleet.
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -62,12 +68,8 @@ class MigSpec(_Spec):
     @field_validator("profile")
     @classmethod
     def _profile(cls, value: str) -> str:
-        if not _PROFILE_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a MIG profile; write it as the driver does, e.g. 3g.40gb,"
-                " 1g.10gb+me or 1c.3g.40gb"
-            )
-        return value
+        return _matching(_PROFILE_RE, value, "a MIG profile; write it as the driver does,"
+                         " e.g. 3g.40gb, 1g.10gb+me or 1c.3g.40gb")
 
 
 class NodeGroup(_Spec):
@@ -91,11 +93,8 @@ class NodeGroup(_Spec):
     @field_validator("gpu_class")
     @classmethod
     def _class(cls, value: str) -> str:
-        if not _CLASS_RE.match(value):
-            raise ValueError(
-                f"{value!r} is not a GPU class: lower-case letters, digits and . + -,"
-                " e.g. h100-80g or cpu"
-            )
+        _matching(_CLASS_RE, value, "a GPU class: lower-case letters, digits and . + -,"
+                  " e.g. h100-80g or cpu")
         if "-mig-" in value:
             raise ValueError(
                 f"{value!r} is a MIG instance class; give the card's class and a `mig:` block"
@@ -105,9 +104,7 @@ class NodeGroup(_Spec):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str | None) -> str | None:
-        if value is not None and not _NAME_RE.match(value):
-            raise ValueError(f"{value!r} is not a valid node name prefix")
-        return value
+        return value if value is None else _matching(_NAME_RE, value, "a valid node name prefix")
 
     @model_validator(mode="after")
     def _consistent(self) -> NodeGroup:

@@ -74,12 +74,9 @@ def join_token(
     rotate: Annotated[bool, typer.Option("--rotate", help="Make a new join token.")] = False,
 ) -> None:
     """Make a new join token for agents (the old one stops working)."""
-    if not rotate:
-        raise CtlError("join tokens are stored only as hashes and cannot be shown; "
-                       "make a new one with --rotate")
-    client = admin_client(ctx)
-    secret = client.call("POST", "/join-token/rotate")["join_token"]
-    typer.echo(client.join_token_for_agents(secret))
+    secret = _rotated(ctx, rotate, "join tokens are stored only as hashes", "join-token",
+                      "join_token")
+    typer.echo(admin_client(ctx).join_token_for_agents(secret))
 
 
 @guarded
@@ -88,10 +85,7 @@ def admin_token(
     rotate: Annotated[bool, typer.Option("--rotate", help="Make a new admin token.")] = False,
 ) -> None:
     """Make a new admin token (the old one stops working; up.json here follows)."""
-    if not rotate:
-        raise CtlError("the admin token is stored only as a hash and cannot be shown; "
-                       "make a new one with --rotate")
-    secret = admin_client(ctx).call("POST", "/admin-token/rotate")["token"]
+    secret = _rotated(ctx, rotate, "the admin token is stored only as a hash", "admin-token")
     typer.echo(secret)
     written = follow_admin_token(ctx, secret)
     if written is not None:
@@ -104,10 +98,16 @@ def gateway_token(
     rotate: Annotated[bool, typer.Option("--rotate", help="Make a new gateway token.")] = False,
 ) -> None:
     """Make a new gateway token for standalone gateways (the old one stops working)."""
+    typer.echo(_rotated(ctx, rotate, "the gateway token is stored only as a hash",
+                        "gateway-token"))
+
+
+def _rotated(ctx: typer.Context, rotate: bool, stored: str, resource: str,
+             field: str = "token") -> str:
+    """A new secret for ``resource``; without --rotate, why none can be shown."""
     if not rotate:
-        raise CtlError("the gateway token is stored only as a hash and cannot be shown; "
-                       "make a new one with --rotate")
-    typer.echo(admin_client(ctx).call("POST", "/gateway-token/rotate")["token"])
+        raise CtlError(f"{stored} and cannot be shown; make a new one with --rotate")
+    return str(admin_client(ctx).call("POST", f"/{resource}/rotate")[field])
 
 
 join_tokens_app = typer.Typer(help="Join tokens: list (default), create, revoke.")

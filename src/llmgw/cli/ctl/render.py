@@ -34,9 +34,14 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-def watch_live(fetch: Callable[[], Any], render: Callable[[Any], Any], every: float) -> None:
-    """Redraw ``render(fetch())`` every ``every`` seconds until Ctrl-C."""
+def show_view(
+    fetch: Callable[[], Any], render: Callable[[Any], Any], every: float | None
+) -> None:
+    """Print ``render(fetch())`` once; with ``every`` (--watch), redraw it as often until Ctrl-C."""
     console = make_console()
+    if not every:
+        console.print(render(fetch()))
+        return
     with Live(render(fetch()), console=console, auto_refresh=False) as live:
         try:
             while True:

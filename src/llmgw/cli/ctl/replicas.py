@@ -13,10 +13,9 @@ from llmgw.cli.ctl.render import (
     WatchOpt,
     byte_size,
     duration,
-    make_console,
     new_table,
     print_json,
-    watch_live,
+    show_view,
 )
 
 replicas_app = typer.Typer(help="Replicas: list (default), show, drain.")
@@ -65,10 +64,8 @@ def replicas(
 
     if as_json:
         print_json(fetch())
-    elif watch:
-        watch_live(fetch, replicas_view, watch)
     else:
-        make_console().print(replicas_view(fetch()))
+        show_view(fetch, replicas_view, watch)
 
 
 @replicas_app.command("show")

@@ -14,10 +14,9 @@ from llmgw.cli.ctl.render import (
     WatchOpt,
     byte_size,
     duration,
-    make_console,
     new_table,
     print_json,
-    watch_live,
+    show_view,
 )
 
 
@@ -92,7 +91,5 @@ def status(ctx: typer.Context, as_json: JsonOpt = False, watch: WatchOpt = None)
     if as_json:
         # --json prints the summary alone; the models are only for the table's reasons.
         print_json(client.call("GET", "/summary"))
-    elif watch:
-        watch_live(fetch, status_view, watch)
     else:
-        make_console().print(status_view(fetch()))
+        show_view(fetch, status_view, watch)
