@@ -9,7 +9,6 @@ happens; ``llmgw up``/``serve`` must serve both parts' families on one
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,8 +23,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from tests.console.fleet import MIG_CLASS, build
+from tests.control.planekit import bearer, opened_plane, served_plane
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
 from tests.servers import free_port, serve_asgi
+from tests.waiting import eventually
 
 from llmgw.cli.combined import PathDispatcher, build_gateway
 from llmgw.control.adminapi.patroni import PatroniReader
@@ -52,19 +53,13 @@ class Plane:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane]:
-    store = await Store.open("sqlite:///" + str(tmp_path_factory.mktemp("metrics") / "cp.db"))
-    try:
-        cp = ControlPlane(store)
-        await cp.load()
-        creds = await cp.ensure_credentials()
+    async with opened_plane(tmp_path_factory.mktemp("metrics")) as (cp, creds):
         assert creds.admin_token and creds.join_token
         fleet = await build(cp, creds.join_token)
         async with serve_asgi(create_app(cp)) as url, httpx.AsyncClient(
-            base_url=url, headers={"Authorization": f"Bearer {creds.admin_token}"}, timeout=10
+            base_url=url, headers=bearer(creds.admin_token), timeout=10
         ) as admin:
             yield Plane(cp, url, admin, fleet.node_tokens)
-    finally:
-        await store.close()
 
 
 async def scrape(url: str, token: str | None = None) -> Scrape:
@@ -138,18 +133,14 @@ async def test_agent_reports_are_counted_by_outcome(plane: Plane) -> None:
 
 
 async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> None:
-    store = await Store.open("sqlite:///" + str(tmp_path / "cp.db"))
-    cp = ControlPlane(store)
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    assert creds.join_token
-    await build(cp, creds.join_token)
-    # One more model that fits: the first pass places it.
-    await cp.catalog.put([ModelSpec(name="extra", engine=EngineKind.SIM,
-                                   gpu_classes=["a100-80g"], min_replicas=1)])
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.05)
-    try:
-        async with serve_asgi(create_app(cp)) as url:
+    async with served_plane(tmp_path) as (cp, creds, url):
+        assert creds.join_token
+        await build(cp, creds.join_token)
+        # One more model that fits: the first pass places it.
+        await cp.catalog.put([ModelSpec(name="extra", engine=EngineKind.SIM,
+                                       gpu_classes=["a100-80g"], min_replicas=1)])
+        runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.05)
+        try:
             await runtime.start()
             assert cp.is_leader
             await wait_passes(runtime, 2)
@@ -159,9 +150,8 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
             cp.state.replicas["r-llama-1"].move_to(ReplicaState.FAILED, "engine exited (1)")
             await wait_passes(runtime, runtime.passes + 2)
             metrics = await scrape(url)
-    finally:
-        await runtime.stop()
-        await store.close()
+        finally:
+            await runtime.stop()
     assert metrics.value("llmgw_control_leader") == 1
     assert metrics.value("llmgw_control_leader_epoch") == cp.epoch >= 1
     passes = metrics.by("llmgw_control_reconcile_passes_total", "outcome")
@@ -177,11 +167,8 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
 
 
 async def wait_passes(runtime: ControlPlaneRuntime, count: int) -> None:
-    for _ in range(200):  # 10 s at most
-        if runtime.passes >= count:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{runtime.passes} reconcile passes, not {count}")
+    await eventually(lambda: runtime.passes >= count, 10, f"{count} reconcile passes",
+                     note=lambda: f"{runtime.passes} passes")
 
 
 async def test_store_write_errors_are_counted(tmp_path: Path) -> None:
@@ -276,10 +263,7 @@ async def test_store_members_come_from_patroni_without_stalling_a_scrape(plane: 
         # The first scrape starts the read and shows no members yet ...
         first = parse_scrape(generate_latest(registry).decode())
         assert first.samples("llmgw_store_members") == []
-        for _ in range(100):
-            if reader.cached() is not None:
-                break
-            await asyncio.sleep(0.05)
+        await eventually(lambda: reader.cached() is not None, 5, "Patroni's members read")
         metrics = parse_scrape(generate_latest(registry).decode())
     assert metrics.by("llmgw_store_members", "member", "role", "state") == {
         ("pg-1", "leader", "running"): 1, ("pg-2", "replica", "streaming"): 1,
@@ -296,10 +280,7 @@ async def test_an_unreadable_patroni_is_a_metric(plane: Plane) -> None:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ControlCollector(plane.cp, reader))
     generate_latest(registry)
-    for _ in range(100):
-        if reader.cached() is not None:
-            break
-        await asyncio.sleep(0.05)
+    await eventually(lambda: reader.cached() is not None, 5, "Patroni's answer (none)")
     metrics = parse_scrape(generate_latest(registry).decode())
     assert metrics.value("llmgw_store_members_unreadable") == 1
     assert metrics.samples("llmgw_store_members") == []

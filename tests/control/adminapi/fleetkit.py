@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -231,11 +230,3 @@ def served_control_plane(tmp: Path, fleet: FleetState | None = None) -> Iterator
     finally:
         served.loop.call_soon_threadsafe(stop[0].set)
         thread.join(15)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
