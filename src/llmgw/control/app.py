@@ -12,33 +12,23 @@ served from the standby's refreshed views.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import generate_latest
 from pydantic import TypeAdapter
-from pydantic import ValidationError as PydanticValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llmgw import secrets
 from llmgw.console.server import mount_console
 from llmgw.control.adminapi.routes import build_admin_router
+from llmgw.control.httperrors import error_response, install_error_handlers
 from llmgw.control.limits import BodyLimit
 from llmgw.control.metrics import CountReports, control_registry
 from llmgw.control.reportroute import ReportRoute
 from llmgw.control.service import ControlPlane
-from llmgw.control.standby import standby_response
-from llmgw.errors import (
-    AuthError,
-    NotFoundError,
-    NotLeaderError,
-    StandbyError,
-    StoreError,
-    ValidationError,
-)
+from llmgw.errors import AuthError, ValidationError
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.wire import (
     AgentRegistration,
@@ -48,15 +38,7 @@ from llmgw.wire import (
     UsageRecord,
 )
 
-log = logging.getLogger(__name__)
-
 _usage_list = TypeAdapter(list[UsageRecord])
-
-
-def error_body(status: int, message: str, kind: str, code: str | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "code": code}}, status_code=status
-    )
 
 
 def _json(model: Any) -> Response:
@@ -89,55 +71,7 @@ def create_app(
     app.add_middleware(BodyLimit)
     app.add_middleware(CountReports, metrics=cp.metrics)  # outermost: sees BodyLimit's 413s
 
-    @app.exception_handler(AuthError)
-    async def _auth(_: Request, exc: AuthError) -> JSONResponse:
-        return error_body(401, str(exc), "authentication_error", "invalid_token")
-
-    @app.exception_handler(ValidationError)
-    async def _invalid(_: Request, exc: ValidationError) -> JSONResponse:
-        return error_body(422, str(exc), "invalid_request_error", exc.field)
-
-    @app.exception_handler(PydanticValidationError)
-    async def _invalid_wire(_: Request, exc: PydanticValidationError) -> JSONResponse:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        return error_body(422, problems, "invalid_request_error")
-
-    @app.exception_handler(StandbyError)
-    async def _standby(_: Request, exc: StandbyError) -> Response:
-        return await standby_response(cp.leader_hint, exc)
-
-    @app.exception_handler(NotLeaderError)
-    async def _deposed(_: Request, exc: NotLeaderError) -> Response:
-        # The write was refused for a stale epoch and this instance stepped
-        # down (llmgw.control.writes): the caller is sent on like a standby's.
-        return await standby_response(
-            cp.leader_hint, StandbyError(f"this instance no longer leads: {exc}"))
-
-    @app.exception_handler(NotFoundError)
-    async def _missing(_: Request, exc: NotFoundError) -> JSONResponse:
-        return error_body(404, str(exc), "not_found_error", "not_found")
-
-    @app.exception_handler(StoreError)
-    async def _store(_: Request, exc: StoreError) -> JSONResponse:
-        log.error("store error: %s", exc)
-        return JSONResponse(
-            {"error": {"message": str(exc), "type": "store_error", "code": None}},
-            status_code=503,
-            headers={"Retry-After": "2"},
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # Unknown paths and wrong methods answer in the same shape as every
-        # other error, not FastAPI's {"detail": ...}.
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(
-            {"error": {"message": str(exc.detail), "type": kind, "code": None}},
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
+    install_error_handlers(app, cp.leader_hint)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, object]:
@@ -160,8 +94,9 @@ def create_app(
         process. The same optional token guards both.
         """
         if not scrape_allowed(request.headers.get("authorization"), metrics_token):
-            return error_body(401, "/metrics needs the metrics token (Authorization: Bearer ...).",
-                              "authentication_error", "invalid_token")
+            return error_response(401, "/metrics needs the metrics token"
+                                  " (Authorization: Bearer ...).",
+                                  "authentication_error", "invalid_token")
         return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
     # -- agent API ---------------------------------------------------------
@@ -183,8 +118,8 @@ def create_app(
         node = cp.nodes.for_token(secrets.bearer(request.headers.get("authorization")))
         body = AgentReport.model_validate(await _body(request))
         if body.node != node.name:
-            return error_body(403, f"this token speaks for node {node.name!r} only",
-                              "permission_error", "wrong_node")
+            return error_response(403, f"this token speaks for node {node.name!r} only",
+                                  "permission_error", "wrong_node")
         return _json(await cp.agents.report(node, body))
 
     # -- gateway link API ----------------------------------------------------

@@ -21,10 +21,11 @@ from typing import Any
 
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmgw import secrets
+from llmgw.control.httperrors import error_response
 from llmgw.control.service import ControlPlane
 from llmgw.errors import ValidationError
 from llmgw.wire import AgentReport
@@ -86,9 +87,8 @@ class ReportRoute:
                     f"request body is not valid JSON: {bad_json[0]['msg']}") from None
             raise
         if report.node != node.name:
-            return JSONResponse({"error": {
-                "message": f"this token speaks for node {node.name!r} only",
-                "type": "permission_error", "code": "wrong_node"}}, status_code=403)
+            return error_response(403, f"this token speaks for node {node.name!r} only",
+                                  "permission_error", "wrong_node")
         answer = await cp.agents.report(node, report)
         return answer.model_dump_json().encode()
 

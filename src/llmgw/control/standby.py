@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import time
 
-import orjson
 from fastapi.responses import Response
 
 from llmgw.control.store.repo import LEADER_URL_KEY, Store
 from llmgw.errors import StandbyError
-from llmgw.wire import LEADER_HEADER, STANDBY_CODE
+from llmgw.wire import LEADER_HEADER, STANDBY_CODE, ErrorBody, ErrorDetail
 
 # Agents and gateways retry a standby's refusal at once elsewhere; this is for
 # clients that only know this instance (and for load balancers).
@@ -63,7 +62,7 @@ async def standby_response(hint: LeaderHint, exc: StandbyError) -> Response:
     headers = {"Retry-After": str(RETRY_AFTER_S)}
     if leader:
         headers[LEADER_HEADER] = leader
-    body = {"error": {"message": message, "type": "standby_error", "code": STANDBY_CODE,
-                      "leader": leader}}
-    return Response(orjson.dumps(body), status_code=503, media_type="application/json",
+    body = ErrorBody(error=ErrorDetail(message=message, type="standby_error", code=STANDBY_CODE,
+                                       leader=leader))
+    return Response(body.render(), status_code=503, media_type="application/json",
                     headers=headers)

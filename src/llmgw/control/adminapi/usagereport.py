@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Query
-from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from llmgw.control.service import ControlPlane
 from llmgw.errors import ValidationError
 
 Dimension = Literal["day", "key", "model"]
@@ -117,33 +113,3 @@ def csv_filename(report: UsageReport) -> str:
 
     return f"llmgw-usage-{day(report.since)}-{day(report.until)}-by-{'-'.join(report.by)}.csv"
 
-
-def add_usage_report_route(router: APIRouter, cp: ControlPlane) -> None:
-    @router.get("/usage/report", response_model=UsageReport, tags=["usage"],
-                responses={200: {"content": {"text/csv": {}}}})
-    async def usage_report(
-        since: Annotated[int | None, Query(ge=0, le=MAX_TIME,
-                                           description="unix time; default: 30 days ago")] = None,
-        until: Annotated[int | None, Query(
-            ge=0, le=MAX_TIME, description="unix time, exclusive; default: now")] = None,
-        by: Annotated[str, Query(max_length=40,
-                                 description="key, model, day (UTC), or several: day,model")
-                      ] = "key,model",
-        key_id: Annotated[str | None, Query(max_length=32)] = None,
-        model: Annotated[str | None, Query(max_length=200)] = None,
-        format: Annotated[Literal["json", "csv"], Query()] = "json",
-    ) -> Response:
-        """Requests and tokens summed per key, model and/or UTC day over [since, until)."""
-        dimensions = parse_by(by)
-        end = until if until is not None else int(time.time())
-        start = (since if since is not None else end - DEFAULT_WINDOW_S) // 60 * 60
-        if end <= start:
-            raise ValidationError("until must be after since", field="until")
-        rows = await cp.store.usage_report(since=start, until=end, by=dimensions,
-                                           key_id=key_id, model=model)
-        names = {k.key_id: k.name for k in cp.keys.all()}
-        report = build_report(start, end, dimensions, rows, names)
-        if format == "csv":
-            return Response(to_csv(report), media_type="text/csv; charset=utf-8", headers={
-                "Content-Disposition": f'attachment; filename="{csv_filename(report)}"'})
-        return Response(report.model_dump_json(), media_type="application/json")
