@@ -344,6 +344,34 @@ def serve_argv(executable: str, ctx: LaunchContext, flags: ServeFlags, leader: s
     ]
 
 
+def serve_launch(
+    ctx: LaunchContext,
+    argv: list[str],
+    *,
+    health: str | None,
+    metrics: ProgressMetrics,
+    dialect: EngineDialect,
+    env: Mapping[str, str] | None = None,
+    secret_file: SecretFile | None = None,
+    tls: bool = False,
+    drop_env: frozenset[str] = frozenset(),
+) -> EngineLaunch:
+    """A shard's launch for a ``serve`` engine: the catalog's own args after the agent's,
+    its environment with the pinning (and ``env``) over it. Metrics, like HTTP, come
+    from the rank that serves the API only (``health`` None: a rank that does not)."""
+    spec = ctx.assignment.model
+    return EngineLaunch(
+        argv=[*argv, *spec.engine_args],
+        env={**launch_env(spec, ctx.devices), **(env or {})},
+        health_path=health,
+        progress=metrics if health is not None else None,
+        dialect=dialect,
+        secret_file=secret_file,
+        tls=tls,
+        drop_env=drop_env,
+    )
+
+
 def launch_env(
     spec: ModelSpec, devices: Sequence[Device], *, vulkan: bool = False
 ) -> dict[str, str]:

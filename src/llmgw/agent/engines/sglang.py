@@ -22,9 +22,9 @@ from llmgw.agent.engines.base import (
     check_common,
     console_script,
     has_flag,
-    launch_env,
     require_leader,
     serve_argv,
+    serve_launch,
 )
 from llmgw.agent.progress import SGLANG_METRICS
 from llmgw.errors import EngineError
@@ -87,10 +87,9 @@ class SglangAdapter:
         argv = serve_argv(self.executable, ctx, SERVE_FLAGS, assignment.leader_address or "")
         # Only rank 0 serves HTTP (check_common: a single-node replica's rank is 0).
         health = "/health" if assignment.shard.rank == 0 else None
-        progress = SGLANG_METRICS if health is not None else None
         # SGLang serves /metrics only when asked; without it the agent could
         # not tell a stuck engine from an idle one.
-        if progress is not None and not has_flag(spec.engine_args, "--enable-metrics"):
+        if health is not None and not has_flag(spec.engine_args, "--enable-metrics"):
             argv.append("--enable-metrics")
         secret = None
         if assignment.engine_key is not None and health is not None:
@@ -98,13 +97,6 @@ class SglangAdapter:
             # argv is world-readable in /proc: a file it is (--config is managed,
             # so the catalog cannot pass one of its own).
             secret = SecretFile("--config", f'api-key: "{assignment.engine_key}"\n')
-        argv += spec.engine_args
-        env = launch_env(spec, ctx.devices)
-        return EngineLaunch(
-            argv=argv,
-            env=env,
-            health_path=health,
-            progress=progress,
-            dialect=DIALECT,
-            secret_file=secret,
+        return serve_launch(
+            ctx, argv, health=health, metrics=SGLANG_METRICS, dialect=DIALECT, secret_file=secret
         )

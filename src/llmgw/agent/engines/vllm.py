@@ -33,9 +33,9 @@ from llmgw.agent.engines.base import (
     ServeFlags,
     check_common,
     console_script,
-    launch_env,
     require_leader,
     serve_argv,
+    serve_launch,
 )
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
@@ -170,7 +170,6 @@ class VllmAdapter:
     def build(self, ctx: LaunchContext) -> EngineLaunch:
         assignment = ctx.assignment
         self.validate(assignment)
-        spec = assignment.model
         host, port = ("", None)
         if assignment.nodes > 1:
             host, port = require_leader(assignment, needs_port=False)
@@ -185,22 +184,14 @@ class VllmAdapter:
         tls = ctx.tls is not None and health is not None
         if tls and ctx.tls is not None:
             argv += ["--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file]
-        argv += spec.engine_args
-        env = launch_env(spec, ctx.devices)
-        if assignment.engine_key is not None:
-            # vLLM takes its key from VLLM_API_KEY when --api-key is absent,
-            # which keeps it out of argv (world-readable in /proc). It then
-            # refuses /v1 without it; /health, /metrics and /tokenize stay open.
-            env[ENGINE_KEY_ENV[EngineKind.VLLM]] = assignment.engine_key
-        # Metrics, like HTTP, come from the rank that serves the API only.
-        progress = VLLM_METRICS if health is not None else None
-        return EngineLaunch(
-            argv=argv,
-            env=env,
-            health_path=health,
-            progress=progress,
-            dialect=DIALECT,
-            tls=tls,
+        key_env = ENGINE_KEY_ENV[EngineKind.VLLM]
+        # vLLM takes its key from VLLM_API_KEY when --api-key is absent,
+        # which keeps it out of argv (world-readable in /proc). It then
+        # refuses /v1 without it; /health, /metrics and /tokenize stay open.
+        key = assignment.engine_key
+        return serve_launch(
+            ctx, argv, health=health, metrics=VLLM_METRICS, dialect=DIALECT,
+            env={key_env: key} if key is not None else None, tls=tls,
             # An inherited key would lock the gateway out of a replica without one.
-            drop_env=frozenset({ENGINE_KEY_ENV[EngineKind.VLLM]}),
+            drop_env=frozenset({key_env}),
         )
