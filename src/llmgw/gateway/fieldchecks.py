@@ -162,7 +162,8 @@ def string_or_object(value: Any, param: str) -> None:
 
 
 def model_name(value: Any, param: str) -> None:
-    string(value, param)
+    if type(value) is not str:
+        raise wrong_type(param, "a string", value)
     if not value:
         raise empty_string(param)
 

@@ -122,15 +122,20 @@ def _role(message: dict[str, Any], at: str, roles: tuple[str, ...]) -> str:
 
 
 def _message(message: Any, at: str) -> None:
-    obj(message, at)
-    if message.get("role") is None:
-        raise missing(f"{at}.role")
-    role = _role(message, at, ROLES)
+    # Every chat request checks each of its messages: the common case (a
+    # known role, text content) is tested inline, without a call per field.
+    if type(message) is not dict:
+        raise wrong_type(at, "an object", message)
+    role = message.get("role")
+    if role not in ROLES or type(role) is not str:
+        if role is None:
+            raise missing(f"{at}.role")
+        _role(message, at, ROLES)
     content = message.get("content")
     if content is None:
         if role not in _CONTENT_OPTIONAL:
             raise missing(f"{at}.content")
-    else:
+    elif type(content) is not str:
         string_or_parts(content, f"{at}.content", empty=False)
     if role == "tool":
         call = message.get("tool_call_id")
@@ -142,7 +147,11 @@ def _message(message: Any, at: str) -> None:
         string(name, f"{at}.name")
 
 
-messages = array_of(_message, empty=False)
+def messages(value: Any, param: str) -> None:
+    if type(value) is not list or not value:
+        array(value, param, empty=False)  # raises
+    for index, message in enumerate(value):
+        _message(message, f"{param}[{index}]")
 
 
 def _token(value: Any, param: str) -> None:
