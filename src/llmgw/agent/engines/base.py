@@ -301,6 +301,22 @@ def check_common(assignment: ReplicaAssignment, managed_flags: FlagRules | Itera
         )
 
 
+def check_serve(
+    assignment: ReplicaAssignment,
+    managed_flags: FlagRules,
+    *,
+    engine: EngineKind,
+    leader_port: bool,
+) -> None:
+    """The checks of a ``serve`` engine: the common ones, weights, and on a multi-node
+    replica a leader address (with a port where ``leader_port``)."""
+    check_common(assignment, managed_flags)
+    if assignment.model.weights.kind == "none":
+        raise EngineError(f"model {assignment.model.name!r}: {engine.value} needs weights")
+    if assignment.nodes > 1:
+        require_leader(assignment, needs_port=leader_port)
+
+
 @dataclass(frozen=True)
 class ServeFlags:
     """How an engine's ``serve`` command (vLLM's, SGLang's) names what the agent sets."""

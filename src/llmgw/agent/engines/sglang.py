@@ -19,15 +19,13 @@ from llmgw.agent.engines.base import (
     LaunchContext,
     SecretFile,
     ServeFlags,
-    check_common,
+    check_serve,
     console_script,
     has_flag,
-    require_leader,
     serve_argv,
     serve_launch,
 )
 from llmgw.agent.progress import SGLANG_METRICS
-from llmgw.errors import EngineError
 from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 
 # SGLang honours max_completion_tokens and include_usage (its OpenAI
@@ -74,11 +72,7 @@ class SglangAdapter:
         self.executable = executable or console_script("sglang")
 
     def validate(self, assignment: ReplicaAssignment) -> None:
-        check_common(assignment, MANAGED_FLAGS)
-        if assignment.model.weights.kind == "none":
-            raise EngineError(f"model {assignment.model.name!r}: sglang needs weights")
-        if assignment.nodes > 1:
-            require_leader(assignment, needs_port=True)
+        check_serve(assignment, MANAGED_FLAGS, engine=self.kind, leader_port=True)
 
     def build(self, ctx: LaunchContext) -> EngineLaunch:
         assignment = ctx.assignment

@@ -31,7 +31,7 @@ from llmgw.agent.engines.base import (
     FlagRules,
     LaunchContext,
     ServeFlags,
-    check_common,
+    check_serve,
     console_script,
     require_leader,
     serve_argv,
@@ -150,11 +150,8 @@ class VllmAdapter:
         return self._version
 
     def validate(self, assignment: ReplicaAssignment) -> None:
-        check_common(assignment, MANAGED_FLAGS)
-        if assignment.model.weights.kind == "none":
-            raise EngineError(f"model {assignment.model.name!r}: vllm needs weights")
+        check_serve(assignment, MANAGED_FLAGS, engine=self.kind, leader_port=False)
         if assignment.nodes > 1:
-            require_leader(assignment, needs_port=False)
             self._check_multi_node()
 
     def _check_multi_node(self) -> None:
