@@ -26,7 +26,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
@@ -40,7 +39,7 @@ from llmgw.control.adminapi.summary import Summary, fleet_summary
 from llmgw.control.adminapi.views.models import ModelView
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.store.stats import WriteStats
-from llmgw.promkit import Histogram
+from llmgw.promkit import Histogram, filled
 
 if TYPE_CHECKING:
     from llmgw.control.reconciler import PassResult
@@ -167,65 +166,43 @@ class ControlCollector(Collector):
 
 
 def _work_families(m: ControlMetrics) -> Iterator[Metric]:
-    family = HistogramMetricFamily(
+    yield m.pass_seconds.family(
         "llmgw_control_reconcile_pass_seconds",
         "Time of one reconcile pass (reachability, decisions, store write, nudges).",
     )
-    points, total = m.pass_seconds.family_points()
-    family.add_metric([], points, total)
-    yield family
-    yield _filled(CounterMetricFamily(
-        "llmgw_control_reconcile_passes",
-        "Reconcile passes by outcome: ok, error (retried on the next tick),"
-        " stale_epoch (another instance leads; this one steps down).",
-        labels=["outcome"],
-    ), m.passes)  # fmt: skip
+    yield _counter("llmgw_control_reconcile_passes", "outcome", m.passes,
+                   "Reconcile passes by outcome: ok, error (retried on the next tick),"
+                   " stale_epoch (another instance leads; this one steps down).")
     if m.last_pass_at is not None:
         yield GaugeMetricFamily(
             "llmgw_control_last_reconcile_timestamp_seconds",
             "When the last reconcile pass ended (Unix time); stands still when the loop does.",
             value=m.last_pass_at,
         )
-    yield _filled(CounterMetricFamily(
-        "llmgw_control_replicas_placed",
-        "Replicas placed by the reconciler, by reason: short (the model had fewer than it"
-        " should) or move (make-before-break off a draining or lost node).",
-        labels=["reason"],
-    ), m.placed)  # fmt: skip
-    yield _filled(CounterMetricFamily(
-        "llmgw_control_replicas_removed",
-        "Replicas removed by the reconciler, by reason: failed, replaced, scaled-down,"
-        " unloaded, evicted, drained, orphaned.",
-        labels=["reason"],
-    ), m.removed)  # fmt: skip
-    yield _filled(CounterMetricFamily(
-        "llmgw_control_agent_reports",
-        "Agent reports answered, by outcome: accepted, unauthorized, wrong_node, invalid,"
-        " unavailable (standby or store), error.",
-        labels=["outcome"],
-    ), m.reports)  # fmt: skip
+    yield _counter("llmgw_control_replicas_placed", "reason", m.placed,
+                   "Replicas placed by the reconciler, by reason: short (the model had fewer"
+                   " than it should) or move (make-before-break off a draining or lost node).")
+    yield _counter("llmgw_control_replicas_removed", "reason", m.removed,
+                   "Replicas removed by the reconciler, by reason: failed, replaced,"
+                   " scaled-down, unloaded, evicted, drained, orphaned.")
+    yield _counter("llmgw_control_agent_reports", "outcome", m.reports,
+                   "Agent reports answered, by outcome: accepted, unauthorized, wrong_node,"
+                   " invalid, unavailable (standby or store), error.")
 
 
 def _store_families(stats: WriteStats) -> Iterator[Metric]:
-    family = HistogramMetricFamily(
+    yield stats.seconds.family(
         "llmgw_control_store_write_seconds",
         "Time of one committed store write transaction, lock wait included.",
     )
-    points, total = stats.seconds.family_points()
-    family.add_metric([], points, total)
-    yield family
-    yield _filled(CounterMetricFamily(
-        "llmgw_control_store_write_errors",
-        "Store writes that failed, by kind: error (the database refused or was away),"
-        " stale_epoch (fenced out: another instance leads).",
-        labels=["kind"],
-    ), stats.errors)  # fmt: skip
+    yield _counter("llmgw_control_store_write_errors", "kind", stats.errors,
+                   "Store writes that failed, by kind: error (the database refused or was"
+                   " away), stale_epoch (fenced out: another instance leads).")
 
 
-def _filled(family: Any, values: Mapping[Any, float]) -> Any:
-    for key, value in values.items():
-        family.add_metric([key] if isinstance(key, str) else list(key), value)
-    return family
+def _counter(name: str, label: str, values: Mapping[str, int], documentation: str) -> Metric:
+    """A counter family with one sample per label value."""
+    return filled(CounterMetricFamily(name, documentation, labels=[label]), values)
 
 
 # -- the fleet, from the summary's own fold ---------------------------------------------
