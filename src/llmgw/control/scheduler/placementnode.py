@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmgw import memory
 from llmgw.control.state import NodeRecord
@@ -20,24 +21,19 @@ from llmgw.wire import CPU_CLASS, NodeInventory, NodeState
 
 
 @dataclass(slots=True)
-class PlacementNode:
-    """What placement needs to know about one node, by device class.
+class DeviceDigest:
+    """What a node's inventory says, independent of replicas and time.
 
-    Only ``free``, ``used``, ``replicas`` and ``used_total`` change during a
-    pass; the other maps are shared with the inventory cache.
+    Shared (never mutated) by every PlacementNode built from the same
+    inventory object; only the free lists are copied per node.
     """
 
-    name: str
-    state: NodeState
-    fabrics: tuple[str, ...]
-    weights: frozenset[str]
     # Healthy, placeable devices no replica holds, lowest number first.
     free: dict[str, list[int]] = field(default_factory=dict)
     # Healthy and placeable devices (free or not): what the node could offer.
     capacity: dict[str, int] = field(default_factory=dict)
     # Every device of the class, healthy or not.
     total: dict[str, int] = field(default_factory=dict)
-    used: dict[str, int] = field(default_factory=dict)
     unhealthy: dict[str, int] = field(default_factory=dict)
     out_of_placement: dict[str, int] = field(default_factory=dict)
     uuids: dict[int, str] = field(default_factory=dict)
@@ -46,10 +42,27 @@ class PlacementNode:
     # so releasing a replica that sat on a now-unhealthy card cannot make that
     # card look free.
     placeable: set[int] = field(default_factory=set)
+    capacity_total: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class PlacementNode(DeviceDigest):
+    """What placement needs to know about one node, by device class.
+
+    The device maps it inherits are its inventory's digest, shared with the
+    inventory cache and never changed, except ``free``, which is its own.
+    Only ``free``, ``used``, ``replicas``, ``used_total`` and
+    ``memory_used_mib`` change during a pass.
+    """
+
+    name: str
+    state: NodeState
+    fabrics: tuple[str, ...]
+    weights: frozenset[str]
+    used: dict[str, int] = field(default_factory=dict)
     # Replicas per model with a shard here (spreading).
     replicas: dict[str, int] = field(default_factory=dict)
     used_total: int = 0
-    capacity_total: int = 0
     # The node's RAM (None: its agent does not say) and what the CPU
     # replicas placed here are charged for it (llmgw.memory).
     memory_total_mib: int | None = None
@@ -99,46 +112,35 @@ class PlacementNode:
 
 def copy_node(view: PlacementNode, owner: object) -> PlacementNode:
     """A view whose changing parts (free, used, replicas) are its own."""
-    return PlacementNode(
+    return _with_devices(
+        view,
         name=view.name,
         state=view.state,
         fabrics=view.fabrics,
         weights=view.weights,
-        free={c: list(numbers) for c, numbers in view.free.items()},
-        capacity=view.capacity,
-        total=view.total,
         used=dict(view.used),
-        unhealthy=view.unhealthy,
-        out_of_placement=view.out_of_placement,
-        uuids=view.uuids,
-        device_class=view.device_class,
-        placeable=view.placeable,
         replicas=dict(view.replicas),
         used_total=view.used_total,
-        capacity_total=view.capacity_total,
         memory_total_mib=view.memory_total_mib,
         memory_used_mib=view.memory_used_mib,
         owner=owner,
     )
 
 
-@dataclass(slots=True)
-class DeviceDigest:
-    """What a node's inventory says, independent of replicas and time.
-
-    Shared (never mutated) by every PlacementNode built from the same inventory
-    object; only the free lists are copied per snapshot.
-    """
-
-    free: dict[str, list[int]] = field(default_factory=dict)
-    capacity: dict[str, int] = field(default_factory=dict)
-    total: dict[str, int] = field(default_factory=dict)
-    unhealthy: dict[str, int] = field(default_factory=dict)
-    out_of_placement: dict[str, int] = field(default_factory=dict)
-    uuids: dict[int, str] = field(default_factory=dict)
-    device_class: dict[int, str] = field(default_factory=dict)
-    placeable: set[int] = field(default_factory=set)
-    capacity_total: int = 0
+def _with_devices(devices: DeviceDigest, **node: Any) -> PlacementNode:
+    """A node view on ``devices``' maps (shared) and a copy of their free lists."""
+    return PlacementNode(
+        free={c: list(numbers) for c, numbers in devices.free.items()},
+        capacity=devices.capacity,
+        total=devices.total,
+        unhealthy=devices.unhealthy,
+        out_of_placement=devices.out_of_placement,
+        uuids=devices.uuids,
+        device_class=devices.device_class,
+        placeable=devices.placeable,
+        capacity_total=devices.capacity_total,
+        **node,
+    )
 
 
 def _digest(inventory: NodeInventory | None) -> DeviceDigest:
@@ -210,23 +212,12 @@ class DeviceCache:
 
 def placement_node(node: NodeRecord, now: float, cache: DeviceCache | None = None) -> PlacementNode:
     devices = cache.get(node) if cache is not None else _digest(node.inventory)
-    return PlacementNode(
+    return _with_devices(
+        devices,
         name=node.name,
         state=node.state(now),
         fabrics=tuple(node.fabrics),
         weights=frozenset(w.model for w in node.weights),
-        free={c: list(numbers) for c, numbers in devices.free.items()},
-        capacity=devices.capacity,
-        total=devices.total,
-        used={},
-        unhealthy=devices.unhealthy,
-        out_of_placement=devices.out_of_placement,
-        uuids=devices.uuids,
-        device_class=devices.device_class,
-        placeable=devices.placeable,
-        replicas={},
-        used_total=0,
-        capacity_total=devices.capacity_total,
         memory_total_mib=_usable_ram(node.inventory),
     )
 
