@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from tests.waiting import eventually
+
 from llmgw.sim.engine import SimEngine
 from llmgw.wire import SimParams
 
@@ -52,9 +54,5 @@ def engine_in_thread(model: str = "sim", **overrides: Any) -> Iterator[SimEngine
 
 
 async def until(condition: Callable[[], bool], within_s: float = 5.0) -> None:
-    """Poll ``condition`` every 2 ms; fail the test if it stays false."""
-    for _ in range(int(within_s / 0.002)):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError("condition not met in time")
+    """``eventually``, polled every 2 ms: the timing tests read the moment it turns true."""
+    await eventually(condition, within_s, every_s=0.002)

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.sim.helpers import StartEngine
@@ -171,20 +178,18 @@ def test_routing_bench_targets_are_read_at_the_saturation_rate() -> None:
     assert "rr_over_prefix_ttft_p90_at_saturation" not in targets(results, None)
 
 
-def test_routing_bench_runs_end_to_end_in_miniature() -> None:
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def routing_bench(*options: str, timeout_s: float) -> tuple[dict[str, Any], str]:
+    """bench/routing.py on two engines and three prefix groups: its JSON line, its stderr."""
     script = Path(__file__).resolve().parents[2] / "bench" / "routing.py"
-    argv = [
-        sys.executable, str(script), "--engines", "2", "--groups", "3", "--rates", "3,6",
-        "--stage-s", "1", "--drain-s", "10", "--policies", "round_robin,prefix_2gw",
-    ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    argv = [sys.executable, str(script), "--engines", "2", "--groups", "3", *options]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1])), done.stderr
+
+
+def test_routing_bench_runs_end_to_end_in_miniature() -> None:
+    out, stderr = routing_bench("--rates", "3,6", "--stage-s", "1", "--drain-s", "10",
+                                "--policies", "round_robin,prefix_2gw", timeout_s=120)  # fmt: skip
     assert set(out) >= {"round_robin", "prefix_2gw", "saturation_rate", "targets"}
     for policy in ("round_robin", "prefix_2gw"):
         assert list(out[policy]) == ["3", "6"]
@@ -193,41 +198,23 @@ def test_routing_bench_runs_end_to_end_in_miniature() -> None:
             assert row["errors"] == 0
             assert row["ttft_p90_s"] is None or row["ttft_p90_s"] > 0
         assert out[f"{policy}_hit_rate_all"] is not None
-    assert "gateway listening" not in done.stderr  # children's stdout is read, not leaked
+    assert "gateway listening" not in stderr  # children's stdout is read, not leaked
 
 
 def test_routing_bench_measures_sglang_router_it_starts_itself() -> None:
-    import json
-    import re
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "bench" / "routing.py"
-    argv = [
-        sys.executable, str(script), "--engines", "2", "--groups", "3", "--rates", "3",
-        "--stage-s", "2", "--drain-s", "10", "--policies", "sglang_ca",
-    ]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out, stderr = routing_bench("--rates", "3", "--stage-s", "2", "--drain-s", "10",
+                                "--policies", "sglang_ca", timeout_s=180)  # fmt: skip
     row = out["sglang_ca"]["3"]
     assert row["requests"] > 0 and row["errors"] == 0 and row["ttft_p90_s"] > 0
     assert out["sglang_ca_hit_rate_all"] is not None
     # The router it started is gone with it.
-    found = re.search(r"sglang-router \(cache_aware\) on http://127.0.0.1:(\d+)/v1", done.stderr)
-    assert found is not None, done.stderr[-3000:]
+    found = re.search(r"sglang-router \(cache_aware\) on http://127.0.0.1:(\d+)/v1", stderr)
+    assert found is not None, stderr[-3000:]
     with socket.socket() as sock, pytest.raises(OSError):
         sock.connect(("127.0.0.1", int(found.group(1))))
 
 
 def test_routing_replay_is_deterministic_and_agrees_with_itself() -> None:
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = Path(__file__).resolve().parents[2] / "bench" / "routing_replay.py"
     argv = [
         sys.executable, str(script), "--engines", "3", "--groups", "6", "--rates", "4,12",

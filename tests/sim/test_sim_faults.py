@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterable
 
 import aiohttp
 import openai
@@ -99,6 +100,23 @@ async def test_slow_is_ten_times_slower(sim_engine: StartEngine) -> None:
     assert durations[1] > 5 * durations[0]
 
 
+class Reading:
+    """A streamed completion of 100 tokens read in the background, its chunks counted."""
+
+    def __init__(self, stream: AsyncIterable[object]) -> None:
+        self.chunks = 0
+        self.task = asyncio.create_task(self._read(stream))
+
+    @classmethod
+    async def start(cls, client: openai.AsyncOpenAI) -> Reading:
+        return cls(await client.completions.create(
+            model="m", prompt="x", max_tokens=100, stream=True))  # fmt: skip
+
+    async def _read(self, stream: AsyncIterable[object]) -> None:
+        async for _ in stream:
+            self.chunks += 1
+
+
 async def test_hang_after_wedges_health_and_everything_else(sim_engine: StartEngine) -> None:
     engine = await sim_engine("m", hang_after_s=0.3, decode_ms_per_token=50.0)
     short = aiohttp.ClientTimeout(total=0.3)
@@ -106,20 +124,12 @@ async def test_hang_after_wedges_health_and_everything_else(sim_engine: StartEng
         async with http.get(engine.url + "/health", timeout=short) as resp:
             assert resp.status == 200
         # A request running when the engine wedges gets no further.
-        stream = await client.completions.create(model="m", prompt="x", max_tokens=100, stream=True)
-        received = 0
-
-        async def read() -> None:
-            nonlocal received
-            async for _ in stream:
-                received += 1
-
-        reader = asyncio.create_task(read())
+        reading = await Reading.start(client)
         await until(lambda: engine.state == "hung", within_s=2)
         await asyncio.sleep(0.2)
-        stalled_at = received
+        stalled_at = reading.chunks
         await asyncio.sleep(0.3)
-        assert received == stalled_at and 0 < stalled_at < 100
+        assert reading.chunks == stalled_at and 0 < stalled_at < 100
         for path in ("/health", "/v1/models", "/metrics"):
             with pytest.raises(TimeoutError):
                 async with http.get(engine.url + path, timeout=short):
@@ -128,7 +138,7 @@ async def test_hang_after_wedges_health_and_everything_else(sim_engine: StartEng
         await engine.stop()
         assert time.monotonic() - started < 2
         with pytest.raises(openai.APIConnectionError):
-            await reader
+            await reading.task
 
 
 async def test_stall_after_freezes_progress_while_health_and_metrics_answer(
@@ -149,22 +159,14 @@ async def test_stall_after_freezes_progress_while_health_and_metrics_answer(
         )
 
     async with aiohttp.ClientSession() as http, client_for(engine.url, timeout=10) as client:
-        stream = await client.completions.create(model="m", prompt="x", max_tokens=100, stream=True)
-        received = 0
-
-        async def read() -> None:
-            nonlocal received
-            async for _ in stream:
-                received += 1
-
-        reader = asyncio.create_task(read())
+        reading = await Reading.start(client)
         await until(lambda: engine.stalled, within_s=2)
         await asyncio.sleep(0.1)
-        stalled_at = received
+        stalled_at = reading.chunks
         frozen = await running_and_tokens()
         await asyncio.sleep(0.3)
         # The request still counts as running; no token, no counter moves.
-        assert received == stalled_at and 0 < stalled_at < 100
+        assert reading.chunks == stalled_at and 0 < stalled_at < 100
         assert await running_and_tokens() == frozen
         assert frozen[0] == 1 and frozen[1] > 0
         assert engine.state == "ready" and engine.stats()["stalled"] is True
@@ -172,7 +174,7 @@ async def test_stall_after_freezes_progress_while_health_and_metrics_answer(
             assert resp.status == 200
         await engine.stop()
         with pytest.raises(openai.APIConnectionError):
-            await reader
+            await reading.task
 
 
 def test_hang_after_needs_an_engine_that_becomes_ready() -> None:

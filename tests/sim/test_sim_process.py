@@ -35,27 +35,27 @@ def test_module_serves_until_sigterm() -> None:
         proc.wait()
 
 
-def test_module_exits_1_on_fail_at_start() -> None:
-    params = json.dumps({"startup_s": 0.1, "fault": "fail_at_start"})
-    proc = start("--model", "tiny", "--params-json", params)
+def exit_and_stderr(*args: str) -> tuple[int, str]:
+    """How the engine module, started with ``args``, exits at once, and what it says."""
+    proc = start(*args)
     try:
-        assert proc.wait(10) == 1
+        code = proc.wait(10)
         assert proc.stderr is not None
-        assert "failed at start" in proc.stderr.read()
+        return code, proc.stderr.read()
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_module_exits_1_on_fail_at_start() -> None:
+    params = json.dumps({"startup_s": 0.1, "fault": "fail_at_start"})
+    code, stderr = exit_and_stderr("--model", "tiny", "--params-json", params)
+    assert code == 1 and "failed at start" in stderr
 
 
 def test_module_refuses_bad_params_with_exit_2() -> None:
-    proc = start("--model", "tiny", "--params-json", '{"kv_blocks": 0}')
-    try:
-        assert proc.wait(10) == 2
-        assert proc.stderr is not None
-        assert "kv_blocks must be > 0" in proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
+    code, stderr = exit_and_stderr("--model", "tiny", "--params-json", '{"kv_blocks": 0}')
+    assert code == 2 and "kv_blocks must be > 0" in stderr
 
 
 def test_typer_command_refuses_bad_flags() -> None:
