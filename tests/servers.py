@@ -173,3 +173,16 @@ async def logged_port(
         found = re.search(pattern, line)
         if found:
             return int(found.group(1))
+
+
+def stop_group(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM,
+               grace_s: float = 15.0) -> None:
+    """Stop a process started in a session of its own (and what it started) with ``sig``;
+    the whole group is killed if it has not exited within ``grace_s``."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)

@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 import psycopg
 from tests.servers import free_port
+from tests.waiting import eventually_sync
 
 SCOPE = "llmgw-test"
 START_TIMEOUT_S = 60.0
@@ -128,13 +129,8 @@ class PatroniCluster:
             m.get("state") in ("running", "streaming") for m in members)
 
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"{what} not within {timeout_s:g} s; /cluster: {self.cluster()}"
-                             f"\n{self.log_tail()}")
+        eventually_sync(predicate, timeout_s, what, every_s=0.2,
+                        note=lambda: f"/cluster: {self.cluster()}\n{self.log_tail()}")
 
     def switchover(self, candidate: str) -> None:
         """A planned switchover through the leader's REST API (what patronictl sends)."""

@@ -8,15 +8,14 @@ its own node token, and keeps reporting.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import httpx
-from tests.servers import free_port
+from tests.servers import free_port, stop_group
+from tests.waiting import eventually_sync
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main"]
 
@@ -25,15 +24,6 @@ def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen([*LLMGW, *args], stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_serve_and_two_agents_register_and_report(tmp_path: Path) -> None:
@@ -45,9 +35,8 @@ def test_serve_and_two_agents_register_and_report(tmp_path: Path) -> None:
                     "--data-dir", str(tmp_path / "cp")], serve_log)]
     try:
         up_json = tmp_path / "cp" / "up.json"
-        deadline = time.monotonic() + 30
-        while "Credentials" not in serve_log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        eventually_sync(lambda: "Credentials" in serve_log.read_text(), 30,
+                        "serve to write its credentials", every_s=0.2)
         saved = json.loads(up_json.read_text())
         join, admin_token = saved["join_token"], saved["admin_token"]
         assert join.startswith("llmgw-join-") and oct(up_json.stat().st_mode & 0o777) == "0o600"
@@ -67,15 +56,18 @@ def test_serve_and_two_agents_register_and_report(tmp_path: Path) -> None:
                 tmp_path / f"{name}.log",
             ))
         headers = {"Authorization": f"Bearer {admin_token}"}
-        nodes: dict[str, dict[str, object]] = {}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def listed() -> dict[str, dict[str, Any]]:
             answer = httpx.get(f"{url}/admin/v1/nodes", headers=headers, timeout=5)
             assert answer.status_code == 200, answer.text
-            nodes = {n["name"]: n for n in answer.json()}
-            if len(nodes) == 2 and all(n["state"] == "ready" for n in nodes.values()):
-                break
-            time.sleep(0.5)
+            return {n["name"]: n for n in answer.json()}
+
+        def both_ready() -> dict[str, dict[str, Any]] | None:
+            seen = listed()
+            return seen if len(seen) == 2 and all(
+                n["state"] == "ready" for n in seen.values()) else None
+
+        nodes = eventually_sync(both_ready, 60, "both nodes ready", every_s=0.5, note=listed)
         assert set(nodes) == {"gpu-node-a", "gpu-node-b"}, nodes
         assert nodes["gpu-node-a"]["fabrics"] == ["ib-a"]
         assert nodes["gpu-node-b"]["fabrics"] == ["ib-b"]
@@ -85,10 +77,13 @@ def test_serve_and_two_agents_register_and_report(tmp_path: Path) -> None:
             assert oct(identity.stat().st_mode & 0o777) == "0o600"
             # Reports keep coming: last_seen moves.
         first_seen = {n: nodes[n]["last_seen"] for n in nodes}
-        time.sleep(6)
-        later = {n["name"]: n["last_seen"] for n in
-                 httpx.get(f"{url}/admin/v1/nodes", headers=headers, timeout=5).json()}
-        assert all(later[n] > first_seen[n] for n in nodes)  # type: ignore[operator]
+
+        def reported_again() -> bool:
+            now = listed()
+            return all(now[n]["last_seen"] > first_seen[n] for n in first_seen)
+
+        eventually_sync(reported_again, 15, "a later report from each node", every_s=0.5,
+                        note=listed)
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            stop_group(proc, grace_s=20)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
-from tests.servers import free_port
+from tests.servers import free_port, stop_group
 from tests.waiting import eventually_sync
 
 
@@ -61,9 +61,5 @@ def test_standby_takes_over_when_the_leader_dies(tmp_path: Path, pg_database_url
         assert took < 15
     finally:
         for proc in (first, second):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            if proc is not None:
+                stop_group(proc)

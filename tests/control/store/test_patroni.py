@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,8 +24,9 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from tests.servers import free_port
+from tests.servers import free_port, stop_group
 from tests.store_cluster import PatroniCluster, patroni_cluster
+from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -78,34 +78,22 @@ def serve(cluster: PatroniCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         up_json = data_dir / "cp" / "up.json"
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and proc.poll() is None:
-            if up_json.exists() and httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None and up_json.exists(), log.read_text()
+
+        def answering() -> bool:
+            assert proc.poll() is None, log.read_text()
+            return up_json.exists() and httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+
+        eventually_sync(answering, 30, "serve to answer", every_s=0.2, note=log.read_text)
         running = Serve(url, json.loads(up_json.read_text())["admin_token"], proc, log)
         _wait(lambda: running.leads()[0], 15, "serve leads", running)
         yield running
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        stop_group(proc)
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float, what: str,
-          serve: Serve | None = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout_s:g} s"
-                         + (f"\n{serve.log.read_text()[-4000:]}" if serve else ""))
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str, serve: Serve) -> None:
+    eventually_sync(predicate, timeout_s, what, every_s=0.1,
+                    note=lambda: serve.log.read_text()[-4000:])
 
 
 @dataclass
