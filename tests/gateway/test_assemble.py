@@ -31,6 +31,8 @@ from llmgw.sim.engine import SimEngine
 # llama_cpp.server's dialect, on the sim's tokenizer route.
 UNSTOPPING = LLAMA_DIALECT.model_copy(update={"stops_unstreamed": False})
 STOPPING = UNSTOPPING.model_copy(update={"stops_unstreamed": True})
+# An engine that reports usage in streams but finishes what it was asked unstreamed.
+REPORTING = wire.EngineDialect(stops_unstreamed=False)
 MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "Tell me about the prefix cache of this engine."}
 ]
@@ -45,7 +47,7 @@ def test_mending_assembles_only_where_the_engine_cannot_stop_and_usage_is_known(
     assert mending_for(UNSTOPPING).assemble_unstreamed
     assert not mending_for(STOPPING).assemble_unstreamed
     assert not mending_for(wire.EngineDialect()).assemble_unstreamed
-    reports = mending_for(wire.EngineDialect(stops_unstreamed=False))
+    reports = mending_for(REPORTING)
     assert reports.assemble_unstreamed and reports.reports_stream_usage
     # Neither stream usage nor a tokenizer: an answer without usage would be
     # worse than an engine that runs on, so it is not streamed.
@@ -172,12 +174,17 @@ async def test_an_assembled_answer_equals_the_engines_own_unstreamed_one(
         assert counts(built_text.usage)[:2] == counts(direct_text.usage)[:2]
 
 
+async def _reporting(upstreams: Any, link: MemoryLink, name: str, **behaviour: Any) -> Any:
+    """A fake engine of the REPORTING dialect, published as model ``m``."""
+    engine = await upstreams(name, **behaviour)
+    link.publish(make_config(1, [_route(engine.url, REPORTING)]))
+    return engine
+
+
 async def test_an_engine_reporting_stream_usage_is_asked_for_it_and_it_is_kept(
     upstreams: Any, link: MemoryLink,
 ) -> None:
-    engine = await upstreams("e1", tokens=4)
-    reports = wire.EngineDialect(stops_unstreamed=False)
-    link.publish(make_config(1, [_route(engine.url, reports)]))
+    engine = await _reporting(upstreams, link, "e1", tokens=4)
     async with running_gateway(link) as (_, url):
         client = async_client(url)
         answer = await client.chat.completions.create(model="m", messages=MESSAGES)
@@ -199,8 +206,7 @@ async def test_an_engine_reporting_stream_usage_is_asked_for_it_and_it_is_kept(
 async def test_an_assembled_answer_cut_short_is_an_error_not_a_short_answer(
     upstreams: Any, link: MemoryLink,
 ) -> None:
-    engine = await upstreams("cut", tokens=5, cut_stream_after=2)
-    link.publish(make_config(1, [_route(engine.url, wire.EngineDialect(stops_unstreamed=False))]))
+    await _reporting(upstreams, link, "cut", tokens=5, cut_stream_after=2)
     async with running_gateway(link) as (_, url):
         with pytest.raises(openai.APIStatusError) as failed:
             await async_client(url).chat.completions.create(model="m", messages=MESSAGES)
@@ -211,8 +217,7 @@ async def test_an_assembled_answer_cut_short_is_an_error_not_a_short_answer(
 async def test_a_client_that_leaves_closes_the_stream_under_its_answer(
     upstreams: Any, link: MemoryLink,
 ) -> None:
-    engine = await upstreams("slow", tokens=200, token_delay_s=0.05)
-    link.publish(make_config(1, [_route(engine.url, wire.EngineDialect(stops_unstreamed=False))]))
+    engine = await _reporting(upstreams, link, "slow", tokens=200, token_delay_s=0.05)
     async with running_gateway(link) as (_, url):
         impatient = async_client(url, timeout=0.5)
         started = time.monotonic()

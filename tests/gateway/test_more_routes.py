@@ -70,6 +70,12 @@ def _config(engines: dict[str, SimEngine], version: int = 1) -> wire.GatewayConf
     ])  # fmt: skip
 
 
+@pytest.fixture
+def link(engines: dict[str, SimEngine]) -> MemoryLink:
+    """The link serving ``engines``' routes (:func:`_config`), as a gateway's here."""
+    return MemoryLink(_config(engines), poll_timeout_s=1.0)
+
+
 async def _usage(gateway: Gateway, link: MemoryLink, model: str) -> dict[str, int]:
     await gateway.flush_usage()
     totals = {"requests": 0, "prompt": 0, "completion": 0, "errors": 0}
@@ -82,8 +88,7 @@ async def _usage(gateway: Gateway, link: MemoryLink, model: str) -> dict[str, in
     return totals
 
 
-async def test_responses_whole_and_streamed(engines: dict[str, SimEngine]) -> None:
-    link = MemoryLink(_config(engines), poll_timeout_s=1.0)
+async def test_responses_whole_and_streamed(link: MemoryLink) -> None:
     async with running_gateway(link) as (gateway, url):
         client = async_client(url)
         answer = await client.responses.create(
@@ -109,8 +114,7 @@ async def test_responses_whole_and_streamed(engines: dict[str, SimEngine]) -> No
                      "completion": 8, "errors": 0}  # fmt: skip
 
 
-async def test_rerank_and_score_meter_their_usage(engines: dict[str, SimEngine]) -> None:
-    link = MemoryLink(_config(engines), poll_timeout_s=1.0)
+async def test_rerank_and_score_meter_their_usage(link: MemoryLink) -> None:
     async with running_gateway(link) as (gateway, url), httpx.AsyncClient(
         base_url=f"{url}/v1", headers=AUTH, timeout=20
     ) as http:
@@ -136,9 +140,8 @@ async def test_rerank_and_score_meter_their_usage(engines: dict[str, SimEngine])
 
 
 async def test_transcription_form_is_passed_on_with_the_engines_model_name(
-    engines: dict[str, SimEngine],
+    link: MemoryLink,
 ) -> None:
-    link = MemoryLink(_config(engines), poll_timeout_s=1.0)
     async with running_gateway(link) as (gateway, url):
         client = async_client(url)
         # The sim engine refuses any model name but "sim": the gateway must
@@ -168,9 +171,8 @@ async def test_transcription_form_is_passed_on_with_the_engines_model_name(
 
 
 async def test_routes_the_engine_lacks_get_404_and_mixed_models_use_only_fit_replicas(
-    engines: dict[str, SimEngine],
+    engines: dict[str, SimEngine], link: MemoryLink,
 ) -> None:
-    link = MemoryLink(_config(engines), poll_timeout_s=1.0)
     async with running_gateway(link) as (_, url):
         client = async_client(url)
         with pytest.raises(openai.NotFoundError) as refused:
@@ -231,17 +233,15 @@ async def test_on_demand_model_whose_replica_lacks_the_route_gets_404(
     ],
 )  # fmt: skip
 async def test_envelopes_are_checked_before_routing(
-    engines: dict[str, SimEngine], path: str, body: dict[str, Any], param: str
+    link: MemoryLink, path: str, body: dict[str, Any], param: str
 ) -> None:
-    link = MemoryLink(_config(engines), poll_timeout_s=1.0)
     async with running_gateway(link) as (_, url), httpx.AsyncClient(timeout=20) as http:
         answer = await http.post(f"{url}{path}", headers=AUTH, json=body)
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["param"] == param
 
 
-async def test_transcription_forms_are_checked_and_capped(engines: dict[str, SimEngine]) -> None:
-    link = MemoryLink(_config(engines), poll_timeout_s=1.0)
+async def test_transcription_forms_are_checked_and_capped(link: MemoryLink) -> None:
     settings = fast_settings(max_body_bytes=200_000)
     async with running_gateway(link, settings) as (_, url), httpx.AsyncClient(timeout=20) as http:
         post = f"{url}/v1/audio/transcriptions"
