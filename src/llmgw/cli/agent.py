@@ -23,7 +23,7 @@ from llmgw import procstats
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
 from llmgw.agent.memguard import GuardMode
-from llmgw.cli.logs import setup_logging
+from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
 from llmgw.failover import parse_control_plane_urls
@@ -154,7 +154,7 @@ def agent(
                            " this agent's server in plain HTTP where the control plane"
                            " signs no node certificates.")
     ] = False,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run this node's agent: report to the control plane and run what it assigns."""
     setup_logging(log_level)

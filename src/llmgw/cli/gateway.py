@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 
 from llmgw import procstats
-from llmgw.cli.logs import setup_logging
+from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError, ControlPlaneUnavailable, ValidationError
 from llmgw.failover import parse_control_plane_urls
@@ -175,7 +175,7 @@ def gateway(
         bool, typer.Option(help="Allow plain HTTP to a control plane or on a listening address"
                            " that is not loopback.")
     ] = False,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, following a control plane."""
     setup_logging(log_level)

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Annotated
+
+import typer
+
+# The --log-level flag of those commands.
+LogLevel = Annotated[str, typer.Option(help="debug, info, warning, error.")]
 
 
 def setup_logging(level: str, fallback: int = logging.INFO) -> None:

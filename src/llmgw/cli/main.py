@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from llmgw import __version__
-from llmgw.cli.logs import setup_logging
+from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.errors import ConfigError
 
 app = typer.Typer(
@@ -39,7 +39,9 @@ def version() -> None:
     typer.echo(__version__)
 
 
-# TLS flags shared by `up` and `serve` (llmgw.tls; docs/security.md).
+# Flags shared by `up` and `serve`: where they listen, and how (llmgw.tls; docs/security.md).
+HOST_OPTION = typer.Option(help="Address to listen on.")
+PORT_OPTION = typer.Option(help="Port of the API, admin API and console.")
 TLS_OPTION = typer.Option(
     "--tls", help="Listen with TLS even on a loopback address (other addresses use TLS unless"
     " --insecure-http): a CA and certificate are made in the data dir's tls/ on first start.")
@@ -60,8 +62,8 @@ def up(
     data_dir: Annotated[
         Path | None, typer.Option(help="Where the store, weights and logs live.")
     ] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port of the API, admin API and console.")] = 8080,
+    host: Annotated[str, HOST_OPTION] = "127.0.0.1",
+    port: Annotated[int, PORT_OPTION] = 8080,
     database_url: Annotated[
         str | None, typer.Option(help="postgresql://... instead of the embedded SQLite store.")
     ] = None,
@@ -81,7 +83,7 @@ def up(
     tls_cert: Annotated[Path | None, TLS_CERT_OPTION] = None,
     tls_key: Annotated[Path | None, TLS_KEY_OPTION] = None,
     tls_ca: Annotated[Path | None, TLS_CA_OPTION] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    log_level: LogLevel = "warning",
 ) -> None:
     """Run everything on this machine: control plane, gateway and a local agent."""
     from llmgw.cli.combined import TlsOptions
@@ -89,14 +91,8 @@ def up(
 
     setup_logging(log_level)
     options = UpOptions(
-        data_dir=data_dir,
-        host=host,
-        port=port,
-        database_url=database_url,
-        catalog=catalog,
-        sim=sim,
-        cpu_slots=cpu_slots,
-        traffic=traffic,
+        data_dir=data_dir, host=host, port=port, database_url=database_url, catalog=catalog,
+        sim=sim, cpu_slots=cpu_slots, traffic=traffic,
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),
     )
@@ -110,8 +106,8 @@ def up(
 @app.command()
 def serve(
     data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store lives.")] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
-    port: Annotated[int, typer.Option(help="Port of the API, admin API and console.")] = 8080,
+    host: Annotated[str, HOST_OPTION] = "0.0.0.0",
+    port: Annotated[int, PORT_OPTION] = 8080,
     database_url: Annotated[
         str | None, typer.Option(help="postgresql://user@host/db (default: embedded SQLite).")
     ] = None,
@@ -161,7 +157,7 @@ def serve(
         typer.Option(help="Another name (or address) the generated certificate covers"
                      " (repeatable): a load balancer's, a DNS alias."),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+    log_level: LogLevel = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
     from llmgw.cli.combined import TlsOptions

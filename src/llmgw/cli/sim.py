@@ -19,7 +19,7 @@ import pydantic
 import typer
 
 from llmgw import procstats
-from llmgw.cli.logs import setup_logging
+from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.serving import run
 from llmgw.sim.core import check_params
@@ -132,7 +132,7 @@ def fleet_command(
     register_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for every node to register.")
     ] = 120.0,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "warning",
+    log_level: LogLevel = "warning",
 ) -> None:
     """Run a simulated fleet against a control plane until SIGINT or SIGTERM."""
     setup_logging(log_level, fallback=logging.WARNING)

@@ -119,6 +119,25 @@ export function stat(label, value, { cls } = {}) {
   return h("div", { class: ["stat", cls] }, h("span", { class: "stat-value" }, fmtInt(value)), h("span", { class: "stat-label" }, label));
 }
 
+/** A card of counts; a count flagged "warn" or "bad" is shown so only when it is not zero. */
+export function statCard(title, id, counts) {
+  return section(title, h("div", { class: "stats", id }, counts.map(([label, value, flag]) => stat(label, value, { cls: value ? flag : "" }))));
+}
+
+/** A table column of whole numbers, ``row[field]``, right-aligned. */
+export function numColumn(label, field) {
+  return { label, cls: "num", cell: (row) => fmtInt(row[field]) };
+}
+
+/** A page's filters: a search form of [label, control] pairs (each label names its control's id). */
+export function filterForm(fields) {
+  return h(
+    "form",
+    { class: "filters", role: "search", on: { submit: (e) => e.preventDefault() } },
+    fields.map(([label, control]) => h("div", { class: "field" }, h("label", { for: control.id }, label), control)),
+  );
+}
+
 export function section(title, ...children) {
   const id = `sec-${title.toLowerCase().replace(/[^a-z0-9]+/g, "-")}`;
   return h("section", { class: "card", "aria-labelledby": id }, h("h2", { id }, title), children);

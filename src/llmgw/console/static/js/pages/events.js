@@ -2,7 +2,7 @@
 // newest first, filterable by kind, subject and text.
 
 import { api } from "../api.js";
-import { badge, fmtInt, fmtTime, h, redraw, table } from "../dom.js";
+import { badge, filterForm, fmtInt, fmtTime, h, redraw, table } from "../dom.js";
 
 const LIMIT = 500;
 
@@ -23,13 +23,11 @@ export default {
       "div",
       {},
       h("h1", {}, "Events"),
-      h(
-        "form",
-        { class: "filters", role: "search", on: { submit: (e) => e.preventDefault() } },
-        h("div", { class: "field" }, h("label", { for: "event-kind" }, "Kind"), kind),
-        h("div", { class: "field" }, h("label", { for: "event-subject" }, "Subject"), subject),
-        h("div", { class: "field" }, h("label", { for: "event-text" }, "Message contains"), text),
-      ),
+      filterForm([
+        ["Kind", kind],
+        ["Subject", subject],
+        ["Message contains", text],
+      ]),
       count,
       list,
     );

@@ -5,7 +5,7 @@
 // what will change (and what the planner will then do) before it happens.
 
 import { api, ApiError } from "../api.js";
-import { badge, errorText, fmtInt, h, redraw, section, table } from "../dom.js";
+import { badge, errorText, fmtInt, h, numColumn, redraw, section, table } from "../dom.js";
 import { modelTable } from "./plan.js";
 
 const EXAMPLE = `name: my-model
@@ -164,9 +164,9 @@ export default {
             { label: "Engine", cell: (m) => m.spec.engine },
             { label: "Devices per replica", cell: (m) => h("span", { class: "mono" }, shape(m.spec)) },
             { label: "Min–max", cls: "num", cell: (m) => (m.external ? "–" : `${m.min_replicas}–${m.max_replicas}${m.on_demand ? " (on demand)" : ""}`) },
-            { label: "Wanted now", cls: "num", cell: (m) => fmtInt(m.desired) },
-            { label: "Ready", cls: "num", cell: (m) => fmtInt(m.ready) },
-            { label: "Starting", cls: "num", cell: (m) => fmtInt(m.starting) },
+            numColumn("Wanted now", "desired"),
+            numColumn("Ready", "ready"),
+            numColumn("Starting", "starting"),
             { label: "State", cell: (m) => modelState(m) },
             {
               label: "Replicas",

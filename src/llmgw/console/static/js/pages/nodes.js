@@ -12,7 +12,7 @@
 // fetched; otherwise the page filters and pages the full list here.
 
 import { api, apiWithHeaders } from "../api.js";
-import { badge, errorText, fmtAgo, fmtInt, h, redraw } from "../dom.js";
+import { badge, errorText, filterForm, fmtAgo, fmtInt, h, redraw } from "../dom.js";
 
 const PAGE_SIZE = 40;
 const STATES = ["ready", "cordoned", "draining", "unreachable"];
@@ -139,13 +139,11 @@ export default {
       "div",
       {},
       h("h1", {}, "Nodes"),
-      h(
-        "form",
-        { class: "filters", role: "search", on: { submit: (e) => e.preventDefault() } },
-        h("div", { class: "field" }, h("label", { for: "node-q" }, "Name"), q),
-        h("div", { class: "field" }, h("label", { for: "node-state" }, "State"), state),
-        h("div", { class: "field" }, h("label", { for: "node-class" }, "Device class"), cls),
-      ),
+      filterForm([
+        ["Name", q],
+        ["State", state],
+        ["Device class", cls],
+      ]),
       h(
         "div",
         { class: "legend" },

@@ -5,7 +5,7 @@
 // for what the summary names without explaining (why a model is unplaceable).
 
 import { api } from "../api.js";
-import { errorText, fmtDuration, fmtInt, h, redraw, section, stat, table } from "../dom.js";
+import { errorText, fmtDuration, fmtInt, h, numColumn, redraw, section, statCard, table } from "../dom.js";
 import { stackedBar } from "../charts.js";
 
 function classBars(gpus) {
@@ -106,39 +106,24 @@ export default {
         h(
           "div",
           { class: "grid totals" },
-          section(
-            "Nodes",
-            h(
-              "div",
-              { class: "stats", id: "node-totals" },
-              stat("total", n.total),
-              stat("ready", n.ready),
-              stat("cordoned", n.cordoned, { cls: n.cordoned ? "warn" : "" }),
-              stat("draining", n.draining, { cls: n.draining ? "warn" : "" }),
-              stat("unreachable", n.unreachable, { cls: n.unreachable ? "bad" : "" }),
-            ),
-          ),
-          section(
-            "Replicas",
-            h(
-              "div",
-              { class: "stats", id: "replica-totals" },
-              stat("ready", r.ready),
-              stat("starting", r.starting),
-              stat("draining", r.draining, { cls: r.draining ? "warn" : "" }),
-              stat("failed", r.failed, { cls: r.failed ? "bad" : "" }),
-            ),
-          ),
-          section(
-            "Models",
-            h(
-              "div",
-              { class: "stats", id: "model-totals" },
-              stat("total", m.total),
-              stat("satisfied", m.satisfied),
-              stat("short", m.short, { cls: m.short ? "bad" : "" }),
-            ),
-          ),
+          statCard("Nodes", "node-totals", [
+            ["total", n.total],
+            ["ready", n.ready],
+            ["cordoned", n.cordoned, "warn"],
+            ["draining", n.draining, "warn"],
+            ["unreachable", n.unreachable, "bad"],
+          ]),
+          statCard("Replicas", "replica-totals", [
+            ["ready", r.ready],
+            ["starting", r.starting],
+            ["draining", r.draining, "warn"],
+            ["failed", r.failed, "bad"],
+          ]),
+          statCard("Models", "model-totals", [
+            ["total", m.total],
+            ["satisfied", m.satisfied],
+            ["short", m.short, "bad"],
+          ]),
         ),
         section("Devices by class", h("div", { id: "gpu-bars" }, classBars(summary.gpus))),
         h(
@@ -152,10 +137,10 @@ export default {
               table(
                 [
                   { label: "Fabric", cell: (f) => h("span", { class: "mono" }, f.fabric) },
-                  { label: "Nodes", cls: "num", cell: (f) => fmtInt(f.nodes) },
-                  { label: "With weights", cls: "num", cell: (f) => fmtInt(f.nodes_with_weights) },
-                  { label: "Models present", cls: "num", cell: (f) => fmtInt(f.models_present) },
-                  { label: "Largest free block (nodes)", cls: "num", cell: (f) => fmtInt(f.largest_free_block) },
+                  numColumn("Nodes", "nodes"),
+                  numColumn("With weights", "nodes_with_weights"),
+                  numColumn("Models present", "models_present"),
+                  numColumn("Largest free block (nodes)", "largest_free_block"),
                 ],
                 summary.fabrics,
                 { empty: "No node names a fabric.", rowAttrs: (f) => ({ dataset: { fabric: f.fabric } }) },
@@ -190,7 +175,7 @@ export default {
               table(
                 [
                   { label: "Model", cell: (p) => h("strong", {}, p.model) },
-                  { label: "Failures", cls: "num", cell: (p) => fmtInt(p.failures) },
+                  numColumn("Failures", "failures"),
                   { label: "Last error", cell: (p) => p.reason || "–" },
                   {
                     label: "",
@@ -216,7 +201,7 @@ export default {
                   { label: "Replica", cell: (i) => h("a", { class: "mono", href: `#/replicas?q=${encodeURIComponent(i.id)}` }, i.id) },
                   { label: "Model", cell: (i) => i.model },
                   { label: "Idle", cls: "num", cell: (i) => fmtDuration(i.idle_seconds) },
-                  { label: "GPUs", cls: "num", cell: (i) => fmtInt(i.gpus) },
+                  numColumn("GPUs", "gpus"),
                 ],
                 summary.idle_replicas,
                 { empty: "No idle replicas.", rowAttrs: (i) => ({ dataset: { replica: i.id } }) },

@@ -3,7 +3,7 @@
 // own answer; the page only lays it out.
 
 import { api, ApiError } from "../api.js";
-import { badge, errorText, fmtInt, h, redraw, section, stat, table } from "../dom.js";
+import { badge, errorText, fmtInt, h, numColumn, redraw, section, statCard, table } from "../dom.js";
 
 const STATUS_BADGE = {
   satisfied: "ready",
@@ -69,8 +69,8 @@ export function modelTable(plan, only) {
     [
       { label: "Model", cell: (m) => h("strong", {}, m.name) },
       { label: "Status", cell: (m) => statusBadge(m.status) },
-      { label: "Wanted", cls: "num", cell: (m) => fmtInt(m.desired) },
-      { label: "Has", cls: "num", cell: (m) => fmtInt(m.current) },
+      numColumn("Wanted", "desired"),
+      numColumn("Has", "current"),
       {
         label: "Where",
         cell: (m) => [m.replicas.length ? h("ul", { class: "problems" }, m.replicas.map(replicaLine)) : h("span", { class: "muted" }, "nowhere"), candidates(m)],
@@ -86,13 +86,13 @@ export function deviceTable(plan) {
   return table(
     [
       { label: "Class", cell: (d) => h("span", { class: "mono" }, d.gpu_class) },
-      { label: "Total", cls: "num", cell: (d) => fmtInt(d.total) },
-      { label: "Used", cls: "num", cell: (d) => fmtInt(d.used) },
-      { label: "Unhealthy", cls: "num", cell: (d) => fmtInt(d.unhealthy) },
-      { label: "Out of placement", cls: "num", cell: (d) => fmtInt(d.out_of_placement) },
-      { label: "Free", cls: "num", cell: (d) => fmtInt(d.free) },
-      { label: "Free on ready nodes", cls: "num", cell: (d) => fmtInt(d.free_ready) },
-      { label: "Free after this plan", cls: "num", cell: (d) => fmtInt(d.free_after) },
+      numColumn("Total", "total"),
+      numColumn("Used", "used"),
+      numColumn("Unhealthy", "unhealthy"),
+      numColumn("Out of placement", "out_of_placement"),
+      numColumn("Free", "free"),
+      numColumn("Free on ready nodes", "free_ready"),
+      numColumn("Free after this plan", "free_after"),
     ],
     plan.devices,
     { empty: "No devices.", rowAttrs: (d) => ({ dataset: { class: d.gpu_class } }) },
@@ -172,11 +172,12 @@ export default {
         h(
           "div",
           { class: "grid" },
-          section(
-            "Next pass",
-            h("div", { class: "stats", id: "plan-totals" }, stat("placements", plan.placements), stat("removals", plan.removals), stat("unplaceable", plan.unplaceable.length, { cls: plan.unplaceable.length ? "bad" : "" })),
-          ),
-          section("Nodes", h("div", { class: "stats", id: "plan-nodes" }, Object.entries(plan.nodes).sort().map(([k, v]) => stat(k, v)))),
+          statCard("Next pass", "plan-totals", [
+            ["placements", plan.placements],
+            ["removals", plan.removals],
+            ["unplaceable", plan.unplaceable.length, "bad"],
+          ]),
+          statCard("Nodes", "plan-nodes", Object.entries(plan.nodes).sort()),
         ),
       );
       redraw(devices, () => deviceTable(plan));

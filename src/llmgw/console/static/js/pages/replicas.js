@@ -3,7 +3,7 @@
 // reason for a failed start usually is.
 
 import { api } from "../api.js";
-import { badge, fmtBytes, fmtDuration, fmtInt, h, redraw } from "../dom.js";
+import { badge, filterForm, fmtBytes, fmtDuration, fmtInt, h, redraw } from "../dom.js";
 
 const STATES = ["starting", "ready", "draining", "failed"];
 
@@ -40,12 +40,10 @@ export default {
       "div",
       {},
       h("h1", {}, "Replicas"),
-      h(
-        "form",
-        { class: "filters", role: "search", on: { submit: (e) => e.preventDefault() } },
-        h("div", { class: "field" }, h("label", { for: "replica-q" }, "Search"), q),
-        h("div", { class: "field" }, h("label", { for: "replica-state" }, "State"), state),
-      ),
+      filterForm([
+        ["Search", q],
+        ["State", state],
+      ]),
       count,
       list,
     );

@@ -10,7 +10,7 @@
 // it from a blob: a plain link could not carry the admin token.
 
 import { api, apiWithHeaders } from "../api.js";
-import { fmtInt, h, redraw, section, table } from "../dom.js";
+import { h, numColumn, redraw, section, table } from "../dom.js";
 import { lineChart } from "../charts.js";
 
 const RANGES = [
@@ -159,11 +159,11 @@ export default {
       );
       const columns = (label) => [
         { label, cell: (t) => t.name },
-        { label: "Requests", cls: "num", cell: (t) => fmtInt(t.requests) },
-        { label: "Prompt tokens", cls: "num", cell: (t) => fmtInt(t.prompt_tokens) },
-        { label: "Completion tokens", cls: "num", cell: (t) => fmtInt(t.completion_tokens) },
-        { label: "Cached tokens", cls: "num", cell: (t) => fmtInt(t.cached_tokens) },
-        { label: "Errors", cls: "num", cell: (t) => fmtInt(t.errors) },
+        numColumn("Requests", "requests"),
+        numColumn("Prompt tokens", "prompt_tokens"),
+        numColumn("Completion tokens", "completion_tokens"),
+        numColumn("Cached tokens", "cached_tokens"),
+        numColumn("Errors", "errors"),
       ];
       redraw(tables, () =>
         h(
