@@ -11,8 +11,8 @@ same whichever app mounts it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import Request
@@ -26,6 +26,9 @@ from llmgw.control.adminapi import schemas
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.httperrors import error_answer, error_response
 from llmgw.control.service import ControlPlane
+from llmgw.errors import NotFoundError
+
+T = TypeVar("T")
 
 
 class _NamePath(Convertor[str]):
@@ -50,6 +53,14 @@ register_url_convertor("name", _NamePath())
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": schemas.ErrorBody, "description": "No such thing"}
 }
+
+
+def found(things: Mapping[str, T], name: str, kind: str) -> T:
+    """``things[name]``, or the API's 404 naming the ``kind`` of thing asked for."""
+    thing = things.get(name)
+    if thing is None:
+        raise NotFoundError(f"{kind} {name!r} does not exist")
+    return thing
 
 
 def _default(value: object) -> object:

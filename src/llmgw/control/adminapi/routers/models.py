@@ -12,11 +12,11 @@ from fastapi.routing import APIRoute
 
 from llmgw.control import secretenv
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
+from llmgw.control.adminapi.routing import NOT_FOUND, found, json_of, json_response
 from llmgw.control.adminapi.views.models import ModelView, ReplicaTally, model_view
 from llmgw.control.adminapi.views.replicas import replica_view
 from llmgw.control.service import ControlPlane
-from llmgw.errors import NotFoundError, ValidationError
+from llmgw.errors import ValidationError
 from llmgw.wire import ModelSpec
 
 
@@ -25,9 +25,7 @@ def models_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
     state = cp.state
 
     def _model(name: str) -> ModelView:
-        record = state.models.get(name)
-        if record is None:
-            raise NotFoundError(f"model {name!r} does not exist")
+        record = found(state.models, name, "model")
         now = time.time()
         replicas = [replica_view(r, state.nodes, now) for r in state.replicas_of(name)]
         return model_view(record, ReplicaTally(replicas), now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
@@ -10,10 +11,9 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
+from llmgw.control.adminapi.routing import NOT_FOUND, found, json_of, json_response
 from llmgw.control.adminapi.views.nodes import NodeView, node_view, used_by_node
 from llmgw.control.service import ControlPlane
-from llmgw.errors import NotFoundError
 from llmgw.wire import NodeState
 
 NodeStateName = Literal["ready", "cordoned", "draining", "unreachable"]
@@ -24,10 +24,15 @@ def nodes_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
     state = cp.state
 
     def _node(name: str) -> NodeView:
-        record = state.nodes.get(name)
-        if record is None:
-            raise NotFoundError(f"node {name!r} does not exist")
+        record = found(state.nodes, name, "node")
         return node_view(record, time.time(), used_by_node(state).get(name, {}))
+
+    def _state_setter(target: NodeState) -> Callable[[str], Awaitable[Response]]:
+        async def set_state(name: str) -> Response:
+            await cp.nodes.set_state(name, target)
+            return json_response(_node(name))
+
+        return set_state
 
     @router.get("/nodes", response_model=list[NodeView], tags=["nodes"])
     async def list_nodes(
@@ -77,26 +82,16 @@ def nodes_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
     async def get_node(name: str) -> Response:
         return json_response(_node(name))
 
-    async def _set_node(name: str, target: NodeState) -> Response:
-        await cp.nodes.set_state(name, target)
-        return json_response(_node(name))
-
-    @router.post("/nodes/{name:name}/cordon", response_model=NodeView, responses=NOT_FOUND,
-                 tags=["nodes"])
-    async def cordon(name: str) -> Response:
-        """Place nothing new here; replicas stay."""
-        return await _set_node(name, NodeState.CORDONED)
-
-    @router.post("/nodes/{name:name}/uncordon", response_model=NodeView, responses=NOT_FOUND,
-                 tags=["nodes"])
-    async def uncordon(name: str) -> Response:
-        return await _set_node(name, NodeState.READY)
-
-    @router.post("/nodes/{name:name}/drain", response_model=NodeView, responses=NOT_FOUND,
-                 tags=["nodes"])
-    async def drain_node(name: str) -> Response:
-        """Place nothing new here and move its replicas away (make before break)."""
-        return await _set_node(name, NodeState.DRAINING)
+    # The three states an operator sets, each its own verb in the URL.
+    for verb, route_name, target, doc in (
+        ("cordon", "cordon", NodeState.CORDONED, "Place nothing new here; replicas stay."),
+        ("uncordon", "uncordon", NodeState.READY, None),
+        ("drain", "drain_node", NodeState.DRAINING,
+         "Place nothing new here and move its replicas away (make before break)."),
+    ):
+        router.post(f"/nodes/{{name:name}}/{verb}", response_model=NodeView,
+                    responses=NOT_FOUND, tags=["nodes"], name=route_name,
+                    description=doc)(_state_setter(target))
 
     @router.put("/nodes/{name:name}/fabrics", response_model=NodeView, responses=NOT_FOUND,
                 tags=["nodes"])

@@ -9,10 +9,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
+from llmgw.control.adminapi.routing import NOT_FOUND, found, json_of, json_response
 from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
 from llmgw.control.service import ControlPlane
-from llmgw.errors import NotFoundError
 
 ReplicaStateName = Literal["starting", "ready", "draining", "failed"]
 
@@ -39,9 +38,7 @@ def replicas_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
     @router.get("/replicas/{replica_id:name}", response_model=ReplicaView, responses=NOT_FOUND,
                 tags=["replicas"])
     async def get_replica(replica_id: str) -> Response:
-        replica = state.replicas.get(replica_id)
-        if replica is None:
-            raise NotFoundError(f"replica {replica_id!r} does not exist")
+        replica = found(state.replicas, replica_id, "replica")
         return json_response(replica_view(replica, state.nodes, time.time()))
 
     @router.post("/replicas/{replica_id:name}/drain", response_model=ReplicaView,
