@@ -29,6 +29,7 @@ import httpx
 import openai
 import pytest
 from tests.sim.test_fleet import Plane, control_plane, gateway_for
+from tests.waiting import eventually
 
 from llmgw.control import state as state_module
 from llmgw.control.services import agents as agents_service
@@ -94,6 +95,17 @@ async def _kill_node(fleet: Fleet, node: str, replica_id: str) -> None:
     await agent.shutdown(stop_engines=False)
 
 
+async def _replacement_answered(outcome: Outcome, admin: httpx.AsyncClient) -> bool:
+    """Whether a request sent after the kill (only the replacement can answer it) was
+    answered; until then, the summary of each look is kept."""
+    answered = [done for sent, done in outcome.answered if sent > outcome.killed_at]
+    if answered:
+        outcome.first_answer_after_kill_s = answered[0] - outcome.killed_at
+        return True
+    outcome.summaries.append((await admin.get("/admin/v1/summary")).json())
+    return False
+
+
 async def node_kill(tmp_path: Path, *, workers: int = 4, settle_s: float = 2.0) -> Outcome:
     """Run the fault once; returns what the clients saw."""
     outcome = Outcome()
@@ -115,27 +127,16 @@ async def node_kill(tmp_path: Path, *, workers: int = 4, settle_s: float = 2.0) 
                     load = [asyncio.create_task(_load(client, outcome, stop))
                             for _ in range(workers)]
                     # The first request starts the on-demand model; wait for steady answers.
-                    for _ in range(600):
-                        if len(outcome.answered) >= 20:
-                            break
-                        await asyncio.sleep(0.1)
-                    assert len(outcome.answered) >= 20, outcome.failed[:3]
+                    await eventually(lambda: len(outcome.answered) >= 20, 60,
+                                     "20 answers before the fault", every_s=0.1,
+                                     note=lambda: outcome.failed[:3])
                     old_id, old_node = _holder(plane)
                     await asyncio.sleep(settle_s)
                     outcome.killed_at = time.monotonic()
                     await _kill_node(fleet, old_node, old_id)
                     # Until the replacement answers, watch the summary.
-                    deadline = time.monotonic() + 120
-                    while time.monotonic() < deadline:
-                        # Sent after the kill: only the replacement can answer it.
-                        answered = [done for sent, done in outcome.answered
-                                    if sent > outcome.killed_at]
-                        if answered:
-                            outcome.first_answer_after_kill_s = answered[0] - outcome.killed_at
-                            break
-                        got = await admin.get("/admin/v1/summary")
-                        outcome.summaries.append(got.json())
-                        await asyncio.sleep(0.1)
+                    await eventually(lambda: _replacement_answered(outcome, admin), 120,
+                                     "an answer from the replacement", every_s=0.1)
                     await asyncio.sleep(1.0)  # steady again on the replacement
                 finally:
                     stop.set()

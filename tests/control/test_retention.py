@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 
 import pytest
+from tests.waiting import eventually
 
 from llmgw.control.retention import DAY_S, Retention, prune
 from llmgw.control.runtime import ControlPlaneRuntime
@@ -57,10 +57,11 @@ async def test_the_leader_prunes_periodically(tmp_path: Path) -> None:
     await runtime.start()
     try:
         assert cp.is_leader
-        for _ in range(100):
-            if len(await store.query_usage(since=0)) == 2:
-                break
-            await asyncio.sleep(0.05)
+
+        async def pruned() -> bool:
+            return len(await store.query_usage(since=0)) == 2
+
+        await eventually(pruned, 5, "the leader's prune")
         messages = {e["message"] for e in await store.list_events()}
         assert "0 days" in messages and "29 days" not in messages and "400 days" not in messages
         assert len(await store.query_usage(since=0)) == 2

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from tests.waiting import eventually
 
 from llmgw.control.adminapi.patroni import (
     LAG_UNKNOWN,
@@ -168,14 +169,15 @@ async def test_reader_caches_and_refreshes_in_the_background(patroni: FakePatron
     assert first.error is None and patroni.calls == 1
     await reader.status()
     assert patroni.calls == 1  # within the TTL: no new request
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # past the TTL
     patroni.status = 503
     stale = await reader.status()  # answers at once with what it had, refreshes behind
     assert stale.error is None
-    for _ in range(100):
-        if patroni.calls == 2 and (await reader.status()).error:
-            break
-        await asyncio.sleep(0.01)
+
+    async def refreshed() -> bool:
+        return patroni.calls == 2 and (await reader.status()).error is not None
+
+    await eventually(refreshed, 1, "the refresh behind the stale answer", every_s=0.01)
     assert (await reader.status()).error is not None
     await reader.close()
 
