@@ -87,12 +87,16 @@ class FakeUpstream:
             )
         )
         if self.delay_s:
-            try:
-                await asyncio.sleep(self.delay_s)
-            except asyncio.CancelledError:
-                self.cancelled += 1
-                raise
+            await self._work(self.delay_s)
         return body  # type: ignore[no-any-return]
+
+    async def _work(self, seconds: float) -> None:
+        """Take ``seconds``, counting a cancel: the gateway closed the connection under it."""
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
 
     def _usage(self, body: dict[str, Any]) -> dict[str, Any]:
         prompt = len(json.dumps(body.get("messages") or body.get("prompt") or body.get("input")))
@@ -113,41 +117,32 @@ class FakeUpstream:
             return web.json_response({"error": error}, status=400)
         if body.get("stream"):
             return await self._stream(request, body, chat=True)
-        return web.json_response(
-            {
-                "id": "chatcmpl-1",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body["model"],
-                "system_fingerprint": self.name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": f"hello from {self.name}"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": self._usage(body),
-            }
-        )
+        return self._whole(body, chat=True)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
         if body.get("stream"):
             return await self._stream(request, body, chat=False)
-        return web.json_response(
-            {
-                "id": "cmpl-1",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": body["model"],
-                "system_fingerprint": self.name,
-                "choices": [
-                    {"index": 0, "text": f"hello from {self.name}", "finish_reason": "stop"}
-                ],
-                "usage": self._usage(body),
-            }
-        )
+        return self._whole(body, chat=False)
+
+    def _whole(self, body: dict[str, Any], chat: bool) -> web.Response:
+        """The unstreamed answer: one choice saying hello, as chat or as a completion."""
+        text = f"hello from {self.name}"
+        choice: dict[str, Any] = {"index": 0}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choice["finish_reason"] = "stop"
+        return web.json_response({
+            "id": "chatcmpl-1" if chat else "cmpl-1",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "system_fingerprint": self.name,
+            "choices": [choice],
+            "usage": self._usage(body),
+        })  # fmt: skip
 
     async def _embeddings(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
@@ -193,11 +188,7 @@ class FakeUpstream:
             chunk = {"id": "c1", "object": kind, "model": body["model"], "choices": [choice]}
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             if self.token_delay_s:
-                try:
-                    await asyncio.sleep(self.token_delay_s)
-                except asyncio.CancelledError:
-                    self.cancelled += 1
-                    raise
+                await self._work(self.token_delay_s)
         last: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
         last["delta" if chat else "text"] = {} if chat else ""
         finish = {"id": "c1", "object": kind, "model": body["model"], "choices": [last]}
