@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from tests.gateway.test_real_engine import (  # noqa: F401 (fixture)
     _until,
     engine,
     llama_server,
+    one_token_s,
+    token_times,
 )
 from tests.waiting import eventually
 
@@ -188,13 +189,6 @@ async def test_a_stream_the_engine_interrupts_is_an_error(interrupting_engine: E
         assert 3 <= chunks < 200
 
 
-async def _one_token_s(client: openai.AsyncOpenAI) -> float:
-    """How long a one-token request takes now (it queues behind any generation)."""
-    started = time.monotonic()
-    await client.completions.create(model="direct", prompt="Hi", max_tokens=1, temperature=0)
-    return time.monotonic() - started
-
-
 async def test_unstreamed_answers_are_the_engines_own_and_a_client_that_leaves_stops_it(
     engine: Engine, test_output: Path,  # noqa: F811
 ) -> None:
@@ -237,13 +231,7 @@ async def test_unstreamed_answers_are_the_engines_own_and_a_client_that_leaves_s
         # Tokens generated after the client leaves, measured by the queue
         # behind the engine (see test_real_engine.py): before (the engine's
         # own unstreamed request) and after (a stream under the answer).
-        idle_s = min([await _one_token_s(client) for _ in range(3)])
-        started = time.monotonic()
-        timed = await client.completions.create(
-            model="direct", prompt=COUNTING, max_tokens=41, temperature=0
-        )
-        assert timed.usage is not None and timed.usage.completion_tokens == 41
-        per_token_s = (time.monotonic() - started - idle_s) / 40
+        idle_s, per_token_s = await token_times(client, "direct")
         impatient = async_client(url, timeout=idle_s + 8 * per_token_s)
         after: dict[str, float] = {}
         for name in ("direct", "gemma"):
@@ -252,7 +240,7 @@ async def test_unstreamed_answers_are_the_engines_own_and_a_client_that_leaves_s
                 await impatient.completions.create(
                     model=name, prompt=COUNTING, max_tokens=LEFT_AT, temperature=0
                 )
-            after[name] = max(0.0, await _one_token_s(client) - idle_s) / per_token_s
+            after[name] = max(0.0, await one_token_s(client, "direct") - idle_s) / per_token_s
             if name == "gemma":
                 await _until(lambda d=disconnects: engine.disconnects() > d)
                 assert engine.disconnects() == disconnects + 1, "the engine never saw it leave"

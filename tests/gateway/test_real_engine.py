@@ -162,11 +162,22 @@ async def test_the_catalog_cap_bounds_an_answer_without_a_limit(engine: Engine) 
         assert answer.choices[0].finish_reason == "length"
 
 
-async def _one_token_s(client: openai.AsyncOpenAI) -> float:
+async def one_token_s(client: openai.AsyncOpenAI, model: str = "gemma") -> float:
     """How long a one-token request takes now (it queues behind any generation)."""
     started = time.monotonic()
-    await client.completions.create(model="gemma", prompt="Hi", max_tokens=1, temperature=0)
+    await client.completions.create(model=model, prompt="Hi", max_tokens=1, temperature=0)
     return time.monotonic() - started
+
+
+async def token_times(client: openai.AsyncOpenAI, model: str) -> tuple[float, float]:
+    """(a one-token request's time on the idle engine, the engine's time per token)."""
+    idle_s = min([await one_token_s(client, model) for _ in range(3)])
+    started = time.monotonic()
+    timed = await client.completions.create(
+        model=model, prompt=COUNTING, max_tokens=41, temperature=0
+    )
+    assert timed.usage is not None and timed.usage.completion_tokens == 41
+    return idle_s, (time.monotonic() - started - idle_s) / 40
 
 
 async def test_a_client_that_leaves_stops_the_engine(engine: Engine, test_output: Path) -> None:
@@ -176,13 +187,7 @@ async def test_a_client_that_leaves_stops_the_engine(engine: Engine, test_output
     link.publish(make_config(1, [free, capped]))
     async with running_gateway(link) as (_, url):
         client = async_client(url, timeout=60)
-        idle_s = min([await _one_token_s(client) for _ in range(3)])
-        started = time.monotonic()
-        timed = await client.completions.create(
-            model="gemma", prompt=COUNTING, max_tokens=41, temperature=0
-        )
-        assert timed.usage is not None and timed.usage.completion_tokens == 41
-        per_token_s = (time.monotonic() - started - idle_s) / 40
+        idle_s, per_token_s = await token_times(client, "gemma")
 
         # A stream that would run for 400 tokens; the client reads 5 chunks and leaves.
         disconnects = engine.disconnects()
@@ -195,7 +200,7 @@ async def test_a_client_that_leaves_stops_the_engine(engine: Engine, test_output
             if received == 5:
                 break
         await stream.close()
-        stream_after = max(0.0, await _one_token_s(client) - idle_s) / per_token_s
+        stream_after = max(0.0, await one_token_s(client) - idle_s) / per_token_s
         await _until(lambda: engine.disconnects() > disconnects)
         assert engine.disconnects() == disconnects + 1, "the engine never saw the disconnect"
 
@@ -205,7 +210,7 @@ async def test_a_client_that_leaves_stops_the_engine(engine: Engine, test_output
         impatient = async_client(url, timeout=8 * per_token_s)
         with pytest.raises(openai.APITimeoutError):
             await impatient.completions.create(model="capped", prompt=COUNTING, temperature=0)
-        plain_after = max(0.0, await _one_token_s(client) - idle_s) / per_token_s
+        plain_after = max(0.0, await one_token_s(client) - idle_s) / per_token_s
 
     figures = {
         "per_token_ms": round(per_token_s * 1000, 1),
