@@ -157,7 +157,7 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
 
 
 def _answer_started(flight: InFlight, at: float) -> None:
-    """What the handler does at a stream's first chunk (its _Prefill.started)."""
+    """What the gateway does at a stream's first chunk (gateway/forward.py: Prefill.started)."""
     flight.first_at = at
     pick = flight.pick
     if flight.ahead < 1.0:
