@@ -7,6 +7,7 @@ things to brute-force offline if it leaks from a console screenshot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -100,14 +101,28 @@ class KeyCreated(BaseModel):
     secret: str
 
 
-class UsageTotal(BaseModel):
-    key_id: str | None = None
-    model: str | None = None
+class UsageCounts(BaseModel):
+    """What every usage answer counts, summed over the store's rows (per minute, key, model)."""
+
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     errors: int = 0
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """Add one row's counters (a store row, or a record dumped as one)."""
+        for counter in USAGE_COUNTERS:
+            setattr(self, counter, getattr(self, counter) + row[counter])
+
+
+# In the order of the API's answers and the CSV's columns.
+USAGE_COUNTERS = tuple(UsageCounts.model_fields)
+
+
+class UsageTotal(UsageCounts):
+    key_id: str | None = None
+    model: str | None = None
 
 
 class UsageAnswer(BaseModel):
@@ -117,9 +132,6 @@ class UsageAnswer(BaseModel):
     # Per key and model over the whole window, most requests first.
     by_key_model: list[UsageTotal] = Field(default_factory=list)
     total: UsageTotal = Field(default_factory=UsageTotal)
-
-
-_COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
 
 
 def usage_answer(since: int, rows: list[Row]) -> UsageAnswer:
@@ -133,10 +145,8 @@ def usage_answer(since: int, rows: list[Row]) -> UsageAnswer:
             group = groups[(record.key_id, record.model)] = UsageTotal(
                 key_id=record.key_id, model=record.model
             )
-        for counter in _COUNTERS:
-            value = getattr(record, counter)
-            setattr(group, counter, getattr(group, counter) + value)
-            setattr(answer.total, counter, getattr(answer.total, counter) + value)
+        group.add(row)
+        answer.total.add(row)
     answer.by_key_model = sorted(groups.values(),
                                  key=lambda g: (-g.requests, g.key_id or "", g.model or ""))
     return answer

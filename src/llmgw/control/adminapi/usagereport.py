@@ -22,11 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from llmgw.control.adminapi.schemas import USAGE_COUNTERS, UsageCounts
 from llmgw.errors import ValidationError
 
 Dimension = Literal["day", "key", "model"]
 DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "model")
-COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
 # Without ``since``: the last 30 days, a billing period. Grouped by day that
 # is 30 rows per key and model, however busy the fleet.
 DEFAULT_WINDOW_S = 30 * 86400
@@ -34,16 +34,11 @@ MAX_TIME = 2**40
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-class UsageReportRow(BaseModel):
+class UsageReportRow(UsageCounts):
     day: str | None = None  # YYYY-MM-DD, UTC
     key_id: str | None = None
     key_name: str | None = None
     model: str | None = None
-    requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    errors: int = 0
 
 
 class UsageReport(BaseModel):
@@ -69,7 +64,7 @@ def build_report(since: int, until: int, by: list[Dimension], rows: Iterable[dic
                  key_names: dict[str, str]) -> UsageReport:
     report = UsageReport(since=since, until=until, by=by)
     for row in rows:
-        item = UsageReportRow(**{c: row[c] for c in COUNTERS})
+        item = UsageReportRow(**{c: row[c] for c in USAGE_COUNTERS})
         if "day" in by:
             item.day = datetime.fromtimestamp(row["day_start"], UTC).strftime("%Y-%m-%d")
         if "key" in by:
@@ -78,14 +73,13 @@ def build_report(since: int, until: int, by: list[Dimension], rows: Iterable[dic
         if "model" in by:
             item.model = row["model"]
         report.rows.append(item)
-        for counter in COUNTERS:
-            setattr(report.total, counter, getattr(report.total, counter) + row[counter])
+        report.total.add(row)
     return report
 
 
 def columns(by: Sequence[Dimension]) -> list[str]:
     named = {"day": ["day"], "key": ["key_id", "key_name"], "model": ["model"]}
-    return [c for d in by for c in named[d]] + list(COUNTERS)
+    return [c for d in by for c in named[d]] + list(USAGE_COUNTERS)
 
 
 def _cell(value: object) -> object:
