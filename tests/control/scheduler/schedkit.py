@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
 
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
-from llmgw.control.state import FleetState, NodeRecord
-from llmgw.sim.fleetgen import fleet
-from llmgw.wire import ModelSpec, ReplicaState
+from llmgw.control.state import FleetState
+from llmgw.wire import ReplicaState
 
 
 def passes_settings(max_examples: int) -> settings:
     """Hypothesis settings for tests that run several passes over a drawn fleet."""
     return settings(max_examples=max_examples, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
-
-def drawn_fleet(node_list: list[NodeRecord], specs: list[ModelSpec], now: float,
-                data: st.DataObject) -> FleetState:
-    """The fleet of ``node_list`` and ``specs``, each on-demand model asked for or not."""
-    state = fleet(node_list, specs, now)
-    for record in state.models.values():
-        if record.spec.on_demand and data.draw(st.booleans()):
-            record.demand_at = now
-    return state
 
 
 def apply(state: FleetState, decisions: Decisions) -> None:

@@ -14,15 +14,15 @@ from unittest.mock import patch
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.control.scheduler.schedkit import apply, drawn_fleet, passes_settings
-from tests.control.scheduler.test_sched_properties import NOW, catalog, nodes
+from tests.control.scheduler.schedkit import apply, passes_settings
+from tests.control.scheduler.test_sched_properties import NOW, fleets
 
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
 from llmgw.control.scheduler.keeper import SnapshotKeeper
-from llmgw.control.state import FleetState, NodeRecord
+from llmgw.control.state import FleetState
 from llmgw.sim.fleetgen import generate
-from llmgw.wire import ModelSpec, NodeState, ReplicaState
+from llmgw.wire import NodeState, ReplicaState
 
 
 def essence(decisions: Decisions) -> object:
@@ -60,11 +60,10 @@ def evolve(state: FleetState, now: float, data: st.DataObject) -> None:
 
 
 @passes_settings(60)
-@given(nodes(), catalog(), st.data())
+@given(fleets(), st.data())
 def test_the_shortcut_decides_what_the_full_path_decides(
-    node_list: list[NodeRecord], specs: list[ModelSpec], data: st.DataObject
+    state: FleetState, data: st.DataObject
 ) -> None:
-    state = drawn_fleet(node_list, specs, NOW, data)
     for record in state.models.values():
         record.spec.start_timeout_s = data.draw(st.sampled_from([30.0, 600.0]))
     policy = Policy(backoff_base_s=data.draw(st.sampled_from([0.0, 5.0])), drain_grace_s=0.0,

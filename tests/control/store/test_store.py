@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import select, update
+from sqlalchemy import Executable, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from llmgw.control.rows import model_from_row, model_row, replica_from_row
 from llmgw.control.service import ControlPlane
@@ -43,44 +46,55 @@ async def test_opening_twice_keeps_data(store_url: str) -> None:
         await second.close()
 
 
+@asynccontextmanager
+async def raw_engine(store_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on the store's database, under no Store (no migration on open)."""
+    engine = create_engine(store_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
 async def migrate_to(store_url: str, revision: str, *, down: bool = False) -> None:
     """Put a store's schema at ``revision``, as an older llmgw would have left it."""
-    engine = create_engine(store_url)
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     move = command.downgrade if down else command.upgrade
-    try:
-        async with engine.connect() as conn:
-            def run(sync_conn: Any) -> None:
-                config.attributes["connection"] = sync_conn
-                move(config, revision)
+    async with raw_engine(store_url) as engine, engine.connect() as conn:
+        def run(sync_conn: Any) -> None:
+            config.attributes["connection"] = sync_conn
+            move(config, revision)
 
-            await conn.run_sync(run)
-            await conn.commit()
-    finally:
-        await engine.dispose()
+        await conn.run_sync(run)
+        await conn.commit()
+
+
+async def written_by_release(store_url: str, revision: str, *inserts: Executable) -> None:
+    """A store at ``revision`` holding the rows a control plane of that release wrote."""
+    await migrate_to(store_url, revision)
+    async with raw_engine(store_url) as engine, engine.begin() as conn:
+        for insert in inserts:
+            await conn.execute(insert)
 
 
 async def test_a_store_of_the_previous_release_upgrades_and_keeps_its_rows(
     store_url: str,
 ) -> None:
     # A node written by a control plane from before agent keys (revision 0001).
-    await migrate_to(store_url, "0001")
-    engine = create_engine(store_url)
-    try:
-        async with engine.begin() as conn:
-            # Only the columns given are written: agent_key_hash does not exist yet.
-            await conn.execute(schema.nodes.insert().values(
-                name="n1", admin_state="cordoned", token_hash="t" * 64, address="10.0.0.1",
-                agent_port=None, fabrics=["ib-a"], inventory=None, weights=[],
-                registered_at=1.0, last_seen=2.0,
-            ))
-            await conn.execute(schema.gpus.insert().values(
-                node="n1", number=0, uuid="GPU-0", gpu_class="h100-80g", healthy=True,
-                placeable=True, reason=None, memory_total_mib=81559,
-            ))
-    finally:
-        await engine.dispose()
+    await written_by_release(
+        store_url, "0001",
+        # Only the columns given are written: agent_key_hash does not exist yet.
+        schema.nodes.insert().values(
+            name="n1", admin_state="cordoned", token_hash="t" * 64, address="10.0.0.1",
+            agent_port=None, fabrics=["ib-a"], inventory=None, weights=[],
+            registered_at=1.0, last_seen=2.0,
+        ),
+        schema.gpus.insert().values(
+            node="n1", number=0, uuid="GPU-0", gpu_class="h100-80g", healthy=True,
+            placeable=True, reason=None, memory_total_mib=81559,
+        ),
+    )
 
     store = await Store.open(store_url)  # what `llmgw serve` does at start
     try:
@@ -106,32 +120,23 @@ async def test_a_store_of_the_previous_release_upgrades_and_keeps_its_rows(
         await store.close()
     # And back: the downgrade drops the column and nothing else.
     await migrate_to(store_url, "0001", down=True)
-    engine = create_engine(store_url)
-    try:
+    async with raw_engine(store_url) as engine:
         async with engine.connect() as conn:
             rows = (await conn.exec_driver_sql("SELECT * FROM nodes")).mappings().all()
         assert [r["name"] for r in rows] == ["n1"] and "agent_key_hash" not in rows[0]
         async with engine.connect() as conn:
             gpus = (await conn.exec_driver_sql("SELECT uuid FROM gpus")).all()
         assert [g[0] for g in gpus] == ["GPU-0"]
-    finally:
-        await engine.dispose()
 
 
 async def test_a_models_failures_by_node_survive_an_upgrade_and_a_round_trip(
     store_url: str,
 ) -> None:
     # A model row written before failures by node existed (revision 0002).
-    await migrate_to(store_url, "0002")
-    engine = create_engine(store_url)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(schema.models.insert().values(
-                name="m", spec={"name": "m", "engine": "sim"}, parked=False, failures=2,
-                last_error="boom", demand_at=None, created_at=1.0, updated_at=1.0,
-            ))
-    finally:
-        await engine.dispose()
+    await written_by_release(store_url, "0002", schema.models.insert().values(
+        name="m", spec={"name": "m", "engine": "sim"}, parked=False, failures=2,
+        last_error="boom", demand_at=None, created_at=1.0, updated_at=1.0,
+    ))
     store = await Store.open(store_url)
     try:
         (row,) = await store.list_models()
@@ -150,16 +155,10 @@ async def test_a_replicas_use_survives_an_upgrade_and_is_stored_in_one_batch(
     store_url: str,
 ) -> None:
     # A replica row written before requests in flight were stored (revision 0003).
-    await migrate_to(store_url, "0003")
-    engine = create_engine(store_url)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(schema.replicas.insert().values(
-                id="r1", model="m", generation=1, shards=[], state="ready", reason=None,
-                port=21000, created_at=1.0, ready_at=2.0, last_request_at=3.0, draining=False,
-            ))
-    finally:
-        await engine.dispose()
+    await written_by_release(store_url, "0003", schema.replicas.insert().values(
+        id="r1", model="m", generation=1, shards=[], state="ready", reason=None,
+        port=21000, created_at=1.0, ready_at=2.0, last_request_at=3.0, draining=False,
+    ))
     store = await Store.open(store_url)
     try:
         (row,) = await store.list_replicas()
