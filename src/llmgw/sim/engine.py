@@ -64,6 +64,7 @@ from llmgw.errors import ValidationError
 from llmgw.sim import metrics, openai_api, tokens
 from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
 from llmgw.sim.extra_routes import ExtraRoutes
+from llmgw.sim.openai_api import ParsedCompletion
 from llmgw.sim.responses import client_left, drop, error, json_response, model_not_found, read_json
 from llmgw.wire import SimParams
 
@@ -380,11 +381,7 @@ class SimEngine:
             self.core.abort(sim)  # no-op once finished; frees blocks of a dropped request
 
     async def _stream(
-        self,
-        request: web.Request,
-        parsed: openai_api.ParsedCompletion,
-        sim: SimRequest,
-        req_id: str,
+        self, request: web.Request, parsed: ParsedCompletion, sim: SimRequest, req_id: str
     ) -> web.StreamResponse:
         crash_at = self._crash_at()
         out = openai_api.ChunkWriter(req_id, parsed.model, parsed.chat)
@@ -426,11 +423,7 @@ class SimEngine:
         return resp
 
     async def _whole(
-        self,
-        request: web.Request,
-        parsed: openai_api.ParsedCompletion,
-        sim: SimRequest,
-        req_id: str,
+        self, request: web.Request, parsed: ParsedCompletion, sim: SimRequest, req_id: str
     ) -> web.StreamResponse:
         crash_at = self._crash_at()
         while not sim.finished:

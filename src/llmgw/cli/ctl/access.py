@@ -9,30 +9,25 @@ from typing import Annotated
 import typer
 
 from llmgw.cli.ctl.client import CtlError, admin_client, follow_admin_token, guarded
+from llmgw.cli.ctl.listing import list_by_default
 from llmgw.cli.ctl.render import (
     JsonOpt,
     local_time,
     print_json,
-    print_listing,
 )
 
 keys_app = typer.Typer(help="API keys: list (default), create, revoke.")
 
 
-@keys_app.callback(invoke_without_command=True)
-@guarded
-def keys(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """API keys (never their secrets)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    print_listing(
-        admin_client(ctx).call("GET", "/keys"), as_json,
-        ("KEY", "NAME", "MODELS", "RPM", "TPM", "EXPIRES", "REVOKED"),
-        lambda k: (k["key_id"], k["name"], ",".join(k["models"]) or "all",
-                   str(k["rpm"] or "-"), str(k["tpm"] or "-"), local_time(k["expires_at"]),
-                   "yes" if k["revoked"] else ""),
-        "No API keys.",
-    )
+list_by_default(
+    keys_app, "/keys",
+    ("KEY", "NAME", "MODELS", "RPM", "TPM", "EXPIRES", "REVOKED"),
+    lambda k: (k["key_id"], k["name"], ",".join(k["models"]) or "all",
+               str(k["rpm"] or "-"), str(k["tpm"] or "-"), local_time(k["expires_at"]),
+               "yes" if k["revoked"] else ""),
+    "No API keys.",
+    "API keys (never their secrets).",
+)
 
 
 @keys_app.command("create")
@@ -113,21 +108,16 @@ def _rotated(ctx: typer.Context, rotate: bool, stored: str, resource: str,
 join_tokens_app = typer.Typer(help="Join tokens: list (default), create, revoke.")
 
 
-@join_tokens_app.callback(invoke_without_command=True)
-@guarded
-def join_tokens(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Join tokens (never their secrets): expiry, uses, revoked."""
-    if ctx.invoked_subcommand is not None:
-        return
-    print_listing(
-        admin_client(ctx).call("GET", "/join-tokens"), as_json,
-        ("ID", "DESCRIPTION", "CREATED", "EXPIRES", "USES", "STATE"),
-        lambda t: (t["id"], t["description"], local_time(t["created_at"]),
-                   local_time(t["expires_at"]) if t["expires_at"] else "never",
-                   f"{t['uses']}/{t['max_uses'] or 'any'}",
-                   "usable" if t["usable"] else "revoked" if t["revoked"] else "spent"),
-        "No join tokens.",
-    )
+list_by_default(
+    join_tokens_app, "/join-tokens",
+    ("ID", "DESCRIPTION", "CREATED", "EXPIRES", "USES", "STATE"),
+    lambda t: (t["id"], t["description"], local_time(t["created_at"]),
+               local_time(t["expires_at"]) if t["expires_at"] else "never",
+               f"{t['uses']}/{t['max_uses'] or 'any'}",
+               "usable" if t["usable"] else "revoked" if t["revoked"] else "spent"),
+    "No join tokens.",
+    "Join tokens (never their secrets): expiry, uses, revoked.",
+)
 
 
 @join_tokens_app.command("create")

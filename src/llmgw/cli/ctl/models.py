@@ -7,7 +7,8 @@ from typing import Any
 import typer
 
 from llmgw.cli.ctl.client import admin_client, guarded
-from llmgw.cli.ctl.render import JsonOpt, print_json, print_listing
+from llmgw.cli.ctl.listing import list_by_default
+from llmgw.cli.ctl.render import print_json
 
 models_app = typer.Typer(help="Models: list (default), show, delete.")
 
@@ -27,21 +28,16 @@ def _model_status(m: dict[str, Any]) -> str:
     return "unplaceable" if m["unplaceable"] or m["total"] <= m["ready"] else "starting"
 
 
-@models_app.callback(invoke_without_command=True)
-@guarded
-def models(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Models: replicas ready against what they should have now."""
-    if ctx.invoked_subcommand is not None:
-        return
-    print_listing(
-        admin_client(ctx).call("GET", "/models"), as_json,
-        ("MODEL", "ENGINE", "READY", "STARTING", "MIN-MAX", "STATUS", "REASON"),
-        lambda m: (m["name"], m["spec"]["engine"], f"{m['ready']}/{m['desired']}",
-                   str(m["starting"]),
-                   "-" if m.get("external") else f"{m['min_replicas']}-{m['max_replicas']}",
-                   _model_status(m), m["reason"] or ""),
-        "No models in the catalog (llmgw ctl apply -f FILE).",
-    )
+list_by_default(
+    models_app, "/models",
+    ("MODEL", "ENGINE", "READY", "STARTING", "MIN-MAX", "STATUS", "REASON"),
+    lambda m: (m["name"], m["spec"]["engine"], f"{m['ready']}/{m['desired']}",
+               str(m["starting"]),
+               "-" if m.get("external") else f"{m['min_replicas']}-{m['max_replicas']}",
+               _model_status(m), m["reason"] or ""),
+    "No models in the catalog (llmgw ctl apply -f FILE).",
+    "Models: replicas ready against what they should have now.",
+)
 
 
 @models_app.command("show")
