@@ -437,10 +437,6 @@ def _check_sqlite_place(database: str) -> None:
         raise ConfigError(f"cannot open the store at {database}: {folder} is not writable")
 
 
-def now() -> float:
-    return time.time()
-
-
 def _describe(url: str) -> str:
     from sqlalchemy.engine import make_url
 
