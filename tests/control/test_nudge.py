@@ -48,7 +48,8 @@ async def test_a_new_replica_starts_long_before_the_next_report(tmp_path: Path) 
                 return node is not None and node.agent_port is not None
 
             await eventually(listening, 20, "the agent to register and report its port")
-            await asyncio.sleep(0.5)  # let the first exchange finish: the agent now waits
+            # The first exchange over: the agent now waits out its interval.
+            await eventually(lambda: agent.reports_sent >= 1, 5, "the first report's answer")
 
             asked = time.monotonic()
             await cp.catalog.put([ModelSpec(name="m", engine="sim",
