@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from fastapi import APIRouter, Security
 from fastapi.security import HTTPBearer
 
-from llmgw.control.adminapi import schemas
 from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
 from llmgw.control.adminapi.routers.credentials import credentials_router
 from llmgw.control.adminapi.routers.events import events_router
@@ -28,6 +27,7 @@ from llmgw.control.adminapi.routers.replicas import replicas_router
 from llmgw.control.adminapi.routers.usage import usage_router
 from llmgw.control.adminapi.routing import admin_route_class
 from llmgw.control.service import ControlPlane
+from llmgw.wire import ErrorBody
 
 _bearer = HTTPBearer(auto_error=False, description="The admin token (llmgw-admin-...).")
 
@@ -47,8 +47,8 @@ def build_admin_router(
         route_class=route_class,
         dependencies=[Security(_bearer)],
         responses={
-            401: {"model": schemas.ErrorBody, "description": "No admin token, or a wrong one"},
-            422: {"model": schemas.ErrorBody, "description": "Invalid request"},
+            401: {"model": ErrorBody, "description": "No admin token, or a wrong one"},
+            422: {"model": ErrorBody, "description": "Invalid request"},
         },
     )
     router.include_router(fleet_router(cp, route_class, patroni))

@@ -22,11 +22,11 @@ from pydantic import BaseModel
 from starlette.convertors import Convertor, register_url_convertor
 
 from llmgw import secrets
-from llmgw.control.adminapi import schemas
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.httperrors import error_answer, error_response
 from llmgw.control.service import ControlPlane
 from llmgw.errors import NotFoundError
+from llmgw.wire import ErrorBody
 
 T = TypeVar("T")
 
@@ -51,7 +51,7 @@ class _NamePath(Convertor[str]):
 register_url_convertor("name", _NamePath())
 
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": schemas.ErrorBody, "description": "No such thing"}
+    404: {"model": ErrorBody, "description": "No such thing"}
 }
 
 

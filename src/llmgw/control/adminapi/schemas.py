@@ -22,16 +22,6 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
-
 class Done(BaseModel):
     message: str
 
