@@ -1,7 +1,8 @@
-"""Builders shared by the agent tests: devices, models, assignments."""
+"""Builders shared by the agent tests: devices, fake NVML cards, models, assignments."""
 
 from __future__ import annotations
 
+from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
 from llmgw.wire import (
     Device,
     EngineKind,
@@ -114,3 +115,33 @@ def assign(
         nodes=spec.nodes,
         leader_address=leader,
     )
+
+
+A100 = "NVIDIA A100-SXM4-80GB"
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def fake_migs(card: int | str, count: int, **fields: int) -> list[FakeMig]:
+    """``count`` 1g.10gb instances of an A100 (MIG-<card>-<i>)."""
+    return [
+        FakeMig(uuid=f"MIG-{card}-{i}", profile="1g.10gb", gpu_instance_id=7 + i,
+                memory_total_mib=9984, **fields)
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def fake_gpu_node(tag: str = "") -> FakeNvml:
+    """A node's cards: an A100 in MIG mode (two 3g.40gb instances, its temperature and
+    power), a whole H100 with utilisation, an H100 with uncorrected ECC errors.
+    ``tag`` goes into the UUIDs, to tell two such nodes apart."""
+    mig_card = FakeGpu(
+        uuid=f"GPU-{tag}a", name=A100, memory_total_mib=81920, mig_mode=(1, 1),
+        utilization_pct=55, temperature_c=61, power_mw=210_500,
+        migs=[FakeMig(uuid=f"MIG-{tag}a-{i}", profile="3g.40gb", gpu_instance_id=1 + i,
+                      memory_total_mib=40192, memory_used_mib=100 * (i + 1)) for i in range(2)],
+    )  # fmt: skip
+    whole = FakeGpu(uuid=f"GPU-{tag}h", name=H100, memory_total_mib=81559, memory_used_mib=2048,
+                    utilization_pct=37, temperature_c=44, power_mw=120_000)  # fmt: skip
+    broken = FakeGpu(uuid=f"GPU-{tag}x", name=H100, memory_total_mib=81559, utilization_pct=0,
+                     ecc_volatile_uncorrected=3, ecc_aggregate_uncorrected=3)  # fmt: skip
+    return FakeNvml([mig_card, whole, broken])

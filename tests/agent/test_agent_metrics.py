@@ -17,31 +17,14 @@ from pathlib import Path
 import httpx
 from tests.agent.conftest import AgentFactory
 from tests.agent.fakes import FakeControlPlane
-from tests.agent.helpers import assign, model
+from tests.agent.helpers import assign, fake_gpu_node, model
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
 from tests.servers import free_port
 
 from llmgw.agent.discoverer import Discoverer
-from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
 from llmgw.wire import ReplicaState, WeightsSource
 
-A100 = "NVIDIA A100-SXM4-80GB"
-H100 = "NVIDIA H100 80GB HBM3"
 MIB = 1024 * 1024
-
-
-def fleet_node() -> FakeNvml:
-    mig_card = FakeGpu(
-        uuid="GPU-a", name=A100, memory_total_mib=81920, mig_mode=(1, 1),
-        utilization_pct=55, temperature_c=61, power_mw=210_500,
-        migs=[FakeMig(uuid=f"MIG-a-{i}", profile="3g.40gb", gpu_instance_id=1 + i,
-                      memory_total_mib=40192, memory_used_mib=100 * (i + 1)) for i in range(2)],
-    )
-    whole = FakeGpu(uuid="GPU-h", name=H100, memory_total_mib=81559, memory_used_mib=2048,
-                    utilization_pct=37, temperature_c=44, power_mw=120_000)
-    broken = FakeGpu(uuid="GPU-x", name=H100, memory_total_mib=81559, utilization_pct=0,
-                     ecc_volatile_uncorrected=3, ecc_aggregate_uncorrected=3)
-    return FakeNvml([mig_card, whole, broken])
 
 
 async def scrape(port: int, token: str | None = None) -> Scrape:
@@ -56,7 +39,7 @@ async def scrape(port: int, token: str | None = None) -> Scrape:
 async def test_devices_replicas_and_weights_on_the_agents_metrics(
     fake_cp: FakeControlPlane, make_agent: AgentFactory
 ) -> None:
-    agent = make_agent("n1", inventory_provider=Discoverer(nvml=fleet_node()))
+    agent = make_agent("n1", inventory_provider=Discoverer(nvml=fake_gpu_node()))
     report = await fake_cp.wait_for(lambda r: len(r.inventory.devices) == 4)
     devices = {d.label: d for d in report.inventory.devices}
     assert set(devices) == {"0/mig0", "0/mig1", "1", "2"}

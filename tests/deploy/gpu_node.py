@@ -19,33 +19,16 @@ import json
 import sys
 from pathlib import Path
 
+from tests.agent.helpers import fake_gpu_node
 from tests.waiting import eventually_sync
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.discoverer import Discoverer
-from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
 from llmgw.agent.engines.sim import SimAdapter
 from llmgw.sim.inprocess import InProcessEngines
 from llmgw.wire import EngineKind
 
 NAME = "gpu-node"
-A100 = "NVIDIA A100-SXM4-80GB"
-H100 = "NVIDIA H100 80GB HBM3"
-
-
-def cards() -> FakeNvml:
-    mig_card = FakeGpu(
-        uuid="GPU-node-a", name=A100, memory_total_mib=81920, mig_mode=(1, 1),
-        utilization_pct=55, temperature_c=61, power_mw=210_500,
-        migs=[FakeMig(uuid=f"MIG-node-a-{i}", profile="3g.40gb", gpu_instance_id=1 + i,
-                      memory_total_mib=40192, memory_used_mib=300 * (i + 1)) for i in range(2)],
-    )
-    whole = FakeGpu(uuid="GPU-node-h", name=H100, memory_total_mib=81559,
-                    memory_used_mib=2048, utilization_pct=37, temperature_c=44,
-                    power_mw=120_000)
-    broken = FakeGpu(uuid="GPU-node-x", name=H100, memory_total_mib=81559, utilization_pct=0,
-                     temperature_c=70, ecc_volatile_uncorrected=3, ecc_aggregate_uncorrected=3)
-    return FakeNvml([mig_card, whole, broken])
 
 
 def wait_for(up_json: Path, within_s: float = 120.0) -> dict[str, str]:
@@ -59,7 +42,7 @@ async def main(up_json: Path, data_dir: Path, server_port: int) -> None:
         AgentConfig(control_plane=info["admin_url"], data_dir=data_dir, name=NAME,
                     join_token=info["join_token"], fabrics=["ib-a"], server_port=server_port,
                     report_interval_s=1.0, stop_grace_s=1.0),
-        inventory_provider=Discoverer(nvml=cards()),
+        inventory_provider=Discoverer(nvml=fake_gpu_node("node-")),
         adapters={EngineKind.SIM: SimAdapter()},
         supervisor=InProcessEngines(),
     )

@@ -10,11 +10,13 @@ with a 1 s backoff (not 5 starts from 5 s doubling: over a minute).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import llmgw.control.services.agents as agents_service
 import llmgw.control.state as state
 from llmgw.cli.main import main
-from llmgw.control.reconciler import Reconciler
-from llmgw.control.runtime import ControlPlaneRuntime
+from llmgw.control.service import ControlPlane
 
 REPORT_INTERVAL_S = 1.0
 UNREACHABLE_AFTER_S = 4.0
@@ -23,13 +25,15 @@ UNREACHABLE_AFTER_S = 4.0
 def shorten() -> None:
     agents_service.REPORT_INTERVAL_S = REPORT_INTERVAL_S
     state.UNREACHABLE_AFTER_S = UNREACHABLE_AFTER_S
-    # Defaults are read at each call, so the runtime builds its reconciler
-    # with these; nothing else about the pass changes.
-    runtime_defaults = ControlPlaneRuntime.__init__.__kwdefaults__
-    reconciler_defaults = Reconciler.__init__.__kwdefaults__
-    assert runtime_defaults is not None and reconciler_defaults is not None
-    runtime_defaults["failure_limit"] = 2
-    reconciler_defaults["backoff_base_s"] = 1.0
+    # The control plane holds the Policy its reconciler (and the admin plan)
+    # read: give each one built here the shortened parking and backoff.
+    build = ControlPlane.__init__
+
+    def quick(self: ControlPlane, *args: Any, **kwargs: Any) -> None:
+        build(self, *args, **kwargs)
+        self.policy = dataclasses.replace(self.policy, failure_limit=2, backoff_base_s=1.0)
+
+    ControlPlane.__init__ = quick  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

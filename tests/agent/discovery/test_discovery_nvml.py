@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 from tests.agent.discovery.smi_helpers import list_text, xml_bytes, xml_fixtures
+from tests.agent.helpers import fake_migs
 
 from llmgw.agent.discovery import LastSeen, discover, inventory_from
 from llmgw.agent.discovery.base import Snapshot, SourceUnavailable
@@ -30,22 +31,12 @@ A100 = "NVIDIA A100-SXM4-80GB"
 
 
 def a100(n: int = 0, *, mig: tuple[int, int] | None = None, instances: int = 0) -> FakeGpu:
-    migs = [
-        FakeMig(
-            uuid=f"MIG-{n}-{i}",
-            profile="1g.10gb",
-            gpu_instance_id=7 + i,
-            memory_total_mib=9984,
-            memory_used_mib=13,
-        )
-        for i in range(instances)
-    ]
     return FakeGpu(
         uuid=f"GPU-a100-{n}",
         name=A100,
         memory_total_mib=81920,
         mig_mode=mig,
-        migs=migs,
+        migs=fake_migs(n, instances, memory_used_mib=13),
         utilization_pct=55,
         temperature_c=33,
         power_mw=61_500,

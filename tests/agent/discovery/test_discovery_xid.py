@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pynvml
 import pytest
+from tests.agent.helpers import fake_migs
 
 from llmgw.agent.discovery import inventory_from
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
@@ -29,21 +30,12 @@ NOW = 1796220131.0
 
 
 def card(n: int, *, instances: int = 0) -> FakeGpu:
-    migs = [
-        FakeMig(
-            uuid=f"MIG-{n}-{i}",
-            profile="1g.10gb",
-            gpu_instance_id=7 + i,
-            memory_total_mib=9984,
-        )
-        for i in range(instances)
-    ]
     return FakeGpu(
         uuid=f"GPU-{n}",
         name="NVIDIA A100-SXM4-80GB",
         memory_total_mib=81920,
         mig_mode=(1, 1) if instances else (0, 0),
-        migs=migs,
+        migs=fake_migs(n, instances),
     )
 
 
