@@ -2,7 +2,7 @@
 
 Pure with respect to I/O: :func:`apply_report` changes the in-memory records
 and returns what must be written (:class:`ReportEffects`); the control plane
-(llmgw.control.service) does the writing. Keeping the two apart is what lets
+(llmgw.control.services.agents) does the writing. Keeping the two apart is what lets
 the rules below (which status wins, what is worth a write) be read, and
 tested, without a store.
 """
