@@ -31,7 +31,11 @@ _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no
 
 
 class Call:
-    """One request once its key and model are known: what its answer is sent and metered with."""
+    """One request once its key and model are known: what its answer is sent and metered with.
+
+    Built once per request (slots: a few attribute stores), so that each step
+    of an answer takes the request, not the ten values it was made of.
+    """
 
     __slots__ = ("id_header", "model", "record", "rename", "request_id", "rt", "send", "started",
                  "waited")  # fmt: skip
@@ -57,7 +61,7 @@ class Call:
         return self.send if self.rename is None else renaming_send(self.send, self.rename)
 
     def stream_start(self, before: float) -> Message:
-        """The start of a streamed answer; ``before``: the overhead up to the first chunk."""
+        """The message starting a streamed answer; ``before``, the overhead so far, is metered."""
         self.rt.metrics.overhead(before)
         headers = [*_SSE_HEADERS, self.id_header, overhead_header(before)]
         return {"type": "http.response.start", "status": 200, "headers": headers}
