@@ -126,8 +126,9 @@ async def test_engine_exit_reason_has_code_and_last_lines(
     fake_cp: FakeControlPlane, make_agent: AgentFactory
 ) -> None:
     make_agent("n1")
-    spec = stub_model(args=["--ready-after", "30", "--exit-after", "0.3", "--exit-code", "7"])
-    fake_cp.assign_one(spec)
+    fake_cp.assign_one(
+        stub_model(args=["--ready-after", "30", "--exit-after", "0.3", "--exit-code", "7"])
+    )
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
     assert failed.exit_code == 7
     assert failed.reason is not None
@@ -138,8 +139,7 @@ async def test_start_timeout_stops_the_engine(
     fake_cp: FakeControlPlane, make_agent: AgentFactory
 ) -> None:
     make_agent("n1")
-    spec = stub_model(args=["--ready-after", "60"], timeout=1.0)
-    fake_cp.assign_one(spec)
+    fake_cp.assign_one(stub_model(args=["--ready-after", "60"], timeout=1.0))
     starting = await fake_cp.wait_state("r1", ReplicaState.STARTING)
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
     assert failed.reason and "start timeout" in failed.reason

@@ -13,6 +13,7 @@ import io
 import re
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import httpx
@@ -249,13 +250,19 @@ async def test_cordon_uncordon_drain_from_the_nodes_page(
     await expect(card.locator(".badge").first).to_have_text("ready")
 
 
+async def listed(console: Console, page: Page, path: str, table: str) -> list[dict[str, Any]]:
+    """What the admin API lists at ``path``, once ``table`` on the page has a row for each."""
+    items: list[dict[str, Any]] = await console.get(path)
+    await expect(page.locator(f"{table} tbody tr")).to_have_count(len(items))
+    return items
+
+
 async def test_models_page_and_apply_with_inline_errors(
     console: Console, watched: Watched, shots: Path
 ) -> None:
     page = watched.page
     await sign_in(console, page, "#/models")
-    models = await console.get("/models")
-    await expect(page.locator("#model-list tbody tr")).to_have_count(len(models))
+    models = await listed(console, page, "/models", "#model-list")
     for m in models:
         row = page.locator(f'#model-list tr[data-model="{m["name"]}"]')
         cells = await row.locator("td").all_inner_texts()
@@ -293,8 +300,7 @@ async def test_models_page_and_apply_with_inline_errors(
 async def test_replicas_page(console: Console, watched: Watched, shots: Path) -> None:
     page = watched.page
     await sign_in(console, page, "#/replicas")
-    replicas = await console.get("/replicas")
-    await expect(page.locator("#replica-list tbody tr")).to_have_count(len(replicas))
+    replicas = await listed(console, page, "/replicas", "#replica-list")
     for r in replicas:
         row = page.locator(f'#replica-list tr[data-replica="{r["id"]}"]')
         await expect(row.locator(".badge").first).to_have_text(r["state"])
