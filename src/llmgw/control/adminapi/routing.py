@@ -11,8 +11,8 @@ same whichever app mounts it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import orjson
 from fastapi import Request
@@ -25,10 +25,7 @@ from llmgw import secrets
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.httperrors import error_answer, error_response
 from llmgw.control.service import ControlPlane
-from llmgw.errors import NotFoundError
 from llmgw.wire import ErrorBody
-
-T = TypeVar("T")
 
 
 class _NamePath(Convertor[str]):
@@ -53,14 +50,6 @@ register_url_convertor("name", _NamePath())
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorBody, "description": "No such thing"}
 }
-
-
-def found(things: Mapping[str, T], name: str, kind: str) -> T:
-    """``things[name]``, or the API's 404 naming the ``kind`` of thing asked for."""
-    thing = things.get(name)
-    if thing is None:
-        raise NotFoundError(f"{kind} {name!r} does not exist")
-    return thing
 
 
 def _default(value: object) -> object:

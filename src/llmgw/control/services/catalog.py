@@ -11,7 +11,7 @@ import time
 from llmgw.control.catalog import engine_changed
 from llmgw.control.reconciler import unpark
 from llmgw.control.rows import model_row, replica_row
-from llmgw.control.services.core import Core
+from llmgw.control.services.core import Core, found
 from llmgw.control.state import ModelRecord, ReplicaRecord
 from llmgw.control.store.repo import Row
 from llmgw.errors import NotFoundError
@@ -69,8 +69,7 @@ class Catalog:
     async def delete(self, name: str) -> None:
         core, state = self.core, self.core.state
         core.require_leader()
-        if name not in state.models:
-            raise NotFoundError(f"model {name!r} does not exist")
+        found(state.models, name, "model")
         doomed = [r.id for r in state.replicas_of(name)]
         await core.writes.write_replicas([], doomed)
         await core.writes.delete_models([name])

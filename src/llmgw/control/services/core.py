@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
+from typing import TypeVar
 
 from llmgw import secrets
 from llmgw.control.enginekeys import EngineKeys
@@ -26,7 +28,17 @@ from llmgw.control.store.repo import Store
 from llmgw.control.weightdigests import SETTING as WEIGHT_DIGESTS
 from llmgw.control.weightdigests import DigestBook
 from llmgw.control.writes import FencedWrites
-from llmgw.errors import StandbyError
+from llmgw.errors import NotFoundError, StandbyError
+
+T = TypeVar("T")
+
+
+def found(things: Mapping[str, T], name: str, kind: str) -> T:
+    """``things[name]``, or NotFoundError naming the ``kind`` of thing asked for (an API's 404)."""
+    thing = things.get(name)
+    if thing is None:
+        raise NotFoundError(f"{kind} {name!r} does not exist")
+    return thing
 
 
 class Core:

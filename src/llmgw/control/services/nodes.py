@@ -12,10 +12,10 @@ from llmgw import secrets
 from llmgw.control import approval
 from llmgw.control.registration import agent_key_hash, check_registering_again
 from llmgw.control.rows import gpu_rows, node_row
-from llmgw.control.services.core import Core
+from llmgw.control.services.core import Core, found
 from llmgw.control.services.credentials import Credentials
 from llmgw.control.state import NodeRecord
-from llmgw.errors import AuthError, NotFoundError, ValidationError
+from llmgw.errors import AuthError, ValidationError
 from llmgw.wire import AgentRegistration, AgentRegistrationAnswer, NodeState
 
 
@@ -36,12 +36,6 @@ class Nodes:
         for name in approval.parse(await store.get_setting(approval.PINNED_SETTING)):
             if name in nodes:
                 nodes[name].fabrics_pinned = True
-
-    def _get(self, name: str) -> NodeRecord:
-        node = self.core.state.nodes.get(name)
-        if node is None:
-            raise NotFoundError(f"node {name!r} does not exist")
-        return node
 
     def for_token(self, token: str | None) -> NodeRecord:
         """The node a token speaks for.
@@ -113,7 +107,7 @@ class Nodes:
         """Accept a node held by --approve-nodes: uncordon it and let it copy weights."""
         core = self.core
         core.require_leader()
-        node = self._get(name)
+        node = found(core.state.nodes, name, "node")
         if not node.pending_approval:
             raise ValidationError(f"node {name} is not waiting for approval", field="node")
         node.pending_approval = False
@@ -133,7 +127,7 @@ class Nodes:
         """Pin a node's fabrics (reports stop changing them), or None: its reports decide."""
         core = self.core
         core.require_leader()
-        node = self._get(name)
+        node = found(core.state.nodes, name, "node")
         trusted = core.trust_reported_fabrics
         if fabrics is None:
             node.fabrics_pinned = False
@@ -157,7 +151,7 @@ class Nodes:
     async def set_state(self, name: str, target: NodeState) -> NodeRecord:
         core = self.core
         core.require_leader()
-        node = self._get(name)
+        node = found(core.state.nodes, name, "node")
         if target == NodeState.UNREACHABLE:
             raise ValidationError("a node cannot be set unreachable", field="state")
         if node.pending_approval and target == NodeState.READY:
@@ -175,7 +169,7 @@ class Nodes:
     async def delete(self, name: str) -> None:
         core = self.core
         core.require_leader()
-        self._get(name)
+        found(core.state.nodes, name, "node")
         await core.writes.delete_node(name)
         removed = core.state.nodes.pop(name)
         if removed.pending_approval:

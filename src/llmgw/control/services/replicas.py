@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from llmgw.control.inflight import StoredActivity
 from llmgw.control.rows import replica_row
-from llmgw.control.services.core import Core
+from llmgw.control.services.core import Core, found
 from llmgw.control.state import ReplicaRecord
-from llmgw.errors import NotFoundError
 from llmgw.wire import ReplicaState
 
 
@@ -32,9 +31,7 @@ class Replicas:
     async def drain(self, replica_id: str) -> ReplicaRecord:
         core = self.core
         core.require_leader()
-        replica = core.state.replicas.get(replica_id)
-        if replica is None:
-            raise NotFoundError(f"replica {replica_id!r} does not exist")
+        replica = found(core.state.replicas, replica_id, "replica")
         if replica.draining:
             return replica  # asked twice: nothing more to do
         replica.move_to(ReplicaState.DRAINING, replica.reason)

@@ -11,9 +11,10 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import NOT_FOUND, found, json_of, json_response
+from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
 from llmgw.control.adminapi.views.nodes import NodeView, node_view, used_by_node
 from llmgw.control.service import ControlPlane
+from llmgw.control.services.core import found
 from llmgw.wire import NodeState
 
 NodeStateName = Literal["ready", "cordoned", "draining", "unreachable"]

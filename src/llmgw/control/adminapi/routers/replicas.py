@@ -9,9 +9,10 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from llmgw.control.adminapi.routing import NOT_FOUND, found, json_of, json_response
+from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
 from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
 from llmgw.control.service import ControlPlane
+from llmgw.control.services.core import found
 
 ReplicaStateName = Literal["starting", "ready", "draining", "failed"]
 
