@@ -9,8 +9,10 @@ for a server whose task had already died on a taken port).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import uvicorn
@@ -20,10 +22,32 @@ T = TypeVar("T")
 # How often to look whether uvicorn listens yet: it offers no event to wait
 # on, and a start takes a few milliseconds.
 _POLL_S = 0.01
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class ServerNotStarted(RuntimeError):
     """uvicorn's task ended without raising and without listening (it logs why)."""
+
+
+def stop_signals() -> tuple[asyncio.Event, Callable[[], None]]:
+    """An event SIGINT or SIGTERM sets, and what takes the handlers off again.
+
+    A long-running command stops on its own terms (its engines, agents and
+    servers in order) rather than by Python's KeyboardInterrupt or uvicorn's
+    own handlers; once the handlers are off, a second Ctrl-C interrupts as usual.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in _STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows
+            loop.add_signal_handler(sig, stop.set)
+
+    def remove() -> None:
+        for sig in _STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError):
+                loop.remove_signal_handler(sig)
+
+    return stop, remove
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

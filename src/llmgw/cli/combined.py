@@ -7,9 +7,7 @@ agents around that (llmgw.cli.up), ``serve`` its leadership (llmgw.cli.serve).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,16 +120,6 @@ def sign_node_certificates(cp: ControlPlane, tls: ServerTls | None) -> None:
     if tls is None or tls.ca_file is None or tls.ca_key_file is None:
         return
     cp.node_certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file))
-
-
-def install_stop_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 class PathDispatcher:

@@ -30,7 +30,7 @@ from llmgw.control.retention import Retention
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
 from llmgw.errors import ConfigError
-from llmgw.serving import run
+from llmgw.serving import run, stop_signals
 from llmgw.tls import ServerTls
 
 
@@ -91,7 +91,7 @@ async def _serve(
     combined.sign_node_certificates(cp, tls)
     cp.nodes.approve_nodes = options.approve_nodes
     cp.trust_reported_fabrics = options.trust_reported_fabrics
-    stop = combined.install_stop_signals()
+    stop, _ = stop_signals()  # on until the process ends
     procstats.install("serve")
     runtime = ControlPlaneRuntime(cp, advertise_url=advertise, retention=options.retention)
     parts = await combined.start_parts(store, cp, runtime, options, tls)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,7 +20,7 @@ import typer
 from llmgw import procstats
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.errors import AuthError, ConfigError, ValidationError
-from llmgw.serving import run
+from llmgw.serving import run, stop_signals
 from llmgw.sim.core import check_params
 from llmgw.sim.fleetspec import FleetSpec, load_fleet_spec
 from llmgw.sim.process import parse_params, serve
@@ -178,10 +177,7 @@ async def _run_fleet(
 ) -> int:
     from llmgw.sim.fleet import start_fleet
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop, unhook = stop_signals()
     procstats.install("sim-fleet")
     started = time.monotonic()
     fleet = await start_fleet(
@@ -208,7 +204,6 @@ async def _run_fleet(
             waiting.cancel()
         await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        unhook()
         await fleet.shutdown(stop_engines=True)
     return 0

@@ -23,7 +23,6 @@ from llmgw import procstats
 from llmgw.cli.combined import (
     ProcessOptions,
     freeze_startup_objects,
-    install_stop_signals,
     open_control_plane,
     public_host,
     resolve_store_url,
@@ -44,7 +43,7 @@ from llmgw.config import default_data_dir, ensure_data_dir
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
 from llmgw.errors import ConfigError
-from llmgw.serving import run
+from llmgw.serving import run, stop_signals
 from llmgw.tls import ServerTls
 from llmgw.wire import ModelSpec
 
@@ -93,7 +92,7 @@ async def _up(
     # A simulated fleet is the operator's own, fabrics included (its spec
     # declares them); one local agent reports none.
     cp.trust_reported_fabrics = fleet is not None
-    stop = install_stop_signals()
+    stop, _ = stop_signals()  # on until the process ends
     procstats.install("up")
     if catalog is not None:
         await cp.catalog.put(catalog)

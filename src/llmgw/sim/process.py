@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import ssl
 import sys
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ import pydantic
 from llmgw import procstats
 from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import ValidationError
-from llmgw.serving import run
+from llmgw.serving import run, stop_signals
 from llmgw.sim.core import EngineCore
 from llmgw.sim.engine import SimEngine
 from llmgw.wire import EngineKind, SimParams
@@ -102,17 +101,14 @@ async def serve(
 ) -> int:
     """Run ``count`` engines until SIGINT/SIGTERM (0) or a failed start (1)."""
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop, unhook = stop_signals()
     procstats.install("sim-engine")
     try:
         engines = await run_engines(
             count, params, host, model=model, base_port=port, api_key=api_key, tls=tls
         )
     except BaseException:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        unhook()
         raise
     for engine in engines:
         print(f"sim engine {model} listening on {engine.url}", flush=True)
@@ -121,8 +117,7 @@ async def serve(
     try:
         await asyncio.wait([stopper, *exits], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        unhook()
         stopper.cancel()
         failed = any(t.done() and t.result() == 1 for t in exits)
         await asyncio.gather(*(e.stop() for e in engines))
