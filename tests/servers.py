@@ -70,9 +70,10 @@ LLMGW = str(Path(sys.executable).with_name("llmgw"))
 
 
 def up_json(data_dir: Path, exited: int | None, log: Path) -> dict[str, Any] | None:
-    """What `llmgw up` wrote to up.json, None before it has; fails at once if it exited."""
+    """What `llmgw up` (or `serve`) wrote to up.json, None before it has; fails at once if it
+    exited."""
     if exited is not None:
-        raise AssertionError(f"llmgw up exited {exited}: {log.read_text()[-3000:]}")
+        raise AssertionError(f"llmgw exited {exited} before up.json: {log.read_text()[-3000:]}")
     path = data_dir / "up.json"
     return dict(json.loads(path.read_text())) if path.exists() else None
 

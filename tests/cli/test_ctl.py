@@ -17,6 +17,7 @@ import psutil
 import pytest
 from rich.console import Console
 from tests.control.adminapi.fleetkit import Fleet, Served, gpu, gpus, mig, served_control_plane
+from tests.waiting import eventually_sync
 from typer.testing import CliRunner, Result
 
 from llmgw.cli.ctl import app
@@ -239,11 +240,12 @@ def test_status_watch_refreshes_until_interrupted(served: Served) -> None:
     try:
         # Interrupt only once it is watching: a fixed sleep raced ctl's own start
         # (3.7 s to import on a loaded machine) and the SIGINT hit the import.
-        deadline = time.monotonic() + 60
-        while not any(c.raddr and c.raddr.port == port
-                      for c in psutil.Process(proc.pid).net_connections("tcp")):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        def watching() -> bool:
+            assert proc.poll() is None
+            connections = psutil.Process(proc.pid).net_connections("tcp")
+            return any(c.raddr and c.raddr.port == port for c in connections)
+
+        eventually_sync(watching, 60, what="ctl status --watch connected", every_s=0.1)
         time.sleep(0.6)  # a few refreshes at 0.2 s
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=15)

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,7 +24,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.servers import free_port
+from tests.servers import free_port, up_json
+from tests.waiting import eventually_sync
 from typer.testing import CliRunner, Result
 
 from llmgw.cli.ctl import app
@@ -70,12 +70,8 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
         [LLMGW, "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data)],
         stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        deadline = time.monotonic() + 60
-        while not (data / "up.json").exists():
-            assert proc.poll() is None, (data / "serve.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, "serve did not write up.json"
-            time.sleep(0.1)
-        info = json.loads((data / "up.json").read_text())
+        info = eventually_sync(lambda: up_json(data, proc.poll(), data / "serve.log"), 60,
+                               what="serve's up.json", every_s=0.1)  # fmt: skip
         url, token = info["admin_url"], info["admin_token"]
         keys = {}
         with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},

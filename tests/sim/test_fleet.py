@@ -302,14 +302,13 @@ models:
 
 
 async def wait_ready_replicas(fleet: Fleet, count: int, timeout_s: float) -> dict[str, str]:
-    deadline = time.monotonic() + timeout_s
-    states: dict[str, str] = {}
-    while time.monotonic() < deadline:
+    def enough() -> dict[str, str] | None:
         states = fleet.replica_states()
-        if sum(s == ReplicaState.READY.value for s in states.values()) >= count:
-            return states
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"replicas not ready within {timeout_s} s: {states}")
+        ready = sum(s == ReplicaState.READY.value for s in states.values())
+        return states if ready >= count else None
+
+    return await eventually(enough, timeout_s, what=f"{count} ready replicas", every_s=0.1,
+                            note=fleet.replica_states)  # fmt: skip
 
 
 @asynccontextmanager
@@ -331,14 +330,13 @@ async def gateway_for(plane: Plane) -> AsyncIterator[tuple[Gateway, str]]:
 
 
 async def wait_endpoints(gateway: Gateway, model: str, count: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def learnt() -> bool:
         snapshot = gateway.snapshot
         router = snapshot.routes.get(model) if snapshot is not None else None
-        if router is not None and len(router.replicas) >= count:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"gateway did not learn {count} endpoints of {model}")
+        return router is not None and len(router.replicas) >= count
+
+    await eventually(learnt, timeout_s, what=f"the gateway learning {count} endpoints of {model}",
+                     every_s=0.1)  # fmt: skip
 
 
 @pytest.mark.parametrize("engines", ["inprocess", "subprocess"])

@@ -9,6 +9,7 @@ import aiohttp
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 from tests.sim.helpers import StartEngine
+from tests.waiting import eventually
 
 from llmgw.sim import tokens
 from llmgw.sim.engine import SimEngine
@@ -48,11 +49,13 @@ async def test_metrics_follow_running_waiting_kv_and_prefix_hits(
             asyncio.create_task(client.completions.create(model="m", prompt=p, max_tokens=15))
             for p in prompts
         ]
-        for _ in range(100):
-            busy = await scrape(http, engine)
-            if busy["vllm:num_requests_running"] == 2 and busy["vllm:num_requests_waiting"] == 1:
-                break
-            await asyncio.sleep(0.01)
+        async def two_running_one_waiting() -> dict[str, float] | None:
+            seen = await scrape(http, engine)
+            running, waiting = seen["vllm:num_requests_running"], seen["vllm:num_requests_waiting"]
+            return seen if (running, waiting) == (2, 1) else None
+
+        busy = await eventually(two_running_one_waiting, 1, what="2 running, 1 waiting",
+                                every_s=0.01)  # fmt: skip
         assert busy["vllm:num_requests_running"] == 2
         assert busy["vllm:num_requests_waiting"] == 1
         # Two requests of 64 + 15 tokens pin ceil(79/16) = 5 blocks each.
