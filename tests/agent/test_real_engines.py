@@ -14,6 +14,7 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import psutil
@@ -55,12 +56,16 @@ async def real_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
             await task
 
 
+def sim_spec(name: str, **sim: Any) -> ModelSpec:
+    """The simulated engine, up in 0.2 s, misbehaving as ``sim`` says."""
+    return ModelSpec(name=name, engine=EngineKind.SIM,
+                     sim=SimParams(startup_s=0.2, **sim), start_timeout_s=60)  # fmt: skip
+
+
 async def test_simulated_engine_becomes_ready_and_answers(
     fake_cp: FakeControlPlane, real_agent: Agent
 ) -> None:
-    spec = ModelSpec(
-        name="sim-a", engine=EngineKind.SIM, sim=SimParams(startup_s=0.2), start_timeout_s=60
-    )
+    spec = sim_spec("sim-a")
     fake_cp.assign_one(spec)
     status = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{status.port}/v1", api_key="x")
@@ -191,12 +196,7 @@ async def test_llamacpp_runs_concurrent_streams_to_their_end(
 async def test_simulated_engine_that_hangs_after_ready_is_killed(
     fake_cp: FakeControlPlane, real_agent: Agent
 ) -> None:
-    spec = ModelSpec(
-        name="sim-wedged",
-        engine=EngineKind.SIM,
-        sim=SimParams(startup_s=0.2, hang_after_s=1.0),
-        start_timeout_s=60,
-    )
+    spec = sim_spec("sim-wedged", hang_after_s=1.0)
     fake_cp.assign_one(spec)
     ready = await fake_cp.wait_state("r1", ReplicaState.READY, within=60)
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED, within=30)
@@ -210,12 +210,7 @@ async def test_simulated_engine_that_hangs_after_ready_is_killed(
 async def test_simulated_engine_that_cannot_load_is_failed(
     fake_cp: FakeControlPlane, real_agent: Agent
 ) -> None:
-    spec = ModelSpec(
-        name="sim-bad",
-        engine=EngineKind.SIM,
-        sim=SimParams(startup_s=0.2, fault="fail_at_start"),
-        start_timeout_s=60,
-    )
+    spec = sim_spec("sim-bad", fault="fail_at_start")
     fake_cp.assign_one(spec)
     failed = await fake_cp.wait_state("r1", ReplicaState.FAILED, within=60)
     assert failed.exit_code == 1
