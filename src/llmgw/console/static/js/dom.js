@@ -129,6 +129,23 @@ export function numColumn(label, field) {
   return { label, cls: "num", cell: (row) => fmtInt(row[field]) };
 }
 
+/** A page's element: its heading, then its parts. */
+export function titled(title, ...children) {
+  return h("div", {}, h("h1", {}, title), children);
+}
+
+/** A filter's search box, holding ``value`` (from the page's URL). */
+export function searchBox(id, value, placeholder) {
+  return h("input", { id, type: "search", value: value || "", placeholder });
+}
+
+/** A filter's choice: "any", then ``options``; set to ``value`` when it is one of them. */
+export function choice(id, options, value) {
+  const el = h("select", { id }, h("option", { value: "" }, "any"), options.map((o) => h("option", { value: o }, o)));
+  el.value = value || "";
+  return el;
+}
+
 /** A page's filters: a search form of [label, control] pairs (each label names its control's id). */
 export function filterForm(fields) {
   return h(

@@ -2,7 +2,7 @@
 // newest first, filterable by kind, subject and text.
 
 import { api } from "../api.js";
-import { badge, filterForm, fmtInt, fmtTime, h, redraw, table } from "../dom.js";
+import { badge, choice, filterForm, fmtInt, fmtTime, h, redraw, searchBox, table, titled } from "../dom.js";
 
 const LIMIT = 500;
 
@@ -10,19 +10,17 @@ export default {
   title: "Events",
   create(ctx) {
     const p = ctx.params;
-    const kind = h("select", { id: "event-kind" }, h("option", { value: "" }, "any"));
+    const kind = choice("event-kind", []);
     let kindValue = p.get("kind") || "";
-    const subject = h("input", { id: "event-subject", type: "search", value: p.get("subject") || "", placeholder: "model, replica or node" });
-    const text = h("input", { id: "event-text", type: "search", value: p.get("text") || "", placeholder: "words in the message" });
+    const subject = searchBox("event-subject", p.get("subject"), "model, replica or node");
+    const text = searchBox("event-text", p.get("text"), "words in the message");
     const count = h("p", { class: "muted", id: "event-count", role: "status" });
     const list = h("div", { id: "event-list" });
     let events = [];
     const kinds = new Set();
 
-    const el = h(
-      "div",
-      {},
-      h("h1", {}, "Events"),
+    const el = titled(
+      "Events",
       filterForm([
         ["Kind", kind],
         ["Subject", subject],

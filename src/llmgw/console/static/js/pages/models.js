@@ -5,7 +5,7 @@
 // what will change (and what the planner will then do) before it happens.
 
 import { api, ApiError } from "../api.js";
-import { badge, errorText, fmtInt, h, numColumn, redraw, section, table } from "../dom.js";
+import { badge, errorText, fmtInt, h, numColumn, redraw, section, table, titled } from "../dom.js";
 import { modelTable } from "./plan.js";
 
 const EXAMPLE = `name: my-model
@@ -79,10 +79,8 @@ export default {
     const result = h("div", { id: "apply-result", "aria-live": "polite" });
     let checkedText = null;
 
-    const el = h(
-      "div",
-      {},
-      h("h1", {}, "Models"),
+    const el = titled(
+      "Models",
       flash,
       section("Catalog", list),
       section(

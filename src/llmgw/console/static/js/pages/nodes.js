@@ -12,7 +12,7 @@
 // fetched; otherwise the page filters and pages the full list here.
 
 import { api, apiWithHeaders } from "../api.js";
-import { badge, errorText, filterForm, fmtAgo, fmtInt, h, redraw } from "../dom.js";
+import { badge, choice, errorText, filterForm, fmtAgo, fmtInt, h, redraw, searchBox, titled } from "../dom.js";
 
 const PAGE_SIZE = 40;
 const STATES = ["ready", "cordoned", "draining", "unreachable"];
@@ -115,10 +115,9 @@ export default {
   title: "Nodes",
   create(ctx) {
     const p = ctx.params;
-    const q = h("input", { id: "node-q", type: "search", value: p.get("q") || "", placeholder: "part of a name" });
-    const state = h("select", { id: "node-state" }, h("option", { value: "" }, "any"), STATES.map((s) => h("option", { value: s }, s)));
-    state.value = p.get("state") || "";
-    const cls = h("select", { id: "node-class" }, h("option", { value: "" }, "any"));
+    const q = searchBox("node-q", p.get("q"), "part of a name");
+    const state = choice("node-state", STATES, p.get("state"));
+    const cls = choice("node-class", []);
     let classValue = p.get("class") || "";
     let page = Math.max(0, Number(p.get("page") || 0) | 0);
     const flash = h("p", { class: "error", role: "alert" });
@@ -135,10 +134,8 @@ export default {
     // Two clicks for drain: it moves every replica off the node.
     let armedDrain = null;
 
-    const el = h(
-      "div",
-      {},
-      h("h1", {}, "Nodes"),
+    const el = titled(
+      "Nodes",
       filterForm([
         ["Name", q],
         ["State", state],

@@ -5,7 +5,7 @@
 // for what the summary names without explaining (why a model is unplaceable).
 
 import { api } from "../api.js";
-import { errorText, fmtDuration, fmtInt, h, numColumn, redraw, section, statCard, table } from "../dom.js";
+import { errorText, fmtDuration, fmtInt, h, numColumn, redraw, section, statCard, table, titled } from "../dom.js";
 import { stackedBar } from "../charts.js";
 
 function classBars(gpus) {
@@ -81,7 +81,7 @@ export default {
   create(ctx) {
     const body = h("div", {});
     const flash = h("p", { class: "error", role: "alert" });
-    const el = h("div", {}, h("h1", {}, "Fleet overview"), flash, body);
+    const el = titled("Fleet overview", flash, body);
 
     async function unpark(model, button) {
       button.disabled = true;

@@ -3,7 +3,7 @@
 // own answer; the page only lays it out.
 
 import { api, ApiError } from "../api.js";
-import { badge, errorText, fmtInt, h, numColumn, redraw, section, statCard, table } from "../dom.js";
+import { badge, errorText, fmtInt, h, numColumn, redraw, section, statCard, table, titled } from "../dom.js";
 
 const STATUS_BADGE = {
   satisfied: "ready",
@@ -145,10 +145,8 @@ export default {
     }
     run.addEventListener("click", whatIf);
 
-    const el = h(
-      "div",
-      {},
-      h("h1", {}, "Plan"),
+    const el = titled(
+      "Plan",
       h("p", { class: "muted" }, "What the scheduler's next pass would do, computed by the same code as the pass itself. Nothing here changes the fleet."),
       overview,
       section("Devices by class", devices),

@@ -3,7 +3,7 @@
 // reason for a failed start usually is.
 
 import { api } from "../api.js";
-import { badge, filterForm, fmtBytes, fmtDuration, fmtInt, h, redraw } from "../dom.js";
+import { badge, choice, filterForm, fmtBytes, fmtDuration, fmtInt, h, redraw, searchBox, titled } from "../dom.js";
 
 const STATES = ["starting", "ready", "draining", "failed"];
 
@@ -27,19 +27,16 @@ export default {
   title: "Replicas",
   create(ctx) {
     const p = ctx.params;
-    const q = h("input", { id: "replica-q", type: "search", value: p.get("q") || "", placeholder: "id, model or node" });
-    const state = h("select", { id: "replica-state" }, h("option", { value: "" }, "any"), STATES.map((s) => h("option", { value: s }, s)));
-    state.value = p.get("state") || "";
+    const q = searchBox("replica-q", p.get("q"), "id, model or node");
+    const state = choice("replica-state", STATES, p.get("state"));
     const count = h("p", { class: "muted", id: "replica-count", role: "status" });
     const list = h("div", { id: "replica-list" });
     // Which logs are open survives the redraw every few seconds.
     const open = new Set();
     let replicas = [];
 
-    const el = h(
-      "div",
-      {},
-      h("h1", {}, "Replicas"),
+    const el = titled(
+      "Replicas",
       filterForm([
         ["Search", q],
         ["State", state],

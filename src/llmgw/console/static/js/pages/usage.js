@@ -10,7 +10,7 @@
 // it from a blob: a plain link could not carry the admin token.
 
 import { api, apiWithHeaders } from "../api.js";
-import { h, numColumn, redraw, section, table } from "../dom.js";
+import { h, numColumn, redraw, section, table, titled } from "../dom.js";
 import { lineChart } from "../charts.js";
 
 const RANGES = [
@@ -96,10 +96,8 @@ export default {
     const csvError = h("span", { id: "usage-csv-error", class: "error", role: "alert" });
     const charts = h("div", { id: "usage-charts" });
     const tables = h("div", { id: "usage-tables" });
-    const el = h(
-      "div",
-      {},
-      h("h1", {}, "Usage"),
+    const el = titled(
+      "Usage",
       h(
         "form",
         { class: "filters", on: { submit: (e) => e.preventDefault() } },
