@@ -39,19 +39,36 @@ _FREEZE_AFTER = 1000
 
 @dataclass(slots=True)
 class PassResult:
-    placed: int = 0
-    removed: int = 0
-    failed: int = 0
-    evicted: int = 0
+    """What one pass did: the loop's log line, the control plane's metrics
+    (llmgw.control.metrics) and tests read it."""
+
+    # Replicas placed by why (short of its count, or moving one) and removed
+    # by kind (Removal.kind); the totals are read off these, so the two can
+    # never disagree.
+    placed_by: dict[str, int] = field(default_factory=dict)
+    removed_by: dict[str, int] = field(default_factory=dict)
     draining: int = 0
     parked: int = 0
     unplaceable: int = 0
     events: list[Event] = field(default_factory=list)
     duration_s: float = 0.0
     changed: bool = False
-    # By reason, for the control plane's metrics (llmgw.control.metrics).
-    placed_by: dict[str, int] = field(default_factory=dict)
-    removed_by: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def placed(self) -> int:
+        return sum(self.placed_by.values())
+
+    @property
+    def removed(self) -> int:
+        return sum(self.removed_by.values())
+
+    @property
+    def failed(self) -> int:
+        return self.removed_by.get("failed", 0)
+
+    @property
+    def evicted(self) -> int:
+        return self.removed_by.get("evicted", 0)
 
 
 class Reconciler:
@@ -178,18 +195,14 @@ def _result(decisions: Decisions, duration_s: float) -> PassResult:
     moves = sum(1 for e in decisions.events if e.kind == "placed" and e.data.get("replaces"))
     placed_by = {"move": moves, "short": len(decisions.new) - moves}
     return PassResult(
-        placed=len(decisions.new),
-        removed=len(decisions.removals),
-        failed=kinds.count("failed"),
-        evicted=kinds.count("evicted"),
+        placed_by={reason: n for reason, n in placed_by.items() if n},
+        removed_by=dict(Counter(kinds)),
         draining=len(decisions.mark_draining),
         parked=sum(1 for e in decisions.events if e.kind == "parked"),
         unplaceable=sum(1 for r in decisions.reasons.values() if r is not None),
         events=list(decisions.events),
         duration_s=duration_s,
         changed=decisions.changes_replicas or bool(decisions.models),
-        placed_by={reason: n for reason, n in placed_by.items() if n},
-        removed_by=dict(Counter(kinds)),
     )
 
 
