@@ -27,11 +27,10 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from tests.console.fleet import Fleet, build, keep_reporting
+from tests.control.planekit import opened_plane
 from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane
-from llmgw.control.store.repo import Store
 
 CHROMIUM = os.environ.get("LLMGW_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
@@ -97,12 +96,7 @@ def fake_patroni() -> Starlette:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def console(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Console]:
-    path = tmp_path_factory.mktemp("console") / "cp.db"
-    store = await Store.open("sqlite:///" + str(path))
-    try:
-        cp = ControlPlane(store)
-        await cp.load()
-        creds = await cp.ensure_credentials()
+    async with opened_plane(tmp_path_factory.mktemp("console")) as (cp, creds):
         assert creds.admin_token and creds.join_token
         fleet = await build(cp, creds.join_token)
         async with serve_asgi(fake_patroni()) as patroni:
@@ -113,8 +107,6 @@ async def console(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Con
                 headers = {"Authorization": f"Bearer {creds.admin_token}"}
                 async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10) as api:
                     yield Console(url=url, admin_token=creds.admin_token, fleet=fleet, api=api)
-    finally:
-        await store.close()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -21,12 +21,12 @@ import pytest_asyncio
 from playwright.async_api import expect
 from tests.console.conftest import Plane, Watched, sign_in
 from tests.console.fleet import A100
+from tests.control.planekit import opened_plane
 from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import ModelRecord, NodeRecord, ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.wire import (
     Device,
     EngineKind,
@@ -75,11 +75,7 @@ def _model(now: float) -> ModelRecord:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def big(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane]:
-    store = await Store.open("sqlite:///" + str(tmp_path_factory.mktemp("big") / "cp.db"))
-    try:
-        cp = ControlPlane(store)
-        await cp.load()
-        creds = await cp.ensure_credentials()
+    async with opened_plane(tmp_path_factory.mktemp("big")) as (cp, creds):
         assert creds.admin_token
         big_fleet(cp, time.time())
 
@@ -98,8 +94,6 @@ async def big(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    finally:
-        await store.close()
 
 
 async def test_nodes_page_with_2000_nodes(big: Plane, watched: Watched, shots: Path) -> None:

@@ -8,24 +8,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tests.control.planekit import opened_plane
 from tests.servers import serve_asgi
 
 from llmgw.console.server import CONTENT_SECURITY_POLICY, STATIC_DIR
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane
-from llmgw.control.store.repo import Store
 
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    store = await Store.open("sqlite:///" + str(tmp_path / "cp.db"))
-    try:
-        cp = ControlPlane(store)
-        await cp.load()
-        async with serve_asgi(create_app(cp)) as url, httpx.AsyncClient(base_url=url) as http:
-            yield http
-    finally:
-        await store.close()
+    async with opened_plane(tmp_path) as (cp, _), serve_asgi(create_app(cp)) as url, \
+            httpx.AsyncClient(base_url=url) as http:
+        yield http
 
 
 async def test_console_is_served_with_its_headers(client: httpx.AsyncClient) -> None:

@@ -8,11 +8,11 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import pytest
+from tests.control.planekit import Plane, opened_plane
 from tests.servers import child_process, serve_asgi, terminates_cleanly
 from tests.waiting import eventually
 
@@ -21,8 +21,6 @@ from llmgw.agent.engines.sim import SimAdapter
 from llmgw.control.app import create_app
 from llmgw.control.catalog import validate_catalog
 from llmgw.control.runtime import ControlPlaneRuntime
-from llmgw.control.service import ControlPlane, NewCredentials
-from llmgw.control.store.repo import Store
 from llmgw.errors import AuthError, EngineError, ValidationError
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.link import HttpControlPlaneLink
@@ -212,37 +210,26 @@ async def test_in_process_engine_on_a_taken_port_exits_1() -> None:
 # -- against a real control plane ----------------------------------------------------
 
 
-@dataclass
-class Plane:
-    cp: ControlPlane
-    creds: NewCredentials
-    url: str
-
-
 @asynccontextmanager
 async def control_plane(tmp_path: Path) -> AsyncIterator[Plane]:
     """``llmgw serve``'s control plane: store, runtime (reconciler), HTTP app on loopback."""
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    # serve --trust-reported-fabrics: the fleet spec's fabrics are the operator's.
-    cp.trust_reported_fabrics = True
-    await cp.load()
-    creds = await cp.ensure_credentials()
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.3)
-    await runtime.start()
-    # Leadership reloads the state from the store; wait for it so that a
-    # test never reads the state halfway through that reload.
-    await eventually(
-        lambda: runtime.is_leader and runtime.passes, 10,
-        what="a leading control plane's first pass",
-    )
-    assert runtime.is_leader
-    try:
-        async with serve_asgi(create_app(cp)) as url:
-            yield Plane(cp, creds, url)
-    finally:
-        await runtime.stop()
-        await store.close()
+    async with opened_plane(tmp_path) as (cp, creds):
+        # serve --trust-reported-fabrics: the fleet spec's fabrics are the operator's.
+        cp.trust_reported_fabrics = True
+        runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.3)
+        await runtime.start()
+        try:
+            # Leadership reloads the state from the store; wait for it so that a
+            # test never reads the state halfway through that reload.
+            await eventually(
+                lambda: runtime.is_leader and runtime.passes, 10,
+                what="a leading control plane's first pass",
+            )
+            assert runtime.is_leader
+            async with serve_asgi(create_app(cp)) as url:
+                yield Plane(cp, creds, url)
+        finally:
+            await runtime.stop()
 
 
 BIG_FLEET = """
