@@ -43,9 +43,10 @@ class Plane(NamedTuple):
 
 
 @asynccontextmanager
-async def opened_plane(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, NewCredentials]]:
-    """A control plane on a new SQLite store in ``tmp_path``, loaded, its credentials made."""
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
+async def opened_plane(where: Path | str) -> AsyncIterator[tuple[ControlPlane, NewCredentials]]:
+    """A control plane loaded from a store, its missing credentials made: the store a
+    SQLite file in the folder ``where``, or at the database URL ``where``."""
+    store = await Store.open(f"sqlite:///{where / 'cp.db'}" if isinstance(where, Path) else where)
     cp = ControlPlane(store)
     try:
         await cp.load()

@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI
+from tests.control.planekit import opened_plane
 
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.serving import start_server
 from llmgw.wire import (
     AgentRegistration,
@@ -181,11 +181,7 @@ def served_control_plane(tmp: Path, fleet: FleetState | None = None) -> Iterator
     stop: list[asyncio.Event] = []
 
     async def main() -> None:
-        store = await Store.open(f"sqlite:///{tmp / 'llmgw.db'}")
-        try:
-            cp = ControlPlane(store)
-            await cp.load()
-            creds = await cp.ensure_credentials()
+        async with opened_plane(f"sqlite:///{tmp / 'llmgw.db'}") as (cp, creds):
             if fleet is not None:
                 cp.state.nodes.update(fleet.nodes)
                 cp.state.models.update(fleet.models)
@@ -209,8 +205,6 @@ def served_control_plane(tmp: Path, fleet: FleetState | None = None) -> Iterator
             server.should_exit = True
             await task
             sock.close()
-        finally:
-            await store.close()
 
     def thread_main() -> None:
         try:

@@ -24,6 +24,7 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 from tests.conftest import PG_URL
 from tests.console.fleet import build
+from tests.control.planekit import opened_plane
 from typer.testing import CliRunner, Result
 
 from llmgw.cli.ctl import app
@@ -127,17 +128,11 @@ async def loaded(url: str) -> dict[str, Any]:
 async def test_backup_then_restore_into_a_fresh_store(
     store_url: str, fresh_url: str, tmp_path: Path, watched_pg_tools: Path
 ) -> None:
-    source = await Store.open(store_url)
-    try:
-        cp = ControlPlane(source)
-        await cp.load()
-        creds = await cp.ensure_credentials()
+    async with opened_plane(store_url) as (cp, creds):
         assert creds.join_token
         await build(cp, creds.join_token)
         # Taken while the control plane has the store open, as on a live fleet.
         out = ok(ctl("backup", str(tmp_path / "llmgw.backup"), "--database-url", store_url))
-    finally:
-        await source.close()
     backup_file = tmp_path / "llmgw.backup"
     assert stat.S_IMODE(backup_file.stat().st_mode) == 0o600
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".partial")]
