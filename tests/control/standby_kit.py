@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tests.agent.fakes import StubAdapter
 from tests.agent.helpers import cpu_slot
+from tests.control.planekit import opened_plane
 from tests.servers import free_port, serve_asgi
 
 from llmgw.agent.app import Agent, AgentConfig
@@ -41,38 +42,27 @@ class Instance:
 
 @contextlib.asynccontextmanager
 async def instance(database_url: str) -> AsyncIterator[Instance]:
-    store = await Store.open(database_url)
-    cp = ControlPlane(store)
-    await cp.load()
-    await cp.ensure_credentials()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.3, advertise_url=url)
-    await runtime.start()
-    stopped = False
-    server = serve_asgi(create_app(cp), port, graceful_s=0.2)
-    await server.__aenter__()
-
-    async def stop() -> None:
-        nonlocal stopped
-        if not stopped:
-            stopped = True
-            await runtime.stop()
-            await server.__aexit__(None, None, None)
-            await store.close()
-
+    stack = contextlib.AsyncExitStack()
     try:
-        yield Instance(url, store, cp, runtime, stop)
+        cp, _ = await stack.enter_async_context(opened_plane(database_url))
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        await stack.enter_async_context(serve_asgi(create_app(cp), port, graceful_s=0.2))
+        runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.3, advertise_url=url)
+        await runtime.start()
+        # Stopped first, as `serve` stops: the runtime, the server, then the store
+        # (which lets go of the leader's lock). stop() may come early; it runs once.
+        stack.push_async_callback(runtime.stop)
+        yield Instance(url, cp.store, cp, runtime, stack.aclose)
     finally:
-        await stop()
+        await stack.aclose()
 
 
 @contextlib.asynccontextmanager
 async def leader_and_standby(database_url: str) -> AsyncIterator[Pair]:
     """(leader, standby, credentials) on one fresh database; the first started leads."""
-    store = await Store.open(database_url)
-    creds = await ControlPlane(store).ensure_credentials()
-    await store.close()
+    async with opened_plane(database_url) as (_, creds):
+        pass
     async with instance(database_url) as leader, instance(database_url) as standby:
         assert leader.cp.is_leader and not standby.cp.is_leader
         yield leader, standby, creds
