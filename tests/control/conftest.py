@@ -6,8 +6,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tests.control.planekit import Plane, served_plane
+from tests.control.planekit import Plane, opened_plane, served_plane
 from tests.control.standby_kit import Pair, leader_and_standby
+
+from llmgw.control.service import ControlPlane
+
+
+@pytest.fixture
+async def cp(tmp_path: Path) -> AsyncIterator[ControlPlane]:
+    """A control plane on a fresh store, loaded; no credentials, not served."""
+    async with opened_plane(tmp_path, credentials=False) as (control_plane, _):
+        yield control_plane
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.nodecerts import NodeCertificates
+from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.repo import Store
 from llmgw.nodetls import NodeIssuer
@@ -43,17 +44,30 @@ class Plane(NamedTuple):
 
 
 @asynccontextmanager
-async def opened_plane(where: Path | str) -> AsyncIterator[tuple[ControlPlane, NewCredentials]]:
-    """A control plane loaded from a store, its missing credentials made: the store a
-    SQLite file in the folder ``where``, or at the database URL ``where``."""
+async def opened_plane(
+    where: Path | str, *, credentials: bool = True
+) -> AsyncIterator[tuple[ControlPlane, NewCredentials]]:
+    """A control plane loaded from a store (a SQLite file in the folder ``where``, or at
+    the database URL ``where``), its missing credentials made unless told not to."""
     store = await Store.open(f"sqlite:///{where / 'cp.db'}" if isinstance(where, Path) else where)
     cp = ControlPlane(store)
     try:
         await cp.load()
-        yield cp, await cp.ensure_credentials()
+        yield cp, await cp.ensure_credentials() if credentials else NewCredentials()
     finally:
         await cp.digests.close()
         await store.close()
+
+
+@asynccontextmanager
+async def running(cp: ControlPlane, **settings: Any) -> AsyncIterator[ControlPlaneRuntime]:
+    """``cp``'s runtime (leader election, reconciler, flushes) started, stopped on the way out."""
+    runtime = ControlPlaneRuntime(cp, **settings)
+    await runtime.start()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
 
 
 @asynccontextmanager

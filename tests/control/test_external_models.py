@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -91,15 +90,6 @@ def test_the_key_is_named_never_given() -> None:
     assert "api_key_env" in str(refused.value)
     with pytest.raises(ValidationError):
         parse_models("{name: t, external: {urls: ['http://h:1'], api_key: 'sk-abc'}}")
-
-
-@pytest.fixture
-async def cp(tmp_path: Path) -> AsyncIterator[ControlPlane]:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    plane = ControlPlane(store)
-    await plane.load()
-    yield plane
-    await store.close()
 
 
 async def test_the_routing_table_names_each_url_and_the_upstreams_name(

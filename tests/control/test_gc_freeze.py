@@ -5,17 +5,15 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from tests.control.planekit import running
 from tests.waiting import eventually
 
 from llmgw.control import gcpause
 from llmgw.control import runtime as runtime_module
 from llmgw.control.gcpause import freeze_survivors
-from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
-from llmgw.control.store.repo import Store
 
 
 class Node:
@@ -38,25 +36,17 @@ def collector_by_hand() -> Iterator[None]:
 
 
 async def test_cyclic_garbage_is_collected_before_the_runtime_freezes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector_by_hand: None
+    cp: ControlPlane, monkeypatch: pytest.MonkeyPatch, collector_by_hand: None
 ) -> None:
     monkeypatch.setattr(runtime_module, "HEARTBEAT_FLUSH_S", 0.05)
     monkeypatch.setattr(gcpause, "FREEZE_MIN_OBJECTS", 0)  # freeze at every flush
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.1)
-    try:
-        await runtime.start()
+    async with running(cp, reconcile_interval_s=0.1):
         garbage = weakref.ref(Node())  # unreachable from here on, but a cycle
         frozen_before = gc.get_freeze_count()
         await eventually(lambda: gc.get_freeze_count() > frozen_before, 10,
                          "a flush to freeze survivors")
         # Frozen without a collection first, the cycle would live forever.
         assert garbage() is None
-    finally:
-        await runtime.stop()
-        await store.close()
 
 
 def test_a_small_old_generation_is_not_frozen_so_work_in_flight_stays_collectable(

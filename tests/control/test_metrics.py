@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from tests.console.fleet import MIG_CLASS, build
-from tests.control.planekit import bearer, opened_plane, served_plane
+from tests.control.planekit import bearer, opened_plane, running, served_plane
 from tests.metrics_check import Scrape, parse_scrape, promtool_check
 from tests.servers import free_port, serve_asgi
 from tests.waiting import eventually
@@ -139,9 +139,7 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
         # One more model that fits: the first pass places it.
         await cp.catalog.put([ModelSpec(name="extra", engine=EngineKind.SIM,
                                        gpu_classes=["a100-80g"], min_replicas=1)])
-        runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.05)
-        try:
-            await runtime.start()
+        async with running(cp, reconcile_interval_s=0.05) as runtime:
             assert cp.is_leader
             await wait_passes(runtime, 2)
             # Draining gpu-a1 moves its replicas make-before-break: placed as moves;
@@ -150,8 +148,6 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
             cp.state.replicas["r-llama-1"].move_to(ReplicaState.FAILED, "engine exited (1)")
             await wait_passes(runtime, runtime.passes + 2)
             metrics = await scrape(url)
-        finally:
-            await runtime.stop()
     assert metrics.value("llmgw_control_leader") == 1
     assert metrics.value("llmgw_control_leader_epoch") == cp.epoch >= 1
     passes = metrics.by("llmgw_control_reconcile_passes_total", "outcome")

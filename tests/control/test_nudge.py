@@ -6,12 +6,11 @@ import asyncio
 import time
 from pathlib import Path
 
-from tests.control.planekit import served_plane
+from tests.control.planekit import running, served_plane
 from tests.waiting import eventually
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.nudge import assignment_signature, changed_nodes
-from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.state import FleetState, ReplicaRecord
 from llmgw.wire import ModelSpec, ReplicaState, ShardAssignment, SimParams
 
@@ -31,9 +30,7 @@ def test_signature_changes_name_the_nodes_affected() -> None:
 
 
 async def test_a_new_replica_starts_long_before_the_next_report(tmp_path: Path) -> None:
-    async with served_plane(tmp_path) as (cp, creds, url):
-        runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.5)
-        await runtime.start()
+    async with served_plane(tmp_path) as (cp, creds, url), running(cp, reconcile_interval_s=0.5):
         agent = Agent(AgentConfig(
             control_plane=url, data_dir=tmp_path / "agent", name="n1",
             join_token=creds.join_token, cpu_slots=1,
@@ -64,4 +61,3 @@ async def test_a_new_replica_starts_long_before_the_next_report(tmp_path: Path) 
                 note=lambda: [(r.state, r.reason) for r in cp.state.replicas.values()])
         finally:
             await agent.shutdown(stop_engines=True)
-            await runtime.stop()

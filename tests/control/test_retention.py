@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
+from tests.control.planekit import running
 from tests.waiting import eventually
 
 from llmgw.control.retention import DAY_S, Retention, prune
-from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
 from llmgw.control.store import schema
 from llmgw.control.store.repo import Store
@@ -47,15 +46,10 @@ def test_retention_settings_are_checked() -> None:
         Retention(every_s=0)
 
 
-async def test_the_leader_prunes_periodically(tmp_path: Path) -> None:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    now = time.time()
-    await _fill(store, now)
-    runtime = ControlPlaneRuntime(cp, retention=Retention(events_days=1, every_s=0.1))
-    await runtime.start()
-    try:
+async def test_the_leader_prunes_periodically(cp: ControlPlane) -> None:
+    store = cp.store
+    await _fill(store, time.time())
+    async with running(cp, retention=Retention(events_days=1, every_s=0.1)):
         assert cp.is_leader
 
         async def pruned() -> bool:
@@ -65,6 +59,3 @@ async def test_the_leader_prunes_periodically(tmp_path: Path) -> None:
         messages = {e["message"] for e in await store.list_events()}
         assert "0 days" in messages and "29 days" not in messages and "400 days" not in messages
         assert len(await store.query_usage(since=0)) == 2
-    finally:
-        await runtime.stop()
-        await store.close()

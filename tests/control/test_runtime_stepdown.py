@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from tests.control.planekit import running
 from tests.waiting import eventually
 
 from llmgw.control.reconciler import PassResult, Reconciler
-from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
-from llmgw.control.store.repo import Store
 from llmgw.errors import NotLeaderError
 
 
 async def test_a_refused_pass_lets_go_of_the_lock_and_contends_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cp: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     real_pass = Reconciler.run_pass
     refused = 0
@@ -28,12 +25,7 @@ async def test_a_refused_pass_lets_go_of_the_lock_and_contends_again(
         return await real_pass(self, now, epoch)
 
     monkeypatch.setattr(Reconciler, "run_pass", refused_once)
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
-    runtime = ControlPlaneRuntime(cp, reconcile_interval_s=0.1)
-    await runtime.start()
-    try:
+    async with running(cp, reconcile_interval_s=0.1) as runtime:
         first_epoch = runtime.election.epoch
         assert first_epoch >= 1
         # Stepping down while still holding the lock would leave no leader
@@ -42,6 +34,3 @@ async def test_a_refused_pass_lets_go_of_the_lock_and_contends_again(
             lambda: refused and cp.is_leader and runtime.election.epoch > first_epoch, 10,
             "a refused pass, then leading again under a newer epoch",
             note=lambda: (refused, cp.is_leader, runtime.election.epoch))
-    finally:
-        await runtime.stop()
-        await store.close()
