@@ -34,6 +34,7 @@ from openai import OpenAI
 from tests.gateway.test_external import KEY as HOSTED_KEY
 from tests.gateway.test_external import HostedApi
 from tests.servers import free_port, spawn_up, wait_up_json
+from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -65,18 +66,17 @@ class Engine:
                  "--api_key", ENGINE_KEY],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT_S
+        eventually_sync(self._ready, START_TIMEOUT_S, what="the engine ready", every_s=0.3)
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            pytest.fail(f"the engine exited:\n{self.log.read_text()[-3000:]}")
         headers = {"Authorization": f"Bearer {ENGINE_KEY}"}
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the engine exited:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/v1/models", headers=headers, timeout=2).is_success:
-                    return
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the engine was not ready in time"
-            time.sleep(0.3)
+        try:
+            return httpx.get(f"{self.url}/v1/models", headers=headers, timeout=2).is_success
+        except httpx.HTTPError:
+            return False
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -180,10 +180,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
 
 
 def _until(check: Callable[[], bool], what: str, within_s: float = HEALTH_WITHIN_S) -> float:
+    """Seconds until ``check`` holds (the health checks' reaction time is measured)."""
     started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < within_s, f"not within {within_s} s: {what}"
-        time.sleep(0.25)
+    eventually_sync(check, within_s, what=what, every_s=0.25)
     return time.monotonic() - started
 
 

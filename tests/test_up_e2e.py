@@ -19,6 +19,7 @@ import psutil
 import pytest
 from openai import OpenAI
 from tests.servers import free_port, spawn_up, wait_up_json
+from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -182,9 +183,12 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 pytest.fail("llmgw up did not stop within 60 s of SIGINT")
     assert proc.returncode == 0, log.read_text()[-3000:]
-    time.sleep(0.5)
-    left = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
-    assert not left, f"processes left behind: {[c.cmdline() for c in left]}"
+
+    def left() -> list[psutil.Process]:
+        return [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    eventually_sync(lambda: not left(), 0.5, what="no process left behind",
+                    note=lambda: [c.cmdline() for c in left()])  # fmt: skip
     # The adopted engine is not a child of the second `up`, and must be gone too.
     assert not psutil.pid_exists(engine_pid) or (
         psutil.Process(engine_pid).status() == psutil.STATUS_ZOMBIE
