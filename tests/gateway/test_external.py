@@ -8,11 +8,9 @@ fake engines of the other gateway tests as plain external URLs.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import ssl
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import pytest
 from aiohttp import web
 from tests.gateway.conftest import async_client, fast_settings, make_config, running_gateway
 from tests.gateway.fake_upstream import FakeUpstream
+from tests.waiting import eventually
 
 from llmgw import wire
 from llmgw.control import external
@@ -136,13 +135,6 @@ def external_route(
     )  # fmt: skip
 
 
-async def _until(check: Any, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 def _health(link: MemoryLink, url: str) -> tuple[bool | None, str | None]:
     """The latest health the gateway reported for the URL ending in ``url``."""
     for report in reversed(link.loads):
@@ -196,8 +188,8 @@ async def test_a_hosted_api_gets_its_key_its_name_and_its_path(
 
         # Every request and probe carried the key, from the gateway's environment.
         assert hosted.auth and set(hosted.auth) == {f"Bearer {KEY}"}
-        await _until(lambda: _health(link, base)[0] is True)
-        await _until(lambda: sum(r.prompt_tokens for r in link.usage) == 3 * 11 + 3)
+        await eventually(lambda: _health(link, base)[0] is True)
+        await eventually(lambda: sum(r.prompt_tokens for r in link.usage) == 3 * 11 + 3)
         assert sum(r.completion_tokens for r in link.usage) == 3 * 2
     assert KEY not in caplog.text
 
@@ -210,7 +202,7 @@ async def test_a_missing_key_takes_the_url_out_and_says_why(
     link = MemoryLink(poll_timeout_s=1.0)
     link.publish(make_config(1, [external_route("team", [base], api_key_env="TEST_UNSET_KEY")]))
     async with running_gateway(link, fast_settings(**FAST)) as (_, url):
-        await _until(lambda: _health(link, base)[0] is False)
+        await eventually(lambda: _health(link, base)[0] is False)
         reason = _health(link, base)[1] or ""
         assert "TEST_UNSET_KEY" in reason and "not set" in reason
         with pytest.raises(openai.APIStatusError) as refused:
@@ -240,11 +232,11 @@ async def test_a_dead_url_leaves_routing_and_comes_back() -> None:
                     names.add(str(reply.system_fingerprint))
                 return names
 
-            await _until(lambda: _health(link, dying.url)[0] is True)
+            await eventually(lambda: _health(link, dying.url)[0] is True)
             assert await answered_by() == {"a", "b"}
 
             await dying.stop()
-            await _until(lambda: _health(link, dying.url)[0] is False)
+            await eventually(lambda: _health(link, dying.url)[0] is False)
             assert "unreachable" in (_health(link, dying.url)[1] or "")
             retried = gateway.metrics.render().count(b"retr")
             assert await answered_by() == {"a"}
@@ -253,7 +245,7 @@ async def test_a_dead_url_leaves_routing_and_comes_back() -> None:
 
             back = await FakeUpstream("b", port=dying.port).start()
             try:
-                await _until(lambda: _health(link, dying.url)[0] is True)
+                await eventually(lambda: _health(link, dying.url)[0] is True)
                 assert await answered_by() == {"a", "b"}
             finally:
                 await back.stop()
@@ -278,7 +270,7 @@ async def test_https_upstreams_are_verified_against_the_trust_store(
     link.publish(make_config(1, routes))
     monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "nothing.pem"))
     async with running_gateway(link, fast_settings(**FAST)):
-        await _until(lambda: _health(link, base)[0] is False)
+        await eventually(lambda: _health(link, base)[0] is False)
         assert "certificate" in (_health(link, base)[1] or "").lower()
     assert not hosted.bodies
 
@@ -290,4 +282,4 @@ async def test_https_upstreams_are_verified_against_the_trust_store(
             model="team", messages=[{"role": "user", "content": "hello"}]
         )
         assert reply.model == "team" and hosted.bodies[-1]["model"] == UPSTREAM
-        await _until(lambda: _health(link, base)[0] is True)
+        await eventually(lambda: _health(link, base)[0] is True)

@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from tests.gateway.conftest import async_client, fast_settings, make_config, route, running_gateway
+from tests.waiting import eventually
 
 from llmgw.gateway.link import MemoryLink
-
-
-async def _within(seconds: float, check: Callable[[], bool]) -> None:
-    """Returns once ``check()`` holds or ``seconds`` have passed (the caller asserts)."""
-    for _ in range(int(seconds / 0.02)):
-        if check():
-            return
-        await asyncio.sleep(0.02)
 
 
 async def test_first_request_starts_the_model_and_is_answered(upstreams: Any) -> None:
@@ -51,10 +43,10 @@ async def test_first_request_starts_the_model_and_is_answered(upstreams: Any) ->
             return answer.choices[0].message.content or ""
 
         tasks = [asyncio.create_task(ask(i)) for i in range(5)]
-        await _within(10, lambda: gateway.runtime.room.waiting() == {"lazy": 5})
+        await eventually(lambda: gateway.runtime.room.waiting() == {"lazy": 5}, 10)
         assert gateway.runtime.room.waiting() == {"lazy": 5}
         # The waiting count reaches the control plane with the load reports.
-        await _within(10, lambda: any(r.waiting == {"lazy": 5} for r in link.loads))
+        await eventually(lambda: any(r.waiting == {"lazy": 5} for r in link.loads), 10)
         assert any(report.waiting == {"lazy": 5} for report in link.loads)
         loaded.set()
         answers = await asyncio.gather(*tasks)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
+from tests.waiting import eventually
 
 from llmgw.gateway.link import MemoryLink
 
@@ -23,7 +23,11 @@ async def test_load_reports_carry_requests_and_last_request_time(
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}]
             )
-        await asyncio.sleep(0.7)  # several report intervals
+        # All six counted, then two more reports: a request counted twice would show.
+        await eventually(lambda: sum(load.requests for r in link.loads for load in r.replicas) >= 6,
+                         what="six requests reported")  # fmt: skip
+        sent = len(link.loads)
+        await eventually(lambda: len(link.loads) >= sent + 2, what="two more reports")
     reported: dict[str, int] = {}
     last: dict[str, float] = {}
     for report in link.loads:
