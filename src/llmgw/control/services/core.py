@@ -42,6 +42,8 @@ def found(things: Mapping[str, T], name: str, kind: str) -> T:
 
 
 class Core:
+    """The fleet's one state, store, leadership and writer, which every service is given."""
+
     def __init__(
         self, store: Store, state: FleetState | None = None, leadership: Leadership | None = None
     ) -> None:
