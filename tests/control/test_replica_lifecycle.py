@@ -4,7 +4,6 @@ and the paths that change a replica's state going through it."""
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,6 @@ from llmgw.control.reports import apply_report, assignments_for
 from llmgw.control.rows import replica_from_row, replica_row
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import REPLICA_TRANSITIONS, FleetState, NodeRecord, ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.errors import TransitionError
 from llmgw.wire import (
     AgentReport,
@@ -88,48 +86,40 @@ def test_draining_is_a_state_in_rows_and_in_the_agents_instruction() -> None:
     assert replica_from_row(replica_row(replica(S.FAILED)) | {"draining": True}).state is S.FAILED
 
 
-async def plane(tmp_path: Path) -> ControlPlane:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    cp = ControlPlane(store)
-    await cp.load()
+@pytest.fixture
+async def r1_ready(cp: ControlPlane) -> None:
+    """Model m in the catalog and its replica r1 ready on n1, in memory and stored."""
     await cp.catalog.put([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"])])
     record = replica(S.READY)
     record.port, record.ready_at = 30001, 1.0
     cp.state.replicas[record.id] = record
-    await store.write_replicas([replica_row(record)])
-    return cp
+    await cp.store.write_replicas([replica_row(record)])
 
 
-async def test_a_drained_replica_is_draining_everywhere_and_never_idle(tmp_path: Path) -> None:
-    cp = await plane(tmp_path)
-    try:
-        drained = await cp.replicas.drain("r1")
-        assert drained.state is S.DRAINING
-        assert (await cp.replicas.drain("r1")).state is S.DRAINING  # twice: no error
-        summary = fleet_summary(cp.state, 10_000.0, StoreStatus(members=[]))
-        assert (summary.replicas.ready, summary.replicas.draining) == (0, 1)
-        assert summary.idle_replicas == []  # idle for hours, but leaving
-        (assignment,) = assignments_for(cp.state, "n1")
-        assert assignment.draining
-        assert cp.gateways.config().routing.models[0].endpoints == []
-        (row,) = await cp.store.list_replicas()
-        assert (row["state"], row["draining"]) == ("draining", True)
-        # A catalog change does not bring it back.
-        await cp.catalog.put([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"],
-                                       max_replicas=2)])
-        assert cp.state.replicas["r1"].state is S.DRAINING
-    finally:
-        await cp.store.close()
+@pytest.mark.usefixtures("r1_ready")
+async def test_a_drained_replica_is_draining_everywhere_and_never_idle(cp: ControlPlane) -> None:
+    drained = await cp.replicas.drain("r1")
+    assert drained.state is S.DRAINING
+    assert (await cp.replicas.drain("r1")).state is S.DRAINING  # twice: no error
+    summary = fleet_summary(cp.state, 10_000.0, StoreStatus(members=[]))
+    assert (summary.replicas.ready, summary.replicas.draining) == (0, 1)
+    assert summary.idle_replicas == []  # idle for hours, but leaving
+    (assignment,) = assignments_for(cp.state, "n1")
+    assert assignment.draining
+    assert cp.gateways.config().routing.models[0].endpoints == []
+    (row,) = await cp.store.list_replicas()
+    assert (row["state"], row["draining"]) == ("draining", True)
+    # A catalog change does not bring it back.
+    await cp.catalog.put([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"],
+                                   max_replicas=2)])
+    assert cp.state.replicas["r1"].state is S.DRAINING
 
 
-async def test_a_failed_replica_cannot_be_drained(tmp_path: Path) -> None:
-    cp = await plane(tmp_path)
-    try:
-        cp.state.replicas["r1"].move_to(S.FAILED, "engine exited (1)")
-        with pytest.raises(TransitionError, match="is failed and cannot become draining"):
-            await cp.replicas.drain("r1")
-    finally:
-        await cp.store.close()
+@pytest.mark.usefixtures("r1_ready")
+async def test_a_failed_replica_cannot_be_drained(cp: ControlPlane) -> None:
+    cp.state.replicas["r1"].move_to(S.FAILED, "engine exited (1)")
+    with pytest.raises(TransitionError, match="is failed and cannot become draining"):
+        await cp.replicas.drain("r1")
 
 
 def test_reports_move_replicas_through_the_table() -> None:
