@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -102,12 +101,22 @@ async def test_usage_is_batched_per_key_model_minute(upstreams: Any, link: Memor
             await second.chat.completions.create(
                 model="n", messages=MESSAGES, extra_body={"top_k": "x"}
             )
-        # The control plane is away for a while: nothing may be lost.
+        # The control plane is away for a while: nothing may be lost. A delivery
+        # is one call, refused whole while the link fails.
+        refused: list[int] = []
+        deliver = link.report_usage
+
+        async def counted(records: list[wire.UsageRecord]) -> None:
+            if link.fail:
+                refused.append(len(records))
+            await deliver(records)
+
+        link.report_usage = counted  # type: ignore[method-assign]
         link.fail = True
-        await asyncio.sleep(0.3)
         delivered = len(link.usage)
         await second.chat.completions.create(model="n", messages=MESSAGES)
-        await asyncio.sleep(0.5)
+        # The gateway tried meanwhile (twice), and nothing got through.
+        await eventually(lambda: len(refused) >= 2, what="two refused deliveries")
         assert len(link.usage) == delivered
         assert len(gateway.runtime.usage) > 0  # kept in memory meanwhile
         link.fail = False
