@@ -63,14 +63,15 @@ async def test_first_request_starts_the_model_and_is_answered(upstreams: Any) ->
 async def test_wait_times_out_with_503_and_full_queue_is_429(link: MemoryLink) -> None:
     link.publish(make_config(1, [route("lazy", [], on_demand=True)]))
     settings = fast_settings(queue_wait_s=0.5, queue_length=2, retry_after_s=3)
-    async with running_gateway(link, settings) as (_, url):
+    async with running_gateway(link, settings) as (gateway, url):
         client = async_client(url)
         messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
         waiting = [
             asyncio.create_task(client.chat.completions.create(model="lazy", messages=messages))
             for _ in range(2)
         ]
-        await asyncio.sleep(0.1)
+        await eventually(lambda: gateway.runtime.room.waiting() == {"lazy": 2},
+                         what="the queue full", every_s=0.005)  # fmt: skip
         with pytest.raises(openai.RateLimitError) as full:
             await client.chat.completions.create(model="lazy", messages=messages)
         assert full.value.response.headers["retry-after"] == "3"
