@@ -25,6 +25,7 @@ import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from llmgw import wire
 from llmgw.gateway import front, handler, passthrough
@@ -272,11 +273,18 @@ class Gateway:
         return [(method, path) for path, (method, _) in self._routes.items()]
 
     def _route_table(self) -> dict[str, tuple[str, Endpoint]]:
-        """Path -> (method, endpoint), built once: a request costs one dict lookup."""
+        """Path -> (method, endpoint), built once: a request costs one dict lookup.
+
+        The /v1 POST routes call the handler itself (a partial, no method in
+        between): every await of a request resumes each coroutine frame on its
+        stack, so a frame less is cheaper on every one of them.
+        """
+        complete = partial(handler.handle, self.runtime)
         routes: dict[str, tuple[str, Endpoint]] = {
-            path: ("POST", self._complete) for path in sorted(handler.POST_PATHS)}
+            path: ("POST", complete) for path in sorted(handler.POST_PATHS)
+        }
         for path, route in passthrough.ROUTES.items():
-            routes[path] = ("POST", self._pass_through(route))
+            routes[path] = ("POST", partial(handler.handle, self.runtime, route=route))
         routes["/v1/models"] = ("GET", self._models)
         routes[_MODEL_PATH] = ("GET", self._models)
         routes["/metrics"] = ("GET", self._scrape)
@@ -300,15 +308,6 @@ class Gateway:
                 await self._refuse(send, 405, f"Use {method} for {path}.")
         elif kind == "lifespan":
             await self._lifespan(receive, send)
-
-    async def _complete(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await handler.handle(self.runtime, scope, receive, send)
-
-    def _pass_through(self, route: passthrough.PassThrough) -> Endpoint:
-        async def endpoint(scope: Scope, receive: Receive, send: Send) -> None:
-            await handler.handle(self.runtime, scope, receive, send, route)
-
-        return endpoint
 
     async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
         await front.list_models(self.runtime, scope, send)

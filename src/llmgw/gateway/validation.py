@@ -72,6 +72,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # Roles whose message may carry no content (an assistant turn that only
 # calls tools, a function result that is null).
 _CONTENT_OPTIONAL = frozenset({"assistant", "function"})
+# Roles with nothing to check but their content (a tool result names its call).
+_PLAIN_ROLES = frozenset(ROLES) - {"tool"}
 MAX_STOP_SEQUENCES = 4
 MAX_EMBEDDING_INPUTS = 2048
 RESPONSE_ROLES = ("user", "assistant", "system", "developer")
@@ -150,7 +152,19 @@ def _message(message: Any, at: str) -> None:
 def messages(value: Any, param: str) -> None:
     if type(value) is not list or not value:
         array(value, param, empty=False)  # raises
+    plain = _PLAIN_ROLES
     for index, message in enumerate(value):
+        # The usual message (a plain role, text content, no name) passes
+        # here, without a call and without the path an error would name
+        # formatted: this loop was ~4 % of the gateway's CPU per chat request.
+        if (
+            type(message) is dict
+            and type(message.get("content")) is str
+            and type(role := message.get("role")) is str
+            and role in plain
+            and message.get("name") is None
+        ):
+            continue
         _message(message, f"{param}[{index}]")
 
 
