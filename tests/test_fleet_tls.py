@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.servers import free_port
-from tests.test_fleet_serve import spawn, stop
+from tests.servers import free_port, stop_group
+from tests.test_fleet_serve import spawn
 
 from llmgw.errors import ConfigError
 from llmgw.tls import ensure_server_tls, fingerprint, split_join_token, wants_tls
@@ -156,7 +156,7 @@ def test_serve_two_agents_a_gateway_and_ctl_over_tls(tmp_path: Path) -> None:
         assert plain.returncode == 2 and "no CA to check it against" in plain.stderr
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            stop_group(proc, grace_s=20)
 
 
 @pytest.mark.parametrize("command", [
@@ -233,4 +233,4 @@ def test_instances_on_one_store_share_the_fleet_ca(tmp_path: Path, pg_database_u
         assert answer.status_code == 200, answer.text
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            stop_group(proc, grace_s=20)
