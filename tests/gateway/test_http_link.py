@@ -11,6 +11,7 @@ from tests.gateway.conftest import async_client, make_config, route, running_gat
 from tests.gateway.fake_control_plane import TOKEN, FakeControlPlane
 from tests.waiting import eventually
 
+from llmgw import wire
 from llmgw.errors import AuthError, ControlPlaneUnavailable
 from llmgw.gateway.link import HttpControlPlaneLink
 
@@ -44,10 +45,22 @@ async def test_standalone_gateway_follows_the_control_plane_and_survives_its_abs
             )
             assert (await lazy).choices[0].message.content == "hello from e1"
 
-            # The control plane goes away: the gateway keeps its last routes.
+            # The control plane goes away: the gateway notices (its watch fails)
+            # and keeps its last routes.
+            failed_watches: list[Exception] = []
+            watch = link.watch_config
+
+            async def watched(after_version: int) -> wire.GatewayConfig:
+                try:
+                    return await watch(after_version)
+                except Exception as exc:
+                    failed_watches.append(exc)
+                    raise
+
+            link.watch_config = watched  # type: ignore[method-assign]
             port = plane.port
             await plane.stop()
-            await asyncio.sleep(0.6)
+            await eventually(lambda: failed_watches, what="the gateway's watch failing")
             for _ in range(3):
                 answer = await client.chat.completions.create(model="lazy", messages=messages)
                 assert answer.choices[0].message.content == "hello from e1"
