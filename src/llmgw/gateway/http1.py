@@ -112,7 +112,11 @@ class Response:
             self._check_size()
         elif self._size > _HIGH_WATER and self._conn is not None:
             self._conn.pause()
-        self._wake()
+        # _wake, inline: called per HTTP chunk (an SSE event each from most
+        # engines), where only the first of a burst finds a waiter.
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def _check_size(self) -> None:
         conn = self._conn
