@@ -22,8 +22,12 @@ requests-per-minute limit below its share (the 429 path), and one is replaced
 every minute (created, used, revoked: the gateways' key table churns).
 
 Every ``--sample-s`` (60) seconds, for every process (serve, gateway, fleet,
-each engine): RSS and open file descriptors from /proc, and asyncio tasks and
-gc-tracked objects from the process itself (SIGUSR1, llmgw.procstats). The
+each engine): RSS from /proc, and asyncio tasks and gc-tracked objects from
+the process itself (SIGUSR1, llmgw.procstats). Open file descriptors are
+counted every 2 s and a sample holds the fewest seen since the one before:
+one count a minute lands on whatever connections are in flight then (serve's
+count moves between 32 and 44 at 4 req/s), so its floor over a half hour
+depended on one lucky quiet moment. The
 first 20 % of the samples (at least 2) are warm-up. RSS growth compares the
 median of the first three samples after warm-up with that of the last three,
 in percent (limit 5 %). Open files and tasks compare the minimum of the first
@@ -267,6 +271,37 @@ def start_deployment(
 # ---------------------------------------------------------------------------
 
 
+class FdFloor:
+    """The fewest open descriptors each process had between two samples.
+
+    Counting is a directory listing of /proc/PID/fd, cheap enough to do every
+    couple of seconds; the fewest over a minute is the process without its
+    in-flight connections, which is what a leak raises.
+    """
+
+    EVERY_S = 2.0
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        self.fewest: dict[int, int] = {}
+
+    def take(self, pid: int, now_count: int) -> int:
+        """The floor since the last take (this count included), and start again."""
+        self.pids.add(pid)
+        return min(now_count, self.fewest.pop(pid, now_count))
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.EVERY_S)
+            for pid in list(self.pids):
+                try:
+                    count = psutil.Process(pid).num_fds()
+                except psutil.Error:
+                    self.pids.discard(pid)
+                    continue
+                self.fewest[pid] = min(count, self.fewest.get(pid, count))
+
+
 @dataclass
 class Target:
     name: str
@@ -302,7 +337,7 @@ def _engine_targets(fleet_pid: int) -> list[Target]:
     return out
 
 
-async def sample(deployment: Deployment) -> dict[str, dict[str, Any]]:
+async def sample(deployment: Deployment, fds: FdFloor) -> dict[str, dict[str, Any]]:
     """One sample of every process: /proc figures, and its own (SIGUSR1) figures."""
     targets = [Target(p.name, p.proc.pid, p.log) for p in deployment.parts]
     targets += _engine_targets(deployment.fleet_pid)
@@ -328,7 +363,7 @@ async def sample(deployment: Deployment) -> dict[str, dict[str, Any]]:
             figures[target.name] = {
                 "pid": pid,
                 "rss_mb": round(rss / 2**20, 2),
-                "open_files": files,
+                "open_files": fds.take(pid, files),
                 "tasks": stats["asyncio_tasks"],
                 "gc_objects": stats["gc_objects"],
                 "top_tasks": stats["top_tasks"][:3],
@@ -670,9 +705,11 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         load.started = started
         runner = asyncio.create_task(load.run(seconds))
         load.runner = runner
+        fds = FdFloor()
+        fd_counter = asyncio.create_task(fds.run())
         for i in range(int(seconds // args.sample_s) + 1):
             await asyncio.sleep(max(0.0, started + i * args.sample_s - time.monotonic()))
-            procs = await sample(deployment)
+            procs = await sample(deployment, fds)
             samples.append({"t_s": round(time.monotonic() - started, 1), "procs": procs})
             brief = ", ".join(f"{n.split(' pid')[0]} {p.get('rss_mb', '?')}"
                               for n, p in sorted(procs.items()) if not n.startswith("engine"))
@@ -684,6 +721,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     print(f"  {name}: {kib:+.0f} KiB {blocks:+d} blocks at {site}",
                           file=sys.stderr)
         await runner
+        fd_counter.cancel()
     finally:
         await load.close()
         await asyncio.shield(asyncio.to_thread(stop_parts, deployment.parts))
