@@ -439,8 +439,10 @@ class Agent:
         await asyncio.sleep(MIN_REPORT_GAP_S)  # a burst of changes makes one report
         remaining = deadline - time.monotonic()
         if remaining > 0:
+            # asyncio.timeout: wait_for (3.11) can swallow a stop's cancel.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
 
     def _trust(self) -> ClientTrust:
         """How this agent comes to trust an https:// control plane (llmgw.tls)."""

@@ -105,6 +105,11 @@ class Core:
         self._reconcile_wakeup.set()
 
     async def wait_for_wakeup(self, at_most_s: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns
+        # normally when the wake-up lands in the same loop turn as a cancel,
+        # and the cancel is lost; the reconcile loop then outlived the
+        # runtime's stop(), which waited on it for ever.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._reconcile_wakeup.wait(), at_most_s)
+            async with asyncio.timeout(at_most_s):
+                await self._reconcile_wakeup.wait()
         self._reconcile_wakeup.clear()
