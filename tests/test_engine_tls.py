@@ -135,6 +135,9 @@ async def test_the_gateway_reaches_a_managed_engine_over_tls_only(
             await get_status(f"{endpoint.url}/v1/models", True, endpoint.engine_key)
 
         await gateway.start()
+        # start() does not wait for the first config: asked before it lands,
+        # the gateway answers 503 (a full run under load saw it).
+        assert await gateway.wait_configured(30)
         async with serve_asgi(gateway.asgi) as gw_url:
             client = openai.AsyncOpenAI(base_url=f"{gw_url}/v1", api_key=creds.api_key,
                                         max_retries=0)

@@ -305,6 +305,7 @@ async def gateway_for(plane: Plane) -> AsyncIterator[tuple[Gateway, str]]:
     gateway = Gateway(link, GatewaySettings(load_report_s=0.5, usage_flush_s=0.5))
     await gateway.start()
     try:
+        assert await gateway.wait_configured(30)  # start() does not wait for it
         async with serve_asgi(gateway.asgi) as url:
             yield gateway, url
     finally:
