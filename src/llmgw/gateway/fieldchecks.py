@@ -219,3 +219,40 @@ def string_or_parts(value: Any, param: str, *, empty: bool = True) -> None:
 def upload(value: Any, param: str) -> None:
     if not isinstance(value, Upload):
         raise wrong_type(param, "a file", value)
+
+
+# Form fields (multipart uploads) arrive as text.
+_FORM_TRUE = ("true", "1", "yes", "on")
+_FORM_FALSE = ("false", "0", "no", "off")
+
+
+def form_number(low: float, high: float) -> Check:
+    """A number given as form text ("0.2")."""
+
+    def check(value: Any, param: str) -> None:
+        if type(value) is not str:
+            raise wrong_type(param, "a number", value)
+        try:
+            number = float(value)
+        except ValueError:
+            raise invalid(param, f"Invalid value for '{param}': expected a number, but got"
+                          f" {value!r} instead.", "invalid_type") from None  # fmt: skip
+        in_range(param, number, low, high, "decimal")
+
+    return check
+
+
+def form_boolean(value: Any, param: str) -> None:
+    if type(value) is not str or value.lower() not in (*_FORM_TRUE, *_FORM_FALSE):
+        raise invalid(
+            param,
+            f"Invalid value for '{param}': expected a boolean ('true' or 'false'),"
+            f" but got {value!r} instead.",
+            "invalid_type",
+        )
+
+
+def form_true(payload: dict[str, Any], name: str) -> bool:
+    """Whether form field ``name`` says true (it passed :func:`form_boolean`)."""
+    value = payload.get(name)
+    return type(value) is str and value.lower() in _FORM_TRUE

@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from llmgw.gateway.fieldchecks import form_true
 from llmgw.gateway.forward import Call, Prefill, account, answer_whole, first_chunk, forward
 from llmgw.gateway.front import header, parse
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
@@ -55,7 +56,6 @@ from llmgw.gateway.validation import (
     RESPONSES_PATH,
     SCORE_PATH,
     TRANSCRIPTIONS_PATH,
-    form_true,
 )
 
 log = logging.getLogger(__name__)

@@ -37,6 +37,8 @@ from llmgw.gateway.fieldchecks import (
     boolean,
     each,
     empty_string,
+    form_boolean,
+    form_number,
     in_range,
     integer,
     invalid,
@@ -78,8 +80,6 @@ MAX_STOP_SEQUENCES = 4
 MAX_EMBEDDING_INPUTS = 2048
 RESPONSE_ROLES = ("user", "assistant", "system", "developer")
 AUDIO_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
-_FORM_TRUE = ("true", "1", "yes", "on")
-_FORM_FALSE = ("false", "0", "no", "off")
 
 
 # -- chat and completions -------------------------------------------------------------
@@ -247,38 +247,6 @@ def texts(value: Any, param: str) -> None:
     if type(value) is str or type(value) is dict:
         return
     each(array(value, param, "a string or an array", empty=False), param, string_or_object)
-
-
-def form_number(low: float, high: float) -> Check:
-    """A number given as form text ("0.2")."""
-
-    def check(value: Any, param: str) -> None:
-        if type(value) is not str:
-            raise wrong_type(param, "a number", value)
-        try:
-            number = float(value)
-        except ValueError:
-            raise invalid(param, f"Invalid value for '{param}': expected a number, but got"
-                          f" {value!r} instead.", "invalid_type") from None  # fmt: skip
-        in_range(param, number, low, high, "decimal")
-
-    return check
-
-
-def form_boolean(value: Any, param: str) -> None:
-    if type(value) is not str or value.lower() not in (*_FORM_TRUE, *_FORM_FALSE):
-        raise invalid(
-            param,
-            f"Invalid value for '{param}': expected a boolean ('true' or 'false'),"
-            f" but got {value!r} instead.",
-            "invalid_type",
-        )
-
-
-def form_true(payload: dict[str, Any], name: str) -> bool:
-    """Whether form field ``name`` says true (it passed :func:`form_boolean`)."""
-    value = payload.get(name)
-    return type(value) is str and value.lower() in _FORM_TRUE
 
 
 granularities = array_of(one_of("word", "segment"))
