@@ -3,7 +3,7 @@
 The same workload, engines and flags as bench/routing.py, but nothing runs in
 real time: each engine is the simulated engine's own scheduler
 (``EngineCore``, stepped by this script's clock instead of sleeping), and each
-gateway is the gateway's own router (``Snapshot`` built from the same config
+gateway is the gateway's own router (``ConfigView`` built from the same config
 and ``GatewaySettings``: index, policy, in-flight and queued-prefill counts,
 measured prefill speed), told what the gateway's handler would tell it --
 a request sent, its first token, its end. Two gateways are two routers with
@@ -44,7 +44,7 @@ from llmgw import secrets, wire
 from llmgw.gateway.prefix import render_chat
 from llmgw.gateway.routing import ModelRouter, Pick
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.snapshot import Snapshot
+from llmgw.gateway.snapshot import ConfigView
 from llmgw.sim import benchstats
 from llmgw.sim import tokens as simtokens
 from llmgw.sim.core import EngineCore, Phase, SimRequest, Step
@@ -89,7 +89,7 @@ def _router(setup: live.Setup, policy: str) -> ModelRouter:
     )
     key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(live.API_KEY))
     config = wire.GatewayConfig(routing=wire.RoutingTable(version=1, models=[route]), keys=[key])
-    return Snapshot(config, GatewaySettings(gateway_id="replay"), None).routes[live.MODEL]
+    return ConfigView(config, GatewaySettings(gateway_id="replay"), None).routes[live.MODEL]
 
 
 def replay(setup: live.Setup, policy: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmgw.agent.discovery import LastSeen, NvmlApi, cpu_devices, inventory_from
-from llmgw.agent.discovery.base import CardFacts, Snapshot, Source, SourceUnavailable
+from llmgw.agent.discovery.base import CardFacts, Source, SourceReading, SourceUnavailable
 from llmgw.agent.discovery.nvidia_smi import NvidiaSmiSource
 from llmgw.agent.discovery.nvml import NvmlSource
 from llmgw.cli.doctor_control_plane import agent_ca, judge_leadership, probe_control_plane
@@ -97,7 +97,7 @@ class DoctorReport:
     can_run: bool = False
 
 
-def _probe(source: Source) -> tuple[SourceCheck, Snapshot | None]:
+def _probe(source: Source) -> tuple[SourceCheck, SourceReading | None]:
     try:
         snapshot = source.read()
     except SourceUnavailable as absent:
@@ -116,7 +116,7 @@ def _mode(card: CardFacts) -> str:
     return now
 
 
-def _cards(snapshot: Snapshot | None, devices: list[Device]) -> list[CardView]:
+def _cards(snapshot: SourceReading | None, devices: list[Device]) -> list[CardView]:
     if snapshot is None:
         return []
     views = []

@@ -8,7 +8,7 @@ lookup on the path and the functions in :mod:`llmgw.gateway.handler`.
 
 Background tasks, each guarded so that one failure never stops the others:
 
-* config watch: long-polls the link, compiles a new :class:`Snapshot` per
+* config watch: long-polls the link, compiles a new :class:`ConfigView` per
   version and wakes requests waiting for an on-demand model; on any error it
   keeps the last config and retries with backoff (a gateway must keep serving
   while the control plane is away);
@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 
 from llmgw import wire
+from llmgw.backoff import Backoff
 from llmgw.gateway import front, handler, passthrough
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
@@ -37,7 +38,7 @@ from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.responses import ApiError, send_bytes, send_error, send_json
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.snapshot import Snapshot
+from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.usage import UsageBatcher
 from llmgw.promkit import scrape_allowed
@@ -138,7 +139,7 @@ class Gateway:
         return True
 
     @property
-    def snapshot(self) -> Snapshot | None:
+    def snapshot(self) -> ConfigView | None:
         return self.runtime.snapshot
 
     def apply(self, config: wire.GatewayConfig) -> bool:
@@ -150,7 +151,7 @@ class Gateway:
             and current.config == config
         ):
             return False
-        snapshot = Snapshot(config, self.settings, current)
+        snapshot = ConfigView(config, self.settings, current)
         self.runtime.upstream.trust_engines(
             config.routing.engine_ca, (e.url for e in snapshot.external.values())
         )
@@ -163,7 +164,7 @@ class Gateway:
     # -- background work -------------------------------------------------------
 
     async def _watch_loop(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(0.5, _MAX_BACKOFF_S)
         while True:
             current = self.runtime.snapshot
             after = current.version if current is not None else -1
@@ -173,10 +174,9 @@ class Gateway:
                 raise
             except Exception as exc:
                 log.warning("config watch failed (keeping version %s): %s", after, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                await asyncio.sleep(backoff.failed())
                 continue
-            backoff = 0.5
+            backoff.succeeded()
             try:
                 self.apply(config)
             except Exception:

@@ -25,7 +25,7 @@ from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.responses import REQUEST_ID, ApiError, send_error, send_json, unavailable
 from llmgw.gateway.routing import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.snapshot import Snapshot
+from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.usage import UsageBatcher
 
@@ -51,7 +51,7 @@ class Runtime:
     usage: UsageBatcher
     room: WaitRoom
     demand: Callable[[str], None]
-    snapshot: Snapshot | None = None
+    snapshot: ConfigView | None = None
 
 
 # A request answered faster than this never pays for a disconnect watcher
@@ -102,7 +102,7 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def configured_snapshot(rt: Runtime) -> Snapshot:
+def configured_snapshot(rt: Runtime) -> ConfigView:
     """The routing snapshot, or a 503 before the first config has arrived."""
     snapshot = rt.snapshot
     if snapshot is None:
@@ -110,7 +110,7 @@ def configured_snapshot(rt: Runtime) -> Snapshot:
     return snapshot
 
 
-def authenticate(rt: Runtime, snapshot: Snapshot, scope: Scope) -> KeyRecord:
+def authenticate(rt: Runtime, snapshot: ConfigView, scope: Scope) -> KeyRecord:
     raw = header(scope, b"authorization")
     if raw is None:
         if rt.settings.allow_anonymous:
@@ -177,7 +177,7 @@ def parse(body: bytes) -> dict[str, Any]:
     return payload
 
 
-def usable_router(snapshot: Snapshot, record: KeyRecord, model: str) -> ModelRouter:
+def usable_router(snapshot: ConfigView, record: KeyRecord, model: str) -> ModelRouter:
     """The model's router, or OpenAI's 404 when it is unknown or not the key's to use."""
     router = snapshot.routes.get(model)
     if router is None or not record.may_use(router.route):
@@ -190,7 +190,7 @@ def usable_router(snapshot: Snapshot, record: KeyRecord, model: str) -> ModelRou
     return router
 
 
-def resolve(snapshot: Snapshot, record: KeyRecord, payload: dict[str, Any]) -> ModelRouter:
+def resolve(snapshot: ConfigView, record: KeyRecord, payload: dict[str, Any]) -> ModelRouter:
     model = payload.get("model")
     if not isinstance(model, str) or not model:
         raise ApiError(400, "The request must name a 'model'.", param="model", code="missing_model")

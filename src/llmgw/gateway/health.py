@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.snapshot import ExternalEndpoint, Snapshot
+from llmgw.gateway.snapshot import ConfigView, ExternalEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class _Busy(Exception):
 
 class HealthProber:
     def __init__(
-        self, settings: GatewaySettings, snapshot: Callable[[], Snapshot | None]
+        self, settings: GatewaySettings, snapshot: Callable[[], ConfigView | None]
     ) -> None:
         self.settings = settings
         self._snapshot = snapshot

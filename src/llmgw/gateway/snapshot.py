@@ -1,6 +1,6 @@
 """Everything a request needs, compiled once per config version.
 
-A request reads one :class:`Snapshot` reference at its start and uses it to
+A request reads one :class:`ConfigView` reference at its start and uses it to
 the end, so a config update never shows it half-applied; building the next
 snapshot costs what it costs once per version, never per request.
 
@@ -38,12 +38,12 @@ class ExternalEndpoint:
     key_problem: str | None
 
 
-class Snapshot:
+class ConfigView:
     def __init__(
         self,
         config: wire.GatewayConfig,
         settings: GatewaySettings,
-        previous: Snapshot | None,
+        previous: ConfigView | None,
     ) -> None:
         self.version = config.routing.version
         self.config = config

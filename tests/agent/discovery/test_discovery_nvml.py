@@ -10,7 +10,7 @@ from tests.agent.discovery.smi_helpers import list_text, xml_bytes, xml_fixtures
 from tests.agent.helpers import fake_migs
 
 from llmgw.agent.discovery import LastSeen, discover, inventory_from
-from llmgw.agent.discovery.base import Snapshot, SourceUnavailable
+from llmgw.agent.discovery.base import SourceReading, SourceUnavailable
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml, FakeProcess, fake_from_cards
 from llmgw.agent.discovery.nvidia_smi import join
 from llmgw.agent.discovery.nvml import (
@@ -207,7 +207,7 @@ MIG_CAPTURES = [n for n in xml_fixtures() if "mig" in n or "unhealthy" in n]
 def test_both_sources_agree_on_the_same_capture(name: str) -> None:
     cards = join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards)
     via_smi = inventory_from(
-        Snapshot(source="nvidia-smi", cards=cards), hostname="n", cache=LastSeen()
+        SourceReading(source="nvidia-smi", cards=cards), hostname="n", cache=LastSeen()
     )
     cards = join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards)
     via_nvml = read(fake_from_cards(cards))
@@ -268,7 +268,7 @@ def test_instances_in_an_nvidia_smi_capture_carry_the_cards_ecc_counts() -> None
     name = "telegraf-a100-sxm4-80gb-mig-v12.xml"
     cards = join(parse_list(list_text(name)), parse_xml(xml_bytes(name)).cards)
     card_ecc = cards[0].health.ecc_aggregate_uncorrected
-    via_smi = inventory_from(Snapshot(source="nvidia-smi", cards=cards), hostname="n",
+    via_smi = inventory_from(SourceReading(source="nvidia-smi", cards=cards), hostname="n",
                              cache=LastSeen())
     assert card_ecc is not None
     assert [d.ecc_uncorrected for d in via_smi.devices] == [card_ecc] * 4

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.agent.discovery.smi_helpers import list_text, xml_bytes, xml_fixtures
 
 from llmgw.agent.discovery import LastSeen, inventory_from
-from llmgw.agent.discovery.base import Snapshot
+from llmgw.agent.discovery.base import SourceReading
 from llmgw.agent.discovery.nvidia_smi import join
 from llmgw.agent.discovery.smi_list import parse_list
 from llmgw.agent.discovery.smi_xml import parse_xml
@@ -30,7 +30,7 @@ def pipeline(listing: str, xml: bytes) -> NodeInventory | None:
     try:
         log = parse_xml(xml)
         cards = join(parse_list(listing), log.cards)
-        snap = Snapshot(source="nvidia-smi", driver_version=log.driver_version, cards=cards)
+        snap = SourceReading(source="nvidia-smi", driver_version=log.driver_version, cards=cards)
         inv = inventory_from(snap, hostname="h", cache=LastSeen())
     except DiscoveryError as exc:
         assert str(exc)  # a message a person can read

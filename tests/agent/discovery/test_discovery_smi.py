@@ -15,7 +15,7 @@ from tests.agent.discovery.smi_helpers import (
 )
 
 from llmgw.agent.discovery import LastSeen, inventory_from
-from llmgw.agent.discovery.base import CardFacts, InstanceFacts, Snapshot, SourceUnavailable
+from llmgw.agent.discovery.base import CardFacts, InstanceFacts, SourceReading, SourceUnavailable
 from llmgw.agent.discovery.devices import NOTHING_CARVED, memory_totals
 from llmgw.agent.discovery.nvidia_smi import NvidiaSmiSource, join
 from llmgw.agent.discovery.smi_list import parse_list
@@ -30,7 +30,7 @@ def joined(xml_name: str) -> list[CardFacts]:
 
 def inventory(xml_name: str, **kwargs: object) -> NodeInventory:
     log = parse_xml(xml_bytes(xml_name))
-    snapshot = Snapshot(
+    snapshot = SourceReading(
         source="nvidia-smi",
         driver_version=log.driver_version,
         cuda_version=log.cuda_version,

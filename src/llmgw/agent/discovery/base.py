@@ -98,7 +98,7 @@ class CardFacts:
 
 
 @dataclass
-class Snapshot:
+class SourceReading:
     """Everything one source read in one pass."""
 
     source: SourceName
@@ -119,4 +119,4 @@ class Source(Protocol):
 
     name: SourceName
 
-    def read(self) -> Snapshot: ...
+    def read(self) -> SourceReading: ...

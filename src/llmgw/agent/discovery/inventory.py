@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
-from llmgw.agent.discovery.base import Snapshot, Source, SourceUnavailable
+from llmgw.agent.discovery.base import Source, SourceReading, SourceUnavailable
 from llmgw.agent.discovery.devices import build_devices
 from llmgw.agent.discovery.health import LastSeen
 from llmgw.agent.discovery.nvidia_smi import NvidiaSmiSource
@@ -43,7 +43,7 @@ def cpu_devices(cpu_slots: int, hostname: str) -> list[Device]:
 
 
 def inventory_from(
-    snapshot: Snapshot,
+    snapshot: SourceReading,
     *,
     hostname: str,
     cpu_slots: int = 1,

@@ -19,8 +19,8 @@ from dataclasses import replace
 from llmgw.agent.discovery.base import (
     CardFacts,
     InstanceFacts,
-    Snapshot,
     SourceName,
+    SourceReading,
     SourceUnavailable,
 )
 from llmgw.agent.discovery.smi_list import ListedGpu, parse_list
@@ -81,7 +81,7 @@ class NvidiaSmiSource:
             raise DiscoveryError(message)
         return done.stdout
 
-    def read(self) -> Snapshot:
+    def read(self) -> SourceReading:
         warnings: list[str] = []
         listed: list[ListedGpu] | None
         try:
@@ -93,7 +93,7 @@ class NvidiaSmiSource:
             listed = None
         log = parse_xml(self._run("-q", "-x"))
         cards = join(listed, log.cards)
-        return Snapshot(
+        return SourceReading(
             source="nvidia-smi",
             driver_version=log.driver_version,
             cuda_version=log.cuda_version,

@@ -25,8 +25,8 @@ from llmgw.agent.discovery.base import (
     HealthFacts,
     InstanceFacts,
     ProcessFacts,
-    Snapshot,
     SourceName,
+    SourceReading,
     SourceUnavailable,
 )
 from llmgw.agent.discovery.health import LastSeen
@@ -148,7 +148,7 @@ class NvmlSource:
 
     # -- reading ---------------------------------------------------------------
 
-    def read(self) -> Snapshot:
+    def read(self) -> SourceReading:
         api = self.api
         try:
             api.nvmlInit()
@@ -165,12 +165,12 @@ class NvmlSource:
             with contextlib.suppress(pynvml.NVMLError):
                 api.nvmlShutdown()
 
-    def _read_all(self) -> Snapshot:
+    def _read_all(self) -> SourceReading:
         api = self.api
         driver = self._may(None, api.nvmlSystemGetDriverVersion)
         cuda = self._may(None, api.nvmlSystemGetCudaDriverVersion)
         count = self._must("device count", api.nvmlDeviceGetCount)
-        snapshot = Snapshot(
+        snapshot = SourceReading(
             source="nvml",
             driver_version=str(driver) if driver else None,
             cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
