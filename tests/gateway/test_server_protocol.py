@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -145,3 +146,78 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
             answer = await _answer(reader)
             assert (answer["path"], answer["body"]) == (f"/n{i}", str(i))
         writer.close()
+
+
+# Answers of every shape a head or body can take, and a few that uvicorn
+# refuses: llmgw's protocol writes its usual heads itself (llmgw.cli.httpserver._Cycle).
+_SHAPES: dict[str, tuple[int, Any, list[bytes]]] = {
+    "/plain": (
+        200,
+        [(b"content-type", b"application/json"), (b"content-length", b"2"), (b"x", b"a")],
+        [b"{}"],
+    ),
+    "/pieces": (201, [(b"content-length", b"6")], [b"ab", b"", b"cd", b"ef"]),
+    "/stream": (
+        200,
+        [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+        [b"data: 1\n\n", b"", b"data: 2\n\n"],
+    ),
+    "/bare": (200, [], [b"x"]),
+    "/tuple": (404, ([b"content-length", b"1"],), [b"y"]),
+    "/no-content": (204, [], [b""]),
+    "/not-modified": (304, [(b"etag", b"1")], [b""]),
+    "/upper": (200, [(b"X-Upper", b"A"), (b"Content-Length", b"1")], [b"z"]),
+    "/two-lengths": (200, [(b"content-length", b"1"), (b"content-length", b"9")], [b"z"]),
+    "/close": (200, [(b"connection", b"keep-alive, close"), (b"content-length", b"1")], [b"z"]),
+    "/chunked": (200, [(b"transfer-encoding", b"chunked")], [b"abc"]),
+    "/odd-status": (299, [(b"content-length", b"0")], [b""]),
+    "/bad-value": (200, [(b"x-a", b"1\r\nx-b: 2"), (b"content-length", b"1")], [b"z"]),
+    "/bad-name": (200, [(b"x a", b"1"), (b"content-length", b"1")], [b"z"]),
+    "/bad-length": (200, [(b"content-length", b"one")], [b"z"]),
+    "/short": (200, [(b"content-length", b"5")], [b"z"]),
+    "/long": (200, [(b"content-length", b"1")], [b"zz"]),
+}
+
+
+async def _shapes(scope: Scope, receive: Receive, send: Send) -> None:
+    await receive()
+    end = (200, [(b"content-length", b"3")], [b"end"])
+    status, headers, parts = _SHAPES.get(scope["path"], end)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    for i, part in enumerate(parts):
+        await send({"type": "http.response.body", "body": part, "more_body": i < len(parts) - 1})
+
+
+async def test_each_answer_is_written_as_uvicorn_writes_it() -> None:
+    requests = [
+        (method, path, version)
+        for path in _SHAPES
+        for method, version in (("GET", "1.1"), ("HEAD", "1.1"), ("GET", "1.0"))
+    ]
+    written: dict[str, list[bytes]] = {}
+    for name, http in (("llmgw", GuardedHttpToolsProtocol), ("uvicorn", "httptools")):
+        written[name] = []
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        config = server_config(_shapes, log_level="critical", loop="none", http=http)
+        server = uvicorn.Server(config)
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+        task = await start_server(server, [sock])
+        port = sock.getsockname()[1]
+        try:
+            for method, path, version in requests:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                # The answer, then a last one on the same connection that closes it.
+                writer.write(
+                    f"{method} {path} HTTP/{version}\r\nHost: x\r\n\r\n"
+                    "GET /end HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+                )
+                data = await asyncio.wait_for(reader.read(), 5)
+                written[name].append(re.sub(rb"date: [^\r]*\r\n", b"date: -\r\n", data))
+                writer.close()
+        finally:
+            server.should_exit = True
+            await task
+            sock.close()
+    assert written["llmgw"] == written["uvicorn"]
+    assert written["llmgw"][0].startswith(b"HTTP/1.1 200 OK\r\ndate: -\r\nserver: uvicorn\r\n")

@@ -23,7 +23,13 @@ from typing import Any, cast
 import httptools
 import uvicorn
 from uvicorn.protocols.http.flow_control import service_unavailable
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_RE,
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 HEAD_TIMEOUT_S = 10.0
 # Large enough for any OpenAI client's headers (a long bearer token, tracing
@@ -90,6 +96,174 @@ class _HeadWithBody:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+# Response header names uvicorn's send acts on: an answer naming one in its
+# headers is written by uvicorn's own loop.
+_ACTED_ON = (b"content-length", b"transfer-encoding", b"connection")
+
+
+class _DefaultHead:
+    """The server's default headers (date, server) as head bytes, made once per list.
+
+    uvicorn replaces ``server_state.default_headers`` with a new list each
+    second (the date) and checks and writes every entry of it on every
+    answer; here a list is turned into bytes the first time an answer meets
+    it. The list held here cannot be freed, so its identity is a safe key.
+    """
+
+    __slots__ = ("block", "headers")
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] | None = None
+        self.block: bytes | None = None
+
+    def of(self, headers: list[tuple[bytes, bytes]]) -> bytes | None:
+        """The bytes of ``headers``, or None if uvicorn's loop must write them."""
+        if headers is not self.headers:
+            self.headers = headers
+            self.block = self._render(headers)
+        return self.block
+
+    @staticmethod
+    def _render(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+        lines = []
+        for name, value in headers:
+            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+                return None
+            name = name.lower()
+            if name in _ACTED_ON:
+                return None
+            lines.append(name + b": " + value + b"\r\n")
+        return b"".join(lines)
+
+
+class _Cycle(RequestResponseCycle):
+    """uvicorn's request-response cycle, with the head of a plain answer written without a loop.
+
+    uvicorn's send checks each header of an answer against two regexes,
+    lower-cases it and compares its name three times, in Python, the date
+    and server headers included (~300 interpreter steps for a gateway
+    answer's six headers). Here the names and the values are each checked
+    with one regex search over their concatenation (the regexes match one
+    character, so that is the same check) and joined in C; an answer the
+    fast path does not cover (a header uvicorn acts on besides
+    content-length, an upper-case or invalid name or value, an access log, a
+    status without a reason phrase) goes through uvicorn's own code, which
+    also raises its errors. The bytes written are uvicorn's.
+    """
+
+    _defaults = _DefaultHead()
+
+    async def send(self, message: Any) -> None:
+        if not (self.flow.write_paused or self.disconnected):
+            if self.response_started:
+                if self._wrote_body(message):
+                    return
+            elif message["type"] == "http.response.start":
+                head = self._plain_head(message)
+                if head is not None:
+                    self.response_started = True
+                    self.waiting_for_100_continue = False
+                    self.transport.write(head)
+                    return
+        await super().send(message)
+
+    def _wrote_body(self, message: Any) -> bool:
+        """uvicorn's body step for the usual case (False: uvicorn's send must take it)."""
+        if (
+            self.response_complete
+            or message["type"] != "http.response.body"
+            or self.scope["method"] == "HEAD"
+        ):
+            return False
+        body = message.get("body", b"")
+        more_body = message.get("more_body", False)
+        if self.chunked_encoding:
+            if body:
+                data = b"".join((b"%x\r\n" % len(body), body, b"\r\n"))
+                if not more_body:
+                    data += b"0\r\n\r\n"
+            else:
+                data = b"" if more_body else b"0\r\n\r\n"
+            self.transport.write(data)
+        else:
+            num_bytes = len(body)
+            if num_bytes > self.expected_content_length:
+                raise RuntimeError("Response content longer than Content-Length")
+            self.expected_content_length -= num_bytes
+            self.transport.write(body)
+        if not more_body:
+            if self.expected_content_length != 0:
+                raise RuntimeError("Response content shorter than Content-Length")
+            self.response_complete = True
+            self.message_event.set()
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()
+        return True
+
+    def _plain_head(self, message: Any) -> bytes | None:
+        """The head uvicorn would write for ``message``, or None where uvicorn must write it."""
+        headers = message.get("headers", ())
+        if self.access_log or type(headers) not in (list, tuple):
+            return None
+        defaults = self._defaults.of(self.default_headers)
+        if defaults is None:
+            return None
+        chunked: bool | None = None
+        length = 0
+        try:
+            status = message["status"]
+            lines = [STATUS_LINE[status], defaults]
+            if headers:
+                names, values = zip(*headers, strict=True)
+                at = _NAMES.get(names)
+                if at is None:
+                    at = _names_fit(names)
+                if at is _UNFIT or HEADER_VALUE_RE.search(b"".join(values)):
+                    return None
+                if at >= 0:
+                    length = int(values[at].decode())
+                    chunked = False
+                lines.append(b"\r\n".join(map(b": ".join, headers)))
+                lines.append(b"\r\n")
+        except (KeyError, TypeError, ValueError):
+            return None  # uvicorn's loop raises its own error for it
+        if not self.keep_alive:
+            lines.append(b"connection: close\r\n")
+        if chunked is None and self.scope["method"] != "HEAD" and status not in (204, 304):
+            chunked = True
+            lines.append(b"transfer-encoding: chunked\r\n")
+        self.chunked_encoding = chunked
+        self.expected_content_length = length
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+
+# What a tuple of header names means to _Cycle._plain_head: the index of the
+# first content-length (-1: none), or _UNFIT for names it leaves to uvicorn.
+# An app answers with a few sets of names, so checking each set once (and
+# not each answer's names) is the usual case.
+_UNFIT = -2
+_NAMES: dict[tuple[bytes, ...], int] = {}
+_NAMES_KEPT = 256
+
+
+def _names_fit(names: tuple[bytes, ...]) -> int:
+    joined = b"".join(names)
+    if (
+        HEADER_RE.search(joined)  # one character: the same as a search of each name
+        or not joined.islower()  # uvicorn writes names lower-cased
+        or b"transfer-encoding" in names
+        or b"connection" in names
+    ):
+        at = _UNFIT
+    else:
+        at = names.index(b"content-length") if b"content-length" in names else -1
+    if len(_NAMES) < _NAMES_KEPT and all(type(name) is bytes for name in names):
+        _NAMES[names] = at
+    return at
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -206,7 +380,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             app = self.app
 
         existing_cycle = self.cycle
-        self.cycle = RequestResponseCycle(
+        self.cycle = _Cycle(
             scope=scope,
             transport=self._answers or self.transport,
             flow=self.flow,
