@@ -6,6 +6,8 @@ choice it makes here is deterministic.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from llmgw import wire
@@ -380,3 +382,32 @@ def test_router_policies_and_cooldown() -> None:
     assert once is not None and once.outcome == MISS
     alone.record(once)
     assert alone.pick("t" * 64).outcome == HIT  # type: ignore[union-attr]
+
+
+def test_one_replica_is_picked_as_the_policy_would_pick_it() -> None:
+    # ModelRouter.pick answers for a lone replica without SoonestStart.choose:
+    # same replica, outcome and uncached tokens, from every state of its index.
+    rng = random.Random(7)
+    for spread, slack_s in ((4.0, 0.05), (0.0, 0.0), (-1.0, 0.0)):
+        lone = router(["a"], spread=spread, slack_s=slack_s)
+        policy = Policy(slack_s=slack_s, spread=spread)
+        only = lone.replicas[0]
+        index = PrefixIndex()
+        index.sync({"a": 1 << 20})
+        outcomes: set[str] = set()
+        for _ in range(300):
+            blocks = [rng.choice(("a", "b")) * BLOCK for _ in range(rng.randrange(4))]
+            prompt = "".join(blocks) + "c" * rng.randrange(1, 2 * BLOCK)
+            only.in_flight = rng.randrange(3)
+            only.pending_prefill = rng.choice((0.0, 10.0, 1e6))
+            pick = lone.pick(prompt)
+            assert pick is not None and pick.hashes == block_hashes(prompt, BLOCK)
+            matched = index.matches(pick.hashes, {"a": only})
+            replica, outcome, uncached = policy.choose([only], matched, len(prompt))
+            assert (pick.replica, pick.outcome) == (replica, outcome)
+            assert pick.uncached_tokens == uncached
+            outcomes.add(outcome)
+            if rng.random() < 0.5:
+                lone.record(pick)
+                index.record("a", pick.hashes)
+        assert outcomes == {HIT, MISS}

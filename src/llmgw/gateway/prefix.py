@@ -168,6 +168,17 @@ class PrefixIndex:
             found[replica_id] = depth
         return found
 
+    def depth(self, hashes: list[int], replica_id: str) -> int:
+        """How many blocks of ``hashes`` ``replica_id`` holds from the first on."""
+        owners = self._owners
+        depth = 0
+        for block in hashes:
+            holders = owners.get(block)
+            if holders is None or replica_id not in holders:
+                break
+            depth += 1
+        return depth
+
     def record(self, replica_id: str, hashes: list[int]) -> None:
         lru = self._lru.get(replica_id)
         if lru is None:

@@ -394,15 +394,24 @@ class ModelRouter:
             return Pick(replicas[self._counter % len(replicas)], UNROUTED, [], 0.0)
         if self.policy == "least-loaded" or not prompt:
             return Pick(least_loaded(replicas, self._units, self._counter), UNROUTED, [], 0.0)
-        hashes = block_hashes(prompt, self._block_chars)
+        block_chars = self._block_chars
+        hashes = block_hashes(prompt, block_chars)
+        if len(replicas) == 1:
+            # One replica is no choice, but its index is still kept: it is what
+            # sends known prefixes back here once a second replica appears.
+            # SoonestStart.choose of one replica picks it, a hit if it holds
+            # any of the prompt (its slack is never negative), without the
+            # estimates (tests/gateway/test_routing_unit.py compares the two).
+            only = replicas[0]
+            blocks = self._index.depth(hashes, only.replica_id)
+            uncached = max(0, len(prompt) - blocks * block_chars) / self._policy.chars_per_token
+            return Pick(only, HIT if blocks else MISS, hashes, uncached)
         allowed = {r.replica_id: r for r in replicas}
         matched = self._index.matches(hashes, allowed)
-        # One replica is no choice, but its index is still kept: it is what
-        # sends known prefixes back here once a second replica appears.
-        key = stable_key(prompt, self._block_chars) if len(replicas) > 1 else 0
         replica, outcome, uncached = self._policy.choose(
-            replicas, matched, len(prompt), key, self._speed.tokens_per_s
-        )
+            replicas, matched, len(prompt), stable_key(prompt, block_chars),
+            self._speed.tokens_per_s,
+        )  # fmt: skip
         return Pick(replica, outcome, hashes, uncached)
 
     def measured(self, tokens: float, seconds: float) -> None:
