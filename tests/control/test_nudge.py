@@ -10,23 +10,40 @@ from tests.control.planekit import running, served_plane
 from tests.waiting import eventually
 
 from llmgw.agent.app import Agent, AgentConfig
-from llmgw.control.nudge import assignment_signature, changed_nodes
+from llmgw.control.nudge import AssignmentWatch
 from llmgw.control.state import FleetState, ReplicaRecord
 from llmgw.wire import ModelSpec, ReplicaState, ShardAssignment, SimParams
 
 
-def test_signature_changes_name_the_nodes_affected() -> None:
+def test_the_watch_names_the_nodes_whose_assignments_changed() -> None:
     state = FleetState()
     state.replicas["r1"] = ReplicaRecord(
         id="r1", model="m", created_at=0.0,
         shards=[ShardAssignment(node="a"), ShardAssignment(node="b", rank=1)],
     )
-    before = assignment_signature(state)
+    state.replicas["r3"] = ReplicaRecord(id="r3", model="m", created_at=0.0,
+                                         shards=[ShardAssignment(node="d")])
+    state.replicas["r4"] = ReplicaRecord(id="r4", model="m", created_at=0.0,
+                                         shards=[ShardAssignment(node="e")])
+    watch = AssignmentWatch(state)
+    assert watch.changed(state) == set()
     state.replicas["r1"].generation += 1
     state.replicas["r2"] = ReplicaRecord(id="r2", model="m", created_at=0.0,
                                          shards=[ShardAssignment(node="c")])
-    assert changed_nodes(before, assignment_signature(state)) == {"a", "b", "c"}
-    assert changed_nodes(before, before) == set()
+    del state.replicas["r3"]
+    assert watch.changed(state) == {"a", "b", "c", "d"}
+    assert watch.changed(state) == set()
+    # Draining is an instruction too (moved in place, the table's version unmoved).
+    state.replicas["r4"].move_to(ReplicaState.READY)
+    assert watch.changed(state) == set()
+    state.replicas["r4"].move_to(ReplicaState.DRAINING)
+    assert watch.changed(state) == {"e"}
+    # A record replaced under its id, the same item: only the nodes it left or joined.
+    state.replicas["r1"] = ReplicaRecord(
+        id="r1", model="m", created_at=0.0, generation=2,
+        shards=[ShardAssignment(node="a"), ShardAssignment(node="f", rank=1)],
+    )
+    assert watch.changed(state) == {"b", "f"}
 
 
 async def test_a_new_replica_starts_long_before_the_next_report(tmp_path: Path) -> None:

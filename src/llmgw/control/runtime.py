@@ -14,7 +14,7 @@ import time
 
 from llmgw.control.gcpause import freeze_survivors
 from llmgw.control.leader import LeaderElection
-from llmgw.control.nudge import Nudger, assignment_signature, changed_nodes
+from llmgw.control.nudge import AssignmentWatch, Nudger
 from llmgw.control.retention import Retention, prune
 from llmgw.control.service import ControlPlane
 from llmgw.control.services.agents import HEARTBEAT_FLUSH_S
@@ -115,7 +115,7 @@ class ControlPlaneRuntime:
         from llmgw.control.reconciler import Reconciler
 
         reconciler = Reconciler(self.cp.state, self.cp.writes, policy=self.cp.policy)
-        last = assignment_signature(self.cp.state)
+        assignments = AssignmentWatch(self.cp.state)
         while True:
             started = time.perf_counter()
             result, outcome = None, "ok"
@@ -126,12 +126,10 @@ class ControlPlaneRuntime:
                 # Changes since the last pass, this pass's and those made
                 # between passes (a catalog edit, a drain), reach their
                 # agents now rather than at their next report.
-                current = assignment_signature(self.cp.state)
                 nodes = self.cp.state.nodes
                 self._nudger.nudge(
-                    nodes[n] for n in changed_nodes(last, current) if n in nodes
+                    nodes[n] for n in sorted(assignments.changed(self.cp.state)) if n in nodes
                 )
-                last = current
             except NotLeaderError as exc:
                 self.cp.metrics.reconcile_pass(time.perf_counter() - started, "stale_epoch", None)
                 # The write path has stepped down already (once: _stale does
