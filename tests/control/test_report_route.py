@@ -74,3 +74,35 @@ async def test_a_standby_sends_reports_to_the_leader(plane: Plane) -> None:
     assert answer.status_code == 503
     assert answer.json()["error"]["code"] == "standby"
     assert "retry-after" in answer.headers
+
+
+async def test_a_repeated_report_is_applied_again_and_a_changed_one_read_afresh(
+    plane: Plane,
+) -> None:
+    cp, _, url = plane
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, plane.join, "n1")
+        token2 = await register(client, url, plane.join, "n2")
+        same = AgentReport(node="n1", inventory=inventory("n1")).model_dump_json()
+        first = await client.post(f"{url}/agent/v1/report", content=same, headers=bearer(token))
+        seen = cp.state.nodes["n1"].last_seen
+        assert seen is not None
+        # The same bytes (validated once, kept): applied again, answered the same.
+        again = await client.post(f"{url}/agent/v1/report", content=same, headers=bearer(token))
+        assert again.status_code == first.status_code == 200
+        assert again.content == first.content
+        assert cp.state.nodes["n1"].last_seen > seen
+        # n1's kept bytes speak for n1 only.
+        stolen = await client.post(f"{url}/agent/v1/report", content=same,
+                                   headers=bearer(token2))
+        assert stolen.status_code == 403
+        # Other bytes are validated: a malformed one changes nothing ...
+        bad = await client.post(f"{url}/agent/v1/report", content=same.replace(
+            '"hostname"', '"hostnames"'), headers=bearer(token))
+        assert bad.status_code == 422
+        assert cp.state.nodes["n1"].address == "127.0.0.1"
+        # ... and a changed one is applied.
+        moved = AgentReport(node="n1", address="10.0.0.9", inventory=inventory("n1"))
+        answer = await send_report(client, url, token, moved)
+        assert answer.status_code == 200
+        assert cp.state.nodes["n1"].address == "10.0.0.9"

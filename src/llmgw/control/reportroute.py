@@ -16,6 +16,7 @@ application's own exception handlers (the dict FastAPI fills from
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from llmgw import secrets
 from llmgw.control.httperrors import error_response
 from llmgw.control.service import ControlPlane
+from llmgw.control.state import NodeRecord
 from llmgw.errors import ValidationError
 from llmgw.wire import AgentReport
 
@@ -44,6 +46,13 @@ class ReportRoute:
         # The application's exception handlers by exception class, filled
         # after this middleware is added; read at the time of a failure.
         self.handlers = handlers
+        # Per node: its record, the SHA-256 of its last valid report's body
+        # and that report. An agent in the steady state sends the same bytes
+        # every 5 s (its inventory and replicas unchanged), and validating
+        # them again, the inventory's every device, was ~70 us of a report's
+        # CPU; the same bytes validate to the same report, which nothing
+        # changes after it is parsed (the node's records keep its parts).
+        self._last: dict[str, tuple[NodeRecord, bytes, AgentReport]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != REPORT_PATH or scope["method"] != "POST":
@@ -76,21 +85,29 @@ class ReportRoute:
         cp = self.cp
         cp.require_leader()
         node = cp.nodes.for_token(secrets.bearer(_header(scope, b"authorization")))
-        try:
-            # Parsed and validated in one step, in pydantic's core: a fifth
-            # faster than orjson into dicts and validating those.
-            report = AgentReport.model_validate_json(body)
-        except PydanticValidationError as exc:
-            bad_json = [e for e in exc.errors() if e["type"] == "json_invalid"]
-            if bad_json:
-                raise ValidationError(
-                    f"request body is not valid JSON: {bad_json[0]['msg']}") from None
-            raise
-        if report.node != node.name:
-            return error_response(403, f"this token speaks for node {node.name!r} only",
-                                  "permission_error", "wrong_node")
+        digest = hashlib.sha256(body).digest()
+        last = self._last.get(node.name)
+        if last is not None and last[0] is node and last[1] == digest:
+            # The same bytes as this node's last report: the same report.
+            report = last[2]
+        else:
+            report = _validated(body)
+            if report.node != node.name:
+                return error_response(403, f"this token speaks for node {node.name!r} only",
+                                      "permission_error", "wrong_node")
+            self._remember(node, digest, report)
         answer = await cp.agents.report(node, report)
         return answer.model_dump_json().encode()
+
+    def _remember(self, node: NodeRecord, digest: bytes, report: AgentReport) -> None:
+        last = self._last
+        nodes = self.cp.state.nodes
+        if len(last) > 2 * len(nodes) + 64:
+            # Deleted nodes' and replaced records' entries (cp.load reads
+            # every node afresh) are never hit again.
+            for name in [n for n, entry in last.items() if nodes.get(n) is not entry[0]]:
+                del last[name]
+        last[node.name] = (node, digest, report)
 
     def _handler_for(self, exc: Exception) -> Handler | None:
         for kind in type(exc).__mro__:
@@ -98,6 +115,19 @@ class ReportRoute:
             if handler is not None:
                 return handler
         return None
+
+
+def _validated(body: bytes) -> AgentReport:
+    try:
+        # Parsed and validated in one step, in pydantic's core: a fifth
+        # faster than orjson into dicts and validating those.
+        return AgentReport.model_validate_json(body)
+    except PydanticValidationError as exc:
+        bad_json = [e for e in exc.errors() if e["type"] == "json_invalid"]
+        if bad_json:
+            raise ValidationError(
+                f"request body is not valid JSON: {bad_json[0]['msg']}") from None
+        raise
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -76,7 +76,11 @@ def apply_report(
         or node.fabrics != fabrics
         or node.weights != weights
     )
-    inventory_changed = node.inventory != report.inventory
+    # The same object when the report's bytes were the last one's (the
+    # report route keeps it): no field-by-field comparison of every device.
+    inventory_changed = (
+        node.inventory is not report.inventory and node.inventory != report.inventory
+    )
     # Temperatures, power and memory in use change on every report of a
     # busy GPU node; only what placement and the views' health read is
     # worth a write (2,000 nodes would otherwise rewrite their GPU rows
