@@ -222,6 +222,9 @@ class _Connection(asyncio.Protocol):
         self._response: Response | None = None
         self._keep_alive = False
         self._paused = False
+        # Body pieces of the bytes being parsed, handed to the answer as one
+        # when the parser is done with them (see on_body).
+        self._pieces: list[bytes] = []
         self.closed = False
         self.used = False  # served at least one answer (may be stale when reused)
 
@@ -240,8 +243,12 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
+            self._hand_over()
             response._fail(BodyBroken(f"malformed answer: {exc}"))
             self.close()
+            return
+        if self._pieces:
+            self._hand_over()
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost does the rest
@@ -269,10 +276,22 @@ class _Connection(asyncio.Protocol):
             response._headers_done()
 
     def on_body(self, body: bytes) -> None:
-        if self._response is not None:
-            self._response._body(body)
+        # httptools calls this once per HTTP chunk: an SSE event each from
+        # most engines, several per read. They go to the answer together
+        # (_hand_over), one Response._body for a read: nothing can take them
+        # in between, and next_chunk() joined them anyway.
+        self._pieces.append(body)
+
+    def _hand_over(self) -> None:
+        pieces = self._pieces
+        response = self._response
+        if response is not None and pieces:
+            response._body(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        pieces.clear()
 
     def on_message_complete(self) -> None:
+        if self._pieces:
+            self._hand_over()
         response = self._response
         if response is not None:
             response._finish()
