@@ -189,6 +189,8 @@ _FINISH_MARK = b'"finish_reason":"'
 _FINISH_MARK_SPACED = b'"finish_reason": "'
 _DONE_MARK = b"[DONE]"
 _DONE_EVENTS = (b"data: [DONE]", b"data:[DONE]")
+# Where _take_events has something to do: the first usage or [DONE] mark.
+_MARKS = re.compile(rb'"usage": ?\{|\[DONE\]')
 
 
 def _last_boundary(data: bytes) -> int:
@@ -283,6 +285,17 @@ class StreamRelay(EventBuffer):
 
     def _take_events(self, block: bytes) -> bytes:
         """``block`` less a usage-only event the client did not ask for and a held [DONE]."""
+        head = b""
+        if b"\r" not in block and b"\n\n\n" not in block and block[:1] != b"\n":
+            # Events apart by exactly one blank line (what engines send): the
+            # ones before the first mark are split and joined back unchanged,
+            # so they go out as they are, and only the rest is looked at (the
+            # last of a read's events are usually the usage and [DONE]).
+            mark = _MARKS.search(block)
+            if mark is not None:
+                cut = block.rfind(b"\n\n", 0, mark.start())
+                if cut >= 0:
+                    head, block = block[: cut + 2], block[cut + 2 :]
         kept: list[bytes] = []
         for event in _EVENT_SPLIT.split(block):
             if not event:
@@ -298,7 +311,7 @@ class StreamRelay(EventBuffer):
                 if not self.finished or self._hold_done:
                     continue
             kept.append(event)
-        return b"\n\n".join(kept) + b"\n\n" if kept else b""
+        return head + b"\n\n".join(kept) + b"\n\n" if kept else head
 
 
 def sse_error(message: str, code: str = "upstream_error") -> bytes:
