@@ -290,9 +290,14 @@ class _Connection(asyncio.Protocol):
         pieces.clear()
 
     def on_message_complete(self) -> None:
-        if self._pieces:
-            self._hand_over()
         response = self._response
+        pieces = self._pieces
+        if pieces:
+            # _hand_over, inline: an unstreamed answer's one piece ends here.
+            if response is not None:
+                response._body(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+                response = self._response  # None if _body closed the connection (size cap)
+            pieces.clear()
         if response is not None:
             response._finish()
 
