@@ -107,7 +107,9 @@ async def test_running_limit_queues_fifo_and_max_waiting_refuses(sim_engine: Sta
     finished: list[int] = []
 
     async def one(client: openai.AsyncOpenAI, i: int) -> None:
-        await client.completions.create(model="m", prompt=f"request {i}", max_tokens=6)
+        # 1 s of decoding each: the first must still run when the third
+        # arrives, also on a loaded machine (at 60 ms it had finished once).
+        await client.completions.create(model="m", prompt=f"request {i}", max_tokens=100)
         finished.append(i)
 
     async with client_for(engine) as client:
