@@ -124,8 +124,14 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
     wait_deadline = time.monotonic() + settings.queue_wait_s
     attempts = 0
     while attempts <= settings.retries:
-        router, pick, wait = await replica_for(rt, router, prompt, tried, wait_deadline)
-        call.waited += wait
+        # A replica to offer at once is the usual case: picked here, without
+        # the coroutine that waits for one (a frame every request paid for).
+        on_demand = router.route.on_demand
+        pick = router.pick(prompt, tried, fallback=not on_demand)
+        wait = 0.0
+        if pick is None and not (tried and not on_demand):
+            router, pick, wait = await wait_for_replica(rt, router, prompt, tried, wait_deadline)
+            call.waited += wait
         if pick is None:
             break
         # After a wait the retries start again: what failed before it is
@@ -180,10 +186,10 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
     )
 
 
-async def replica_for(
+async def wait_for_replica(
     rt: Runtime, router: ModelRouter, prompt: str | None, tried: list[Replica], deadline: float
-) -> tuple[ModelRouter, Pick | None, float]:
-    """A pick, waiting for a replica if the model has none to offer (and the time waited).
+) -> tuple[ModelRouter, Pick, float]:
+    """A pick after waiting for a replica, the model having none to offer (and the time waited).
 
     Any model waits while it has no replica at all. An on-demand model also
     waits while every replica it has is cooling down or failed this request:
@@ -193,9 +199,6 @@ async def replica_for(
     (time.monotonic()) is the request's, however many times it waits.
     """
     on_demand = router.route.on_demand
-    pick = router.pick(prompt, tried, fallback=not on_demand)
-    if pick is not None or (tried and not on_demand):
-        return router, pick, 0.0
     name = router.route.name
     if router.route.parked:
         raise unavailable(

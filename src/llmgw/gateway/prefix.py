@@ -68,10 +68,15 @@ def render_chat(messages: Any) -> str | None:
         if not isinstance(message, dict):
             return None
         role = message.get("role")
-        out.append(role if isinstance(role, str) else "")
-        out.append("\n")
-        out.append(_flatten_content(message.get("content")))
-        out.append(_SEPARATOR)
+        content = message.get("content")
+        # Once per message of every prefix-routed chat request: text content
+        # (the usual) without a call, the four pieces in one extend.
+        out += (
+            role if isinstance(role, str) else "",
+            "\n",
+            content if isinstance(content, str) else _flatten_content(content),
+            _SEPARATOR,
+        )
     return "".join(out)
 
 
