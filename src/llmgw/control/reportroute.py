@@ -89,14 +89,14 @@ class ReportRoute:
         last = self._last.get(node.name)
         if last is not None and last[0] is node and last[1] == digest:
             # The same bytes as this node's last report: the same report.
-            report = last[2]
-        else:
-            report = _validated(body)
-            if report.node != node.name:
-                return error_response(403, f"this token speaks for node {node.name!r} only",
-                                      "permission_error", "wrong_node")
-            self._remember(node, digest, report)
+            answer = await cp.agents.report(node, last[2])
+            return answer.model_dump_json().encode()
+        report = _validated(body)
+        if report.node != node.name:
+            return error_response(403, f"this token speaks for node {node.name!r} only",
+                                  "permission_error", "wrong_node")
         answer = await cp.agents.report(node, report)
+        self._remember(node, digest, report)
         return answer.model_dump_json().encode()
 
     def _remember(self, node: NodeRecord, digest: bytes, report: AgentReport) -> None:
@@ -107,6 +107,13 @@ class ReportRoute:
             # every node afresh) are never hit again.
             for name in [n for n, entry in last.items() if nodes.get(n) is not entry[0]]:
                 del last[name]
+        inventory = node.inventory
+        if (inventory is not None and inventory is not report.inventory
+                and inventory == report.inventory):
+            # An inventory equal to the node's is not taken in (apply_report);
+            # kept with the report, it was a second copy of every device per
+            # node: +350 MB at 10,000 nodes.
+            report = report.model_copy(update={"inventory": inventory})
         last[node.name] = (node, digest, report)
 
     def _handler_for(self, exc: Exception) -> Handler | None:
