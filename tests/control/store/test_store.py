@@ -172,6 +172,20 @@ async def test_a_replicas_use_survives_an_upgrade_and_is_stored_in_one_batch(
     await migrate_to(store_url, "0003", down=True)
 
 
+async def test_heartbeats_are_written_in_one_batch(store: Store) -> None:
+    def node(name: str) -> dict[str, Any]:
+        return {"name": name, "admin_state": "ready", "token_hash": None,
+                "agent_key_hash": None, "address": "10.0.0.1", "agent_port": None,
+                "fabrics": [], "inventory": None, "weights": [], "registered_at": 1.0,
+                "last_seen": 1.0}
+
+    await store.upsert_nodes([node("n1"), node("n2"), node("n3")])
+    # A node deleted since its heartbeat was noted changes nothing.
+    await store.touch_nodes({"n1": 5.0, "n3": 7.0, "gone": 9.0})
+    seen = {n["name"]: n["last_seen"] for n in await store.list_nodes()}
+    assert seen == {"n1": 5.0, "n2": 1.0, "n3": 7.0}
+
+
 async def test_round_trips(store: Store) -> None:
     now = time.time()
     await store.upsert_nodes([{

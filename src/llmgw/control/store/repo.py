@@ -203,14 +203,22 @@ class Store:
     async def touch_nodes(
         self, last_seen: dict[str, float], *, epoch: int | None = None
     ) -> None:
-        """Record heartbeats in one statement per batch, not one per report."""
+        """Record heartbeats in one statement per batch, not one per report.
+
+        One executemany, as touch_replicas: a statement per node was 10,000
+        statements (each through SQLAlchemy's execute) every 5 s at 10,000
+        nodes, in the process that answers their reports.
+        """
         if not last_seen:
             return
+        stmt = (
+            update(schema.nodes)
+            .where(schema.nodes.c.name == bindparam("node"))
+            .values(last_seen=bindparam("at"))
+        )
+        params = [{"node": name, "at": at} for name, at in last_seen.items()]
         async with self._write(epoch) as conn:
-            for name, at in last_seen.items():
-                await conn.execute(
-                    update(schema.nodes).where(schema.nodes.c.name == name).values(last_seen=at)
-                )
+            await conn.execute(stmt, params)
 
     async def replace_gpus(
         self, node: str, rows: Sequence[Row], *, epoch: int | None = None
