@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 from tests.waiting import eventually, eventually_sync
 
+from llmgw.cli.httpserver import KEEP_ALIVE_S
 from llmgw.serving import start_server
 from llmgw.tls import ServerTls
 
@@ -46,9 +47,14 @@ async def serve_asgi(
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port or 0))
+    # Keep-alive as llmgw's own servers keep it (llmgw.cli.httpserver): at
+    # uvicorn's 5 s, equal to httpx's pool expiry, a loaded run saw the server
+    # close an idle connection just as a test's client sent its next request
+    # on it ("Server disconnected without sending a response").
     config = uvicorn.Config(
         app, lifespan="off", log_level="warning", access_log=False, loop="none", ws="none",
-        timeout_graceful_shutdown=graceful_s, **(tls.uvicorn_settings() if tls else {}),
+        timeout_graceful_shutdown=graceful_s, timeout_keep_alive=KEEP_ALIVE_S,
+        **(tls.uvicorn_settings() if tls else {}),
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
