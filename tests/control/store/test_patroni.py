@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -215,8 +216,16 @@ def test_summary_shows_the_three_members_with_roles_and_lag(
     cluster: PatroniCluster, serve: Serve
 ) -> None:
     leader = cluster.leader()
-    with serve.client() as http:
-        summary = http.get("/admin/v1/summary").json()
+
+    def all_streaming() -> dict[str, Any]:
+        # A replica that has just (re)joined reads "running" until its WAL
+        # stream is up; the summary must show it streaming once it is.
+        with serve.client() as http:
+            summary: dict[str, Any] = http.get("/admin/v1/summary").json()
+        others = [m for m in summary["store"] if m["name"] != leader]
+        return summary if others and all(m["state"] == "streaming" for m in others) else {}
+
+    summary = eventually_sync(all_streaming, 30, "both replicas streaming in the summary")
     members = {m["name"]: m for m in summary["store"]}
     assert summary["store_error"] is None and sorted(members) == ["pg0", "pg1", "pg2"], summary
     assert members[leader]["role"] == "leader" and members[leader]["state"] == "running"
