@@ -6,7 +6,7 @@ one core and the others to the rest, for machines with cores to spare):
 * upstream: a minimal OpenAI-compatible server (raw asyncio + uvloop, one
   canned chat completion with usage), as fast as a Python server gets;
 * gateway: the real `Gateway` under uvicorn with `llmgw gateway`'s server
-  settings (llmgw.cli.httpserver: httptools, guarded heads, uvloop), configured
+  settings (llmgw.cli.leanhttp: httptools, guarded heads, uvloop), configured
   through an in-memory link with one model, one API key, prefix routing;
 * load generator (this process): a raw HTTP/1.1 keep-alive client sending an
   open-loop, constant-rate load (a new connection when all are busy, so a
@@ -188,19 +188,11 @@ async def _run_upstream(stream: bool) -> None:
 # ---------------------------------------------------------------------------
 
 
-async def _run_gateway(upstream_url: str) -> None:
-    import logging
-
-    import uvicorn
-
+def gateway_config(upstream_url: str) -> Any:
+    """The gateway's config: one model on ``upstream_url``, one API key, prefix routing."""
     from llmgw import secrets, wire
-    from llmgw.cli.httpserver import server_config
-    from llmgw.gateway.app import Gateway, freeze_startup_objects
-    from llmgw.gateway.link import MemoryLink
-    from llmgw.serving import start_server
 
-    logging.basicConfig(level=logging.WARNING)
-    config = wire.GatewayConfig(
+    return wire.GatewayConfig(
         routing=wire.RoutingTable(
             version=1,
             models=[
@@ -213,6 +205,23 @@ async def _run_gateway(upstream_url: str) -> None:
         ),
         keys=[wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(KEY))],
     )
+
+
+async def _run_gateway(upstream_url: str) -> None:
+    import logging
+
+    import uvicorn
+
+    try:
+        from llmgw.cli.leanhttp import gateway_server_config
+    except ImportError:  # a tree before llmgw's own protocol (old/new comparisons)
+        from llmgw.cli.httpserver import server_config as gateway_server_config
+    from llmgw.gateway.app import Gateway, freeze_startup_objects
+    from llmgw.gateway.link import MemoryLink
+    from llmgw.serving import start_server
+
+    logging.basicConfig(level=logging.WARNING)
+    config = gateway_config(upstream_url)
     gateway = Gateway(MemoryLink(config, poll_timeout_s=3600))
     await gateway.start()
     await gateway.wait_configured(10)
@@ -220,7 +229,7 @@ async def _run_gateway(upstream_url: str) -> None:
     sock.bind(("127.0.0.1", 0))
     # The settings `llmgw gateway` serves with (its guarded protocol included),
     # loaded before the freeze as it does.
-    served = server_config(
+    served = gateway_server_config(
         gateway, log_level="warning", backlog=4096,
         # The load generator keeps idle connections between rates; they
         # must not close under its feet.

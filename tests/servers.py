@@ -34,13 +34,14 @@ def free_port() -> int:
 @asynccontextmanager
 async def serve_asgi(
     app: Any, port: int | None = None, *, graceful_s: float | None = None,
-    tls: ServerTls | None = None,
+    tls: ServerTls | None = None, http: Any = "auto",
 ) -> AsyncIterator[str]:
     """Serve ``app`` on 127.0.0.1 and yield its base URL.
 
     ``graceful_s`` bounds how long stopping waits for requests in flight (a
     gateway's long poll, say) before cutting them off; None waits for them.
     With ``tls``, it listens with that certificate and the URL is https://.
+    ``http``: uvicorn's protocol setting (llmgw.cli.leanhttp's for a gateway).
     """
     # Bound here and handed to uvicorn: a port picked free and bound later may
     # be taken in between.
@@ -53,7 +54,7 @@ async def serve_asgi(
     # on it ("Server disconnected without sending a response").
     config = uvicorn.Config(
         app, lifespan="off", log_level="warning", access_log=False, loop="none", ws="none",
-        timeout_graceful_shutdown=graceful_s, timeout_keep_alive=KEEP_ALIVE_S,
+        timeout_graceful_shutdown=graceful_s, timeout_keep_alive=KEEP_ALIVE_S, http=http,
         **(tls.uvicorn_settings() if tls else {}),
     )
     server = uvicorn.Server(config)

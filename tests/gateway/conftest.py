@@ -1,4 +1,5 @@
-"""Gateway test harness: fake engines, configs, and a gateway served by uvicorn on loopback."""
+"""Gateway test harness: fake engines, configs, and a gateway served on loopback as
+`llmgw gateway` serves it (llmgw.cli.leanhttp)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.gateway.fake_upstream import FakeUpstream
 from tests.servers import serve_asgi
 
 from llmgw import secrets, wire
+from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.link import ControlPlaneLink, MemoryLink
 from llmgw.gateway.settings import GatewaySettings
@@ -71,7 +73,8 @@ async def running_gateway(
     try:
         if wait:
             assert await gateway.wait_configured(5.0)
-        async with serve_asgi(gateway) as url:
+        # The protocol `llmgw gateway` serves with.
+        async with serve_asgi(gateway, http=LeanHttpProtocol) as url:
             yield gateway, url
     finally:
         await gateway.stop()

@@ -1,4 +1,4 @@
-"""The gateway's server protocol (llmgw.cli.httpserver) against uvicorn's own.
+"""llmgw's server protocols (llmgw.cli.httpserver, llmgw.cli.leanhttp) against uvicorn's own.
 
 The gateway's other tests serve it with uvicorn's stock protocol; these
 check what llmgw's protocol does differently per request (a plain path not
@@ -17,9 +17,11 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import uvicorn
 
 from llmgw.cli.httpserver import GuardedHttpToolsProtocol, server_config
+from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.serving import start_server
 
@@ -89,9 +91,13 @@ URLS = [
 ]
 
 
+_COMPARED = (("llmgw", GuardedHttpToolsProtocol), ("lean", LeanHttpProtocol),
+             ("uvicorn", "httptools"))  # fmt: skip
+
+
 async def test_the_scope_of_each_url_is_uvicorns() -> None:
     seen: dict[str, list[dict[str, Any]]] = {}
-    for name, http in (("llmgw", GuardedHttpToolsProtocol), ("uvicorn", "httptools")):
+    for name, http in _COMPARED:
         async with _served(http=http) as port:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             answers = []
@@ -102,13 +108,19 @@ async def test_the_scope_of_each_url_is_uvicorns() -> None:
             answers.append(await _answer(reader))
             writer.close()
         seen[name] = answers
-    assert seen["llmgw"] == seen["uvicorn"]
+    assert seen["llmgw"] == seen["uvicorn"] == seen["lean"]
     assert seen["llmgw"][0]["path"] == "/v1/chat/completions"
     assert seen["llmgw"][-1]["http_version"] == "1.0"
 
 
-async def test_a_busy_connection_outlives_the_keep_alive_time_and_an_idle_one_does_not() -> None:
-    async with _served(timeout_keep_alive=0.4) as port:
+PROTOCOLS = pytest.mark.parametrize("http", [GuardedHttpToolsProtocol, LeanHttpProtocol])
+
+
+@PROTOCOLS
+async def test_a_busy_connection_outlives_the_keep_alive_time_and_an_idle_one_does_not(
+    http: type,
+) -> None:
+    async with _served(timeout_keep_alive=0.4, http=http) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         # Requests 0.25 s apart for ~1 s: each idle stretch is shorter than
         # the keep-alive time, however the timer armed by the first falls.
@@ -123,8 +135,9 @@ async def test_a_busy_connection_outlives_the_keep_alive_time_and_an_idle_one_do
         writer.close()
 
 
-async def test_a_request_slower_than_the_keep_alive_time_is_not_cut() -> None:
-    async with _served(timeout_keep_alive=0.3) as port:
+@PROTOCOLS
+async def test_a_request_slower_than_the_keep_alive_time_is_not_cut(http: type) -> None:
+    async with _served(timeout_keep_alive=0.3, http=http) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_request("/x"))
         await _answer(reader)
@@ -138,8 +151,9 @@ async def test_a_request_slower_than_the_keep_alive_time_is_not_cut() -> None:
         writer.close()
 
 
-async def test_pipelined_requests_are_answered_in_order() -> None:
-    async with _served() as port:
+@PROTOCOLS
+async def test_pipelined_requests_are_answered_in_order(http: type) -> None:
+    async with _served(http=http) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"".join(_request(f"/n{i}", b"%d" % i) for i in range(4)))
         for i in range(4):
@@ -195,7 +209,7 @@ async def test_each_answer_is_written_as_uvicorn_writes_it() -> None:
         for method, version in (("GET", "1.1"), ("HEAD", "1.1"), ("GET", "1.0"))
     ]
     written: dict[str, list[bytes]] = {}
-    for name, http in (("llmgw", GuardedHttpToolsProtocol), ("uvicorn", "httptools")):
+    for name, http in _COMPARED:
         written[name] = []
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
@@ -219,5 +233,5 @@ async def test_each_answer_is_written_as_uvicorn_writes_it() -> None:
             server.should_exit = True
             await task
             sock.close()
-    assert written["llmgw"] == written["uvicorn"]
+    assert written["llmgw"] == written["uvicorn"] == written["lean"]
     assert written["llmgw"][0].startswith(b"HTTP/1.1 200 OK\r\ndate: -\r\nserver: uvicorn\r\n")

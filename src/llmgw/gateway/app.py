@@ -291,6 +291,17 @@ class Gateway:
         routes["/health"] = routes["/healthz"] = ("GET", self._health_route)
         return routes
 
+    def route_for(self, method: str, path: str) -> Endpoint | None:
+        """The endpoint serving ``method`` on ``path``, None where :meth:`__call__` must decide.
+
+        For llmgw's server (llmgw.cli.leanhttp): the request's task runs the
+        endpoint itself, with no frame of this app's dispatch on its stack.
+        """
+        route = self._routes.get(path)
+        if route is not None and route[0] == method:
+            return route[1]
+        return None
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":

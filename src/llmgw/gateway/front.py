@@ -29,6 +29,10 @@ from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.usage import UsageBatcher
 
+# The key under scope["extensions"] of a dict of the request's headers, first
+# value of each name (llmgw.cli.leanhttp sets it; the gateway does not import it).
+HEADERS_EXTENSION = "llmgw.headers"
+
 _ID_PREFIX = os.urandom(8).hex()
 _ids = count(1)
 
@@ -96,6 +100,13 @@ async def _watch_disconnect(receive: Receive, request: asyncio.Task[Any], watch:
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower-case), or None."""
+    extensions = scope.get("extensions")
+    if extensions is not None:
+        # llmgw's server (llmgw.cli.leanhttp) indexes the headers once per request.
+        index = extensions.get(HEADERS_EXTENSION)
+        if index is not None:
+            return index.get(name)  # type: ignore[no-any-return]
     for key, value in scope["headers"]:
         if key == name:
             return value  # type: ignore[no-any-return]
