@@ -15,8 +15,13 @@ signals, graceful shutdown, the date header, the connection limit), with:
 * the app's task running the endpoint itself: an app with ``route_for``
   (the gateway) names it before the task starts, and what uvicorn's wrapper
   coroutine did around the app happens in the task's done callback;
-* ``send`` a plain function returning a finished future, a plain answer's
-  head rendered without a per-header loop and written with its body.
+* ``send`` a plain call returning a finished future, a plain answer's head
+  rendered without a per-header loop and written with its body; ``send``
+  also offers ``answer(status, headers, body)``, a whole answer in one write
+  with no ASGI message (the gateway's usual answer, llmgw.gateway.responses).
+
+A request's side (receive, send, the answer's checks) is
+:mod:`llmgw.cli.leanexchange`; this module is the connection's.
 
 Kept from uvicorn (tests/gateway/test_server_protocol.py compares the bytes):
 keep-alive and pipelining, chunked request bodies, streamed answers with
@@ -40,319 +45,55 @@ from typing import Any, cast
 import httptools
 import uvicorn
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
-from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.utils import (
-    get_client_addr,
     get_local_addr,
-    get_path_with_query_string,
     get_remote_addr,
     is_ssl,
 )
 
 from llmgw.cli.httpserver import (
-    _NAMES,
-    _UNFIT,
     HEAD_TIMEOUT_S,
     MAX_HEAD_BYTES,
     _DefaultHead,
-    _names_fit,
     server_config,
 )
+from llmgw.cli.leanexchange import Exchange
 
 Asgi = Callable[[Any, Any, Any], Awaitable[None]]
 
 HEADERS_EXTENSION = "llmgw.headers"
-# Bodies larger than this go out in their own write rather than be copied
-# behind the held head.
-_JOIN_UNDER = 64 * 1024
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_ERROR_500 = (
-    500,
-    [
-        (b"content-type", b"text/plain; charset=utf-8"),
-        (b"content-length", b"21"),
-        (b"connection", b"close"),
-    ],
-    b"Internal Server Error",
-)
+# Request targets that are a plain path (no query, escape or fragment), as
+# their str: httptools.parse_url was ~4 % of the gateway's CPU, for the same
+# "/v1/chat/completions" every time. Bounded: a client choosing paths must
+# not grow it without end.
+_PLAIN_PATHS: dict[bytes, str] = {}
+_PLAIN_PATHS_KEPT = 1024
 
 
-class _Exchange:
-    """One request and its answer: the ASGI ``receive`` and ``send`` of that request.
-
-    The request's body is collected here by the protocol's callbacks; the
-    answer's state (started, chunked, bytes still owed) is checked as
-    uvicorn's cycle checks it, so an app gets the same errors.
-    """
-
-    __slots__ = ("body", "chunked", "complete", "continue_", "delivered", "disconnected", "head",
-                 "held", "keep_alive", "left", "more_body", "proto", "scope", "started",
-                 "waiter")  # fmt: skip
-
-    def __init__(
-        self, proto: LeanHttpProtocol, scope: dict[str, Any], head: bool, keep_alive: bool,
-        continue_: bool,
-    ) -> None:  # fmt: skip
-        self.proto = proto
-        self.scope = scope
-        self.head = head  # a HEAD request: no body is written
-        self.keep_alive = keep_alive
-        self.continue_ = continue_  # 100 Continue owed at the first receive
-        self.body = b""
-        self.more_body = True
-        self.delivered = False  # the last http.request was handed over
-        self.disconnected = False
-        self.waiter: asyncio.Future[None] | None = None
-        self.started = False
-        self.complete = False
-        self.chunked: bool | None = None
-        self.left = 0  # body bytes a content-length still owes
-        # A plain answer's head, kept until its body (one write for both).
-        self.held: bytes | None = None
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        waiter = self.waiter = self.proto.loop.create_future()
-        try:
-            await waiter
-        finally:
-            self.waiter = None
-
-    async def receive(self) -> dict[str, Any]:
-        if self.continue_:
-            self.continue_ = False
-            if not self.started and not self.proto.transport.is_closing():
-                self.proto.transport.write(_CONTINUE)
-        if not self.delivered:
-            while not (self.body or not self.more_body or self.disconnected or self.complete):
-                self.proto.resume_reading()
-                await self._wait()
-            if not (self.disconnected or self.complete):
-                body = self.body
-                self.body = b""
-                more = self.more_body
-                if not more:
-                    self.delivered = True
-                return {"type": "http.request", "body": body, "more_body": more}
-        while not (self.disconnected or self.complete):
-            await self._wait()
-        return {"type": "http.disconnect"}
-
-    def send(self, message: dict[str, Any]) -> Awaitable[None]:
-        proto = self.proto
-        if proto.write_paused and not self.disconnected:
-            return self._send_later(message)
-        if not self.disconnected:
-            if self.started:
-                self.write_body(message)
-            else:
-                self.write_start(message)
-        return proto.done
-
-    async def _send_later(self, message: dict[str, Any]) -> None:
-        await self.proto.drain()
-        if not self.disconnected:
-            if self.started:
-                self.write_body(message)
-            else:
-                self.write_start(message)
-
-    # -- the answer ----------------------------------------------------------
-
-    def write_start(self, message: dict[str, Any]) -> None:
-        if message["type"] != "http.response.start":
-            raise RuntimeError(
-                f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
-            )
-        self.started = True
-        self.continue_ = False
-        proto = self.proto
-        status = message["status"]
-        headers = message.get("headers", ())
-        if proto.access_log:
-            scope: Any = self.scope
-            proto.access_logger.info(
-                '%s - "%s %s HTTP/%s" %d', get_client_addr(scope), scope["method"],
-                get_path_with_query_string(scope), scope["http_version"], status,
-            )  # fmt: skip
-        head = self._plain_head(status, headers)
-        if head is None:
-            head = self._head(status, headers)
-        if self.chunked is False and not self.head:
-            self.held = head  # the body follows: one write for both
-        else:
-            proto.transport.write(head)
-
-    def write_body(self, message: dict[str, Any]) -> None:
-        if self.complete:
-            raise RuntimeError(
-                f"Unexpected ASGI message '{message['type']}' sent, after response already"
-                " completed."
-            )
-        if message["type"] != "http.response.body":
-            raise RuntimeError(
-                f"Expected ASGI message 'http.response.body', but got '{message['type']}'."
-            )
-        body = message.get("body", b"")
-        more = message.get("more_body", False)
-        transport = self.proto.transport
-        if self.head:
-            self.left = 0
-            data = b""
-        elif self.chunked:
-            if body:
-                data = b"%x\r\n%b\r\n" % (len(body), body)
-                if not more:
-                    data += b"0\r\n\r\n"
-            else:
-                data = b"" if more else b"0\r\n\r\n"
-        else:
-            size = len(body)
-            if size > self.left:
-                raise RuntimeError("Response content longer than Content-Length")
-            self.left -= size
-            data = body
-        held = self.held
-        if held is not None:
-            self.held = None
-            if len(data) < _JOIN_UNDER:
-                data = held + data
-            else:
-                transport.write(held)
-        if data:
-            transport.write(data)
-        if not more:
-            if self.left != 0:
-                raise RuntimeError("Response content shorter than Content-Length")
-            self.complete = True
-            self.wake()
-            if not self.keep_alive:
-                transport.close()
-            self.proto.answered(self)
-
-    def flush(self) -> None:
-        """Write a head still held (an app that failed or stopped before its body)."""
-        held = self.held
-        if held is not None:
-            self.held = None
-            self.proto.transport.write(held)
-
-    def _plain_head(self, status: int, headers: Any) -> bytes | None:
-        """The head of a usual answer, or None where :meth:`_head` must check each header.
-
-        The names and values are each checked with one regex search over
-        their concatenation (the regexes match one character, so that is the
-        same check as uvicorn's per header); a set of names is checked once
-        per process (llmgw.cli.httpserver._names_fit).
-        """
-        if type(headers) not in (list, tuple):
-            return None
-        proto = self.proto
-        defaults = proto.default_head.of(proto.server_state.default_headers)
-        if defaults is None:
-            return None
-        chunked: bool | None = None
-        length = 0
-        try:
-            lines = [STATUS_LINE[status], defaults]
-            if headers:
-                names, values = zip(*headers, strict=True)
-                at = _NAMES.get(names)
-                if at is None:
-                    at = _names_fit(names)
-                if at is _UNFIT or HEADER_VALUE_RE.search(b"".join(values)):
-                    return None
-                if at >= 0:
-                    length = int(values[at].decode())
-                    chunked = False
-                lines.append(b"\r\n".join(map(b": ".join, headers)))
-                lines.append(b"\r\n")
-        except (KeyError, TypeError, ValueError):
-            return None  # the full path raises its own error for it
-        if not self.keep_alive:
-            lines.append(b"connection: close\r\n")
-        if chunked is None and not self.head and status not in (204, 304):
-            chunked = True
-            lines.append(b"transfer-encoding: chunked\r\n")
-        self.chunked = chunked
-        self.left = length
-        lines.append(b"\r\n")
-        return b"".join(lines)
-
-    def _head(self, status: int, headers: Any) -> bytes:
-        """uvicorn's head, header by header, with its errors."""
-        content = [STATUS_LINE[status]]
-        has_close = False
-        for name, value in [*self.proto.server_state.default_headers, *headers]:
-            if HEADER_RE.search(name):
-                raise RuntimeError("Invalid HTTP header name.")
-            if HEADER_VALUE_RE.search(value):
-                raise RuntimeError("Invalid HTTP header value.")
-            name = name.lower()
-            if name == b"content-length" and self.chunked is None:
-                self.left = int(value.decode())
-                self.chunked = False
-            elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                self.left = 0
-                self.chunked = True
-            elif name == b"connection":
-                tokens = [token.lower().strip() for token in value.split(b",")]
-                if b"close" in tokens:
-                    self.keep_alive = False
-                    has_close = True
-            content.extend([name, b": ", value, b"\r\n"])
-        if not self.keep_alive and not has_close:
-            content.append(b"connection: close\r\n")
-        if self.chunked is None and not self.head and status not in (204, 304):
-            self.chunked = True
-            content.append(b"transfer-encoding: chunked\r\n")
-        content.append(b"\r\n")
-        return b"".join(content)
-
-    # -- the app's end ---------------------------------------------------------
-
-    def ended(self, task: asyncio.Task[Any]) -> None:
-        """What uvicorn's wrapper coroutine did after the app: errors answered or logged."""
-        proto = self.proto
-        proto.tasks.discard(task)
-        logger = proto.logger
-        try:
-            result = task.result()
-        except BaseException as exc:  # a cancelled task too, as uvicorn's wrapper catches it
-            logger.error("Exception in ASGI application\n", exc_info=exc)
-            self.flush()
-            if not self.started:
-                self._answer_500()
-            else:
-                proto.transport.close()
-            return
-        self.flush()
-        if result is not None:
-            logger.error("ASGI callable should return None, but returned '%s'.", result)
-            proto.transport.close()
-        elif self.disconnected or self.complete:
-            return
-        elif not self.started:
-            logger.error("ASGI callable returned without starting response.")
-            self._answer_500()
-        else:
-            logger.error("ASGI callable returned without completing response.")
-            proto.transport.close()
-
-    def _answer_500(self) -> None:
-        if self.disconnected:
-            return
-        status, headers, body = _ERROR_500
-        try:
-            self.write_start({"type": "http.response.start", "status": status,
-                              "headers": headers})  # fmt: skip
-            self.write_body({"type": "http.response.body", "body": body})
-        except RuntimeError:
-            self.proto.transport.close()
+def _parse_target(url: bytes, root: str) -> tuple[str, bytes, bytes]:
+    """(path, raw path, query) of a request target, as uvicorn makes them."""
+    if (
+        url[:1] == b"/"
+        and url.isascii()
+        and b"?" not in url
+        and b"%" not in url
+        and b"#" not in url
+    ):
+        raw_path, path, query = url, url.decode("ascii"), b""
+        if len(_PLAIN_PATHS) < _PLAIN_PATHS_KEPT:
+            _PLAIN_PATHS[url] = path
+    else:
+        parsed = httptools.parse_url(url)
+        raw_path = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        query = parsed.query or b""
+    if root:
+        path = root + path
+        raw_path = root.encode("ascii") + raw_path
+    return path, raw_path, query
 
 
 class LeanHttpProtocol(asyncio.Protocol):
@@ -374,11 +115,10 @@ class LeanHttpProtocol(asyncio.Protocol):
             config.load()
         self.config = config
         self.app: Asgi = config.loaded_app
-        # An app that names the endpoint for a method and path (the gateway)
-        # is skipped: the task runs the endpoint, a frame less on its stack.
-        self.route_for: Callable[[str, str], Asgi | None] | None = getattr(
-            self.app, "route_for", None
-        )
+        # An app that names its endpoints by (method, path) (the gateway) is
+        # skipped for those: the task runs the endpoint, a frame less on its
+        # stack at every resume.
+        self.endpoints: dict[tuple[str, str], Asgi] = getattr(self.app, "endpoints", None) or {}
         self.loop = _loop or asyncio.get_event_loop()
         self.logger = logging.getLogger("uvicorn.error")
         self.access_logger = logging.getLogger("uvicorn.access")
@@ -407,12 +147,12 @@ class LeanHttpProtocol(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
-        self.pipeline: deque[tuple[_Exchange, Asgi]] = deque()
+        self.pipeline: deque[tuple[Exchange, Asgi]] = deque()
         self.closing = False  # a graceful shutdown: no request after the one in progress
 
         # The request being parsed, and the one being answered.
-        self.parsing: _Exchange | None = None
-        self.active: _Exchange | None = None
+        self.parsing: Exchange | None = None
+        self.active: Exchange | None = None
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         # Bytes received since the head in progress began (None: not in a head).
@@ -549,27 +289,12 @@ class LeanHttpProtocol(asyncio.Protocol):
         version = parser.get_http_version()
         method = parser.get_method().decode("ascii")
         url = self._url
-        if (
-            url[:1] == b"/"
-            and url.isascii()
-            and b"?" not in url
-            and b"%" not in url
-            and (b"#" not in url)
-        ):
-            # httptools.parse_url was ~4 % of the gateway's CPU, for the same
-            # plain path every time.
-            raw_path, path, query = url, url.decode("ascii"), b""
-        else:
-            parsed = httptools.parse_url(url)
-            raw_path = parsed.path
-            path = raw_path.decode("ascii")
-            if "%" in path:
-                path = urllib.parse.unquote(path)
-            query = parsed.query or b""
         root = self.root_path
-        if root:
-            path = root + path
-            raw_path = root.encode("ascii") + raw_path
+        path = _PLAIN_PATHS.get(url)
+        if path is not None and not root:
+            raw_path, query = url, b""
+        else:
+            path, raw_path, query = _parse_target(url, root)
         headers = self._headers
         # The first value of each name (a C-level build; the gateway reads
         # two headers of ~14 a client sends, each with one lookup).
@@ -581,7 +306,7 @@ class LeanHttpProtocol(asyncio.Protocol):
             "state": self.app_state.copy(), "extensions": {HEADERS_EXTENSION: index},
         }  # fmt: skip
         expect = index.get(b"expect")
-        exchange = _Exchange(
+        exchange = Exchange(
             self, scope, method == "HEAD", version != "1.0" and parser.should_keep_alive()
             and not self.closing,
             expect is not None and expect.lower() == b"100-continue",
@@ -593,10 +318,7 @@ class LeanHttpProtocol(asyncio.Protocol):
             self.logger.warning("Exceeded concurrency limit.")
             app = service_unavailable
         else:
-            route_for = self.route_for
-            app = route_for(method, path) if route_for is not None else None
-            if app is None:
-                app = self.app
+            app = self.endpoints.get((method, path)) or self.app
         if self.active is None:
             self._start(exchange, app)
         else:
@@ -614,7 +336,8 @@ class LeanHttpProtocol(asyncio.Protocol):
         exchange.body += body
         if len(exchange.body) > HIGH_WATER_LIMIT:
             self.pause_reading()
-        exchange.wake()
+        if exchange.waiter is not None:
+            exchange.wake()
 
     def on_message_complete(self) -> None:
         exchange = self.parsing
@@ -624,13 +347,14 @@ class LeanHttpProtocol(asyncio.Protocol):
         if exchange is None or exchange.complete:
             return
         exchange.more_body = False
-        exchange.wake()
+        if exchange.waiter is not None:
+            exchange.wake()
 
     # -- requests ----------------------------------------------------------------
 
-    def _start(self, exchange: _Exchange, app: Asgi) -> None:
+    def _start(self, exchange: Exchange, app: Asgi) -> None:
         self.active = exchange
-        coro: Any = app(exchange.scope, exchange.receive, exchange.send)
+        coro: Any = app(exchange.scope, exchange.receive, exchange)
         task: asyncio.Task[None]
         if self.fresh_context:
             task = self.loop.create_task(coro, context=contextvars.Context())
@@ -639,14 +363,15 @@ class LeanHttpProtocol(asyncio.Protocol):
         self.tasks.add(task)
         task.add_done_callback(exchange.ended)
 
-    def answered(self, exchange: _Exchange) -> None:
+    def answered(self, exchange: Exchange) -> None:
         """An answer is complete: the next pipelined request, or an idle connection."""
         self.server_state.total_requests += 1
         if self.active is exchange:
             self.active = None
         if self.transport.is_closing():
             return
-        self.resume_reading()
+        if self.read_paused:
+            self.resume_reading()
         if self.pipeline:
             self._start(*self.pipeline.popleft())
             return

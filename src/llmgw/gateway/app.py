@@ -94,6 +94,11 @@ class Gateway:
         self._configured = asyncio.Event()
         self._started = False
         self._routes = self._route_table()
+        # (method, path) -> endpoint, for llmgw's server (llmgw.cli.leanhttp):
+        # the request's task runs the endpoint itself, with no frame of this
+        # app's dispatch on its stack. Any other request comes to __call__.
+        self.endpoints = {(method, path): endpoint
+                          for path, (method, endpoint) in self._routes.items()}  # fmt: skip
         # External models' URLs, probed by this gateway (llmgw.gateway.health).
         self.health = HealthProber(self.settings, lambda: self.runtime.snapshot)
 
@@ -290,17 +295,6 @@ class Gateway:
         routes["/metrics"] = ("GET", self._scrape)
         routes["/health"] = routes["/healthz"] = ("GET", self._health_route)
         return routes
-
-    def route_for(self, method: str, path: str) -> Endpoint | None:
-        """The endpoint serving ``method`` on ``path``, None where :meth:`__call__` must decide.
-
-        For llmgw's server (llmgw.cli.leanhttp): the request's task runs the
-        endpoint itself, with no frame of this app's dispatch on its stack.
-        """
-        route = self._routes.get(path)
-        if route is not None and route[0] == method:
-            return route[1]
-        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]

@@ -77,6 +77,13 @@ async def send_bytes(
     content_type: bytes,
     extra: list[tuple[bytes, bytes]],
 ) -> None:
+    answer = getattr(send, "answer", None)
+    if answer is not None:
+        # llmgw's server (llmgw.cli.leanhttp): head and body in one write, no
+        # ASGI messages. The headers are the gateway's own (the content type
+        # of an engine's answer passed httptools' checks of header values).
+        answer(status, [(b"content-type", content_type), *extra], body)
+        return
     headers = [
         (b"content-type", content_type),
         (b"content-length", str(len(body)).encode()),
