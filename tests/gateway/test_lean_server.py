@@ -306,3 +306,34 @@ async def test_the_access_log() -> None:
         finally:
             access.removeHandler(kept)
     assert any("GET /logged?q=1 HTTP/1.1" in line and "200" in line for line in lines), lines
+
+
+async def test_answers_and_streams_without_asgi_messages_read_as_uvicorns_would() -> None:
+    async def direct(scope: Scope, receive: Receive, send: Any) -> None:
+        await receive()
+        if scope["path"] == "/whole":
+            send.answer(201, [(b"content-type", b"text/plain"), (b"x-a", b"1")], b"hello")
+            return
+        send.start(200, [(b"content-type", b"text/event-stream")])
+        await send.stream(b"")  # the head alone, before a wait
+        await asyncio.sleep(0.05)
+        await send.stream(b"data: 1\n\n")
+        await send.stream(b"data: 2\n\n", False)
+
+    async with _served(direct) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET /whole HTTP/1.1\r\nHost: x\r\n\r\nHEAD /whole HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        head, body = await _read_answer(reader)
+        assert head.startswith(b"HTTP/1.1 201 Created\r\ndate: ")
+        assert head.endswith(b"content-type: text/plain\r\nx-a: 1\r\ncontent-length: 5\r\n\r\n")
+        assert body == b"hello"
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert b"content-length: 5" in head  # HEAD: the length, no body
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = await asyncio.wait_for(reader.read(), 5)
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n" in data
+        assert data.endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+        writer.close()

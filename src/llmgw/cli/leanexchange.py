@@ -239,6 +239,71 @@ class Exchange:
                 transport.close()
             self.proto.answered(self)
 
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        """Start a streamed (chunked) answer with no ASGI message; see :meth:`stream`.
+
+        ``headers`` are trusted as in :meth:`answer`. The head is held for
+        the first :meth:`stream` call (one write for both): the caller makes
+        that call before it waits for anything.
+        """
+        if self.disconnected:
+            return
+        proto = self.proto
+        defaults = proto.default_head.of(proto.server_state.default_headers)
+        if defaults is None or proto.access_log or self.head or self.started:
+            self.write_start({"type": "http.response.start", "status": status,
+                              "headers": headers})  # fmt: skip
+            return
+        self.started = True
+        self.continue_ = False
+        self.chunked = True
+        parts = [STATUS_LINE[status], defaults]
+        if headers:
+            parts.append(b"\r\n".join(map(b": ".join, headers)))
+            parts.append(b"\r\n")
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"transfer-encoding: chunked\r\n\r\n")
+        self.held = b"".join(parts)
+
+    def stream(self, body: bytes, more: bool = True) -> Awaitable[None]:
+        """The next piece of an answer begun with :meth:`start` (``more`` False: the last).
+
+        Awaitable as ``send``: it waits while the client does not read.
+        """
+        proto = self.proto
+        if self.disconnected:
+            return proto.done
+        held = self.held
+        if (
+            proto.write_paused
+            or not self.chunked
+            or self.complete
+            or (held is not None and len(body) >= _JOIN_UNDER)
+        ):
+            return self.send({"type": "http.response.body", "body": body, "more_body": more})
+        if body:
+            data = b"%x\r\n%b\r\n" % (len(body), body)
+            if not more:
+                data += b"0\r\n\r\n"
+        elif more:
+            data = b""
+        else:
+            data = b"0\r\n\r\n"
+        if held is not None:
+            self.held = None
+            data = held + data
+        if data:
+            proto.transport.write(data)
+        if not more:
+            self.complete = True
+            if self.waiter is not None:
+                self.wake()
+            if not self.keep_alive:
+                proto.transport.close()
+            proto.answered(self)
+        return proto.done
+
     def flush(self) -> None:
         """Write a head still held (an app that failed or stopped before its body)."""
         held = self.held

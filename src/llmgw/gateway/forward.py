@@ -62,9 +62,13 @@ class Call:
 
     def stream_start(self, before: float) -> Message:
         """The message starting a streamed answer; ``before``, the overhead so far, is metered."""
+        return {"type": "http.response.start", "status": 200,
+                "headers": self.stream_headers(before)}  # fmt: skip
+
+    def stream_headers(self, before: float) -> list[tuple[bytes, bytes]]:
+        """A streamed answer's headers; ``before``, the overhead so far, is metered."""
         self.rt.metrics.overhead(before)
-        headers = [*_SSE_HEADERS, self.id_header, overhead_header(before)]
-        return {"type": "http.response.start", "status": 200, "headers": headers}
+        return [*_SSE_HEADERS, self.id_header, overhead_header(before)]
 
 
 class Prefill:

@@ -62,6 +62,7 @@ from llmgw.gateway.responses import (
     JSON,
     REQUEST_ID,
     ApiError,
+    Streamer,
     overhead_header,
     send_bytes,
     send_error,
@@ -301,11 +302,17 @@ async def _relay(
         observe=tally.add if tally is not None else None,
     )
     send = call.stream_send()
+    # llmgw's server streams without ASGI messages (llmgw.cli.leanhttp); its
+    # head waits for the first events, so each turn below sends before it waits.
+    direct: Streamer | None = send if hasattr(send, "stream") else None  # type: ignore[assignment]
     failed = False
     usage: Usage | None = None
     counted = False  # else a counted stream is counted after it, off the client's time
     try:
-        await send(call.stream_start(before))
+        if direct is not None:
+            direct.start(200, call.stream_headers(before))
+        else:
+            await send(call.stream_start(before))
         last = b""
         try:
             chunk: bytes | None = first
@@ -317,14 +324,19 @@ async def _relay(
                     # (not when a count must come first: they would wait for it).
                     last = out
                     break
-                if out:
+                if direct is not None:
+                    await direct.stream(out)
+                elif out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                 chunk = await response.next_chunk()
         except (BodyBroken, ConnectFailed, UpstreamTimeout) as exc:
             failed = True
             log.info("stream of %s broke after it started: %s", model, exc)
             tail = relay.flush() + sse_error(f"The model `{model}` stopped answering: {exc}")
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            if direct is not None:
+                await direct.stream(tail, False)
+            else:
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
             return 200
         tail = last + relay.flush()
         if not relay.whole:
@@ -345,7 +357,10 @@ async def _relay(
                 if complete:
                     tail += tally.usage_event(usage, counter.chat)
             tail += b"data: [DONE]\n\n"
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        if direct is not None:
+            await direct.stream(tail, False)
+        else:
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
         return 200
     finally:
         response.release()

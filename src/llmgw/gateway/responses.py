@@ -7,7 +7,8 @@ every answer carries ``x-request-id`` and the overhead header the same way.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 import orjson
 
@@ -16,6 +17,15 @@ from llmgw.gateway.types import Send
 JSON = b"application/json"
 REQUEST_ID = b"x-request-id"
 OVERHEAD = b"x-llmgw-overhead-ms"
+
+
+class Streamer(Protocol):
+    """What llmgw's server offers besides ASGI's send for a streamed answer
+    (llmgw.cli.leanexchange.Exchange): no message dicts per event."""
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
+
+    def stream(self, body: bytes, more: bool = True) -> Awaitable[None]: ...
 
 
 class ApiError(Exception):
