@@ -8,18 +8,30 @@ PostgreSQL database with ``--pg``) with every replica ready and a node
 token per node; then the real control plane (``llmgw serve``, its own
 process) is started on it, and a client in a process of its own plays the
 agents: every node reports, in turn, what an agent in the steady state
-reports (its unchanged inventory, weights and fabrics, each replica ready)
+reports (its devices, weights and fabrics unchanged, each replica ready)
 over HTTP/1.1 keep-alive connections, as fast as the control plane answers.
-Each answer is checked (200, the node's assignments). A first round over
-every node warms up (each node's first report is its first to this
-instance); the measured round runs for ``--seconds``.
+As a real agent's, each report carries fresh telemetry: every GPU's
+utilisation, temperature, memory in use and power move between two reports
+of a node (llmgw.sim.telemetry; ``--variants`` readings per node, sent in
+turn), so no report repeats its node's previous one byte for byte (agents
+report no per-replica load: that comes from the gateways). Each answer is
+checked (200, the node's assignments). Two rounds over every node warm up
+(each node's first report is its first to this instance, read whole; the
+second leaves no node silent for long, since a node silent for 30 s turns
+unreachable and its next report changes routing); the measured round runs
+for ``--seconds``. With ``--variants 1`` every report of a node is the same
+bytes, as this bench sent before telemetry moved.
 
     .venv/bin/python bench/reports.py --nodes 10000
     .venv/bin/python bench/reports.py --nodes 10000 --pg postgresql://postgres@127.0.0.1:5432/test
 
 Printed: reports per second, latency percentiles, the control plane's CPU
-time per report and its memory (RSS now and at its peak). Last line: JSON
-with nodes, reports_per_s, report_p99_ms, rss_mb (and pg_* for --pg).
+time per report and its memory (RSS now and at its peak); the share of
+reports byte-identical to their node's previous one, and how the control
+plane read the measured ones (its ``llmgw_control_agent_report_reads_total``
+by path: same_bytes reused the node's last report, telemetry took only the
+devices' readings, validated read the whole report). Last line: JSON with
+nodes, reports_per_s, report_p99_ms, rss_mb, reused_share (and pg_* for --pg).
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -47,6 +60,7 @@ from llmgw.control.state import FleetState
 from llmgw.control.store.repo import Store
 from llmgw.sim import fleetgen
 from llmgw.sim.benchstats import percentile
+from llmgw.sim.telemetry import TelemetryWalk
 from llmgw.wire import AgentReport, NodeState, ReplicaState, ReplicaStatus
 
 TARGET_REPORTS_PER_S = 2000.0
@@ -61,8 +75,10 @@ except ImportError:
 
 port, path = int(sys.argv[1]), sys.argv[2]
 seconds, connections = float(sys.argv[3]), int(sys.argv[4])
+nodes, first_variant, rounds = int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7])
 with open(path, "rb") as f:
     requests = f.read().split(b"\0\0REPORT\0\0")
+variants = len(requests) // nodes
 
 async def exchange(reader, writer, request):
     writer.write(request)
@@ -77,15 +93,18 @@ async def exchange(reader, writer, request):
         raise SystemExit("report answered %d: %r" % (status, body[:300]))
 
 async def run(rounds, deadline):
-    queue = iter(range(len(requests) * rounds))
+    # Round r sends every node's report variant (first_variant + r) % variants:
+    # each node's next report carries its next telemetry reading.
+    queue = iter(range(nodes * rounds))
     latencies = []
     async def worker():
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for i in queue:
             if deadline is not None and time.perf_counter() > deadline:
                 break
+            variant = (first_variant + i // nodes) % variants
             start = time.perf_counter()
-            await exchange(reader, writer, requests[i % len(requests)])
+            await exchange(reader, writer, requests[variant * nodes + i % nodes])
             latencies.append(time.perf_counter() - start)
         writer.close()
     started = time.perf_counter()
@@ -93,8 +112,8 @@ async def run(rounds, deadline):
     return latencies, time.perf_counter() - started
 
 async def main():
-    await run(1, None)  # every node once: its first report to this instance
-    latencies, elapsed = await run(10**6, time.perf_counter() + seconds)
+    deadline = time.perf_counter() + seconds if seconds > 0 else None
+    latencies, elapsed = await run(rounds, deadline)
     print(json.dumps({"count": len(latencies), "elapsed": elapsed,
                       "latencies_ms": [round(x * 1000, 3) for x in latencies]}))
 
@@ -138,25 +157,55 @@ async def write_store(url: str, state: FleetState) -> dict[str, str]:
     return tokens
 
 
-def report_requests(state: FleetState, tokens: dict[str, str], port: int) -> bytes:
-    """Every node's report as a whole HTTP request, the way its agent sends it."""
-    out = []
+def report_requests(
+    state: FleetState, tokens: dict[str, str], port: int, variants: int, seed: int
+) -> bytes:
+    """Every node's report as a whole HTTP request, the way its agent sends it.
+
+    ``variants`` reports per node (variant-major: all nodes' first, then all
+    nodes' second, ...), each with the next telemetry reading of every device
+    (sim.telemetry): what an agent reports changes with every report, as a
+    real one's does. The rest (devices, weights, fabrics, replicas) is the
+    steady state's.
+    """
+    out: list[list[bytes]] = [[] for _ in range(variants)]
     for name, node in state.nodes.items():
         assert node.inventory is not None
         statuses = [
-            ReplicaStatus(replica_id=r.id, generation=r.generation, state=ReplicaState.READY,
-                          port=r.port, ready_at=r.ready_at)
-            for r in state.replicas.on_node(name) if r.leader_node == name
+            ReplicaStatus(
+                replica_id=r.id,
+                generation=r.generation,
+                state=ReplicaState.READY,
+                port=r.port,
+                ready_at=r.ready_at,
+            )
+            for r in state.replicas.on_node(name)
+            if r.leader_node == name
         ]
-        report = AgentReport(node=name, agent_version="bench", address=node.address,
-                             fabrics=node.fabrics, inventory=node.inventory, replicas=statuses,
-                             weights=node.weights, agent_port=node.agent_port)
-        body = orjson.dumps(report.model_dump(mode="json"))
-        head = (f"POST /agent/v1/report HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                f"Authorization: Bearer {tokens[name]}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n")
-        out.append(head.encode() + body)
-    return b"\0\0REPORT\0\0".join(out)
+        report = AgentReport(
+            node=name,
+            agent_version="bench",
+            address=node.address,
+            fabrics=node.fabrics,
+            inventory=node.inventory,
+            replicas=statuses,
+            weights=node.weights,
+            agent_port=node.agent_port,
+        )
+        document = report.model_dump(mode="json")
+        walk = TelemetryWalk(node.inventory, f"{seed}/{name}")
+        head_start = (
+            f"POST /agent/v1/report HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {tokens[name]}\r\n"
+            "Content-Type: application/json\r\n"
+        )
+        for variant in range(variants):
+            for device, reading in zip(document["inventory"]["devices"], walk.step(), strict=True):
+                device.update(reading)
+            body = orjson.dumps(document)
+            head = f"{head_start}Content-Length: {len(body)}\r\n\r\n"
+            out[variant].append(head.encode() + body)
+    return b"\0\0REPORT\0\0".join(request for batch in out for request in batch)
 
 
 def free_port() -> int:
@@ -193,6 +242,61 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 300.
     raise SystemExit("llmgw serve did not lead within the timeout")
 
 
+READS_METRIC = "llmgw_control_agent_report_reads_total"
+
+
+def report_reads(port: int) -> dict[str, float] | None:
+    """How the control plane has read its reports so far, by path (None: it does not say)."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=120).text
+    found = re.findall(rf'^{READS_METRIC}{{path="([a-z_]+)"}} ([0-9.e+]+)$', text, re.M)
+    return {path: float(value) for path, value in found} if found else None
+
+
+def identical_share(requests: bytes, nodes: int) -> float:
+    """The share of the measured reports byte-identical to their node's previous one."""
+    bodies = requests.split(b"\0\0REPORT\0\0")
+    variants = len(bodies) // nodes
+    same = sum(
+        bodies[v * nodes + n] == bodies[(v - 1) % variants * nodes + n]
+        for v in range(variants)
+        for n in range(nodes)
+    )
+    return same / len(bodies)
+
+
+def run_client(
+    port: int,
+    requests: Path,
+    args: argparse.Namespace,
+    *,
+    first_variant: int,
+    rounds: int,
+    seconds: float,
+) -> dict[str, Any]:
+    client = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CLIENT,
+            str(port),
+            str(requests),
+            str(seconds),
+            str(args.connections),
+            str(args.nodes),
+            str(first_variant),
+            str(rounds),
+        ],
+        capture_output=True,
+        check=False,
+    )
+    if client.returncode != 0:
+        raise SystemExit(f"the client failed: {client.stderr.decode()[-2000:]}")
+    result: dict[str, Any] = json.loads(client.stdout)
+    return result
+
+
 def measure(url: str | None, args: argparse.Namespace) -> dict[str, Any]:
     now = time.time()
     state = build_fleet(args.nodes, args.models, args.seed, now)
@@ -203,30 +307,62 @@ def measure(url: str | None, args: argparse.Namespace) -> dict[str, Any]:
         tokens = asyncio.run(write_store(store_url, state))
         port = free_port()
         requests = Path(tmp) / "requests.bin"
-        requests.write_bytes(report_requests(state, tokens, port))
-        command = [sys.executable, "-m", "llmgw.cli.main", "serve", "--data-dir", str(data_dir),
-                   "--host", "127.0.0.1", "--port", str(port), "--trust-reported-fabrics",
-                   "--log-level", "warning"]
+        payload = report_requests(state, tokens, port, args.variants, args.seed)
+        requests.write_bytes(payload)
+        identical = identical_share(payload, args.nodes)
+        del payload
+        command = [
+            sys.executable,
+            "-m",
+            "llmgw.cli.main",
+            "serve",
+            "--data-dir",
+            str(data_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--trust-reported-fabrics",
+            "--log-level",
+            "warning",
+        ]
         if url:
             command += ["--database-url", url]
         serve = subprocess.Popen(command, stdout=subprocess.DEVNULL)
         try:
             wait_ready(port, serve)
+            # Every node once (variant 0): its first report to this instance,
+            # read whole. Then once more: a node silent for 30 s turns
+            # unreachable and its next report changes routing, and a first
+            # round at 10,000 nodes can take that long; the measured round
+            # starts with every node heard from moments ago.
+            started = time.monotonic()
+            first = run_client(port, requests, args, first_variant=0, rounds=1, seconds=0)
+            second = run_client(port, requests, args, first_variant=1, rounds=1, seconds=0)
+            warm_done = time.monotonic()
+            reads_before = report_reads(port)
             before = proc_status(serve.pid)
-            client = subprocess.run(
-                [sys.executable, "-c", _CLIENT, str(port), str(requests), str(args.seconds),
-                 str(args.connections)],
-                capture_output=True, check=False,
+            result = run_client(
+                port, requests, args, first_variant=2, rounds=10**6, seconds=args.seconds
+            )
+            print(
+                f"  warm-up: first round {first['elapsed']:.1f} s, second"
+                f" {second['elapsed']:.1f} s, {warm_done - started:.1f} s in all; then"
+                f" {time.monotonic() - warm_done - result['elapsed']:.1f} s before and after"
+                " the measured round"
             )
             after = proc_status(serve.pid)
+            reads_after = report_reads(port)
         finally:
             serve.terminate()
             serve.wait(timeout=60)
-        if client.returncode != 0:
-            raise SystemExit(f"the client failed: {client.stderr.decode()[-2000:]}")
-    result = json.loads(client.stdout)
     latencies = sorted(result["latencies_ms"])
     count = result["count"]
+    reads = (
+        {path: reads_after[path] - (reads_before or {}).get(path, 0.0) for path in reads_after}
+        if reads_after is not None
+        else None
+    )
     return {
         "reports": count,
         "reports_per_s": count / result["elapsed"],
@@ -234,12 +370,13 @@ def measure(url: str | None, args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": percentile(latencies, 99),
         "max_ms": latencies[-1],
         # The control plane's own CPU per report (its process, every thread),
-        # over the whole client run (the warm-up round included).
-        "cpu_ms_per_report": (after["cpu_s"] - before["cpu_s"]) * 1000
-        / (count + args.nodes),
+        # over the measured round.
+        "cpu_ms_per_report": (after["cpu_s"] - before["cpu_s"]) * 1000 / count,
         "rss_mb": after["VmRSS"],
         "peak_rss_mb": after["VmHWM"],
         "replicas": len(state.replicas),
+        "identical_share": identical,
+        "reads": reads,
     }
 
 
@@ -264,10 +401,33 @@ def drop_pg_database(url: str, name: str) -> None:
 
 
 def show(label: str, run: dict[str, Any]) -> None:
-    print(f"{label}: {run['reports_per_s']:.0f} reports/s ({run['reports']} in the measured"
-          f" round), latency p50 {run['p50_ms']:.1f} ms p99 {run['p99_ms']:.1f} ms max"
-          f" {run['max_ms']:.1f} ms; control plane CPU {run['cpu_ms_per_report']:.2f} ms per"
-          f" report, RSS {run['rss_mb']:.0f} MB (peak {run['peak_rss_mb']:.0f} MB)")
+    print(
+        f"{label}: {run['reports_per_s']:.0f} reports/s ({run['reports']} in the measured"
+        f" round), latency p50 {run['p50_ms']:.1f} ms p99 {run['p99_ms']:.1f} ms max"
+        f" {run['max_ms']:.1f} ms; control plane CPU {run['cpu_ms_per_report']:.2f} ms per"
+        f" report, RSS {run['rss_mb']:.0f} MB (peak {run['peak_rss_mb']:.0f} MB)"
+    )
+    print(
+        f"  reports byte-identical to their node's previous one: "
+        f"{100 * run['identical_share']:.1f} %"
+    )
+    reads = run["reads"]
+    if reads is None:
+        print(f"  how the control plane read them: not exposed by this llmgw ({READS_METRIC})")
+    else:
+        total = sum(reads.values()) or 1.0
+        print(
+            "  how the control plane read them (measured round): "
+            + ", ".join(f"{path} {100 * n / total:.1f} %" for path, n in sorted(reads.items()))
+        )
+
+
+def reuse_share(run: dict[str, Any]) -> float | None:
+    """The share of the measured reports that the report route reused unvalidated."""
+    reads = run["reads"]
+    if reads is None:
+        return None
+    return round(reads.get("same_bytes", 0.0) / (sum(reads.values()) or 1.0), 4)
 
 
 def main() -> int:
@@ -277,13 +437,24 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--connections", type=int, default=CONNECTIONS)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--variants",
+        type=int,
+        default=4,
+        help="telemetry readings per node, sent in turn (1: every report of a node"
+        " is the same bytes, as this bench sent before)",
+    )
     parser.add_argument("--pg", default=None, help="also on PostgreSQL (a fresh database)")
     args = parser.parse_args()
     args.models = args.models or max(1, args.nodes // 2)
+    if args.variants < 1:
+        parser.error("--variants must be at least 1")
     load = os.getloadavg()[0]
     sqlite = measure(None, args)
-    print(f"fleet: {args.nodes} nodes, {args.models} models, {sqlite['replicas']} replicas;"
-          f" {args.connections} connections; load average {load:.1f}")
+    print(
+        f"fleet: {args.nodes} nodes, {args.models} models, {sqlite['replicas']} replicas;"
+        f" {args.connections} connections; load average {load:.1f}"
+    )
     show("SQLite", sqlite)
     report: dict[str, Any] = {
         "nodes": args.nodes,
@@ -293,6 +464,8 @@ def main() -> int:
         "peak_rss_mb": round(sqlite["peak_rss_mb"], 1),
         "report_p50_ms": round(sqlite["p50_ms"], 2),
         "cpu_ms_per_report": round(sqlite["cpu_ms_per_report"], 3),
+        "identical_share": round(sqlite["identical_share"], 4),
+        "reused_share": reuse_share(sqlite),
     }
     if args.pg:
         url, name = fresh_pg_database(args.pg)
@@ -307,6 +480,7 @@ def main() -> int:
             pg_rss_mb=round(pg["rss_mb"], 1),
             pg_peak_rss_mb=round(pg["peak_rss_mb"], 1),
             pg_cpu_ms_per_report=round(pg["cpu_ms_per_report"], 3),
+            pg_reused_share=reuse_share(pg),
         )
     report["load_average_1m"] = round(os.getloadavg()[0], 2)
     report["targets_met"] = {
