@@ -17,6 +17,7 @@ import uvicorn
 from tests.control.planekit import opened_plane
 
 from llmgw.cli.httpserver import GuardedHttpToolsProtocol, server_config
+from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.serving import start_server
@@ -41,9 +42,15 @@ async def _served(app: object, **overrides: object) -> AsyncIterator[int]:
         sock.close()
 
 
-@pytest.fixture
-async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, NewCredentials, int]]:
-    async with opened_plane(tmp_path) as (cp, creds), _served(create_app(cp)) as port:
+# serve and up listen with llmgw's own protocol (llmgw.cli.leanhttp); the
+# guarded uvicorn one stays llmgw's other server protocol.
+@pytest.fixture(params=[LeanHttpProtocol, GuardedHttpToolsProtocol])
+async def control(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[ControlPlane, NewCredentials, int]]:
+    async with opened_plane(tmp_path) as (cp, creds), _served(
+        create_app(cp), http=request.param
+    ) as port:
         yield cp, creds, port
 
 
@@ -113,6 +120,7 @@ async def test_a_request_head_trickled_slowly_is_cut_off(
     control: tuple[ControlPlane, NewCredentials, int], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(GuardedHttpToolsProtocol, "head_timeout_s", 0.5)
+    monkeypatch.setattr(LeanHttpProtocol, "head_timeout_s", 0.5)
     _, _, port = control
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     started = time.monotonic()

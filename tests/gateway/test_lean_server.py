@@ -337,3 +337,12 @@ async def test_answers_and_streams_without_asgi_messages_read_as_uvicorns_would(
         assert b"connection: close\r\ntransfer-encoding: chunked\r\n\r\n" in data
         assert data.endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
         writer.close()
+
+
+def test_the_gateway_and_serve_listen_with_it_and_llmgws_limits() -> None:
+    config = gateway_server_config(object())
+    assert config.http is LeanHttpProtocol
+    assert config.limit_concurrency == 4096 and config.timeout_keep_alive == 30
+    for module in ("llmgw.cli.gateway", "llmgw.cli.combined"):
+        source = Path(__import__(module, fromlist=["_"]).__file__ or "").read_text()
+        assert "gateway_server_config(" in source, module

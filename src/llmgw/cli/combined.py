@@ -14,7 +14,7 @@ from typing import Any
 
 import uvicorn
 
-from llmgw.cli.httpserver import server_config
+from llmgw.cli.leanhttp import gateway_server_config
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import sqlite_url
 from llmgw.control.app import create_app
@@ -130,6 +130,13 @@ class PathDispatcher:
     def __init__(self, control: Any, gateway: Any) -> None:
         self.control = control
         self.gateway = gateway
+        # The gateway's endpoints on the paths it is sent here (llmgw.cli.leanhttp
+        # runs them without this dispatcher's frame); its /health is the control plane's.
+        self.endpoints = {
+            (method, path): endpoint
+            for (method, path), endpoint in getattr(gateway, "endpoints", {}).items()
+            if path.startswith("/v1/") or path == "/metrics"
+        }
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] in ("http", "websocket"):
@@ -163,7 +170,7 @@ async def serve_http(
     if tls is not None and tls.ca_file is not None:
         # Clients with only the fingerprint (a join token) fetch the CA here.
         app = CaRoute(app, tls.ca_pem() or b"")
-    config = server_config(app, host=host, port=port, log_level="warning", loop="none",
+    config = gateway_server_config(app, host=host, port=port, log_level="warning", loop="none",
                            **(tls.uvicorn_settings() if tls else {}))
     server = uvicorn.Server(config)
     # Signals are ours: SIGINT/SIGTERM must stop the agent and its engines
