@@ -27,7 +27,6 @@ can be idle.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import operator
@@ -38,8 +37,9 @@ from typing import Any
 import orjson
 
 from llmgw.control import state as state_module
+from llmgw.control.adminapi.idlelist import IdleList
 from llmgw.control.adminapi.patroni import StoreStatus
-from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, Summary, SummaryBuilder
+from llmgw.control.adminapi.summary import Summary, SummaryBuilder
 from llmgw.control.adminapi.views.models import ModelView, model_view
 from llmgw.control.adminapi.views.nodes import NodeView, node_view
 from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
@@ -49,16 +49,34 @@ from llmgw.wire import NodeState, ReplicaState
 # What the summary reads of each record, besides the clock and the other
 # records. A node's view reads its state, which its report times (heard)
 # move only past the silence grace: those are watched apart.
+# (Its registration time is not read: a state depends on it only before the
+# node's first report, when it is unreachable whatever it says.)
 _NODE_INPUTS = operator.attrgetter(
-    "inventory", "fabrics", "weights", "admin_state",
-    "last_seen", "listening_since", "registered_at",
+    "inventory",
+    "fabrics",
+    "weights",
+    "admin_state",
+    "last_seen",
+    "listening_since",
 )
 _VIEWED = 4  # the view's own fields; the rest only time its state
+# A replica's model and shards never change while it is in the table
+# (replicatable.py): a record put in another's place is told apart by
+# comparing the records themselves, in C, as the ids are.
 _REPLICA_INPUTS = operator.attrgetter(
-    "state", "shards", "model", "created_at", "ready_at", "last_request_at", "in_flight",
+    "state",
+    "created_at",
+    "ready_at",
+    "last_request_at",
+    "in_flight",
 )
 _MODEL_INPUTS = operator.attrgetter(
-    "spec", "parked", "failures", "last_error", "unplaceable_reason", "demand_at",
+    "spec",
+    "parked",
+    "failures",
+    "last_error",
+    "unplaceable_reason",
+    "demand_at",
     "load_demand",
 )
 _LIVE = frozenset({ReplicaState.READY.value, ReplicaState.STARTING.value, "unreachable"})
@@ -76,20 +94,6 @@ class _Replica:
     # Since when it has been idle, when it can be idle at all (ready, nothing
     # in flight, ready or used once): the idle list's candidates.
     since: float | None
-
-
-@dataclass  # not slotted: orjson writes a plain dataclass from its __dict__, 5x as fast
-class _Idle:
-    """One entry of the idle list, the summary's IdleReplica field for field."""
-
-    id: str
-    model: str
-    idle_seconds: int
-    gpus: int
-
-
-def _longest_first(entry: _Idle) -> tuple[int, str]:
-    return -entry.idle_seconds, entry.id
 
 
 class _Tally:
@@ -129,10 +133,10 @@ class SummaryKeeper:
         self._replicas: dict[str, _Replica] = {}
         self._replica_ids: list[str] = []
         self._replica_inputs: list[tuple[object, ...]] = []
+        self._replica_records: list[ReplicaRecord] = []
         self._tally = _Tally()
-        # replica id -> (idle since, model, gpus): the idle list's candidates.
-        self._idle_since: dict[str, tuple[float, _Idle]] = {}
-        self._idle_order: list[tuple[float, str, _Idle]] | None = None
+        # The idle list's candidates (idlelist.py).
+        self._idle = IdleList()
         self._models: dict[str, ModelView] = {}
         self._model_names: list[str] = []
         self._model_inputs: list[tuple[object, ...]] = []
@@ -141,8 +145,8 @@ class SummaryKeeper:
 
     def summary(self, state: FleetState, now: float, store: StoreStatus) -> Summary:
         """``fleet_summary(state, now, store)``, from what changed since the last call."""
-        idle = self._refresh(state, now)  # first: it may start over with a new builder
-        self._builder.set_idle([(-i.idle_seconds, i.id, i.model, i.gpus) for i in idle])
+        self._refresh(state, now)  # first: it may start over with a new builder
+        self._builder.set_idle(self._idle.entries(now))
         return self._builder.finish(store)
 
     def summary_json(self, state: FleetState, now: float, store: StoreStatus) -> bytes:
@@ -150,17 +154,20 @@ class SummaryKeeper:
 
         The idle list is the one part as long as the fleet (7,500 replicas at
         10,000 nodes in bench/admin.py): as validated models and back it was
-        most of a call that had nothing else to do.
+        most of a call that had nothing else to do (see idlelist.py).
         """
-        idle = self._refresh(state, now)
+        self._refresh(state, now)
         self._builder.set_idle([])
         body = self._builder.finish(store).model_dump(mode="json")
-        body["idle_replicas"] = idle  # dataclasses: orjson writes them in C
+        body["idle_replicas"] = orjson.Fragment(self._idle.json(now))
         return orjson.dumps(body)
 
-    def _refresh(self, state: FleetState, now: float) -> list[_Idle]:
-        if (state is not self._state or now < self._now
-                or self._grace != state_module.UNREACHABLE_AFTER_S):
+    def _refresh(self, state: FleetState, now: float) -> None:
+        if (
+            state is not self._state
+            or now < self._now
+            or self._grace != state_module.UNREACHABLE_AFTER_S
+        ):
             self._reset(state)
         self._now = now
         touched_models: set[str] = set()
@@ -168,7 +175,6 @@ class SummaryKeeper:
         self._sync_replicas(state, now, moved_nodes, touched_models)
         self._sync_nodes_held(state, now)
         self._sync_models(state, now, touched_models)
-        return self._idle(now)
 
     # -- nodes ---------------------------------------------------------------------
 
@@ -250,7 +256,8 @@ class SummaryKeeper:
             held = {
                 number: replica.id
                 for replica in state.replicas.on_node(name)
-                for shard in replica.shards if shard.node == name
+                for shard in replica.shards
+                if shard.node == name
                 for number in shard.device_numbers
             }
             view = node_view(node, now, held, with_devices=False)
@@ -268,14 +275,31 @@ class SummaryKeeper:
         inputs = list(map(_REPLICA_INPUTS, records))
         changed: list[ReplicaRecord] = []
         gone: list[str] = []
-        if ids != self._replica_ids or inputs != self._replica_inputs:
-            old = dict(zip(self._replica_ids, self._replica_inputs, strict=True))
+        if (
+            ids != self._replica_ids
+            or records != self._replica_records
+            or inputs != self._replica_inputs
+        ):
+            old = dict(
+                zip(
+                    self._replica_ids,
+                    zip(self._replica_records, self._replica_inputs, strict=True),
+                    strict=True,
+                )
+            )
             for rid, record, now_inputs in zip(ids, records, inputs, strict=True):
                 before = old.pop(rid, None)
-                if before is None or before != now_inputs:
+                # A record in another's place counts as changed unless equal
+                # field for field (its model and shards included).
+                if (
+                    before is None
+                    or before[1] != now_inputs
+                    or (before[0] is not record and before[0] != record)
+                ):
                     changed.append(record)
             gone = list(old)
             self._replica_ids, self._replica_inputs = ids, inputs
+            self._replica_records = records
         # Replicas whose node turned unreachable (or back, or came or went).
         again = {r.id for name in moved_nodes for r in replicas.on_node(name)}
         seen = {r.id for r in changed}
@@ -293,8 +317,11 @@ class SummaryKeeper:
         nodes = tuple(s.node for s in record.shards)
         used = None
         if view.state in _LIVE and not view.draining:
-            used = math.inf if record.in_flight > 0 else max(
-                record.last_request_at or 0.0, record.ready_at or 0.0, record.created_at)
+            used = (
+                math.inf
+                if record.in_flight > 0
+                else max(record.last_request_at or 0.0, record.ready_at or 0.0, record.created_at)
+            )
         since = record.last_request_at or record.ready_at
         idle_since = since if view.state == "ready" and record.in_flight == 0 else None
         kept = _Replica(view, nodes, used, idle_since)
@@ -305,8 +332,7 @@ class SummaryKeeper:
         if used is not None:
             self._tally.used.setdefault(view.model, {})[record.id] = used
         if idle_since is not None:
-            self._idle_since[record.id] = (idle_since, _Idle(record.id, view.model, 0, view.gpus))
-            self._idle_order = None
+            self._idle.add(record.id, idle_since, view.model, view.gpus)
         touched.add(view.model)
         self._stale_nodes.update(nodes)
 
@@ -327,30 +353,9 @@ class SummaryKeeper:
             del used[rid]
             if not used:
                 del self._tally.used[view.model]
-        if self._idle_since.pop(rid, None) is not None:
-            self._idle_order = None
+        self._idle.drop(rid)
         touched.add(view.model)
         self._stale_nodes.update(kept.nodes)
-
-    def _idle(self, now: float) -> list[_Idle]:
-        """Ready replicas unasked-for for at least IDLE_THRESHOLD_S, longest first
-        (then by id), their idle seconds set for ``now``."""
-        if self._idle_order is None:
-            self._idle_order = sorted(
-                (since, rid, entry) for rid, (since, entry) in self._idle_since.items()
-            )
-        order = self._idle_order
-        # Candidates by when they went idle: only those idle long enough are
-        # looked at (one past the cut-off second, then checked exactly).
-        end = bisect.bisect_right(order, (now - IDLE_THRESHOLD_S + 1.0,))
-        out = []
-        for since, _, entry in order[:end]:
-            idle = int(max(0.0, now - since))
-            if idle >= IDLE_THRESHOLD_S:
-                entry.idle_seconds = idle
-                out.append(entry)
-        out.sort(key=_longest_first)  # already almost in order: equal seconds go by id
-        return out
 
     # -- models --------------------------------------------------------------------
 
