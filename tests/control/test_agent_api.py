@@ -18,6 +18,7 @@ from tests.control.planekit import (
     send_report,
 )
 
+from llmgw.control import telemetry
 from llmgw.control.rows import replica_row
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
@@ -209,9 +210,14 @@ async def test_telemetry_alone_is_not_written_to_the_store(plane: Plane) -> None
         for temperature in (41, 42, 43):
             await report_ok(client, url, token,
                             report(gpu.model_copy(update={"temperature_c": temperature})))
+            if temperature == 41:
+                first_inventory = cp.state.nodes["n1"].inventory
         assert writes == ["n1"]  # the first report; the rest only warmed the card
-        inventory = cp.state.nodes["n1"].inventory
-        assert inventory is not None and inventory.devices[0].temperature_c == 43
+        node = cp.state.nodes["n1"]
+        # The readings are taken beside the inventory, which stays the same object.
+        assert node.inventory is first_inventory
+        readings = telemetry.current(node.inventory, node.readings)
+        assert readings is not None and readings.of(0) == (0, None, 43, None)
         sick = gpu.model_copy(update={"healthy": False, "unhealthy_reasons": ["ECC"]})
         await send_report(client, url, token, report(sick))
         assert writes == ["n1", "n1"]

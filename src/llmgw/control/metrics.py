@@ -77,6 +77,8 @@ class ControlMetrics:
         self.placed: dict[str, int] = {}
         self.removed: dict[str, int] = {}
         self.reports: dict[str, int] = {}
+        # How the report route read accepted reports (reportroute.py).
+        self.report_reads: dict[str, int] = {}
 
     def reconcile_pass(self, seconds: float, outcome: str, result: PassResult | None) -> None:
         """One pass ended: ``ok``, ``error`` (retried next tick) or ``stale_epoch``."""
@@ -91,6 +93,9 @@ class ControlMetrics:
 
     def agent_report(self, status: int) -> None:
         _add(self.reports, report_outcome(status), 1)
+
+    def report_read(self, path: str) -> None:
+        _add(self.report_reads, path, 1)
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:
@@ -188,6 +193,10 @@ def _work_families(m: ControlMetrics) -> Iterator[Metric]:
     yield _counter("llmgw_control_agent_reports", "outcome", m.reports,
                    "Agent reports answered, by outcome: accepted, unauthorized, wrong_node,"
                    " invalid, unavailable (standby or store), error.")
+    yield _counter("llmgw_control_agent_report_reads", "path", m.report_reads,
+                   "Agent reports taken in, by how they were read: same_bytes (the node's"
+                   " last report again), telemetry (the last report with new device"
+                   " readings, validated alone) or validated (the whole report).")
 
 
 def _store_families(stats: WriteStats) -> Iterator[Metric]:

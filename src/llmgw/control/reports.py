@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from llmgw.control import weightdigests
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
+from llmgw.control.telemetry import Reading, Readings
 from llmgw.wire import (
     AgentReport,
     NodeInventory,
@@ -53,6 +54,7 @@ def apply_report(
     *,
     trust_reported_fabrics: bool = False,
     vouch: Callable[[list[WeightsEntry]], list[WeightsEntry]] | None = None,
+    readings: tuple[Reading, ...] | None = None,
 ) -> ReportEffects:
     """Take in a node's report: its facts, its heartbeat and its replicas' states.
 
@@ -61,6 +63,9 @@ def apply_report(
     operator's (pinned) or none, unless ``serve --trust-reported-fabrics``
     says every machine that can join is the operator's own. ``vouch`` keeps
     the holdings placement and peers may believe (weightdigests.vouched).
+    ``readings``: the devices' telemetry where it is newer than what the
+    report's inventory says (control.telemetry: the report route reused the
+    node's last report with this body's readings).
     """
     effects = ReportEffects()
     effects.routing_changed = node.state(now) == NodeState.UNREACHABLE
@@ -98,6 +103,12 @@ def apply_report(
         # Replaced, never edited in place, and only when it changed: the
         # scheduler caches per-node device indexes keyed by this object.
         node.inventory = report.inventory
+    # Equal inventories list the same devices in the same order, so the
+    # readings fit the node's object whichever of the two it is.
+    node.readings = (
+        Readings(node.inventory, readings)
+        if readings is not None and node.inventory is not None else None
+    )
     if node.agent_key_hash is None and report.agent_key_hash is not None:
         # Only ever the first: once a node has a hash, a report with another
         # one must not move it, or a node token alone (copied, leaked) would

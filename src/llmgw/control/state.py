@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from llmgw.control.external import HealthReports
 from llmgw.control.replicatable import ReplicaTable
+from llmgw.control.telemetry import Readings
 from llmgw.errors import TransitionError
 from llmgw.wire import (
     EngineDialect,
@@ -50,6 +51,10 @@ class NodeRecord:
     agent_port: int | None = None
     fabrics: list[str] = field(default_factory=list)
     inventory: NodeInventory | None = None
+    # The devices' latest telemetry where it is newer than the inventory's
+    # (control.telemetry; memory only): reports that change only readings
+    # leave the inventory object, and so everything digested from it, alone.
+    readings: Readings | None = None
     weights: list[WeightsEntry] = field(default_factory=list)
     last_seen: float | None = None
     # Latest replica status lines from the agent, by replica id (memory only).

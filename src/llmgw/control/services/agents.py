@@ -15,6 +15,7 @@ from llmgw.control.reports import apply_report, assignments_for, weight_peers
 from llmgw.control.rows import gpu_rows, node_row, replica_row
 from llmgw.control.services.core import Core
 from llmgw.control.state import UNREACHABLE_AFTER_S, NodeRecord
+from llmgw.control.telemetry import Reading
 from llmgw.errors import AuthError
 from llmgw.wire import AgentReport, AgentReportAnswer
 
@@ -38,8 +39,14 @@ class Agents:
         # The last refusal of a certificate per node, so each is an event once.
         self._certificate_refused: dict[str, str] = {}
 
-    async def report(self, node: NodeRecord, report: AgentReport) -> AgentReportAnswer:
-        """Take in a node's report; answer with everything it must run."""
+    async def report(
+        self, node: NodeRecord, report: AgentReport,
+        readings: tuple[Reading, ...] | None = None,
+    ) -> AgentReportAnswer:
+        """Take in a node's report; answer with everything it must run.
+
+        ``readings``: its devices' telemetry, newer than the report's inventory
+        (apply_report)."""
         core, state = self.core, self.core.state
         core.require_leader()
         if report.node != node.name:
@@ -47,7 +54,7 @@ class Agents:
         now = time.time()
         effects = apply_report(
             state, node, report, now, trust_reported_fabrics=core.trust_reported_fabrics,
-            vouch=lambda entries: core.digests.vouched(state, entries),
+            vouch=lambda entries: core.digests.vouched(state, entries), readings=readings,
         )
         if effects.write_node:
             await core.writes.upsert_nodes([node_row(node)])

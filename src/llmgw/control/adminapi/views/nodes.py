@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from llmgw.control import telemetry
 from llmgw.control.adminapi.views.memo import Memo, forget_gone
 from llmgw.control.state import FleetState, NodeRecord
 from llmgw.wire import Device, NodeInventory, device_label
@@ -213,6 +214,13 @@ def _build_node_view(
     name = node.name
     devices: list[DeviceView] = []
     classes, totals, holders = _count_devices(inventory, held, devices if with_devices else None)
+    readings = telemetry.current(inventory, node.readings)
+    if readings is not None and devices:
+        # Newer than the devices' own (control.telemetry); apart from the
+        # counting loop, which reads none of them.
+        for index, view in enumerate(devices):
+            (view.memory_used_mib, view.utilization_pct, view.temperature_c,
+             view.power_w) = readings.of(index)
     total, used_n, free, bad = totals
     return NodeView(
         name=name,
