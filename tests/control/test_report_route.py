@@ -7,15 +7,31 @@ with its status, through the application's own exception handlers.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.control.planekit import Plane, bearer, inventory, register, send_report
+import uvicorn
+from tests.control.planekit import (
+    Plane,
+    bearer,
+    inventory,
+    opened_plane,
+    register,
+    send_report,
+)
 
+from llmgw.cli.combined import PathDispatcher
+from llmgw.cli.leanhttp import gateway_server_config
 from llmgw.control import telemetry
 from llmgw.control.app import create_app
-from llmgw.control.reportroute import ReportRoute
+from llmgw.control.reportroute import REPORT_PATH, ReportRoute
+from llmgw.serving import start_server
 from llmgw.sim import fleetgen
 from llmgw.sim.telemetry import TelemetryWalk
 from llmgw.wire import AgentReport, AgentReportAnswer, ModelSpec, NodeInventory
@@ -182,3 +198,73 @@ async def test_a_report_that_changes_only_telemetry_takes_the_readings_alone(
         rows = await cp.store.list_gpus("n1")
         assert [r["healthy"] for r in rows] == [True, False]
         assert cp.metrics.report_reads == {"validated": 2, "telemetry": 1, "same_bytes": 1}
+
+
+async def test_serves_lean_server_answers_reports_without_the_framework(tmp_path: Path) -> None:
+    # As `serve` listens: its PathDispatcher on llmgw's own protocol, which
+    # runs the control plane's report endpoint (the route in CountReports and
+    # BodyLimit) without FastAPI's stack.
+    async with opened_plane(tmp_path) as (cp, creds), contextlib.AsyncExitStack() as stack:
+        app = create_app(cp)
+        dispatcher = PathDispatcher(app, _Nothing())
+        endpoint = dispatcher.endpoints[("POST", REPORT_PATH)]
+        assert endpoint is app.endpoints[("POST", REPORT_PATH)]
+        url = await stack.enter_async_context(_served_as_serve_serves(dispatcher))
+        plane = Plane(cp, creds, url)
+        client = await stack.enter_async_context(httpx.AsyncClient())
+        token = await register(client, url, plane.join, "n1")
+        await register(client, url, plane.join, "n2")
+        walk = TelemetryWalk(inventory("n1"), seed=1)
+        reports = [AgentReport(node="n1", inventory=walk.inventory()) for _ in range(2)]
+        for report in reports:
+            answer = await send_report(client, url, token, report)
+            assert answer.status_code == 200, answer.text
+            assert AgentReportAnswer.model_validate_json(answer.content).node == "n1"
+        route = endpoint.app.app  # CountReports -> BodyLimit -> ReportRoute
+        assert isinstance(route, ReportRoute) and "n1" in route._last
+        other = AgentReport(node="n2", inventory=inventory("n2"))
+        assert (await send_report(client, url, token, other)).status_code == 403
+        assert (await send_report(client, url, token, b"{nope")).status_code == 422
+        stranger = await send_report(client, url, "llmgw-node-nonsense", reports[0])
+        assert stranger.status_code == 401
+        # Over the report's body limit: refused before the body is read.
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(
+            f"POST {REPORT_PATH} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+            f"\r\nContent-Length: {9 * 1024 * 1024}\r\n\r\n{{".encode()
+        )
+        huge = await asyncio.wait_for(reader.read(65536), 5.0)
+        writer.close()
+        assert huge.startswith(b"HTTP/1.1 413 ") and b"request_too_large" in huge
+        assert cp.metrics.reports == {
+            "accepted": 2,
+            "wrong_node": 1,
+            "invalid": 2,
+            "unauthorized": 1,
+        }
+        # A standby's answer, in the same shape as through the framework.
+        cp.is_leader = False
+        standby = await send_report(client, url, token, reports[0])
+        assert standby.status_code == 503 and standby.json()["error"]["code"] == "standby"
+
+
+@contextlib.asynccontextmanager
+async def _served_as_serve_serves(app: Any) -> AsyncIterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(gateway_server_config(app, log_level="warning", loop="none"))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    task = await start_server(server, [sock])
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = server.force_exit = True
+        await task
+        sock.close()
+
+
+class _Nothing:
+    """A gateway with no endpoints (the dispatcher sends it nothing here)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError(f"the gateway got {scope['path']}")

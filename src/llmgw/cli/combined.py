@@ -137,6 +137,8 @@ class PathDispatcher:
             for (method, path), endpoint in getattr(gateway, "endpoints", {}).items()
             if path.startswith("/v1/") or path == "/metrics"
         }
+        # The control plane's too (agent reports: control/app.py).
+        self.endpoints.update(getattr(control, "endpoints", None) or {})
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] in ("http", "websocket"):

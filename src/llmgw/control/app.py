@@ -26,7 +26,7 @@ from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.httperrors import error_response, install_error_handlers
 from llmgw.control.limits import BodyLimit
 from llmgw.control.metrics import CountReports, control_registry
-from llmgw.control.reportroute import ReportRoute
+from llmgw.control.reportroute import REPORT_PATH, ReportRoute
 from llmgw.control.service import ControlPlane
 from llmgw.errors import AuthError, ValidationError
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
@@ -57,19 +57,35 @@ async def _body(request: Request) -> Any:
         raise ValidationError(f"request body is not valid JSON: {exc}") from None
 
 
+class ControlApp(FastAPI):
+    """The control plane's app, and the routes it answers without its middleware stack."""
+
+    endpoints: dict[tuple[str, str], Any]
+
+
 def create_app(
     cp: ControlPlane, *, title: str = "llmgw control plane", metrics_token: str | None = None
 ) -> FastAPI:
     # No /admin/docs or /redoc: FastAPI's pages load their scripts from a CDN
     # into the console's origin, where the admin token lives, and answered
     # without any token. The schema itself stays at /admin/v1/openapi.json.
-    app = FastAPI(title=title, version="1", docs_url=None, redoc_url=None,
-                  openapi_url="/admin/v1/openapi.json")
+    app = ControlApp(title=title, version="1", docs_url=None, redoc_url=None,
+                     openapi_url="/admin/v1/openapi.json")
     app.state.cp = cp
     # Innermost: agent reports answered without the routing below (reportroute.py).
     app.add_middleware(ReportRoute, cp=cp, handlers=app.exception_handlers)
     app.add_middleware(BodyLimit)
     app.add_middleware(CountReports, metrics=cp.metrics)  # outermost: sees BodyLimit's 413s
+    # The same route in the same two layers, without the framework's own
+    # (its app, error and body-limit middlewares, each a frame and a send
+    # wrapper a report), for servers that run endpoints by (method, path)
+    # (llmgw.cli.leanhttp, through serve's PathDispatcher).
+    app.endpoints = {
+        ("POST", REPORT_PATH): CountReports(
+            BodyLimit(ReportRoute(app, cp=cp, handlers=app.exception_handlers)),
+            metrics=cp.metrics,
+        ),
+    }
 
     install_error_handlers(app, cp.leader_hint)
 
