@@ -55,6 +55,11 @@ async def test_a_report_is_answered_as_the_control_plane_answers_it(plane: Plane
     assert int(answer.headers["content-length"]) == len(answer.content)
     body = AgentReportAnswer.model_validate_json(answer.content)
     assert body.node == "n1" and body.report_interval_s > 0
+    # The route's bytes (assignments spliced in as kept JSON) are the model's dump.
+    again = await cp.agents.report(
+        cp.state.nodes["n1"], AgentReport(node="n1", inventory=inventory("n1"))
+    )
+    assert answer.content == again.model_dump_json().encode()
 
 
 async def test_each_refusal_keeps_its_status_and_shape(plane: Plane) -> None:

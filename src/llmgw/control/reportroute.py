@@ -110,15 +110,14 @@ class ReportRoute:
             if kept.digest == digest:
                 # The same bytes as this node's last report: the same report.
                 cp.metrics.report_read("same_bytes")
-                answer = await cp.agents.report(node, kept.report, kept.readings)
-                return answer.model_dump_json().encode()
+                return await cp.agents.report_json(node, kept.report, kept.readings)
             readings = telemetry.read(body, kept.shape) if kept.shape is not None else None
             if readings is not None:
                 # The last valid report with this body's readings.
                 cp.metrics.report_read("telemetry")
-                answer = await cp.agents.report(node, kept.report, readings)
+                answer = await cp.agents.report_json(node, kept.report, readings)
                 kept.digest, kept.readings = digest, readings
-                return answer.model_dump_json().encode()
+                return answer
         report = _validated(body)
         if report.node != node.name:
             return error_response(
@@ -128,9 +127,9 @@ class ReportRoute:
                 "wrong_node",
             )
         cp.metrics.report_read("validated")
-        answer = await cp.agents.report(node, report)
+        answer = await cp.agents.report_json(node, report)
         self._remember(node, digest, report, body)
-        return answer.model_dump_json().encode()
+        return answer
 
     def _remember(self, node: NodeRecord, digest: bytes, report: AgentReport, body: bytes) -> None:
         last = self._last

@@ -18,10 +18,12 @@ from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.control.telemetry import Reading, Readings
 from llmgw.wire import (
     AgentReport,
+    ModelSpec,
     NodeInventory,
     NodeState,
     ReplicaAssignment,
     ReplicaState,
+    ShardAssignment,
     WeightsDigests,
     WeightsEntry,
     host_in_url,
@@ -107,7 +109,8 @@ def apply_report(
     # readings fit the node's object whichever of the two it is.
     node.readings = (
         Readings(node.inventory, readings)
-        if readings is not None and node.inventory is not None else None
+        if readings is not None and node.inventory is not None
+        else None
     )
     if node.agent_key_hash is None and report.agent_key_hash is not None:
         # Only ever the first: once a node has a hash, a report with another
@@ -122,7 +125,8 @@ def apply_report(
     # Ids the control plane does not know (a replica deleted while its
     # engine still stops) stay, as before: they change nothing.
     effects.foreign = sorted(
-        rid for rid in {*report.refused, *(s.replica_id for s in report.replicas)}
+        rid
+        for rid in {*report.refused, *(s.replica_id for s in report.replicas)}
         if rid in state.replicas and node.name not in state.replicas[rid].nodes
     )
     foreign = set(effects.foreign)
@@ -202,32 +206,102 @@ def assignments_for(
     ``engine_key``: each replica's engine key by id (control.enginekeys);
     every shard gets it, since every rank may serve or be probed.
     """
-    out: list[ReplicaAssignment] = []
-    for replica in state.replicas.on_node(node_name):
-        if replica.state == ReplicaState.FAILED:
-            continue
-        shard = next((s for s in replica.shards if s.node == node_name), None)
-        model = state.models.get(replica.model)
-        if shard is None or model is None:
-            continue
-        leader = state.nodes.get(replica.leader_node)
-        out.append(
-            ReplicaAssignment(
-                replica_id=replica.id,
-                generation=replica.generation,
-                model=model.spec,
-                shard=shard,
-                nodes=len(replica.shards),
-                leader_address=leader.address if leader and len(replica.shards) > 1 else None,
-                draining=replica.draining,
-                engine_key=engine_key(replica.id) if engine_key is not None else None,
-            )
-        )
-    return out
+    return [
+        _assignment(replica, inputs)
+        for replica in state.replicas.on_node(node_name)
+        if (inputs := _assignment_inputs(state, node_name, replica, engine_key)) is not None
+    ]
+
+
+# What one replica's assignment to a node is made from, besides the replica's
+# id: generation, model spec, shard, node count, leader address, draining,
+# engine key. Specs and shards are replaced when they change, never edited.
+_Inputs = tuple[int, ModelSpec, ShardAssignment, int, str | None, bool, str | None]
+
+
+def _assignment_inputs(
+    state: FleetState,
+    node_name: str,
+    replica: ReplicaRecord,
+    engine_key: Callable[[str], str] | None,
+) -> _Inputs | None:
+    if replica.state == ReplicaState.FAILED:
+        return None
+    shard = next((s for s in replica.shards if s.node == node_name), None)
+    model = state.models.get(replica.model)
+    if shard is None or model is None:
+        return None
+    nodes = len(replica.shards)
+    leader = state.nodes.get(replica.leader_node) if nodes > 1 else None
+    return (
+        replica.generation,
+        model.spec,
+        shard,
+        nodes,
+        leader.address if leader is not None else None,
+        replica.draining,
+        engine_key(replica.id) if engine_key is not None else None,
+    )
+
+
+def _assignment(replica: ReplicaRecord, inputs: _Inputs) -> ReplicaAssignment:
+    generation, spec, shard, nodes, leader_address, draining, key = inputs
+    return ReplicaAssignment(
+        replica_id=replica.id,
+        generation=generation,
+        model=spec,
+        shard=shard,
+        nodes=nodes,
+        leader_address=leader_address,
+        draining=draining,
+        engine_key=key,
+    )
+
+
+class AssignmentJson:
+    """Each replica's assignment to each of its nodes as JSON, made again only when
+    what it is made from changed.
+
+    Every report's answer carries all of its node's assignments, each with
+    its model's whole catalog entry: at 10,000 nodes, building and dumping
+    them was the largest part of answering a report, for bytes that change
+    only when the replica or its model does.
+    """
+
+    def __init__(self) -> None:
+        # (replica id, node) -> (its inputs, its JSON)
+        self._kept: dict[tuple[str, str], tuple[_Inputs, bytes]] = {}
+
+    def for_node(
+        self, state: FleetState, node_name: str, engine_key: Callable[[str], str] | None = None
+    ) -> list[bytes]:
+        """:func:`assignments_for`'s list, each dumped as ``model_dump_json`` would."""
+        kept = self._kept
+        if len(kept) > 2 * len(state.replicas) + 64:
+            # Removed replicas' entries are never read again.
+            for gone in [k for k in kept if k[0] not in state.replicas]:
+                del kept[gone]
+        out: list[bytes] = []
+        for replica in state.replicas.on_node(node_name):
+            inputs = _assignment_inputs(state, node_name, replica, engine_key)
+            if inputs is None:
+                continue
+            entry = kept.get((replica.id, node_name))
+            # Tuple comparison tries identity first: unchanged specs and
+            # shards cost a pointer comparison each.
+            if entry is None or entry[0] != inputs:
+                entry = kept[replica.id, node_name] = (
+                    inputs,
+                    _assignment(replica, inputs).model_dump_json().encode(),
+                )
+            out.append(entry[1])
+        return out
 
 
 def weight_peers(
-    state: FleetState, node: NodeRecord, records: dict[str, WeightsDigests],
+    state: FleetState,
+    node: NodeRecord,
+    records: dict[str, WeightsDigests],
     scheme: str = "http",
 ) -> dict[str, list[str]]:
     """Agents of the node's fabrics that hold weights it needs: model -> agent URLs.
@@ -242,7 +316,8 @@ def weight_peers(
         r.model
         for r in state.replicas.on_node(node.name)
         if r.model not in {w.model for w in node.weights}
-        and r.model in records and r.model in state.models
+        and r.model in records
+        and r.model in state.models
         and records[r.model].source == state.models[r.model].spec.weights
     }
     if not wanted:
@@ -274,7 +349,15 @@ def weight_peers(
 
 def _placement_facts(inventory: NodeInventory) -> list[tuple[object, ...]]:
     return [
-        (d.number, d.uuid, d.gpu_class, d.healthy, tuple(d.unhealthy_reasons), d.placeable,
-         d.unplaceable_reason, d.memory_total_mib)
+        (
+            d.number,
+            d.uuid,
+            d.gpu_class,
+            d.healthy,
+            tuple(d.unhealthy_reasons),
+            d.placeable,
+            d.unplaceable_reason,
+            d.memory_total_mib,
+        )
         for d in inventory.devices
     ]

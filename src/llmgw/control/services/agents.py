@@ -11,13 +11,18 @@ import logging
 import time
 
 from llmgw.control.nodecerts import Issued
-from llmgw.control.reports import apply_report, assignments_for, weight_peers
+from llmgw.control.reports import (
+    AssignmentJson,
+    apply_report,
+    assignments_for,
+    weight_peers,
+)
 from llmgw.control.rows import gpu_rows, node_row, replica_row
 from llmgw.control.services.core import Core
 from llmgw.control.state import UNREACHABLE_AFTER_S, NodeRecord
 from llmgw.control.telemetry import Reading
 from llmgw.errors import AuthError
-from llmgw.wire import AgentReport, AgentReportAnswer
+from llmgw.wire import AgentReport, AgentReportAnswer, ReplicaAssignment
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +43,57 @@ class Agents:
         self._foreign_reported: dict[str, list[str]] = {}
         # The last refusal of a certificate per node, so each is an event once.
         self._certificate_refused: dict[str, str] = {}
+        self._assignment_json = AssignmentJson()
 
     async def report(
-        self, node: NodeRecord, report: AgentReport,
+        self,
+        node: NodeRecord,
+        report: AgentReport,
         readings: tuple[Reading, ...] | None = None,
     ) -> AgentReportAnswer:
         """Take in a node's report; answer with everything it must run.
 
         ``readings``: its devices' telemetry, newer than the report's inventory
         (apply_report)."""
+        issued = await self._take(node, report, readings)
+        core = self.core
+        return self._answer(
+            node, issued, assignments_for(core.state, node.name, core.engine_keys.key)
+        )
+
+    async def report_json(
+        self,
+        node: NodeRecord,
+        report: AgentReport,
+        readings: tuple[Reading, ...] | None = None,
+    ) -> bytes:
+        """:meth:`report`'s answer as its ``model_dump_json`` bytes, each assignment's
+        JSON kept between reports (reports.AssignmentJson)."""
+        issued = await self._take(node, report, readings)
+        core = self.core
+        shell = self._answer(node, issued, []).model_dump_json().encode()
+        parts = self._assignment_json.for_node(core.state, node.name, core.engine_keys.key)
+        # The node's name is the only field before the list, and a node name
+        # holds no quote: the first occurrence is the field.
+        return shell.replace(b'"assignments":[]', b'"assignments":[' + b",".join(parts) + b"]", 1)
+
+    async def _take(
+        self, node: NodeRecord, report: AgentReport, readings: tuple[Reading, ...] | None
+    ) -> Issued:
+        """Everything a report changes, written where it must be; the certificate it asked for."""
         core, state = self.core, self.core.state
         core.require_leader()
         if report.node != node.name:
             raise AuthError(f"this token speaks for node {node.name!r}, not {report.node!r}")
         now = time.time()
         effects = apply_report(
-            state, node, report, now, trust_reported_fabrics=core.trust_reported_fabrics,
-            vouch=lambda entries: core.digests.vouched(state, entries), readings=readings,
+            state,
+            node,
+            report,
+            now,
+            trust_reported_fabrics=core.trust_reported_fabrics,
+            vouch=lambda entries: core.digests.vouched(state, entries),
+            readings=readings,
         )
         if effects.write_node:
             await core.writes.upsert_nodes([node_row(node)])
@@ -65,14 +104,25 @@ class Agents:
         if effects.replicas:
             await core.writes.write_replicas([replica_row(r) for r in effects.replicas])
         if effects.agent_key_recorded:
-            await core.event("node", node.name, f"node {node.name} recorded its agent's key"
-                             " from a report; its agent may now register it again")
+            await core.event(
+                "node",
+                node.name,
+                f"node {node.name} recorded its agent's key"
+                " from a report; its agent may now register it again",
+            )
         if effects.foreign and self._foreign_reported.get(node.name) != effects.foreign:
             # Once per distinct set, not once per report every 5 s.
-            log.warning("node %s reported on replicas not assigned to it (ignored): %s",
-                        node.name, ", ".join(effects.foreign))
-            await core.event("node", node.name, f"node {node.name} reported on replicas not"
-                             " assigned to it; ignored", replicas=effects.foreign)
+            log.warning(
+                "node %s reported on replicas not assigned to it (ignored): %s",
+                node.name,
+                ", ".join(effects.foreign),
+            )
+            await core.event(
+                "node",
+                node.name,
+                f"node {node.name} reported on replicas not assigned to it; ignored",
+                replicas=effects.foreign,
+            )
         self._foreign_reported[node.name] = effects.foreign
         issued = await self._certificate(node, report)
         await core.digests.take_report(state, node, report)
@@ -80,21 +130,28 @@ class Agents:
             core.wake_reconciler()
         if effects.routing_changed:
             await state.bump_routing()
+        return issued
+
+    def _answer(
+        self, node: NodeRecord, issued: Issued, assignments: list[ReplicaAssignment]
+    ) -> AgentReportAnswer:
+        core, state = self.core, self.core.state
         certs = core.node_certs
         return AgentReportAnswer(
             node=node.name,
-            assignments=assignments_for(state, node.name, core.engine_keys.key),
+            assignments=assignments,
             report_interval_s=REPORT_INTERVAL_S,
             # A node waiting for approval reads no one's weights.
-            weight_peers={} if node.pending_approval else weight_peers(
-                state, node, core.digests.records, certs.scheme
-            ),
+            weight_peers={}
+            if node.pending_approval
+            else weight_peers(state, node, core.digests.records, certs.scheme),
             weight_digests=core.digests.for_node(state, node),
             peer_token=None if node.pending_approval else core.peer_token,
             node_tls=certs.enabled,
             certificate=issued.certificate,
-            certificate_ca=(certs.issuer.ca_pem.decode("ascii")
-                            if issued.certificate and certs.issuer else None),
+            certificate_ca=(
+                certs.issuer.ca_pem.decode("ascii") if issued.certificate and certs.issuer else None
+            ),
             certificate_refused=issued.refused,
         )
 
@@ -110,9 +167,13 @@ class Agents:
         elif self._certificate_refused.get(node.name) != issued.refused:
             self._certificate_refused[node.name] = issued.refused
             log.warning("no server certificate for node %s: %s", node.name, issued.refused)
-            await self.core.event("node", node.name, f"node {node.name} gets no server"
-                                  f" certificate: {issued.refused}; its server stays down"
-                                  " until it has one")
+            await self.core.event(
+                "node",
+                node.name,
+                f"node {node.name} gets no server"
+                f" certificate: {issued.refused}; its server stays down"
+                " until it has one",
+            )
         return issued
 
     async def note_reachability(self, now: float) -> None:
@@ -131,8 +192,12 @@ class Agents:
             return
         for name in sorted(unreachable - (before or frozenset())):
             if before is not None:
-                await core.event("node", name, f"node {name} is unreachable: no report for"
-                                 f" more than {UNREACHABLE_AFTER_S:g} s")
+                await core.event(
+                    "node",
+                    name,
+                    f"node {name} is unreachable: no report for"
+                    f" more than {UNREACHABLE_AFTER_S:g} s",
+                )
         await core.state.bump_routing()
         core.wake_reconciler()
 
