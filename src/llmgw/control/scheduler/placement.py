@@ -123,8 +123,13 @@ class Placer:
         # same answer without a fleet-wide explanation.
         self._memo: dict[tuple[object, ...], Unplaceable] = {}
         # Request -> the filters that apply to it (Filter.applies).
-        self._applying: dict[Request, tuple[Filter, ...]] = {}
+        self._applying: dict[Request, tuple[tuple[Filter, ...], tuple[Filter, ...]]] = {}
         self._applying_to: tuple[Filter, ...] = self.filters
+        # The default scorers' weights (``_default_weights``), for the scorers
+        # they were read from.
+        self._weights: tuple[float, float, float] | None = None
+        self._weights_of: tuple[Scorer, ...] | None = None
+        self._scorer_names: tuple[str, ...] = ()
 
     # -- building blocks ---------------------------------------------------------
 
@@ -137,16 +142,37 @@ class Placer:
 
     def _active(self, request: Request) -> tuple[Filter, ...]:
         """The filters that can refuse a node for ``request`` (Filter.applies), in order."""
+        return self._applicable(request)[0]
+
+    def _applicable(self, request: Request) -> tuple[tuple[Filter, ...], tuple[Filter, ...]]:
+        """``_active``'s filters, and those of them a bucketed candidate must
+        still pass (not ``indexed``)."""
         if self._applying_to is not self.filters:
             self._applying, self._applying_to = {}, self.filters
         found = self._applying.get(request)
         if found is None:
             if len(self._applying) >= 4096:
                 self._applying.clear()
-            found = self._applying[request] = tuple(
-                f for f in self.filters if getattr(f, "applies", _always)(request)
-            )
+            active = tuple(f for f in self.filters if getattr(f, "applies", _always)(request))
+            unindexed = tuple(f for f in active if not getattr(f, "indexed", False))
+            found = self._applying[request] = (active, unindexed)
         return found
+
+    def _default_weights(self) -> tuple[float, float, float] | None:
+        """The weights of WeightsLocal, Spread and BinPack when those are the
+        scorers, in that order (``_scored`` then computes them inline); None
+        for any other set."""
+        if self._weights_of is not self.scorers:
+            scorers = self.scorers
+            kinds = tuple(type(s) for s in scorers)
+            self._weights = (
+                (scorers[0].weight, scorers[1].weight, scorers[2].weight)
+                if kinds == (WeightsLocal, Spread, BinPack)
+                else None
+            )
+            self._scorer_names = tuple(s.name for s in scorers)
+            self._weights_of = scorers
+        return self._weights
 
     def score(self, node: PlacementNode, request: Request, gpu_class: str) -> Candidate:
         parts = []
@@ -223,20 +249,92 @@ class Placer:
         return self._place_single(snapshot, request)
 
     def _place_single(self, snapshot: PlacementSnapshot, request: Request) -> Placement | None:
+        weights = self._default_weights()
+        if weights is None:
+            return self._place_single_scored(snapshot, request)
+        # The same walk as _place_single_scored with the default scorers
+        # written out (the same arithmetic in the same order, so the same
+        # floats): per replica it is about ten candidates, and the calls per
+        # filter, scorer and candidate were most of placing one.
+        w_weights, w_spread, w_pack = weights
+        weight_sum = self._weight_sum
+        model, per_node, classes = request.model, request.per_node, request.classes
+        limit = self.candidate_limit
+        nodes = snapshot.nodes
+        # (score, node, class, and each scorer's part for the best few shown)
+        candidates: list[_Parted] = []
+        seen: set[str] = set()
+        active, unindexed = self._applicable(request)
+
+        def consider(name: str, checks: tuple[Filter, ...]) -> bool:  # _consider
+            if name in seen:
+                return False
+            seen.add(name)
+            node = nodes[name]
+            for check in checks:
+                if check.check(node, request) is not None:
+                    return False
+            free = node.free
+            for gpu_class in classes:  # usable_class
+                held = free.get(gpu_class)
+                if held and len(held) >= per_node:
+                    break
+            else:
+                return False
+            capacity = node.capacity_total
+            local = 1.0 if model in node.weights else 0.0
+            spread = 1.0 / (1.0 + node.replicas.get(model, 0))
+            pack = 0.0 if capacity <= 0 else min(1.0, (node.used_total + per_node) / capacity)
+            total = w_weights * local
+            total += w_spread * spread
+            total += w_pack * pack
+            candidates.append((round(total / weight_sum, 6), name, gpu_class, local, spread, pack))
+            return True
+
+        for examined, name in enumerate(snapshot.holders(model), start=1):
+            if examined > 8 * limit or len(candidates) >= limit:
+                break
+            consider(name, active)
+        found_in_buckets = 0
+        # As _place_single_scored, limit included: once it is reached, each
+        # later class still has the first node of its first bucket looked at.
+        for gpu_class in classes:
+            buckets = snapshot.buckets(gpu_class)
+            for count in sorted(c for c in buckets if c >= per_node):
+                for name in buckets[count]:
+                    if consider(name, unindexed):
+                        found_in_buckets += 1
+                    if found_in_buckets >= limit:
+                        break
+                if found_in_buckets >= limit:
+                    break
+        if not candidates:
+            return None
+        # Stable: equal scores keep candidate order (weights holders, then best fit).
+        ranked = sorted(candidates, key=_by_score_parted)
+        best = nodes[ranked[0][1]]
+        names = self._scorer_names
+        return Placement(
+            request,
+            [_pick(best, ranked[0][2], per_node)],
+            candidates=[
+                Candidate(name, gpu_class, total, tuple(zip(names, parts, strict=True)))
+                for total, name, gpu_class, *parts in ranked[: self.show_top]
+            ],
+        )
+
+    def _place_single_scored(
+        self, snapshot: PlacementSnapshot, request: Request
+    ) -> Placement | None:
+        """_place_single through the scorers' objects: for other scorers than the default."""
         candidates: list[_Scored] = []
         seen: set[str] = set()
-        active = self._active(request)
-        # Weights first: a node holding them wins on score anyway, and it may
-        # sit in any bucket. Bounded, since a popular model's weights may be on
-        # most of the fleet and most of those nodes are full.
+        active, unindexed = self._applicable(request)
         for examined, name in enumerate(snapshot.holders(request.model), start=1):
             if examined > 8 * self.candidate_limit or len(candidates) >= self.candidate_limit:
                 break
             self._consider(snapshot.nodes[name], request, candidates, seen, active)
         found_in_buckets = 0
-        # A node from a bucket of an accepted class with enough free devices
-        # passes the indexed filters by construction (Filter, "indexed").
-        unindexed = tuple(f for f in active if not getattr(f, "indexed", False))
         for gpu_class in request.classes:
             buckets = snapshot.buckets(gpu_class)
             for count in sorted(c for c in buckets if c >= request.per_node):
@@ -249,7 +347,6 @@ class Placer:
                     break
         if not candidates:
             return None
-        # Stable: equal scores keep candidate order (weights holders, then best fit).
         ranked = sorted(candidates, key=_by_score)
         best = snapshot.nodes[ranked[0][1]]
         return Placement(
@@ -335,6 +432,14 @@ _Scored = tuple[float, str, str]
 
 
 def _by_score(candidate: _Scored) -> float:
+    return -candidate[0]
+
+
+# (score, node, class, and each default scorer's part): Placer._place_single's.
+_Parted = tuple[float, str, str, float, float, float]
+
+
+def _by_score_parted(candidate: _Parted) -> float:
     return -candidate[0]
 
 
