@@ -87,8 +87,11 @@ def _request(stream: bool, openai_headers: bool) -> bytes:
 class _Counter:
     """Opcodes per code object, for frames started while counting."""
 
-    def __init__(self) -> None:
+    def __init__(self, lines_of: set[str]) -> None:
         self.counts: Counter[CodeType] = Counter()
+        # Per line, for the functions named in --lines.
+        self.lines: Counter[tuple[CodeType, int]] = Counter()
+        self._lines_of = lines_of
         self._skipped: dict[CodeType, bool] = {}
 
     def _skip(self, frame: FrameType) -> bool:
@@ -109,15 +112,21 @@ class _Counter:
             return None
         frame.f_trace_opcodes = True
         frame.f_trace_lines = False
-        return self.step
+        return self.step_lines if frame.f_code.co_qualname in self._lines_of else self.step
 
     def step(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event == "opcode":
             self.counts[frame.f_code] += 1
         return self.step
 
+    def step_lines(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            self.counts[frame.f_code] += 1
+            self.lines[(frame.f_code, frame.f_lineno)] += 1
+        return self.step_lines
 
-async def _serve_gateway(upstream_url: str) -> None:
+
+async def _serve_gateway(upstream_url: str, lines_of: set[str]) -> None:
     import uvicorn
 
     try:
@@ -142,7 +151,7 @@ async def _serve_gateway(upstream_url: str) -> None:
     freeze_startup_objects()
     server = uvicorn.Server(served)
     await start_server(server, [sock])
-    counter = _Counter()
+    counter = _Counter(lines_of)
     young_before = 0
     loop = asyncio.get_running_loop()
 
@@ -159,7 +168,11 @@ async def _serve_gateway(upstream_url: str) -> None:
                 [f"{Path(code.co_filename).name}:{code.co_firstlineno}:{code.co_qualname}", n]
                 for code, n in counter.counts.most_common()
             ]
-            print(json.dumps({"counts": counts, "gc_gen0": young}), flush=True)
+            lines = [
+                [f"{Path(code.co_filename).name}:{line}:{code.co_qualname}", n]
+                for (code, line), n in sorted(counter.lines.items(), key=lambda kv: kv[0][1] or 0)
+            ]
+            print(json.dumps({"counts": counts, "lines": lines, "gc_gen0": young}), flush=True)
         elif line == "" or line == "exit":
             loop.stop()
 
@@ -227,20 +240,31 @@ def main() -> None:
         help="request headers: bench/gateway.py's 4, or the openai client's 14",
     )
     parser.add_argument("--top", type=int, default=30, help="functions listed")
+    parser.add_argument(
+        "--lines", default="", help="comma-separated qualified names: their opcodes per line"
+    )
     parser.add_argument("--role", choices=["gateway"], help=argparse.SUPPRESS)
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "gateway":
         import uvloop
 
-        uvloop.run(_serve_gateway(args.upstream_url))
+        uvloop.run(_serve_gateway(args.upstream_url, set(filter(None, args.lines.split(",")))))
         return
     gateway_py = str(Path(bench.__file__))
     upstream, upstream_port = _spawn(
         [gateway_py, "--role", "upstream", *(["--stream"] if args.stream else [])]
     )
     gateway, port = _spawn(
-        [__file__, "--role", "gateway", "--upstream-url", f"http://127.0.0.1:{upstream_port}"],
+        [
+            __file__,
+            "--role",
+            "gateway",
+            "--upstream-url",
+            f"http://127.0.0.1:{upstream_port}",
+            "--lines",
+            args.lines,
+        ],
         stdin=True,
     )
     assert gateway.stdin is not None and gateway.stdout is not None
@@ -273,6 +297,8 @@ def main() -> None:
     print(f"{total / n:11.1f}  TOTAL ({n} requests, {'streamed' if args.stream else 'plain'},"
           f" {args.headers} request headers)")  # fmt: skip
     print(f"young-generation collections per request: {result['gc_gen0'] / n:.4f}")
+    for name, count in result["lines"]:
+        print(f"{count / n:11.1f}  line {name}")
     print(json.dumps({
         "opcodes_per_request": round(total / n, 1),
         "gc_gen0_per_request": round(result["gc_gen0"] / n, 4),
@@ -281,7 +307,7 @@ def main() -> None:
         "requests": n,
         "python": sys.version.split()[0],
         "cpus": os.cpu_count(),
-        "top": [[name, round(count / n, 1)] for name, count in counts[: args.top]],
+        "top": [[name, round(count / n, 1)] for name, count in counts[:30]],
     }))  # fmt: skip
 
 

@@ -346,3 +346,27 @@ def test_the_gateway_and_serve_listen_with_it_and_llmgws_limits() -> None:
     for module in ("llmgw.cli.gateway", "llmgw.cli.combined"):
         source = Path(__import__(module, fromlist=["_"]).__file__ or "").read_text()
         assert "gateway_server_config(" in source, module
+
+
+async def test_an_app_that_asks_is_cancelled_when_its_client_leaves() -> None:
+    ended: dict[str, str] = {}
+
+    async def waits(scope: Scope, receive: Receive, send: Any) -> None:
+        await receive()
+        if scope["path"] == "/watched":
+            send.cancel_if_gone()
+        try:
+            await asyncio.sleep(1.0)
+            ended[scope["path"]] = "slept"
+        except asyncio.CancelledError:
+            ended[scope["path"]] = "cancelled"
+            raise
+
+    async with _served(waits) as (port, _):
+        for path in ("/watched", "/unwatched"):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            await asyncio.sleep(0.1)
+            writer.close()
+        await asyncio.sleep(1.3)
+    assert ended == {"/watched": "cancelled", "/unwatched": "slept"}

@@ -55,6 +55,8 @@ class Exchange:
     left = 0  # body bytes a content-length still owes
     # A plain answer's head, kept until its body (one write for both).
     held: bytes | None = None
+    task: asyncio.Task[None] | None = None  # the app's, for this request
+    watched = False  # cancel the task if the client leaves before the answer's end
 
     def __init__(
         self, proto: LeanHttpProtocol, scope: dict[str, Any], head: bool, keep_alive: bool,
@@ -65,6 +67,24 @@ class Exchange:
         self.head = head  # a HEAD request: no body is written
         self.keep_alive = keep_alive
         self.continue_ = continue_  # 100 Continue owed at the first receive
+
+    def cancel_if_gone(self) -> None:
+        """Cancel the app's task if the client leaves before the answer is complete.
+
+        What an ASGI app learns by a task of its own waiting for
+        ``http.disconnect``, without that task (the gateway cancels the
+        engine's work for a client that left).
+        """
+        self.watched = True
+
+    def gone(self) -> None:
+        """The connection closed before the answer was complete."""
+        self.disconnected = True
+        if self.waiter is not None:
+            self.wake()
+        task = self.task
+        if self.watched and task is not None and not task.done():
+            task.cancel()
 
     def wake(self) -> None:
         waiter = self.waiter

@@ -175,10 +175,9 @@ class LeanHttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
-        for exchange in (self.active, self.parsing):
+        for exchange in {self.active, self.parsing}:
             if exchange is not None and not exchange.complete:
-                exchange.disconnected = True
-                exchange.wake()
+                exchange.gone()
         self._writable_again()
         for timer in (self._head_timer, self._keep_alive_timer):
             if timer is not None:
@@ -360,6 +359,7 @@ class LeanHttpProtocol(asyncio.Protocol):
             task = self.loop.create_task(coro, context=contextvars.Context())
         else:
             task = self.loop.create_task(coro)
+        exchange.task = task
         self.tasks.add(task)
         task.add_done_callback(exchange.ended)
 

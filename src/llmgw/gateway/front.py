@@ -99,18 +99,20 @@ async def _watch_disconnect(receive: Receive, request: asyncio.Task[Any], watch:
         request.cancel()
 
 
-def header(scope: Scope, name: bytes) -> bytes | None:
-    """The first value of header ``name`` (lower-case), or None."""
+def headers_of(scope: Scope) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name, the first value of each."""
     extensions = scope.get("extensions")
     if extensions is not None:
-        # llmgw's server (llmgw.cli.leanhttp) indexes the headers once per request.
+        # llmgw's server (llmgw.cli.leanhttp) indexes them once per request.
         index = extensions.get(HEADERS_EXTENSION)
         if index is not None:
-            return index.get(name)  # type: ignore[no-any-return]
-    for key, value in scope["headers"]:
-        if key == name:
-            return value  # type: ignore[no-any-return]
-    return None
+            return index  # type: ignore[no-any-return]
+    return dict(reversed(scope["headers"]))
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower-case), or None."""
+    return headers_of(scope).get(name)
 
 
 def configured_snapshot(rt: Runtime) -> ConfigView:
@@ -121,8 +123,8 @@ def configured_snapshot(rt: Runtime) -> ConfigView:
     return snapshot
 
 
-def authenticate(rt: Runtime, snapshot: ConfigView, scope: Scope) -> KeyRecord:
-    raw = header(scope, b"authorization")
+def authenticate(rt: Runtime, snapshot: ConfigView, raw: bytes | None) -> KeyRecord:
+    """The key of a request's Authorization header (``raw``: its value, None: none sent)."""
     if raw is None:
         if rt.settings.allow_anonymous:
             return snapshot.keys.anonymous
@@ -146,8 +148,8 @@ def authenticate(rt: Runtime, snapshot: ConfigView, scope: Scope) -> KeyRecord:
     return record
 
 
-async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes:
-    declared = header(scope, b"content-length")
+async def read_body(receive: Receive, max_bytes: int, declared: bytes | None) -> bytes:
+    """The request's body; ``declared``: its Content-Length header, if any."""
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
     message = await receive()
@@ -212,7 +214,7 @@ async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
     extra = [(REQUEST_ID, new_request_id().encode())]
     try:
         snapshot = configured_snapshot(rt)
-        record = authenticate(rt, snapshot, scope)
+        record = authenticate(rt, snapshot, header(scope, b"authorization"))
         path: str = scope["path"]
         if path in ("/v1/models", "/v1/models/"):
             await send_json(send, 200, snapshot.listing(record.allowed), extra)

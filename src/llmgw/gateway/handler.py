@@ -48,6 +48,7 @@ from llmgw.gateway.front import (
     Watch,
     authenticate,
     configured_snapshot,
+    headers_of,
     new_request_id,
     parse,
     read_body,
@@ -111,19 +112,21 @@ async def handle(
     id_header = (REQUEST_ID, request_id.encode())
     model = "-"
     record: KeyRecord | None = None
-    watch = Watch()
+    watch: Watch | None = None
     timer: asyncio.TimerHandle | None = None
     status = 500
+    path: str = scope["path"]
     try:
         snapshot = configured_snapshot(rt)
-        record = authenticate(rt, snapshot, scope)
-        body = await read_body(scope, receive, rt.settings.max_body_bytes)
+        headers = headers_of(scope)
+        record = authenticate(rt, snapshot, headers.get(b"authorization"))
+        body = await read_body(receive, rt.settings.max_body_bytes, headers.get(b"content-length"))
         payload = parse(body) if route is None else route.parse(scope, body)
-        check_request(scope["path"], payload)  # before anything is routed or woken
+        check_request(path, payload)  # before anything is routed or woken
         router = resolve(snapshot, record, payload)
         model = router.route.name
         cap = router.route.max_output_tokens
-        if cap is not None and scope["path"] in STREAMABLE and cap_output_tokens(payload, cap):
+        if cap is not None and path in STREAMABLE and cap_output_tokens(payload, cap):
             body = orjson.dumps(payload)
         refusal = limit(record, time.monotonic())
         if refusal is not None:
@@ -134,16 +137,23 @@ async def handle(
                 code=refusal.code,
                 retry_after=refusal.retry_after_s,
             )
-        task = asyncio.current_task()
-        if task is not None:
-            timer = asyncio.get_running_loop().call_later(
-                WATCH_AFTER_S, start_watch, receive, task, watch
-            )
+        cancel_if_gone = getattr(send, "cancel_if_gone", None)
+        if cancel_if_gone is not None:
+            # llmgw's server cancels this task itself when the client leaves
+            # (llmgw.cli.leanexchange): no timer, no watcher task, no delay.
+            cancel_if_gone()
+        else:
+            task = asyncio.current_task()
+            if task is not None:
+                watch = Watch()
+                timer = asyncio.get_running_loop().call_later(
+                    WATCH_AFTER_S, start_watch, receive, task, watch
+                )
         current = rt.snapshot
         rename = current.renames.get(model) if current is not None else None
         call = Call(rt, record, model, started, request_id, id_header, send, rename)
         if route is None:
-            status = await _complete(call, scope["path"], payload, body, router)
+            status = await _complete(call, path, payload, body, router)
         else:
             status = await route.proxy(call, payload, body, router)
     except ApiError as refused:
@@ -155,7 +165,7 @@ async def handle(
     except ClientGone:
         status = 499  # nginx's "client closed request": nobody to answer
     except asyncio.CancelledError:
-        if not watch.gone:
+        if not (watch.gone if watch is not None else getattr(send, "disconnected", False)):
             raise
         task = asyncio.current_task()
         if task is not None:
@@ -174,11 +184,12 @@ async def handle(
         with contextlib.suppress(Exception):
             await send_error(send, failure, [id_header])
     finally:
-        watch.done = True
-        if timer is not None:
-            timer.cancel()
-        if watch.task is not None:
-            watch.task.cancel()
+        if watch is not None:
+            watch.done = True
+            if timer is not None:
+                timer.cancel()
+            if watch.task is not None:
+                watch.task.cancel()
     rt.metrics.request(model, status)
     rt.metrics.latency(model, time.perf_counter() - started)
 

@@ -150,12 +150,15 @@ def find_usage(data: bytes) -> Usage | None:
 
 def chat_usage(usage: dict[str, Any]) -> Usage:
     """What to meter of a usage object in chat's shape (``prompt_tokens``...)."""
+    # Inline (once per answer): a count that is not a positive int is 0.
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = details.get("cached_tokens") if type(details) is dict else 0
     return Usage(
-        prompt=_int(usage.get("prompt_tokens")),
-        completion=_int(usage.get("completion_tokens")),
-        cached=_int(cached),
+        prompt if type(prompt) is int and prompt > 0 else 0,
+        completion if type(completion) is int and completion > 0 else 0,
+        cached if type(cached) is int and cached > 0 else 0,
     )
 
 
@@ -175,10 +178,6 @@ def usage_object(data: bytes) -> dict[str, Any] | None:
     except orjson.JSONDecodeError:
         return None
     return usage if isinstance(usage, dict) else None
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and value > 0 else 0
 
 
 _EVENT_SPLIT = re.compile(rb"(?:\r?\n){2}")
