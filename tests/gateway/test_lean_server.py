@@ -370,3 +370,23 @@ async def test_an_app_that_asks_is_cancelled_when_its_client_leaves() -> None:
             writer.close()
         await asyncio.sleep(1.3)
     assert ended == {"/watched": "cancelled", "/unwatched": "slept"}
+
+
+async def test_headers_are_lower_cased_and_stripped_as_uvicorn_does() -> None:
+    async def shows(scope: Scope, receive: Receive, send: Any) -> None:
+        await receive()
+        send.answer(200, [], repr(scope["headers"]).encode())
+
+    async with _served(shows) as (port, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-Trail: a b \t\r\nX-Dup: 1\r\nx-dup: 2\r\n\r\n"
+        )
+        _, body = await _read_answer(reader)
+        assert (
+            body
+            == repr(
+                [(b"host", b"x"), (b"x-trail", b"a b"), (b"x-dup", b"1"), (b"x-dup", b"2")]
+            ).encode()
+        )
+        writer.close()
