@@ -56,9 +56,10 @@ async def plane(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Plane
     async with opened_plane(tmp_path_factory.mktemp("metrics")) as (cp, creds):
         assert creds.admin_token and creds.join_token
         fleet = await build(cp, creds.join_token)
-        async with serve_asgi(create_app(cp)) as url, httpx.AsyncClient(
-            base_url=url, headers=bearer(creds.admin_token), timeout=10
-        ) as admin:
+        async with (
+            serve_asgi(create_app(cp)) as url,
+            httpx.AsyncClient(base_url=url, headers=bearer(creds.admin_token), timeout=10) as admin,
+        ):
             yield Plane(cp, url, admin, fleet.node_tokens)
 
 
@@ -92,7 +93,8 @@ async def test_fleet_gauges_equal_the_summary(plane: Plane) -> None:
         state: float(n) for state, n in summary["replicas"].items()
     }
     assert metrics.by("llmgw_fleet_models", "status") == {
-        "satisfied": summary["models"]["satisfied"], "short": summary["models"]["short"]
+        "satisfied": summary["models"]["satisfied"],
+        "short": summary["models"]["short"],
     }
     assert metrics.value("llmgw_fleet_models_unplaceable") == len(summary["unplaceable"]) >= 1
     assert metrics.value("llmgw_fleet_models_parked") == len(summary["parked"]) == 1
@@ -113,7 +115,9 @@ async def test_fleet_gauges_equal_the_summary(plane: Plane) -> None:
 
 
 async def test_agent_reports_are_counted_by_outcome(plane: Plane) -> None:
-    before = (await scrape(plane.url)).by("llmgw_control_agent_reports_total", "outcome")
+    scraped = await scrape(plane.url)
+    before = scraped.by("llmgw_control_agent_reports_total", "outcome")
+    reads_before = scraped.by("llmgw_control_agent_report_reads_total", "path")
     node, token = next(iter(plane.node_tokens.items()))
     other = next(n for n in plane.node_tokens if n != node)
     report = {"node": node, "inventory": {"hostname": node}}
@@ -127,9 +131,46 @@ async def test_agent_reports_are_counted_by_outcome(plane: Plane) -> None:
         for headers, body, status in sends:
             answer = await client.post("/agent/v1/report", json=body, headers=headers)
             assert answer.status_code == status, answer.text
-    after = (await scrape(plane.url)).by("llmgw_control_agent_reports_total", "outcome")
-    for outcome in ("unauthorized", "wrong_node", "invalid", "accepted"):
+        # The node's last report again, and it with a device's new reading.
+        moved = {
+            "node": node,
+            "inventory": {
+                "hostname": node,
+                "devices": [
+                    {
+                        "number": 0,
+                        "label": "0",
+                        "uuid": "GPU-0",
+                        "name": "H100",
+                        "gpu_class": "h100-80g",
+                        "temperature_c": 40,
+                    }
+                ],
+            },
+        }
+        for body in (report, moved, moved):
+            answer = await client.post(
+                "/agent/v1/report", json=body, headers={"Authorization": f"Bearer {token}"}
+            )
+            assert answer.status_code == 200, answer.text
+        moved["inventory"]["devices"][0]["temperature_c"] = 41  # type: ignore[index]
+        answer = await client.post(
+            "/agent/v1/report", json=moved, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert answer.status_code == 200, answer.text
+    metrics = await scrape(plane.url)
+    after = metrics.by("llmgw_control_agent_reports_total", "outcome")
+    for outcome in ("unauthorized", "wrong_node", "invalid"):
         assert after[outcome] - before.get(outcome, 0.0) == 1, outcome
+    assert after["accepted"] - before.get("accepted", 0.0) == 5
+    # The first and the changed inventory read whole; each repeated once as it was;
+    # the last with a new temperature alone.
+    reads = metrics.by("llmgw_control_agent_report_reads_total", "path")
+    assert {path: reads[path] - reads_before.get(path, 0.0) for path in reads} == {
+        "validated": 2,
+        "same_bytes": 2,
+        "telemetry": 1,
+    }
 
 
 async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> None:
@@ -137,8 +178,13 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
         assert creds.join_token
         await build(cp, creds.join_token)
         # One more model that fits: the first pass places it.
-        await cp.catalog.put([ModelSpec(name="extra", engine=EngineKind.SIM,
-                                       gpu_classes=["a100-80g"], min_replicas=1)])
+        await cp.catalog.put(
+            [
+                ModelSpec(
+                    name="extra", engine=EngineKind.SIM, gpu_classes=["a100-80g"], min_replicas=1
+                )
+            ]
+        )
         async with running(cp, reconcile_interval_s=0.05) as runtime:
             assert cp.is_leader
             await wait_passes(runtime, 2)
@@ -163,8 +209,12 @@ async def test_passes_placements_store_writes_and_leadership(tmp_path: Path) -> 
 
 
 async def wait_passes(runtime: ControlPlaneRuntime, count: int) -> None:
-    await eventually(lambda: runtime.passes >= count, 10, f"{count} reconcile passes",
-                     note=lambda: f"{runtime.passes} passes")
+    await eventually(
+        lambda: runtime.passes >= count,
+        10,
+        f"{count} reconcile passes",
+        note=lambda: f"{runtime.passes} passes",
+    )
 
 
 async def test_store_write_errors_are_counted(tmp_path: Path) -> None:
@@ -199,8 +249,12 @@ async def test_up_and_serve_carry_both_parts_on_one_metrics(
     finally:
         await gateway.stop()
     names = set(metrics.families)
-    assert {"llmgw_gateway_requests", "llmgw_control_reconcile_pass_seconds",
-            "llmgw_fleet_nodes", "llmgw_model_short"} <= names
+    assert {
+        "llmgw_gateway_requests",
+        "llmgw_control_reconcile_pass_seconds",
+        "llmgw_fleet_nodes",
+        "llmgw_model_short",
+    } <= names
     summary = (await plane.admin.get("/admin/v1/summary")).json()
     assert metrics.by("llmgw_fleet_nodes", "state")["ready"] == summary["nodes"]["ready"]
     promtool_check(metrics.text)
@@ -233,19 +287,35 @@ async def test_a_scrape_of_2000_nodes_stays_cheap() -> None:
         timings.append(time.perf_counter() - started)
     assert sum(1 for f in families if f.name == "llmgw_model_short") == 1
     best = min(timings)
-    print(f"fleet gauges at 2,000 nodes: best {best * 1000:.1f} ms, "
-          f"worst {max(timings) * 1000:.1f} ms")
+    print(
+        f"fleet gauges at 2,000 nodes: best {best * 1000:.1f} ms, "
+        f"worst {max(timings) * 1000:.1f} ms"
+    )
     # About 20-40 ms on two shared cores; a scrape every 15 s can afford it.
     assert best < 0.25
 
 
-PATRONI_CLUSTER = {"members": [
-    {"name": "pg-1", "role": "leader", "state": "running", "host": "10.0.0.1", "port": 5432},
-    {"name": "pg-2", "role": "replica", "state": "streaming", "host": "10.0.0.2", "port": 5432,
-     "lag": 1048576},
-    {"name": "pg-3", "role": "replica", "state": "starting", "host": "10.0.0.3", "port": 5432,
-     "lag": "unknown"},
-]}
+PATRONI_CLUSTER = {
+    "members": [
+        {"name": "pg-1", "role": "leader", "state": "running", "host": "10.0.0.1", "port": 5432},
+        {
+            "name": "pg-2",
+            "role": "replica",
+            "state": "streaming",
+            "host": "10.0.0.2",
+            "port": 5432,
+            "lag": 1048576,
+        },
+        {
+            "name": "pg-3",
+            "role": "replica",
+            "state": "starting",
+            "host": "10.0.0.3",
+            "port": 5432,
+            "lag": "unknown",
+        },
+    ]
+}
 
 
 async def test_store_members_come_from_patroni_without_stalling_a_scrape(plane: Plane) -> None:
@@ -262,7 +332,8 @@ async def test_store_members_come_from_patroni_without_stalling_a_scrape(plane: 
         await eventually(lambda: reader.cached() is not None, 5, "Patroni's members read")
         metrics = parse_scrape(generate_latest(registry).decode())
     assert metrics.by("llmgw_store_members", "member", "role", "state") == {
-        ("pg-1", "leader", "running"): 1, ("pg-2", "replica", "streaming"): 1,
+        ("pg-1", "leader", "running"): 1,
+        ("pg-2", "replica", "streaming"): 1,
         ("pg-3", "replica", "starting"): 1,
     }
     # Lag in bytes where Patroni knows it, the leader's 0; absent, not 0, where unknown.
