@@ -7,10 +7,10 @@ Built per call as an object per entry, sorted with a Python key and then
 encoded, it was 17-21 ms of a 30-45 ms summary. Here the candidates are
 kept in order of when they went idle (inserted and removed by bisection as
 replicas change, never sorted whole again), each with its JSON written once
-with a ``%d`` where the seconds go; a call cuts the candidates idle long
-enough, computes their seconds, orders them (already in order but for ties,
-so the sort is one linear pass) and formats the bytes, each step a ``map``
-over the whole list rather than a loop in Python.
+up to and after its seconds; a call cuts the candidates idle long enough,
+computes their seconds, orders them (already in order but for ties, so the
+sort is one linear pass) and joins the pieces, each step a ``map`` over the
+whole list rather than a loop in Python.
 
 The rules are summary.SummaryBuilder's (``IDLE_THRESHOLD_S``, whole seconds,
 longest first then by id); the keeper's property test holds the two equal.
@@ -19,8 +19,8 @@ longest first then by id); the keeper's property test holds the two equal.
 from __future__ import annotations
 
 import bisect
-from itertools import repeat
-from operator import getitem, itemgetter, mod, neg, sub
+from itertools import chain, repeat
+from operator import getitem, itemgetter, neg, sub
 
 import orjson
 
@@ -33,16 +33,17 @@ _SECOND = itemgetter(1)
 class IdleList:
     """Replicas that can be idle (ready, nothing in flight) and since when."""
 
-    __slots__ = ("_info", "_last", "_order", "_templates")
+    __slots__ = ("_heads", "_info", "_last", "_order", "_tails")
 
     def __init__(self) -> None:
         # (since, id), ascending: the candidates by when they went idle.
         self._order: list[tuple[float, str]] = []
         # id -> (since, model, gpus)
         self._info: dict[str, tuple[float, str, int]] = {}
-        # id -> its entry as JSON with ``%d`` for the seconds (any ``%`` of
-        # the id or model doubled).
-        self._templates: dict[str, bytes] = {}
+        # id -> its entry as JSON up to its seconds (after the comma that
+        # comes before every entry but the first), and after them.
+        self._heads: dict[str, bytes] = {}
+        self._tails: dict[str, bytes] = {}
         # The last answer and what it was computed from: the candidates cut
         # for the clock and their whole seconds. Between two calls a second
         # apart or less most of those seconds are the same, and in a fleet
@@ -59,14 +60,15 @@ class IdleList:
         self._info[rid] = (since, model, gpus)
         self._last = None
         bisect.insort(self._order, (since, rid))
-        head = orjson.dumps({"id": rid, "model": model})[:-1].replace(b"%", b"%%")
-        self._templates[rid] = head + b',"idle_seconds":%d,"gpus":' + b"%d}" % gpus
+        head = orjson.dumps({"id": rid, "model": model})[:-1]
+        self._heads[rid] = b"," + head + b',"idle_seconds":'
+        self._tails[rid] = b',"gpus":%d}' % gpus
 
     def drop(self, rid: str) -> None:
         info = self._info.pop(rid, None)
         if info is None:
             return
-        del self._templates[rid]
+        del self._heads[rid], self._tails[rid]
         self._last = None
         order = self._order
         del order[bisect.bisect_left(order, (info[0], rid))]
@@ -112,9 +114,23 @@ class IdleList:
         if last is not None and last[0] == idle:
             return last[1]
         ranked = self._ranked(idle)
-        templates = map(getitem, repeat(self._templates), map(_SECOND, ranked))
-        seconds = map(neg, map(_FIRST, ranked))
-        body = b"[" + b",".join(map(mod, templates, seconds)) + b"]"
+        if not ranked:
+            return b"[]"
+        # One join of every entry's pieces, each a lookup: the seconds are a
+        # few distinct numbers (formatted once each), the rest fixed per entry.
+        written = {negative: b"%d" % -negative for negative in set(map(_FIRST, ranked))}
+        ids = list(map(_SECOND, ranked))
+        heads, tails = self._heads, self._tails
+        first, first_seconds = ids[0], ranked[0][0]
+        rest = zip(
+            map(getitem, repeat(heads), ids[1:]),
+            map(getitem, repeat(written), map(_FIRST, ranked[1:])),
+            map(getitem, repeat(tails), ids[1:]),
+            strict=True,
+        )
+        # One join straight into the answer's bytes (no copy after it).
+        opening = (b"[", heads[first][1:], written[first_seconds], tails[first])
+        body = b"".join(chain(opening, chain.from_iterable(rest), (b"]",)))
         self._last = (idle, body)
         return body
 
