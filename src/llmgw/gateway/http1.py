@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
+from collections.abc import Callable
 from typing import cast
 
 import httptools
@@ -217,14 +218,18 @@ class _Connection(asyncio.Protocol):
     def __init__(self, pool: Pool, key: _Key) -> None:
         self.pool = pool
         self._key = key
+        # Body pieces of the bytes being parsed, handed to the answer as one
+        # when the parser is done with them (_hand_over). httptools calls
+        # on_body once per HTTP chunk (an SSE event each from most engines,
+        # several per read): the list's own append, with no Python frame.
+        # Set before the parser, which looks its callbacks up once.
+        self._pieces: list[bytes] = []
+        self.on_body: Callable[[bytes], None] = self._pieces.append
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._response: Response | None = None
         self._keep_alive = False
         self._paused = False
-        # Body pieces of the bytes being parsed, handed to the answer as one
-        # when the parser is done with them (see on_body).
-        self._pieces: list[bytes] = []
         self.closed = False
         self.used = False  # served at least one answer (may be stale when reused)
 
@@ -274,13 +279,6 @@ class _Connection(asyncio.Protocol):
             response.status = self._parser.get_status_code()
             self._keep_alive = self._parser.should_keep_alive()
             response._headers_done()
-
-    def on_body(self, body: bytes) -> None:
-        # httptools calls this once per HTTP chunk: an SSE event each from
-        # most engines, several per read. They go to the answer together
-        # (_hand_over), one Response._body for a read: nothing can take them
-        # in between, and next_chunk() joined them anyway.
-        self._pieces.append(body)
 
     def _hand_over(self) -> None:
         pieces = self._pieces

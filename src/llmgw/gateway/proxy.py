@@ -209,7 +209,12 @@ class EventBuffer:
 
     def whole_events(self, chunk: bytes) -> bytes:
         """The events ``chunk`` completes, with what was held before them (b"": none yet)."""
-        data = self._pending + chunk if self._pending else chunk
+        if self._pending:
+            data = self._pending + chunk
+        elif chunk[-2:] == b"\n\n":
+            return chunk  # the usual: whole events (_last_boundary would say len(chunk))
+        else:
+            data = chunk
         cut = _last_boundary(data)
         if cut < 0:
             self._pending = data
