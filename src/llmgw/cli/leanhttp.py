@@ -214,6 +214,11 @@ class LeanHttpProtocol(asyncio.Protocol):
             self._answer_400("Invalid HTTP request received.")
 
     def _answer_400(self, msg: str) -> None:
+        # Requests of this connection still running write nothing more: the
+        # connection is closed under them (as if their client had left).
+        for exchange in {self.active, self.parsing, *(e for e, _ in self.pipeline)}:
+            if exchange is not None and not exchange.complete:
+                exchange.gone()
         content = [STATUS_LINE[400]]
         for name, value in self.server_state.default_headers:
             content.extend([name, b": ", value, b"\r\n"])
