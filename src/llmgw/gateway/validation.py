@@ -98,10 +98,12 @@ _STREAM_OPTION_FLAGS = ("include_usage", "include_obfuscation")
 
 
 def stream_options(value: Any, param: str) -> None:
-    obj(value, param)
+    if type(value) is not dict:
+        obj(value, param)  # raises
     for flag in _STREAM_OPTION_FLAGS:
         setting = value.get(flag)
-        if setting is not None:
+        # A boolean passes inline: the field's path is formatted only for an error.
+        if setting is not None and type(setting) is not bool:
             boolean(setting, f"{param}.{flag}")
 
 
