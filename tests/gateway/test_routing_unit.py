@@ -22,6 +22,7 @@ from llmgw.gateway.routing import (
     HIT,
     MISS,
     OVERLOADED,
+    UNROUTED,
     ModelRouter,
     Pick,
     PrefillSpeed,
@@ -376,22 +377,65 @@ def test_router_policies_and_cooldown() -> None:
     chosen.connect_succeeded()
     assert chosen.cooled_until == 0.0
     assert router([]).pick("x") is None
-    # One replica: no choice, but the index is kept for when a second appears.
+    # One replica left of two still keeps its index, for when the other returns.
+    pair = router(["only", "other"])
+    only, other = pair.replicas
+    once = pair.pick("t" * 64, exclude=[other])
+    assert once is not None and once.replica is only and once.outcome == MISS
+    pair.record(once)
+    assert pair.pick("t" * 64, exclude=[other]).outcome == HIT  # type: ignore[union-attr]
+
+
+def test_a_lone_replica_gets_no_prefix_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A model with one replica: callers are told not to render the prompt, and
+    # a prompt given anyway is neither hashed nor looked up nor recorded.
     alone = router(["only"])
-    once = alone.pick("t" * 64)
-    assert once is not None and once.outcome == MISS
-    alone.record(once)
-    assert alone.pick("t" * 64).outcome == HIT  # type: ignore[union-attr]
+    assert not alone.wants_prompt
+    assert router(["a", "b"]).wants_prompt and router([]).wants_prompt
+    assert not router(["a", "b"], "least-loaded").wants_prompt
+
+    def forbidden(*args: object) -> None:
+        raise AssertionError("prefix work for a lone replica")
+
+    monkeypatch.setattr("llmgw.gateway.routing.block_hashes", forbidden)
+    monkeypatch.setattr("llmgw.gateway.routing.stable_key", forbidden)
+    for method in ("matches", "depth", "record"):
+        monkeypatch.setattr(PrefixIndex, method, forbidden)
+    for _ in range(3):
+        pick = alone.pick("s" * PROMPT)
+        assert pick == Pick(alone.replicas[0], UNROUTED, [], 0.0)
+        alone.record(pick)
+    # Cooling down changes nothing: it is offered again, being all there is.
+    alone.replicas[0].connect_failed(cooldown_after=1, cooldown_s=60)
+    assert alone.pick("s" * PROMPT) == Pick(alone.replicas[0], UNROUTED, [], 0.0)
+    assert alone.pick("s" * PROMPT, fallback=False) is None
+
+
+def test_two_replicas_route_by_prefix_as_before() -> None:
+    # The same prompts through two replicas: prefix work is done, and the
+    # choices are those SoonestStart makes from the index (miss, then hit).
+    pair = router(["a", "b"])
+    assert pair.wants_prompt
+    system = "s" * PROMPT
+    first = pair.pick(system + "one")
+    assert first is not None and first.outcome == MISS
+    assert first.hashes == block_hashes(system + "one", BLOCK)
+    assert first.replica is rendezvous(pair.replicas, stable_key(system + "one", BLOCK))
+    pair.record(first)
+    again = pair.pick(system + "two")
+    assert again is not None and (again.replica, again.outcome) == (first.replica, HIT)
+    assert again.uncached_tokens < first.uncached_tokens
 
 
 def test_one_replica_is_picked_as_the_policy_would_pick_it() -> None:
-    # ModelRouter.pick answers for a lone replica without SoonestStart.choose:
-    # same replica, outcome and uncached tokens, from every state of its index.
+    # ModelRouter.pick answers for one candidate left (the other excluded)
+    # without SoonestStart.choose: same replica, outcome and uncached tokens,
+    # from every state of its index.
     rng = random.Random(7)
     for spread, slack_s in ((4.0, 0.05), (0.0, 0.0), (-1.0, 0.0)):
-        lone = router(["a"], spread=spread, slack_s=slack_s)
+        lone = router(["a", "z"], spread=spread, slack_s=slack_s)
         policy = Policy(slack_s=slack_s, spread=spread)
-        only = lone.replicas[0]
+        only, gone = lone.replicas
         index = PrefixIndex()
         index.sync({"a": 1 << 20})
         outcomes: set[str] = set()
@@ -400,7 +444,7 @@ def test_one_replica_is_picked_as_the_policy_would_pick_it() -> None:
             prompt = "".join(blocks) + "c" * rng.randrange(1, 2 * BLOCK)
             only.in_flight = rng.randrange(3)
             only.pending_prefill = rng.choice((0.0, 10.0, 1e6))
-            pick = lone.pick(prompt)
+            pick = lone.pick(prompt, exclude=[gone])
             assert pick is not None and pick.hashes == block_hashes(prompt, BLOCK)
             matched = index.matches(pick.hashes, {"a": only})
             replica, outcome, uncached = policy.choose([only], matched, len(prompt))

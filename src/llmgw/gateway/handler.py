@@ -197,7 +197,7 @@ async def handle(
 async def _complete(
     call: Call, path: str, payload: dict[str, Any], body: bytes, router: ModelRouter
 ) -> int:
-    prompt = prompt_text(path, payload) if router.policy == "prefix" else None
+    prompt = prompt_text(path, payload) if router.wants_prompt else None
     return await forward(call, router, prompt, _Completion(call, path, payload, body))
 
 

@@ -139,7 +139,7 @@ class _Exporter(Collector):
             "llmgw_gateway_prefix_routing",
             "Routing decisions by outcome: hit (cached prefix), miss (new prefix),"
             " overloaded (a holder too busy: another replica was estimated to answer"
-            " sooner), none (policy ignores prefixes).",
+            " sooner), none (prefixes not looked at: another policy, no prompt, one replica).",
             labels=["model", "outcome"],
         ), m.routing)  # fmt: skip
         yield filled(CounterMetricFamily(

@@ -122,7 +122,7 @@ class PassThrough:
         upstream_body, headers = _upstream_body(
             self, payload, body, router.route.served_name, router.route.max_output_tokens
         )
-        prompt = self.prompt(payload) if self.prompt and router.policy == "prefix" else None
+        prompt = self.prompt(payload) if self.prompt and router.wants_prompt else None
         passing = _Passing(call, self, upstream_body, headers, self.wants_stream(payload))
         return await forward(call, router, prompt, passing)
 

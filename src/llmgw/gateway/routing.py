@@ -25,7 +25,7 @@ _M64 = (1 << 64) - 1
 HIT = "hit"  # a replica holding the longest cached prefix chosen
 MISS = "miss"  # no replica holds any of it: rendezvous on the first block
 OVERLOADED = "overloaded"  # a replica holds it, but another was estimated to answer sooner
-UNROUTED = "none"  # policy did not look at prefixes (round-robin, least-loaded, no prompt)
+UNROUTED = "none"  # prefixes not looked at (round-robin, least-loaded, no prompt, one replica)
 
 # Prefill-speed measurement. A sample below this many tokens is mostly network
 # and a decode step, not prefill, and would read as a slow engine.
@@ -312,6 +312,7 @@ class ModelRouter:
         "policy",
         "replicas",
         "route",
+        "wants_prompt",
     )
 
     def __init__(
@@ -331,6 +332,18 @@ class ModelRouter:
         self.route = route
         self.policy = route.routing
         self.replicas = replicas
+        # Whether pick looks at the prompt, so callers render it only then. A
+        # lone replica is no choice, and prefix work for it (render, hash,
+        # index: ~200 opcodes a request, issue 16) bought nothing until a
+        # second replica appeared. That one starts with an index cold for the
+        # prefixes served meanwhile, which costs little: the first replica
+        # still holds them and new prompts are placed by hash, as are
+        # prefixes the index forgot. The prefill speed is not measured
+        # meanwhile either (nothing charges uncached tokens): the estimate
+        # settles within SETTLING_SAMPLES once there is a choice. Zero
+        # replicas (an on-demand model asleep) still render: the router
+        # built after the wake-up decides.
+        self.wants_prompt = self.policy == "prefix" and len(replicas) != 1
         self._index = index
         self._block_chars = block_chars
         self._units = tokens_per_unit
@@ -388,7 +401,7 @@ class ModelRouter:
         if not replicas:
             return None
         self._counter += 1
-        if len(replicas) == 1 and self.policy != "prefix":
+        if len(replicas) == 1 and not self.wants_prompt:
             return Pick(replicas[0], UNROUTED, [], 0.0)
         if self.policy == "round-robin":
             return Pick(replicas[self._counter % len(replicas)], UNROUTED, [], 0.0)
@@ -397,8 +410,9 @@ class ModelRouter:
         block_chars = self._block_chars
         hashes = block_hashes(prompt, block_chars)
         if len(replicas) == 1:
-            # One replica is no choice, but its index is still kept: it is what
-            # sends known prefixes back here once a second replica appears.
+            # One replica left of several (the others excluded or cooling
+            # down) is no choice, but its index is still kept: it is what
+            # sends known prefixes back here once the others return.
             # SoonestStart.choose of one replica picks it, a hit if it holds
             # any of the prompt (its slack is never negative), without the
             # estimates (tests/gateway/test_routing_unit.py compares the two).
