@@ -5,9 +5,17 @@ Random fleets change between calls the way the control plane changes them
 replaced) while the clock moves, sometimes past the unreachable grace or the
 idle threshold; after each change the keeper's answer must equal
 ``fleet_summary``'s.
+
+The keeper reads only the records whose fields were assigned since its last
+call (state.WriteLog), so the changes include the ways around that log: a
+record built before a call and put in the fleet after it (its fields were
+written before the keeper last read), writes to a same-named record of
+another fleet, and a keeper that fell behind a log that dropped writes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import orjson
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +25,7 @@ from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
 from llmgw.control.adminapi.summary_keeper import SummaryKeeper
+from llmgw.control.state import NODE_WRITES, REPLICA_WRITES, WriteLog
 from llmgw.wire import NodeInventory, NodeState, ReplicaState, WeightsEntry
 
 MODELS = ["a", "b", "c"]
@@ -30,8 +39,9 @@ def start() -> Fleet:
     fleet.node("n3", [mig(0, 0), mig(0, 1), gpu(1, "a100-80g")], fabrics=("ib-a", "ib-b"))
     fleet.model("a", max_replicas=3)
     # Asked for 20 s before its idle timeout runs out: the clock alone changes it.
-    fleet.model("b", min_replicas=0, max_replicas=2, idle_timeout_s=900.0,
-                demand_at=fleet.now - 880)
+    fleet.model(
+        "b", min_replicas=0, max_replicas=2, idle_timeout_s=900.0, demand_at=fleet.now - 880
+    )
     fleet.model("c", parked=True, failures=5, last_error="engine exited (1)")
     fleet.replica("a", "n1", [0, 1], idle=3600)
     fleet.replica("b", "n2", [1], state=ReplicaState.STARTING)
@@ -39,9 +49,35 @@ def start() -> Fleet:
 
 
 CHANGES = [
-    "add", "add", "remove", "replace-record", "state", "in-flight", "used", "cordon",
-    "silence", "report", "inventory", "weights", "fabrics", "new-node", "drop-node", "park",
-    "unplaceable", "demand", "new-model", "drop-model", "clock", "clock", "idle-clock",
+    "add",
+    "add",
+    "remove",
+    "replace-record",
+    "state",
+    "in-flight",
+    "used",
+    "cordon",
+    "silence",
+    "report",
+    "inventory",
+    "weights",
+    "fabrics",
+    "new-node",
+    "drop-node",
+    "park",
+    "unplaceable",
+    "demand",
+    "new-model",
+    "drop-model",
+    "clock",
+    "clock",
+    "idle-clock",
+    "stash",
+    "swap-in",
+    "other-fleet",
+    "fell-behind",
+    "move-to",
+    "restart",
 ]
 
 
@@ -53,6 +89,8 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
     keeper = SummaryKeeper()
     now = fleet.now
     assert keeper.summary(state, now, STORE) == fleet_summary(state, now, STORE)
+    other = start().state  # the same names, another fleet
+    stashed: list[object] = []  # records built before a call, put in after it
     for kind, roll in steps:
         nodes = sorted(state.nodes)
         node = state.nodes[nodes[roll % len(nodes)]] if nodes else None
@@ -60,10 +98,14 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
         replica = state.replicas[rids[roll % len(rids)]] if rids else None
         models = sorted(state.models)
         if kind == "add" and node is not None and node.inventory is not None and models:
-            numbers = [d.number for d in node.inventory.devices][roll % 2:][: 1 + roll % 2]
-            fleet.replica(models[roll % len(models)], node.name, numbers,
-                          state=[ReplicaState.READY, ReplicaState.STARTING][roll % 2],
-                          idle=[5.0, 900.0, None][roll % 3])
+            numbers = [d.number for d in node.inventory.devices][roll % 2 :][: 1 + roll % 2]
+            fleet.replica(
+                models[roll % len(models)],
+                node.name,
+                numbers,
+                state=[ReplicaState.READY, ReplicaState.STARTING][roll % 2],
+                idle=[5.0, 900.0, None][roll % 3],
+            )
         elif kind == "remove" and replica is not None:
             del state.replicas[replica.id]
         elif kind == "replace-record" and replica is not None:
@@ -73,8 +115,12 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
             new.id = replica.id
             state.replicas[replica.id] = new
         elif kind == "state" and replica is not None:
-            replica.state = [ReplicaState.READY, ReplicaState.FAILED, ReplicaState.DRAINING,
-                             ReplicaState.STARTING][roll % 4]
+            replica.state = [
+                ReplicaState.READY,
+                ReplicaState.FAILED,
+                ReplicaState.DRAINING,
+                ReplicaState.STARTING,
+            ][roll % 4]
             replica.ready_at = now - roll % 2000 if replica.state is ReplicaState.READY else None
         elif kind == "in-flight" and replica is not None:
             replica.in_flight = roll % 3
@@ -89,7 +135,8 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
         elif kind == "inventory" and node is not None and node.inventory is not None:
             devices = [d.model_copy() for d in node.inventory.devices]
             devices[roll % len(devices)] = devices[roll % len(devices)].model_copy(
-                update={"healthy": not devices[roll % len(devices)].healthy})
+                update={"healthy": not devices[roll % len(devices)].healthy}
+            )
             node.inventory = NodeInventory(hostname=node.name, source="fake", devices=devices)
         elif kind == "weights" and node is not None:
             node.weights = [WeightsEntry(model=m) for m in MODELS if (roll >> MODELS.index(m)) & 1]
@@ -104,7 +151,8 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
             record.parked, record.failures = not record.parked, roll % 7
         elif kind == "unplaceable" and models:
             state.models[models[roll % len(models)]].unplaceable_reason = (
-                None if roll % 2 else "needs 8 free h100-80g on one node")
+                None if roll % 2 else "needs 8 free h100-80g on one node"
+            )
         elif kind == "demand" and models:
             state.models[models[roll % len(models)]].demand_at = now - roll % 1200
         elif kind == "new-model":
@@ -115,12 +163,56 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
             now += roll % 50
         elif kind == "idle-clock":
             now += IDLE_THRESHOLD_S - 30 + roll % 60
+        elif kind == "stash" and node is not None and replica is not None:
+            stashed.append(
+                dataclasses.replace(
+                    node,
+                    admin_state=NodeState.CORDONED,
+                    fabrics=["ib-z"],
+                    last_seen=now - roll % 60,
+                )
+            )
+            stashed.append(
+                dataclasses.replace(
+                    replica,
+                    in_flight=1 + roll % 3,
+                    state=[ReplicaState.READY, ReplicaState.FAILED][roll % 2],
+                    ready_at=now - roll % 900,
+                )
+            )
+        elif kind == "swap-in" and stashed:
+            # Whole records in another's place, with no write since the last call.
+            for record in stashed:
+                if isinstance(record, type(node)) and record.name in state.nodes:
+                    state.nodes[record.name] = record
+                elif not isinstance(record, type(node)) and record.id in state.replicas:
+                    state.replicas[record.id] = record
+            stashed.clear()
+        elif kind == "other-fleet":
+            for twin in other.nodes.values():
+                twin.admin_state, twin.last_seen = NodeState.DRAINING, now - roll % 100
+            for twin_replica in other.replicas.values():
+                twin_replica.in_flight = roll % 4
+        elif kind == "fell-behind" and node is not None:
+            node.last_seen = now - roll % 40
+            keeper._node_writes = keeper._replica_writes = -1  # as if the log dropped these
+        elif kind == "move-to" and replica is not None:
+            target = [ReplicaState.READY, ReplicaState.DRAINING, ReplicaState.FAILED][roll % 3]
+            if replica.can_move_to(target):
+                replica.move_to(target, reason=None if roll % 2 else "told to")
+                if target is ReplicaState.READY:
+                    replica.ready_at = now - roll % 1000
+        elif (
+            kind == "restart" and replica is not None and replica.can_move_to(ReplicaState.STARTING)
+        ):
+            replica.restart()
         built = fleet_summary(state, now, STORE)
         if roll % 2:
             assert keeper.summary(state, now, STORE) == built, kind
         else:  # the route's bytes
             assert orjson.loads(keeper.summary_json(state, now, STORE)) == built.model_dump(
-                mode="json"), kind
+                mode="json"
+            ), kind
 
 
 def test_a_clock_that_goes_back_starts_over() -> None:
@@ -129,4 +221,36 @@ def test_a_clock_that_goes_back_starts_over() -> None:
     later = keeper.summary(fleet.state, fleet.now + 4000, STORE)
     assert later.nodes.unreachable == 3
     assert keeper.summary(fleet.state, fleet.now, STORE) == fleet_summary(
-        fleet.state, fleet.now, STORE)
+        fleet.state, fleet.now, STORE
+    )
+
+
+def test_the_write_log_keeps_its_newest_half_and_says_when_a_reader_fell_behind() -> None:
+    log: WriteLog[object] = WriteLog(limit=8)
+    record_setattr = log.logging_setattr()
+
+    class Record:
+        __setattr__ = record_setattr
+
+    first, second = Record(), Record()
+    start_at = log.position()
+    first.x = 1
+    second.x = 2
+    first.x = 3
+    assert log.since(start_at) == [first, second, first]
+    assert log.since(log.position()) == []
+    for value in range(6):  # past the limit: the older half goes
+        second.x = value
+    assert log.since(start_at) is None
+    assert log.since(log.position() - 2) == [second, second]
+
+
+def test_fleet_records_log_their_writes() -> None:
+    fleet = start()
+    node, replica = fleet.state.nodes["n1"], next(iter(fleet.state.replicas.values()))
+    nodes_at, replicas_at = NODE_WRITES.position(), REPLICA_WRITES.position()
+    node.last_seen = fleet.now
+    replica.in_flight = 2
+    replica.move_to(ReplicaState.DRAINING)
+    assert NODE_WRITES.since(nodes_at) == [node]
+    assert REPLICA_WRITES.since(replicas_at) == [replica, replica, replica]
