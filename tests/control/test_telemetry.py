@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmgw.control import telemetry
+from llmgw.control.rows import node_from_row, node_row
 from llmgw.sim import fleetgen
 from llmgw.wire import AgentReport, NodeInventory, ReplicaState, ReplicaStatus
 
@@ -184,3 +185,18 @@ def test_readings_belong_to_one_inventory_object() -> None:
         inventory.devices[0].temperature_c,
         inventory.devices[0].power_w,
     )
+
+
+def test_a_stored_node_carries_its_latest_readings() -> None:
+    node = fleetgen.gpu_node("n1", gpus=2)
+    assert node.inventory is not None
+    newer = tuple(v for i in range(2) for v in (1000 + i, 50 + i, 60 + i, 300.5 + i))
+    node.readings = telemetry.Readings(node.inventory, newer)
+    stored = node_from_row(node_row(node))
+    assert stored.inventory is not None
+    assert telemetry.readings_of(stored.inventory) == newer
+    # Readings of an inventory since replaced are not the node's.
+    node.inventory = node.inventory.model_copy()
+    stored = node_from_row(node_row(node))
+    assert stored.inventory is not None
+    assert telemetry.readings_of(stored.inventory) == telemetry.readings_of(node.inventory)

@@ -109,14 +109,15 @@ class ReportRoute:
         if kept is not None and kept.node is node:
             if kept.digest == digest:
                 # The same bytes as this node's last report: the same report.
+                answer = await cp.agents.report_json(node, kept.report, kept.readings)
                 cp.metrics.report_read("same_bytes")
-                return await cp.agents.report_json(node, kept.report, kept.readings)
+                return answer
             readings = telemetry.read(body, kept.shape) if kept.shape is not None else None
             if readings is not None:
                 # The last valid report with this body's readings.
-                cp.metrics.report_read("telemetry")
                 answer = await cp.agents.report_json(node, kept.report, readings)
                 kept.digest, kept.readings = digest, readings
+                cp.metrics.report_read("telemetry")
                 return answer
         report = _validated(body)
         if report.node != node.name:
@@ -126,9 +127,9 @@ class ReportRoute:
                 "permission_error",
                 "wrong_node",
             )
-        cp.metrics.report_read("validated")
         answer = await cp.agents.report_json(node, report)
         self._remember(node, digest, report, body)
+        cp.metrics.report_read("validated")
         return answer
 
     def _remember(self, node: NodeRecord, digest: bytes, report: AgentReport, body: bytes) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from llmgw.control import telemetry
 from llmgw.control.state import ModelRecord, NodeFailure, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Row
 from llmgw.wire import (
@@ -33,11 +34,23 @@ def node_row(node: NodeRecord) -> Row:
         "address": node.address,
         "agent_port": node.agent_port,
         "fabrics": list(node.fabrics),
-        "inventory": node.inventory.model_dump(mode="json") if node.inventory else None,
+        "inventory": _inventory_json(node),
         "weights": [w.model_dump(mode="json") for w in node.weights],
         "registered_at": node.registered_at,
         "last_seen": node.last_seen,
     }
+
+
+def _inventory_json(node: NodeRecord) -> dict[str, object] | None:
+    """The node's inventory with its latest readings (control.telemetry), as stored."""
+    if node.inventory is None:
+        return None
+    out = node.inventory.model_dump(mode="json")
+    readings = telemetry.current(node.inventory, node.readings)
+    if readings is not None:
+        for index, device in enumerate(out["devices"]):
+            device.update(zip(telemetry.TELEMETRY_FIELDS, readings.of(index), strict=True))
+    return out
 
 
 def node_from_row(row: Row) -> NodeRecord:
