@@ -37,8 +37,8 @@ class Call:
     of an answer takes the request, not the ten values it was made of.
     """
 
-    __slots__ = ("id_header", "model", "record", "rename", "request_id", "rt", "send", "started",
-                 "waited")  # fmt: skip
+    __slots__ = ("counters", "id_header", "model", "record", "rename", "request_id", "rt", "send",
+                 "started", "waited")  # fmt: skip
 
     def __init__(
         self, rt: Runtime, record: KeyRecord, model: str, started: float, request_id: str,
@@ -55,6 +55,7 @@ class Call:
         # puts back the catalog's (llmgw.gateway.external).
         self.rename = rename
         self.waited = 0.0  # for an on-demand replica: not the gateway's overhead
+        self.counters = rt.metrics.model(model)  # its model's metrics, updated in place
 
     def stream_send(self) -> Send:
         """Where a stream's messages go (renamed chunk by chunk where the model is external)."""
@@ -67,7 +68,7 @@ class Call:
 
     def stream_headers(self, before: float) -> list[tuple[bytes, bytes]]:
         """A streamed answer's headers; ``before``, the overhead so far, is metered."""
-        self.rt.metrics.overhead(before)
+        self.rt.metrics.overhead_hist.observe(before)
         return [*_SSE_HEADERS, self.id_header, overhead_header(before)]
 
 
@@ -122,7 +123,7 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
     """Send the request to replicas of the model until one answers; the status sent."""
     rt = call.rt
     settings = rt.settings
-    metrics = rt.metrics
+    counters = call.counters
     model = call.model
     tried: list[Replica] = []
     wait_deadline = time.monotonic() + settings.queue_wait_s
@@ -148,12 +149,13 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
                 router = other
                 continue
         if not tried:
-            metrics.routed(model, pick.outcome)
+            outcomes = counters.outcomes
+            outcomes[pick.outcome] = outcomes.get(pick.outcome, 0) + 1
         replica.in_flight += 1
         replica.requests += 1
         replica.last_request_at = time.time()
         prefill = Prefill(router, pick)
-        metrics.in_flight(model, 1)
+        counters.in_flight += 1
         before = time.perf_counter() - call.started - call.waited
         response: Response | None = None
         try:
@@ -170,7 +172,7 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
             log.info("%s: replica %s unavailable: %s", call.request_id, replica.replica_id, exc)
             replica.connect_failed(settings.cooldown_after, settings.cooldown_s)
             tried.append(replica)
-            metrics.retried(model)
+            counters.retries += 1
         except UpstreamTimeout:
             raise ApiError(
                 504, f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
@@ -182,7 +184,7 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
                 response.release()
             replica.in_flight -= 1
             prefill.done()
-            metrics.in_flight(model, -1)
+            counters.in_flight -= 1
     raise unavailable(
         f"No replica of the model `{model}` could be reached.",
         "upstream_unavailable",
@@ -257,7 +259,10 @@ def account(call: Call, usage: Usage | None, error: bool) -> None:
     call.rt.usage.add(
         minute, record.key_id, call.model, usage.prompt, usage.completion, usage.cached, error
     )
-    call.rt.metrics.tokens(call.model, usage.prompt, usage.completion, usage.cached)
+    counters = call.counters
+    counters.prompt += usage.prompt
+    counters.completion += usage.completion
+    counters.cached += usage.cached
 
 
 async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bool = True) -> bytes:
@@ -269,7 +274,7 @@ async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bo
     first = await response.next_chunk()
     prefill.started(streamed=True)
     if ttft:
-        call.rt.metrics.ttft(call.model, time.perf_counter() - call.started - call.waited)
+        call.counters.ttft.observe(time.perf_counter() - call.started - call.waited)
     return first or b""
 
 
@@ -290,10 +295,9 @@ async def answer_whole(
     ok = status < 400
     account(call, usage_in(data) if ok else None, not ok)
     overhead = before + (time.perf_counter() - read_at)
-    call.rt.metrics.overhead(overhead)
+    call.rt.metrics.overhead_hist.observe(overhead)
     await send_bytes(
         call.send, status, data, response.content_type or JSON,
         [call.id_header, overhead_header(overhead)],
     )  # fmt: skip
     return status
-

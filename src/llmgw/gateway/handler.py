@@ -190,8 +190,7 @@ async def handle(
                 timer.cancel()
             if watch.task is not None:
                 watch.task.cancel()
-    rt.metrics.request(model, status)
-    rt.metrics.latency(model, time.perf_counter() - started)
+    rt.metrics.finished(model, status, time.perf_counter() - started)
 
 
 async def _complete(
@@ -438,7 +437,7 @@ async def _assemble(
         data = call.rename(data)
     account(call, metered, False)
     overhead = before + (time.perf_counter() - built_at)
-    call.rt.metrics.overhead(overhead)
+    call.rt.metrics.overhead_hist.observe(overhead)
     await send_bytes(call.send, 200, data, JSON, [call.id_header, overhead_header(overhead)])
     return 200
 

@@ -32,15 +32,28 @@ LATENCY_BUCKETS = (
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 
 
+class ModelCounters:
+    """One model's numbers. A request holds its model's (Call.counters), so an
+    update on its way is an attribute addition: no call, no key built."""
+
+    __slots__ = ("cached", "completion", "in_flight", "latency", "outcomes", "prompt",
+                 "retries", "statuses", "ttft")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.statuses: dict[int, int] = {}  # answers by HTTP status
+        self.prompt = 0
+        self.completion = 0
+        self.cached = 0
+        self.in_flight = 0
+        self.outcomes: dict[str, int] = {}  # routing decisions (routing.HIT...)
+        self.retries = 0
+        self.ttft = Histogram(LATENCY_BUCKETS)
+        self.latency = Histogram(LATENCY_BUCKETS)
+
+
 class GatewayMetrics:
     def __init__(self, waiting: Callable[[], dict[str, int]] | None = None) -> None:
-        self.requests: dict[tuple[str, str], int] = {}
-        self.tokens_by: dict[tuple[str, str], int] = {}
-        self.routing: dict[tuple[str, str], int] = {}
-        self.retries: dict[str, int] = {}
-        self.in_flight_by: dict[str, int] = {}
-        self.ttft_by: dict[str, Histogram] = {}
-        self.latency_by: dict[str, Histogram] = {}
+        self.by_model: dict[str, ModelCounters] = {}
         self.overhead_hist = Histogram(OVERHEAD_BUCKETS)
         self.config_version = 0
         self._waiting = waiting or dict
@@ -49,41 +62,50 @@ class GatewayMetrics:
 
     # -- hot path --------------------------------------------------------------
 
-    def request(self, model: str, status: int) -> None:
-        key = (model, str(status))
-        self.requests[key] = self.requests.get(key, 0) + 1
+    def model(self, model: str) -> ModelCounters:
+        """``model``'s counters, made on first use."""
+        counters = self.by_model.get(model)
+        if counters is None:
+            counters = self.by_model[model] = ModelCounters()
+        return counters
 
-    def ttft(self, model: str, seconds: float) -> None:
-        _observe(self.ttft_by, model, seconds)
-
-    def latency(self, model: str, seconds: float) -> None:
-        _observe(self.latency_by, model, seconds)
+    def finished(self, model: str, status: int, seconds: float) -> None:
+        """A request answered (or refused) with ``status`` after ``seconds``."""
+        counters = self.by_model.get(model) or self.model(model)
+        statuses = counters.statuses
+        statuses[status] = statuses.get(status, 0) + 1
+        counters.latency.observe(seconds)
 
     def overhead(self, seconds: float) -> None:
         self.overhead_hist.observe(seconds)
 
+    # The same, one number at a time (tests, rare paths).
+
+    def request(self, model: str, status: int) -> None:
+        statuses = self.model(model).statuses
+        statuses[status] = statuses.get(status, 0) + 1
+
+    def ttft(self, model: str, seconds: float) -> None:
+        self.model(model).ttft.observe(seconds)
+
+    def latency(self, model: str, seconds: float) -> None:
+        self.model(model).latency.observe(seconds)
+
     def tokens(self, model: str, prompt: int, completion: int, cached: int) -> None:
-        # Unrolled: once per answer, and a loop over three tuples cost more than the counting.
-        tokens = self.tokens_by
-        if prompt:
-            key = (model, "prompt")
-            tokens[key] = tokens.get(key, 0) + prompt
-        if completion:
-            key = (model, "completion")
-            tokens[key] = tokens.get(key, 0) + completion
-        if cached:
-            key = (model, "cached")
-            tokens[key] = tokens.get(key, 0) + cached
+        counters = self.model(model)
+        counters.prompt += prompt
+        counters.completion += completion
+        counters.cached += cached
 
     def in_flight(self, model: str, delta: int) -> None:
-        self.in_flight_by[model] = self.in_flight_by.get(model, 0) + delta
+        self.model(model).in_flight += delta
 
     def routed(self, model: str, outcome: str) -> None:
-        key = (model, outcome)
-        self.routing[key] = self.routing.get(key, 0) + 1
+        outcomes = self.model(model).outcomes
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
 
     def retried(self, model: str) -> None:
-        self.retries[model] = self.retries.get(model, 0) + 1
+        self.model(model).retries += 1
 
     # -- scrape ----------------------------------------------------------------
 
@@ -94,13 +116,6 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
-def _observe(by_model: dict[str, Histogram], model: str, seconds: float) -> None:
-    histogram = by_model.get(model)
-    if histogram is None:
-        histogram = by_model[model] = Histogram(LATENCY_BUCKETS)
-    histogram.observe(seconds)
-
-
 class _Exporter(Collector):
     """Turns the plain numbers into Prometheus families at scrape time."""
 
@@ -109,43 +124,73 @@ class _Exporter(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self._m
-        yield filled(CounterMetricFamily(
+        # A copy: requests may add models while a scrape renders them. A
+        # sample appears once there is something to count, as it did with
+        # one dict per family: a status once answered, a histogram once
+        # observed, a kind of token once counted, the in-flight gauge once
+        # the model was routed to (each request in flight was), a retry count
+        # once retried.
+        models = list(m.by_model.items())
+        requests = CounterMetricFamily(
             "llmgw_gateway_requests", "Requests answered, by model and HTTP status.",
             labels=["model", "status"],
-        ), m.requests)  # fmt: skip
-        for name, doc, source in (
+        )  # fmt: skip
+        for model, counters in models:
+            for status, count in list(counters.statuses.items()):
+                requests.add_metric([model, str(status)], count)
+        yield requests
+        for name, doc, attribute in (
             ("llmgw_gateway_time_to_first_token_seconds",
-             "From request arrival to the first body byte of a streamed answer.", m.ttft_by),
+             "From request arrival to the first body byte of a streamed answer.", "ttft"),
             ("llmgw_gateway_request_seconds",
-             "From request arrival to the end of the answer.", m.latency_by),
+             "From request arrival to the end of the answer.", "latency"),
         ):  # fmt: skip
             family = HistogramMetricFamily(name, doc, labels=["model"])
-            for model, histogram in list(source.items()):
-                points, total = histogram.family_points()
-                family.add_metric([model], points, total)
+            for model, counters in models:
+                histogram: Histogram = getattr(counters, attribute)
+                if any(histogram.counts):
+                    points, total = histogram.family_points()
+                    family.add_metric([model], points, total)
             yield family
         yield m.overhead_hist.family(
             "llmgw_gateway_overhead_seconds",
             "Time the gateway itself added (excludes the engine and on-demand waiting).",
         )
-        yield filled(CounterMetricFamily(
+        tokens = CounterMetricFamily(
             "llmgw_gateway_tokens", "Tokens by model and kind (prompt, completion, cached).",
             labels=["model", "kind"],
-        ), m.tokens_by)  # fmt: skip
-        yield filled(GaugeMetricFamily(
+        )  # fmt: skip
+        in_flight = GaugeMetricFamily(
             "llmgw_gateway_in_flight", "Requests in flight upstream, by model.", labels=["model"]
-        ), m.in_flight_by)  # fmt: skip
-        yield filled(CounterMetricFamily(
+        )  # fmt: skip
+        routing = CounterMetricFamily(
             "llmgw_gateway_prefix_routing",
             "Routing decisions by outcome: hit (cached prefix), miss (new prefix),"
             " overloaded (a holder too busy: another replica was estimated to answer"
             " sooner), none (prefixes not looked at: another policy, no prompt, one replica).",
             labels=["model", "outcome"],
-        ), m.routing)  # fmt: skip
-        yield filled(CounterMetricFamily(
+        )  # fmt: skip
+        retries = CounterMetricFamily(
             "llmgw_gateway_upstream_retries", "Requests retried on another replica.",
             labels=["model"],
-        ), m.retries)  # fmt: skip
+        )  # fmt: skip
+        for model, counters in models:
+            for kind, count in (("prompt", counters.prompt),
+                                ("completion", counters.completion),
+                                ("cached", counters.cached)):  # fmt: skip
+                if count:
+                    tokens.add_metric([model, kind], count)
+            outcomes = list(counters.outcomes.items())
+            if outcomes or counters.in_flight:
+                in_flight.add_metric([model], counters.in_flight)
+            for outcome, count in outcomes:
+                routing.add_metric([model, outcome], count)
+            if counters.retries:
+                retries.add_metric([model], counters.retries)
+        yield tokens
+        yield in_flight
+        yield routing
+        yield retries
         yield filled(GaugeMetricFamily(
             "llmgw_gateway_waiting", "Requests waiting for an on-demand replica.", labels=["model"]
         ), m.waiting())  # fmt: skip
