@@ -409,6 +409,8 @@ def test_a_lone_replica_gets_no_prefix_work(monkeypatch: pytest.MonkeyPatch) -> 
     alone.replicas[0].connect_failed(cooldown_after=1, cooldown_s=60)
     assert alone.pick("s" * PROMPT) == Pick(alone.replicas[0], UNROUTED, [], 0.0)
     assert alone.pick("s" * PROMPT, fallback=False) is None
+    # Once tried (excluded), there is nothing else to offer.
+    assert alone.pick("s" * PROMPT, exclude=alone.replicas) is None
 
 
 def test_two_replicas_route_by_prefix_as_before() -> None:

@@ -92,9 +92,10 @@ class Prefill:
         self.sent_at = time.perf_counter()
 
     def started(self, streamed: bool) -> None:
-        if streamed and self.ahead < 1.0:
-            self.router.measured(self.tokens, time.perf_counter() - self.sent_at)
-        self.router.record(self.pick)
+        if self.pick.hashes:  # routed by prefix: else nothing to record or measure
+            if streamed and self.ahead < 1.0:
+                self.router.measured(self.tokens, time.perf_counter() - self.sent_at)
+            self.router.record(self.pick)
         self.done()
 
     def done(self) -> None:

@@ -397,6 +397,14 @@ class ModelRouter:
     def pick(
         self, prompt: str | None, exclude: Sequence[Replica] = (), *, fallback: bool = True
     ) -> Pick | None:
+        if not exclude and len(self.replicas) == 1:
+            # The usual first try at a one-replica model, without candidates'
+            # list: the replica unless it cools down and there is no fallback.
+            only = self.replicas[0]
+            if only.cooled_until and not fallback and only.cooled_until > time.monotonic():
+                return None
+            self._counter += 1
+            return Pick(only, UNROUTED, [], 0.0)
         replicas = self.candidates(exclude, fallback=fallback)
         if not replicas:
             return None
