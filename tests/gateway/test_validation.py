@@ -60,6 +60,10 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     (CHAT, chat(messages=[{"content": "x"}]), "messages[0].role", "missing_required_parameter"),
     (CHAT, chat(messages=[{"role": ["user"], "content": "x"}]), "messages[0].role",
      "invalid_type"),
+    (CHAT, chat(messages=[USER, USER, {"role": {"user": 1}, "content": "x"}]), "messages[2].role",
+     "invalid_type"),
+    (CHAT, chat(messages=[USER, {"role": 1, "content": "x"}]), "messages[1].role",
+     "invalid_type"),
     (CHAT, chat(messages=[{"role": "user"}]), "messages[0].content",
      "missing_required_parameter"),
     (CHAT, chat(messages=[{"role": "system", "content": None}]), "messages[0].content",
@@ -225,9 +229,7 @@ async def test_refused_before_any_engine_or_wake(upstreams: Any, link: MemoryLin
             assert refused.value.code == "invalid_value"
             assert refused.value.type == "invalid_request_error"
             with pytest.raises(openai.BadRequestError) as refused:
-                await client.chat.completions.create(
-                    model=model, messages=[USER], max_tokens=True
-                )
+                await client.chat.completions.create(model=model, messages=[USER], max_tokens=True)
             assert refused.value.param == "max_tokens"
             with pytest.raises(openai.BadRequestError) as refused:
                 await client.chat.completions.create(
@@ -249,9 +251,7 @@ async def test_refused_before_any_engine_or_wake(upstreams: Any, link: MemoryLin
         )
 
 
-async def test_unknown_fields_reach_the_engine_untouched(
-    upstreams: Any, link: MemoryLink
-) -> None:
+async def test_unknown_fields_reach_the_engine_untouched(upstreams: Any, link: MemoryLink) -> None:
     engine = await upstreams("e1")
     link.publish(make_config(1, [route("m", [engine], served_name="m")]))
     async with running_gateway(link) as (_, url):

@@ -75,7 +75,9 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # calls tools, a function result that is null).
 _CONTENT_OPTIONAL = frozenset({"assistant", "function"})
 # Roles with nothing to check but their content (a tool result names its call).
-_PLAIN_ROLES = frozenset(ROLES) - {"tool"}
+# A tuple, the likeliest first: ``in`` compares, so a role of any JSON type
+# (a list, an object) is tested without the type check a set's hashing needs.
+_PLAIN_ROLES = ("user", "system", "assistant", "developer", "function")
 MAX_STOP_SEQUENCES = 4
 MAX_EMBEDDING_INPUTS = 2048
 RESPONSE_ROLES = ("user", "assistant", "system", "developer")
@@ -155,18 +157,20 @@ def messages(value: Any, param: str) -> None:
     if type(value) is not list or not value:
         array(value, param, empty=False)  # raises
     plain = _PLAIN_ROLES
-    for index, message in enumerate(value):
+    for message in value:
         # The usual message (a plain role, text content, no name) passes
         # here, without a call and without the path an error would name
         # formatted: this loop was ~4 % of the gateway's CPU per chat request.
         if (
             type(message) is dict
             and type(message.get("content")) is str
-            and type(role := message.get("role")) is str
-            and role in plain
+            and message.get("role") in plain
             and message.get("name") is None
         ):
             continue
+        # Its index, for the path, only here (by identity: an equal message
+        # elsewhere may differ in type, 1 == 1.0 == True).
+        index = next(i for i, each in enumerate(value) if each is message)
         _message(message, f"{param}[{index}]")
 
 
@@ -338,7 +342,10 @@ class Envelope:
 _NAMED: dict[str, Check] = {"model": model_name, "user": string}
 # Chat, completions and the Responses API: how to sample, whether to stream.
 _SAMPLED: dict[str, Check] = {
-    **_NAMED, "temperature": number(0, 2), "top_p": number(0, 1), "stream": boolean
+    **_NAMED,
+    "temperature": number(0, 2),
+    "top_p": number(0, 1),
+    "stream": boolean,
 }
 # Chat and completions: the rest of sampling and its limits.
 _SAMPLING: dict[str, Check] = {
