@@ -25,6 +25,7 @@ from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
 from llmgw.control.adminapi.summary_keeper import SummaryKeeper
+from llmgw.control.replicatable import ReplicaTable
 from llmgw.control.state import NODE_WRITES, REPLICA_WRITES, WriteLog
 from llmgw.wire import NodeInventory, NodeState, ReplicaState, WeightsEntry
 
@@ -78,6 +79,7 @@ CHANGES = [
     "fell-behind",
     "move-to",
     "restart",
+    "new-table",
 ]
 
 
@@ -206,6 +208,16 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
             kind == "restart" and replica is not None and replica.can_move_to(ReplicaState.STARTING)
         ):
             replica.restart()
+        elif kind == "new-table":
+            # Another table, whose write count matches the last one's, maybe
+            # with a record built before the last call in another's place.
+            table = ReplicaTable(state.replicas)
+            for record in stashed:
+                if not isinstance(record, type(node)) and record.id in table:
+                    table[record.id] = record
+            stashed.clear()
+            table.version = state.replicas.version
+            state.replicas = table
         built = fleet_summary(state, now, STORE)
         if roll % 2:
             assert keeper.summary(state, now, STORE) == built, kind
