@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from llmgw.control.external import HealthReports
+from llmgw.control.nodetable import NodeTable
 from llmgw.control.replicatable import ReplicaTable
 from llmgw.control.telemetry import Readings
 from llmgw.errors import TransitionError
@@ -318,7 +319,9 @@ class ReplicaRecord:
 
 @dataclass
 class FleetState:
-    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    # A dict that counts its writes (nodetable.py); a plain dict given here
+    # is kept as it is (readers then list it to see what came or went).
+    nodes: dict[str, NodeRecord] = field(default_factory=NodeTable)
     models: dict[str, ModelRecord] = field(default_factory=dict)
     # A dict that also keeps replicas by model and by node (replicatable.py);
     # a plain dict given here is copied into one.

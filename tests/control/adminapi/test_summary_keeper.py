@@ -25,6 +25,7 @@ from tests.control.adminapi.fleetkit import Fleet, gpu, gpus, mig
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
 from llmgw.control.adminapi.summary_keeper import SummaryKeeper
+from llmgw.control.nodetable import NodeTable
 from llmgw.control.replicatable import ReplicaTable
 from llmgw.control.state import NODE_WRITES, REPLICA_WRITES, WriteLog
 from llmgw.wire import NodeInventory, NodeState, ReplicaState, WeightsEntry
@@ -80,6 +81,8 @@ CHANGES = [
     "move-to",
     "restart",
     "new-table",
+    "new-node-table",
+    "plain-nodes",
 ]
 
 
@@ -208,6 +211,17 @@ def test_the_kept_summary_is_the_built_one(steps: list[tuple[str, int]]) -> None
             kind == "restart" and replica is not None and replica.can_move_to(ReplicaState.STARTING)
         ):
             replica.restart()
+        elif kind == "new-node-table":
+            # Likewise for the nodes' table.
+            nodes_table = NodeTable(state.nodes)
+            for record in stashed:
+                if isinstance(record, type(node)) and record.name in nodes_table:
+                    nodes_table[record.name] = record
+            stashed.clear()
+            nodes_table.version = getattr(state.nodes, "version", 0)
+            state.nodes = nodes_table
+        elif kind == "plain-nodes":
+            state.nodes = dict(state.nodes)  # no write count: listed every call
         elif kind == "new-table":
             # Another table, whose write count matches the last one's, maybe
             # with a record built before the last call in another's place.
@@ -266,3 +280,49 @@ def test_fleet_records_log_their_writes() -> None:
     replica.move_to(ReplicaState.DRAINING)
     assert NODE_WRITES.since(nodes_at) == [node]
     assert REPLICA_WRITES.since(replicas_at) == [replica, replica, replica]
+
+
+def test_the_node_table_counts_every_write() -> None:
+    table: NodeTable[int] = NodeTable({"a": 1})
+    counts = [table.version]
+    table["b"] = 2
+    counts.append(table.version)
+    del table["a"]
+    counts.append(table.version)
+    assert table.pop("b") == 2
+    counts.append(table.version)
+    assert table.pop("x", 0) == 0
+    counts.append(table.version)  # nothing written
+    table.setdefault("c", 3)
+    counts.append(table.version)
+    table.update(d=4)
+    counts.append(table.version)
+    table |= {"e": 5}
+    counts.append(table.version)
+    table.popitem()
+    counts.append(table.version)
+    table.clear()
+    counts.append(table.version)
+    assert counts == [0, 1, 2, 3, 3, 4, 5, 6, 7, 8]
+    assert table == {}
+
+
+def test_tables_replaced_with_the_same_write_counts_are_read_again() -> None:
+    fleet = start()
+    state, now = fleet.state, fleet.now
+    # n3 holds no replica: its view is not folded again for a replica's sake.
+    node, replica = state.nodes["n3"], next(iter(state.replicas.values()))
+    cordoned = dataclasses.replace(node, admin_state=NodeState.CORDONED)
+    failed = dataclasses.replace(replica, state=ReplicaState.FAILED)
+    keeper = SummaryKeeper()
+    keeper.summary(state, now, STORE)  # after the records above were built
+    nodes = NodeTable(state.nodes)
+    nodes["n3"] = cordoned
+    nodes.version = getattr(state.nodes, "version", 0)
+    replicas = ReplicaTable(state.replicas)
+    replicas[replica.id] = failed
+    replicas.version = state.replicas.version
+    state.nodes, state.replicas = nodes, replicas
+    kept = keeper.summary(state, now, STORE)
+    assert kept == fleet_summary(state, now, STORE)
+    assert kept.nodes.cordoned == 1
