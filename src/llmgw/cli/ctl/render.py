@@ -7,6 +7,8 @@ same fields the API documents; the tables are for people and may change.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -42,13 +44,38 @@ def show_view(
     if not every:
         console.print(render(fetch()))
         return
-    with Live(render(fetch()), console=console, auto_refresh=False) as live:
-        try:
-            while True:
-                time.sleep(every)
-                live.update(render(fetch()), refresh=True)
-        except KeyboardInterrupt:
-            pass
+    with Live(render(fetch()), console=console, auto_refresh=False) as live, _FirstCtrlC() as stop:
+        while not stop.wait(every):
+            live.update(render(fetch()), refresh=True)
+
+
+class _FirstCtrlC:
+    """While watching, the first Ctrl-C ends the loop between refreshes; a second one interrupts.
+
+    Python raises KeyboardInterrupt wherever the main thread happens to be: in
+    the middle of a fetch that raise can land inside the HTTP client's pool
+    with its lock taken, and closing the client at exit then waits on that
+    lock for ever (a test saw ``status --watch`` hang after Ctrl-C on a loaded
+    machine). So the first Ctrl-C only sets an event; a fetch under way
+    finishes (bounded by the client's timeout) and the loop ends. A second
+    Ctrl-C is the impatient user's, and gets the usual interrupt.
+    """
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self._previous: Any = None
+
+    def __enter__(self) -> threading.Event:
+        def on_sigint(signum: int, frame: Any) -> None:
+            if self.stop.is_set():
+                raise KeyboardInterrupt
+            self.stop.set()
+
+        self._previous = signal.signal(signal.SIGINT, on_sigint)
+        return self.stop
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
 
 
 def ago(at: float | None) -> str:
