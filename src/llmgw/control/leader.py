@@ -180,7 +180,12 @@ class LeaderElection:
                 self.settled.set()
                 while True:
                     await asyncio.sleep(CHECK_INTERVAL_S)
-                    await asyncio.wait_for(conn.execute("SELECT 1"), timeout=5)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a
+                    # cancel that lands as the query completes, and this loop then
+                    # outlived the runtime's stop (a serve on PostgreSQL hung on
+                    # SIGTERM with this task "cancelling" for minutes).
+                    async with asyncio.timeout(5):
+                        await conn.execute("SELECT 1")
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any error of the lock connection: step down
