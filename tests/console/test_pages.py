@@ -569,6 +569,8 @@ async def test_models_page_shows_an_external_models_urls_and_their_health(
         page = watched.page
         await sign_in(console, page, "#/models")
         row = page.locator('#model-list tr[data-model="team-vllm"]')
+        # all_inner_texts does not wait: the row is there once the page's first fetch has drawn.
+        await expect(row.locator("td").nth(1)).to_have_text("external")
         (view,) = [m for m in await console.get("/models") if m["name"] == "team-vllm"]
         cells = await row.locator("td").all_inner_texts()
         assert cells[1] == "external" and "meta/llama-x" in cells[2]
