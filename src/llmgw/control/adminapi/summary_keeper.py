@@ -18,7 +18,8 @@ tuples (``operator.attrgetter``), and compares them with the last call's.
 Comparing every record each call instead was ~10 ms of a 12 ms call at
 10,000 nodes and 17,000 replicas, for the ~200 nodes that had reported.
 Records added, removed or put in another's place are found by comparing
-the tables' keys and records (by identity, in C). When the log has dropped
+the tables' keys and records (by identity, in C); the replicas' side of
+this is summary_replicas.py. When the log has dropped
 writes this keeper had not read (a keeper not asked for a long while), or
 on a new fleet, every record is compared, as before. Models are few and
 always compared. The same rule as the views' memo (views/memo.py)
@@ -38,21 +39,19 @@ import heapq
 import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
-from itertools import compress, count
+from itertools import compress
 from typing import Any
 
 import orjson
 
 from llmgw.control import state as state_module
-from llmgw.control.adminapi.idlelist import IdleList
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import Summary, SummaryBuilder
+from llmgw.control.adminapi.summary_replicas import KeptReplicas
 from llmgw.control.adminapi.views.models import ModelView, model_view
 from llmgw.control.adminapi.views.nodes import NodeView, node_view
-from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
 from llmgw.control.state import NODE_WRITES, REPLICA_WRITES, FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import NodeState, ReplicaState
+from llmgw.wire import NodeState
 
 # What the summary reads of each record, besides the clock and the other
 # records. A node's view reads its state, which its report times (heard)
@@ -69,17 +68,6 @@ _NODE_INPUTS = operator.attrgetter(
 )
 _VIEWED = 4  # the view's own fields; the rest only time its state
 _NAME = operator.attrgetter("name")
-_ID = operator.attrgetter("id")
-# A replica's model and shards never change while it is in the table
-# (replicatable.py): a record put in another's place is told apart by
-# comparing the records themselves, in C, as the ids are.
-_REPLICA_INPUTS = operator.attrgetter(
-    "state",
-    "created_at",
-    "ready_at",
-    "last_request_at",
-    "in_flight",
-)
 _MODEL_INPUTS = operator.attrgetter(
     "spec",
     "parked",
@@ -89,46 +77,13 @@ _MODEL_INPUTS = operator.attrgetter(
     "demand_at",
     "load_demand",
 )
-_LIVE = frozenset({ReplicaState.READY.value, ReplicaState.STARTING.value, "unreachable"})
-
-
-@dataclass(slots=True)
-class _Replica:
-    """What the keeper remembers of one replica's view."""
-
-    view: ReplicaView
-    nodes: tuple[str, ...]
-    # When it was last used (ReplicaTally's rule), or None when it does not
-    # count towards its model's use (not live, or draining).
-    used: float | None
-    # Since when it has been idle, when it can be idle at all (ready, nothing
-    # in flight, ready or used once): the idle list's candidates.
-    since: float | None
-
-
-class _Tally:
-    """ReplicaTally's answers (views.models) from the keeper's replica counts."""
-
-    __slots__ = ("counts", "used")
-
-    def __init__(self) -> None:
-        self.counts: dict[str, dict[str, int]] = {}
-        # model -> replica id -> when last used
-        self.used: dict[str, dict[str, float]] = {}
-
-    def of(self, model: str) -> dict[str, int]:
-        return self.counts.get(model, {})
-
-    def last_used(self, model: str) -> float | None:
-        found = self.used.get(model)
-        return max(found.values()) if found else None
 
 
 class SummaryKeeper:
     def __init__(self) -> None:
         self._state: FleetState | None = None
         self._now = -math.inf
-        # Idle replicas are the keeper's (``_idle``), not the builder's.
+        # Idle replicas are the keeper's (KeptReplicas.idle), not the builder's.
         self._builder = SummaryBuilder(StoreStatus(members=[]), collect_idle=False)
         self._nodes: dict[str, NodeView] = {}
         self._node_names: list[str] = []
@@ -147,16 +102,7 @@ class SummaryKeeper:
         self._scheduled: dict[str, float] = {}
         self._grace = state_module.UNREACHABLE_AFTER_S
         self._stale_nodes: set[str] = set()
-        self._replicas: dict[str, _Replica] = {}
-        self._replica_ids: list[str] = []
-        self._replica_inputs: dict[str, tuple[object, ...]] = {}
-        self._replica_records: list[ReplicaRecord] = []
-        # The table the ids and records were listed from, and its write count.
-        self._replica_table: object = None
-        self._replica_version: int | None = None
-        self._tally = _Tally()
-        # The idle list's candidates (idlelist.py).
-        self._idle = IdleList()
+        self._replicas = KeptReplicas(self._builder)
         self._models: dict[str, ModelView] = {}
         self._model_names: list[str] = []
         self._model_inputs: list[tuple[object, ...]] = []
@@ -166,7 +112,7 @@ class SummaryKeeper:
     def summary(self, state: FleetState, now: float, store: StoreStatus) -> Summary:
         """``fleet_summary(state, now, store)``, from what changed since the last call."""
         self._refresh(state, now)  # first: it may start over with a new builder
-        self._builder.set_idle(self._idle.entries(now))
+        self._builder.set_idle(self._replicas.idle.entries(now))
         return self._builder.finish(store)
 
     def summary_json(self, state: FleetState, now: float, store: StoreStatus) -> bytes:
@@ -179,7 +125,7 @@ class SummaryKeeper:
         self._refresh(state, now)
         self._builder.set_idle([])
         body = self._builder.finish(store).model_dump(mode="json")
-        body["idle_replicas"] = orjson.Fragment(self._idle.json(now))
+        body["idle_replicas"] = orjson.Fragment(self._replicas.idle.json(now))
         return orjson.dumps(body)
 
     def _refresh(self, state: FleetState, now: float) -> None:
@@ -199,7 +145,9 @@ class SummaryKeeper:
         self._now = now
         touched_models: set[str] = set()
         moved_nodes = self._sync_nodes(state, now, node_writes)
-        self._sync_replicas(state, now, replica_writes, moved_nodes, touched_models)
+        self._replicas.sync(
+            state, now, replica_writes, moved_nodes, touched_models, self._stale_nodes
+        )
         self._sync_nodes_held(state, now)
         self._sync_models(state, now, touched_models)
 
@@ -333,156 +281,6 @@ class SummaryKeeper:
             self._nodes[name] = view
             self._builder.add_node(view)
 
-    # -- replicas ------------------------------------------------------------------
-
-    def _sync_replicas(
-        self,
-        state: FleetState,
-        now: float,
-        written: list[ReplicaRecord] | None,
-        moved_nodes: set[str],
-        touched: set[str],
-    ) -> None:
-        replicas = state.replicas
-        changed: list[ReplicaRecord] = []
-        gone: list[str] = []
-        # The table counts its writes (ReplicaTable.version): when it has not
-        # moved, no replica came, went or was put in another's place, and the
-        # table is not even listed (touching 17,000 records, ~2 ms a call).
-        version = getattr(replicas, "version", None)
-        same_table = (
-            version is not None
-            and replicas is self._replica_table
-            and version == self._replica_version
-        )
-        self._replica_table, self._replica_version = replicas, version
-        if written is not None and same_table:
-            self._read_written(replicas, written, set(), changed)
-        else:
-            self._compare_replicas(replicas, written, changed, gone)
-        # Replicas whose node turned unreachable (or back, or came or went).
-        again = {r.id for name in moved_nodes for r in replicas.on_node(name)}
-        seen = {r.id for r in changed}
-        changed.extend(replicas[rid] for rid in again if rid not in seen and rid in replicas)
-        for rid in gone:
-            self._drop_replica(rid, touched)
-        for record in changed:
-            self._drop_replica(record.id, touched)
-            self._add_replica(record, state, now, touched)
-
-    def _read_written(
-        self,
-        replicas: dict[str, ReplicaRecord],
-        written: list[ReplicaRecord],
-        skip: set[str],
-        changed: list[ReplicaRecord],
-    ) -> None:
-        """Add to ``changed`` the replicas written to whose fields differ."""
-        kept = self._replica_inputs
-        for rid in set(map(_ID, written)) - skip:
-            found = replicas.get(rid)
-            if found is None:  # a record of another fleet, or gone before
-                continue
-            now_in = _REPLICA_INPUTS(found)
-            if now_in != kept[rid]:
-                kept[rid] = now_in
-                changed.append(found)
-
-    def _compare_replicas(
-        self,
-        replicas: dict[str, ReplicaRecord],
-        written: list[ReplicaRecord] | None,
-        changed: list[ReplicaRecord],
-        gone: list[str],
-    ) -> None:
-        """The table listed and compared with the last call's: replicas that
-        came, went or were put in another's place, and (``written`` None)
-        every replica's fields."""
-        ids = list(replicas)
-        records = list(replicas.values())
-        kept = self._replica_inputs
-        if written is not None and ids == self._replica_ids:
-            # The same ids: only records written to, or put in another's
-            # place (found in C, by identity), can differ.
-            old_records = self._replica_records
-            listed: set[str] = set()
-            if records != old_records:
-                # A record in another's place: changed unless equal field for
-                # field (its model and shards included), which ``!=`` asks.
-                for i in compress(count(), map(operator.is_not, records, old_records)):
-                    record = records[i]
-                    kept[record.id] = _REPLICA_INPUTS(record)
-                    if record != old_records[i]:
-                        changed.append(record)
-                        listed.add(record.id)
-            self._read_written(replicas, written, listed, changed)
-        else:
-            old = self._replica_records_by_id()
-            inputs = dict(zip(ids, map(_REPLICA_INPUTS, records), strict=True))
-            for rid, record in zip(ids, records, strict=True):
-                before = old.pop(rid, None)
-                # A record in another's place counts as changed unless equal
-                # field for field (its model and shards included).
-                if (
-                    before is None
-                    or kept.get(rid) != inputs[rid]
-                    or (before is not record and before != record)
-                ):
-                    changed.append(record)
-            gone.extend(old)
-            self._replica_inputs = inputs
-        self._replica_ids, self._replica_records = ids, records
-
-    def _replica_records_by_id(self) -> dict[str, ReplicaRecord]:
-        return dict(zip(self._replica_ids, self._replica_records, strict=True))
-
-    def _add_replica(
-        self, record: ReplicaRecord, state: FleetState, now: float, touched: set[str]
-    ) -> None:
-        view = replica_view(record, state.nodes, now, detail=False)
-        nodes = tuple(s.node for s in record.shards)
-        used = None
-        if view.state in _LIVE and not view.draining:
-            used = (
-                math.inf
-                if record.in_flight > 0
-                else max(record.last_request_at or 0.0, record.ready_at or 0.0, record.created_at)
-            )
-        since = record.last_request_at or record.ready_at
-        idle_since = since if view.state == "ready" and record.in_flight == 0 else None
-        kept = _Replica(view, nodes, used, idle_since)
-        self._replicas[record.id] = kept
-        self._builder.add_replica(view)
-        per_state = self._tally.counts.setdefault(view.model, {})
-        per_state[view.state] = per_state.get(view.state, 0) + 1
-        if used is not None:
-            self._tally.used.setdefault(view.model, {})[record.id] = used
-        if idle_since is not None:
-            self._idle.add(record.id, idle_since, view.model, view.gpus)
-        touched.add(view.model)
-        self._stale_nodes.update(nodes)
-
-    def _drop_replica(self, rid: str, touched: set[str]) -> None:
-        kept = self._replicas.pop(rid, None)
-        if kept is None:
-            return
-        view = kept.view
-        self._builder.add_replica(view, -1)
-        per_state = self._tally.counts[view.model]
-        per_state[view.state] -= 1
-        if not per_state[view.state]:
-            del per_state[view.state]
-        if not per_state:
-            del self._tally.counts[view.model]
-        if kept.used is not None:
-            used = self._tally.used[view.model]
-            del used[rid]
-            if not used:
-                del self._tally.used[view.model]
-        self._idle.drop(rid)
-        touched.add(view.model)
-        self._stale_nodes.update(kept.nodes)
-
     # -- models --------------------------------------------------------------------
 
     def _sync_models(self, state: FleetState, now: float, touched: set[str]) -> None:
@@ -506,7 +304,7 @@ class SummaryKeeper:
             record = models.get(name)
             if record is None:
                 continue
-            view = model_view(record, self._tally, now)  # type: ignore[arg-type]
+            view = model_view(record, self._replicas.tally, now)  # type: ignore[arg-type]
             self._models[name] = view
             self._builder.add_model(view)
             spec = record.spec
