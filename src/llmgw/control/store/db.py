@@ -91,7 +91,7 @@ def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     # JSON columns (a replica's shards, an event's data) through orjson: the
     # standard library's encoder was a third of writing a 10,000-replica
     # pass, one row at a time. Readers parse either the same.
-    kwargs: dict[str, Any] = {"json_serializer": _json_text}
+    kwargs: dict[str, Any] = {"json_serializer": json_text}
     if is_sqlite(url):
         engine = create_async_engine(url, pool_size=pool_size, max_overflow=0, **kwargs)
         _make_sqlite_safe(engine)
@@ -101,7 +101,7 @@ def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     return create_async_engine(url, pool_size=pool_size, max_overflow=10, **kwargs)
 
 
-def _json_text(value: Any) -> str:
+def json_text(value: Any) -> str:
     # Keys that are not strings become strings, as the standard library's do.
     return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
 

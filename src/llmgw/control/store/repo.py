@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from llmgw.control.store import schema
+from llmgw.control.store.bulk import BulkWriter
 from llmgw.control.store.db import create_engine, is_sqlite, normalise_url
 from llmgw.control.store.migrate import upgrade_to_head
 from llmgw.control.store.stats import WriteStats
@@ -41,6 +42,8 @@ class Store:
         self.url = url
         self.is_sqlite = is_sqlite(url)
         self._upserts: dict[tuple[str, tuple[str, ...]], Any] = {}
+        # The reconcile pass's rows, past SQLAlchemy's per-row work (bulk.py).
+        self._bulk = BulkWriter()
         # Every write transaction, timed and counted (the control plane's /metrics).
         self.write_stats = WriteStats()
 
@@ -271,20 +274,27 @@ class Store:
         events: Sequence[Row] = (),
         models: Sequence[Row] = (),
     ) -> None:
-        """Apply one reconcile pass's replica and model changes and events atomically."""
+        """Apply one reconcile pass's replica and model changes and events atomically.
+
+        Rows go to the driver as tuples (bulk.py): a pass from empty at
+        10,000 nodes writes ~10,000 replicas and as many events, and
+        SQLAlchemy's per-row work on them was most of the write.
+        """
         deletes = list(deletes)
         if not upserts and not deletes and not events and not models:
             return
+        bulk = self._bulk
         async with self._write(epoch) as conn:
             if upserts:
-                rows = [dict(r, epoch=epoch or 0) for r in upserts]
-                await self._execute_upsert(conn, schema.replicas, rows, ["id"])
+                await bulk.insert(
+                    conn, schema.replicas, upserts, conflict=["id"], constants={"epoch": epoch or 0}
+                )
             if deletes:
                 await conn.execute(delete(schema.replicas).where(schema.replicas.c.id.in_(deletes)))
             if models:
-                await self._execute_upsert(conn, schema.models, models, ["name"])
+                await bulk.insert(conn, schema.models, models, conflict=["name"])
             if events:
-                await conn.execute(schema.events.insert(), list(events))
+                await bulk.insert(conn, schema.events, events)
 
     async def touch_replicas(
         self, activity: dict[str, tuple[int, float | None]], *, epoch: int | None = None
