@@ -20,9 +20,15 @@ from pathlib import Path
 from tests.control.standby_kit import Instance, Pair, stub_agent
 from tests.waiting import eventually
 
+from llmgw.agent.app import MAX_BACKOFF_S
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import fleet_summary
-from llmgw.control.state import REPLACE_AFTER_S, UNREACHABLE_AFTER_S
+from llmgw.control.state import (
+    REPLACE_AFTER_S,
+    TAKEOVER_ALLOWANCE_S,
+    UNREACHABLE_AFTER_S,
+    NodeRecord,
+)
 from llmgw.wire import ModelSpec, NodeState, ReplicaState
 
 
@@ -78,7 +84,31 @@ async def _takes_over_with_the_node_reachable(
     assert standby.cp.state.routable(replicas[0], now)
     summary = fleet_summary(standby.cp.state, now, StoreStatus(members=[]))
     assert summary.nodes.unreachable == 0 and summary.models.short == 0
-    # Silent for the grace after the takeover as well, it is unreachable.
-    later = took_over + UNREACHABLE_AFTER_S + 1
+    # An agent may be waiting out its longest retry when the new leader
+    # starts: silent for the grace after the takeover, it is still reachable...
+    backed_off = took_over + UNREACHABLE_AFTER_S + 1
+    assert node.state(backed_off) is NodeState.READY
+    assert standby.cp.state.routable(replicas[0], backed_off)
+    # ... and silent for that retry as well, it is unreachable.
+    later = took_over + UNREACHABLE_AFTER_S + TAKEOVER_ALLOWANCE_S + 1
     assert node.state(later) is NodeState.UNREACHABLE
     assert not standby.cp.state.routable(replicas[0], later)
+
+
+def test_the_takeover_allowance_covers_an_agents_longest_retry() -> None:
+    # The allowance is the agent's backoff ceiling: a node whose agent failed
+    # to reach the old leader for a while reports within it once one leads.
+    assert TAKEOVER_ALLOWANCE_S >= MAX_BACKOFF_S
+
+
+def test_a_node_heard_after_the_takeover_gets_the_plain_grace() -> None:
+    took_over = 1_000.0
+    node = NodeRecord(name="n1", registered_at=0.0, last_seen=took_over - 500)
+    node.listening_since = took_over
+    assert node.reachable_until() == took_over + TAKEOVER_ALLOWANCE_S + UNREACHABLE_AFTER_S
+    assert node.silent_for(took_over + 10) == 10 - TAKEOVER_ALLOWANCE_S
+    # Its first report to this instance: from then on the allowance is spent.
+    node.last_seen = took_over + 5
+    assert node.state(took_over + 5 + UNREACHABLE_AFTER_S - 1) is NodeState.READY
+    assert node.state(took_over + 5 + UNREACHABLE_AFTER_S + 1) is NodeState.UNREACHABLE
+    assert node.reachable_until() == took_over + 5 + UNREACHABLE_AFTER_S

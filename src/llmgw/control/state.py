@@ -40,6 +40,14 @@ UNREACHABLE_AFTER_S = 30.0
 # ... and after this long its replicas are replaced elsewhere. Longer than the
 # first, because replacing throws away a warm KV cache and may copy weights.
 REPLACE_AFTER_S = 120.0
+# A node not heard from since this instance began to lead gets this much more
+# (NodeRecord.listening_since): its agent may be waiting out its longest
+# retry (agent MAX_BACKOFF_S) after failing to reach a control plane that was
+# down or loading, and a new leader at 10,000 nodes takes every node's first
+# report, read whole, 11 s on a quiet machine and 23-50 s on a loaded one
+# (bench/reports.py's first round). Without it a restart alone called healthy
+# nodes unreachable and took their replicas out of routing.
+TAKEOVER_ALLOWANCE_S = 30.0
 
 _R = TypeVar("_R")
 
@@ -129,7 +137,8 @@ class NodeRecord:
     # What the agent last reported (memory only), shown when it differs.
     reported_fabrics: list[str] = field(default_factory=list)
     # When this instance began to lead (memory only; ControlPlane.load):
-    # silence before it does not count. While no instance leads, no agent
+    # silence before it, and TAKEOVER_ALLOWANCE_S after it, does not count.
+    # While no instance leads, no agent
     # can report, and agents back off meanwhile; counted from the stored
     # last_seen, a store failover of ~20 s made the new leader call every
     # node unreachable at once (all replicas out of routing, every model
@@ -141,13 +150,13 @@ class NodeRecord:
 
     def silent_for(self, now: float) -> float:
         """Seconds without a report that count: since it last reported, or since
-        this instance took over if that is later."""
+        this instance took over (plus TAKEOVER_ALLOWANCE_S) if that is later."""
         return now - self._heard_at()
 
     def _heard_at(self) -> float:
         seen = self.last_seen if self.last_seen is not None else self.registered_at
         if self.listening_since is not None and self.listening_since > seen:
-            seen = self.listening_since
+            seen = self.listening_since + TAKEOVER_ALLOWANCE_S
         return seen
 
     def state(self, now: float, unreachable_after: float | None = None) -> NodeState:
@@ -160,7 +169,7 @@ class NodeRecord:
         # pass (scheduler, keeper, views) and three calls deep it showed.
         since = self.listening_since
         if since is not None and since > seen:
-            seen = since
+            seen = since + TAKEOVER_ALLOWANCE_S
         if now - seen > grace:
             return NodeState.UNREACHABLE
         return self.admin_state
