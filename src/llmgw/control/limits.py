@@ -84,7 +84,10 @@ class BodyLimit:
             if refused:
                 return {"type": "http.disconnect"}
             try:
-                message = await asyncio.wait_for(receive(), self.idle_s)
+                # asyncio.timeout, not 3.11's wait_for, which can swallow the
+                # cancel of a request whose client left (services/gateways.py).
+                async with asyncio.timeout(self.idle_s):
+                    message = await receive()
             except TimeoutError:
                 return await refuse(
                     408, f"no part of the request body arrived for {self.idle_s:g} s")

@@ -75,7 +75,8 @@ class ControlPlaneRuntime:
             asyncio.create_task(self._retention_loop(), name="retention"),
         ]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.election.settled.wait(), FIRST_ELECTION_WAIT_S)
+            async with asyncio.timeout(FIRST_ELECTION_WAIT_S):
+                await self.election.settled.wait()
 
     async def stop(self) -> None:
         # The lock goes with the election task: from here on another instance
