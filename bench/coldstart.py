@@ -78,8 +78,9 @@ def serve(data_dir: Path, port: int, catalog: Path, timeline: Path) -> int:
     from llmgw.agent.supervisor import Supervisor
     from llmgw.cli.up import UpOptions, run_up
     from llmgw.control.reconciler import Reconciler
-    from llmgw.control.service import ControlPlane
+    from llmgw.control.services.catalog import Catalog
     from llmgw.control.state import FleetState
+    from llmgw.gateway import handler
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.ondemand import WaitRoom
     from llmgw.wire import ReplicaState
@@ -115,12 +116,14 @@ def serve(data_dir: Path, port: int, catalog: Path, timeline: Path) -> int:
 
     wrap(Gateway, "_demand", before=lambda self, model: record("gateway_demand", model=model))
 
-    def request_in(self: Any, scope: Any, *args: Any) -> None:
-        if scope.get("type") == "http" and scope.get("path", "").endswith("/chat/completions"):
+    def request_in(runtime: Any, scope: Any, *args: Any, **kwargs: Any) -> None:
+        if scope.get("path", "").endswith("/chat/completions"):
             record("gateway_request")
 
-    wrap(Gateway, "__call__", before=request_in)
-    wrap(ControlPlane, "demand", before=lambda self, model: record("cp_demand", model=model))
+    # The /v1 POST routes call the handler itself (Gateway._route_table),
+    # bound when the gateway is built, after this.
+    wrap(handler, "handle", before=request_in)
+    wrap(Catalog, "demand", before=lambda self, model: record("cp_demand", model=model))
 
     def placed(self: Any, result: Any, decisions: Any) -> None:
         for replica in decisions.new:
