@@ -10,9 +10,11 @@ Candidates come from the snapshot's indexes rather than a scan of every
 node: nodes holding the weights, then ready nodes in ascending order of free
 devices (best fit). Like Nomad's limit iterator, only a bounded number of
 feasible candidates are scored; past a handful, more candidates change the
-choice rarely and cost a scan of the fleet every time. The filters still
-run on every candidate, so the index can narrow the search but never admit a
-node a filter would refuse.
+choice rarely and cost a scan of the fleet every time. With the default
+scorers the walk stops sooner still, once no node left could rank among
+the candidates shown (``Placer._bucket_bound``): same pick, same candidates.
+The filters still run on every candidate, so the index can narrow the
+search but never admit a node a filter would refuse.
 """
 
 from __future__ import annotations
@@ -174,6 +176,19 @@ class Placer:
             self._weights_of = scorers
         return self._weights
 
+    def _bucket_bound(self, weights: tuple[float, float, float]) -> float | None:
+        """The highest total ``_place_single`` can give a node without the
+        weights: spread and packing at their most (1), computed as it
+        computes a total, so no such node's total is above it. None when a
+        negative weight leaves no such bound."""
+        w_weights, w_spread, w_pack = weights
+        if w_spread < 0 or w_pack < 0 or self._weight_sum <= 0:
+            return None
+        total = w_weights * 0.0
+        total += w_spread * 1.0
+        total += w_pack * 1.0
+        return round(total / self._weight_sum, 6)
+
     def score(self, node: PlacementNode, request: Request, gpu_class: str) -> Candidate:
         parts = []
         total = 0.0
@@ -291,35 +306,58 @@ class Placer:
             candidates.append((round(total / weight_sum, 6), name, gpu_class, local, spread, pack))
             return True
 
+        every_holder_seen = True
         for examined, name in enumerate(snapshot.holders(model), start=1):
             if examined > 8 * limit or len(candidates) >= limit:
+                every_holder_seen = False
                 break
             consider(name, active)
+        # The walk of the buckets stops as soon as nothing left in it can
+        # change the answer: once every holder of the weights was looked at,
+        # no node still to come scores above ``bound``, so with ``shown``
+        # candidates at or above it the pick and the candidates shown are
+        # the full walk's (later equal scores rank behind: the sort is
+        # stable). At 10,000 nodes a holder with free devices usually wins,
+        # and the walk was eight more candidates for every replica placed.
+        bound = self._bucket_bound(weights) if every_holder_seen else None
+        shown = max(1, self.show_top)
+        strong = 0 if bound is None else sum(1 for c in candidates if c[0] >= bound)
+        settled = strong >= shown
         found_in_buckets = 0
         # As _place_single_scored, limit included: once it is reached, each
         # later class still has the first node of its first bucket looked at.
         for gpu_class in classes:
+            if settled:
+                break
             buckets = snapshot.buckets(gpu_class)
             for count in sorted(c for c in buckets if c >= per_node):
                 for name in buckets[count]:
                     if consider(name, unindexed):
                         found_in_buckets += 1
-                    if found_in_buckets >= limit:
+                        if bound is not None and candidates[-1][0] >= bound:
+                            strong += 1
+                            settled = strong >= shown
+                    if found_in_buckets >= limit or settled:
                         break
-                if found_in_buckets >= limit:
+                if found_in_buckets >= limit or settled:
                     break
         if not candidates:
             return None
         # Stable: equal scores keep candidate order (weights holders, then best fit).
         ranked = sorted(candidates, key=_by_score_parted)
         best = nodes[ranked[0][1]]
-        names = self._scorer_names
+        local_name, spread_name, pack_name = self._scorer_names
         return Placement(
             request,
             [_pick(best, ranked[0][2], per_node)],
             candidates=[
-                Candidate(name, gpu_class, total, tuple(zip(names, parts, strict=True)))
-                for total, name, gpu_class, *parts in ranked[: self.show_top]
+                Candidate(
+                    name,
+                    gpu_class,
+                    total,
+                    ((local_name, local), (spread_name, spread), (pack_name, pack)),
+                )
+                for total, name, gpu_class, local, spread, pack in ranked[: self.show_top]
             ],
         )
 
@@ -419,9 +457,13 @@ class Placer:
                     continue
                 seen.add(name)
                 view = snapshot.nodes[name]
-                if self.first_rejection(view, request) is not None:
-                    continue
+                # The count first: both must pass, and at 10,000 nodes most
+                # entirely free nodes of a fabric lack a whole node's worth of
+                # the class (MIG cards, unhealthy ones), so the filters ran
+                # fifty times for every candidate kept.
                 if view.free_count(gpu_class) < request.per_node:
+                    continue
+                if self.first_rejection(view, request) is not None:
                     continue
                 out.append(self.score(view, request, gpu_class))
         return _rank(out)
