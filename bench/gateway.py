@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib
 import json
 import os
 import socket
@@ -212,10 +214,12 @@ async def _run_gateway(upstream_url: str) -> None:
 
     import uvicorn
 
-    try:
-        from llmgw.cli.leanhttp import gateway_server_config
-    except ImportError:  # a tree before llmgw's own protocol (old/new comparisons)
-        from llmgw.cli.httpserver import server_config as gateway_server_config
+    from llmgw.cli.httpserver import server_config
+
+    # What `llmgw gateway` serves with; a tree where llmgw's own protocol was
+    # not the default yet named it apart (old/new comparisons).
+    with contextlib.suppress(ImportError, AttributeError):
+        server_config = importlib.import_module("llmgw.cli.leanhttp").gateway_server_config
     from llmgw.gateway.app import Gateway, freeze_startup_objects
     from llmgw.gateway.link import MemoryLink
     from llmgw.serving import start_server
@@ -227,9 +231,9 @@ async def _run_gateway(upstream_url: str) -> None:
     await gateway.wait_configured(10)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    # The settings `llmgw gateway` serves with (its guarded protocol included),
+    # The settings `llmgw gateway` serves with (llmgw's own protocol included),
     # loaded before the freeze as it does.
-    served = gateway_server_config(
+    served = server_config(
         gateway, log_level="warning", backlog=4096,
         # The load generator keeps idle connections between rates; they
         # must not close under its feet.

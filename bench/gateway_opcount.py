@@ -17,15 +17,19 @@ part of the cost, the part llmgw's code decides.
 
 ``--headers 14``: the request carries the 14 headers the official openai
 client sends (default: the 4 of bench/gateway.py's load). Also counted:
-young-generation garbage collections per request. Last line: JSON with
-opcodes_per_request, gc_gen0_per_request and the top functions.
+Python frames started per request (a call costs more than its opcodes say)
+and young-generation garbage collections per request. Last line: JSON with
+opcodes_per_request, frames_per_request, gc_gen0_per_request and the top
+functions.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
+import importlib
 import json
 import os
 import socket
@@ -89,6 +93,8 @@ class _Counter:
 
     def __init__(self, lines_of: set[str]) -> None:
         self.counts: Counter[CodeType] = Counter()
+        # Frames started (a call, or a coroutine resumed), per code object.
+        self.calls: Counter[CodeType] = Counter()
         # Per line, for the functions named in --lines.
         self.lines: Counter[tuple[CodeType, int]] = Counter()
         self._lines_of = lines_of
@@ -110,6 +116,7 @@ class _Counter:
     def call(self, frame: FrameType, event: str, arg: Any) -> Any:
         if event != "call" or self._skip(frame):
             return None
+        self.calls[frame.f_code] += 1
         frame.f_trace_opcodes = True
         frame.f_trace_lines = False
         return self.step_lines if frame.f_code.co_qualname in self._lines_of else self.step
@@ -129,10 +136,12 @@ class _Counter:
 async def _serve_gateway(upstream_url: str, lines_of: set[str]) -> None:
     import uvicorn
 
-    try:
-        from llmgw.cli.leanhttp import gateway_server_config
-    except ImportError:  # a tree before llmgw's own protocol (old/new comparisons)
-        from llmgw.cli.httpserver import server_config as gateway_server_config
+    from llmgw.cli.httpserver import server_config
+
+    # What `llmgw gateway` serves with; a tree where llmgw's own protocol was
+    # not the default yet named it apart (old/new comparisons).
+    with contextlib.suppress(ImportError, AttributeError):
+        server_config = importlib.import_module("llmgw.cli.leanhttp").gateway_server_config
     from llmgw.gateway.app import Gateway, freeze_startup_objects
     from llmgw.gateway.link import MemoryLink
     from llmgw.gateway.settings import GatewaySettings
@@ -146,7 +155,7 @@ async def _serve_gateway(upstream_url: str, lines_of: set[str]) -> None:
     await gateway.wait_configured(10)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    served = gateway_server_config(gateway, log_level="warning", backlog=128)
+    served = server_config(gateway, log_level="warning", backlog=128)
     served.load()
     freeze_startup_objects()
     server = uvicorn.Server(served)
@@ -165,7 +174,8 @@ async def _serve_gateway(upstream_url: str, lines_of: set[str]) -> None:
             sys.settrace(None)
             young = gc.get_stats()[0]["collections"] - young_before
             counts = [
-                [f"{Path(code.co_filename).name}:{code.co_firstlineno}:{code.co_qualname}", n]
+                [f"{Path(code.co_filename).name}:{code.co_firstlineno}:{code.co_qualname}", n,
+                 counter.calls[code]]
                 for code, n in counter.counts.most_common()
             ]
             lines = [
@@ -289,18 +299,23 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 process.kill()
     n = args.requests
-    counts: list[tuple[str, int]] = [(name, count) for name, count in result["counts"]]
+    counts: list[tuple[str, int]] = [(name, count) for name, count, _ in result["counts"]]
     total = sum(count for _, count in counts)
-    print(f"{'opcodes/req':>11}  function")
-    for name, count in counts[: args.top]:
-        print(f"{count / n:11.1f}  {name}")
-    print(f"{total / n:11.1f}  TOTAL ({n} requests, {'streamed' if args.stream else 'plain'},"
+    # Frames started: a Python call (or a coroutine's resumption) costs more
+    # than its opcodes say (a frame to set up and tear down).
+    frames = sum(started for _, _, started in result["counts"])
+    print(f"{'opcodes/req':>11}  {'frames/req':>10}  function")
+    for name, count, started in result["counts"][: args.top]:
+        print(f"{count / n:11.1f}  {started / n:10.2f}  {name}")
+    kind = "streamed" if args.stream else "plain"
+    print(f"{total / n:11.1f}  {frames / n:10.1f}  TOTAL ({n} requests, {kind},"
           f" {args.headers} request headers)")  # fmt: skip
     print(f"young-generation collections per request: {result['gc_gen0'] / n:.4f}")
     for name, count in result["lines"]:
         print(f"{count / n:11.1f}  line {name}")
     print(json.dumps({
         "opcodes_per_request": round(total / n, 1),
+        "frames_per_request": round(frames / n, 1),
         "gc_gen0_per_request": round(result["gc_gen0"] / n, 4),
         "stream": args.stream,
         "request_headers": args.headers,

@@ -27,7 +27,7 @@ from tests.control.planekit import (
 )
 
 from llmgw.cli.combined import PathDispatcher
-from llmgw.cli.leanhttp import gateway_server_config
+from llmgw.cli.httpserver import server_config
 from llmgw.control import telemetry
 from llmgw.control.app import create_app
 from llmgw.control.reportroute import REPORT_PATH, ReportRoute
@@ -257,7 +257,7 @@ async def test_serves_lean_server_answers_reports_without_the_framework(tmp_path
 async def _served_as_serve_serves(app: Any) -> AsyncIterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(gateway_server_config(app, log_level="warning", loop="none"))
+    server = uvicorn.Server(server_config(app, log_level="warning", loop="none"))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     task = await start_server(server, [sock])
     try:

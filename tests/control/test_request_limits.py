@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from tests.control.planekit import opened_plane
 
-from llmgw.cli.httpserver import GuardedHttpToolsProtocol, server_config
+from llmgw.cli.httpserver import server_config
 from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
@@ -42,15 +42,10 @@ async def _served(app: object, **overrides: object) -> AsyncIterator[int]:
         sock.close()
 
 
-# serve and up listen with llmgw's own protocol (llmgw.cli.leanhttp); the
-# guarded uvicorn one stays llmgw's other server protocol.
-@pytest.fixture(params=[LeanHttpProtocol, GuardedHttpToolsProtocol])
-async def control(
-    tmp_path: Path, request: pytest.FixtureRequest
-) -> AsyncIterator[tuple[ControlPlane, NewCredentials, int]]:
-    async with opened_plane(tmp_path) as (cp, creds), _served(
-        create_app(cp), http=request.param
-    ) as port:
+# serve and up listen with llmgw's own protocol (llmgw.cli.leanhttp).
+@pytest.fixture
+async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, NewCredentials, int]]:
+    async with opened_plane(tmp_path) as (cp, creds), _served(create_app(cp)) as port:
         yield cp, creds, port
 
 
@@ -119,7 +114,6 @@ async def test_small_bodies_still_work(control: tuple[ControlPlane, NewCredentia
 async def test_a_request_head_trickled_slowly_is_cut_off(
     control: tuple[ControlPlane, NewCredentials, int], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(GuardedHttpToolsProtocol, "head_timeout_s", 0.5)
     monkeypatch.setattr(LeanHttpProtocol, "head_timeout_s", 0.5)
     _, _, port = control
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -173,7 +167,7 @@ async def test_connections_past_the_limit_get_503() -> None:
 def test_every_server_uses_the_limits() -> None:
     config = server_config(object())
     assert config.limit_concurrency == 4096 and config.timeout_keep_alive == 30
-    assert config.http is GuardedHttpToolsProtocol
+    assert config.http is LeanHttpProtocol
 
 
 async def test_an_answers_head_goes_out_with_its_body_or_at_once() -> None:

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from llmgw.cli.leanhttp import HEADERS_EXTENSION, LeanHttpProtocol, gateway_server_config
+from llmgw.cli.httpserver import server_config
+from llmgw.cli.leanhttp import HEADERS_EXTENSION, LeanHttpProtocol
 from llmgw.gateway import front
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.serving import start_server
@@ -33,7 +34,7 @@ from llmgw.tls import ensure_server_tls
 async def _served(app: Any, **settings: Any) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = gateway_server_config(app, **{"log_level": "warning", "loop": "none", **settings})
+    config = server_config(app, **{"log_level": "warning", "loop": "none", **settings})
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     task = await start_server(server, [sock])
@@ -340,12 +341,12 @@ async def test_answers_and_streams_without_asgi_messages_read_as_uvicorns_would(
 
 
 def test_the_gateway_and_serve_listen_with_it_and_llmgws_limits() -> None:
-    config = gateway_server_config(object())
+    config = server_config(object())
     assert config.http is LeanHttpProtocol
     assert config.limit_concurrency == 4096 and config.timeout_keep_alive == 30
     for module in ("llmgw.cli.gateway", "llmgw.cli.combined"):
         source = Path(__import__(module, fromlist=["_"]).__file__ or "").read_text()
-        assert "gateway_server_config(" in source, module
+        assert "server_config(" in source, module
 
 
 async def test_an_app_that_asks_is_cancelled_when_its_client_leaves() -> None:

@@ -1,10 +1,10 @@
-"""llmgw's server protocols (llmgw.cli.httpserver, llmgw.cli.leanhttp) against uvicorn's own.
+"""llmgw's server protocol (llmgw.cli.leanhttp) against uvicorn's own.
 
 The gateway's other tests serve it with uvicorn's stock protocol; these
 check what llmgw's protocol does differently per request (a plain path not
 parsed by httptools, the keep-alive timer armed once per connection, the
-head held for the body) leaves the ASGI scope, keep-alive and pipelining as
-uvicorn has them.
+head held for the body, heads written without a per-header loop) leaves the
+ASGI scope, the answers' bytes, keep-alive and pipelining as uvicorn has them.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 import uvicorn
 
-from llmgw.cli.httpserver import GuardedHttpToolsProtocol, server_config
+from llmgw.cli.httpserver import server_config
 from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.serving import start_server
@@ -91,8 +90,7 @@ URLS = [
 ]
 
 
-_COMPARED = (("llmgw", GuardedHttpToolsProtocol), ("lean", LeanHttpProtocol),
-             ("uvicorn", "httptools"))  # fmt: skip
+_COMPARED = (("lean", LeanHttpProtocol), ("uvicorn", "httptools"))
 
 
 async def test_the_scope_of_each_url_is_uvicorns() -> None:
@@ -108,19 +106,13 @@ async def test_the_scope_of_each_url_is_uvicorns() -> None:
             answers.append(await _answer(reader))
             writer.close()
         seen[name] = answers
-    assert seen["llmgw"] == seen["uvicorn"] == seen["lean"]
-    assert seen["llmgw"][0]["path"] == "/v1/chat/completions"
-    assert seen["llmgw"][-1]["http_version"] == "1.0"
+    assert seen["lean"] == seen["uvicorn"]
+    assert seen["lean"][0]["path"] == "/v1/chat/completions"
+    assert seen["lean"][-1]["http_version"] == "1.0"
 
 
-PROTOCOLS = pytest.mark.parametrize("http", [GuardedHttpToolsProtocol, LeanHttpProtocol])
-
-
-@PROTOCOLS
-async def test_a_busy_connection_outlives_the_keep_alive_time_and_an_idle_one_does_not(
-    http: type,
-) -> None:
-    async with _served(timeout_keep_alive=0.4, http=http) as port:
+async def test_a_busy_connection_outlives_the_keep_alive_time_and_an_idle_one_does_not() -> None:
+    async with _served(timeout_keep_alive=0.4) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         # Requests 0.25 s apart for ~1 s: each idle stretch is shorter than
         # the keep-alive time, however the timer armed by the first falls.
@@ -135,9 +127,8 @@ async def test_a_busy_connection_outlives_the_keep_alive_time_and_an_idle_one_do
         writer.close()
 
 
-@PROTOCOLS
-async def test_a_request_slower_than_the_keep_alive_time_is_not_cut(http: type) -> None:
-    async with _served(timeout_keep_alive=0.3, http=http) as port:
+async def test_a_request_slower_than_the_keep_alive_time_is_not_cut() -> None:
+    async with _served(timeout_keep_alive=0.3) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_request("/x"))
         await _answer(reader)
@@ -151,9 +142,8 @@ async def test_a_request_slower_than_the_keep_alive_time_is_not_cut(http: type) 
         writer.close()
 
 
-@PROTOCOLS
-async def test_pipelined_requests_are_answered_in_order(http: type) -> None:
-    async with _served(http=http) as port:
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    async with _served() as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"".join(_request(f"/n{i}", b"%d" % i) for i in range(4)))
         for i in range(4):
@@ -163,7 +153,7 @@ async def test_pipelined_requests_are_answered_in_order(http: type) -> None:
 
 
 # Answers of every shape a head or body can take, and a few that uvicorn
-# refuses: llmgw's protocol writes its usual heads itself (llmgw.cli.httpserver._Cycle).
+# refuses: llmgw's protocol writes its usual heads itself (llmgw.cli.answerhead).
 _SHAPES: dict[str, tuple[int, Any, list[bytes]]] = {
     "/plain": (
         200,
@@ -233,5 +223,5 @@ async def test_each_answer_is_written_as_uvicorn_writes_it() -> None:
             server.should_exit = True
             await task
             sock.close()
-    assert written["llmgw"] == written["uvicorn"] == written["lean"]
-    assert written["llmgw"][0].startswith(b"HTTP/1.1 200 OK\r\ndate: -\r\nserver: uvicorn\r\n")
+    assert written["lean"] == written["uvicorn"]
+    assert written["lean"][0].startswith(b"HTTP/1.1 200 OK\r\ndate: -\r\nserver: uvicorn\r\n")

@@ -14,7 +14,7 @@ from typing import Any
 
 import uvicorn
 
-from llmgw.cli.leanhttp import gateway_server_config
+from llmgw.cli.httpserver import server_config
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import sqlite_url
 from llmgw.control.app import create_app
@@ -172,7 +172,7 @@ async def serve_http(
     if tls is not None and tls.ca_file is not None:
         # Clients with only the fingerprint (a join token) fetch the CA here.
         app = CaRoute(app, tls.ca_pem() or b"")
-    config = gateway_server_config(app, host=host, port=port, log_level="warning", loop="none",
+    config = server_config(app, host=host, port=port, log_level="warning", loop="none",
                            **(tls.uvicorn_settings() if tls else {}))
     server = uvicorn.Server(config)
     # Signals are ours: SIGINT/SIGTERM must stop the agent and its engines

@@ -68,7 +68,7 @@ async def serve_gateway(
     """
     import uvicorn
 
-    from llmgw.cli.leanhttp import gateway_server_config
+    from llmgw.cli.httpserver import server_config
 
     sock = _bind(host, port)
     try:
@@ -87,7 +87,7 @@ async def serve_gateway(
             log.warning("control plane not reachable yet (%s); answering 503 until it is", exc)
         await gateway.start()
         procstats.install("gateway")
-        config = gateway_server_config(
+        config = server_config(
             gateway, log_level=logging.getLevelName(logging.getLogger().level).lower(),
             **(tls.uvicorn_settings() if tls else {}),
         )

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from llmgw.cli.httpserver import _NAMES, _UNFIT, _names_fit
+from llmgw.cli.answerhead import NAMES_SEEN, UNFIT, names_fit
 
 if TYPE_CHECKING:
     from llmgw.cli.leanhttp import LeanHttpProtocol
@@ -337,7 +337,7 @@ class Exchange:
         The names and values are each checked with one regex search over
         their concatenation (the regexes match one character, so that is the
         same check as uvicorn's per header); a set of names is checked once
-        per process (llmgw.cli.httpserver._names_fit).
+        per process (llmgw.cli.answerhead.names_fit).
         """
         if type(headers) not in (list, tuple):
             return None
@@ -351,10 +351,10 @@ class Exchange:
             lines = [STATUS_LINE[status], defaults]
             if headers:
                 names, values = zip(*headers, strict=True)
-                at = _NAMES.get(names)
+                at = NAMES_SEEN.get(names)
                 if at is None:
-                    at = _names_fit(names)
-                if at is _UNFIT or HEADER_VALUE_RE.search(b"".join(values)):
+                    at = names_fit(names)
+                if at == UNFIT or HEADER_VALUE_RE.search(b"".join(values)):
                     return None
                 if at >= 0:
                     length = int(values[at].decode())

@@ -1,6 +1,6 @@
 """The gateway's HTTP/1.1 server protocol: httptools and the event loop, without uvicorn's cycle.
 
-uvicorn's protocol (even trimmed, :mod:`llmgw.cli.httpserver`) was about a
+uvicorn's protocol (even trimmed, as llmgw once ran it) was about a
 quarter of the gateway's Python work per request: ~47 interpreter steps per
 request header, a ``RequestResponseCycle`` and an ``asyncio.Event`` per
 request, a wrapper coroutine on the request's stack at every resume, a
@@ -27,8 +27,10 @@ Kept from uvicorn (tests/gateway/test_server_protocol.py compares the bytes):
 keep-alive and pipelining, chunked request bodies, streamed answers with
 backpressure, ``http.disconnect`` for a client that leaves, 100-continue,
 HEAD, HTTP/1.0, 400 for a malformed request, 500 for an app that fails, the
-access log; from llmgw's guarded protocol, the head's deadline and size cap
-and the keep-alive timer armed once per idle stretch.
+access log. Added: the head's deadline and size cap (uvicorn bounds
+neither; :mod:`llmgw.cli.httpserver` has the settings every llmgw server
+runs this protocol with) and the keep-alive timer armed once per idle
+stretch.
 """
 
 from __future__ import annotations
@@ -53,17 +55,19 @@ from uvicorn.protocols.utils import (
     is_ssl,
 )
 
-from llmgw.cli.httpserver import (
-    HEAD_TIMEOUT_S,
-    MAX_HEAD_BYTES,
-    _DefaultHead,
-    server_config,
-)
+from llmgw.cli.answerhead import DefaultHead
 from llmgw.cli.leanexchange import Exchange
 
 Asgi = Callable[[Any, Any, Any], Awaitable[None]]
 
 HEADERS_EXTENSION = "llmgw.headers"
+# A request's head must be complete this long after its first byte (or the
+# connection's opening): a client trickling a byte a minute holds no
+# connection for long.
+HEAD_TIMEOUT_S = 10.0
+# Large enough for any OpenAI client's headers (a long bearer token, tracing
+# headers), small enough that a head never matters for memory.
+MAX_HEAD_BYTES = 64 * 1024
 _STRIP_OWS = operator.methodcaller("rstrip", b" \t")
 # Request targets that are a plain path (no query, escape or fragment), as
 # their str: httptools.parse_url was ~4 % of the gateway's CPU, for the same
@@ -104,7 +108,7 @@ class LeanHttpProtocol(asyncio.Protocol):
     head_timeout_s = HEAD_TIMEOUT_S
     max_head_bytes = MAX_HEAD_BYTES
     # Shared: keyed by the identity of the server's list of default headers.
-    default_head = _DefaultHead()
+    default_head = DefaultHead()
 
     def __init__(
         self,
@@ -441,7 +445,3 @@ class LeanHttpProtocol(asyncio.Protocol):
         if self.active is None and not self.transport.is_closing():
             self.transport.close()
 
-
-def gateway_server_config(app: Any, **kwargs: Any) -> uvicorn.Config:
-    """llmgw's server settings (:func:`llmgw.cli.httpserver.server_config`) with this protocol."""
-    return server_config(app, **{"http": LeanHttpProtocol, **kwargs})
