@@ -20,9 +20,11 @@ from llmgw.gateway.prefix import (
 )
 from llmgw.gateway.routing import (
     HIT,
+    LOW_LOAD_IDLE_SHARE,
     MISS,
     OVERLOADED,
     UNROUTED,
+    IdleShare,
     ModelRouter,
     Pick,
     PrefillSpeed,
@@ -62,9 +64,19 @@ def router(
 
 
 class Policy:
-    """SoonestStart at TPS, as the router calls it."""
+    """SoonestStart at TPS, as the router calls it.
 
-    def __init__(self, slack_s: float = 0.05, wait_ratio: float = 0.5, spread: float = 4.0):
+    ``idle_share``: the average share of idle replicas each call starts
+    from (a router's running average; 1.0, a gateway that has sent nothing).
+    """
+
+    def __init__(
+        self,
+        slack_s: float = 0.05,
+        wait_ratio: float = 0.5,
+        spread: float = 4.0,
+        idle_share: float = 1.0,
+    ):
         self.inner = SoonestStart(
             block_chars=BLOCK,
             chars_per_token=4.0,
@@ -72,11 +84,14 @@ class Policy:
             wait_ratio=wait_ratio,
             spread=spread,
         )
+        self.idle_share = idle_share
 
     def choose(
         self, replicas: list[Replica], matched: dict[str, int], chars: int = PROMPT, key: int = 1
     ) -> tuple[Replica, str, float]:
-        return self.inner.choose(replicas, matched, chars, key, TPS)
+        average = IdleShare()
+        average.value = self.idle_share
+        return self.inner.choose(replicas, matched, chars, key, TPS, average)
 
     def landings(self, replicas: list[Replica], keys: int = 40) -> set[str]:
         """Where new prompts with ``keys`` different first blocks would go."""
@@ -195,12 +210,17 @@ def test_at_low_load_a_new_prefix_skips_a_busy_replica_for_the_next_idle_one() -
         # The first idle replica in hash order (where the hash says, when that is idle).
         assert picked is rendezvous([b, c, d], key)
     assert "a" not in policy.landings(fleet)
-    # Half the fleet busy still counts as low load; more than half does not,
-    # and the hash alone decides again (gateways' views differ most there).
-    b.in_flight = 1
-    assert "a" not in policy.landings(fleet) and "b" not in policy.landings(fleet)
-    c.in_flight = 1
-    assert policy.landings(fleet) == {"a", "b", "c", "d"}
+    # Low load is the average over recent picks, not the share at this one:
+    # a burst that leaves one replica of four idle still detours to it...
+    b.in_flight = c.in_flight = 1
+    assert policy.landings(fleet) == {"d"}
+    # ...and under load (on average fewer than LOW_LOAD_IDLE_SHARE idle) a
+    # lull with half the fleet idle does not: the hash alone decides, as a
+    # gateway with another view of who is idle decides too.
+    c.in_flight = 0
+    loaded = Policy(idle_share=LOW_LOAD_IDLE_SHARE - 0.05)
+    assert loaded.landings(fleet) == {"a", "b", "c", "d"}
+    assert Policy(idle_share=LOW_LOAD_IDLE_SHARE + 0.05).landings(fleet) == {"c", "d"}
     # A prompt somebody holds is no new prefix: its holder too busy, it goes
     # by hash among the others, busy or not.
     b.in_flight = c.in_flight = 0
@@ -210,6 +230,42 @@ def test_at_low_load_a_new_prefix_skips_a_busy_replica_for_the_next_idle_one() -
         policy.choose([holder, *fleet], {"holder": 64}, key=k)[0].replica_id for k in range(40)
     }
     assert "a" in spilled
+
+
+def test_idle_share_averages_over_recent_picks() -> None:
+    share = IdleShare()
+    assert share.value == 1.0  # nothing sent yet: every replica idle
+    # One pick with a quarter idle moves it 1/32 of the way, no more.
+    assert share.observe(1, 4) == pytest.approx(1.0 - 0.75 / 32)
+    # A sustained share is reached within a few multiples of 32 picks.
+    for _ in range(300):
+        share.observe(1, 4)
+    assert share.value == pytest.approx(0.25, abs=1e-3)
+
+
+def test_router_reads_low_load_from_its_own_recent_picks() -> None:
+    # Through ModelRouter: its picks feed one average, so after a stretch
+    # with every replica busy, half of them idle is no low load, and new
+    # prefixes go where the hash says even when that is busy.
+    fleet = router(["a", "b", "c", "d"])
+    for busy in fleet.replicas:
+        busy.in_flight = 1
+    c, d = fleet.replicas[2:]
+    for n in range(64):
+        assert fleet.pick(f"{n:04d}" + "x" * PROMPT) is not None
+    c.in_flight = d.in_flight = 0
+    landed = set()
+    for n in range(64, 104):
+        pick = fleet.pick(f"{n:04d}" + "x" * PROMPT)
+        assert pick is not None
+        landed.add(pick.replica.replica_id)
+    assert {"a", "b"} & landed
+    # A fresh router (nothing sent: all idle on average) detours them.
+    fresh = router(["a", "b", "c", "d"])
+    fresh.replicas[0].in_flight = fresh.replicas[1].in_flight = 1
+    for n in range(40):
+        pick = fresh.pick(f"{n:04d}" + "x" * PROMPT)
+        assert pick is not None and pick.replica.replica_id in ("c", "d")
 
 
 def test_holder_wins_while_its_saving_outweighs_its_queue() -> None:
@@ -265,9 +321,9 @@ def test_tolerances_are_seconds_at_the_measured_speed() -> None:
     held = {"holder": 64}
     # 300 tokens queued against 256 to compute elsewhere: 44 tokens apart.
     # At 1,000 tokens/s that is 0.044 s, within the 0.05 s slack...
-    assert inner.choose([holder, idle], held, PROMPT, 1, 1000.0)[:2] == (holder, HIT)
+    assert inner.choose([holder, idle], held, PROMPT, 1, 1000.0, IdleShare())[:2] == (holder, HIT)
     # ...at 500 tokens/s it is 0.088 s, beyond it.
-    assert inner.choose([holder, idle], held, PROMPT, 1, 500.0)[0] is idle
+    assert inner.choose([holder, idle], held, PROMPT, 1, 500.0, IdleShare())[0] is idle
 
 
 def test_in_flight_spread_bounds_a_hot_prefix() -> None:

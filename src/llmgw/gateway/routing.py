@@ -40,6 +40,22 @@ SETTLING_SAMPLES = 4
 SAMPLE_WEIGHT = 0.1
 SAMPLE_CLAMP = 4.0
 
+# Low load, for the prefix policy's idle-first rule: on average over about
+# the last 1/IDLE_SHARE_WEIGHT picks, at least this share of the replicas
+# had nothing in flight. Averaged because the share at one pick swings with
+# every Poisson burst: read at the pick, "half the replicas idle" switched
+# the rule off in a burst at 4 req/s on 8 replicas (cold prompts then
+# prefilled next to another's decode, 11-25 ms slower, where round-robin
+# co-locates none) and on in a lull under load (second copies of prefixes
+# when gateways' views differ, which is what costs hits). bench/routing.py's
+# lowest rate keeps ~0.64 of the replicas idle on average; its next one
+# keeps ~0.3, and two gateways sharing it each see ~0.6 from their own
+# requests: a lower threshold detours their prefixes there too and widens
+# their hit-rate gap (the replay's 12 seeds: 0.5 gives a mean gap of 6.0
+# points, 0.6 gives 4.0, the per-pick rule 3.2).
+IDLE_SHARE_WEIGHT = 1.0 / 32.0
+LOW_LOAD_IDLE_SHARE = 0.6
+
 
 def _mix(value: int) -> int:
     """splitmix64's finaliser: a cheap, well-spread 64-bit mix, identical everywhere."""
@@ -139,6 +155,24 @@ class PrefillSpeed:
             self.tokens_per_s *= ratio**SAMPLE_WEIGHT
 
 
+class IdleShare:
+    """The share of a model's replicas with nothing in flight, averaged over this gateway's picks.
+
+    Starts at 1 (a gateway that has sent nothing sees every replica idle);
+    each pick moves it IDLE_SHARE_WEIGHT of the way to the share at that pick.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 1.0
+
+    def observe(self, idle: int, count: int) -> float:
+        """Fold in one pick's share (``idle`` of ``count`` replicas); the average after it."""
+        self.value += IDLE_SHARE_WEIGHT * (idle / count - self.value)
+        return self.value
+
+
 # ---------------------------------------------------------------------------
 # Pure policies
 # ---------------------------------------------------------------------------
@@ -197,14 +231,15 @@ class SoonestStart:
       share the engines' caches while each gateway's index counts on all of
       it, and the hit rate collapses under load. Still below 1, so a prompt
       never waits behind a whole prefill of its own size.
-    * While at least half the replicas have nothing in flight, a new prefix
-      whose replica by hash is busy (decoding, say) goes to the first idle
-      one in hash order instead: decode steps slow a prefill started next to
-      them, round-robin rarely puts two requests together at low load, and
-      hash placement alone did often enough to lose to it. Only then, and
-      only for prefixes nobody holds: where gateways' views of who is idle
-      differ most, each detour is a second copy of a prefix, and under load
-      those copies cost more hits than the detours save time.
+    * At low load (``idle_share``: on average over the recent picks, at
+      least LOW_LOAD_IDLE_SHARE of the replicas had nothing in flight), a
+      new prefix whose replica by hash is busy (decoding, say) goes to the
+      first idle one in hash order instead: decode steps slow a prefill
+      started next to them, round-robin rarely puts two requests together
+      at low load, and hash placement alone did often enough to lose to it.
+      Only then, and only for prefixes nobody holds: where gateways' views
+      of who is idle differ most, each detour is a second copy of a prefix,
+      and under load those copies cost more hits than the detours save time.
 
     ``spread`` bounds in-flight requests above the least busy replica: the
     estimate sees prefill only, and a hot prefix that is always cached would
@@ -224,12 +259,15 @@ class SoonestStart:
         prompt_chars: int,
         key: int,
         tokens_per_s: float,
+        idle_share: IdleShare,
     ) -> tuple[Replica, str, float]:
         """(replica, outcome, its uncached prompt tokens).
 
         ``matched`` maps a replica id to the blocks of this prompt it holds;
         ``tokens_per_s`` is the replicas' prefill speed. Estimates are kept
         in tokens of prefill, the tolerances turned into tokens at that speed.
+        ``idle_share`` is this gateway's average for the model, updated here
+        with this pick.
         """
         ceiling = min(r.in_flight for r in replicas) + self.spread
         block_chars = self.block_chars
@@ -249,6 +287,8 @@ class SoonestStart:
             estimates.append(estimate)
             if estimate < soonest:
                 soonest = estimate
+        # Every pick counts toward the average, whatever this one needs.
+        low_load = idle_share.observe(idle, len(replicas)) >= LOW_LOAD_IDLE_SHARE
         slack = self.slack_s * tokens_per_s
         best: Replica | None = None
         best_blocks = 0
@@ -266,7 +306,7 @@ class SoonestStart:
             # No holder is close to the soonest, so the soonest holds nothing
             # and is among these: holders here would make a hit wait.
             limit = soonest * (1.0 + self.wait_ratio) + slack
-            idle_first = not matched and 2 * idle >= len(replicas)
+            idle_first = not matched and low_load
             first_idle: Replica | None = None
             idle_score = -1
             for replica, estimate in zip(replicas, estimates, strict=True):
@@ -305,6 +345,7 @@ class ModelRouter:
     __slots__ = (
         "_block_chars",
         "_counter",
+        "_idle_share",
         "_index",
         "_policy",
         "_speed",
@@ -355,6 +396,10 @@ class ModelRouter:
             spread=spread,
         )
         self._counter = 0
+        # Per config version, unlike the speed: a new router starts at "all
+        # idle", which detours only prompts that find an idle replica, and
+        # under load the average is down again within a few dozen picks.
+        self._idle_share = IdleShare()
         self._speed = speed
         index.sync(
             {
@@ -432,7 +477,7 @@ class ModelRouter:
         matched = self._index.matches(hashes, allowed)
         replica, outcome, uncached = self._policy.choose(
             replicas, matched, len(prompt), stable_key(prompt, block_chars),
-            self._speed.tokens_per_s,
+            self._speed.tokens_per_s, self._idle_share,
         )  # fmt: skip
         return Pick(replica, outcome, hashes, uncached)
 
