@@ -93,3 +93,39 @@ async def test_a_whole_answer_read_in_two_pieces_is_the_same(split: int) -> None
         finally:
             pool.close()
     assert body == b"".join(b"%d," % i for i in range(30))
+
+
+async def test_each_answer_has_its_own_content_type_however_the_engine_spells_it() -> None:
+    # Three answers on one keep-alive connection: the headers of one must not
+    # stand for the next (the connection keeps one table of them).
+    answers = [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nContent-Length: 1\r\n\r\na",
+        b"HTTP/1.1 200 OK\r\nCONTENT-TYPE: text/plain\r\nContent-Length: 1\r\n\r\nb",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nc",
+    ]
+    peers: list[object] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(writer.get_extra_info("peername"))
+        for data in answers:
+            await reader.readuntil(b"\r\n\r\n{}")
+            writer.write(data)
+            await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = Pool(2.0, 10.0)
+    payload = render_post(request_head("127.0.0.1", port, "/v1/x"), b"{}", b"")
+    seen = []
+    try:
+        for _ in answers:
+            response = await asyncio.wait_for(pool.request("127.0.0.1", port, payload), 5)
+            seen.append((response.content_type, await asyncio.wait_for(response.read(), 5)))
+            response.release()
+    finally:
+        pool.close()
+        server.close()
+    assert seen == [(b"text/event-stream", b"a"), (b"text/plain", b"b"), (None, b"c")]
+    assert len(peers) == 1

@@ -391,3 +391,29 @@ async def test_headers_are_lower_cased_and_stripped_as_uvicorn_does() -> None:
             ).encode()
         )
         writer.close()
+
+
+async def test_a_requests_task_is_named_or_made_by_the_loops_task_factory() -> None:
+    names: list[str] = []
+
+    async def named(scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        names.append(task.get_name() if task is not None else "")
+        await _echo(scope, receive, send)
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop = asyncio.get_running_loop()
+    for chosen in (None, factory):
+        loop.set_task_factory(chosen)
+        try:
+            async with _served(named) as (port, _):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                assert (await _read_answer(reader))[0].startswith(b"HTTP/1.1 200")
+                writer.close()
+        finally:
+            loop.set_task_factory(None)
+    # Named, not "Task-<n>" (a name formatted per request); a factory's own otherwise.
+    assert names[0] == "llmgw-request" and names[1].startswith("Task-")

@@ -46,3 +46,19 @@ def test_a_block_is_relayed_as_splitting_and_joining_it_gives() -> None:
             block = b"".join(parts)
             assert new.feed(block) == old.feed(block), block
         assert _state(new) == _state(old)
+
+
+def test_an_engines_last_read_is_relayed_as_looking_at_each_event_gives() -> None:
+    # Blocks as engines write them (one blank line apart, [DONE] last if at
+    # all): the usual end of a stream is taken without splitting the block.
+    rng = random.Random(17)
+    for _ in range(3000):
+        strip, hold = rng.random() < 0.5, rng.random() < 0.3
+        new, old = StreamRelay(strip, hold_done=hold), _Reference(strip, hold_done=hold)
+        for _ in range(rng.randrange(1, 4)):
+            events = [rng.choice(EVENTS[:2] * 3 + EVENTS) for _ in range(rng.randrange(1, 5))]
+            if rng.random() < 0.5:
+                events.append(b"data: [DONE]")
+            block = b"\n\n".join(events) + b"\n\n"
+            assert new.feed(block) == old.feed(block), block
+        assert _state(new) == _state(old)

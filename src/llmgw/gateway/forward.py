@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from llmgw.gateway.auth import KeyRecord
@@ -111,11 +111,17 @@ class Exchange(Protocol):
         """After a wait: the router to pick from again when ``replica`` cannot take the route."""
         ...
 
-    async def post(self, router: ModelRouter, replica: Replica) -> Response: ...
+    def post(self, router: ModelRouter, replica: Replica) -> Awaitable[Response]:
+        """The request sent to ``replica``: its answer's start, to await.
 
-    async def answer(
+        Best not a coroutine of its own (return the upstream client's): each
+        level of coroutines a request waits in is resumed at every wake-up.
+        """
+        ...
+
+    def answer(
         self, response: Response, replica: Replica, prefill: Prefill, before: float
-    ) -> int:
+    ) -> Awaitable[int]:
         """Answer the client (the status sent); may raise BodyBroken before anything was sent."""
         ...
 

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import orjson
@@ -153,7 +154,10 @@ async def handle(
         rename = current.renames.get(model) if current is not None else None
         call = Call(rt, record, model, started, request_id, id_header, send, rename)
         if route is None:
-            status = await _complete(call, path, payload, body, router)
+            # _Completion's steps are plain calls returning what to await:
+            # this frame waits in the upstream client's own.
+            prompt = prompt_text(path, payload) if router.wants_prompt else None
+            status = await forward(call, router, prompt, _Completion(call, path, payload, body))
         else:
             status = await route.proxy(call, payload, body, router)
     except ApiError as refused:
@@ -193,13 +197,6 @@ async def handle(
     rt.metrics.finished(model, status, time.perf_counter() - started)
 
 
-async def _complete(
-    call: Call, path: str, payload: dict[str, Any], body: bytes, router: ModelRouter
-) -> int:
-    prompt = prompt_text(path, payload) if router.wants_prompt else None
-    return await forward(call, router, prompt, _Completion(call, path, payload, body))
-
-
 class _Completion:
     """A chat, completion or embedding request on its way to engines of any dialect."""
 
@@ -221,7 +218,7 @@ class _Completion:
     def reroute(self, router: ModelRouter, replica: Replica) -> ModelRouter | None:
         return None  # every engine serves these routes
 
-    async def post(self, router: ModelRouter, replica: Replica) -> Response:
+    def post(self, router: ModelRouter, replica: Replica) -> Awaitable[Response]:
         call = self.call
         mending = replica.mending
         if mending is not self.mending:
@@ -237,27 +234,39 @@ class _Completion:
         sent = _streamed_body(self.payload, mending) if self.assemble else self.body
         upstream = call.rt.upstream
         target = upstream.target(replica.url, self.path, replica.engine_key)
-        return await upstream.post(target, sent, call.request_id)
+        return upstream.post(target, sent, call.request_id)
 
-    async def answer(
+    def answer(
+        self, response: Response, replica: Replica, prefill: Prefill, before: float
+    ) -> Awaitable[int]:
+        if response.status == 200:
+            if self.stream:
+                return self._streamed(response, replica, prefill, before)
+            if self.assemble:
+                return self._assembled(response, replica, prefill, before)
+        return answer_whole(self.call, response, prefill, before, find_usage)
+
+    async def _streamed(
         self, response: Response, replica: Replica, prefill: Prefill, before: float
     ) -> int:
         call = self.call
-        if self.stream and response.status == 200:
-            first = await first_chunk(call, response, prefill)
-            counter = None
-            if replica.mending.count_streams:
-                counter = StreamCounter(
-                    call.rt.upstream, replica, self.path, self.payload, call.request_id
-                )
-                counter.begin()
-            return await _relay(call, response, first, before, counter, self.injected,
-                                self.asked, replica.mending.legacy)  # fmt: skip
-        if self.assemble and response.status == 200:
-            first = await first_chunk(call, response, prefill, ttft=False)
-            return await _assemble(call, response, first, self.path, self.payload, replica,
-                                   before)  # fmt: skip
-        return await answer_whole(call, response, prefill, before, find_usage)
+        first = await first_chunk(call, response, prefill)
+        counter = None
+        if replica.mending.count_streams:
+            counter = StreamCounter(
+                call.rt.upstream, replica, self.path, self.payload, call.request_id
+            )
+            counter.begin()
+        return await _relay(call, response, first, before, counter, self.injected,
+                            self.asked, replica.mending.legacy)  # fmt: skip
+
+    async def _assembled(
+        self, response: Response, replica: Replica, prefill: Prefill, before: float
+    ) -> int:
+        call = self.call
+        first = await first_chunk(call, response, prefill, ttft=False)
+        return await _assemble(call, response, first, self.path, self.payload, replica,
+                               before)  # fmt: skip
 
 
 def _upstream_body(

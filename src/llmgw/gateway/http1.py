@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 import httptools
 
@@ -142,12 +142,18 @@ class Response:
 
     # -- used by the gateway -----------------------------------------------------
 
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
+    def _new_waiter(self) -> asyncio.Future[None]:
+        """What the caller awaits (and then forgets) for the answer's next bytes.
+
+        Awaited in the caller's own frame, not in a coroutine of its own: a
+        coroutine more would be resumed, frame by frame, at every wake-up.
+        """
+        conn = self._conn
+        # The connection's loop: asyncio.get_running_loop() is a getpid()
+        # system call each time on Python 3.11.
+        loop = conn.loop if conn is not None else asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        return waiter
 
     async def read(self) -> bytes:
         """The whole body (raises BodyBroken, AnswerTooLarge or UpstreamTimeout)."""
@@ -160,7 +166,10 @@ class Response:
         while not self.complete:
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            try:
+                await self._new_waiter()
+            finally:
+                self._waiter = None
         data = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
         self._chunks.clear()
         self._size = 0
@@ -179,7 +188,10 @@ class Response:
                 return None
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            try:
+                await self._new_waiter()
+            finally:
+                self._waiter = None
         chunks = self._chunks
         if len(chunks) == 1:
             chunk = chunks.popleft()
@@ -215,9 +227,10 @@ class Response:
 class _Connection(asyncio.Protocol):
     """One keep-alive connection to an engine."""
 
-    def __init__(self, pool: Pool, key: _Key) -> None:
+    def __init__(self, pool: Pool, key: _Key, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
         self._key = key
+        self.loop = loop
         # Body pieces of the bytes being parsed, handed to the answer as one
         # when the parser is done with them (_hand_over). httptools calls
         # on_body once per HTTP chunk (an SSE event each from most engines,
@@ -225,6 +238,11 @@ class _Connection(asyncio.Protocol):
         # Set before the parser, which looks its callbacks up once.
         self._pieces: list[bytes] = []
         self.on_body: Callable[[bytes], None] = self._pieces.append
+        # The answer's headers as the engine names them, likewise without a
+        # Python frame per header (an engine sends four to ten, the gateway
+        # reads one); emptied for each request.
+        self._headers: dict[bytes, bytes] = {}
+        self.on_header: Callable[[bytes, bytes], None] = self._headers.__setitem__
         self._parser = httptools.HttpResponseParser(self)
         self._transport: asyncio.Transport | None = None
         self._response: Response | None = None
@@ -268,14 +286,15 @@ class _Connection(asyncio.Protocol):
             else:
                 response._fail(ConnectFailed(f"connection closed before an answer: {exc or 'EOF'}"))
 
-    # httptools callbacks
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if len(name) == 12 and name.lower() == b"content-type" and self._response is not None:
-            self._response.content_type = value
-
+    # httptools callbacks (on_header and on_body: see __init__)
     def on_headers_complete(self) -> None:
         response = self._response
         if response is not None:
+            headers = self._headers
+            kind = headers.get(b"content-type") or headers.get(b"Content-Type")
+            if kind is None and headers:
+                kind = _content_type(headers)
+            response.content_type = kind
             response.status = self._parser.get_status_code()
             self._keep_alive = self._parser.should_keep_alive()
             response._headers_done()
@@ -302,6 +321,7 @@ class _Connection(asyncio.Protocol):
     # used by Pool / Response
     def send(self, payload: bytes, response: Response) -> None:
         self._response = response
+        self._headers.clear()
         self.used = True
         assert self._transport is not None
         self._transport.write(payload)
@@ -371,7 +391,7 @@ class Pool:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, key), host, port,
+                    lambda: _Connection(self, key, loop), host, port,
                     ssl=tls, server_hostname=host if tls is not None else None,
                 )  # fmt: skip
         except TimeoutError:
@@ -392,38 +412,50 @@ class Pool:
                 return conn
         return None
 
-    async def request(
+    def request(
         self, host: str, port: int, payload: bytes, tls: ssl.SSLContext | None = None
-    ) -> Response:
+    ) -> Coroutine[Any, Any, Response]:
         """Send ``payload`` (a whole HTTP/1.1 request) and wait for the answer's headers.
 
         ``tls``: https, verified by this context (made once by its owner:
         loading CAs costs milliseconds, too much per connection); None: plain.
         """
-        conn = self._checkout((host, port, tls))
-        if conn is not None:
-            try:
-                return await self._exchange(conn, payload)
-            except ConnectFailed:
-                pass  # an idle connection the engine had closed: once more, fresh
-        return await self._exchange(await self._connect(host, port, tls), payload)
+        key = (host, port, tls)
+        return self._exchange(key, self._checkout(key), payload)
 
-    async def _exchange(self, conn: _Connection, payload: bytes) -> Response:
-        response = Response(conn)
-        loop = asyncio.get_running_loop()
-        waiter = response._headers_waiter = loop.create_future()
-        self._active[response] = loop.time() + self._deadline
-        if self._sweeper is None:
-            self._sweeper = loop.create_task(self._sweep())
-        try:
-            conn.send(payload, response)
-            await waiter
-        except BaseException:
-            response.release()
-            raise
-        finally:
-            response._headers_waiter = None
-        return response
+    async def _exchange(self, key: _Key, conn: _Connection | None, payload: bytes) -> Response:
+        """``payload`` sent on ``conn`` (pooled) or a new connection; the answer once it begins.
+
+        One coroutine for both tries: each level of coroutines a request
+        waits in is resumed, frame by frame, at every wake-up.
+        """
+        pooled = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect(*key)
+            response = Response(conn)
+            loop = conn.loop
+            waiter = response._headers_waiter = loop.create_future()
+            self._active[response] = loop.time() + self._deadline
+            if self._sweeper is None:
+                self._sweeper = loop.create_task(self._sweep())
+            try:
+                conn.send(payload, response)
+                await waiter
+            except ConnectFailed:
+                response.release()
+                if not pooled:
+                    raise
+                # An idle connection the engine had closed: once more, fresh.
+                pooled = False
+                conn = None
+                continue
+            except BaseException:
+                response.release()
+                raise
+            finally:
+                response._headers_waiter = None
+            return response
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -443,6 +475,14 @@ class Pool:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+def _content_type(headers: dict[bytes, bytes]) -> bytes | None:
+    """The Content-Type of an answer that spells the name in neither usual way."""
+    for name, value in headers.items():
+        if len(name) == 12 and name.lower() == b"content-type":
+            return value
+    return None
 
 
 def _expire(response: Response) -> None:

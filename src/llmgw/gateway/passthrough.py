@@ -35,7 +35,7 @@ APIs it uses; the other routes hold no prompt worth caching and route by load.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,11 +230,11 @@ class _Passing:
             raise _not_served(self.call.model, path)
         return narrowed
 
-    async def post(self, router: ModelRouter, replica: Replica) -> Response:
+    def post(self, router: ModelRouter, replica: Replica) -> Awaitable[Response]:
         upstream = self.call.rt.upstream
         target = upstream.target(replica.url, self.route.path, replica.engine_key,
                                  json=not self.route.form)  # fmt: skip
-        return await upstream.post(target, self.body, self.call.request_id, self.headers)
+        return upstream.post(target, self.body, self.call.request_id, self.headers)
 
     async def answer(
         self, response: Response, replica: Replica, prefill: Prefill, before: float

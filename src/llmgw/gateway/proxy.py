@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -118,16 +118,21 @@ class Upstream:
             self._targets[key] = target
         return target
 
-    async def post(
+    def post(
         self, target: Target, body: bytes, request_id: str, headers: bytes = b""
-    ) -> Response:
-        """``headers``: more header lines, each ending in CRLF, already checked."""
+    ) -> Coroutine[Any, Any, Response]:
+        """The answer's start, to await; ``headers``: more header lines, each ending in
+        CRLF, already checked.
+
+        Not a coroutine itself: the caller waits in the pool's, one level less
+        to resume at the answer's start.
+        """
         pool = self._pool
         if pool is None:
             raise RuntimeError("the gateway's upstream client is not started")
         extra = b"X-Request-Id: " + request_id.encode() + b"\r\n" + headers
         payload = render_post(target.head, body, extra)
-        return await pool.request(target.host, target.port, payload, target.tls)
+        return pool.request(target.host, target.port, payload, target.tls)
 
 
 def _closing_brace(data: bytes, start: int) -> int:
