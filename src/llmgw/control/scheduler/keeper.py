@@ -112,7 +112,7 @@ class SnapshotKeeper:
         ram_need = ram_needs(state)
         base = self._base
         if base is None or ram_need != self._ram_need:
-            return self._rebuild(state, now, ram_need)
+            return self._rebuild(state, now, ram_need, states)
         base.now = now
         base.begin_changes()
         stale = self._changed_nodes(state, now, states)
@@ -155,17 +155,33 @@ class SnapshotKeeper:
         return base
 
     def _rebuild(
-        self, state: FleetState, now: float, ram_need: dict[str, int]
+        self,
+        state: FleetState,
+        now: float,
+        ram_need: dict[str, int],
+        states: Mapping[str, NodeState] | None,
     ) -> PlacementSnapshot:
-        base = build_snapshot(state, now, cache=self.devices)
+        base = build_snapshot(state, now, cache=self.devices, states=states)
         self._base, self._ram_need = base, ram_need
         self.changed_nodes = None  # everything
         self._held = dict(state.replicas)
         self._replicas_version = state.replicas.version
-        self._built = {
-            name: self._inputs(node, now, frozenset(base.nodes[name].weights))
-            for name, node in state.nodes.items()
-        }
+        # What each view was just built from, read off the view and the
+        # cache entry it was built with rather than asked of the node again.
+        entries = self.devices.entries
+        built: dict[str, _Built] = {}
+        for name, node in state.nodes.items():
+            view = base.nodes[name]
+            inventory = node.inventory
+            built[name] = _Built(
+                devices=entries[name][1],
+                state=view.state,
+                fabrics=node.fabrics,
+                weights_list=node.weights,
+                weights=view.weights,
+                memory_total_mib=inventory.memory_total_mib if inventory is not None else None,
+            )
+        self._built = built
         return base
 
     def _changed_nodes(

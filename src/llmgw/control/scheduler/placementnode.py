@@ -210,12 +210,18 @@ class DeviceCache:
             del self.entries[name]
 
 
-def placement_node(node: NodeRecord, now: float, cache: DeviceCache | None = None) -> PlacementNode:
+def placement_node(
+    node: NodeRecord,
+    now: float,
+    cache: DeviceCache | None = None,
+    state: NodeState | None = None,
+) -> PlacementNode:
+    """``state``: the node's ``state(now)``, when the caller has it already."""
     devices = cache.get(node) if cache is not None else _digest(node.inventory)
     return _with_devices(
         devices,
         name=node.name,
-        state=node.state(now),
+        state=node.state(now) if state is None else state,
         fabrics=tuple(node.fabrics),
         weights=frozenset(w.model for w in node.weights),
         memory_total_mib=_usable_ram(node.inventory),

@@ -366,14 +366,18 @@ def build_snapshot(
     *,
     exclude: Iterable[str] = (),
     cache: DeviceCache | None = None,
+    states: Mapping[str, NodeState] | None = None,
 ) -> PlacementSnapshot:
     """The fleet as placement sees it at ``now``.
 
     ``exclude`` names replicas whose devices count as free (replicas the
     current pass is removing); ``cache`` keeps digested inventories between
-    passes.
+    passes; ``states``: every node's ``state(now)``, when the caller has them.
     """
-    views = {name: placement_node(node, now, cache) for name, node in sorted(state.nodes.items())}
+    views = {
+        name: placement_node(node, now, cache, None if states is None else states[name])
+        for name, node in sorted(state.nodes.items())
+    }
     if cache is not None:
         cache.forget_missing(views)
     skip = set(exclude)
