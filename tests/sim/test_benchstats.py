@@ -231,3 +231,22 @@ def test_routing_replay_is_deterministic_and_agrees_with_itself() -> None:
             assert row["requests"] > 0 and row["ttft_p90_s"] > 0
     # 6 groups recurring on 3 engines: prefix routing finds far more cached.
     assert first["prefix_hit_rate_all"] > first["round_robin_hit_rate_all"] + 0.2
+
+
+def routing_replay(*options: str) -> dict[str, Any]:
+    """bench/routing_replay.py's round-robin rows on two engines: its JSON line."""
+    script = Path(__file__).resolve().parents[2] / "bench" / "routing_replay.py"
+    argv = [sys.executable, str(script), "--quick", "--engines", "2", "--groups", "40",
+            "--seed", "3", "--policies", "round_robin", *options]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1])["round_robin"])
+
+
+def test_routing_replay_counts_cold_prompts_prefilled_beside_a_decode() -> None:
+    # Arrivals seconds apart: each prefill starts alone. Twenty a second on
+    # two engines: most start while another answer decodes.
+    quiet = routing_replay("--rates", "0.25", "--stage-s", "40")["0.25"]
+    assert quiet["requests"] >= 5 and quiet["cold_beside_decode"] == 0
+    busy = routing_replay("--rates", "20", "--stage-s", "4")["20"]
+    assert busy["requests"] > 40 and busy["cold_beside_decode"] > busy["requests"] // 2
