@@ -335,7 +335,10 @@ class StreamCounter:
         is still exact, and metered; a usage chunk is sent only when complete.
         """
         try:
-            return await asyncio.wait_for(self._usage(tally), timeout_s)
+            # asyncio.timeout, not 3.11's wait_for, which can swallow a cancel
+            # (a stop) landing as the count completes.
+            async with asyncio.timeout(timeout_s):
+                return await self._usage(tally)
         except TimeoutError:
             log.warning("request %s: could not count its stream on %s within %ss",
                         self._request_id, self._replica_url, timeout_s)  # fmt: skip
