@@ -138,12 +138,12 @@ class NodeRecord:
     reported_fabrics: list[str] = field(default_factory=list)
     # When this instance began to lead (memory only; ControlPlane.load):
     # silence before it, and TAKEOVER_ALLOWANCE_S after it, does not count.
-    # While no instance leads, no agent
-    # can report, and agents back off meanwhile; counted from the stored
-    # last_seen, a store failover of ~20 s made the new leader call every
-    # node unreachable at once (all replicas out of routing, every model
-    # short) until the agents' backed-off reports came in, and an outage
-    # longer than REPLACE_AFTER_S would have replaced every replica.
+    # While no instance leads, no agent can report, and agents back off
+    # meanwhile; counted from the stored last_seen, a store failover of ~20 s
+    # made the new leader call every node unreachable at once (all replicas
+    # out of routing, every model short) until the agents' backed-off reports
+    # came in, and an outage longer than REPLACE_AFTER_S would have replaced
+    # every replica.
     listening_since: float | None = None
 
     __setattr__ = NODE_WRITES.logging_setattr()
