@@ -34,8 +34,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,11 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
+@asynccontextmanager
+async def fresh_fleet(
+    url: str, args: argparse.Namespace
+) -> AsyncIterator[tuple[Store, FleetState, Reconciler, int]]:
+    """The store at a new epoch, the generated fleet, and a reconciler on both."""
     store = await Store.open(url)
     try:
         epoch = await store.bump_epoch()
@@ -89,7 +93,13 @@ async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
         # runtime freezes the heap after every heartbeat flush (every 5 s),
         # so the cyclic collector never walks the fleet's records again.
         _freeze()
-        reconciler = Reconciler(state, store)
+        yield store, state, Reconciler(state, store), epoch
+    finally:
+        await store.close()
+
+
+async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
+    async with fresh_fleet(url, args) as (store, state, reconciler, epoch):
         started, cpu = time.perf_counter(), time.process_time()
         first = await reconciler.run_pass(NOW, epoch)
         full_s = time.perf_counter() - started
@@ -126,8 +136,6 @@ async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
             "planned_models": len(planned.models),
             "replicas": len(state.replicas),
         }
-    finally:
-        await store.close()
 
 
 @contextmanager
@@ -174,19 +182,12 @@ def timed_parts(parts: defaultdict[str, float]) -> Iterator[None]:
 
 async def split_pass(url: str, args: argparse.Namespace) -> dict[str, float]:
     """The pass from empty once more, ms by part (see the module docstring)."""
-    store = await Store.open(url)
-    try:
-        epoch = await store.bump_epoch()
-        state = build(args.nodes, args.models, args.seed)
-        _freeze()
-        reconciler = Reconciler(state, store)
-        parts: defaultdict[str, float] = defaultdict(float)
+    parts: defaultdict[str, float] = defaultdict(float)
+    async with fresh_fleet(url, args) as (_, _, reconciler, epoch):
         with timed_parts(parts):
             started = time.perf_counter()
             await reconciler.run_pass(NOW, epoch)
             total = time.perf_counter() - started
-    finally:
-        await store.close()
     inside = parts["snapshot"] + parts["placement search"] + parts["commit to snapshot"]
     out = {
         "snapshot": parts["snapshot"],
