@@ -65,15 +65,22 @@ class ControlPlane(Core):
         counts from now at the earliest: nobody could hear it meanwhile.
         """
         state = self.state
+        # Every row read first, then swapped in with no await between: a
+        # standby reloads every few seconds, and cleared before the reads its
+        # admin API and summary answered an empty fleet meanwhile (a loaded
+        # machine widened that window until a test's GET fell into it).
+        node_rows = await self.store.list_nodes()
+        model_rows = await self.store.list_models()
+        replica_rows = await self.store.list_replicas()
         state.nodes.clear()
         state.models.clear()
         state.replicas.clear()
-        for row in await self.store.list_nodes():
+        for row in node_rows:
             state.nodes[row["name"]] = node_from_row(row)
-        for row in await self.store.list_models():
+        for row in model_rows:
             record = model_from_row(row)
             state.models[record.name] = record
-        for row in await self.store.list_replicas():
+        for row in replica_rows:
             replica = replica_from_row(row)
             state.replicas[replica.id] = replica
         self.replicas.loaded()
