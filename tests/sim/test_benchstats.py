@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.sim.helpers import StartEngine
+from tests.sim.helpers import StartEngine, engine_in_thread
 
 from llmgw.sim import benchstats, loadgen
 from llmgw.sim.benchstats import HITS, QUERIES, RequestResult
@@ -119,6 +119,27 @@ async def test_loadgen_streams_measures_ttft_and_alternates_urls(
     # Sent at their workload times (open loop), not one after another.
     for result, request in zip(run.results, requests, strict=True):
         assert result.sent_at == pytest.approx(request.at_s, abs=0.05)
+
+
+def test_loadgen_times_requests_finer_than_uvloops_millisecond_clock() -> None:
+    # bench/routing.py runs the load generator on uvloop, whose loop.time()
+    # moves in whole milliseconds: TTFTs read from it all sat on a 1 ms grid,
+    # coarser than the differences the benchmark's low-rate cells compare.
+    import uvloop
+
+    spec = SharedPrefixSpec(
+        groups=4, prompts_per_group=3, system_tokens=40, question_tokens=10,
+        output_tokens=2, stages=(RateStage(40.0, 0.3),), seed=5,
+    )  # fmt: skip
+    requests = list(shared_prefix(spec))
+    assert len(requests) >= 6
+    # Prefill ~0.37 ms per prompt, decode 0.3 ms a token: far below a millisecond.
+    with engine_in_thread(prefill_tokens_per_s=150_000.0, decode_ms_per_token=0.3) as engine:
+        run = uvloop.run(loadgen.run(requests, [f"{engine.url}/v1"], drain_s=10.0))
+    ttfts = [r.ttft for r in run.results if r.ttft is not None]
+    assert len(ttfts) == len(requests), run.results
+    off_grid = [t for t in ttfts if abs(t * 1000 - round(t * 1000)) > 1e-6]
+    assert len(off_grid) >= len(ttfts) // 2, ttfts
 
 
 async def test_loadgen_counts_requests_cut_off_by_the_drain_limit(

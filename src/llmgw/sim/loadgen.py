@@ -7,12 +7,18 @@ queueing that separates a good router from a bad one.
 
 Time to first token is taken at the first chunk that carries content: an
 OpenAI chat stream starts with a role-only chunk, which engines send before
-any prefill has happened.
+any prefill has happened. Times are read from ``time.perf_counter``, not
+the event loop's clock: uvloop's ``loop.time()`` counts whole milliseconds
+and is read once per loop iteration, so TTFTs taken from it landed on a
+1 ms grid, and the routing benchmark's low-rate cells -- where every policy
+prefills cold prompts at the engine's floor and their p90s differ by less
+than that -- were decided by which side of a millisecond a sample fell.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,10 +121,10 @@ async def run(
     if not urls:
         raise ValueError("run needs at least one URL")
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    start = time.perf_counter()
 
     def clock() -> float:
-        return loop.time() - start
+        return time.perf_counter() - start
 
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -126,7 +132,7 @@ async def run(
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     sent: list[tuple[TimedRequest, asyncio.Task[RequestResult]]] = []
-    probe_tasks = [loop.create_task(_probe_at(p, start)) for p in probes]
+    probe_tasks = [loop.create_task(_probe_at(p, clock)) for p in probes]
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         for req in sorted(requests, key=lambda r: r.at_s):
             delay = req.at_s - clock()
@@ -151,9 +157,8 @@ async def run(
     return RunResult(results=sorted(results, key=lambda r: r.index), ended_at=ended)
 
 
-async def _probe_at(probe: Probe, start: float) -> None:
-    loop = asyncio.get_running_loop()
-    await asyncio.sleep(max(0.0, start + probe.at_s - loop.time()))
+async def _probe_at(probe: Probe, clock: Callable[[], float]) -> None:
+    await asyncio.sleep(max(0.0, probe.at_s - clock()))
     outcome = probe.action()
     if asyncio.iscoroutine(outcome):
         await outcome
