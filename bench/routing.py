@@ -251,7 +251,8 @@ async def _serve_gateways(routes: list[dict[str, Any]]) -> None:
         )
         key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(API_KEY))
         config = wire.GatewayConfig(
-            routing=wire.RoutingTable(version=1, models=[route]), keys=[key]
+            routing=wire.RoutingTable(version=1, models=[route], gateways=item["gateways"]),
+            keys=[key],
         )
         gateway = Gateway(MemoryLink(config), GatewaySettings(gateway_id=f"bench-{i}"))
         await gateway.start()
@@ -445,7 +446,9 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
                 {"replica_id": f"{policy}-{i}", "url": u, "kv_capacity_tokens": capacity}
                 for i, u in enumerate(sets[policy])
             ]
-            route = {"routing": POLICIES[policy], "endpoints": endpoints}
+            # What a control plane would tell each gateway: how many share the traffic.
+            shared_by = 2 if policy == "prefix_2gw" else 1
+            route = {"routing": POLICIES[policy], "endpoints": endpoints, "gateways": shared_by}
             first.append(route)
             if policy == "prefix_2gw":
                 second.append(route)

@@ -33,6 +33,8 @@ from llmgw.gateway.routing import (
     least_loaded,
     rendezvous,
 )
+from llmgw.gateway.settings import GatewaySettings
+from llmgw.gateway.snapshot import ConfigView
 
 BLOCK = 16  # characters per block in these tests
 TPS = 1000.0  # prefill tokens/s of the made-up replicas: 4,000 characters a second
@@ -76,6 +78,7 @@ class Policy:
         wait_ratio: float = 0.5,
         spread: float = 4.0,
         idle_share: float = 1.0,
+        lone: bool = False,
     ):
         self.inner = SoonestStart(
             block_chars=BLOCK,
@@ -83,6 +86,7 @@ class Policy:
             slack_s=slack_s,
             wait_ratio=wait_ratio,
             spread=spread,
+            lone=lone,
         )
         self.idle_share = idle_share
 
@@ -230,6 +234,37 @@ def test_at_low_load_a_new_prefix_skips_a_busy_replica_for_the_next_idle_one() -
         policy.choose([holder, *fleet], {"holder": 64}, key=k)[0].replica_id for k in range(40)
     }
     assert "a" in spilled
+
+
+def test_a_lone_gateway_places_a_new_prefix_by_load_at_any_load() -> None:
+    # Under load (the average share idle is low), where a gateway among
+    # others places by hash, the only gateway takes the soonest start.
+    loaded = LOW_LOAD_IDLE_SHARE - 0.3
+    lone, shared = Policy(idle_share=loaded, lone=True), Policy(idle_share=loaded)
+    fleet = [replica(n) for n in "abcd"]
+    a, b, c, d = fleet
+    a.in_flight = b.in_flight = 1  # decoding: just as soon by the prefill estimate
+    assert lone.landings(fleet) == {"c", "d"}  # idle ones, by hash between them
+    assert shared.landings(fleet) == {"a", "b", "c", "d"}
+    # None idle: the fewest requests in flight (fewer answers decoding beside it).
+    a.in_flight, b.in_flight, c.in_flight, d.in_flight = 3, 1, 2, 1
+    assert lone.landings(fleet) == {"b", "d"}
+    # ...but prefill queued counts first: a prompt would wait for all of it.
+    b.pending_prefill = 30.0
+    assert lone.landings(fleet) == {"d"}
+    d.pending_prefill = 60.0
+    assert lone.landings(fleet) == {"c"}  # a and c queue nothing; c has fewer in flight
+    # A close holder still keeps its prefix (a hit saves a whole prefill)...
+    holder = replica("holder")
+    holder.in_flight = 5
+    for key in range(10):
+        picked, outcome, uncached = lone.choose([holder, *fleet], {"holder": 48}, key=key)
+        assert (picked, outcome, uncached) == (holder, HIT, 64.0)
+    # ...and a busy one loses it to the soonest start, not to the hash.
+    holder.pending_prefill = 1000.0
+    for key in range(10):
+        picked, outcome, _ = lone.choose([holder, *fleet], {"holder": 48}, key=key)
+        assert (picked, outcome) == (c, OVERLOADED)
 
 
 def test_idle_share_averages_over_recent_picks() -> None:
@@ -513,3 +548,31 @@ def test_one_replica_is_picked_as_the_policy_would_pick_it() -> None:
                 lone.record(pick)
                 index.record("a", pick.hashes)
         assert outcomes == {HIT, MISS}
+
+
+def test_only_a_table_that_counts_this_gateway_alone_makes_it_lone() -> None:
+    # Through the config, as a gateway builds its routers: under load, two
+    # of four replicas busy, a lone gateway's new prefixes avoid the busy
+    # two; with others (or a count not known yet) the hash alone decides.
+    endpoints = [wire.Endpoint(replica_id=n, url=f"http://{n}") for n in "abcd"]
+    route = wire.ModelRoute(name="m", served_name="m", routing="prefix", endpoints=endpoints)
+
+    def landings(gateways: int) -> set[str]:
+        table = wire.RoutingTable(version=1, models=[route], gateways=gateways)
+        view = ConfigView(wire.GatewayConfig(routing=table), GatewaySettings(), None)
+        fleet = view.routes["m"]
+        for busy in fleet.replicas:
+            busy.in_flight = 1
+        for n in range(64):  # a stretch under load brings the idle average down
+            assert fleet.pick(f"{n:04d}" + "x" * PROMPT) is not None
+        fleet.replicas[2].in_flight = fleet.replicas[3].in_flight = 0
+        landed = set()
+        for n in range(64, 104):
+            pick = fleet.pick(f"{n:04d}" + "x" * PROMPT)
+            assert pick is not None
+            landed.add(pick.replica.replica_id)
+        return landed
+
+    assert landings(1) == {"c", "d"}
+    assert {"a", "b"} & landings(2)
+    assert {"a", "b"} & landings(0)

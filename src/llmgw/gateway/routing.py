@@ -241,6 +241,16 @@ class SoonestStart:
       of who is idle differ most, each detour is a second copy of a prefix,
       and under load those copies cost more hits than the detours save time.
 
+    * A ``lone`` gateway (the routing table says it is the only one) has
+      nobody to agree with: a prompt no close holder takes goes to the
+      soonest start outright, the replica with fewest requests in flight
+      among equals (an idle one rather than one decoding another answer),
+      then by hash. At 8 req/s on bench/routing.py's workload every policy's
+      p90 was a cold prompt prefilled beside another's decode; placed by
+      hash, prefix routing had as many of those as round-robin and lost to
+      least-loaded by 1-3 ms, placed by load it has half as many (the
+      replay's 12 seeds: ahead of both at every rate on all of them).
+
     ``spread`` bounds in-flight requests above the least busy replica: the
     estimate sees prefill only, and a hot prefix that is always cached would
     otherwise pile decode work on one engine without limit.
@@ -251,6 +261,7 @@ class SoonestStart:
     slack_s: float
     wait_ratio: float
     spread: float
+    lone: bool = False
 
     def choose(
         self,
@@ -302,7 +313,17 @@ class SoonestStart:
                 score = _mix(key ^ replica.seed)
                 if blocks > best_blocks or score > best_score:
                     best, best_blocks, best_score = replica, blocks, score
-        if best is None:
+        if best is None and self.lone:
+            # No holder is close to the soonest, so the soonest holds nothing.
+            best_rank = (math.inf, 0, 0)
+            for replica, estimate in zip(replicas, estimates, strict=True):
+                if estimate == math.inf or replica.replica_id in matched:
+                    continue
+                rank = (estimate, replica.in_flight, -_mix(key ^ replica.seed))
+                if best is None or rank < best_rank:
+                    best, best_rank = replica, rank
+            assert best is not None
+        elif best is None:
             # No holder is close to the soonest, so the soonest holds nothing
             # and is among these: holders here would make a hit wait.
             limit = soonest * (1.0 + self.wait_ratio) + slack
@@ -369,6 +390,7 @@ class ModelRouter:
         ttft_slack_s: float,
         wait_ratio: float,
         spread: float,
+        lone: bool = False,
     ) -> None:
         self.route = route
         self.policy = route.routing
@@ -394,6 +416,7 @@ class ModelRouter:
             slack_s=ttft_slack_s,
             wait_ratio=wait_ratio,
             spread=spread,
+            lone=lone,
         )
         self._counter = 0
         # Per config version, unlike the speed: a new router starts at "all

@@ -94,6 +94,9 @@ class ConfigView:
                 ttft_slack_s=settings.ttft_slack_s,
                 wait_ratio=settings.miss_wait_ratio,
                 spread=settings.load_threshold,
+                # The control plane counts the gateways; only a count of
+                # exactly this one lets it place new prefixes by load.
+                lone=config.routing.gateways == 1,
             )
             # The canonical name wins over another model's alias of the same spelling.
             for alias in route.aliases:

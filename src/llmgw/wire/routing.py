@@ -55,6 +55,12 @@ class RoutingTable(Wire):
     # of engines llmgw runs present (not external ones: the system's CAs
     # verify those); None in a fleet that issues none.
     engine_ca: str | None = None
+    # How many gateways route with this table: those whose load reports the
+    # control plane received in the last 30 s, 0 while it cannot tell yet
+    # (just started or took over). A gateway that knows it is the only one
+    # places a new prefix by load alone; with others, or not knowing, it
+    # places it where every gateway would (gateway.routing.SoonestStart).
+    gateways: int = Field(0, ge=0)
 
 
 class ReplicaLoad(Wire):

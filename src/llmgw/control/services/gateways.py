@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 
 from llmgw.control import external
+from llmgw.control.gateway_count import GatewayCount
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.services.catalog import Catalog
 from llmgw.control.services.core import Core
@@ -66,6 +67,8 @@ class Gateways:
         self._config_quiet_until = 0.0
         # Requests in flight per replica and gateway (memory only, re-learnt).
         self._in_flight = InFlightBook()
+        # Gateways reporting now, which the table tells them (memory only).
+        self._gateway_count = GatewayCount()
         # External models' endpoint ids (control.external), per routing version.
         self._external_index: dict[str, tuple[str, str]] = {}
         self._external_index_version = -1
@@ -120,6 +123,7 @@ class Gateways:
                 version=version,
                 models=routes,
                 engine_ca=issuer.ca_pem.decode("ascii") if issuer is not None else None,
+                gateways=self._gateway_count.count,
             ),
             keys=self.keys.all(),
         )
@@ -185,6 +189,10 @@ class Gateways:
     async def record_load(self, report: GatewayLoadReport) -> None:
         self.core.require_leader()
         now = time.time()
+        if self._gateway_count.heard(report.gateway_id, time.monotonic()):
+            # Rare (a gateway started or gone), and each gateway's routing
+            # depends on it, so it goes out as a new table.
+            await self.core.state.bump_routing()
         self._in_flight.forget_except(self.core.state.replicas)
         per_model: dict[str, list[int]] = {}
         for load in report.replicas:
