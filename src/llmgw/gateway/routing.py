@@ -249,7 +249,7 @@ class SoonestStart:
       p90 was a cold prompt prefilled beside another's decode; placed by
       hash, prefix routing had as many of those as round-robin and lost to
       least-loaded by 1-3 ms, placed by load it has half as many (the
-      replay's 12 seeds: ahead of both at every rate on all of them).
+      replay's 12 seeds: at or below both at every rate on all of them).
 
     ``spread`` bounds in-flight requests above the least busy replica: the
     estimate sees prefill only, and a hot prefix that is always cached would
