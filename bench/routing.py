@@ -65,6 +65,13 @@ POLICIES = {
     "prefix": "prefix",
     "prefix_2gw": "prefix",
 }
+
+
+def gateway_count(policy: str) -> int:
+    """What a control plane would tell the policy's gateways: how many share its traffic."""
+    return 2 if policy == "prefix_2gw" else 1
+
+
 # Measured, not served by a gateway: sglang-router's cache_aware policy, with
 # its own defaults, on its own engines (only when sglang-router is installed).
 SGLANG = "sglang_ca"
@@ -446,9 +453,10 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
                 {"replica_id": f"{policy}-{i}", "url": u, "kv_capacity_tokens": capacity}
                 for i, u in enumerate(sets[policy])
             ]
-            # What a control plane would tell each gateway: how many share the traffic.
-            shared_by = 2 if policy == "prefix_2gw" else 1
-            route = {"routing": POLICIES[policy], "endpoints": endpoints, "gateways": shared_by}
+            route = {
+                "routing": POLICIES[policy], "endpoints": endpoints,
+                "gateways": gateway_count(policy),
+            }  # fmt: skip
             first.append(route)
             if policy == "prefix_2gw":
                 second.append(route)

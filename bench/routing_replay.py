@@ -93,8 +93,7 @@ def _router(setup: live.Setup, policy: str) -> ModelRouter:
         name=live.MODEL, served_name=live.MODEL, routing=live.POLICIES[policy], endpoints=endpoints
     )
     key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(live.API_KEY))
-    gateways = 2 if policy == "prefix_2gw" else 1  # as a control plane counts them
-    table = wire.RoutingTable(version=1, models=[route], gateways=gateways)
+    table = wire.RoutingTable(version=1, models=[route], gateways=live.gateway_count(policy))
     config = wire.GatewayConfig(routing=table, keys=[key])
     return ConfigView(config, GatewaySettings(gateway_id="replay"), None).routes[live.MODEL]
 
