@@ -22,7 +22,16 @@ from typer.testing import CliRunner, Result
 
 from llmgw.cli.ctl import app
 from llmgw.cli.ctl.catalog import plan_view
-from llmgw.wire import DownloadProgress, ReplicaState, ReplicaStatus, UsageRecord
+from llmgw.cli.ctl.gateways import headline
+from llmgw.control.gateway_count import GatewayCount
+from llmgw.wire import (
+    DownloadProgress,
+    GatewayLoadReport,
+    ReplicaLoad,
+    ReplicaState,
+    ReplicaStatus,
+    UsageRecord,
+)
 
 
 def ctl_fleet() -> Fleet:
@@ -186,6 +195,32 @@ def test_usage(served: Served) -> None:
     assert "k1" in out and "llama" in out and "30" in out
     data = json.loads(ok(run(served, "usage", "--json", "--model", "nothing")))
     assert data["total"]["requests"] == 0
+
+
+def test_gateways(served: Served) -> None:
+    assert "No gateway is reporting" in ok(run(served, "gateways"))
+    served.cp.gateways._gateway_count = GatewayCount(settle_s=0.0)
+    for gateway, in_flight in (("gw-b", 2), ("gw-a", 0)):
+        served.call(lambda g=gateway, n=in_flight: served.cp.gateways.record_load(
+            GatewayLoadReport(gateway_id=g, waiting={"huge": 1},
+                              replicas=[ReplicaLoad(replica_id="r-x", in_flight=n)])))
+    lines = ok(run(served, "gateways")).splitlines()
+    assert lines[0] == "2 gateways route (new prefixes placed by hash)"
+    assert lines[1].split() == ["ID", "LAST", "REPORT", "IN", "FLIGHT", "WAITING"]
+    assert [line.split()[0] for line in lines[2:]] == ["gw-a", "gw-b"]
+    assert lines[3].split()[-4:] == ["2", "1", "(huge", "1)"]
+    data = json.loads(ok(run(served, "gateways", "--json")))
+    assert data["count"] == 2 and [g["in_flight"] for g in data["gateways"]] == [0, 2]
+
+
+def test_gateways_headline() -> None:
+    def line(count: int, placement: str, leader: bool = True) -> str:
+        return headline({"count": count, "placement": placement, "leader": leader})
+
+    assert line(1, "by load") == "1 gateway routes (new prefixes placed by load)"
+    assert line(3, "by hash") == "3 gateways route (new prefixes placed by hash)"
+    assert line(0, "settling") == "count settling (new prefixes placed by hash)"
+    assert "standby" in line(0, "settling", leader=False)
 
 
 def test_join_token(served: Served) -> None:

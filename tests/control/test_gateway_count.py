@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.control.test_in_flight import idle_replica, report
 
-from llmgw.control.gateway_count import SETTLE_S, GatewayCount
+from llmgw.control.gateway_count import SETTLE_S, GatewayCount, LastReport, placement
 from llmgw.control.inflight import STALE_AFTER_S
 from llmgw.control.service import ControlPlane
 from llmgw.control.store.repo import Store
@@ -35,6 +35,37 @@ def test_a_gateway_that_stopped_reporting_is_no_longer_counted() -> None:
     # gw-a's last report is now older than STALE_AFTER_S.
     assert count.heard("gw-b", now=STALE_AFTER_S + 1.0) and count.count == 1
     assert count.heard("gw-a", now=STALE_AFTER_S + 2.0) and count.count == 2
+
+
+def test_each_gateways_last_report_is_kept_in_brief() -> None:
+    count = GatewayCount(settle_s=0.0)
+    count.heard("gw-a", now=10.0, in_flight=3, waiting={"chat": 2})
+    count.heard("gw-b", now=11.0)
+    count.heard("gw-a", now=12.0, in_flight=1)  # the last report replaces the one before
+    assert count.reporting(now=12.5) == {
+        "gw-a": LastReport(at=12.0, in_flight=1, waiting={}),
+        "gw-b": LastReport(at=11.0, in_flight=0, waiting={}),
+    }
+
+
+def test_reading_forgets_stale_gateways_but_not_the_tables_count() -> None:
+    # With every gateway stopped no report comes to forget them: the list
+    # must not show them for ever. The count is the table's, which only a
+    # report changes (a read making a new table would be a write).
+    count = GatewayCount(settle_s=0.0)
+    count.heard("gw-a", now=0.0)
+    count.heard("gw-b", now=10.0)
+    assert set(count.reporting(now=STALE_AFTER_S)) == {"gw-a", "gw-b"}
+    assert set(count.reporting(now=STALE_AFTER_S + 1.0)) == {"gw-b"}
+    assert count.count == 2
+    assert count.reporting(now=STALE_AFTER_S + 11.0) == {}
+    # The next report counts from what is left.
+    assert count.heard("gw-c", now=STALE_AFTER_S + 12.0) and count.count == 1
+
+
+def test_placement_follows_the_count_as_gateways_read_it() -> None:
+    # gateway.snapshot: only exactly one is alone; 0 ("not known yet") is several.
+    assert [placement(n) for n in (0, 1, 2, 5)] == ["settling", "by load", "by hash", "by hash"]
 
 
 def test_the_table_carries_the_count_and_a_change_is_a_new_table(tmp_path: Path) -> None:

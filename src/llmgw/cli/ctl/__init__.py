@@ -7,7 +7,7 @@ This package assembles the typer app; each module owns one part:
 ``client`` (where to connect, with what token, and one-line errors),
 ``render`` (tables, ``--json``, ``--watch``), and the commands by subject:
 ``status``, ``nodes``, ``models``, ``catalog`` (apply, plan), ``replicas``,
-``events``, ``access`` (keys, join token), ``usage``, and ``backup`` (backup and
+``events``, ``gateways``, ``access`` (keys, join token), ``usage``, and ``backup`` (backup and
 restore, which talk to the store itself).
 """
 
@@ -23,6 +23,7 @@ from llmgw.cli.ctl import (
     backup,
     catalog,
     events,
+    gateways,
     models,
     nodes,
     replicas,
@@ -94,6 +95,7 @@ app.command()(catalog.apply)
 app.command()(catalog.plan)
 app.add_typer(replicas.replicas_app, name="replicas")
 app.command()(events.events)
+app.command()(gateways.gateways)
 app.add_typer(access.keys_app, name="keys")
 app.command()(usage.usage)
 app.command("join-token")(access.join_token)

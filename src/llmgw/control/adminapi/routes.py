@@ -1,4 +1,4 @@
-"""The admin API (``/admin/v1``): fleet views, catalog, nodes, keys, usage, events.
+"""The admin API (``/admin/v1``): fleet views, catalog, nodes, gateways, keys, usage, events.
 
 One router per resource (adminapi.routers), mounted here in one order: the
 name convertor takes slashes, so where two paths could match one URL the
@@ -20,6 +20,7 @@ from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
 from llmgw.control.adminapi.routers.credentials import credentials_router
 from llmgw.control.adminapi.routers.events import events_router
 from llmgw.control.adminapi.routers.fleet import fleet_router
+from llmgw.control.adminapi.routers.gateways import gateways_router
 from llmgw.control.adminapi.routers.keys import keys_router
 from llmgw.control.adminapi.routers.models import models_router
 from llmgw.control.adminapi.routers.nodes import nodes_router
@@ -52,7 +53,7 @@ def build_admin_router(
         },
     )
     router.include_router(fleet_router(cp, route_class, patroni))
-    for resource in (nodes_router, replicas_router, models_router, events_router, keys_router,
-                     usage_router, credentials_router):
+    for resource in (nodes_router, replicas_router, models_router, gateways_router,
+                     events_router, keys_router, usage_router, credentials_router):
         router.include_router(resource(cp, route_class))
     return router

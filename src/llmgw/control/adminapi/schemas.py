@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmgw.control.gateway_count import LastReport, Placement, placement
 from llmgw.control.store.repo import Row
 from llmgw.wire import ApiKeyInfo, ModelSpec, UsageRecord, check_node_name
 
@@ -59,6 +60,41 @@ class EventView(BaseModel):
 def event_view(row: Row) -> EventView:
     return EventView(id=row["id"], at=row["at"], kind=row["kind"], subject=row["subject"] or "",
                      message=row["message"], data=dict(row["data"] or {}))
+
+
+class GatewayView(BaseModel):
+    id: str
+    # Seconds since its last load report (it reports about once a second).
+    last_report_s: float
+    # Requests it was proxying, summed over the replicas its last report named.
+    in_flight: int
+    # Model -> requests waiting for a replica (an on-demand start), as it last reported.
+    waiting: dict[str, int]
+
+
+class GatewaysAnswer(BaseModel):
+    """The gateways whose load reports reach this instance, and the count the table tells them."""
+
+    # Gateways that reported in the last 30 s, as the routing table carries it;
+    # 0: not known yet (this instance started or took over under 5 s of reports ago).
+    count: int
+    # How gateways place a new prompt prefix with that count (docs/gateway.md).
+    placement: Placement
+    # False on a standby: gateways report to the leader, so a standby lists none.
+    leader: bool
+    # By id; only those not yet stale.
+    gateways: list[GatewayView]
+
+
+def gateways_answer(count: int, leader: bool, reports: Mapping[str, LastReport],
+                    now: float) -> GatewaysAnswer:
+    """``reports`` as GatewayCount keeps them, ``now`` on the same (monotonic) clock."""
+    return GatewaysAnswer(
+        count=count, placement=placement(count), leader=leader,
+        gateways=[GatewayView(id=gateway, last_report_s=round(max(0.0, now - report.at), 1),
+                              in_flight=report.in_flight, waiting=dict(report.waiting))
+                  for gateway, report in sorted(reports.items())],
+    )
 
 
 class KeyCreate(_Body):

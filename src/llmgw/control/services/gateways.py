@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 
 from llmgw.control import external
-from llmgw.control.gateway_count import GatewayCount
+from llmgw.control.gateway_count import GatewayCount, LastReport
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.services.catalog import Catalog
 from llmgw.control.services.core import Core
@@ -189,13 +189,13 @@ class Gateways:
     async def record_load(self, report: GatewayLoadReport) -> None:
         self.core.require_leader()
         now = time.time()
-        if self._gateway_count.heard(report.gateway_id, time.monotonic()):
-            # Rare (a gateway started or gone), and each gateway's routing
-            # depends on it, so it goes out as a new table.
-            await self.core.state.bump_routing()
         self._in_flight.forget_except(self.core.state.replicas)
         per_model: dict[str, list[int]] = {}
+        # For the list of gateways (admin API); summed in this loop, as a
+        # second pass over 9,500 replicas per report per gateway is not free.
+        gateway_in_flight = 0
         for load in report.replicas:
+            gateway_in_flight += load.in_flight
             replica = self.core.state.replicas.get(load.replica_id)
             if replica is None:
                 if load.up is not None:
@@ -220,6 +220,11 @@ class Gateways:
                 if model is not None:
                     model.demand_at = max(model.demand_at or 0.0, load.last_request_at)
             per_model.setdefault(replica.model, []).append(replica.in_flight)
+        if self._gateway_count.heard(report.gateway_id, time.monotonic(),
+                                     in_flight=gateway_in_flight, waiting=report.waiting):
+            # Rare (a gateway started or gone), and each gateway's routing
+            # depends on it, so it goes out as a new table.
+            await self.core.state.bump_routing()
         for name, loads in per_model.items():
             model = self.core.state.models.get(name)
             if model is None:
@@ -234,6 +239,11 @@ class Gateways:
             # drop the rest of its report.
             if waiting > 0 and self.core.state.resolve_model(name) is not None:
                 await self.catalog.demand(name)
+
+    def reporting(self, now: float) -> tuple[int, dict[str, LastReport]]:
+        """The count the routing table carries, and the gateways not stale at ``now``
+        (monotonic), by id. A standby hears no reports (they are the leader's)."""
+        return self._gateway_count.count, self._gateway_count.reporting(now)
 
     def _note_external(self, gateway_id: str, load: ReplicaLoad, now: float) -> None:
         """One gateway's probe of an external model's URL (control.external)."""
