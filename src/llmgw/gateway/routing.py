@@ -245,11 +245,12 @@ class SoonestStart:
       nobody to agree with: a prompt no close holder takes goes to the
       soonest start outright, the replica with fewest requests in flight
       among equals (an idle one rather than one decoding another answer),
-      then by hash. At 8 req/s on bench/routing.py's workload every policy's
-      p90 was a cold prompt prefilled beside another's decode; placed by
-      hash, prefix routing had as many of those as round-robin and lost to
-      least-loaded by 1-3 ms, placed by load it has half as many (the
-      replay's 12 seeds: at or below both at every rate on all of them).
+      then by the prompt's key (see _place_new). At 8 req/s on
+      bench/routing.py's workload every policy's p90 was a cold prompt
+      prefilled beside another's decode; placed by hash, prefix routing
+      had as many of those as round-robin and lost to least-loaded by
+      1-3 ms, placed by load it has half as many (the replay's 12 seeds:
+      at or below both at every rate on all of them).
 
     ``spread`` bounds in-flight requests above the least busy replica: the
     estimate sees prefill only, and a hot prefix that is always cached would
@@ -281,6 +282,9 @@ class SoonestStart:
         with this pick.
         """
         ceiling = min(r.in_flight for r in replicas) + self.spread
+        if self.lone and not matched:
+            uncached = prompt_chars / self.chars_per_token
+            return self._place_new(replicas, ceiling, key), MISS, uncached
         block_chars = self.block_chars
         per_token = self.chars_per_token
         estimates: list[float] = []
@@ -298,7 +302,8 @@ class SoonestStart:
             estimates.append(estimate)
             if estimate < soonest:
                 soonest = estimate
-        # Every pick counts toward the average, whatever this one needs.
+        # Every pick counts toward the average, whatever this one needs (a lone
+        # gateway's new prefixes never read it: _place_new skips it).
         low_load = idle_share.observe(idle, len(replicas)) >= LOW_LOAD_IDLE_SHARE
         slack = self.slack_s * tokens_per_s
         best: Replica | None = None
@@ -345,6 +350,36 @@ class SoonestStart:
         outcome = MISS if not longest else HIT if best_blocks == longest else OVERLOADED
         cached = best_blocks * block_chars
         return best, outcome, max(0, prompt_chars - cached) / per_token
+
+    @staticmethod
+    def _place_new(replicas: Sequence[Replica], ceiling: float, key: int) -> Replica:
+        """A lone gateway's replica for a prompt nobody holds.
+
+        Every replica would prefill all of it, so the soonest start is the
+        least prefill queued, then the fewest requests in flight; ties go to
+        the first from the prompt's own place in the list, which spreads new
+        prefixes over idle replicas as the hash did (only gateways that must
+        agree need the hash). Its own path, without estimates, tuples or
+        mixing: it is what a lone gateway does for most prompts at low load,
+        where the gateway's own time is most of what it adds: code that has
+        not run for a while runs ~10x slower than in a loop (bench/routing.py
+        at 4 req/s), and with 50 ms between picks the general path took
+        ~73 us against ~34 for this one.
+        """
+        count = len(replicas)
+        first = key % count
+        best = replicas[first]
+        best_pending = math.inf
+        best_in_flight = 0
+        for offset in range(count):
+            replica = replicas[(first + offset) % count]
+            in_flight = replica.in_flight
+            if in_flight > ceiling:
+                continue
+            pending = replica.pending_prefill
+            if pending < best_pending or (pending == best_pending and in_flight < best_in_flight):
+                best, best_pending, best_in_flight = replica, pending, in_flight
+        return best
 
 
 # ---------------------------------------------------------------------------
