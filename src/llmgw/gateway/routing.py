@@ -245,12 +245,12 @@ class SoonestStart:
       nobody to agree with: a prompt no close holder takes goes to the
       soonest start outright, the replica with fewest requests in flight
       among equals (an idle one rather than one decoding another answer),
-      then by the prompt's key (see _place_new). At 8 req/s on
-      bench/routing.py's workload every policy's p90 was a cold prompt
-      prefilled beside another's decode; placed by hash, prefix routing
-      had as many of those as round-robin and lost to least-loaded by
-      1-3 ms, placed by load it has half as many (the replay's 12 seeds:
-      at or below both at every rate on all of them).
+      then by hash. At 8 req/s on bench/routing.py's workload every
+      policy's p90 was a cold prompt prefilled beside another's decode;
+      placed by hash, prefix routing had as many of those as round-robin
+      and lost to least-loaded by 1-3 ms, placed by load it has half as
+      many (the replay's 12 seeds: at or below both at every rate on all
+      of them).
 
     ``spread`` bounds in-flight requests above the least busy replica: the
     estimate sees prefill only, and a hot prefix that is always cached would
@@ -356,29 +356,36 @@ class SoonestStart:
         """A lone gateway's replica for a prompt nobody holds.
 
         Every replica would prefill all of it, so the soonest start is the
-        least prefill queued, then the fewest requests in flight; ties go to
-        the first from the prompt's own place in the list, which spreads new
-        prefixes over idle replicas as the hash did (only gateways that must
-        agree need the hash). Its own path, without estimates, tuples or
-        mixing: it is what a lone gateway does for most prompts at low load,
+        least prefill queued, then the fewest requests in flight, then the
+        highest rendezvous score: what the general path chooses then,
+        without its estimates and tuples. Ties must go by the score: taking
+        the first idle replica from the prompt's place in the list instead
+        piles new prefixes on the replicas that follow busy ones (the
+        replay, seed 1, 8 req/s: p90 0.370 s against 0.358). Its own path
+        because it is what a lone gateway does for most prompts at low load,
         where the gateway's own time is most of what it adds: code that has
-        not run for a while runs ~10x slower than in a loop (bench/routing.py
-        at 4 req/s), and with 50 ms between picks the general path took
-        ~73 us against ~34 for this one.
+        not run for a while runs ~10x slower than in a loop
+        (bench/routing.py at 4 req/s), and with 50 ms between picks the
+        general path took ~75 us against ~45 for this one.
         """
-        count = len(replicas)
-        first = key % count
-        best = replicas[first]
+        best: Replica | None = None
         best_pending = math.inf
         best_in_flight = 0
-        for offset in range(count):
-            replica = replicas[(first + offset) % count]
+        best_score = -1  # computed only once a tie needs it
+        for replica in replicas:
             in_flight = replica.in_flight
             if in_flight > ceiling:
                 continue
             pending = replica.pending_prefill
-            if pending < best_pending or (pending == best_pending and in_flight < best_in_flight):
-                best, best_pending, best_in_flight = replica, pending, in_flight
+            if best is not None and pending == best_pending and in_flight == best_in_flight:
+                if best_score < 0:
+                    best_score = _mix(key ^ best.seed)
+                score = _mix(key ^ replica.seed)
+                if score > best_score:
+                    best, best_score = replica, score
+            elif pending < best_pending or (pending == best_pending and in_flight < best_in_flight):
+                best, best_pending, best_in_flight, best_score = replica, pending, in_flight, -1
+        assert best is not None  # the least busy replica is never above the ceiling
         return best
 
 
