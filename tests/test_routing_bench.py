@@ -9,7 +9,6 @@ spread between two runs of one policy, the run's own noise.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,16 +16,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tests import benchscripts
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _routing() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_routing", ROOT / "bench" / "routing.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_routing"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return benchscripts.load("routing")
 
 
 def _policy(p90s: dict[str, float | None]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ SIGUSR1 with its figures while real load goes through both gateways.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -16,17 +15,13 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from tests import benchscripts
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", ROOT / "bench" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return benchscripts.load("soak")
 
 
 def _samples(rss: list[float], files: list[int], tasks: list[int]) -> list[dict[str, Any]]:
