@@ -71,6 +71,12 @@ class FakeUpstream:
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
         return self
 
+    @property
+    def connections(self) -> int:
+        """Connections open to this engine now, idle keep-alive ones included."""
+        server = self._runner.server if self._runner is not None else None
+        return len(server.connections) if server is not None else 0
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 from llmgw import wire
 from llmgw.backoff import Backoff
@@ -90,7 +91,7 @@ class Gateway:
             demand=self._demand,
         )
         self._tasks: list[asyncio.Task[None]] = []
-        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._side_tasks: set[asyncio.Task[Any]] = set()
         self._configured = asyncio.Event()
         self._started = False
         self._routes = self._route_table()
@@ -110,6 +111,8 @@ class Gateway:
         self._started = True
         self._configured = asyncio.Event()
         await self.runtime.upstream.start()
+        if self.runtime.snapshot is not None:  # applied before the start (llmgw gateway does)
+            self._warm(self.runtime.snapshot, None)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._watch_loop(), name="gateway-config-watch"),
@@ -164,7 +167,27 @@ class Gateway:
         self.metrics.config_version = snapshot.version
         self._configured.set()
         self.runtime.room.wake(snapshot.served_models())
+        if self._started:
+            self._warm(snapshot, current)
         return True
+
+    def _warm(self, snapshot: ConfigView, previous: ConfigView | None) -> None:
+        """Connect to the replicas ``snapshot`` adds, so their first requests don't.
+
+        Engines only: an external model's hosted API is not ours to hold
+        connections open to.
+        """
+        known = previous.replicas if previous is not None else {}
+        urls = [
+            replica.url
+            for replica_id, replica in snapshot.replicas.items()
+            if replica_id not in known and replica_id not in snapshot.external
+        ]
+        if not urls:
+            return
+        task = asyncio.get_running_loop().create_task(self.runtime.upstream.warm(urls))
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     # -- background work -------------------------------------------------------
 

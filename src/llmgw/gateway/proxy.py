@@ -8,6 +8,8 @@ yet); anything after the first byte was relayed is reported in-band.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import ssl
 from collections.abc import Callable, Coroutine, Iterable
@@ -19,6 +21,9 @@ import orjson
 
 from llmgw.gateway.http1 import ConnectFailed, Pool, Response, render_post, request_head
 from llmgw.gateway.settings import GatewaySettings
+
+# Connections opened at once when a config names new replicas (Upstream.warm).
+WARM_CONCURRENCY = 16
 
 
 @dataclass(slots=True)
@@ -100,23 +105,52 @@ class Upstream:
         key = (base, path, engine_key, json)
         target = self._targets.get(key)
         if target is None:
-            parts = urlsplit(base)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                # Raised as a connection failure: the request moves to another
-                # replica and this one cools down, as if it were unreachable.
-                raise ConnectFailed(f"endpoint URL {base!r} is not http(s)://host[:port]")
+            host, port, base_path, tls = self._address(base)
             if len(self._targets) > 4096:
                 self._targets.clear()
-            # An engine llmgw runs is https:// where its node has a
-            # certificate from the fleet's CA (trust_engines); an external
-            # model's server is checked against the system's trust store.
-            tls = self._tls_for(base) if parts.scheme == "https" else None
-            port = parts.port or (443 if tls is not None else 80)
-            full = parts.path.rstrip("/") + path
-            head = request_head(parts.hostname, port, full, engine_key, json=json)
-            target = Target(parts.hostname, port, full, head, tls)
+            full = base_path + path
+            head = request_head(host, port, full, engine_key, json=json)
+            target = Target(host, port, full, head, tls)
             self._targets[key] = target
         return target
+
+    def _address(self, base: str) -> tuple[str, int, str, ssl.SSLContext | None]:
+        """(host, port, path, TLS context) of an endpoint's base URL."""
+        parts = urlsplit(base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            # Raised as a connection failure: the request moves to another
+            # replica and this one cools down, as if it were unreachable.
+            raise ConnectFailed(f"endpoint URL {base!r} is not http(s)://host[:port]")
+        # An engine llmgw runs is https:// where its node has a
+        # certificate from the fleet's CA (trust_engines); an external
+        # model's server is checked against the system's trust store.
+        tls = self._tls_for(base) if parts.scheme == "https" else None
+        port = parts.port or (443 if tls is not None else 80)
+        return parts.hostname, port, parts.path.rstrip("/"), tls
+
+    async def warm(self, bases: Iterable[str]) -> int:
+        """An idle connection to each of ``bases`` (endpoint URLs) ahead of traffic; how many.
+
+        Concurrently, WARM_CONCURRENCY at a time: a fleet's first config
+        names hundreds of replicas, and a gateway must not open hundreds of
+        connections at once to do it.
+        """
+        pool = self._pool
+        if pool is None:
+            return 0
+        addresses = set()
+        for base in bases:
+            with contextlib.suppress(ConnectFailed):
+                host, port, _, tls = self._address(base)
+                addresses.add((host, port, tls))
+        gate = asyncio.Semaphore(WARM_CONCURRENCY)
+
+        async def one(host: str, port: int, tls: ssl.SSLContext | None) -> bool:
+            async with gate:
+                return await pool.warm(host, port, tls)
+
+        done = await asyncio.gather(*(one(*address) for address in addresses))
+        return sum(done)
 
     def post(
         self, target: Target, body: bytes, request_id: str, headers: bytes = b""
