@@ -68,6 +68,24 @@ def test_prefix_equal_or_below_everywhere_passes_and_a_rate_without_answers_does
     assert routing.never_worse(results) == {}
 
 
+def test_paired_differences_are_per_request_and_per_stage() -> None:
+    routing = _routing()
+    # (stage, TTFT s) by request index; request 3 failed under round-robin.
+    results = {
+        "round_robin": {"ttfts": {0: (0, 0.3560), 1: (0, 0.3580), 2: (1, 0.3600)}},
+        "least_loaded": {"ttfts": {0: (0, 0.3570), 1: (0, 0.3570), 2: (1, 0.3590), 3: (1, 0.36)}},
+        "prefix": {"ttfts": {0: (0, 0.3565), 1: (0, 0.0700), 2: (1, 0.3610), 3: (1, 0.3600)}},
+    }
+    rows = routing.paired(results, (4.0, 8.0))
+    # Stage 0: +0.5 ms and a hit 288 ms sooner; the median is their middle.
+    assert rows["4"]["round_robin"] == {"median_ms": -143.75, "mean_ms": -143.75, "requests": 2}
+    assert rows["4"]["least_loaded"]["requests"] == 2
+    assert rows["4"]["least_loaded"]["mean_ms"] == -143.75  # -0.5 and -287
+    assert rows["8"]["round_robin"] == {"median_ms": 1.0, "mean_ms": 1.0, "requests": 1}
+    assert rows["8"]["least_loaded"] == {"median_ms": 1.0, "mean_ms": 1.0, "requests": 2}
+    assert routing.paired({"round_robin": results["round_robin"]}, (4.0,)) == {}
+
+
 def test_a_short_real_run_reports_every_policy_and_the_verdict() -> None:
     argv = [
         sys.executable, str(ROOT / "bench" / "routing.py"), "--quick", "--rates", "3,9",
@@ -92,3 +110,7 @@ def test_a_short_real_run_reports_every_policy_and_the_verdict() -> None:
         > min(result[p][rate]["ttft_p90_s"] for p in ("round_robin", "least_loaded"))
     }
     assert set(targets["prefix_above_simpler_ms"]) == expected
+    paired = result["prefix_minus_simpler_paired"]
+    for rate in ("3", "9"):
+        for other in ("round_robin", "least_loaded"):
+            assert paired[rate][other]["requests"] == result["prefix"][rate]["requests"]
