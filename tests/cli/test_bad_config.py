@@ -6,6 +6,7 @@ about what a person sees (no traceback) and what is left behind (nothing).
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -92,3 +93,24 @@ def test_control_plane_list_with_a_bad_url(tmp_path: Path, command: str) -> None
     extra = ["--data-dir", str(tmp_path)] if command == "agent" else ["--token", "t"]
     result = run(command, "--control-plane", "http://cp1:8080,cp2:8080", *extra)
     assert_one_line_error(result, "control plane URL 'cp2:8080' must start with http://")
+
+
+def test_data_dir_of_a_running_up(tmp_path: Path) -> None:
+    # Held as a running `up` holds it: a second `up` on the same data dir
+    # stops before anything starts (it used to run on as a standby, rewrite
+    # up.json to its own port and, on stopping, kill the first one's engine).
+    from llmgw.cli.upchecks import DataDirLock
+
+    held = DataDirLock(tmp_path)
+    try:
+        # The lock is checked first: a catalog that cannot be read would fail
+        # next (and keeps the code before the lock from starting an engine).
+        result = run("up", "--data-dir", str(tmp_path), "--catalog", str(tmp_path / "no.yaml"))
+        assert_one_line_error(
+            result, f"another `llmgw up` (pid {os.getpid()}) is running with the data dir"
+        )
+        assert not (tmp_path / "llmgw.db").exists()
+        assert not (tmp_path / "up.json").exists()
+    finally:
+        held.release()
+    DataDirLock(tmp_path).release()  # free again once the first one is gone

@@ -32,6 +32,7 @@ from llmgw.cli.combined import (
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.cli.upchecks import (
     STARTER_MODEL,
+    DataDirLock,
     check_port_free,
     check_starter_model,
     load_catalog_file,
@@ -60,6 +61,14 @@ class UpOptions(ProcessOptions):
 
 def run_up(options: UpOptions) -> int:
     data_dir = ensure_data_dir(options.data_dir or default_data_dir())
+    lock = DataDirLock(data_dir)
+    try:
+        return _run_up(options, data_dir)
+    finally:
+        lock.release()
+
+
+def _run_up(options: UpOptions, data_dir: Path) -> int:
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
     tls = options.tls.resolve(data_dir, options.host, None)

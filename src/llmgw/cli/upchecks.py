@@ -6,7 +6,10 @@ fleet spec) fails in a second with one line and leaves the store as it was.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,44 @@ STARTER_MODEL = {
     # (The engine's context is kv_capacity_tokens: the agent passes it.)
     "engine_args": ["--chat_format", "gemma"],
 }
+
+
+UP_LOCK = "up.lock"
+
+
+class DataDirLock:
+    """An exclusive hold on a data dir for as long as one ``llmgw up`` runs in it.
+
+    Two ``up`` on one data dir share its store and its agent's dir: the
+    second became a standby whose agent could never report, rewrote up.json
+    to its own port (``llmgw ctl`` then reached nothing), and on stopping
+    killed the first one's engine. The second now stops before anything
+    starts, naming the first. A ``flock``: the kernel drops it when the
+    process ends, however it ends.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        path = data_dir / UP_LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                f"another `llmgw up` (pid {holder}) is running with the data dir {data_dir}; "
+                "stop it first, or give this one its own --data-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
 
 
 def check_port_free(host: str, port: int) -> None:
