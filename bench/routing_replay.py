@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routing as live  # bench/routing.py: the setup, its flags, its targets
 
 from llmgw import secrets, wire
+from llmgw.gateway.forward import LEARN_AFTER_S
 from llmgw.gateway.prefix import render_chat
 from llmgw.gateway.routing import ModelRouter, Pick
 from llmgw.gateway.settings import GatewaySettings
@@ -137,6 +138,8 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
             replica.in_flight += 1
             replica.pending_prefill += pick.uncached_tokens
             heapq.heappush(events, (clock.now + NETWORK_S, next(order), "submit", flight))
+        elif kind == "learn":
+            _learn(what)
         elif kind == "submit":
             flight = what
             body = simtokens.render_chat(flight.request.messages).encode()
@@ -156,6 +159,8 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
                 flight = flight_or_none
                 if flight.first_at is None and sim.first_token_at is not None:
                     _answer_started(flight, clock.now + NETWORK_S)
+                    learn_at = clock.now + NETWORK_S + LEARN_AFTER_S
+                    heapq.heappush(events, (learn_at, next(order), "learn", flight))
                 if sim.phase is Phase.DONE:
                     flight.pick.replica.in_flight -= 1
                     assert flight.first_at is not None
@@ -174,10 +179,16 @@ def _answer_started(flight: InFlight, at: float) -> None:
     """What the gateway does at a stream's first chunk (gateway/forward.py: Prefill.started)."""
     flight.first_at = at
     pick = flight.pick
-    if flight.ahead < 1.0:
-        flight.router.measured(pick.uncached_tokens, at - flight.sent_at)
-    flight.router.record(pick)
     pick.replica.pending_prefill -= pick.uncached_tokens
+
+
+def _learn(flight: InFlight) -> None:
+    """What it does LEARN_AFTER_S later (Prefill._learn): the prefix and the speed sample."""
+    pick = flight.pick
+    assert flight.first_at is not None
+    if flight.ahead < 1.0:
+        flight.router.measured(pick.uncached_tokens, flight.first_at - flight.sent_at)
+    flight.router.record(pick)
 
 
 @dataclass(frozen=True)

@@ -599,12 +599,13 @@ def test_a_lone_gateways_short_path_for_new_prefixes_chooses_as_the_general_one(
         assert short[1:] == (MISS, PROMPT / 4.0)
 
 
-async def test_the_first_chunk_is_relayed_before_the_router_learns_from_it() -> None:
+async def test_the_first_token_is_relayed_before_the_router_learns_from_the_answer() -> None:
     # Prefill.started runs between an engine's first chunk and the client's;
-    # recording the prefix and sampling the speed wait one loop turn (at low
-    # load that code runs cold, ~50 us), while the queued prefill is released
-    # at once so the next pick sees the replica free.
-    from llmgw.gateway.forward import Prefill
+    # recording the prefix and sampling the speed wait LEARN_AFTER_S (at low
+    # load that code runs cold, ~50 us), past the loop turns that relay a
+    # first token sent apart from the role chunk, while the queued prefill is
+    # released at once so the next pick sees the replica free.
+    from llmgw.gateway.forward import LEARN_AFTER_S, Prefill
 
     fleet = router(["a", "b"])
     prompt = "p" * PROMPT
@@ -614,6 +615,8 @@ async def test_the_first_chunk_is_relayed_before_the_router_learns_from_it() -> 
     assert pick.replica.pending_prefill > 0
     prefill.started(streamed=True)
     assert pick.replica.pending_prefill == 0
-    assert fleet._index.depth(pick.hashes, pick.replica.replica_id) == 0
-    await asyncio.sleep(0)
+    for _ in range(3):  # the role chunk's turn, the first token's read, its relay
+        await asyncio.sleep(0)
+        assert fleet._index.depth(pick.hashes, pick.replica.replica_id) == 0
+    await asyncio.sleep(LEARN_AFTER_S * 2)
     assert fleet._index.depth(pick.hashes, pick.replica.replica_id) == len(pick.hashes)
