@@ -146,6 +146,9 @@ def test_can_never_fit_when_no_node_is_large_enough_or_the_class_is_missing() ->
     missing = refuse(snapshot, model("m", classes=["b200-192g"]))
     assert missing.status == CAN_NEVER_FIT
     assert missing.reason == "needs 1 b200-192g on one node; no node has b200-192g"
+    # No node at all (`llmgw up` before its agent registered) says just that.
+    empty = refuse(snap(), model("m"))
+    assert empty.reason == "needs 1 h100-80g on one node; no node has joined the fleet yet"
     split = refuse(
         snap(
             gpu_node("a", seen_at=NOW, fabrics=["ib-a"]),

@@ -75,9 +75,13 @@ def explain(
     )
     cls = request.class_phrase()
     if largest == 0:
+        # An empty fleet is the usual first minute (`llmgw up` schedules
+        # before its own agent has registered): say so, rather than send
+        # the reader to look for a node without these devices.
+        where = "no node has joined the fleet yet" if total == 0 else f"no node has {cls}"
         return (
             CAN_NEVER_FIT,
-            f"needs {request.per_node} {cls} on one node; no node has {cls}",
+            f"needs {request.per_node} {cls} on one node; {where}",
             keyed,
         )
     if largest < request.per_node:
