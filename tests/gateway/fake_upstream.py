@@ -39,6 +39,10 @@ class FakeUpstream:
     send_done: bool = True  # end streams with [DONE]
     stream_usage: bool = True  # honour stream_options.include_usage
     keepalive_s: float = 75.0  # how long an idle keep-alive connection stays open
+    # A prompt of more tokens (as _usage counts them) is refused as
+    # llama_cpp.server refuses one longer than its context: 400 unstreamed,
+    # and streamed a 200 whose stream ends before its first event.
+    context_tokens: int | None = None
     seen: list[Seen] = field(default_factory=list)
     cancelled: int = 0
     port: int = 0
@@ -121,15 +125,40 @@ class FakeUpstream:
             error = {"message": "top_k must be an integer", "type": "invalid_request_error",
                      "param": "top_k", "code": "engine_refused"}  # fmt: skip
             return web.json_response({"error": error}, status=400)
+        too_long = await self._too_long(request, body)
+        if too_long is not None:
+            return too_long
         if body.get("stream"):
             return await self._stream(request, body, chat=True)
         return self._whole(body, chat=True)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
+        too_long = await self._too_long(request, body)
+        if too_long is not None:
+            return too_long
         if body.get("stream"):
             return await self._stream(request, body, chat=False)
         return self._whole(body, chat=False)
+
+    async def _too_long(
+        self, request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse | None:
+        prompt = self._usage(body)["prompt_tokens"]
+        if self.context_tokens is None or prompt <= self.context_tokens:
+            return None
+        if body.get("stream"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write_eof()
+            return response
+        message = (
+            f"This model's maximum context length is {self.context_tokens} tokens,"
+            f" however you requested {prompt + (body.get('max_tokens') or 0)} tokens"
+        )
+        error = {"message": message, "type": "invalid_request_error", "param": "messages",
+                 "code": "context_length_exceeded"}  # fmt: skip
+        return web.json_response({"error": error}, status=400)
 
     def _whole(self, body: dict[str, Any], chat: bool) -> web.Response:
         """The unstreamed answer: one choice saying hello, as chat or as a completion."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,40 @@ async def test_stream_usage_is_exact_and_limits_hold(engine: Engine) -> None:  #
         )  # fmt: skip
         await eventually(lambda: metered(link) == expected, 5, what=f"{expected} metered",
                          note=lambda: metered(link))  # fmt: skip
+
+
+async def test_a_prompt_longer_than_the_context_gets_the_engines_400(
+    engine: Engine,  # noqa: F811
+) -> None:
+    """The engine checks a prompt against its context only once its stream has
+    started, and the stream then ends empty: the client used to get a 502
+    (unstreamed, the gateway streams it) or a stream with one error event.
+    It gets the 400 OpenAI and vLLM send, with the engine's message."""
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(_config(engine))
+    long = "word " * 3000  # over 3,000 tokens; the engine's context is 2,048
+    async with running_gateway(link) as (_, url):
+        client = async_client(url, timeout=120)
+        for stream in (False, True):
+            asks: list[tuple[Any, dict[str, Any]]] = [
+                (client.chat.completions, {"messages": [{"role": "user", "content": long}]}),
+                (client.completions, {"prompt": long}),
+            ]
+            for api, ask in asks:
+                with pytest.raises(openai.BadRequestError) as refused:
+                    await api.create(model="gemma", max_tokens=5, stream=stream, **ask)
+                assert refused.value.status_code == 400
+                assert refused.value.code == "context_length_exceeded"
+                assert "maximum context length is 2048 tokens" in refused.value.message
+                # The client's own limit is what the engine counts.
+                assert re.search(r"\b5 (for|in) the completion", refused.value.message)
+        # A prompt that fits: one request to the engine, as before.
+        before = engine.requests()
+        answer = await client.completions.create(model="gemma", prompt=PROMPT, max_tokens=3)
+        assert answer.choices[0].text
+        await _until(lambda: engine.requests() > before)
+        await asyncio.sleep(0.3)
+        assert engine.requests() == before + 1
 
 
 async def test_concurrent_streams_are_each_counted_exactly(engine: Engine) -> None:  # noqa: F811

@@ -298,13 +298,18 @@ async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bo
     """A stream's first chunk, read before anything goes to the client.
 
     Nothing is sent before it, so a replica that dies during prefill is still
-    retried elsewhere.
+    retried elsewhere. Empty where the stream ended without one.
     """
     first = await response.next_chunk()
+    if first is None:
+        # Over before its first event (an engine that refused the request
+        # inside its stream): no prefix was cached, no prefill was timed.
+        prefill.done()
+        return b""
     prefill.started(streamed=True)
     if ttft:
         call.counters.ttft.observe(time.perf_counter() - call.started - call.waited)
-    return first or b""
+    return first
 
 
 async def answer_whole(

@@ -34,6 +34,7 @@ from llmgw.gateway.dialect import (
     StreamTally,
     mend_request,
 )
+from llmgw.gateway.emptystream import why_empty
 from llmgw.gateway.forward import (
     Call,
     Prefill,
@@ -251,6 +252,10 @@ class _Completion:
     ) -> int:
         call = self.call
         first = await first_chunk(call, response, prefill)
+        if not first:
+            refused = await self._refused(response, replica, prefill, before)
+            if refused is not None:
+                return refused
         counter = None
         if replica.mending.count_streams:
             counter = StreamCounter(
@@ -265,8 +270,32 @@ class _Completion:
     ) -> int:
         call = self.call
         first = await first_chunk(call, response, prefill, ttft=False)
+        if not first:
+            refused = await self._refused(response, replica, prefill, before)
+            if refused is not None:
+                return refused
         return await _assemble(call, response, first, self.path, self.payload, replica,
                                before)  # fmt: skip
+
+    async def _refused(
+        self, response: Response, replica: Replica, prefill: Prefill, before: float
+    ) -> int | None:
+        """Answer with the engine's refusal of a request whose stream ended empty (the status).
+
+        llama_cpp.server refuses a prompt longer than its context inside the
+        stream, which then ends without an event; unstreamed, it answers 400
+        (llmgw.gateway.emptystream). None: no refusal, the empty stream is
+        answered as one that ended early.
+        """
+        response.release()  # whole: its connection may serve the question
+        call = self.call
+        why = await why_empty(call.rt.upstream, replica, self.path, self.payload, call.request_id)
+        if why is None:
+            return None
+        try:
+            return await answer_whole(call, why, prefill, before, find_usage)
+        finally:
+            why.release()
 
 
 def _upstream_body(
