@@ -76,6 +76,27 @@ def test_each_adapter_declares_the_extra_routes_its_engine_serves() -> None:
         assert sim.extra_routes == declared
 
 
+def test_llamacpp_declares_embeddings_logprobs_and_choices_by_its_flags() -> None:
+    gguf = WeightsSource(kind="local", path="/w/model.gguf")
+
+    def dialect(server: str, *args: str) -> EngineDialect:
+        spec = model(EngineKind.LLAMACPP, weights=gguf).model_copy(
+            update={"engine_args": list(args)})  # fmt: skip
+        return LlamaCppAdapter(server_binary=server).build(_context(assign(spec, [gpu(0)]))).dialect
+
+    # As the agent starts llama_cpp.server: no embeddings, --logits_all false.
+    python = dialect("")
+    assert not python.embeddings and not python.logprobs and not python.choices
+    assert not python.developer_role
+    assert dialect("", "--embedding", "true").embeddings
+    assert dialect("", "--logits_all", "true").logprobs
+    assert not dialect("", "--logits_all", "false").logprobs
+    server = dialect("/usr/bin/llama-server")
+    assert not server.embeddings and server.logprobs and not server.developer_role
+    assert dialect("/usr/bin/llama-server", "--embeddings").embeddings
+    assert dialect("/usr/bin/llama-server", "--embedding").embeddings
+
+
 IGNORANT = EngineDialect(max_completion_tokens=False, stream_usage=False,
                          tokenize_path="/extras/tokenize/count")  # fmt: skip
 

@@ -1,13 +1,16 @@
-"""Which replicas serve the OpenAI routes beyond chat, completions and embeddings.
+"""Which replicas serve the OpenAI routes beyond chat and completions.
 
-Every engine serves chat, completions and embeddings; ``/v1/responses``,
-``/v1/rerank``, ``/v1/score`` and ``/v1/audio/transcriptions`` only some do,
-as each engine's adapter declares (``wire.EngineDialect.extra_routes``, which
-reaches the gateway with every endpoint). Without this a request for a route
-the engine lacks gets the engine's own 404 in its own words (llama-server's
-``File Not Found``), or worse a 200 from a catch-all; with it the gateway
-answers OpenAI's 404 saying that the model does not serve the route, before
-anything is sent.
+Every engine serves chat and completions; ``/v1/responses``, ``/v1/rerank``,
+``/v1/score`` and ``/v1/audio/transcriptions`` only some do, as each
+engine's adapter declares (``wire.EngineDialect.extra_routes``, which
+reaches the gateway with every endpoint), and ``/v1/embeddings`` all but
+those that say otherwise (``wire.EngineDialect.embeddings``: llama.cpp
+computes embeddings only when started for them). Without this a request for
+a route the engine lacks gets the engine's own error in its own words
+(llama-server's ``File Not Found``, llama_cpp.server's 500 "Llama model must
+be created with embedding=True"), or worse a 200 from a catch-all; with it
+the gateway answers OpenAI's 404 saying that the model does not serve the
+route, before anything is sent.
 
 Decided once per config version (:class:`RouteSupport`, built with the
 snapshot): a model whose replicas all serve a route routes as usual; one
@@ -22,21 +25,44 @@ serve the route.
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 from llmgw import wire
+from llmgw.gateway.responses import ApiError
 from llmgw.gateway.routing import ModelRouter, Replica
 from llmgw.wire import EXTRA_ROUTES
 
+if TYPE_CHECKING:
+    from llmgw.gateway.snapshot import ConfigView
+
+EMBEDDINGS = "/v1/embeddings"
+# The routes some engines lack: the extra routes, and embeddings.
+OPTIONAL_ROUTES = (*EXTRA_ROUTES, EMBEDDINGS)
+
 
 def serves(dialect: wire.EngineDialect | None, path: str) -> bool:
-    """Whether an endpoint of this dialect serves the extra route ``path``.
+    """Whether an endpoint of this dialect serves ``path`` (one of OPTIONAL_ROUTES).
 
     An endpoint that declares nothing (an older agent, an external server
     without a dialect) gets every route, and answers for itself.
     """
-    if dialect is None or dialect.extra_routes is None:
+    if dialect is None:
+        return True
+    if path == EMBEDDINGS:
+        return dialect.embeddings
+    if dialect.extra_routes is None:
         return True
     return path in dialect.extra_routes
+
+
+def not_served(model: str, path: str) -> ApiError:
+    """OpenAI's 404 for a model none of whose engines offers ``path``."""
+    return ApiError(
+        404,
+        f"The model `{model}` does not serve {path}: its engine does not offer this route.",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def _narrowed(router: ModelRouter, replicas: list[Replica]) -> ModelRouter:
@@ -61,7 +87,7 @@ class RouteSupport:
     def add(self, route: wire.ModelRoute, router: ModelRouter) -> None:
         """Note what ``route``'s endpoints serve (``router.replicas`` in endpoint order)."""
         pairs = list(zip(router.replicas, route.endpoints, strict=True))
-        for path in EXTRA_ROUTES:
+        for path in OPTIONAL_ROUTES:
             fit = [replica for replica, endpoint in pairs if serves(endpoint.dialect, path)]
             if len(fit) == len(pairs):
                 continue
@@ -78,3 +104,23 @@ class RouteSupport:
 
     def serves(self, replica: Replica, path: str) -> bool:
         return (replica.replica_id, path) not in self._refused
+
+
+def route_router(snapshot: ConfigView | None, router: ModelRouter, path: str) -> ModelRouter:
+    """The router of ``router``'s model for ``path``; OpenAI's 404 where no replica serves it."""
+    if snapshot is None:
+        return router
+    narrowed = snapshot.support.router(router, path)
+    if narrowed is None:
+        raise not_served(router.route.name, path)
+    return narrowed
+
+
+def rerouted(
+    snapshot: ConfigView | None, router: ModelRouter, replica: Replica, path: str
+) -> ModelRouter | None:
+    """For a replica that came while a request for ``path`` waited: None if it serves
+    ``path``, else the router over those of the model's that do (404 where none does)."""
+    if snapshot is None or snapshot.support.serves(replica, path):
+        return None
+    return route_router(snapshot, router, path)

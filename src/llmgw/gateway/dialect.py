@@ -5,7 +5,7 @@ the control plane passes it with every endpoint. Here it is compiled once per
 endpoint into a :class:`Mending` (shared between endpoints that speak alike),
 so the request path reads two booleans instead of interpreting a dialect.
 
-Three things are mended:
+Four things are mended:
 
 * a limit in ``max_completion_tokens`` (what current OpenAI clients send) is
   sent as ``max_tokens`` to an engine that ignores the former, which would
@@ -22,7 +22,13 @@ Three things are mended:
 * a non-streamed request to an engine that would finish it for a client who
   has left is sent as a stream, and the non-streamed answer is assembled from
   it (llmgw.gateway.assemble), with the usage the engine reports in streams
-  or, where it reports none, counted as above.
+  or, where it reports none, counted as above;
+* a chat message of the ``developer`` role (OpenAI's new name for
+  ``system``) is sent as ``system`` to an engine that knows no such role.
+
+A request the engine would answer wrongly or fail on is refused with 400
+naming the field (:func:`refusal`): ``n`` > 1 where the engine returns one
+choice, logprobs where it returns none.
 
 An endpoint whose agent reported no dialect is served unmended, as before
 dialects existed (:data:`LEGACY`).
@@ -43,6 +49,7 @@ import orjson
 from llmgw import wire
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, UpstreamTimeout
 from llmgw.gateway.proxy import Upstream, Usage, find_usage
+from llmgw.gateway.responses import ApiError
 
 if TYPE_CHECKING:
     from llmgw.gateway.routing import Replica
@@ -78,6 +85,11 @@ class Mending:
     assemble_unstreamed: bool = False
     # The engine reports usage in a stream when asked (include_usage).
     reports_stream_usage: bool = True
+    # The engine knows no "developer" role: send such messages as "system".
+    developer_as_system: bool = False
+    # The engine returns no logprobs / one choice only: refuse requests for more.
+    logprobs: bool = True
+    choices: bool = True
     # No dialect was reported (an older agent): nothing is mended, and a
     # stream without usage is metered by its number of events, as before.
     legacy: bool = False
@@ -97,6 +109,9 @@ def mending_for(dialect: wire.EngineDialect | None) -> Mending:
         dialect.tokenize_path,
         dialect.tokenize_field,
         dialect.stops_unstreamed,
+        dialect.developer_role,
+        dialect.logprobs,
+        dialect.choices,
     )
     mending = _compiled.get(key)
     if mending is None:
@@ -109,16 +124,76 @@ def mending_for(dialect: wire.EngineDialect | None) -> Mending:
             assemble_unstreamed=not dialect.stops_unstreamed
             and (dialect.stream_usage or count_streams),
             reports_stream_usage=dialect.stream_usage,
+            developer_as_system=not dialect.developer_role,
+            logprobs=dialect.logprobs,
+            choices=dialect.choices,
         )
         _compiled[key] = mending
     return mending
 
 
 def mend_request(path: str, payload: dict[str, Any], mending: Mending) -> bool:
-    """Rewrite what the engine would ignore; True when ``payload`` changed.
+    """Rewrite what the engine would ignore or refuse; True when ``payload`` changed."""
+    changed = _mend_limit(path, payload, mending)
+    if path == CHAT and mending.developer_as_system and _developer_as_system(payload):
+        changed = True
+    return changed
 
-    ``max_completion_tokens`` moves to ``max_tokens`` where the engine ignores
-    it, and on ``/v1/completions`` for every engine: OpenAI's legacy endpoint
+
+def _developer_as_system(payload: dict[str, Any]) -> bool:
+    """Send ``developer`` messages as ``system``, which OpenAI treats them as.
+
+    llama_cpp.server refused the role (a 500 with its validation error), and
+    llama-server's built-in templates would write it as a turn of that name.
+    """
+    messages = payload.get("messages")
+    if not isinstance(messages, list):
+        return False
+    changed = False
+    for i, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") == "developer":
+            messages[i] = {**message, "role": "system"}
+            changed = True
+    return changed
+
+
+def refusal(path: str, payload: dict[str, Any], mending: Mending, model: str) -> ApiError | None:
+    """400 naming the field, for a request the engine would answer wrongly or fail on.
+
+    llama_cpp.server answers ``n: 2`` with one choice, and without
+    ``--logits_all`` (as the agent starts it) fails on ``top_logprobs`` (a 500
+    unstreamed, a stream cut before its first token) and answers a bare
+    ``logprobs: true`` with ``logprobs: null``.
+    """
+    if path not in (CHAT, COMPLETIONS):
+        return None
+    n = payload.get("n")
+    if not mending.choices and isinstance(n, int) and n > 1:
+        return _unsupported(
+            "n", f"The model `{model}`'s engine returns one choice: `n` must be 1"
+            f" (got {n}); send {n} requests for {n} answers."
+        )  # fmt: skip
+    if mending.logprobs:
+        return None
+    if path == CHAT and payload.get("logprobs") is True:
+        param = "top_logprobs" if payload.get("top_logprobs") is not None else "logprobs"
+    elif path == COMPLETIONS and payload.get("logprobs") is not None:
+        param = "logprobs"
+    else:
+        return None
+    return _unsupported(
+        param, f"The model `{model}`'s engine returns no log probabilities: leave out `{param}`."
+    )
+
+
+def _unsupported(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="unsupported_parameter")
+
+
+def _mend_limit(path: str, payload: dict[str, Any], mending: Mending) -> bool:
+    """``max_completion_tokens`` to ``max_tokens`` where the engine ignores it.
+
+    And on ``/v1/completions`` for every engine: OpenAI's legacy endpoint
     only knows ``max_tokens``, and engines there ignore the other name. Both
     given: the smaller limit holds.
     """

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from llmgw.gateway.apiroutes import EMBEDDINGS, rerouted, route_router
 from llmgw.gateway.assemble import Assembler, counted_usage, usage_of
 from llmgw.gateway.auth import KeyRecord, limit
 from llmgw.gateway.dialect import (
@@ -33,6 +34,7 @@ from llmgw.gateway.dialect import (
     StreamCounter,
     StreamTally,
     mend_request,
+    refusal,
 )
 from llmgw.gateway.emptystream import why_empty
 from llmgw.gateway.forward import (
@@ -78,7 +80,6 @@ log = logging.getLogger(__name__)
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-EMBEDDINGS = "/v1/embeddings"
 POST_PATHS = {CHAT, COMPLETIONS, EMBEDDINGS}
 STREAMABLE = {CHAT, COMPLETIONS}
 
@@ -158,6 +159,8 @@ async def handle(
             # _Completion's steps are plain calls returning what to await:
             # this frame waits in the upstream client's own.
             prompt = prompt_text(path, payload) if router.wants_prompt else None
+            if path == EMBEDDINGS:  # not every engine computes embeddings
+                router = route_router(current, router, path)
             status = await forward(call, router, prompt, _Completion(call, path, payload, body))
         else:
             status = await route.proxy(call, payload, body, router)
@@ -217,12 +220,18 @@ class _Completion:
         self.assemble = False
 
     def reroute(self, router: ModelRouter, replica: Replica) -> ModelRouter | None:
-        return None  # every engine serves these routes
+        if self.path != EMBEDDINGS:
+            return None  # every engine serves chat and completions
+        current = self.call.rt.snapshot
+        return rerouted(current, router, replica, self.path)
 
     def post(self, router: ModelRouter, replica: Replica) -> Awaitable[Response]:
         call = self.call
         mending = replica.mending
         if mending is not self.mending:
+            refused = refusal(self.path, self.payload, mending, call.model)
+            if refused is not None:
+                raise refused
             self.mending = mending
             self.body, added = _upstream_body(
                 self.path, self.payload, self.body, router.route.served_name,

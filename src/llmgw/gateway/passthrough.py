@@ -41,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from llmgw.gateway.apiroutes import rerouted, route_router
 from llmgw.gateway.fieldchecks import form_true
 from llmgw.gateway.forward import Call, Prefill, account, answer_whole, first_chunk, forward
 from llmgw.gateway.front import header, parse
@@ -48,7 +49,6 @@ from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTim
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
 from llmgw.gateway.prefix import render_chat
 from llmgw.gateway.proxy import EventBuffer, Usage, sse_error, usage_object
-from llmgw.gateway.responses import ApiError
 from llmgw.gateway.routing import ModelRouter, Replica
 from llmgw.gateway.types import Scope
 from llmgw.gateway.validation import (
@@ -114,11 +114,7 @@ class PassThrough:
         self, call: Call, payload: dict[str, Any], body: bytes, router: ModelRouter
     ) -> int:
         snapshot = call.rt.snapshot
-        if snapshot is not None:
-            narrowed = snapshot.support.router(router, self.path)
-            if narrowed is None:
-                raise _not_served(call.model, self.path)
-            router = narrowed
+        router = route_router(snapshot, router, self.path)
         upstream_body, headers = _upstream_body(
             self, payload, body, router.route.served_name, router.route.max_output_tokens
         )
@@ -178,15 +174,6 @@ def _count(usage: dict[str, Any], *names: str) -> int | None:
     return None
 
 
-def _not_served(model: str, path: str) -> ApiError:
-    return ApiError(
-        404,
-        f"The model `{model}` does not serve {path}: its engine does not offer this route.",
-        param="model",
-        code="model_not_found",
-    )
-
-
 def _upstream_body(
     route: PassThrough, payload: dict[str, Any], body: bytes, served: str, cap: int | None
 ) -> tuple[bytes, bytes]:
@@ -219,16 +206,10 @@ class _Passing:
         self.stream = stream
 
     def reroute(self, router: ModelRouter, replica: Replica) -> ModelRouter | None:
-        path = self.route.path
-        current = self.call.rt.snapshot
-        if current is None or current.support.serves(replica, path):
-            return None
-        # The replica that came while the request waited runs an engine
+        # The replica that came while the request waited may run an engine
         # without this route: another of the model's may have it.
-        narrowed = current.support.router(router, path)
-        if narrowed is None:
-            raise _not_served(self.call.model, path)
-        return narrowed
+        current = self.call.rt.snapshot
+        return rerouted(current, router, replica, self.route.path)
 
     def post(self, router: ModelRouter, replica: Replica) -> Awaitable[Response]:
         upstream = self.call.rt.upstream

@@ -149,6 +149,24 @@ class EngineDialect(Wire):
     # agent older than this field, an external server that declares no
     # dialect): every route is passed on and the server answers for itself.
     extra_routes: list[ExtraRoute] | None = None
+    # False: the engine does not serve /v1/embeddings, which every engine
+    # otherwise does (llama.cpp computes embeddings only when started for
+    # them, and answered a chat model's embedding request with a 500). The
+    # gateway answers OpenAI's 404 instead, as for a missing extra route.
+    embeddings: bool = True
+    # False: the engine's chat knows no "developer" role, OpenAI's new name
+    # for "system" (llama_cpp.server refused it with a 500 and its
+    # validation error); the gateway sends such messages as "system".
+    developer_role: bool = True
+    # False: the engine returns no logprobs (llama_cpp.server without
+    # --logits_all, as the agent starts it: it failed mid-answer when asked
+    # for top_logprobs, and returned none for a bare ``logprobs: true``);
+    # the gateway refuses a request for them with 400 naming the field.
+    logprobs: bool = True
+    # False: the engine returns one choice whatever ``n`` asks
+    # (llama_cpp.server ignores it); the gateway refuses n > 1 with 400
+    # rather than answer with fewer choices than were asked for.
+    choices: bool = True
 
 
 

@@ -100,8 +100,15 @@ PYTHON_RULES = FlagRules(
 # llama-server sends stream usage when asked (server-task.cpp, an empty-choices
 # chunk) but reads its limit from max_tokens/n_predict only: the gateway sends
 # max_completion_tokens as max_tokens. /tokenize takes {"content": ...}.
+# Its built-in templates (gemma's among them) write a "developer" turn under
+# that name, which the model was never trained on: sent as "system". It
+# computes embeddings only with --embedding (_dialect).
 SERVER_DIALECT = EngineDialect(
-    max_completion_tokens=False, tokenize_path="/tokenize", tokenize_field="content"
+    max_completion_tokens=False,
+    tokenize_path="/tokenize",
+    tokenize_field="content",
+    developer_role=False,
+    embeddings=False,
 )
 # llama_cpp.server's request models drop both max_completion_tokens and
 # stream_options (llama_cpp/server/types.py): no limit, no stream usage. Its
@@ -110,12 +117,21 @@ SERVER_DIALECT = EngineDialect(
 # the connection (server/app.py: run_in_threadpool), so a client that leaves
 # one leaves the engine generating to its limit; a stream it stops between
 # two chunks. llama-server checks the connection either way.
+# Its chat request model knows no "developer" role (a 500 carrying pydantic's
+# error and its traceback's paths), and it answers one choice whatever ``n``
+# asks (llama_chat_format passes no ``n`` on). As the agent starts it (no
+# --embedding, --logits_all false) it serves no embeddings and no logprobs;
+# the catalog's engine_args may turn either on (_dialect).
 PYTHON_DIALECT = EngineDialect(
     max_completion_tokens=False,
     stream_usage=False,
     tokenize_path="/extras/tokenize/count",
     tokenize_field="input",
     stops_unstreamed=False,
+    developer_role=False,
+    choices=False,
+    embeddings=False,
+    logprobs=False,
 )
 
 
@@ -139,7 +155,7 @@ def _python_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
     # Gemma. Only logprobs need them, and the gateway sends none it cannot serve.
     if not has_flag(extra, "--logits_all"):
         flags += ["--logits_all", "false"]
-    cache_on = memory.flag_value(extra, ("--cache",)) in ("true", "True", "1")
+    cache_on = _python_true(extra, "--cache")
     budget = ctx.memory_budget_mib
     if cache_on and budget is not None and not has_flag(extra, "--cache_size"):
         spec = ctx.assignment.model
@@ -166,17 +182,33 @@ def _server_sets(extra: list[str], *flags: str) -> bool:
     return has_flag([_dashed(item) for item in extra], *flags)
 
 
+def _python_true(extra: list[str], flag: str) -> bool:
+    """Whether a catalog arg list turns one of llama_cpp.server's boolean settings on."""
+    return memory.flag_value(extra, (flag,)) in ("true", "True", "1")
+
+
 def _dialect(server: bool, extra: list[str]) -> EngineDialect:
-    """The launch's dialect, with the extra OpenAI routes it serves.
+    """The launch's dialect, with the OpenAI routes and fields its flags give it.
 
     llama-server serves /v1/rerank only when started with --reranking (a
-    reranker model); llama_cpp.server serves none of them.
+    reranker model); llama_cpp.server serves none of them. Both compute
+    embeddings only when started for them (``--embedding``; llama_cpp.server
+    answers 500 otherwise, llama-server 501). llama_cpp.server returns
+    logprobs only with ``--logits_all true``, which the agent turns off
+    unless the catalog sets it (_python_memory_flags).
     """
     if not server:
-        return PYTHON_DIALECT.model_copy(update={"extra_routes": []})
+        return PYTHON_DIALECT.model_copy(
+            update={
+                "extra_routes": [],
+                "embeddings": _python_true(extra, "--embedding"),
+                "logprobs": _python_true(extra, "--logits_all"),
+            }
+        )
     reranks = _server_sets(extra, "--reranking", "--rerank")
     routes: list[ExtraRoute] = ["/v1/rerank"] if reranks else []
-    return SERVER_DIALECT.model_copy(update={"extra_routes": routes})
+    embeds = _server_sets(extra, "--embedding", "--embeddings")
+    return SERVER_DIALECT.model_copy(update={"extra_routes": routes, "embeddings": embeds})
 
 
 def _dashed(item: str) -> str:
