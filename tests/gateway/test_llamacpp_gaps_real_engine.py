@@ -6,11 +6,13 @@ to it with the dialect the adapter declares for that launch. Each request
 here once reached the client as a 500 in the engine's words, a stream cut
 short, or a silently wrong answer; now it is mended (the ``developer``
 role), refused with OpenAI's error naming what to change (embeddings,
-logprobs, ``n``).
+logprobs, ``n``), or, where the engine itself fails, answered without the
+engine's internals.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,3 +119,27 @@ async def test_what_the_engine_cannot_answer_is_refused_naming_the_field(
         # What the engine can do still passes.
         one = await client.chat.completions.create(**chat, n=1)
         assert len(one.choices) == 1
+
+
+async def test_an_engines_failure_reaches_the_client_without_its_internals(
+    agents_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    async with running_gateway(_link(agents_engine)) as (_, url):
+        client = async_client(url, timeout=60)
+        # Unmended, the engine fails on this with a 500 carrying pydantic's
+        # validation error and its traceback's file paths.
+        developer: list[Any] = [{"role": "developer", "content": "x"}, *HI]
+        for stream in (False, True):
+            with pytest.raises(openai.InternalServerError) as failed:
+                await client.chat.completions.create(
+                    model="raw", messages=developer, max_tokens=4, stream=stream)  # fmt: skip
+            request_id = failed.value.response.headers["x-request-id"]
+            error = failed.value.body
+            assert isinstance(error, dict)
+            assert (error["type"], error["code"]) == ("server_error", "engine_error")
+            assert request_id in error["message"] and "`raw`" in error["message"]
+            assert "validation" not in failed.value.response.text
+            assert "File " not in failed.value.response.text
+            assert f"request {request_id}: the engine of `raw` failed (HTTP 500)" in caplog.text
+        assert "validation error" in caplog.text  # the engine's words, for the operator

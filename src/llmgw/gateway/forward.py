@@ -22,7 +22,14 @@ from llmgw.gateway.external import renaming_send
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.proxy import Usage
-from llmgw.gateway.responses import JSON, ApiError, overhead_header, send_bytes, unavailable
+from llmgw.gateway.responses import (
+    JSON,
+    ApiError,
+    engine_failed,
+    overhead_header,
+    send_bytes,
+    unavailable,
+)
 from llmgw.gateway.routing import ModelRouter, Pick, Replica
 from llmgw.gateway.types import Message, Send
 
@@ -322,16 +329,19 @@ async def answer_whole(
     else:
         prefill.done()
     data = await response.read()
-    if call.rename is not None:
+    status = response.status
+    kind = response.content_type or JSON
+    if status >= 500:
+        failure = engine_failed(call.model, call.request_id, status, data)
+        data, kind = failure.body(), JSON
+    elif call.rename is not None:
         data = call.rename(data)
     read_at = time.perf_counter()
-    status = response.status
     ok = status < 400
     account(call, usage_in(data) if ok else None, not ok)
     overhead = before + (time.perf_counter() - read_at)
     call.rt.metrics.overhead_hist.observe(overhead)
     await send_bytes(
-        call.send, status, data, response.content_type or JSON,
-        [call.id_header, overhead_header(overhead)],
-    )  # fmt: skip
+        call.send, status, data, kind, [call.id_header, overhead_header(overhead)]
+    )
     return status

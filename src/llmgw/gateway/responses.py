@@ -7,6 +7,7 @@ every answer carries ``x-request-id`` and the overhead header the same way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
@@ -17,6 +18,8 @@ from llmgw.gateway.types import Send
 JSON = b"application/json"
 REQUEST_ID = b"x-request-id"
 OVERHEAD = b"x-llmgw-overhead-ms"
+
+log = logging.getLogger(__name__)
 
 
 class Streamer(Protocol):
@@ -73,6 +76,29 @@ def unavailable(message: str, code: str, retry_after: float) -> ApiError:
     """A 503: the gateway cannot answer now, and the client may retry after ``retry_after``."""
     return ApiError(
         503, message, kind="service_unavailable_error", code=code, retry_after=retry_after
+    )
+
+
+def engine_failed(model: str, request_id: str, status: int, answer: bytes) -> ApiError:
+    """What a client gets for an engine's 5xx answer, whose own body is logged instead.
+
+    An engine's error for its own failure is written for its operator: it
+    carries exception text, file paths and stack lines (llama_cpp.server
+    wraps any exception in a 500 with its message, a pydantic validation
+    error with its traceback's paths). Its status is kept (a 503 still says
+    "try later"); its words go to the gateway's log at warning, under the
+    request id the client is given to quote.
+    """
+    log.warning(
+        "request %s: the engine of `%s` failed (HTTP %d): %s",
+        request_id, model, status, answer[:2000].decode("utf-8", "replace"),
+    )  # fmt: skip
+    return ApiError(
+        status,
+        f"The model `{model}`'s engine failed on this request (request id {request_id});"
+        " the gateway's log has its error.",
+        kind="server_error",
+        code="engine_error",
     )
 
 
