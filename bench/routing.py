@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import json
 import math
@@ -610,6 +611,14 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
             file=sys.stderr,
         )
         for policy in policies:
+            # What earlier policies left in this process (their results,
+            # sessions, parsed events) is out of the collector's sight
+            # before the next one is timed: otherwise each policy's
+            # client-side timing would include collections over more of it
+            # than the one before, and a policy's place in the order would
+            # count.
+            gc.collect()
+            gc.freeze()
             t0 = time.monotonic()
             key = args.router_key if policy == "external" else API_KEY
             results[policy] = await run_policy(
