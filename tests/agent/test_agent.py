@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -221,6 +222,28 @@ async def test_agent_restart_adopts_the_running_engine(
     assert set(answers) == {200}
 
 
+async def test_an_engine_started_but_never_recorded_is_found_and_stopped(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path
+) -> None:
+    # The agent writes a replica's record (port) before the spawn and its pid
+    # after: an agent killed in between leaves a running engine that its
+    # record does not name. The next agent must not leave it holding devices.
+    agent = make_agent("n1")
+    fake_cp.assign_one(stub_model())
+    ready = await fake_cp.wait_state("r1", ReplicaState.READY)
+    assert ready.pid is not None and alive(ready.pid)
+    await agent.shutdown(stop_engines=False)
+    state = tmp_path / "n1" / "engines.json"
+    saved = json.loads(state.read_text())
+    saved["engines"]["r1"].update(pid=None, birth=None, ready_at=None)
+    state.write_text(json.dumps(saved))
+
+    make_agent("n1", data_dir=tmp_path / "n1")
+    failed = await fake_cp.wait_state("r1", ReplicaState.FAILED)
+    assert failed.reason is not None and "while starting this engine" in failed.reason
+    await wait_dead(ready.pid)
+
+
 async def test_draining_is_reported(fake_cp: FakeControlPlane, make_agent: AgentFactory) -> None:
     make_agent("n1")
     fake_cp.assign_one(stub_model())
@@ -277,7 +300,9 @@ async def test_refused_node_token_registers_again(
 
 
 async def test_every_registration_carries_the_data_dirs_agent_key(
-    fake_cp: FakeControlPlane, make_agent: AgentFactory, tmp_path: Path,
+    fake_cp: FakeControlPlane,
+    make_agent: AgentFactory,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)

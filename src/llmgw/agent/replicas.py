@@ -122,6 +122,16 @@ class ReplicaRunner:
         proc = None
         if record.pid is not None and record.birth is not None:
             proc = self.deps.supervisor.adopt(record.pid, record.birth)
+        elif (stray := self.deps.supervisor.find(self.replica_id)) is not None:
+            # Started, but the agent went away before it wrote the pid down,
+            # and so before it held the engine to its memory budget: not one
+            # to keep serving. The control plane starts the replica again.
+            self.proc = stray
+            self._mark_failed("the agent stopped while starting this engine; engine stopped", None)
+            self._task = asyncio.create_task(
+                self._stop_stray(stray), name=f"replica-{self.replica_id}"
+            )
+            return
         if proc is None:
             self._mark_failed(describe_exit(None) + self._last_words(), None)
             return
@@ -137,6 +147,16 @@ class ReplicaRunner:
         else:
             self.reason = "engine loading (adopted)"
         self.start()
+
+    async def _stop_stray(self, proc: EngineProcess) -> None:
+        status = await self.deps.supervisor.stop(proc, self.deps.stop_grace_s)
+        log.warning(
+            "replica %s: stopped engine pid %d, started but never recorded: %s",
+            self.replica_id,
+            proc.pid,
+            describe_exit(status.code),
+        )
+        self.proc = None  # its pid may be handed out again; never signal it twice
 
     async def stop(self) -> None:
         """Stop the engine (SIGTERM, then SIGKILL) and forget the replica."""
@@ -369,8 +389,12 @@ class ReplicaRunner:
 
     def _endpoint(self) -> EngineEndpoint:
         return EngineEndpoint(
-            self.deps.session, self.deps.host, self.port, tls=self.tls,
-            key=self.assignment.engine_key, probe_ssl=self.deps.engine_probe_ssl,
+            self.deps.session,
+            self.deps.host,
+            self.port,
+            tls=self.tls,
+            key=self.assignment.engine_key,
+            probe_ssl=self.deps.engine_probe_ssl,
         )
 
     async def _probe(self, path: str, timeout_s: float) -> str | None:

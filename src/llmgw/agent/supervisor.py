@@ -37,6 +37,10 @@ LOG_MAX_BYTES = 8 * 1024 * 1024
 LOG_BACKUPS = 2
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 400
+# Names the replica in each engine's environment. The agent records an
+# engine's pid only once the spawn returns; an agent killed in between would
+# otherwise leave an engine nobody knows of holding its GPUs for good.
+REPLICA_ENV = "LLMGW_ENGINE_REPLICA"
 
 
 @dataclass
@@ -64,6 +68,8 @@ class ProcessControl(Protocol):
     def spawn(self, replica_id: str, launch: EngineLaunch) -> EngineProcess: ...
 
     def adopt(self, pid: int, birth: str) -> EngineProcess | None: ...
+
+    def find(self, replica_id: str) -> EngineProcess | None: ...
 
     def poll(self, proc: EngineProcess) -> ExitStatus: ...
 
@@ -134,7 +140,7 @@ class Supervisor:
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    env=engine_environment(launch.env, launch.drop_env),
+                    env=engine_environment(launch.env, launch.drop_env) | {REPLICA_ENV: replica_id},
                     start_new_session=True,
                     close_fds=True,
                 )
@@ -170,6 +176,28 @@ class Supervisor:
             _reap(pid)
             return None
         return EngineProcess(pid=pid, birth=birth)
+
+    @staticmethod
+    def find(replica_id: str) -> EngineProcess | None:
+        """The engine started for ``replica_id`` whose pid was never recorded, if it runs.
+
+        Only a session leader of this user counts: an engine's own workers
+        inherit its environment, and the group is stopped through its leader.
+        """
+        uid = os.getuid()
+        for candidate in psutil.process_iter(["uids"]):
+            try:
+                uids = candidate.info["uids"]
+                if uids is None or uids.real != uid or os.getsid(candidate.pid) != candidate.pid:
+                    continue
+                if candidate.environ().get(REPLICA_ENV) != replica_id:
+                    continue
+            except (psutil.Error, OSError):
+                continue  # gone meanwhile, or not ours to read
+            birth = process_birth(candidate.pid)
+            if birth is not None:
+                return EngineProcess(pid=candidate.pid, birth=birth)
+        return None
 
     @staticmethod
     def poll(proc: EngineProcess) -> ExitStatus:

@@ -119,6 +119,9 @@ class InProcessEngines:
     def adopt(self, pid: int, birth: str) -> EngineProcess | None:
         return None  # an in-process engine never outlives the process that ran it
 
+    def find(self, replica_id: str) -> EngineProcess | None:
+        return None  # nor can one be left behind unrecorded
+
     def poll(self, proc: EngineProcess) -> ExitStatus:
         entry = self._entry(proc)
         starting = entry.starting
