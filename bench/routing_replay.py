@@ -8,6 +8,8 @@ and ``GatewaySettings``: index, policy, in-flight and queued-prefill counts,
 measured prefill speed), told what the gateway's handler would tell it --
 a request sent, its first token, its end. Two gateways are two routers with
 their own state, requests alternating between them.
+``sglang_ca`` is a stand-in for sglang-router's ``cache_aware`` rule
+(:class:`SglangCacheAware`), which the live benchmark runs for real.
 
 What it leaves out: HTTP and the processes' CPU. A fixed 1 ms each way stands
 in for the network. On two busy cores the live benchmark's TTFT moves by
@@ -44,8 +46,8 @@ import routing as live  # bench/routing.py: the setup, its flags, its targets
 
 from llmgw import secrets, wire
 from llmgw.gateway.forward import LEARN_AFTER_S
-from llmgw.gateway.prefix import render_chat
-from llmgw.gateway.routing import ModelRouter, Pick
+from llmgw.gateway.prefix import block_hashes, render_chat
+from llmgw.gateway.routing import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.sim import benchstats
@@ -54,7 +56,7 @@ from llmgw.sim.core import EngineCore, Phase, SimRequest, Step
 from llmgw.sim.workloads import TimedRequest
 
 NETWORK_S = 0.001  # each way, gateway <-> engine
-REPLAYED = ("round_robin", "least_loaded", "prefix", "prefix_2gw")
+REPLAYED = ("round_robin", "least_loaded", "prefix", "prefix_2gw", live.SGLANG)
 
 
 class Clock:
@@ -70,8 +72,8 @@ class InFlight:
     """One request between its pick and its end, as the gateway's handler tracks it."""
 
     request: TimedRequest
-    router: ModelRouter
-    pick: Pick
+    router: Any  # ModelRouter, or the stand-in SglangCacheAware
+    pick: Any  # Pick, or the stand-in's WorkerPick
     ahead: float  # prefill queued on the replica when it was sent (this gateway's view)
     sent_at: float
     engine: int
@@ -99,11 +101,100 @@ def _router(setup: live.Setup, policy: str) -> ModelRouter:
     return ConfigView(config, GatewaySettings(gateway_id="replay"), None).routes[live.MODEL]
 
 
+@dataclass
+class Worker:
+    """An engine as the stand-in router counts it (the replay's bookkeeping needs these)."""
+
+    replica_id: str
+    in_flight: int = 0
+    pending_prefill: float = 0.0
+    held: set[int] = field(default_factory=set)  # block hashes sent to it
+    size: int = 0  # characters of them: the "tree size" new text goes by
+
+
+@dataclass
+class WorkerPick:
+    replica: Worker
+    uncached_tokens: float = 0.0
+
+
+class SglangCacheAware:
+    """A stand-in for sglang-router's ``cache_aware`` policy with its defaults (0.3.x).
+
+    The live benchmark runs the real router; this is its rule in simulated
+    time, so a difference it shows can be taken apart without the live run's
+    noise. Per request: when the workers' in-flight counts differ by more
+    than ``balance_abs`` and the largest is over ``balance_rel`` times the
+    smallest, the least loaded; otherwise the worker that was sent the
+    longest prefix of the prompt if it covers over ``cache_threshold`` of it,
+    else the worker sent the least text so far (the most spare cache). The
+    prompt is added to the chosen worker's text when it is sent. sglang keeps
+    a radix tree of characters; here each worker has a set of chained hashes
+    of 16-character blocks, which matches the same prefixes to within a
+    block. Its eviction (every 60 s, past 2^26 characters) never triggers in a
+    run of this size, so none is modelled.
+    """
+
+    policy = "prefix"  # the replay renders the prompt for it
+    block_chars = 16
+
+    def __init__(
+        self,
+        engines: int,
+        cache_threshold: float = 0.3,
+        balance_abs: int = 64,
+        balance_rel: float = 1.5,
+    ) -> None:
+        self.workers = [Worker(f"r{i}") for i in range(engines)]
+        self.cache_threshold = cache_threshold
+        self.balance_abs = balance_abs
+        self.balance_rel = balance_rel
+
+    def pick(self, prompt: str | None) -> WorkerPick:
+        assert prompt is not None
+        workers = self.workers
+        hashes = block_hashes(prompt, self.block_chars)
+        loads = [w.in_flight for w in workers]
+        low, high = min(loads), max(loads)
+        if high - low > self.balance_abs and high > low * self.balance_rel:
+            chosen = workers[loads.index(low)]
+        else:
+            longest, holder = 0, None
+            for worker in workers:
+                matched = 0
+                for block in hashes:
+                    if block not in worker.held:
+                        break
+                    matched += 1
+                if matched > longest:
+                    longest, holder = matched, worker
+            covered = min(longest * self.block_chars, len(prompt)) / max(len(prompt), 1)
+            if holder is not None and covered > self.cache_threshold:
+                chosen = holder
+            else:
+                chosen = min(workers, key=lambda w: w.size)
+        for block in hashes:
+            if block not in chosen.held:
+                chosen.held.add(block)
+                chosen.size += self.block_chars
+        return WorkerPick(chosen)
+
+    def measured(self, tokens: float, seconds: float) -> None:
+        pass  # it has no speed estimate
+
+    def record(self, pick: WorkerPick) -> None:
+        pass  # it learns when it sends
+
+
 def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
     clock = Clock()
     params = setup.sim_params()
     engines = [EngineCore(params, clock=clock) for _ in range(setup.engines)]
-    routers = [_router(setup, policy) for _ in range(2 if policy == "prefix_2gw" else 1)]
+    routers: list[Any] = (
+        [SglangCacheAware(setup.engines)]
+        if policy == live.SGLANG
+        else [_router(setup, policy) for _ in range(2 if policy == "prefix_2gw" else 1)]
+    )
     steps: list[Step | None] = [None] * len(engines)
     order = itertools.count()  # ties in time are taken in the order they were queued
     events: list[tuple[float, int, str, Any]] = []

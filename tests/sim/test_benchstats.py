@@ -239,19 +239,21 @@ def test_routing_replay_is_deterministic_and_agrees_with_itself() -> None:
     script = Path(__file__).resolve().parents[2] / "bench" / "routing_replay.py"
     argv = [
         sys.executable, str(script), "--engines", "3", "--groups", "6", "--rates", "4,12",
-        "--stage-s", "4", "--policies", "round_robin,prefix,prefix_2gw",
+        "--stage-s", "4", "--policies", "round_robin,prefix,prefix_2gw,sglang_ca",
     ]  # fmt: skip
     runs = [subprocess.run(argv, capture_output=True, text=True, timeout=120) for _ in range(2)]
     for done in runs:
         assert done.returncode == 0, done.stderr[-3000:]
     first, second = (json.loads(r.stdout.strip().splitlines()[-1]) for r in runs)
     assert first == second  # simulated time: the same seed gives the same figures
-    for policy in ("round_robin", "prefix", "prefix_2gw"):
+    for policy in ("round_robin", "prefix", "prefix_2gw", "sglang_ca"):
         assert list(first[policy]) == ["4", "12"]
         for row in first[policy].values():
             assert row["requests"] > 0 and row["ttft_p90_s"] > 0
-    # 6 groups recurring on 3 engines: prefix routing finds far more cached.
+    # 6 groups recurring on 3 engines: prefix routing finds far more cached,
+    # and so does the stand-in for sglang-router's cache_aware.
     assert first["prefix_hit_rate_all"] > first["round_robin_hit_rate_all"] + 0.2
+    assert first["sglang_ca_hit_rate_all"] > first["round_robin_hit_rate_all"] + 0.2
 
 
 def routing_replay(*options: str) -> dict[str, Any]:
