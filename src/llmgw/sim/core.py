@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import enum
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from llmgw.errors import LlmgwError, ValidationError
 from llmgw.sim import tokens
+from llmgw.sim.deadline import sleep_until
 from llmgw.sim.kv import Allocation, KVCache
 from llmgw.wire import SimParams
 
@@ -147,7 +149,9 @@ class EngineCore:
         return len(self._waiting)
 
     def now(self) -> float:
-        return self._clock() if self._clock else asyncio.get_running_loop().time()
+        # time.monotonic, not the loop's clock: uvloop's counts whole
+        # milliseconds (see llmgw.sim.deadline).
+        return self._clock() if self._clock else time.monotonic()
 
     # -- requests ------------------------------------------------------------
 
@@ -208,7 +212,7 @@ class EngineCore:
             now = self.now()
             if deadline < now - _MAX_LAG_S:
                 deadline = now
-            await asyncio.sleep(max(0.0, deadline - now))
+            await sleep_until(deadline)
             self.finish(step)
 
     def next_step(self) -> Step | None:
