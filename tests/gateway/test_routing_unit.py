@@ -49,7 +49,11 @@ def replica(name: str, kv: int = 32768) -> Replica:
 
 
 def router(
-    names: list[str], policy: wire.RoutingPolicy = "prefix", kv: int = 32768, **kw: float
+    names: list[str],
+    policy: wire.RoutingPolicy = "prefix",
+    kv: int = 32768,
+    lone: bool = False,
+    **kw: float,
 ) -> ModelRouter:
     route = wire.ModelRoute(name="m", served_name="m", routing=policy)
     return ModelRouter(
@@ -63,6 +67,7 @@ def router(
         ttft_slack_s=kw.get("slack_s", 0.05),
         wait_ratio=kw.get("wait_ratio", 0.5),
         spread=kw.get("spread", 4.0),
+        lone=lone,
     )
 
 
@@ -580,7 +585,7 @@ def test_only_a_table_that_counts_this_gateway_alone_makes_it_lone() -> None:
 
 
 def test_a_lone_gateways_short_path_for_new_prefixes_chooses_as_the_general_one() -> None:
-    # A prompt nobody holds goes down SoonestStart._place_new; a matched entry
+    # A prompt nobody holds goes down SoonestStart.place_new; a matched entry
     # for a replica not in the list sends the same prompt down the general
     # path, which ranks by (estimate, in flight, -hash) among non-holders.
     # Ties by hash, not by list order: order piled new prefixes on the
@@ -609,14 +614,43 @@ async def test_the_first_token_is_relayed_before_the_router_learns_from_the_answ
 
     fleet = router(["a", "b"])
     prompt = "p" * PROMPT
+    hashes = block_hashes(prompt, BLOCK)
     pick = fleet.pick(prompt)
-    assert pick is not None and pick.hashes
+    assert pick is not None and pick.by_prefix
     prefill = Prefill(fleet, pick)
     assert pick.replica.pending_prefill > 0
     prefill.started(streamed=True)
     assert pick.replica.pending_prefill == 0
     for _ in range(3):  # the role chunk's turn, the first token's read, its relay
         await asyncio.sleep(0)
-        assert fleet._index.depth(pick.hashes, pick.replica.replica_id) == 0
+        assert fleet._index.depth(hashes, pick.replica.replica_id) == 0
     await asyncio.sleep(LEARN_AFTER_S * 2)
-    assert fleet._index.depth(pick.hashes, pick.replica.replica_id) == len(pick.hashes)
+    assert fleet._index.depth(hashes, pick.replica.replica_id) == len(hashes)
+
+
+def test_a_lone_gateway_hashes_a_new_prompt_only_once_its_answer_started() -> None:
+    # Nobody holds the first block: the pick is made from it alone, the rest
+    # of the hashing waits for record (after the first token). What is
+    # recorded then is the whole prompt, and the next prompt with that
+    # prefix finds it.
+    fleet = router(["a", "b", "c"], lone=True)
+    system = "s" * (PROMPT - 64)
+    first = fleet.pick(system + "one")
+    assert first is not None and first.outcome == MISS and first.by_prefix
+    assert first.hashes == []  # not computed before the send
+    assert first.uncached_tokens == len(system + "one") / 4.0
+    fleet.record(first)
+    assert first.hashes == block_hashes(system + "one", BLOCK)
+    second = fleet.pick(system + "two")
+    assert second is not None and second.outcome == HIT
+    assert second.replica is first.replica
+    assert second.hashes == block_hashes(system + "two", BLOCK)  # the general path hashes
+
+
+def test_a_gateway_among_several_hashes_every_prompt_before_it_picks() -> None:
+    # Only a lone gateway defers: the others place a new prefix by its
+    # rendezvous among close replicas, which reads the estimates.
+    fleet = router(["a", "b", "c"])
+    pick = fleet.pick("n" * PROMPT)
+    assert pick is not None and pick.outcome == MISS
+    assert pick.hashes == block_hashes("n" * PROMPT, BLOCK)

@@ -104,7 +104,7 @@ class Prefill:
         self.sent_at = time.perf_counter()
 
     def started(self, streamed: bool) -> None:
-        if self.pick.hashes:  # routed by prefix: else nothing to record or measure
+        if self.pick.by_prefix:  # else nothing to record or measure
             # Learnt a little after the answer's first chunk is on its way,
             # not before, nor the next loop turn: at low load the gateway's
             # code runs cold (~10x its speed in a loop), and recording and

@@ -107,6 +107,11 @@ def block_hashes(text: str, block_chars: int) -> list[int]:
     return hashes
 
 
+def first_block_hash(text: str, block_chars: int) -> int:
+    """``block_hashes(text, block_chars)[0]`` alone (text not empty), without the rest."""
+    return hash((0, text[:block_chars]))
+
+
 def stable_key(text: str, block_chars: int) -> int:
     """A key of the first block that every gateway process computes alike.
 
@@ -172,6 +177,10 @@ class PrefixIndex:
         for replica_id in alive:
             found[replica_id] = depth
         return found
+
+    def holds(self, block: int) -> bool:
+        """Whether any replica was sent ``block`` (a prompt's first block: is it new?)."""
+        return block in self._owners
 
     def depth(self, hashes: list[int], replica_id: str) -> int:
         """How many blocks of ``hashes`` ``replica_id`` holds from the first on."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from llmgw import wire
 from llmgw.gateway.dialect import mending_for
-from llmgw.gateway.prefix import PrefixIndex, block_hashes, stable_key
+from llmgw.gateway.prefix import PrefixIndex, block_hashes, first_block_hash, stable_key
 
 _M64 = (1 << 64) - 1
 
@@ -281,10 +281,9 @@ class SoonestStart:
         ``idle_share`` is this gateway's average for the model, updated here
         with this pick.
         """
-        ceiling = min(r.in_flight for r in replicas) + self.spread
         if self.lone and not matched:
-            uncached = prompt_chars / self.chars_per_token
-            return self._place_new(replicas, ceiling, key), MISS, uncached
+            return self.place_new(replicas, key), MISS, prompt_chars / self.chars_per_token
+        ceiling = min(r.in_flight for r in replicas) + self.spread
         block_chars = self.block_chars
         per_token = self.chars_per_token
         estimates: list[float] = []
@@ -303,7 +302,7 @@ class SoonestStart:
             if estimate < soonest:
                 soonest = estimate
         # Every pick counts toward the average, whatever this one needs (a lone
-        # gateway's new prefixes never read it: _place_new skips it).
+        # gateway's new prefixes never read it: place_new skips it).
         low_load = idle_share.observe(idle, len(replicas)) >= LOW_LOAD_IDLE_SHARE
         slack = self.slack_s * tokens_per_s
         best: Replica | None = None
@@ -351,8 +350,7 @@ class SoonestStart:
         cached = best_blocks * block_chars
         return best, outcome, max(0, prompt_chars - cached) / per_token
 
-    @staticmethod
-    def _place_new(replicas: Sequence[Replica], ceiling: float, key: int) -> Replica:
+    def place_new(self, replicas: Sequence[Replica], key: int) -> Replica:
         """A lone gateway's replica for a prompt nobody holds.
 
         Every replica would prefill all of it, so the soonest start is the
@@ -368,6 +366,7 @@ class SoonestStart:
         (bench/routing.py at 4 req/s), and with 50 ms between picks the
         general path took ~75 us against ~45 for this one.
         """
+        ceiling = min(r.in_flight for r in replicas) + self.spread
         best: Replica | None = None
         best_pending = math.inf
         best_in_flight = 0
@@ -400,6 +399,14 @@ class Pick:
     outcome: str
     hashes: list[int]
     uncached_tokens: float
+    # A prompt routed by prefix whose hashes were left for record to compute
+    # (None: routed without its prompt, or its hashes are already here).
+    prompt: str | None = None
+
+    @property
+    def by_prefix(self) -> bool:
+        """Whether the pick read the prompt: then its answer is recorded and timed."""
+        return bool(self.hashes) or self.prompt is not None
 
 
 class ModelRouter:
@@ -526,6 +533,16 @@ class ModelRouter:
         if self.policy == "least-loaded" or not prompt:
             return Pick(least_loaded(replicas, self._units, self._counter), UNROUTED, [], 0.0)
         block_chars = self._block_chars
+        policy = self._policy
+        if policy.lone and not self._index.holds(first_block_hash(prompt, block_chars)):
+            # Nobody holds even its first block, so a lone gateway places it
+            # by load alone (what choose does for it, without the index's
+            # walk), and the prompt's hashes wait until its answer has
+            # started (record): at low load this is most prompts, the
+            # gateway's code runs cold there, and every microsecond before
+            # the send is one the client waits.
+            replica = policy.place_new(replicas, stable_key(prompt, block_chars))
+            return Pick(replica, MISS, [], len(prompt) / policy.chars_per_token, prompt)
         hashes = block_hashes(prompt, block_chars)
         if len(replicas) == 1:
             # One replica left of several (the others excluded or cooling
@@ -558,5 +575,8 @@ class ModelRouter:
         sent after the first would wait behind its prefill instead of
         starting at once on an idle replica.
         """
-        if pick.hashes:
-            self._index.record(pick.replica.replica_id, pick.hashes)
+        hashes = pick.hashes
+        if not hashes and pick.prompt is not None:
+            hashes = pick.hashes = block_hashes(pick.prompt, self._block_chars)
+        if hashes:
+            self._index.record(pick.replica.replica_id, hashes)
