@@ -703,6 +703,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve_gateways(args.serve_gateways)
     import uvloop
 
+    # Stopped with a plain kill as with Ctrl-C: through bench()'s finally,
+    # which stops the engines, gateways and routers it started in sessions
+    # of their own (a SIGTERM ended this process alone and left them running).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     out = uvloop.run(bench(args, setup))
     print(json.dumps(out))
     return 0
