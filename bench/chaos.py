@@ -31,15 +31,22 @@ unreachable):
 * ``slow_clients``: slow readers, and clients that hang up mid-stream or
   before their answer.
 
-Per fault: requests sent, failed, ``failed_unstarted`` (failures of requests
-that had not started on a replica the fault killed: target 0), the seconds
-from the end of the fault until the fleet is whole again (the summary:
-every model satisfied, every replica ready, nothing parked, no node
+Per fault: requests sent, failed, ``failed_unexcused`` (failures no kill of
+the fault explains: a request in flight on a replica it killed, failing
+within seconds of the kill, no more than that replica held; target 0), the
+seconds from the end of the fault until the fleet is whole again (the
+summary: every model satisfied, every replica ready, nothing parked, no node
 unreachable but a killed one), and the store rows lost (catalog entries and
 API keys acknowledged during the fault, events, and usage: requests the
 gateway answered for the load's key missing from the usage rows; at most
-one flush interval's worth). The last line is JSON:
-``{"faults": {NAME: {"sent", "failed", "failed_unstarted", "recovery_s", "rows_lost"}}}``.
+one flush interval's worth). A fault passes (``ok``) when it ran, no failure
+is unexcused, the fleet was whole again, requests sent after the fault were
+answered, its own figures were measured and no row was lost beyond the
+bound (chaoskit.verdict); ``failed_because`` says why not. The last line is
+JSON: ``{"ok", "faults": {NAME: {"ok", "sent", "failed", "failed_unexcused",
+"answered_after", "recovery_s", "rows_lost", ...}}}``. Exit code 0 only when
+every fault asked for passed (a fault that could not run, ``disk_full``
+without root say, fails the run: leave it out with ``--faults``).
 """
 
 from __future__ import annotations
@@ -265,8 +272,20 @@ def main() -> int:
     for name in FAULTS:
         if name in outcomes:
             print(outcomes[name].line())
-    print(json.dumps({"faults": {n: outcomes[n].as_json() for n in FAULTS if n in outcomes}}))
-    return 0
+    return verdict(names, outcomes)
+
+
+def verdict(names: list[str], outcomes: dict[str, Outcome]) -> int:
+    """Print the JSON line; the exit code: 0 when every fault asked for ran and passed."""
+    missing = [n for n in names if n not in outcomes]
+    failed = [n for n in names if n in outcomes and outcomes[n].reasons]
+    ok = not missing and not failed
+    print(json.dumps({"ok": ok, "faults": {n: outcomes[n].as_json()
+                                           for n in FAULTS if n in outcomes}}))
+    if not ok:
+        print(f"chaos suite FAILED: {', '.join(failed + [f'{n} (no outcome)' for n in missing])}",
+              file=sys.stderr)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ The parts:
 llmgw_overhead_ms = control plane + agent + gateway hold (the engine's own
 start and first token excluded); target 100 ms.
 
-    .venv/bin/python bench/coldstart.py [--runs 3] [--engines sim,llamacpp]
+    .venv/bin/python bench/coldstart.py [--runs 3] [--engines sim,llamacpp] [--quick]
 
 Last line: JSON with llmgw_overhead_ms (the worst engine's median) and, per
 engine, each part's median and the runs' spread.
@@ -341,7 +341,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--engines", default="sim,llamacpp")
+    parser.add_argument("--quick", action="store_true",
+                        help="one run on the simulated engine (make bench-quick)")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.engines = 1, "sim"
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     load = os.getloadavg()[0]
     results = measure(engines, args.runs)

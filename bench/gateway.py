@@ -18,7 +18,9 @@ the two percentiles. Latency is measured from the moment the request was
 written to the moment its whole answer was read. The gateway's own overhead
 header (`x-llmgw-overhead-ms`) is summarised too. The ramp then raises the
 rate until the added p99 reaches 50 ms, requests fail, or the sender cannot
-reach the rate.
+reach the rate. ``max_rps_p99_under_50ms`` is the highest rate at which that
+rate and every lower one measured held: a fixed rate that failed caps it,
+and the ramp then does not run (``ramp_stopped_by`` says what failed).
 
     python bench/gateway.py [--quick] [--seconds 8] [--pin] [--nice -5]
                             [--stream] [--rates 1000 --no-ramp]
@@ -503,12 +505,10 @@ async def _measure(
 
     rows = [await both(rate) for rate in args.rates]
     at_1000 = next((r for r in rows if r["rate"] == 1000), None)
-    best = 0
-    limited_by = "not reached"
-    for row in rows:
-        if _holds(row):
-            best = max(best, row["rate"])
-    for rate in args.ramp:
+    best, limited_by = max_rate_held(rows)
+    # The ramp goes on only from rates that all held: a failed lower rate
+    # caps the figure, whatever a higher one did.
+    for rate in args.ramp if limited_by == NOT_REACHED else []:
         row = await both(rate)
         if not _holds(row) and row["achieved_rps"] >= 0.97 * rate:
             # One retry: on a shared machine a single stall of another job
@@ -516,13 +516,9 @@ async def _measure(
             print(f"rate {rate}: retrying once", flush=True)
             row = await both(rate)
         rows.append(row)
-        if not _holds(row):
-            limited_by = (
-                "errors" if row["errors"] else
-                "rate not reached" if row["achieved_rps"] < 0.97 * rate else "p99 added >= 50 ms"
-            )  # fmt: skip
+        best, limited_by = max_rate_held(rows)
+        if limited_by != NOT_REACHED:
             break
-        best = max(best, rate)
     direct.close()
     through.close()
     result = {
@@ -549,6 +545,30 @@ async def _measure(
         "rows": rows,
     }
     print(json.dumps(result))
+
+
+NOT_REACHED = "not reached"
+
+
+def max_rate_held(rows: list[dict[str, Any]]) -> tuple[int, str]:
+    """The highest rate at which it, and every lower rate measured, held; and what stopped it.
+
+    A rate holds with no errors, added p99 under 50 ms and the rate reached.
+    Rates are taken in order, so a rate that failed caps the figure even
+    when a higher one held (a stall that happened to miss the higher one
+    does not make the gateway hold it). 0 when the lowest rate failed;
+    ``not reached`` when none failed.
+    """
+    best = 0
+    for row in sorted(rows, key=lambda r: r["rate"]):
+        if not _holds(row):
+            return best, (
+                "errors" if row["errors"] else
+                "rate not reached" if row["achieved_rps"] < 0.97 * row["rate"] else
+                "p99 added >= 50 ms"
+            )  # fmt: skip
+        best = row["rate"]
+    return best, NOT_REACHED
 
 
 def _holds(row: dict[str, Any]) -> bool:

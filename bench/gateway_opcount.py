@@ -253,9 +253,14 @@ def main() -> None:
     parser.add_argument(
         "--lines", default="", help="comma-separated qualified names: their opcodes per line"
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="100 requests after 100 (make bench-quick)"
+    )
     parser.add_argument("--role", choices=["gateway"], help=argparse.SUPPRESS)
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.warmup = 100, 100
     if args.role == "gateway":
         import uvloop
 

@@ -452,7 +452,12 @@ def main() -> int:
         " is the same bytes, as this bench sent before)",
     )
     parser.add_argument("--pg", default=None, help="also on PostgreSQL (a fresh database)")
+    parser.add_argument(
+        "--quick", action="store_true", help="1,000 nodes for 5 s (make bench-quick)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.seconds = 1000, 5.0
     args.models = args.models or max(1, args.nodes // 2)
     if args.variants < 1:
         parser.error("--variants must be at least 1")

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -188,18 +188,37 @@ async def split_pass(url: str, args: argparse.Namespace) -> dict[str, float]:
             started = time.perf_counter()
             await reconciler.run_pass(NOW, epoch)
             total = time.perf_counter() - started
-    inside = parts["snapshot"] + parts["placement search"] + parts["commit to snapshot"]
+    return split_of(parts, total)
+
+
+def split_of(timed: Mapping[str, float], total: float) -> dict[str, float]:
+    """The pass by part, ms, from the wrapped functions' seconds and the pass's.
+
+    Two parts are what is left: of decide, once the three timed inside it
+    are taken out, and of the pass, once decide and the store's write are.
+    Those only mean something when the timed parts nest as the pass calls
+    them (each inside its caller, none counted twice): a refresh moved out of
+    decide, or a wrapped function that calls another, would make a rest
+    negative, and the figures are refused rather than printed.
+    """
+    inside = timed["snapshot"] + timed["placement search"] + timed["commit to snapshot"]
     out = {
-        "snapshot": parts["snapshot"],
-        "placement search": parts["placement search"],
-        "commit to snapshot": parts["commit to snapshot"],
+        "snapshot": timed["snapshot"],
+        "placement search": timed["placement search"],
+        "commit to snapshot": timed["commit to snapshot"],
         # Triage, replica records and their events, the evictable list.
-        "rest of decide": parts["decide"] - inside,
+        "rest of decide": timed["decide"] - inside,
         # Rows for the store, applying the pass to memory, the pass's result.
-        "rows and applying": total - parts["decide"] - parts["store write"],
-        "store write": parts["store write"],
+        "rows and applying": total - timed["decide"] - timed["store write"],
+        "store write": timed["store write"],
         "total": total,
     }
+    untimed = [part for part in ("snapshot", "placement search", "commit to snapshot",
+                                 "store write") if out[part] <= 0]
+    overlapping = [part for part in ("rest of decide", "rows and applying") if out[part] < 0]
+    if untimed or overlapping:
+        raise ValueError(f"the split does not hold: never timed {untimed}, negative (the"
+                         f" timed parts overlap) {overlapping}: {out}")
     return {part: round(seconds * 1000, 1) for part, seconds in out.items()}
 
 

@@ -33,7 +33,10 @@ median of the first three samples after warm-up with that of the last three,
 in percent (limit 5 %). Open files and tasks compare the minimum of the first
 half of those samples with that of the second half, in counts (in-flight
 requests only add connections and tasks, so the minima are the floor; limit
-5 % of the floor or 2, whichever is larger). Engines of on-demand
+5 % of the floor or 2, whichever is larger). serve, the gateway, the fleet
+and the always-on models' engines must each be one process that answered
+every sample after warm-up: one that restarted, missed a reading or was not
+there fails the run (it is not left out of the verdict). Engines of on-demand
 models live minutes at a time: they are sampled and listed, and measured only
 if one lived through the whole window.
 
@@ -72,6 +75,7 @@ from typing import Any
 import httpx
 import openai
 import psutil
+import yaml
 
 from llmgw import procstats
 
@@ -109,6 +113,8 @@ models:
     "{startup_s: 1.0, prefill_tokens_per_s: 20000, decode_ms_per_token: 8,"
     " kv_blocks: 512, block_tokens: 16}",
 )
+# The deployment's own processes (Part.name): each judged throughout.
+PARTS = ("serve", "gateway", "sim-fleet")
 CHAT_MODELS = ("soak-chat", "soak-chat", "soak-mini")
 EMBED_MODEL = "soak-embed"
 # (model, period s, active s, offset s): asked for during the first `active`
@@ -371,7 +377,10 @@ async def sample(deployment: Deployment, fds: FdFloor) -> dict[str, dict[str, An
             if "allocation_growth" in stats:
                 figures[target.name]["allocation_growth"] = stats["allocation_growth"]
     for target in pending.values():
-        figures[target.name] = {"pid": target.pid, "missing": True}
+        # Gone meanwhile is an unloaded engine; alive and silent is a miss.
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(target.pid).status() != psutil.STATUS_ZOMBIE:
+                figures[target.name] = {"pid": target.pid, "missing": True}
     return figures
 
 
@@ -620,41 +629,91 @@ def warmup_samples(count: int) -> int:
     return max(2, math.ceil(WARMUP_FRACTION * count))
 
 
-def growth(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Growth per process over the samples after warm-up (see the module docstring)."""
+def always_on_engines(fleet_yaml: str = FLEET_YAML) -> dict[str, int]:
+    """Models that always run, and their engines: min_replicas of the fleet's catalog."""
+    models = yaml.safe_load(fleet_yaml)["models"]
+    return {m["name"]: m["min_replicas"] for m in models if m.get("min_replicas", 0) > 0}
+
+
+def growth(samples: list[dict[str, Any]], parts: tuple[str, ...] = PARTS,
+           always_on: dict[str, int] | None = None) -> dict[str, Any]:
+    """Growth per process over the samples after warm-up (see the module docstring).
+
+    Every part (serve, gateway, fleet) and every engine of an always-on
+    model must be one process that answered every sample after warm-up:
+    one that restarted, missed a reading or is not there is a failure, not
+    left out. Engines of on-demand models come and go by design; those that
+    lived through the whole window are measured too, and none may miss a
+    reading while it lives.
+    """
+    always_on = always_on_engines() if always_on is None else always_on
     after = samples[warmup_samples(len(samples)):]
     out: dict[str, Any] = {"rss_growth_pct": {}, "open_files_growth": {},
                            "tasks_growth": {}, "gc_objects_growth_pct": {}, "failures": []}
-    if not after:
+    failures: list[str] = out["failures"]
+    if len(after) < 2:
+        failures.append(f"{len(after)} sample(s) after warm-up: growth needs two or more")
         return out
-    names = set.intersection(*(set(s["procs"]) for s in after))
-    for name in sorted(names):
-        series = [s["procs"][name] for s in after]
-        if any(p.get("missing") for p in series) or len({p["pid"] for p in series}) != 1:
-            continue  # restarted or not answering: not one process throughout
-        # Non-overlapping windows, so a short run still compares first and last.
-        width = max(1, min(WINDOW, len(series) // 2))
-        head, tail = series[:width], series[-width:]
-        rss0 = statistics.median(p["rss_mb"] for p in head)
-        rss1 = statistics.median(p["rss_mb"] for p in tail)
-        rss_pct = round(100.0 * (rss1 - rss0) / rss0, 2)
-        out["rss_growth_pct"][name] = rss_pct
-        gc0 = statistics.median(p["gc_objects"] for p in head)
-        gc1 = statistics.median(p["gc_objects"] for p in tail)
-        out["gc_objects_growth_pct"][name] = round(100.0 * (gc1 - gc0) / gc0, 2)
-        if rss_pct > RSS_LIMIT_PCT:
-            out["failures"].append(f"{name}: RSS +{rss_pct} % ({rss0} -> {rss1} MB)")
-        half = max(1, len(series) // 2)
-        for what, key in (("open_files", "open_files_growth"), ("tasks", "tasks_growth")):
-            # In-flight requests only add connections and tasks, and a few
-            # samples can all catch some: the floors of each half are stable.
-            floor0 = min(p[what] for p in series[:half])
-            floor1 = min(p[what] for p in series[half:])
-            out[key][name] = floor1 - floor0
-            allowed = max(COUNT_LIMIT_ABS, COUNT_LIMIT_PCT / 100.0 * floor0)
-            if floor1 - floor0 > allowed:
-                out["failures"].append(f"{name}: {what} {floor0} -> {floor1}")
+    for name in sorted({n for s in after for n in s["procs"]}):
+        missed = [i for i, s in enumerate(after) if s["procs"].get(name, {}).get("missing")]
+        if missed:
+            failures.append(f"{name}: no reading in sample(s) {missed} after warm-up")
+    judged: list[str] = []
+    for name in parts:
+        series = [s["procs"].get(name) for s in after]
+        pids = sorted({p["pid"] for p in series if p is not None})
+        if any(p is None for p in series):
+            failures.append(f"{name}: not running in every sample after warm-up")
+        elif len(pids) > 1:
+            failures.append(f"{name}: restarted (pids {pids})")
+        elif not any(p.get("missing") for p in series if p is not None):
+            judged.append(name)
+    for model, replicas in sorted(always_on.items()):
+        per_sample = [sorted(n for n in s["procs"] if _engine_model(n) == model) for s in after]
+        names = sorted({n for names in per_sample for n in names})
+        if any(len(names_then) != replicas for names_then in per_sample):
+            failures.append(f"engine {model}: {[len(n) for n in per_sample]} engine(s) in the"
+                            f" samples after warm-up, {replicas} always running expected")
+        elif len(names) != replicas:
+            failures.append(f"engine {model}: restarted ({', '.join(names)})")
+    # Whatever lived through the window and answered each time is measured.
+    lived = [n for n in sorted(set.intersection(*(set(s["procs"]) for s in after)))
+             if n not in parts and len({s["procs"][n]["pid"] for s in after}) == 1
+             and not any(s["procs"][n].get("missing") for s in after)]
+    for name in [*judged, *lived]:
+        _judge(name, [s["procs"][name] for s in after], out)
     return out
+
+
+def _engine_model(name: str) -> str | None:
+    """``engine MODEL pid N`` -> MODEL."""
+    words = name.split()
+    return words[1] if len(words) == 4 and words[0] == "engine" else None
+
+
+def _judge(name: str, series: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    # Non-overlapping windows, so a short run still compares first and last.
+    width = max(1, min(WINDOW, len(series) // 2))
+    head, tail = series[:width], series[-width:]
+    rss0 = statistics.median(p["rss_mb"] for p in head)
+    rss1 = statistics.median(p["rss_mb"] for p in tail)
+    rss_pct = round(100.0 * (rss1 - rss0) / rss0, 2)
+    out["rss_growth_pct"][name] = rss_pct
+    gc0 = statistics.median(p["gc_objects"] for p in head)
+    gc1 = statistics.median(p["gc_objects"] for p in tail)
+    out["gc_objects_growth_pct"][name] = round(100.0 * (gc1 - gc0) / gc0, 2)
+    if rss_pct > RSS_LIMIT_PCT:
+        out["failures"].append(f"{name}: RSS +{rss_pct} % ({rss0} -> {rss1} MB)")
+    half = max(1, len(series) // 2)
+    for what, key in (("open_files", "open_files_growth"), ("tasks", "tasks_growth")):
+        # In-flight requests only add connections and tasks, and a few
+        # samples can all catch some: the floors of each half are stable.
+        floor0 = min(p[what] for p in series[:half])
+        floor1 = min(p[what] for p in series[half:])
+        out[key][name] = floor1 - floor0
+        allowed = max(COUNT_LIMIT_ABS, COUNT_LIMIT_PCT / 100.0 * floor0)
+        if floor1 - floor0 > allowed:
+            out["failures"].append(f"{name}: {what} {floor0} -> {floor1}")
 
 
 def engine_starts(samples: list[dict[str, Any]]) -> dict[str, int]:

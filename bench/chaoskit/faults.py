@@ -20,8 +20,9 @@ import openai
 from chaoskit.fleet import Fleet
 from chaoskit.load import Load, Worker
 from chaoskit.models import COLD, FETCHED
-from chaoskit.procs import engine_children, engine_on_port, kill_all, wait_gone
+from chaoskit.procs import connections_in, engine_children, engine_on_port, kill_all, wait_gone
 from chaoskit.run import OUTAGE_WATCH_S, Frame, Injected, gateway_in_flight, gateway_metric
+from chaoskit.verdict import Kill
 from llmgw.control.state import UNREACHABLE_AFTER_S
 
 
@@ -49,12 +50,14 @@ async def engine_kill(frame: Frame, load: Load, model: str) -> Injected:
     replica = await holder(frame.fleet, model)
     engine = _engine_of(replica)
     retries = await gateway_metric(frame.fleet, RETRIES, model) or 0.0
+    held = connections_in(engine, int(replica["port"]))
     at = time.monotonic()
     kill_all([engine])
     in_flight = _in_flight(load, model, at)
-    injected = Injected(ended=at, kills=[(at, model)], gone={replica["id"]}, notes=[
+    injected = Injected(ended=at, kills=[Kill(at, model, replica["id"], held)],
+                        gone={replica["id"]}, notes=[
         f"killed the {model} engine of replica {replica['id']} on {replica['nodes'][0]}"
-        f" with {in_flight} request(s) of the load in flight"])
+        f" with {in_flight} request(s) of {model} in flight, at most {held} of them there"])
 
     async def restore() -> None:
         after = await gateway_metric(frame.fleet, RETRIES, model) or 0.0
@@ -86,6 +89,8 @@ async def node_kill(frame: Frame, load: Load, node: str, model: str) -> Injected
     on_node = [r for r in await fleet.replicas() if node in r["nodes"] and r["port"]]
     engines = engine_children(agent.pid) + [
         e for r in on_node if (e := engine_on_port(int(r["port"]))) is not None]
+    held = {r["id"]: connections_in(e, int(r["port"])) for r in on_node
+            if (e := engine_on_port(int(r["port"]))) is not None}
     at = time.monotonic()
     agent.signal(signal.SIGKILL)
     pids = kill_all(engines)
@@ -98,7 +103,8 @@ async def node_kill(frame: Frame, load: Load, node: str, model: str) -> Injected
         if await fleet.wait_whole(120) is None:
             raise RuntimeError(f"not whole after {node} came back:\n{fleet.logs()}")
 
-    injected = Injected(ended=at, kills=[(at, m) for m in killed_models], dead={node},
+    kills = [Kill(at, r["model"], r["id"], held.get(r["id"], 0)) for r in on_node]
+    injected = Injected(ended=at, kills=kills, dead={node},
                         gone={r["id"] for r in on_node}, restore=restore)
     first = await _first_answer(load, model, at, timeout_s=frame.recovery_timeout_s)
     injected.figures["first_answer_s"] = None if first is None else round(first, 2)

@@ -135,6 +135,21 @@ def engine_on_port(port: int) -> psutil.Process | None:
     return None
 
 
+def connections_in(proc: psutil.Process, port: int) -> int:
+    """Open connections to ``proc`` on ``port``: an engine's requests in flight, at most.
+
+    The gateway keeps idle connections to an engine open between requests,
+    so this counts those too; a connection carries one request at a time,
+    so the engine cannot hold more.
+    """
+    try:
+        conns = proc.net_connections(kind="tcp")
+    except psutil.Error:
+        return 0
+    return sum(1 for c in conns if c.status == psutil.CONN_ESTABLISHED and c.laddr
+               and c.laddr.port == port)
+
+
 def orphan_engines(root: Path) -> list[psutil.Process]:
     """Engines left by agents killed during the run: their logs are under ``root``."""
     marker = str(root)

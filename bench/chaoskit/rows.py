@@ -61,7 +61,7 @@ class Lost:
 
     def as_json(self) -> dict[str, int]:
         return {"catalog": self.catalog, "keys": self.keys, "events": self.events,
-                "usage": self.usage}
+                "usage": self.usage, "usage_extra": self.usage_extra}
 
 
 def lost(before: Rows, after: Rows, writer: AdminWriter, key_id: str, answered: int) -> Lost:

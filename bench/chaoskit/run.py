@@ -5,14 +5,17 @@ the load settle, inject the fault, wait until the fleet is whole again,
 keep the load a little longer, stop, and read the rows again once the
 gateway's last usage batch is in.
 
-How a failure is judged. A request that was in flight on a replica the
-fault killed may fail: it had started there. Every other failure of a
-non-streamed request is ``failed_unstarted``, and so is any failure whose
-OpenAI error code says no replica ever took the request
-(``upstream_unavailable``, ``model_not_ready``, ...): those the gateway must
-retry elsewhere or hold until a replica is there. ``recovery_s`` runs from
-the end of the fault (the kill; the agent's restart; its SIGCONT; the disk
-filling up, which stays full) until the fleet is first seen whole.
+How a failure is judged (chaoskit.verdict): a failure is excused only
+by a replica the fault killed while the request was in flight there, of the
+request's model, the failure arriving within seconds of the kill, and no
+more of them than that replica held; a failure whose OpenAI error code says
+no replica ever took the request (``upstream_unavailable``,
+``model_not_ready``, ...) is never excused: those the gateway must retry
+elsewhere or hold until a replica is there. Every other failure is
+``failed_unexcused`` (target 0). ``recovery_s`` runs from the end of the
+fault (the kill; the agent's restart; its SIGCONT; the disk filling up,
+which stays full) until the fleet is first seen whole. The fault's verdict
+(``ok`` and the reasons it failed) is chaoskit.verdict.reasons.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import Any
 import httpx
 
 from chaoskit.fleet import Fleet
-from chaoskit.load import UNSTARTED_CODES, Load, Record, Worker
+from chaoskit.load import Load, Record, Worker
 from chaoskit.rows import AdminWriter, Lost, Rows, lost, settled_usage
+from chaoskit.verdict import Judged, Kill, excused, reasons
 from llmgw.control.state import UNREACHABLE_AFTER_S
 
 # After an outage of the control plane, how long the fleet must stay whole:
@@ -46,9 +50,8 @@ class Injected:
 
     # When the fault was over (time.monotonic()); recovery runs from here.
     ended: float = 0.0
-    # (time.monotonic(), model) of each replica killed: requests to that
-    # model in flight at that moment may fail.
-    kills: list[tuple[float, str]] = field(default_factory=list)
+    # Each replica killed: what it held in flight then may fail.
+    kills: list[Kill] = field(default_factory=list)
     # Replicas whose engines the fault killed: not ready in a whole fleet.
     gone: set[str] = field(default_factory=set)
     # Nodes left dead: unreachable in a whole fleet.
@@ -75,7 +78,8 @@ class Outcome:
     name: str
     sent: int = 0
     failed: int = 0
-    failed_unstarted: int = 0
+    failed_unexcused: int = 0
+    answered_after: int = 0
     recovery_s: float | None = None
     lost: Lost | None = None
     usage_bound: int = 0
@@ -84,15 +88,32 @@ class Outcome:
     figures: dict[str, float | None] = field(default_factory=dict)
     skipped: str | None = None
 
+    def judged(self) -> Judged:
+        return Judged(
+            sent=self.sent, failed=self.failed, failed_unexcused=self.failed_unexcused,
+            answered_after=self.answered_after, recovery_s=self.recovery_s,
+            lost=self.lost.as_json() if self.lost else None, usage_bound=self.usage_bound,
+            figures=self.figures, skipped=self.skipped,
+        )
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why this fault's run failed its verdict (empty: it passed)."""
+        return reasons(self.judged())
+
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "sent": self.sent, "failed": self.failed, "failed_unstarted": self.failed_unstarted,
+            "ok": not self.reasons, "sent": self.sent, "failed": self.failed,
+            "failed_unexcused": self.failed_unexcused, "answered_after": self.answered_after,
             "recovery_s": None if self.recovery_s is None else round(self.recovery_s, 2),
             "rows_lost": self.lost.as_json() if self.lost else None,
+            "usage_bound": self.usage_bound,
         }
         out.update(self.figures)
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.reasons:
+            out["failed_because"] = self.reasons
         return out
 
     def line(self) -> str:
@@ -104,9 +125,10 @@ class Outcome:
                      f" usage {rows.usage} (bound {self.usage_bound}"
                      f"{', counted twice ' + str(rows.usage_extra) if rows.usage_extra else ''})"
                      if rows else "not read")
+        verdict = "ok" if not self.reasons else "FAILED: " + "; ".join(self.reasons)
         return (f"{self.name:26s} failed {self.failed}/{self.sent}"
-                f" (unstarted {self.failed_unstarted}), whole again after {rec};"
-                f" rows lost: {lost_text}")
+                f" (unexcused {self.failed_unexcused}), whole again after {rec};"
+                f" rows lost: {lost_text}; {verdict}")
 
 
 @dataclass
@@ -150,6 +172,7 @@ class Frame:
             await load.stop()
         records = [*load.records, *(r for x in injected.extra_loads for r in x.records)]
         self._judge(outcome, records, injected)
+        outcome.answered_after = sum(1 for r in records if r.ok and r.sent >= injected.ended)
         answered = sum(1 for r in load.records if r.answered)
         after = await settled_usage(self.database_url, fleet.creds.api_key_id,
                                     before.usage[fleet.creds.api_key_id] + answered)
@@ -198,19 +221,10 @@ class Frame:
         outcome.sent = len(records)
         failures = [r for r in records if not r.ok]
         outcome.failed = len(failures)
-        outcome.failed_unstarted = sum(1 for r in failures if _unstarted(r, injected.kills))
+        outcome.failed_unexcused = len(failures) - len(excused(failures, injected.kills))
         for r in failures:
             key = r.code or re.sub(r"\d+", "N", (r.error or "?"))[:80]
             outcome.errors[key] = outcome.errors.get(key, 0) + 1
-
-
-def _unstarted(record: Record, kills: list[tuple[float, str]]) -> bool:
-    if record.code in UNSTARTED_CODES:
-        return True
-    if record.stream:
-        return False
-    return not any(record.model == model and record.sent <= at <= (record.done or at)
-                   for at, model in kills)
 
 
 def _errors(records: list[Record]) -> dict[str, int]:
