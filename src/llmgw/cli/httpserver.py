@@ -10,7 +10,10 @@ closes a connection whose request head is not complete within
 ``HEAD_TIMEOUT_S`` of its first byte (or of the connection opening), and
 refuses a head over ``MAX_HEAD_BYTES``; ``limit_concurrency`` answers 503
 past a number of connections instead of running out of file descriptors;
-idle keep-alive connections close after ``KEEP_ALIVE_S``.
+idle keep-alive connections close after ``KEEP_ALIVE_S``; one client
+address holds at most ``LLMGW_MAX_CONNECTIONS_PER_ADDRESS`` connections
+(llmgw.addresscap) and a request's body must be complete within
+``BODY_TIMEOUT_S`` of its head.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from typing import Any
 
 import uvicorn
 
-from llmgw.cli.leanhttp import HEAD_TIMEOUT_S, MAX_HEAD_BYTES, LeanHttpProtocol
+from llmgw.addresscap import max_per_address_from_env
+from llmgw.cli.leanhttp import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_HEAD_BYTES, LeanHttpProtocol
 
-__all__ = ["HEAD_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "MAX_HEAD_BYTES", "server_config"]
+__all__ = [
+    "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "MAX_HEAD_BYTES",
+    "server_config",
+]
 
 # Longer than uvicorn's 5 s: OpenAI clients keep pooled connections for a
 # while, and a close racing their next request is an error they must retry.
@@ -34,6 +41,7 @@ MAX_CONNECTIONS = 4096
 
 def server_config(app: Any, **kwargs: Any) -> uvicorn.Config:
     """A uvicorn.Config with llmgw's protocol and limits; ``kwargs`` add to or override them."""
+    max_per_address_from_env()  # a bad LLMGW_MAX_CONNECTIONS_PER_ADDRESS stops the start here
     settings: dict[str, Any] = {
         "http": LeanHttpProtocol,
         "ws": "none",

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 # behind the held head.
 _JOIN_UNDER = 64 * 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# Answers after which the connection closes whatever the client asked: the
+# client was refused, and a connection kept open for a client without a
+# credential (or with a body it will not finish) is a slot held for nothing.
+CLOSE_AFTER = frozenset({401, 408, 413})
 _ERROR_500 = (
     500,
     [
@@ -143,6 +147,8 @@ class Exchange:
             return
         if self.started:
             raise RuntimeError("answer() after the answer started")
+        if status in CLOSE_AFTER:
+            self.keep_alive = False
         proto = self.proto
         defaults = proto.default_head.of(proto.server_state.default_headers)
         if defaults is None or proto.access_log:
@@ -197,6 +203,8 @@ class Exchange:
         self.continue_ = False
         proto = self.proto
         status = message["status"]
+        if status in CLOSE_AFTER:
+            self.keep_alive = False
         headers = message.get("headers", ())
         if proto.access_log:
             scope: Any = self.scope

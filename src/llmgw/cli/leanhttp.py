@@ -29,8 +29,18 @@ backpressure, ``http.disconnect`` for a client that leaves, 100-continue,
 HEAD, HTTP/1.0, 400 for a malformed request, 500 for an app that fails, the
 access log. Added: the head's deadline and size cap (uvicorn bounds
 neither; :mod:`llmgw.cli.httpserver` has the settings every llmgw server
-runs this protocol with) and the keep-alive timer armed once per idle
+runs this protocol with), the body's deadline, a cap on connections per
+client address, a connection closed after an answer that refuses its
+request (401, 408, 413), and the keep-alive timer armed once per idle
 stretch.
+
+Why per address (llmgw.addresscap): uvicorn's ``limit_concurrency`` counts
+all connections together, so one address that keeps a few thousand slow
+connections open (each a byte every few seconds, never finishing its head)
+made every other client's request a 503, ``/healthz`` included. Past
+``max_per_address`` open connections from one address, a new connection
+from it is answered 503 and closed at once, before anything is read, so
+the rest of the connection limit stays for everyone else.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ from uvicorn.protocols.utils import (
     is_ssl,
 )
 
+from llmgw.addresscap import AddressCounts, max_per_address_from_env
 from llmgw.cli.answerhead import DefaultHead
 from llmgw.cli.leanexchange import Exchange
 
@@ -66,6 +77,12 @@ _TASK_NAME = "llmgw-request"
 # connection's opening): a client trickling a byte a minute holds no
 # connection for long.
 HEAD_TIMEOUT_S = 10.0
+# A request's body must be complete this long after its head: a client
+# trickling its body holds its connection (and, on the control plane, a
+# route waiting for the body) no longer. Generous for the largest bodies
+# llmgw takes (a 48 MiB usage batch, a transcription's audio upload) over a
+# slow link.
+BODY_TIMEOUT_S = 120.0
 # Large enough for any OpenAI client's headers (a long bearer token, tracing
 # headers), small enough that a head never matters for memory.
 MAX_HEAD_BYTES = 64 * 1024
@@ -76,7 +93,21 @@ _STRIP_OWS = operator.methodcaller("rstrip", b" \t")
 # not grow it without end.
 _PLAIN_PATHS: dict[bytes, str] = {}
 _PLAIN_PATHS_KEPT = 1024
+_OVER_PER_ADDRESS = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"retry-after: 1\r\nconnection: close\r\ncontent-length: 41\r\n\r\n"
+    b"Too many connections from this address.\r\n"
+)
 
+
+
+def _per_address(server_state: Any, cap: int) -> AddressCounts:
+    """The open connections per client address of one server (shared by its connections)."""
+    counts: AddressCounts | None = getattr(server_state, "llmgw_per_address", None)
+    if counts is None or counts.cap != cap:
+        counts = AddressCounts(cap)
+        server_state.llmgw_per_address = counts
+    return counts
 
 def _parse_target(url: bytes, root: str) -> tuple[str, bytes, bytes]:
     """(path, raw path, query) of a request target, as uvicorn makes them."""
@@ -107,7 +138,11 @@ class LeanHttpProtocol(asyncio.Protocol):
     """An HTTP/1.1 connection serving an ASGI app (see the module's docstring)."""
 
     head_timeout_s = HEAD_TIMEOUT_S
+    body_timeout_s = BODY_TIMEOUT_S
     max_head_bytes = MAX_HEAD_BYTES
+    # None: LLMGW_MAX_CONNECTIONS_PER_ADDRESS or its default (llmgw.addresscap);
+    # tests set a number here.
+    max_per_address: int | None = None
     # Shared: keyed by the identity of the server's list of default headers.
     default_head = DefaultHead()
 
@@ -173,28 +208,46 @@ class LeanHttpProtocol(asyncio.Protocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None
         self._keep_alive_timer: asyncio.TimerHandle | None = None
+        # When the body in progress began (None: no body being read).
+        self._body_since: float | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        cap = self.max_per_address
+        self.per_address = _per_address(
+            server_state, max_per_address_from_env() if cap is None else cap)
+        self.address: str | None = None  # counted in per_address under this key
+        self.refused = False  # over its address's cap: answered 503 and closed
 
     # -- connection ------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.connections.add(self)
         self.transport = cast(asyncio.Transport, transport)
-        self.server = get_local_addr(self.transport)
         self.client = get_remote_addr(self.transport)
+        if self.client is not None:
+            self.address = self.per_address.take(self.client[0])
+            if self.address is None:
+                self.refused = True
+                self.transport.write(_OVER_PER_ADDRESS)
+                self.transport.close()
+                return
+        self.connections.add(self)
+        self.server = get_local_addr(self.transport)
         self.scheme = "https" if is_ssl(self.transport) else "http"
         self._head_since = self.loop.time()
         self._arm_head_timer(self.head_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
+        if self.address is not None:
+            self.per_address.give(self.address)
+            self.address = None
         for exchange in {self.active, self.parsing}:
             if exchange is not None and not exchange.complete:
                 exchange.gone()
         self._writable_again()
-        for timer in (self._head_timer, self._keep_alive_timer):
+        for timer in (self._head_timer, self._keep_alive_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._keep_alive_timer = None
+        self._head_timer = self._keep_alive_timer = self._body_timer = None
         if exc is None:
             self.transport.close()
 
@@ -202,6 +255,8 @@ class LeanHttpProtocol(asyncio.Protocol):
         pass
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return  # over its address's cap (connection_made): closing
         self._idle_since = None
         if self._head_bytes is not None:
             # The head's size, counted per read rather than per header (see
@@ -302,6 +357,11 @@ class LeanHttpProtocol(asyncio.Protocol):
             raise ValueError(f"request head over {self.max_head_bytes} bytes")
         self._head_bytes = None
         self._head_since = None
+        # The body's deadline, one timer per connection as the head's (a
+        # request without a body completes in this same read and clears it).
+        self._body_since = self.loop.time()
+        if self._body_timer is None:
+            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
         parser = self.parser
         version = parser.get_http_version()
         method = parser.get_method().decode("ascii")
@@ -364,6 +424,7 @@ class LeanHttpProtocol(asyncio.Protocol):
         # The next head's count starts with the next read: the rest of this
         # one goes uncounted (a head over the cap by less than a read passes).
         self._head_bytes = 0
+        self._body_since = None
         if exchange is None or exchange.complete:
             return
         exchange.more_body = False
@@ -431,6 +492,39 @@ class LeanHttpProtocol(asyncio.Protocol):
             self._arm_keep_alive(left)
         elif not self.transport.is_closing():
             self.transport.close()
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        since = self._body_since
+        if since is None or self.transport.is_closing():
+            return  # between bodies: the next head arms a timer again
+        left = since + self.body_timeout_s - self.loop.time()
+        if left <= 0 and self.read_paused:
+            # Reading is paused by this server (a pipelined request waiting
+            # its turn, or a body the app has not taken yet): not the
+            # client's slowness. The deadline starts over once it reads again.
+            self._body_since = since = self.loop.time()
+            left = self.body_timeout_s
+        if left > 0:
+            self._body_timer = self.loop.call_later(left, self._body_timed_out)
+            return
+        self.logger.info("Request body not complete within %g s; closing.", self.body_timeout_s)
+        exchange = self.parsing
+        answer = (exchange is not None and exchange is self.active and not exchange.started)
+        for pending in {self.active, self.parsing, *(e for e, _ in self.pipeline)}:
+            if pending is not None and not pending.complete:
+                pending.gone()
+        if answer:
+            msg = f"The request body was not complete within {self.body_timeout_s:g} s."
+            self.transport.write(b"".join([
+                STATUS_LINE[408],
+                *(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers),
+                b"content-type: text/plain; charset=utf-8\r\n",
+                b"content-length: %d\r\n" % len(msg),
+                b"connection: close\r\n\r\n",
+                msg.encode("ascii"),
+            ]))  # fmt: skip
+        self.transport.close()
 
     def _arm_head_timer(self, delay_s: float) -> None:
         if self._head_timer is not None:

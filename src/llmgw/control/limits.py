@@ -6,8 +6,12 @@ could reach the port could make the control plane hold gigabytes. This ASGI
 middleware refuses a declared ``Content-Length`` over the route's limit with
 413 before the application sees the request, counts the bytes of a chunked
 (undeclared) body as they arrive and stops at the limit, and gives up on a
-body whose next piece takes longer than ``idle_s`` (a client trickling a
-body a byte at a time would otherwise hold a request open forever).
+body whose next piece takes longer than ``idle_s`` or that is not complete
+``total_s`` after the route first asked for it (a client trickling a body a
+byte at a time, each byte inside the idle limit, would otherwise hold a
+request open for as long as it liked). llmgw's HTTP server
+(llmgw.cli.leanhttp) has a body deadline of its own; this one holds under
+any server.
 
 Limits go by path prefix, the longest match first: registration is small
 (a name, a token, an inventory), a gateway's usage batch after a long outage
@@ -39,6 +43,7 @@ DEFAULT_LIMITS: tuple[tuple[str, int], ...] = (
     ("/", 8 * MiB),
 )
 BODY_IDLE_S = 30.0
+BODY_TOTAL_S = 120.0
 
 
 class BodyLimit:
@@ -47,10 +52,12 @@ class BodyLimit:
         app: ASGIApp,
         limits: Sequence[tuple[str, int]] = DEFAULT_LIMITS,
         idle_s: float = BODY_IDLE_S,
+        total_s: float = BODY_TOTAL_S,
     ) -> None:
         self.app = app
         self.limits = sorted(limits, key=lambda item: -len(item[0]))
         self.idle_s = idle_s
+        self.total_s = total_s
 
     def limit_for(self, path: str) -> int:
         return next((size for prefix, size in self.limits if path.startswith(prefix)),
@@ -68,6 +75,7 @@ class BodyLimit:
             return
         received = 0
         started = refused = False
+        deadline: float | None = None  # set at the first receive
 
         async def refuse(status: int, message: str) -> Message:
             # Answered here, at once; the route then sees the client gone
@@ -80,17 +88,24 @@ class BodyLimit:
             return {"type": "http.disconnect"}
 
         async def counted_receive() -> Message:
-            nonlocal received
+            nonlocal received, deadline
             if refused:
                 return {"type": "http.disconnect"}
+            now = asyncio.get_running_loop().time()
+            if deadline is None:
+                deadline = now + self.total_s
+            idle_until = now + self.idle_s
             try:
                 # asyncio.timeout, not 3.11's wait_for, which can swallow the
                 # cancel of a request whose client left (services/gateways.py).
-                async with asyncio.timeout(self.idle_s):
+                async with asyncio.timeout_at(min(deadline, idle_until)):
                     message = await receive()
             except TimeoutError:
+                if idle_until <= deadline:
+                    return await refuse(
+                        408, f"no part of the request body arrived for {self.idle_s:g} s")
                 return await refuse(
-                    408, f"no part of the request body arrived for {self.idle_s:g} s")
+                    408, f"the request body was not complete within {self.total_s:g} s")
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:

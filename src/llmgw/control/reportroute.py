@@ -9,7 +9,8 @@ middleware sits inside the body limit and the report counter
 (limits.BodyLimit, metrics.CountReports), so both still see every report,
 and answers ``POST /agent/v1/report`` itself: the same checks in the same
 order as the route in app.py (leader, node token, body, node name), the
-same ``Agents.report``, the same bytes. Failures are answered by the
+same ``Agents.report``, the same bytes. The node token is checked before
+the body is read. Failures are answered by the
 application's own exception handlers (the dict FastAPI fills from
 ``app.exception_handler``), so every error keeps its one shape.
 """
@@ -73,9 +74,16 @@ class ReportRoute:
         if scope["type"] != "http" or scope["path"] != REPORT_PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        body = await _read_body(receive)
         try:
-            payload = await self._answer(scope, body)
+            # The leader and the node token before a byte of the body is
+            # read: a caller without a token holds no route waiting for a
+            # body it may never finish, nor the memory of one.
+            self.cp.require_leader()
+            node = self.cp.nodes.for_token(secrets.bearer(_header(scope, b"authorization")))
+            body = await _read_body(receive)
+            payload = await self._answer(node, body)
+        except ClientDisconnect:
+            raise
         except Exception as exc:
             handler = self._handler_for(exc)
             if handler is None:
@@ -100,10 +108,8 @@ class ReportRoute:
         )
         await send({"type": "http.response.body", "body": payload})
 
-    async def _answer(self, scope: Scope, body: bytes) -> bytes | Response:
+    async def _answer(self, node: NodeRecord, body: bytes) -> bytes | Response:
         cp = self.cp
-        cp.require_leader()
-        node = cp.nodes.for_token(secrets.bearer(_header(scope, b"authorization")))
         digest = hashlib.sha256(body).digest()
         kept = self._last.get(node.name)
         if kept is not None and kept.node is node:
