@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+from pathlib import Path
+
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
 from llmgw.wire import (
     Device,
@@ -145,3 +148,20 @@ def fake_gpu_node(tag: str = "") -> FakeNvml:
     broken = FakeGpu(uuid=f"GPU-{tag}x", name=H100, memory_total_mib=81559, utilization_pct=0,
                      ecc_volatile_uncorrected=3, ecc_aggregate_uncorrected=3)  # fmt: skip
     return FakeNvml([mig_card, whole, broken])
+
+
+def write_gguf(path: Path, architecture: str, chat_template: str | None = None) -> str:
+    """A GGUF file holding metadata only (no tensors), as llama.cpp writes its header:
+    the architecture, a vocabulary array to skip, and the chat template if given."""
+    def text(value: str) -> bytes:
+        data = value.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    entries = [text("general.architecture") + struct.pack("<I", 8) + text(architecture)]
+    vocab = b"".join(text(token) for token in ("<pad>", "<bos>", "hello"))
+    entries.append(text("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + vocab)
+    entries.append(text("tokenizer.ggml.scores") + struct.pack("<IIQ", 9, 6, 3) + bytes(12))
+    if chat_template is not None:
+        entries.append(text("tokenizer.chat_template") + struct.pack("<I", 8) + text(chat_template))
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries)) + b"".join(entries))
+    return str(path)

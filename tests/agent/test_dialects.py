@@ -61,15 +61,15 @@ def test_each_adapter_declares_the_extra_routes_its_engine_serves() -> None:
     python = LlamaCppAdapter(server_binary="").build(_context(llama)).dialect
     assert python.extra_routes == []
     server = LlamaCppAdapter(server_binary="/usr/bin/llama-server")
-    assert server.build(_context(llama)).dialect.extra_routes == []
+    assert server.build(_context(llama)).dialect.extra_routes == ["/v1/responses"]
     reranker = model(EngineKind.LLAMACPP, weights=gguf).model_copy(
         update={"engine_args": ["--reranking"]})  # fmt: skip
     assert server.build(_context(assign(reranker, [gpu(0)]))).dialect.extra_routes == [
-        "/v1/rerank"]  # fmt: skip
+        "/v1/responses", "/v1/rerank"]  # fmt: skip
     vllm = VllmAdapter().build(_context(assign(model(EngineKind.VLLM), [gpu(0)]))).dialect
     assert vllm.extra_routes == list(EXTRA_ROUTES)
     sglang = SglangAdapter().build(_context(assign(model(EngineKind.SGLANG), [gpu(0)]))).dialect
-    assert sglang.extra_routes == ["/v1/responses", "/v1/rerank"]
+    assert sglang.extra_routes == ["/v1/responses", "/v1/rerank", "/v1/audio/transcriptions"]
     for routes, declared in ((None, list(EXTRA_ROUTES)), ([], []), (["/v1/score"], ["/v1/score"])):
         spec = ModelSpec(name="s", engine=EngineKind.SIM, sim=SimParams(routes=routes))
         sim = SimAdapter().build(_context(assign(spec, [cpu_slot(0)]), weights=None)).dialect
@@ -92,7 +92,8 @@ def test_llamacpp_declares_embeddings_logprobs_and_choices_by_its_flags() -> Non
     assert dialect("", "--logits_all", "true").logprobs
     assert not dialect("", "--logits_all", "false").logprobs
     server = dialect("/usr/bin/llama-server")
-    assert not server.embeddings and server.logprobs and not server.developer_role
+    # llama-server maps "developer" itself, and keeps it for GPT-OSS (chat.cpp).
+    assert not server.embeddings and server.logprobs and server.developer_role
     assert dialect("/usr/bin/llama-server", "--embeddings").embeddings
     assert dialect("/usr/bin/llama-server", "--embedding").embeddings
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import sys
 from pathlib import Path
 
 import pytest
-from tests.agent.helpers import assign, cpu_slot, gemma, gpu, mig_instance, model
+from tests.agent.helpers import assign, cpu_slot, gemma, gpu, mig_instance, model, write_gguf
 
-from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter
+from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, VllmAdapter, templates
 from llmgw.agent.engines.base import LaunchContext, split_host_port, validate_engine_args
+from llmgw.agent.engines.nodeenv import NodeEnvAllowed
 from llmgw.agent.engines.vllm import installed_version
 from llmgw.agent.supervisor import engine_environment
 from llmgw.engine_env import LLAMA_CPP_PYTHON_SETTINGS
@@ -162,15 +164,21 @@ def test_sglang_leader_needs_a_port() -> None:
 GGUF = "/data/weights/gemma-3-270m-q4_k_m.gguf"
 
 
-def test_llamacpp_python_server_on_cpu() -> None:
+def test_llamacpp_python_server_on_cpu(tmp_path: Path) -> None:
     d = [cpu_slot()]
-    launch = LlamaCppAdapter(server_binary="").build(ctx(assign(gemma(), d), d, weights=GGUF))
+    weights = write_gguf(tmp_path / "gemma.gguf", "gemma3")  # no template, as the starter's
+    launch = LlamaCppAdapter(server_binary="").build(ctx(assign(gemma(), d), d, weights=weights))
     assert launch.argv[:3] == [sys.executable, "-m", "llama_cpp.server"]
-    assert flag(launch.argv, "--model") == GGUF
+    assert flag(launch.argv, "--model") == weights
     assert flag(launch.argv, "--model_alias") == "gemma-3-270m"
     assert flag(launch.argv, "--host") == "10.0.0.5"
     assert flag(launch.argv, "--port") == "21000"
-    assert flag(launch.argv, "--chat_format") == "gemma"  # the GGUF has no template
+    # The GGUF has no template: Gemma 3's official one (its gemma format
+    # would drop system messages).
+    assert flag(launch.argv, "--chat_format") == "hf-tokenizer-config"
+    config = flag(launch.argv, "--hf_tokenizer_config_path")
+    assert config == templates.template_files("gemma3").tokenizer_config
+    assert "chat_template" in json.loads(Path(config).read_text())
     # No per-token logits (about 1 MB a token for Gemma), and no RAM prompt
     # cache, whose cache_size does not count what it holds (test_memory_budget).
     assert flag(launch.argv, "--logits_all") == "false"
@@ -183,7 +191,7 @@ def test_llamacpp_python_server_on_cpu() -> None:
     assert launch.serving_probe == "/docs"
 
 
-def test_llamacpp_catalog_chat_format_wins() -> None:
+def test_llamacpp_catalog_chat_format_wins(tmp_path: Path) -> None:
     d = [cpu_slot()]
     spec = model(
         "llamacpp",
@@ -191,18 +199,41 @@ def test_llamacpp_catalog_chat_format_wins() -> None:
         engine_args=["--chat_format", "chatml"],
         gpu_classes=["cpu"],
     )
-    launch = LlamaCppAdapter(server_binary="").build(ctx(assign(spec, d), d, weights=GGUF))
+    weights = write_gguf(tmp_path / "gemma.gguf", "gemma3")
+    launch = LlamaCppAdapter(server_binary="").build(ctx(assign(spec, d), d, weights=weights))
     assert launch.argv.count("--chat_format") == 1
     assert launch.argv[-2:] == ["--chat_format", "chatml"]
 
 
-def test_llamacpp_not_gemma_keeps_its_template() -> None:
+@pytest.mark.parametrize("server", ["", "/usr/local/bin/llama-server"])
+def test_llamacpp_model_with_a_template_or_unknown_family_keeps_its_own(
+    tmp_path: Path, server: str
+) -> None:
     d = [cpu_slot()]
-    spec = model("llamacpp", name="qwen2-0.5b", gpu_classes=["cpu"])
-    launch = LlamaCppAdapter(server_binary="").build(
-        ctx(assign(spec, d), d, weights="/w/qwen.gguf")
+    spec = model("llamacpp", name="gemma-3-270m", gpu_classes=["cpu"])
+    own = write_gguf(tmp_path / "own.gguf", "gemma3", "{{ messages }}")
+    other = write_gguf(tmp_path / "qwen.gguf", "qwen2")
+    for weights in (own, other, "/w/missing.gguf"):
+        argv = LlamaCppAdapter(server_binary=server).build(
+            ctx(assign(spec, d), d, weights=weights)
+        ).argv
+        assert not any("chat" in item or "tokenizer_config" in item for item in argv), argv
+
+
+def test_llama_server_gets_the_template_file_never_a_family_name(tmp_path: Path) -> None:
+    # Current llama-server reads --chat-template's value as Jinja text: "gemma"
+    # would make every prompt the word "gemma" (common/chat.cpp).
+    d = [cpu_slot()]
+    weights = write_gguf(tmp_path / "gemma.gguf", "gemma3")
+    launch = LlamaCppAdapter(server_binary="/usr/local/bin/llama-server").build(
+        ctx(assign(gemma(), d), d, weights=weights)
     )
-    assert "--chat_format" not in launch.argv
+    assert "--chat-template" not in launch.argv
+    assert flag(launch.argv, "--chat-template-file") == templates.template_files("gemma3").jinja
+    with pytest.raises(EngineError, match="Jinja text"):
+        LlamaCppAdapter(server_binary="llama-server").validate(
+            assign(gemma().model_copy(update={"engine_args": ["--chat-template", "gemma"]}), d)
+        )
 
 
 def test_llamacpp_binary_single_gpu_and_tp4() -> None:
@@ -453,7 +484,7 @@ def test_llamacpp_env_read_over_the_command_line_is_refused(env: dict[str, str])
 def test_other_env_passes_and_other_engines_do_not_read_those_names() -> None:
     env = {"LLAMA_ARG_THREADS": "4", "OMP_NUM_THREADS": "2"}
     LlamaCppAdapter("").validate(assign(gguf_model(env=env), CPU))
-    VllmAdapter().validate(assign(model("vllm", env={"PORT": "9"}), CPU))
+    VllmAdapter().validate(assign(model("vllm", env={"VLLM_CPU_KVCACHE_SPACE": "1"}), CPU))
 
 
 def test_what_a_llama_cpp_server_would_read_is_not_inherited(
@@ -535,3 +566,22 @@ def test_engine_scripts_beside_the_agents_python_are_found(
     (tmp_path / "vllm").touch()
     assert SglangAdapter().executable == str(tmp_path / "sglang")
     assert VllmAdapter().executable == str(tmp_path / "vllm")
+
+
+def test_only_a_nodes_admin_lets_other_env_reach_an_engine() -> None:
+    # The catalog (the admin token) cannot give an engine LD_PRELOAD and the
+    # like; the node's own admin may allow a name on that node
+    # (llmgw agent --engine-env-allow), never one the agent manages.
+    d = [gpu(0)]
+    spec = model("vllm", env={"LD_LIBRARY_PATH": "/opt/driver/lib", "VLLM_LOGGING_LEVEL": "DEBUG"})
+    with pytest.raises(EngineError, match="LD_LIBRARY_PATH is not a vllm setting"):
+        VllmAdapter().validate(assign(spec, d))
+    allowed = NodeEnvAllowed(VllmAdapter(), {"LD_LIBRARY_PATH", "VLLM_API_KEY"})
+    allowed.validate(assign(spec, d))
+    launch = allowed.build(ctx(assign(spec, d), d))
+    assert launch.env["LD_LIBRARY_PATH"] == "/opt/driver/lib"
+    assert launch.env["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    assert launch.env["CUDA_VISIBLE_DEVICES"] == d[0].uuid
+    keyed = model("vllm", env={"VLLM_API_KEY": "mine"})
+    with pytest.raises(EngineError, match="API key"):
+        allowed.validate(assign(keyed, d))

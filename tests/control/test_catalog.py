@@ -139,7 +139,7 @@ def test_llamacpp_env_the_engine_reads_over_its_command_line_is_refused() -> Non
     # environment over the agent's flags; llama-server its LLAMA_ARG_*.
     env = {"PORT": "9", "n_ctx": "64", "LLAMA_ARG_HOST": "0.0.0.0", "OMP_NUM_THREADS": "2"}
     lines = problems([spec("a", engine="llamacpp", env=env)])
-    assert len(lines) == 3, lines
+    assert len(lines) == 3, lines  # OMP_NUM_THREADS is a setting a catalog may give
     assert lines[0] == (
         "model 'a': field 'env.PORT': llama_cpp.server reads PORT as its port setting, over the"
         " agent's command line, and the agent manages --port; remove it"
@@ -154,8 +154,39 @@ def test_llamacpp_env_the_engine_reads_over_its_command_line_is_refused() -> Non
         "model 'a': field 'env.LLAMA_ARG_HOST': llama-server reads LLAMA_ARG_HOST as --host,"
         " which the agent manages; remove it"
     )
-    # Other engines do not read these names.
-    validate_catalog([spec("b", env={"PORT": "9"})], None)
+    # Other engines do not read PORT, and it is not their setting either.
+    refused = problems([spec("b", engine="vllm", env={"PORT": "9"})])
+    assert "PORT is not a vllm setting" in refused[0]
+
+
+@pytest.mark.parametrize(
+    ("engine", "name"),
+    [("vllm", "LD_PRELOAD"), ("vllm", "LD_LIBRARY_PATH"), ("sglang", "PYTHONPATH"),
+     ("llamacpp", "PYTHONSTARTUP"), ("sim", "BASH_ENV"), ("vllm", "VLLM_SERVER_DEV_MODE"),
+     ("vllm", "VLLM_PLUGINS"), ("vllm", "VLLM_NCCL_SO_PATH"), ("vllm", "VLLM_LOGGING_CONFIG_PATH"),
+     ("vllm", "VLLM_ALLOW_INSECURE_SERIALIZATION"), ("vllm", "VLLM_HOST_IP"),
+     ("sglang", "SGLANG_GRPC_PORT"), ("sglang", "SGLANG_HTTP_SERVER_APP_PATH"),
+     ("sglang", "SGLANG_PLUGINS"), ("llamacpp", "LLAMA_ARG_API_KEY_FILE"),
+     ("llamacpp", "LLAMA_ARG_LOG_FILE"), ("llamacpp", "LLAMA_CPP_LIB_PATH"),
+     ("vllm", "SGLANG_USE_CPU_ENGINE")],
+)  # fmt: skip
+def test_the_catalog_cannot_run_code_on_a_node_through_env(engine: str, name: str) -> None:
+    lines = problems([spec("a", engine=engine, env={name: "/tmp/evil.so"})])
+    assert len(lines) == 1 and f"field 'env.{name}'" in lines[0], lines
+    # A node's admin may allow a name on their node; the control plane then
+    # accepts it, since that node's agent checks it again, and no other runs it.
+    if name not in ("LLAMA_ARG_API_KEY_FILE",):  # what the agent manages stays refused
+        validate_catalog([spec("a", engine=engine, env={name: "x"})], None, {name})
+
+
+@pytest.mark.parametrize(
+    ("engine", "name"),
+    [("vllm", "VLLM_CPU_KVCACHE_SPACE"), ("vllm", "VLLM_LOGGING_LEVEL"), ("vllm", "HF_HUB_OFFLINE"),
+     ("sglang", "SGLANG_ENABLE_TORCH_COMPILE"), ("llamacpp", "LLAMA_ARG_THREADS"),
+     ("llamacpp", "GGML_SCHED_MAX_COPIES"), ("sim", "OMP_NUM_THREADS"), ("vllm", "HF_TOKEN")],
+)  # fmt: skip
+def test_an_engines_own_settings_pass(engine: str, name: str) -> None:
+    validate_catalog([spec("a", engine=engine, env={name: "1"})], None)
 
 
 def test_duplicate_names_and_aliases_within_the_file() -> None:

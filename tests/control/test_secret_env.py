@@ -18,8 +18,8 @@ from llmgw.wire import ShardAssignment
 Admin = tuple[ControlPlane, httpx.AsyncClient]
 ENTRY: dict[str, Any] = {
     "name": "m", "engine": "sim",
-    "env": {"HF_TOKEN": "hf_real_secret", "LICENCE": "lic-1234", "LOG_LEVEL": "info"},
-    "secret_env": ["LICENCE"],
+    "env": {"HF_TOKEN": "hf_real_secret", "HF_HOME": "lic-1234", "TZ": "UTC"},
+    "secret_env": ["HF_HOME"],
 }
 
 
@@ -39,24 +39,24 @@ async def test_secret_env_values_are_redacted_in_every_read(admin: Admin) -> Non
     for text in reads:
         assert "hf_real_secret" not in text and "lic-1234" not in text
     env = (await client.get("/models/m")).json()["spec"]["env"]
-    assert env == {"HF_TOKEN": REDACTED, "LICENCE": REDACTED, "LOG_LEVEL": "info"}
+    assert env == {"HF_TOKEN": REDACTED, "HF_HOME": REDACTED, "TZ": "UTC"}
     # The agent that starts the engine gets the real values.
     cp.state.replicas["r1"] = ReplicaRecord(id="r1", model="m", created_at=0.0,
                                             shards=[ShardAssignment(node="n1")])
     (assignment,) = assignments_for(cp.state, "n1")
     assert assignment.model.env["HF_TOKEN"] == "hf_real_secret"
-    assert assignment.model.env["LICENCE"] == "lic-1234"
+    assert assignment.model.env["HF_HOME"] == "lic-1234"
 
 
 async def test_writing_back_what_was_read_keeps_the_secrets(admin: Admin) -> None:
     cp, client = admin
     await client.put("/models/m", json=ENTRY)
     read = (await client.get("/models/m")).json()["spec"]
-    read["env"]["LOG_LEVEL"] = "debug"
+    read["env"]["TZ"] = "Europe/Paris"
     again = await client.put("/models/m", json=read)
     assert again.status_code == 200, again.text
     env = cp.state.models["m"].spec.env
-    assert env == {"HF_TOKEN": "hf_real_secret", "LICENCE": "lic-1234", "LOG_LEVEL": "debug"}
+    assert env == {"HF_TOKEN": "hf_real_secret", "HF_HOME": "lic-1234", "TZ": "Europe/Paris"}
     applied = await client.post("/apply", json={"models": [read]})
     assert applied.status_code == 200, applied.text
     assert cp.state.models["m"].spec.env["HF_TOKEN"] == "hf_real_secret"

@@ -36,6 +36,7 @@ from llmgw.agent.client import ControlPlaneClient
 from llmgw.agent.discoverer import Discoverer
 from llmgw.agent.engines import default_adapters
 from llmgw.agent.engines.base import EngineAdapter
+from llmgw.agent.engines.nodeenv import NodeEnvAllowed
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.memguard import GuardMode, MemoryGuard, agent_tag, node_memory_mib
@@ -117,6 +118,10 @@ class AgentConfig:
     # certificates, this node's server may still listen in plain HTTP on an
     # address that is not loopback (it carries the peer token).
     insecure_http: bool = False
+    # Catalog env names this node's admin allows beyond each engine's own
+    # settings (llmgw.engine_env, agent.engines.nodeenv); reported to the
+    # control plane, which then accepts them in a catalog.
+    engine_env_allow: frozenset[str] = frozenset()
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -151,6 +156,11 @@ class Agent:
             )
         self._inventory_provider = inventory_provider
         self.adapters = dict(adapters) if adapters is not None else dict(default_adapters())
+        if config.engine_env_allow:
+            self.adapters = {
+                kind: NodeEnvAllowed(adapter, config.engine_env_allow)
+                for kind, adapter in self.adapters.items()
+            }
         self.supervisor: ProcessControl = supervisor or Supervisor(self.data_dir / "logs")
         self.weights = WeightsCache(
             self.data_dir / "weights",
@@ -405,6 +415,9 @@ class Agent:
             if self._ram_mib is None:
                 self._ram_mib = await asyncio.to_thread(node_memory_mib)
             inventory = inventory.model_copy(update={"memory_total_mib": self._ram_mib})
+        if self.config.engine_env_allow:
+            allowed = sorted(self.config.engine_env_allow)
+            inventory = inventory.model_copy(update={"engine_env_allow": allowed})
         return inventory
 
     def build_report(self, inventory: NodeInventory) -> AgentReport:

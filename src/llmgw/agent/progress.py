@@ -86,6 +86,12 @@ VLLM_METRICS = ProgressMetrics(
     counters=("vllm:generation_tokens_total", "vllm:prompt_tokens_total"),
 )
 SGLANG_METRICS = ProgressMetrics(running=SGLANG_RUNNING, counters=(SGLANG_REALTIME,))
+# With --metrics (tools/server/server-task.cpp): llama_decode() calls, one per
+# batch of prompt or generated tokens, so it moves while a request computes,
+# not only when one ends as tokens_predicted_total does.
+LLAMA_SERVER_METRICS = ProgressMetrics(
+    running="llamacpp:requests_processing", counters=("llamacpp:n_decode_total",)
+)
 
 
 class MetricsError(ValueError):

@@ -209,7 +209,7 @@ class ReplicaRunner:
             pid=self.proc.pid if self.proc else None,
             exit_code=self.exit_code,
             reason=reason,
-            log_tail=self.deps.supervisor.log_tail(self.replica_id),
+            log_tail=self._log_tail(),
             download=download,
             started_at=self.started_at,
             ready_at=self.ready_at,
@@ -454,8 +454,20 @@ class ReplicaRunner:
             self.deps.state.put(self._record())
 
     def _last_words(self) -> str:
-        tail = self.deps.supervisor.log_tail(self.replica_id, REASON_LINES)
+        tail = self._log_tail(REASON_LINES)
         return f"; last output: {' | '.join(tail)}" if tail else ""
+
+    def _log_tail(self, lines: int | None = None) -> list[str]:
+        """The engine's last log lines, without its engine key.
+
+        Both go to the control plane and every admin read. Engines may print
+        their key: SGLang logs every server argument, ``api_key`` included,
+        in its start line (``server_args=...``, entrypoints/engine.py).
+        """
+        supervisor, key = self.deps.supervisor, self.assignment.engine_key
+        if lines is None:
+            return supervisor.log_tail(self.replica_id, secret=key)
+        return supervisor.log_tail(self.replica_id, lines, secret=key)
 
     def _set(self, state: ReplicaState, reason: str | None, *, notify: bool = False) -> None:
         changed = state != self.state

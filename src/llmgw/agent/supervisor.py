@@ -75,7 +75,9 @@ class ProcessControl(Protocol):
 
     async def stop(self, proc: EngineProcess, grace_s: float) -> ExitStatus: ...
 
-    def log_tail(self, replica_id: str, lines: int = ...) -> list[str]: ...
+    def log_tail(
+        self, replica_id: str, lines: int = ..., secret: str | None = None
+    ) -> list[str]: ...
 
     def rotate_if_large(self, replica_id: str) -> None: ...
 
@@ -156,7 +158,7 @@ class Supervisor:
 
     def _write_secret(self, replica_id: str, secret: SecretFile) -> Path:
         """The launch's secret in a file of its own, readable by the agent's user only."""
-        path = self.logs_dir / f"{replica_id}.secret"
+        path = self.logs_dir / f"{replica_id}.secret{secret.suffix}"
         path.unlink(missing_ok=True)  # a fresh file, created 0600 (never widened)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -232,7 +234,11 @@ class Supervisor:
             status = self.poll(proc)
         return status
 
-    def log_tail(self, replica_id: str, lines: int = TAIL_LINES) -> list[str]:
+    def log_tail(
+        self, replica_id: str, lines: int = TAIL_LINES, secret: str | None = None
+    ) -> list[str]:
+        """The log's last lines, each cut to TAIL_LINE_CHARS, with ``secret`` blanked
+        (before the cut, which could leave part of it)."""
         path = self.log_path(replica_id)
         try:
             with open(path, "rb") as handle:
@@ -242,6 +248,8 @@ class Supervisor:
         except OSError:
             return []
         text = data.decode("utf-8", errors="replace").replace("\r", "\n")
+        if secret:
+            text = text.replace(secret, "<engine key>")
         kept = [line[:TAIL_LINE_CHARS] for line in text.split("\n") if line.strip()]
         return kept[-lines:]
 

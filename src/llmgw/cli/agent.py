@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import socket
 from pathlib import Path
@@ -28,7 +29,7 @@ from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.tls import check_plain_urls, parse_fingerprint
-from llmgw.wire import check_host, check_node_name
+from llmgw.wire import ENV_NAME_PATTERN, check_host, check_node_name
 
 app = typer.Typer(name="agent", add_completion=False, pretty_exceptions_enable=False)
 
@@ -58,6 +59,15 @@ def _guard_mode(text: str) -> GuardMode:
             return cast(GuardMode, mode)
     choices = ", ".join(get_args(GuardMode))
     raise ConfigError(f"--memory-guard {text!r}: expected one of {choices}")
+
+
+def _env_names(items: list[str]) -> frozenset[str]:
+    """``--engine-env-allow`` values (each may be a comma-separated list), checked as names."""
+    names = frozenset(name.strip() for item in items for name in item.split(",") if name.strip())
+    for name in names:
+        if not re.fullmatch(ENV_NAME_PATTERN, name):
+            raise ConfigError(f"--engine-env-allow {name!r} is not an environment variable name")
+    return names
 
 
 def _check_identity(name: str, address: str, fabrics: list[str]) -> None:
@@ -154,6 +164,13 @@ def agent(
                            " this agent's server in plain HTTP where the control plane"
                            " signs no node certificates.")
     ] = False,
+    engine_env_allow: Annotated[
+        list[str] | None,
+        typer.Option(envvar="LLMGW_ENGINE_ENV_ALLOW",
+                     help="A variable name the catalog may set in an engine's environment on"
+                     " this node beyond the engine's own settings (repeat for more). It can"
+                     " run code in the engines (LD_PRELOAD...): allow only what you must."),
+    ] = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Run this node's agent: report to the control plane and run what it assigns."""
@@ -181,6 +198,7 @@ def agent(
             metrics_token=metrics_token_from(metrics_token_file),
             memory_guard=_guard_mode(memory_guard),
             insecure_http=insecure_http,
+            engine_env_allow=_env_names(engine_env_allow or []),
             ca_file=ca_file,
             ca_fingerprint=parse_fingerprint(ca_hash) if ca_hash else None,
         )

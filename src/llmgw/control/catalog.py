@@ -11,7 +11,7 @@ them hunting through the file.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -129,12 +129,19 @@ def _kind(value: Any) -> str:
 # ---------------------------------------------------------------------------
 
 
-def validate_catalog(specs: list[ModelSpec], existing: dict[str, ModelSpec] | None = None) -> None:
+def validate_catalog(
+    specs: list[ModelSpec],
+    existing: dict[str, ModelSpec] | None = None,
+    node_env_allow: Collection[str] = (),
+) -> None:
     """Raise ValidationError listing every rule ``specs`` break, one per line.
 
     ``existing`` is the catalog the specs are applied to: an entry with the
     same name replaces its existing one, every other existing model keeps its
     name and aliases, so the new entries must not collide with them.
+    ``node_env_allow``: env names some node's admin allows beyond an engine's
+    own settings (llmgw.engine_env); that node's agent checks them again, and
+    every other node refuses them.
     """
     problems: list[Problem] = []
     for spec in specs:
@@ -142,7 +149,7 @@ def validate_catalog(specs: list[ModelSpec], existing: dict[str, ModelSpec] | No
             problems.extend(_external_problems(spec))
             continue
         problems.extend(_shape_problems(spec))
-        problems.extend(_argument_problems(spec))
+        problems.extend(_argument_problems(spec, node_env_allow))
         problems.extend(_memory_problems(spec))
     problems.extend(_name_problems(specs, existing or {}))
     if problems:
@@ -253,7 +260,7 @@ def _external_problems(spec: ModelSpec) -> list[Problem]:
     return problems
 
 
-def _argument_problems(spec: ModelSpec) -> list[Problem]:
+def _argument_problems(spec: ModelSpec, node_env_allow: Collection[str]) -> list[Problem]:
     problems: list[Problem] = []
     # Engine arguments become argv items (never a shell line): a NUL cannot be
     # passed to exec at all, and a newline is almost always a YAML block
@@ -275,8 +282,9 @@ def _argument_problems(spec: ModelSpec) -> list[Problem]:
         if "\x00" in value:
             problems.append(_problem(spec, f"env.{key}", "value must not contain NUL"))
         # Variables the engine reads as settings over the agent's command
-        # line (llmgw.engine_env): refused now, not when a replica fails.
-        reason = env_problem(spec.engine, key)
+        # line, or that are not its settings at all (llmgw.engine_env, the
+        # agent's own check): refused now, not when a replica fails.
+        reason = env_problem(spec.engine, key, node_env_allow)
         if reason is not None:
             problems.append(_problem(spec, f"env.{key}", reason))
     return problems

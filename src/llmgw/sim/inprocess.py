@@ -146,7 +146,9 @@ class InProcessEngines:
             del self.running[entry.replica_id]
         return failed if failed.exited else ExitStatus(exited=True, code=0)
 
-    def log_tail(self, replica_id: str, lines: int = TAIL_LINES) -> list[str]:
+    def log_tail(
+        self, replica_id: str, lines: int = TAIL_LINES, secret: str | None = None
+    ) -> list[str]:
         entry = self.running.get(replica_id)
         if entry is None:
             return []

@@ -120,4 +120,7 @@ class NodeInventory(Wire):
     # None from an agent that does not report it: placement then takes the
     # node's word that it fits, as it did before RAM was reported.
     memory_total_mib: int | None = Field(None, ge=0)
+    # Catalog env names this node's admin allows beyond each engine's own
+    # settings (``llmgw agent --engine-env-allow``; llmgw.engine_env).
+    engine_env_allow: list[str] = Field(default_factory=list, max_length=256)
 

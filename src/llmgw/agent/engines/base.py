@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -90,6 +90,8 @@ class SecretFile:
 
     flag: str
     text: str = field(repr=False)
+    # The file's name ends so (SGLang reads a --config file only as .yaml/.yml).
+    suffix: str = ""
 
 
 @dataclass(frozen=True)
@@ -215,9 +217,12 @@ def validate_engine_args(args: Sequence[object], managed: FlagRules | Iterable[s
         )
 
 
-def validate_env(env: dict[str, str], engine: EngineKind | None = None) -> None:
+def validate_env(
+    env: Mapping[str, str], engine: EngineKind | None = None, node_allowed: Collection[str] = ()
+) -> None:
     """Refuse catalog environment entries that are malformed, undo device pinning,
-    or that ``engine`` reads as settings over its command line (llmgw.engine_env)."""
+    that ``engine`` reads as settings over its command line, or that are not among
+    its settings (llmgw.engine_env; ``node_allowed``: what this node's admin adds)."""
     for name, value in env.items():
         if not _ENV_NAME_RE.match(name):
             raise EngineError(f"env name {name!r} is not a valid environment variable name")
@@ -225,7 +230,7 @@ def validate_env(env: dict[str, str], engine: EngineKind | None = None) -> None:
             raise EngineError(f"env {name} contains a NUL byte")
         if name in PINNING_ENV:
             raise EngineError(f"env {name} is set by the agent to pin devices; remove it")
-        problem = env_problem(engine, name) if engine is not None else None
+        problem = env_problem(engine, name, node_allowed) if engine is not None else None
         if problem is not None:
             raise EngineError(f"env {name}: {problem}")
 

@@ -5,20 +5,24 @@ vs ``/v1/models`` for readiness: ``llama_cpp.server`` answers 404 on
 ``/health``), so the adapter decides once, at construction, which one this
 node has and builds for it.
 
-Gemma GGUF files ship without a chat template, and both servers then fall
-back to a format that garbles Gemma's turns; for a model that looks like
-Gemma (by served name or file name) the adapter selects the ``gemma`` chat
-format unless the catalog chose one. Any other model keeps the template from
-its GGUF.
+Chat templates come from the model: a GGUF that carries one
+(``tokenizer.chat_template``) is started with no template flag, and both
+servers apply it. Some GGUF files carry none (the starter Gemma 3 270M
+among them), and both servers then fall back to a format that garbles the
+model's turns or drops its system messages (llama_cpp.server's ``gemma``
+format discards them; current llama-server takes ``--chat-template gemma``
+as the template's text). For such a file of a family llmgw knows (by its
+``general.architecture``), the agent supplies the family's official template
+(llmgw.agent.engines.templates), unless the catalog chose one.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 
 from llmgw import memory
+from llmgw.agent.engines import templates
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -29,6 +33,7 @@ from llmgw.agent.engines.base import (
     require_weights,
     uses_gpus,
 )
+from llmgw.agent.progress import LLAMA_SERVER_METRICS
 from llmgw.engine_env import (
     LLAMA_CPP_PYTHON_DROP,
     LLAMA_CPP_PYTHON_MANAGED,
@@ -72,6 +77,10 @@ BINARY_RULES = FlagRules(
             "--models-preset",
             "-c",
             "--ctx-size",
+            # A chat template in the catalog replaces the model's own; a
+            # family name is no template to current llama-server (it reads
+            # the text as Jinja), so only a file or the model's own counts.
+            "--chat-template",
             # TLS only in builds with OpenSSL, which the agent does not tell
             # apart: it starts llama-server plain, and a catalog's flags
             # would make it https while its endpoint says http.
@@ -80,7 +89,12 @@ BINARY_RULES = FlagRules(
         ]
     ),
     dashes=True,
-    hints={"-c": _CONTEXT_HINT, "--ctx-size": _CONTEXT_HINT},
+    hints={
+        "-c": _CONTEXT_HINT,
+        "--ctx-size": _CONTEXT_HINT,
+        "--chat-template": "llama-server reads its value as the template's Jinja text, not a"
+        " name; give a file with --chat-template-file, or leave the model's own",
+    },
 )
 # llama_cpp.server: Python argparse over its settings' names (underscores
 # kept), so a unique prefix counts; its own flags (--cache of --cache_size)
@@ -98,16 +112,19 @@ PYTHON_RULES = FlagRules(
 
 
 # llama-server sends stream usage when asked (server-task.cpp, an empty-choices
-# chunk) but reads its limit from max_tokens/n_predict only: the gateway sends
-# max_completion_tokens as max_tokens. /tokenize takes {"content": ...}.
-# Its built-in templates (gemma's among them) write a "developer" turn under
-# that name, which the model was never trained on: sent as "system". It
-# computes embeddings only with --embedding (_dialect).
+# chunk). It reads max_completion_tokens only since early 2026
+# (server-schema.cpp, an alias of n_predict); builds before it generate to
+# their context: the gateway sends the limit as max_tokens, which every build
+# reads alike, since the agent cannot tell the builds apart without running
+# one. /tokenize takes {"content": ...}. It maps a "developer" message to
+# "system" itself, except for GPT-OSS, whose template tells them apart
+# (common/chat.cpp): the gateway leaves the role alone. It serves
+# /v1/responses; embeddings only with --embedding, rerank only with
+# --reranking, transcriptions only with an audio projector (_dialect).
 SERVER_DIALECT = EngineDialect(
     max_completion_tokens=False,
     tokenize_path="/tokenize",
     tokenize_field="content",
-    developer_role=False,
     embeddings=False,
 )
 # llama_cpp.server's request models drop both max_completion_tokens and
@@ -153,11 +170,11 @@ def _python_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
     # The server's default (unlike the library's) keeps logits for every
     # token of the context: n_ctx x n_vocab floats, about 1 MB per token for
     # Gemma. Only logprobs need them, and the gateway sends none it cannot serve.
-    if not has_flag(extra, "--logits_all"):
+    if not _python_sets(extra, "logits_all"):
         flags += ["--logits_all", "false"]
-    cache_on = _python_true(extra, "--cache")
+    cache_on = _python_true(extra, "cache")
     budget = ctx.memory_budget_mib
-    if cache_on and budget is not None and not has_flag(extra, "--cache_size"):
+    if cache_on and budget is not None and not _python_sets(extra, "cache_size"):
         spec = ctx.assignment.model
         weights_mib = -(-(ctx.weights_bytes or 0) // memory.MIB)
         room = budget - memory.LLAMACPP_RUNTIME_MIB - memory.kv_cache_mib(spec) - weights_mib
@@ -182,31 +199,70 @@ def _server_sets(extra: list[str], *flags: str) -> bool:
     return has_flag([_dashed(item) for item in extra], *flags)
 
 
-def _python_true(extra: list[str], flag: str) -> bool:
+# llama_cpp.server's boolean values (server/cli.py _parse_bool_arg), in any case.
+_PYTHON_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+
+
+def python_settings(extra: list[str]) -> dict[str, str]:
+    """The settings a catalog arg list gives llama_cpp.server, read as its argparse reads
+    them: ``--name value`` or ``--name=value``, a unique prefix of a name (``--embed``)
+    for the name, the last one given winning."""
+    found: dict[str, str] = {}
+    for index, item in enumerate(extra):
+        if not item.startswith("--"):
+            continue
+        flag, sep, value = item.partition("=")
+        name = _python_setting(flag[2:])
+        if name is None:
+            continue
+        if sep:
+            found[name] = value
+        elif index + 1 < len(extra):
+            found[name] = extra[index + 1]
+    return found
+
+
+def _python_setting(given: str) -> str | None:
+    if given in LLAMA_CPP_PYTHON_SETTINGS:
+        return given
+    matches = [name for name in LLAMA_CPP_PYTHON_SETTINGS if given and name.startswith(given)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _python_true(extra: list[str], setting: str) -> bool:
     """Whether a catalog arg list turns one of llama_cpp.server's boolean settings on."""
-    return memory.flag_value(extra, (flag,)) in ("true", "True", "1")
+    value = python_settings(extra).get(setting)
+    return value is not None and value.strip().lower() in _PYTHON_TRUE
+
+
+def _python_sets(extra: list[str], setting: str) -> bool:
+    return setting in python_settings(extra)
 
 
 def _dialect(server: bool, extra: list[str]) -> EngineDialect:
     """The launch's dialect, with the OpenAI routes and fields its flags give it.
 
-    llama-server serves /v1/rerank only when started with --reranking (a
-    reranker model); llama_cpp.server serves none of them. Both compute
-    embeddings only when started for them (``--embedding``; llama_cpp.server
-    answers 500 otherwise, llama-server 501). llama_cpp.server returns
-    logprobs only with ``--logits_all true``, which the agent turns off
-    unless the catalog sets it (_python_memory_flags).
+    llama-server serves /v1/responses always (server.cpp), /v1/rerank only
+    when started with --reranking (a reranker model), and
+    /v1/audio/transcriptions only with an audio projector (-mm); llama_cpp.server
+    serves none of them. Both compute embeddings only when started for them
+    (``--embedding``; llama_cpp.server answers 500 otherwise, llama-server
+    501). llama_cpp.server returns logprobs only with ``--logits_all true``,
+    which the agent turns off unless the catalog sets it (_python_memory_flags).
     """
     if not server:
         return PYTHON_DIALECT.model_copy(
             update={
                 "extra_routes": [],
-                "embeddings": _python_true(extra, "--embedding"),
-                "logprobs": _python_true(extra, "--logits_all"),
+                "embeddings": _python_true(extra, "embedding"),
+                "logprobs": _python_true(extra, "logits_all"),
             }
         )
-    reranks = _server_sets(extra, "--reranking", "--rerank")
-    routes: list[ExtraRoute] = ["/v1/rerank"] if reranks else []
+    routes: list[ExtraRoute] = ["/v1/responses"]
+    if _server_sets(extra, "--reranking", "--rerank"):
+        routes.append("/v1/rerank")
+    if _server_sets(extra, "-mm", "--mmproj", "-mmu", "--mmproj-url"):
+        routes.append("/v1/audio/transcriptions")
     embeds = _server_sets(extra, "--embedding", "--embeddings")
     return SERVER_DIALECT.model_copy(update={"extra_routes": routes, "embeddings": embeds})
 
@@ -231,9 +287,13 @@ def _server_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
     return ["--cache-ram", str(max(0, room) // SERVER_CACHE_RAM_SHARE)]
 
 
-def _looks_like_gemma(name: str, weights_path: str | None) -> bool:
-    haystack = name.lower() + " " + os.path.basename(weights_path or "").lower()
-    return "gemma" in haystack
+# llama-server reads /etc/llama.cpp/config.ini and then
+# ${XDG_CONFIG_HOME:-~/.config}/llama.cpp/config.ini before its environment
+# and argv (common/arg.cpp): a per-user file would set what the agent leaves
+# to defaults (an API key file, a prefix for every route...). The agent's
+# user's file is neutralised by pointing XDG_CONFIG_HOME where no file can
+# be; the system-wide one is the node's root's to keep.
+NO_CONFIG_HOME = "/dev/null"
 
 
 class LlamaCppAdapter:
@@ -269,7 +329,8 @@ class LlamaCppAdapter:
         spec = ctx.assignment.model
         path = require_weights(ctx)
         extra = spec.engine_args
-        gemma = _looks_like_gemma(spec.name, path)
+        # The family's template where the model carries none of its own.
+        template = templates.supplied_for(path)
         gpu = uses_gpus(ctx.devices)
         # None: probe the health path while serving too (llama-server answers
         # /health from its HTTP threads, beside the busy slots).
@@ -290,8 +351,12 @@ class LlamaCppAdapter:
             ]
             if gpu and not _server_sets(extra, "-ngl", "--n-gpu-layers", "--gpu-layers"):
                 argv += ["--n-gpu-layers", "999"]
-            if gemma and not _server_sets(extra, "--chat-template", "--chat-template-file"):
-                argv += ["--chat-template", "gemma"]
+            if template is not None and not _server_sets(extra, "--chat-template-file"):
+                argv += ["--chat-template-file", template.jinja]
+            # /metrics (off by default): llamacpp:n_decode_total moves with
+            # every batch computed, the agent's sign of progress.
+            if not _server_sets(extra, "--metrics"):
+                argv.append("--metrics")
             argv += _server_memory_flags(ctx, extra)
             health = "/health"
         else:
@@ -315,10 +380,15 @@ class LlamaCppAdapter:
                 "--interrupt_requests",
                 "false",
             ]
-            if gpu and not has_flag(extra, "--n_gpu_layers"):
+            if gpu and not _python_sets(extra, "n_gpu_layers"):
                 argv += ["--n_gpu_layers", "-1"]
-            if gemma and not has_flag(extra, "--chat_format"):
-                argv += ["--chat_format", "gemma"]
+            if template is not None and not _python_sets(extra, "chat_format"):
+                # A Jinja template from a tokenizer_config.json: its gemma
+                # format would drop every system message.
+                argv += [
+                    "--chat_format", "hf-tokenizer-config",
+                    "--hf_tokenizer_config_path", template.tokenizer_config,
+                ]  # fmt: skip
             if ctx.tls is not None:
                 # Paths only: the key stays in its owner-only file.
                 argv += ["--ssl_keyfile", ctx.tls.key_file, "--ssl_certfile", ctx.tls.cert_file]
@@ -339,12 +409,15 @@ class LlamaCppAdapter:
             # llama_cpp.server's settings read API_KEY (pydantic-settings).
             # Both then refuse /v1 (and the tokenizer routes) without it.
             env["LLAMA_API_KEY" if self.server_binary else "API_KEY"] = key
+        if self.server_binary:
+            env["XDG_CONFIG_HOME"] = NO_CONFIG_HOME
         dialect = _dialect(bool(self.server_binary), extra)
         return EngineLaunch(
             argv=argv,
             env=env,
             health_path=health,
             liveness_path=liveness,
+            progress=LLAMA_SERVER_METRICS if self.server_binary else None,
             dialect=dialect,
             # llama-server stays plain (see BINARY_RULES).
             tls=ctx.tls is not None and not self.server_binary,

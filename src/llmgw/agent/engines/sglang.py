@@ -30,19 +30,22 @@ from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
 
 # SGLang honours max_completion_tokens and include_usage (its OpenAI
 # protocol); /v1/tokenize answers {"count", "tokens"} for {"prompt": ...}.
-# It serves /v1/responses and /v1/rerank; its /v1/score is another API
-# (query, items, label token ids), not vLLM's text_1/text_2 that the gateway
-# checks, so it is not declared.
+# It serves /v1/responses, /v1/rerank and, for speech models,
+# /v1/audio/transcriptions (entrypoints/http_server.py); its /v1/score is
+# another API (query, items, label token ids), not vLLM's text_1/text_2 that
+# the gateway checks, so it is not declared.
 DIALECT = EngineDialect(
     tokenize_path="/v1/tokenize", tokenize_field="prompt",
-    extra_routes=["/v1/responses", "/v1/rerank"],
+    extra_routes=["/v1/responses", "/v1/rerank", "/v1/audio/transcriptions"],
 )
 
+_WITH_KEY = "SGLang refuses to start with it beside the API key the agent gives it"
 MANAGED_FLAGS = FlagRules(
     managed=frozenset(
         [
             "--model-path",
             "--model",
+            "--model-type",  # sglang serve's backend (a diffusion server is another API)
             "--served-model-name",
             "--host",
             "--port",
@@ -51,14 +54,33 @@ MANAGED_FLAGS = FlagRules(
             "--pp-size",
             "--pipeline-parallel-size",
             "--api-key",
+            "--admin-api-key",
             "--nnodes",
             "--node-rank",
             "--dist-init-addr",
             "--nccl-init-addr",  # an alias of --dist-init-addr
             "--config",
+            # The node's certificate where the fleet issues one (uvicorn's
+            # flags, arg_groups/fields/serving.py): a catalog's own would make
+            # the engine https while its endpoint says http.
+            "--ssl-keyfile",
+            "--ssl-certfile",
+            "--ssl-ca-certs",
+            "--ssl-keyfile-password",
+            "--enable-ssl-refresh",
+            # A gRPC listener that the API key does not guard; with a key
+            # SGLang refuses it, and more than one tokenizer worker
+            # (arg_groups/serving_hook.py, entrypoints/http_server.py).
+            "--grpc-port",
+            "--tokenizer-worker-num",
         ]
     ),
     abbreviations=True,
+    hints={
+        "--grpc-port": _WITH_KEY + " (its gRPC listener bypasses the key)",
+        "--tokenizer-worker-num": _WITH_KEY,
+        "--admin-api-key": "a key in argv is world-readable; the admin routes stay closed",
+    },
 )
 SERVE_FLAGS = ServeFlags(
     weights="--model-path", tp="--tp-size", pp="--pp-size", leader="--dist-init-addr"
@@ -87,10 +109,24 @@ class SglangAdapter:
             argv.append("--enable-metrics")
         secret = None
         if assignment.engine_key is not None and health is not None:
-            # SGLang reads its key from argv or a --config YAML file only, and
-            # argv is world-readable in /proc: a file it is (--config is managed,
-            # so the catalog cannot pass one of its own).
-            secret = SecretFile("--config", f'api-key: "{assignment.engine_key}"\n')
+            # SGLang reads its key from argv or a --config YAML file only
+            # (a .yaml/.yml name: utils/server_args_config_parser.py), and
+            # argv is world-readable in /proc: a file it is (--config is
+            # managed, so the catalog cannot pass one of its own). SGLang
+            # logs the key in its start line: the agent blanks it in every
+            # log tail it reports (agent.replicas).
+            secret = SecretFile(
+                "--config", f'api-key: "{assignment.engine_key}"\n', suffix=".yaml"
+            )
+        # Only the rank that serves HTTP listens with TLS, and reloads the
+        # node's certificate when it is renewed on disk.
+        tls = ctx.tls is not None and health is not None
+        if tls and ctx.tls is not None:
+            argv += [
+                "--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file,
+                "--enable-ssl-refresh",
+            ]  # fmt: skip
         return serve_launch(
-            ctx, argv, health=health, metrics=SGLANG_METRICS, dialect=DIALECT, secret_file=secret
+            ctx, argv, health=health, metrics=SGLANG_METRICS, dialect=DIALECT,
+            secret_file=secret, tls=tls,
         )

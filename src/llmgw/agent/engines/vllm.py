@@ -76,6 +76,9 @@ MANAGED_FLAGS = FlagRules(
             # own would make the engine https while its endpoint says http.
             "--ssl-keyfile",
             "--ssl-certfile",
+            "--ssl-ca-certs",
+            "--ssl-cert-reqs",
+            "--enable-ssl-refresh",
         ]
     ),
     dashes=True,
@@ -177,10 +180,14 @@ class VllmAdapter:
         if assignment.shard.rank > 0:  # only rank 0 serves the API
             argv.append("--headless")
             health = None
-        # Only the rank that serves HTTP listens with TLS (uvicorn's flags).
+        # Only the rank that serves HTTP listens with TLS (uvicorn's flags),
+        # and reloads the node's certificate when it is renewed on disk.
         tls = ctx.tls is not None and health is not None
         if tls and ctx.tls is not None:
-            argv += ["--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file]
+            argv += [
+                "--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file,
+                "--enable-ssl-refresh",
+            ]  # fmt: skip
         key_env = ENGINE_KEY_ENV[EngineKind.VLLM]
         # vLLM takes its key from VLLM_API_KEY when --api-key is absent,
         # which keeps it out of argv (world-readable in /proc). It then

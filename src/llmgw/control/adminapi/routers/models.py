@@ -79,7 +79,13 @@ def models_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
             secretenv.check(spec)
             current = state.models.get(spec.name)
             restored.append(secretenv.restore(spec, current.spec if current else None))
-        validate_catalog(restored, {n: m.spec for n, m in state.models.items()})
+        node_env_allow = {
+            name
+            for node in state.nodes.values()
+            if node.inventory is not None
+            for name in node.inventory.engine_env_allow
+        }
+        validate_catalog(restored, {n: m.spec for n, m in state.models.items()}, node_env_allow)
         return restored
 
     def _specs(body: schemas.CatalogInput) -> list[ModelSpec]:
