@@ -75,9 +75,12 @@ def test_mig_on_with_no_instances_is_one_unplaceable_card() -> None:
     ("mode", "words"), [((0, 1), "disabled -> enabled"), ((1, 0), "enabled -> disabled")]
 )
 def test_mode_change_pending_reset_is_unplaceable(mode: tuple[int, int], words: str) -> None:
-    (card,) = read(FakeNvml([a100(mig=mode, instances=2 if mode[0] else 0)])).devices
-    assert card.placeable is False and card.mig is None
-    assert card.unplaceable_reason is not None and words in card.unplaceable_reason
+    devices = read(FakeNvml([a100(mig=mode, instances=2 if mode[0] else 0)])).devices
+    # Enabling: the card, whole; disabling: its instances, until the reset.
+    assert [d.label for d in devices] == (["0/mig0", "0/mig1"] if mode[0] else ["0"])
+    for device in devices:
+        assert device.placeable is False and (device.mig is None) == (not mode[0])
+        assert device.unplaceable_reason is not None and words in device.unplaceable_reason
 
 
 def test_sparse_mig_slots_are_skipped_and_instances_ordered_by_ids() -> None:

@@ -13,9 +13,12 @@ The MIG rules live here, once, for both sources:
 * Compute instances that share one GPU instance (``1c.3g.71gb`` and
   ``2c.3g.71gb``) each report the GPU instance's memory, because that is what
   an engine on either can use; :func:`memory_totals` counts it once.
-* A card in MIG mode with nothing carved, or with a mode change waiting for a
+* A card in MIG mode with nothing carved, or with MIG enabling waiting for a
   reset, is one device that is not placeable, with the reason. A pending mode
   the source does not give is no change pending (:func:`pending_mode`).
+* A carved card with MIG disabling waiting for a reset is still its instances
+  until the reset: replicas running on them keep the device they hold. The
+  instances take no new work (they vanish at the reset), with the reason.
 """
 
 from __future__ import annotations
@@ -127,6 +130,8 @@ def _instance_devices(card: CardFacts, card_cls: str, warnings: list[str]) -> li
         raise DiscoveryError(f"card {card.index} lists the same MIG instance ids twice")
     warnings.extend(_attach_processes(card, ordered))
     why = reasons(card.health)
+    pending = pending_mode(card)
+    leaving = None if pending else _pending_reason(True, False)
     devices = []
     for position, inst in enumerate(ordered):
         number = mig_number(card.index, position)
@@ -157,6 +162,8 @@ def _instance_devices(card: CardFacts, card_cls: str, warnings: list[str]) -> li
                 retired_pages_pending=card.health.retired_pages_pending,
                 remapped_rows_pending=card.health.remapped_rows_pending,
                 remapping_failed=card.health.remapping_failed,
+                placeable=leaving is None,
+                unplaceable_reason=leaving,
             )
         )
     return devices
@@ -186,8 +193,7 @@ def build_devices(
             memory_total_mib=card.memory_total_mib,
             overrides=class_overrides,
         )
-        carved = card.mig_current and card.instances and pending_mode(card)
-        if carved:
+        if card.mig_current and card.instances:
             devices.extend(_instance_devices(card, cls, sink))
         else:
             devices.append(_card_device(card, cls))

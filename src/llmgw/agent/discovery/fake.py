@@ -350,7 +350,8 @@ def fake_from_cards(cards: list[CardFacts]) -> FakeNvml:
                 power_mw=None if card.power_w is None else round(card.power_w * 1000),
                 mig_mode=mode,
                 migs=migs,
-                processes=[] if card.mig_current else _fake_processes(card.processes),
+                # The parent answers for the whole card in MIG mode too.
+                processes=_fake_processes(card.processes),
                 ecc_volatile_uncorrected=health.ecc_volatile_uncorrected,
                 ecc_aggregate_uncorrected=health.ecc_aggregate_uncorrected,
                 retired_pages_pending=health.retired_pages_pending,

@@ -92,6 +92,7 @@ class NvidiaSmiSource:
             warnings.append(str(exc))
             listed = None
         log = parse_xml(self._run("-q", "-x"))
+        warnings.extend(log.warnings)
         cards = join(listed, log.cards)
         return SourceReading(
             source="nvidia-smi",

@@ -235,7 +235,10 @@ class NvmlSource:
         if card.mig_current:
             card.utilization_pct = None
             card.instances = self._instances(card, handle)
-        else:
+        if not card.instances:
+            # A card shown whole, in MIG mode or not, lists the processes on
+            # it, as nvidia-smi does: the parent handle answers for the whole
+            # card whatever its mode.
             card.processes = self._processes(card, handle)
         return card
 

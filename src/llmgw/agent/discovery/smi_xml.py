@@ -46,6 +46,14 @@ class XmlLog:
     driver_version: str | None
     cuda_version: str | None
     cards: list[XmlCard]
+    # What was read but doubtful, for the inventory's warnings.
+    warnings: list[str] = field(default_factory=list)
+
+
+# An instance's memory, under each name the schema has given it: driver 590
+# calls it "Shared FB Memory Usage" (shared by the compute instances of one
+# GPU instance), and its XML may follow the text output.
+_INSTANCE_MEMORY = ("fb_memory_usage", "shared_fb_memory_usage")
 
 
 def _text(node: ET.Element, path: str) -> str | None:
@@ -152,22 +160,26 @@ def _process(info: ET.Element, where: str) -> ProcessFacts:
     )
 
 
-def _mig_device(node: ET.Element, where: str) -> InstanceFacts:
+def _mig_device(node: ET.Element, where: str, warnings: list[str]) -> InstanceFacts:
     gi = _int(node, "gpu_instance_id")
     ci = _int(node, "compute_instance_id")
     if gi is None or ci is None or gi < 0 or ci < 0:
         raise DiscoveryError(f"{where}: a <mig_device> has no numeric instance ids")
-    return InstanceFacts(
-        uuid="",
-        profile="",
-        gpu_instance_id=gi,
-        compute_instance_id=ci,
-        memory_total_mib=_mib(node, "fb_memory_usage/total") or 0,
-        memory_used_mib=_mib(node, "fb_memory_usage/used") or 0,
-    )
+    instance = InstanceFacts(uuid="", profile="", gpu_instance_id=gi, compute_instance_id=ci)
+    memory = next((m for m in map(node.find, _INSTANCE_MEMORY) if m is not None), None)
+    if memory is None:
+        # Read silently, a missing figure is an instance with no memory.
+        warnings.append(
+            f"{where}: MIG device {gi}/{ci} gives its memory under neither"
+            f" <{'> nor <'.join(_INSTANCE_MEMORY)}>; it reads as 0 MiB"
+        )
+    else:
+        instance.memory_total_mib = _mib(memory, "total") or 0
+        instance.memory_used_mib = _mib(memory, "used") or 0
+    return instance
 
 
-def _card(gpu: ET.Element, position: int) -> XmlCard:
+def _card(gpu: ET.Element, position: int, warnings: list[str]) -> XmlCard:
     where = f"nvidia-smi -q -x GPU {position}"
     uuid = _text(gpu, "uuid")
     if not uuid or not _UUID.match(uuid):
@@ -188,7 +200,7 @@ def _card(gpu: ET.Element, position: int) -> XmlCard:
         health=_health(gpu),
         pci_bus_id=gpu.get("id"),
     )
-    migs = [_mig_device(m, where) for m in gpu.iterfind("mig_devices/mig_device")]
+    migs = [_mig_device(m, where, warnings) for m in gpu.iterfind("mig_devices/mig_device")]
     return XmlCard(facts=facts, migs=migs)
 
 
@@ -204,9 +216,11 @@ def parse_xml(data: bytes | str) -> XmlLog:
         raise DiscoveryError(
             f"nvidia-smi -q -x: root element is <{root.tag:.40}>, not <nvidia_smi_log>"
         )
-    cards = [_card(gpu, position) for position, gpu in enumerate(root.iterfind("gpu"))]
+    warnings: list[str] = []
+    cards = [_card(gpu, n, warnings) for n, gpu in enumerate(root.iterfind("gpu"))]
     return XmlLog(
         driver_version=_text(root, "driver_version") or None,
         cuda_version=_text(root, "cuda_version") or None,
         cards=cards,
+        warnings=warnings,
     )
