@@ -23,6 +23,9 @@ from typer.testing import CliRunner, Result
 from llmgw.cli.ctl import app
 from llmgw.cli.ctl.catalog import plan_view
 from llmgw.cli.ctl.gateways import headline
+from llmgw.cli.ctl.status import status_view
+from llmgw.control.adminapi.patroni import StoreStatus
+from llmgw.control.adminapi.summary import fleet_summary
 from llmgw.control.gateway_count import GatewayCount
 from llmgw.wire import (
     DownloadProgress,
@@ -290,6 +293,23 @@ def test_status_watch_refreshes_until_interrupted(served: Served) -> None:
             proc.wait()
     assert proc.returncode == 0, err
     assert "Devices by class" in out and "Traceback" not in err
+
+
+def test_status_counts_replicas_on_a_node_that_stopped_reporting() -> None:
+    fleet = Fleet()
+    fleet.node("up")
+    fleet.node("silent", seen_ago=600)
+    fleet.model("m", max_replicas=2)
+    fleet.replica("m", "up", [0])
+    fleet.replica("m", "silent", [0])
+    summary = fleet_summary(fleet.state, fleet.now, StoreStatus(members=[]))
+    assert summary.replicas.unreachable == 1 and summary.replicas.ready == 1
+    console = Console(record=True, width=200)
+    console.print(status_view({"summary": summary.model_dump(mode="json"), "models": []}))
+    replicas = next(line for line in console.export_text().splitlines()
+                    if line.startswith("Replicas"))
+    assert replicas.split(None, 1)[1] == (
+        "1 ready, 0 starting, 0 draining, 0 failed, 1 unreachable")
 
 
 def rendered_plan(models: list[dict[str, Any]]) -> str:

@@ -3,9 +3,10 @@
 Nodes with MIG cards (instances of class ``a100-80g-mig-3g.40gb``, numbered
 ``1000 + 100 * card + instance``), two fabrics, an unhealthy GPU, a MIG card
 with nothing carved (out of placement), a node that never reported
-(unreachable), a parked model, an unplaceable model, an idle replica (ready,
-last request 25 minutes ago), a replica still downloading its weights with an
-engine log, and usage of two API keys on two models.
+(unreachable) with a ready replica on it, a parked model, an unplaceable
+model, an idle replica (ready, last request 25 minutes ago), a replica still
+downloading its weights with an engine log, and usage of two API keys on two
+models.
 """
 
 from __future__ import annotations
@@ -160,6 +161,9 @@ async def build(cp: ControlPlane, join_token: str) -> Fleet:
                  port=9002, ready_at=now - 600, last_request_at=now - 5),
         # Still fetching its weights, well within its start timeout.
         _replica("r-llama-1", "llama-dl", "gpu-b1", [0], ReplicaState.STARTING, now - 120),
+        # Ready, on the node that never reports: counted unreachable, not ready.
+        _replica("r-embed-lost", "embed", "gpu-c1", [0], ReplicaState.READY, now - 4000,
+                 port=9003, ready_at=now - 3600),
     ]
     for r in replicas:
         cp.state.replicas[r.id] = r

@@ -111,6 +111,11 @@ async def test_overview_shows_the_summary(console: Console, watched: Watched, sh
     for state in ("total", "ready", "cordoned", "draining", "unreachable"):
         assert f"{summary['nodes'][state]}\n{state}" in totals
     assert summary["nodes"]["unreachable"] >= 1  # gpu-c1 never reported
+    # Every replica in one of the totals: the one on gpu-c1 as unreachable.
+    totals = await texts(page, "#replica-totals .stat")
+    for state in ("ready", "starting", "draining", "failed", "unreachable"):
+        assert f"{summary['replicas'][state]}\n{state}" in totals
+    assert summary["replicas"]["unreachable"] == 1
 
     classes = [g["class"] for g in summary["gpus"]]
     assert MIG_CLASS in classes and "a100-80g" in classes and "h100-80g" in classes

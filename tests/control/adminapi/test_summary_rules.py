@@ -66,6 +66,16 @@ def test_parked_model_is_short_and_not_unplaceable_for_having_nothing_starting()
     ]
 
 
+def test_parked_reason_is_a_string_as_the_reference_sends_it() -> None:
+    fleet = Fleet()
+    fleet.node("n1")
+    fleet.model("bad", parked=True, failures=5, last_error=None)
+    body = summary_of(fleet).model_dump(mode="json")
+    assert body["parked"] == [{"model": "bad", "failures": 5, "reason": ""}]
+    assert Summary.model_json_schema()["$defs"]["ParkedModel"]["properties"]["reason"] == {
+        "title": "Reason", "type": "string"}
+
+
 def test_parked_model_the_scheduler_calls_unplaceable_is_listed_as_both() -> None:
     # The first half of the reference's rule holds for parked models too.
     fleet = Fleet()
@@ -152,6 +162,18 @@ def test_only_ready_nodes_with_devices_are_in_the_free_block() -> None:
     fleet.node("empty", [])
     [fabric] = summary_of(fleet).fabrics
     assert fabric.largest_free_block == 1
+
+
+def test_cpu_slots_count_toward_the_free_block() -> None:
+    # A CPU replica may span nodes too, and placement's whole-node rule
+    # counts every device (docs/install.md, the summary section).
+    fleet = Fleet()
+    fleet.node("cpu-1", [gpu(0, "cpu"), gpu(1, "cpu")])
+    fleet.node("cpu-2", [gpu(0, "cpu")])
+    fleet.model("m", gpu_classes=["cpu"])
+    fleet.replica("m", "cpu-2", [0])
+    [fabric] = summary_of(fleet).fabrics
+    assert (fabric.nodes, fabric.largest_free_block) == (2, 1)
 
 
 def test_weights_in_one_fabric_do_not_count_in_another() -> None:
@@ -268,11 +290,13 @@ def test_json_uses_the_reference_field_names() -> None:
 
 def test_empty_fields_are_present_and_the_openapi_description_says_so() -> None:
     body = summary_of(Fleet()).model_dump(mode="json")
-    for name in ("fabrics", "unplaceable", "parked", "idle_replicas", "store"):
+    # gpus: [] where the reference sends null (a Go nil slice), said below.
+    for name in ("gpus", "fabrics", "unplaceable", "parked", "idle_replicas", "store"):
         assert body[name] == []
     assert body["store_error"] is None
     description = " ".join(Summary.model_json_schema()["description"].split())
     assert "Every field is always present" in description
+    assert "``gpus`` too, where the reference sends null" in description
     assert "also carries ``free``" in description
 
 

@@ -29,7 +29,8 @@ def status_view(data: dict[str, Any]) -> Group:
             f"{n['draining']} draining, {n['unreachable']} unreachable"),
         Text.from_markup(
             f"[bold]Replicas[/]  {r['ready']} ready, {r['starting']} starting, "
-            f"{r['draining']} draining, {r['failed']} failed"),
+            f"{r['draining']} draining, {r['failed']} failed, "
+            f"{r['unreachable']} unreachable"),
         Text.from_markup(
             f"[bold]Models[/]    {m['total']} total: {m['satisfied']} satisfied, "
             f"{m['short']} short"),

@@ -9,9 +9,10 @@ one pass, so it can never disagree with them; it is a different question
 asked of the same facts.
 
 The fields and their rules are fixed by the reference (shared/seed/). Lists
-are always present (empty rather than absent) and ``store_error`` is null
-when there is none; each class also carries ``free`` (total - used -
-unhealthy), which the reference computes on demand. Both on purpose: a
+are always present (empty where the reference leaves them out, or sends null
+for ``gpus``) and ``store_error`` is null when there is none; each class also
+carries ``free`` (total - used - unhealthy), which the reference computes on
+demand. Both on purpose: a
 client never has to tell "absent" from "none", and ``free`` is the number
 every reader wants. Said to users in docs/install.md and in the OpenAPI
 description (the Summary model's docstring).
@@ -115,7 +116,9 @@ class ParkedModel(BaseModel):
 
     model: str
     failures: int
-    reason: str | None
+    # The last error, always a string as the reference sends it: "" when
+    # none was recorded.
+    reason: str
 
 
 class IdleReplica(BaseModel):
@@ -130,9 +133,10 @@ class IdleReplica(BaseModel):
 class Summary(BaseModel):
     """The whole fleet in one answer: the reference llmgw's summary, with differences.
 
-    Every field is always present: lists are ``[]`` when empty and
-    ``store_error`` is null when the store was read, where the reference
-    omits empty fields (a client should treat absent and empty alike). Each
+    Every field is always present: lists are ``[]`` when empty (``gpus``
+    too, where the reference sends null) and ``store_error`` is null when the
+    store was read, where the reference omits empty fields (a client should
+    treat absent, null and empty alike). Each
     ``gpus`` entry also carries ``free`` (total - used - unhealthy), which the
     reference computes on demand, and ``replicas`` counts ``unreachable``
     ones too (a node stopped reporting). ``unplaceable`` is the reference's rule:
@@ -247,7 +251,7 @@ class SummaryBuilder:
         if model.parked:
             if sign > 0:
                 self._parked[model.name] = ParkedModel(
-                    model=model.name, failures=model.failures, reason=model.reason)
+                    model=model.name, failures=model.failures, reason=model.reason or "")
             else:
                 self._parked.pop(model.name, None)
         # Against what it should have now, not its minimum: an on-demand

@@ -118,6 +118,8 @@ export default {
             ["starting", r.starting],
             ["draining", r.draining, "warn"],
             ["failed", r.failed, "bad"],
+            // Ready or starting on a node that stopped reporting: not routed to.
+            ["unreachable", r.unreachable, "bad"],
           ]),
           statCard("Models", "model-totals", [
             ["total", m.total],
