@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from llmgw.sim import fleetgen
 from llmgw.sim.telemetry import TelemetryWalk
 from llmgw.wire import NodeInventory
@@ -44,3 +46,25 @@ def test_the_same_seed_walks_the_same_way_and_cpu_slots_carry_nothing() -> None:
     cpu = fleetgen.cpu_node("c1", slots=2).inventory
     assert cpu is not None
     assert TelemetryWalk(cpu, 1).step() == [{}, {}]
+
+
+def test_with_churn_processes_come_and_go_and_the_rest_stays() -> None:
+    node = fleetgen.gpu_node("n1", gpus=4, mig={1: ("3g.40gb", 2)})
+    assert node.inventory is not None
+    walk = TelemetryWalk(node.inventory, seed=5, process_churn=0.2)
+    lists = []
+    for _ in range(40):
+        inventory = walk.inventory()
+        # As an agent sends it: the report validates with its processes.
+        assert NodeInventory.model_validate_json(inventory.model_dump_json()) == inventory
+        fields = _fields_but_telemetry(inventory)
+        lists.append([d.pop("processes") for d in fields])
+        assert fields == [{k: v for k, v in d.items() if k != "processes"}
+                          for d in _fields_but_telemetry(node.inventory)]
+    changed = sum(a != b for a, b in itertools.pairwise(lists))
+    # Each device changes one step in five: some steps change the lists, some not.
+    assert 0 < changed < len(lists) - 1
+    assert any(p for devices in lists for p in devices)
+    cpu = fleetgen.cpu_node("c1", slots=2).inventory
+    assert cpu is not None
+    assert TelemetryWalk(cpu, 1, process_churn=1.0).step() == [{}, {}]

@@ -12,14 +12,23 @@ up to 64 MiB (engines hold their memory; allocators still move a little),
 power by up to 40 W with NVML's two decimals. MIG instances carry their
 card's temperature and power and their own memory, never a utilisation
 (discovery's rule); CPU slots carry none of these.
+
+With ``process_churn`` the walk also lists each GPU's processes, as NVML's
+compute-process list does, and they come and go: every step, each device
+with that probability gains a process (an engine starting, a probe) or
+loses one. A report whose process list changed is no longer the node's
+last report with other readings, so the control plane reads it whole.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from llmgw.wire import CPU_CLASS, MIG_NUMBER_BASE, NodeInventory
+from llmgw.wire import CPU_CLASS, MIG_NUMBER_BASE, GpuProcess, NodeInventory
+
+PROCESS_NAMES = ("python3", "vllm", "sglang::scheduler", "llama-server", "nvidia-smi")
 
 
 @dataclass
@@ -32,11 +41,16 @@ class _Card:
 class TelemetryWalk:
     """One node's readings, one step per report."""
 
-    def __init__(self, inventory: NodeInventory, seed: int | str) -> None:
+    def __init__(
+        self, inventory: NodeInventory, seed: int | str, process_churn: float = 0.0
+    ) -> None:
         self._rng = random.Random(seed)
         self._inventory = inventory
         self._cards: dict[int, _Card] = {}
         self._memory: list[int] = []
+        self._churn = process_churn
+        # Per device (None for CPU slots, or without churn): its processes.
+        self._processes: list[list[dict[str, int | str]] | None] = []
         rng = self._rng
         for device in inventory.devices:
             total = device.memory_total_mib
@@ -48,9 +62,23 @@ class TelemetryWalk:
                     temperature=rng.randint(32, 78),
                     power=round(rng.uniform(60.0, 650.0), 2),
                 )
+        for device in inventory.devices:
+            listed = process_churn > 0 and device.gpu_class != CPU_CLASS
+            self._processes.append(
+                [self._new_process() for _ in range(rng.randint(0, 2))] if listed else None
+            )
 
-    def step(self) -> list[dict[str, int | float | None]]:
-        """Every device's next reading, in inventory order: the four telemetry fields."""
+    def _new_process(self) -> dict[str, int | str]:
+        rng = self._rng
+        return {
+            "pid": rng.randint(1000, 4_000_000),
+            "name": rng.choice(PROCESS_NAMES),
+            "used_memory_mib": rng.randint(200, 40_000),
+        }
+
+    def step(self) -> list[dict[str, Any]]:
+        """Every device's next reading, in inventory order: the four telemetry fields
+        (and its processes, with churn), as JSON values."""
         rng = self._rng
         for card in self._cards.values():
             card.utilization = _clamp(card.utilization + _nonzero(rng, 15), 0, 100)
@@ -66,24 +94,37 @@ class TelemetryWalk:
             self._memory[index] = used
             card = self._cards[_card_of(device.number, device.mig is not None)]
             whole = device.mig is None and device.placeable
-            out.append(
-                {
-                    "memory_used_mib": used,
-                    "utilization_pct": card.utilization if whole else None,
-                    "temperature_c": card.temperature,
-                    "power_w": card.power,
-                }
-            )
+            reading: dict[str, Any] = {
+                "memory_used_mib": used,
+                "utilization_pct": card.utilization if whole else None,
+                "temperature_c": card.temperature,
+                "power_w": card.power,
+            }
+            processes = self._processes[index]
+            if processes is not None:
+                if rng.random() < self._churn:
+                    if processes and rng.random() < 0.5:
+                        processes.pop(rng.randrange(len(processes)))
+                    else:
+                        processes.append(self._new_process())
+                reading["processes"] = [dict(p) for p in processes]
+            out.append(reading)
         return out
 
     def inventory(self) -> NodeInventory:
         """The node's inventory with the next readings (a new object; the devices copied)."""
         readings = self.step()
         devices = [
-            device.model_copy(update=reading) if reading else device
+            device.model_copy(update=_typed(reading)) if reading else device
             for device, reading in zip(self._inventory.devices, readings, strict=True)
         ]
         return self._inventory.model_copy(update={"devices": devices})
+
+
+def _typed(reading: dict[str, Any]) -> dict[str, Any]:
+    if "processes" not in reading:
+        return reading
+    return {**reading, "processes": [GpuProcess(**p) for p in reading["processes"]]}
 
 
 def _card_of(number: int, mig: bool) -> int:
