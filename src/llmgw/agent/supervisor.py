@@ -128,11 +128,7 @@ class Supervisor:
     def spawn(self, replica_id: str, launch: EngineLaunch) -> EngineProcess:
         if not launch.argv:
             raise EngineError("empty engine command")
-        self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        argv = list(launch.argv)
-        if launch.secret_file is not None:
-            secret = self._write_secret(replica_id, launch.secret_file)
-            argv += [launch.secret_file.flag, str(secret)]
+        argv = self.command(replica_id, launch)
         path = self.log_path(replica_id)
         self._shift_logs(path)
         with open(path, "ab") as log_file:
@@ -155,6 +151,16 @@ class Supervisor:
         # None: already gone, and poll() says so from the Popen.
         birth = process_birth(popen.pid) or ""
         return EngineProcess(pid=popen.pid, birth=birth, popen=popen)
+
+    def command(self, replica_id: str, launch: EngineLaunch) -> list[str]:
+        """The argv the engine is started with: the launch's, and its secret file's
+        flag and path (the file written first)."""
+        self.logs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        argv = list(launch.argv)
+        if launch.secret_file is not None:
+            secret = self._write_secret(replica_id, launch.secret_file)
+            argv += [launch.secret_file.flag, str(secret)]
+        return argv
 
     def _write_secret(self, replica_id: str, secret: SecretFile) -> Path:
         """The launch's secret in a file of its own, readable by the agent's user only."""

@@ -79,6 +79,7 @@ MANAGED_FLAGS = FlagRules(
             "--ssl-ca-certs",
             "--ssl-cert-reqs",
             "--enable-ssl-refresh",
+            "--no-enable-ssl-refresh",  # argparse's BooleanOptionalAction
         ]
     ),
     dashes=True,
