@@ -716,6 +716,16 @@ def _judge(name: str, series: list[dict[str, Any]], out: dict[str, Any]) -> None
             out["failures"].append(f"{name}: {what} {floor0} -> {floor1}")
 
 
+def request_failures(counts: dict[str, dict[str, int]]) -> list[str]:
+    """The load's verdict: requests were sent, and no more than 1 % of them failed."""
+    sent = sum(sum(per.values()) for kind, per in counts.items() if kind != "key_rotation")
+    # A failed key rotation counts against the run, as a failed request does.
+    failed = sum(per.get("failed", 0) for per in counts.values())
+    if not sent:
+        return ["no request was sent"]
+    return [f"{failed} of {sent} requests failed"] if failed > 0.01 * sent else []
+
+
 def engine_starts(samples: list[dict[str, Any]]) -> dict[str, int]:
     """Distinct engine processes seen per model: how often on-demand models came back."""
     seen: dict[str, set[int]] = {}
@@ -785,11 +795,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         await load.close()
         await asyncio.shield(asyncio.to_thread(stop_parts, deployment.parts))
     figures = growth(samples)
-    sent = sum(sum(per.values()) for kind, per in load.tally.counts.items()
-               if kind != "key_rotation")
-    failed = load.tally.total("failed")
-    if sent and failed > 0.01 * sent:
-        figures["failures"].append(f"{failed} of {sent} requests failed")
+    figures["failures"] += request_failures(load.tally.counts)
     print_table(samples)
     for line in figures["failures"] + load.tally.errors[:10]:
         print(f"soak: {line}", file=sys.stderr)

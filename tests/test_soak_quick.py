@@ -138,3 +138,12 @@ def test_half_a_minute_of_soak_samples_every_process(test_output: Path) -> None:
     assert sent.get("chat_stream", 0) > 0 and sent.get("embeddings", 0) > 0, result["requests"]
     failed = {kind: c["failed"] for kind, c in result["requests"].items() if c.get("failed")}
     assert failed == {}, text[-4000:]
+
+
+def test_the_load_must_have_been_sent_and_answered() -> None:
+    soak = _soak()
+    assert soak.request_failures({"chat": {"ok": 200, "failed": 2}}) == []
+    assert soak.request_failures({"chat": {"ok": 200, "failed": 3}}) == [
+        "3 of 203 requests failed"]
+    assert soak.request_failures({"key_rotation": {"ok": 3}}) == ["no request was sent"]
+    assert soak.request_failures({}) == ["no request was sent"]
