@@ -204,6 +204,10 @@ class LeanHttpProtocol(asyncio.Protocol):
         self._raw: list[bytes] = []
         # Bytes received since the head in progress began (None: not in a head).
         self._head_bytes: int | None = 0
+        # A message completed in the read being parsed; and the head in
+        # progress began after one, mid-read (its first bytes went uncounted).
+        self._completed_in_read = False
+        self._head_mid_read = False
         self._head_since: float | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None
@@ -262,6 +266,7 @@ class LeanHttpProtocol(asyncio.Protocol):
             # The head's size, counted per read rather than per header (see
             # on_message_complete for where a count starts).
             self._head_bytes += len(data)
+        self._completed_in_read = False
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -333,6 +338,8 @@ class LeanHttpProtocol(asyncio.Protocol):
         self._raw = []
         if self._head_bytes is None:
             self._head_bytes = 0
+        if self._completed_in_read:
+            self._head_mid_read = True  # pipelined: measured whole at its end
         # One head timer per connection, re-armed for what is left of the
         # limit when it finds a head in progress (a timer per request cost
         # more than the rest of the head's checks).
@@ -351,11 +358,12 @@ class LeanHttpProtocol(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         # The last read may hold body bytes too: only then is the head measured.
-        if (self._head_bytes or 0) > self.max_head_bytes and self._head_size() > (
-            self.max_head_bytes
+        if ((self._head_bytes or 0) > self.max_head_bytes or self._head_mid_read) and (
+            self._head_size() > self.max_head_bytes
         ):
             raise ValueError(f"request head over {self.max_head_bytes} bytes")
         self._head_bytes = None
+        self._head_mid_read = False
         self._head_since = None
         # The body's deadline, one timer per connection as the head's (a
         # request without a body completes in this same read and clears it).
@@ -422,8 +430,10 @@ class LeanHttpProtocol(asyncio.Protocol):
     def on_message_complete(self) -> None:
         exchange = self.parsing
         # The next head's count starts with the next read: the rest of this
-        # one goes uncounted (a head over the cap by less than a read passes).
+        # one goes uncounted, so a head that begins in it (pipelined) is
+        # measured whole when it ends (on_message_begin, on_headers_complete).
         self._head_bytes = 0
+        self._completed_in_read = True
         self._body_since = None
         if exchange is None or exchange.complete:
             return

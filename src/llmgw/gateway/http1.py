@@ -38,6 +38,11 @@ _HIGH_WATER = 1 << 20  # buffered answer bytes before a streamed answer stops be
 # buffering it would let one answer take the gateway's memory.
 MAX_ANSWER_BYTES = 256 << 20
 _MAX_IDLE_PER_HOST = 1024
+# An answer's head past this is no engine's: refused as a broken answer.
+# Without a cap, an upstream sending header lines without end (an external
+# model's host, a hostile engine) grew the gateway's memory until the
+# request's deadline (found by bench/fuzz.py).
+MAX_HEAD_BYTES = 256 << 10
 
 # Connections are pooled per (host, port, TLS context): an https upstream
 # never shares a pool with a plain engine, nor one verified against the
@@ -250,6 +255,9 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self.closed = False
         self.used = False  # served at least one answer (may be stale when reused)
+        # Bytes read since the request was sent, while its answer's head is
+        # not complete (None: the head is complete).
+        self._head_bytes: int | None = None
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -270,6 +278,12 @@ class _Connection(asyncio.Protocol):
             response._fail(BodyBroken(f"malformed answer: {exc}"))
             self.close()
             return
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                response._fail(BodyBroken(f"the answer's head is over {MAX_HEAD_BYTES} bytes"))
+                self.close()
+                return
         if self._pieces:
             self._hand_over()
 
@@ -288,6 +302,7 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks (on_header and on_body: see __init__)
     def on_headers_complete(self) -> None:
+        self._head_bytes = None
         response = self._response
         if response is not None:
             headers = self._headers
@@ -322,6 +337,7 @@ class _Connection(asyncio.Protocol):
     def send(self, payload: bytes, response: Response) -> None:
         self._response = response
         self._headers.clear()
+        self._head_bytes = 0
         self.used = True
         assert self._transport is not None
         self._transport.write(payload)

@@ -170,11 +170,21 @@ class Upstream:
 
 
 def _closing_brace(data: bytes, start: int) -> int:
-    """Index of the ``}`` closing the object at ``start`` (objects without braces in strings)."""
+    """Index of the ``}`` closing the object at ``start`` (objects without braces in strings).
+
+    One pass over the braces: counting them afresh at each ``}`` (as this
+    once did) was quadratic, and an upstream's answer with a deeply nested
+    usage object held the gateway's loop for minutes (found by bench/fuzz.py).
+    """
     end = data.find(b"}", start)
-    while end >= 0 and data.count(b"{", start, end + 1) > data.count(b"}", start, end + 1):
-        end = data.find(b"}", end + 1)
-    return end
+    if end < 0 or data.count(b"{", start, end) == 1:
+        return end  # the usual: a flat usage object
+    depth = 0
+    for brace in _BRACES.finditer(data, start):
+        depth += 1 if brace.group() == b"{" else -1
+        if depth == 0:
+            return brace.start()
+    return -1
 
 
 def find_usage(data: bytes) -> Usage | None:
@@ -220,6 +230,7 @@ def usage_object(data: bytes) -> dict[str, Any] | None:
 
 
 _EVENT_SPLIT = re.compile(rb"(?:\r?\n){2}")
+_BRACES = re.compile(rb"[{}]")
 _USAGE_MARK = b'"usage":{'
 _USAGE_MARK_SPACED = b'"usage": {'
 # A finish reason that is a string, not null: the answer really ended.
@@ -315,7 +326,16 @@ class StreamRelay(EventBuffer):
         if not complete:
             return b""
         self.events += complete.count(b"data:")
-        if not self.finished and (_FINISH_MARK in complete or _FINISH_MARK_SPACED in complete):
+        if (
+            not self.finished
+            and (_FINISH_MARK in complete or _FINISH_MARK_SPACED in complete)
+            and _DONE_MARK not in complete
+        ):
+            # With a [DONE] in the same block, which came first decides
+            # (_take_events looks at the events in order): a [DONE] before
+            # the finish reason is the engine ending early, whatever
+            # follows it in the same read (found by bench/fuzz.py: it went
+            # out to the client when both arrived in one read).
             self.finished = True
         if self._observe is not None:
             self._observe(complete)
@@ -337,7 +357,10 @@ class StreamRelay(EventBuffer):
             if mark is not None:
                 cut = block.rfind(b"\n\n", 0, mark.start())
                 if cut >= 0:
-                    return block[: cut + 2] + self._kept_events(block[cut + 2 :])
+                    head = block[: cut + 2]
+                    if not self.finished and (_FINISH_MARK in head or _FINISH_MARK_SPACED in head):
+                        self.finished = True
+                    return head + self._kept_events(block[cut + 2 :])
         return self._kept_events(block)
 
     def _kept_events(self, block: bytes) -> bytes:
@@ -346,6 +369,8 @@ class StreamRelay(EventBuffer):
         for event in _EVENT_SPLIT.split(block):
             if not event:
                 continue
+            if not self.finished and (_FINISH_MARK in event or _FINISH_MARK_SPACED in event):
+                self.finished = True
             if _USAGE_MARK in event or _USAGE_MARK_SPACED in event:
                 usage = find_usage(event)
                 if usage is not None:
