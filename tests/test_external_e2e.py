@@ -129,7 +129,7 @@ def _catalog(engines: list[Engine], hosted_url: str) -> str:
     return json.dumps({"models": [
         {"name": "team-llama", "kv_capacity_tokens": 2048,
          "external": {"urls": [e.url for e in engines], "model": SERVED,
-                      "api_key_env": "TEAM_LLAMA_KEY",
+                      "api_key_env": "LLMGW_EXTERNAL_TEAM_LLAMA",
                       # llama_cpp.server ignores max_completion_tokens and
                       # sends no usage in streams: the gateway mends both.
                       "dialect": {"max_completion_tokens": False, "stream_usage": False,
@@ -161,8 +161,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         catalog = folder / "models.json"
         catalog.write_text(_catalog(engines, hosted_url))
         data_dir, log = folder / "data", output / "external-e2e-up.log"
-        env = {**os.environ, "TEAM_LLAMA_KEY": ENGINE_KEY, "HOSTED_KEY": HOSTED_KEY}
-        proc = spawn_up(data_dir, free_port(), log, "--catalog", str(catalog), env=env)
+        env = {**os.environ, "LLMGW_EXTERNAL_TEAM_LLAMA": ENGINE_KEY, "HOSTED_KEY": HOSTED_KEY}
+        # HOSTED_KEY lacks the LLMGW_EXTERNAL_ prefix: lent by the operator's flag.
+        proc = spawn_up(data_dir, free_port(), log, "--catalog", str(catalog),
+                        "--allow-key-env", "HOSTED_KEY", env=env)
         world = World(engines, hosted, hosted_url, wait_up_json(proc, data_dir, log), data_dir, log)
         _until(lambda: set(world.urls("team-llama").values()) == {"up"}, "both URLs up")
         yield world
@@ -291,7 +293,7 @@ def test_upstream_keys_show_nowhere(world: World) -> None:
     reads = [world.admin("GET", path) for path in
              ("/models", "/models/team-llama", "/summary", "/events", "/replicas", "/plan")]
     text = json.dumps(reads)
-    assert "TEAM_LLAMA_KEY" in text  # the name is shown: it is what to set on gateways
+    assert "LLMGW_EXTERNAL_TEAM_LLAMA" in text  # the name is shown: it is what to set on gateways
     shown = subprocess.run(
         [sys.executable, "-m", "llmgw.cli.main", "ctl", "--data-dir", str(world.data_dir),
          "models", "--json"], capture_output=True, text=True, timeout=60, check=True,

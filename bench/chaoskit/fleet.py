@@ -83,6 +83,7 @@ class Fleet:
         self.gateway = Proc("gateway", [
             "gateway", "--control-plane", ",".join(self.urls), "--token-file", str(token_file),
             "--host", "127.0.0.1", "--port", str(gw_port), "--log-level", "warning",
+            "--open-metrics",  # the run reads its per-model figures
         ], self.root / "gateway.log", self.env)
         self.gateway.start()
         for name, slots in self.nodes.items():

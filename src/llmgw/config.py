@@ -25,9 +25,16 @@ def default_data_dir() -> Path:
 
 
 def ensure_data_dir(path: Path) -> Path:
-    """Create the data dir (owner-only) and prove it is writable."""
+    """Create the data dir, make it owner-only, and prove it is writable.
+
+    An existing dir is tightened too (``mkdir``'s mode applies only to a new
+    one): it holds the store, keys and tokens, and a dir made by hand or by
+    an older llmgw under a umask of 022 lets every local user read them.
+    """
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.stat().st_mode & 0o077:
+            os.chmod(path, 0o700)
         probe = path / ".write-probe"
         probe.write_bytes(b"")
         probe.unlink()

@@ -149,6 +149,10 @@ class LeaderFinder:
                     method, url + path, data=data, headers=headers,
                     params=params(url) if params is not None else None, timeout=limits,
                     ssl=self.ssl if self.ssl is not None else True,
+                    # Never followed: aiohttp resends the body on a 307/308,
+                    # and a registration's body is the join token. A redirect
+                    # is an answer like any other status (and not a 2xx).
+                    allow_redirects=False,
                 ) as response:
                     body = await response.read()
                     status = response.status

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.errors import ConfigError
+from llmgw.tls import NODE_CERTIFICATE_OID, is_node_certificate
 
 # Short, since renewal costs nothing (it rides on reports) and a certificate
 # of a node that was deleted, or moved to another address, should not be
@@ -56,9 +57,28 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _name_of(address: str) -> x509.GeneralName:
+def normal_address(address: str) -> str:
+    """One spelling of a node's address: what its certificate names and claims bind.
+
+    Host names are compared without regard to case (DNS) and a trailing dot,
+    and one IPv6 address has many spellings (zeros, case, an IPv4-mapped
+    form): without one spelling, a second node could claim a peer's address
+    under another.
+    """
+    host = address.strip().strip("[]")
     try:
-        return x509.IPAddress(ipaddress.ip_address(address.strip("[]")))
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host.lower().rstrip(".")
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+def _name_of(address: str) -> x509.GeneralName:
+    address = normal_address(address)
+    try:
+        return x509.IPAddress(ipaddress.ip_address(address))
     except ValueError:
         return x509.DNSName(address)
 
@@ -127,6 +147,10 @@ def check_certificate(
     now = _now()
     if now >= cert.not_valid_after_utc:
         return CertificateState(False, True, "the certificate expired")
+    if not is_node_certificate(cert.public_bytes(serialization.Encoding.DER)):
+        # Issued before node certificates were marked: serves until the new
+        # one arrives with the next report.
+        return CertificateState(True, True, "issued without the node mark")
     life = cert.not_valid_after_utc - cert.not_valid_before_utc
     renew = cert.not_valid_after_utc - now < life * RENEW_FRACTION
     return CertificateState(True, renew, "due for renewal" if renew else "valid")
@@ -196,8 +220,10 @@ class NodeIssuer:
             .not_valid_after(now + datetime.timedelta(days=NODE_DAYS))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName([_name_of(address)]), critical=False)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
+            # Marked as a node's, so that llmgw's clients of the control plane
+            # refuse it whatever name it carries (llmgw.tls).
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  NODE_CERTIFICATE_OID]), critical=False)
             .sign(self._key, hashes.SHA256())
         )
         return cert.public_bytes(serialization.Encoding.PEM).decode("ascii")

@@ -57,11 +57,22 @@ SERVER_KEY = "server.key"
 CA_PATH = "/tls/v1/ca.pem"
 FINGERPRINT_PREFIX = "sha256:"
 _FINGERPRINT = re.compile(r"^(?:sha256:)?([0-9a-fA-F]{64})$")
+_PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]{1,40})-----")
 # Long: renewing means every agent's CA changes; the fingerprint pins the key.
 CA_DAYS = 3650
 # A server certificate is reissued by serve itself on any start that needs it.
 SERVER_DAYS = 825
 INSECURE_FLAG = "--insecure-http"
+
+
+# Marks a certificate the control plane issued to a node (llmgw.nodetls), in
+# its extended key usage beside serverAuth. One CA signs the control plane's
+# and the nodes' certificates, so without a mark a node's certificate for a
+# name the control plane also answers on would pass for the control plane's;
+# llmgw's clients of the control plane refuse a marked certificate
+# (:func:`refuse_node_certificates`). A UUID-based OID (2.25), needing no
+# registration.
+NODE_CERTIFICATE_OID = x509.ObjectIdentifier("2.25.261437104931650463517207433049346734171")
 
 
 class TrustError(ConfigError):
@@ -71,16 +82,45 @@ class TrustError(ConfigError):
 # -- fingerprints and join tokens ------------------------------------------------
 
 
-def fingerprint(cert_pem: bytes) -> str:
-    """``sha256:<hex>`` of the certificate's public key (SubjectPublicKeyInfo, DER)."""
+def pinned_certificate(pem: bytes, what: str = "the CA") -> x509.Certificate:
+    """The one certificate a pinned CA file holds; any other shape is refused.
+
+    A fingerprint names one key. A bundle whose first certificate has it and
+    whose others do not would pass a check of the first alone, and a client
+    trusting the whole file would then trust certificates from the others: a
+    machine on the path at the first contact serves the real CA followed by
+    its own and receives the join token. So a pin is exactly one PEM block,
+    a certificate, and trust is built from that certificate alone.
+    """
+    blocks = _PEM_BLOCK.findall(pem)
+    if blocks != [b"CERTIFICATE"]:
+        shape = ", ".join(b.decode("ascii", "replace") for b in blocks) or "no PEM block"
+        raise TrustError(
+            f"{what} must be exactly one PEM certificate, and holds {len(blocks)} PEM "
+            f"block(s) ({shape}): a pinned CA is one certificate, whose key the fingerprint "
+            "names; refusing it rather than trusting certificates the fingerprint does not name"
+        )
     try:
-        cert = x509.load_pem_x509_certificate(cert_pem)
+        return x509.load_pem_x509_certificate(pem)
     except ValueError as exc:
-        raise ConfigError(f"not a PEM certificate: {exc}") from None
+        raise ConfigError(f"{what} is not a PEM certificate: {exc}") from None
+
+
+def certificate_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def key_fingerprint(cert: x509.Certificate) -> str:
+    """``sha256:<hex>`` of the certificate's public key (SubjectPublicKeyInfo, DER)."""
     spki = cert.public_key().public_bytes(
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
     return FINGERPRINT_PREFIX + hashlib.sha256(spki).hexdigest()
+
+
+def fingerprint(cert_pem: bytes) -> str:
+    """``sha256:<hex>`` of the one certificate's public key; a bundle is refused."""
+    return key_fingerprint(pinned_certificate(cert_pem))
 
 
 def parse_fingerprint(text: str) -> str:
@@ -297,6 +337,17 @@ def _san(names: Sequence[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
+def certificate_names(cert_path: Path) -> list[str]:
+    """The DNS names and IP addresses a server certificate covers (none if unreadable)."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except (OSError, ValueError, x509.ExtensionNotFound):
+        return []
+    return ([str(v) for v in san.get_values_for_type(x509.DNSName)]
+            + [str(v) for v in san.get_values_for_type(x509.IPAddress)])
+
+
 def _covers(cert_path: Path, names: Sequence[str], ca_cert: x509.Certificate) -> bool:
     try:
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
@@ -363,23 +414,81 @@ class CaRoute:
 # -- the clients' side ------------------------------------------------------------------
 
 
-def client_context(ca_file: Path) -> ssl.SSLContext:
-    """Verifies servers against the fleet's CA only (not the system's CAs)."""
+def is_node_certificate(der: bytes) -> bool:
+    """Whether a certificate (DER) is one the control plane issued to a node."""
     try:
-        return ssl.create_default_context(cafile=str(ca_file))
+        usage = x509.load_der_x509_certificate(der).extensions.get_extension_for_class(
+            x509.ExtendedKeyUsage).value
+    except (ValueError, x509.ExtensionNotFound):
+        return False
+    return NODE_CERTIFICATE_OID in usage
+
+
+def _refuse_node_peer(der: bytes | None) -> None:
+    if der is not None and is_node_certificate(der):
+        raise ssl.SSLCertVerificationError(
+            "the server presents a node's certificate (issued by the fleet's CA to an agent),"
+            " not the control plane's or a gateway's: a node may be posing as one; refused")
+
+
+class _NodeRefusingObject(ssl.SSLObject):
+    """What asyncio's TLS (aiohttp, httpx async) runs: the chain check, then the role check."""
+
+    def do_handshake(self) -> None:
+        super().do_handshake()
+        _refuse_node_peer(self.getpeercert(binary_form=True))
+
+
+class _NodeRefusingSocket(ssl.SSLSocket):
+    """The same for blocking sockets (httpx in ``ctl``)."""
+
+    def do_handshake(self, block: bool = False) -> None:
+        super().do_handshake(block)
+        _refuse_node_peer(self.getpeercert(binary_form=True))
+
+
+def refuse_node_certificates(context: ssl.SSLContext) -> ssl.SSLContext:
+    """``context``, made to refuse a server whose certificate is a node's.
+
+    For every client of the control plane and of gateways: the chain is
+    verified as before, and once it holds, a certificate carrying
+    :data:`NODE_CERTIFICATE_OID` fails the handshake, before any request
+    (a token) is sent.
+    """
+    context.sslobject_class = _NodeRefusingObject
+    context.sslsocket_class = _NodeRefusingSocket
+    return context
+
+
+def client_context(ca_file: Path) -> ssl.SSLContext:
+    """Verifies servers against the CAs of an operator's file only (not the system's CAs)."""
+    try:
+        return refuse_node_certificates(ssl.create_default_context(cafile=str(ca_file)))
     except (ssl.SSLError, OSError) as exc:
         raise ConfigError(f"CA file {ca_file}: cannot use it: {exc}") from None
 
 
+def pinned_context(cert: x509.Certificate) -> ssl.SSLContext:
+    """Verifies servers against one pinned CA certificate and nothing else (nor a node)."""
+    return refuse_node_certificates(
+        ssl.create_default_context(cadata=certificate_pem(cert).decode("ascii")))
+
+
 def check_ca_file(ca_file: Path, expected: str | None) -> bytes:
-    """The CA file's PEM, refused if it does not have the fingerprint expected."""
+    """The CA file's PEM, refused if it does not have the fingerprint expected.
+
+    With a fingerprint expected the file must be that one certificate
+    (:func:`pinned_certificate`); without, it is the operator's own choice of
+    CAs (a bundle, the system's) and is read as it is.
+    """
     try:
         pem = ca_file.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read CA file {ca_file}: {exc.strerror or exc}") from None
-    if expected is not None and fingerprint(pem) != expected:
-        raise TrustError(f"CA file {ca_file} has fingerprint {fingerprint(pem)}, "
-                         f"not {expected}")
+    if expected is not None:
+        got = key_fingerprint(pinned_certificate(pem, f"CA file {ca_file}"))
+        if got != expected:
+            raise TrustError(f"CA file {ca_file} has fingerprint {got}, not {expected}")
     return pem
 
 
@@ -398,7 +507,7 @@ async def fetch_ca(
         if not url.startswith("https://"):
             continue
         try:
-            async with session.get(url + CA_PATH, ssl=False,
+            async with session.get(url + CA_PATH, ssl=False, allow_redirects=False,
                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as answer:
                 pem = await answer.read()
                 status = answer.status
@@ -409,7 +518,9 @@ async def fetch_ca(
             problems.append(f"{url}{CA_PATH}: HTTP {status}")
             continue
         try:
-            got = fingerprint(pem)
+            got = key_fingerprint(pinned_certificate(pem, f"{url}{CA_PATH}"))
+        except TrustError:
+            raise
         except ConfigError:
             raise TrustError(f"{url} answered {CA_PATH} with something that is not a "
                              "certificate; is this an llmgw control plane?") from None
@@ -447,14 +558,14 @@ class ClientTrust:
         if self._context is not None or not any(u.startswith("https://") for u in urls):
             return self._context
         if self.ca_file is not None:
-            check_ca_file(self.ca_file, self.ca_fingerprint)
-            self._context = client_context(self.ca_file)
+            pem = check_ca_file(self.ca_file, self.ca_fingerprint)
+            self._context = (client_context(self.ca_file) if self.ca_fingerprint is None
+                             else pinned_context(pinned_certificate(pem)))
             return self._context
-        if self.store is not None and self.store.exists():
-            pem = self.store.read_bytes()
-            if self.ca_fingerprint is None or fingerprint(pem) == self.ca_fingerprint:
-                self._context = client_context(self.store)
-                return self._context
+        kept = self._kept()
+        if kept is not None:
+            self._context = pinned_context(kept)
+            return self._context
         if self.ca_fingerprint is None:
             raise TrustError(
                 f"{urls[0]} uses TLS and this client has no CA to check it against: give a "
@@ -462,11 +573,27 @@ class ClientTrust:
                 "or --ca-file (for a certificate from a public CA: the system's bundle, e.g. "
                 "/etc/ssl/certs/ca-certificates.crt)"
             )
-        pem = await fetch(urls, self.ca_fingerprint)
-        if self.store is None:
-            self._context = ssl.create_default_context(cadata=pem.decode("ascii"))
-            return self._context
-        self.store.parent.mkdir(parents=True, exist_ok=True)
-        self.store.write_bytes(pem)
-        self._context = client_context(self.store)
+        cert = pinned_certificate(await fetch(urls, self.ca_fingerprint))
+        if self.store is not None:
+            self.store.parent.mkdir(parents=True, exist_ok=True)
+            self.store.write_bytes(certificate_pem(cert))
+        self._context = pinned_context(cert)
         return self._context
+
+    def _kept(self) -> x509.Certificate | None:
+        """The CA an earlier run kept, if it is one certificate with the fingerprint.
+
+        Anything else (another fingerprint, or a bundle an older llmgw kept
+        whole) is fetched again under the pin when there is one.
+        """
+        if self.store is None or not self.store.exists():
+            return None
+        try:
+            cert = pinned_certificate(self.store.read_bytes(), f"the kept CA {self.store}")
+        except ConfigError:
+            if self.ca_fingerprint is not None:
+                return None
+            raise
+        if self.ca_fingerprint is not None and key_fingerprint(cert) != self.ca_fingerprint:
+            return None
+        return cert

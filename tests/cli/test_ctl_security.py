@@ -57,3 +57,22 @@ def test_ctl_nodes_fabrics(served: Served) -> None:  # noqa: F811
     assert served.cp.state.nodes["gpu-2"].fabrics_pinned
     out = ok(run(served, "nodes", "fabrics", "gpu-2", "--reported"))
     assert "(unset)" in out and not served.cp.state.nodes["gpu-2"].fabrics_pinned
+
+
+def test_control_codes_from_the_fleet_never_reach_the_terminal(served: Served) -> None:  # noqa: F811
+    # An engine's last line and a node's warning, as a rogue node writes
+    # them: clear the screen, retitle the window, rewrite the line.
+    hostile = "\x1b[2J\x1b]0;owned\x07\rok\u202e"
+    replica = next(iter(served.cp.state.replicas.values()))
+    node = served.cp.state.nodes[replica.leader_node]
+    node.statuses[replica.id] = ReplicaStatus(replica_id=replica.id, state=ReplicaState.READY,
+                                              reason=hostile)
+    replica.reason = hostile
+    assert node.inventory is not None
+    node.inventory.warnings.append(f"gpu 0 {hostile}")
+    for args in (("replicas",), ("replicas", "--json"), ("nodes", "show", node.name),
+                 ("nodes", "show", node.name, "--json"), ("events",)):
+        out = ok(run(served, *args))
+        assert not any(c in out for c in "\x1b\x07\r\u202e"), (args, out)
+    shown = ok(run(served, "nodes", "show", node.name))
+    assert "\ufffd[2J\ufffd]0;owned\ufffd\ufffdok\ufffd" in shown

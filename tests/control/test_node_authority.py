@@ -221,3 +221,20 @@ async def test_a_store_from_before_join_token_ids_keeps_its_token(tmp_path: Path
 def test_agent_report_checks_its_own_fields() -> None:
     with pytest.raises(ValueError, match="host name or IP"):
         AgentReport(node="n1", inventory=inventory("h"), address="http://x")
+
+
+async def test_unknown_node_tokens_cost_no_pass_over_the_fleet(plane: Plane) -> None:
+    # Each token the index does not know used to rebuild it from every node:
+    # whoever sends random tokens made the control plane walk the fleet.
+    cp, _, url = plane
+    async with httpx.AsyncClient() as client:
+        tokens = [await register(client, url, plane.join, f"n{i}") for i in range(3)]
+    assert cp.nodes.for_token(tokens[0]).name == "n0"
+    with pytest.raises(AuthError):
+        cp.nodes.for_token("llmgw-node-unknown")  # indexes once: the count changed
+    index = cp.nodes._node_by_token_hash
+    for n in range(50):
+        with pytest.raises(AuthError):
+            cp.nodes.for_token(f"llmgw-node-unknown-{n}")
+    assert cp.nodes._node_by_token_hash is index  # not built again
+    assert [cp.nodes.for_token(t).name for t in tokens] == ["n0", "n1", "n2"]

@@ -80,3 +80,22 @@ async def test_no_api_docs_pages(admin: Admin) -> None:
             assert (await anonymous.get(base + page)).status_code == 404
         schema = await anonymous.get(base + "/admin/v1/openapi.json")
     assert schema.status_code == 200 and "/admin/v1/models" in schema.json()["paths"]
+
+
+async def test_secrets_are_redacted_by_their_shape_whatever_their_name(admin: Admin) -> None:
+    _, client = admin
+    env = {"OPENAI_APIKEY": "plain-looking", "UPSTREAM": "https://bot:hunter22@models.example",
+           "EXTRA_ARGS": "--key sk-abcdefghijklmnopqrstuvwx", "NOTE": "llmgw-admin-"
+           "0123456789abcdefXYZ", "MIRROR": "https://models.example/path", "LOG_LEVEL": "info"}
+    entry = {"name": "shapes", "engine": "sim", "env": env}
+    put = await client.put("/models/shapes", json=entry)
+    assert put.status_code == 200, put.text
+    shown = (await client.get("/models/shapes")).json()["spec"]["env"]
+    assert shown == {**{k: REDACTED for k in env}, "MIRROR": env["MIRROR"], "LOG_LEVEL": "info"}
+    # Written back as read, every redacted value keeps what was stored.
+    again = await client.put("/models/shapes", json={**entry, "env": shown})
+    assert again.status_code == 200, again.text
+    kept = (await client.get("/models/shapes")).json()["spec"]["env"]
+    assert kept == shown
+    from llmgw.control.secretenv import is_secret_value
+    assert not is_secret_value("sk-short") and not is_secret_value("mask-over-the-top-of-it")

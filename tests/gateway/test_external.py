@@ -151,11 +151,11 @@ async def test_a_hosted_api_gets_its_key_its_name_and_its_path(
     hosted: HostedApi, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setenv("TEST_HOSTED_KEY", KEY)
+    monkeypatch.setenv("LLMGW_EXTERNAL_HOSTED", KEY)
     base = await hosted.start()
     link = MemoryLink(poll_timeout_s=1.0)
     link.publish(make_config(1, [external_route(
-        "team", [base], model=UPSTREAM, api_key_env="TEST_HOSTED_KEY"
+        "team", [base], model=UPSTREAM, api_key_env="LLMGW_EXTERNAL_HOSTED"
     )]))  # fmt: skip
     async with running_gateway(link, fast_settings(**FAST)) as (_, url):
         client = async_client(url)
@@ -197,19 +197,42 @@ async def test_a_hosted_api_gets_its_key_its_name_and_its_path(
 async def test_a_missing_key_takes_the_url_out_and_says_why(
     hosted: HostedApi, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("TEST_UNSET_KEY", raising=False)
+    monkeypatch.delenv("LLMGW_EXTERNAL_UNSET", raising=False)
     base = await hosted.start()
     link = MemoryLink(poll_timeout_s=1.0)
-    link.publish(make_config(1, [external_route("team", [base], api_key_env="TEST_UNSET_KEY")]))
+    link.publish(make_config(1, [
+        external_route("team", [base], api_key_env="LLMGW_EXTERNAL_UNSET")]))
     async with running_gateway(link, fast_settings(**FAST)) as (_, url):
         await eventually(lambda: _health(link, base)[0] is False)
         reason = _health(link, base)[1] or ""
-        assert "TEST_UNSET_KEY" in reason and "not set" in reason
+        assert "LLMGW_EXTERNAL_UNSET" in reason and "not set" in reason
         with pytest.raises(openai.APIStatusError) as refused:
             await async_client(url).chat.completions.create(
                 model="team", messages=[{"role": "user", "content": "hello"}]
             )
         assert refused.value.status_code == 503
+
+
+async def test_a_key_env_outside_the_prefix_is_sent_only_where_the_operator_allows(
+    hosted: HostedApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The catalog (the admin token) names any variable of the gateway's
+    # environment; its value would go as a bearer token to the catalog's URL.
+    monkeypatch.setenv("PGPASSWORD", "db-secret")
+    base = await hosted.start()
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(make_config(1, [external_route("team", [base], api_key_env="PGPASSWORD")]))
+    async with running_gateway(link, fast_settings(**FAST)) as (_, url):
+        await eventually(lambda: _health(link, base)[0] is False)
+        reason = _health(link, base)[1] or ""
+        assert "--allow-key-env PGPASSWORD" in reason and "LLMGW_EXTERNAL_" in reason
+        with pytest.raises(openai.APIStatusError):
+            await async_client(url).chat.completions.create(
+                model="team", messages=[{"role": "user", "content": "hello"}])
+    assert all("db-secret" not in (auth or "") for auth in hosted.auth)
+    allowed = fast_settings(**FAST, key_env_allowed=frozenset({"PGPASSWORD"}))
+    async with running_gateway(link, allowed) as (_, url):
+        await eventually(lambda: "Bearer db-secret" in hosted.auth)
 
 
 async def test_a_dead_url_leaves_routing_and_comes_back() -> None:
@@ -262,8 +285,8 @@ async def test_https_upstreams_are_verified_against_the_trust_store(
     context.load_cert_chain(str(tls.cert_file), str(tls.key_file))
     base = await hosted.start(context)
     assert base.startswith("https://")
-    monkeypatch.setenv("TEST_HOSTED_KEY", KEY)
-    routes = [external_route("team", [base], model=UPSTREAM, api_key_env="TEST_HOSTED_KEY")]
+    monkeypatch.setenv("LLMGW_EXTERNAL_HOSTED", KEY)
+    routes = [external_route("team", [base], model=UPSTREAM, api_key_env="LLMGW_EXTERNAL_HOSTED")]
 
     # Not trusted (the system's store knows no such CA): never sent, and said why.
     link = MemoryLink(poll_timeout_s=1.0)

@@ -65,7 +65,7 @@ class EngineEndpoint:
         )
         async with self.session.get(
             self.url(path), timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers,
-            ssl=verify,
+            ssl=verify, allow_redirects=False,  # the engine key stays with the engine
         ) as resp:
             yield resp
 

@@ -128,7 +128,8 @@ async def from_peer(
     timeout = aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_read=timeout_s)
     try:
         async with session.get(
-            base + MANIFEST_PATH, params={"model": spec.name}, headers=headers, timeout=timeout
+            base + MANIFEST_PATH, params={"model": spec.name}, headers=headers, timeout=timeout,
+            allow_redirects=False,  # the peer token goes to the peer, nowhere it points
         ) as resp:
             if resp.status != 200:
                 raise WeightsError(
@@ -168,7 +169,8 @@ async def _download_file(
     size = 0
     params = {"model": model, "path": item.path}
     url = base + FILE_PATH
-    async with session.get(url, params=params, headers=headers, timeout=client_timeout) as resp:
+    async with session.get(url, params=params, headers=headers, timeout=client_timeout,
+                           allow_redirects=False) as resp:
         if resp.status != 200:
             raise WeightsError(f"peer {base}: {item.path} answered HTTP {resp.status}")
         out = await asyncio.to_thread(open, target, "wb")

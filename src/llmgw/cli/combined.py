@@ -32,6 +32,7 @@ from llmgw.serving import ServerNotStarted, start_server
 from llmgw.tls import (
     CaRoute,
     ServerTls,
+    certificate_names,
     ensure_server_tls,
     given_server_tls,
     server_names,
@@ -89,6 +90,8 @@ class ProcessOptions:
     port: int = 8080
     database_url: str | None = None
     tls: TlsOptions = field(default_factory=lambda: TlsOptions())
+    # Variables external models' api_key_env may name besides LLMGW_EXTERNAL_*.
+    allow_key_env: frozenset[str] = frozenset()
 
 
 def resolve_store_url(data_dir: Path, database_url: str | None) -> str:
@@ -119,7 +122,10 @@ def sign_node_certificates(cp: ControlPlane, tls: ServerTls | None) -> None:
     """
     if tls is None or tls.ca_file is None or tls.ca_key_file is None:
         return
-    cp.node_certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file))
+    certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file),
+                             reserved=certificate_names(tls.cert_file))
+    certs.claims = cp.node_certs.claims  # read from the store by cp.load()
+    cp.node_certs = certs
 
 
 class PathDispatcher:
@@ -155,11 +161,12 @@ def freeze_startup_objects() -> None:
     freeze()
 
 
-def build_gateway(cp: ControlPlane) -> Any:
+def build_gateway(cp: ControlPlane, allow_key_env: frozenset[str] = frozenset()) -> Any:
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.settings import GatewaySettings
 
-    gateway = Gateway(InProcessLink(cp), GatewaySettings(metrics_token=metrics_token_from()))
+    settings = GatewaySettings(metrics_token=metrics_token_from(), key_env_allowed=allow_key_env)
+    gateway = Gateway(InProcessLink(cp), settings)
     # One scrape target per process: the gateway's /metrics (the dispatcher
     # sends /metrics there) carries the control plane's families too.
     gateway.metrics.registry.register(ControlCollector(cp))
@@ -206,7 +213,7 @@ async def start_parts(
     tls: ServerTls | None,
 ) -> Parts:
     """The runtime, the gateway, then the port they share."""
-    gateway = build_gateway(cp)
+    gateway = build_gateway(cp, options.allow_key_env)
     await runtime.start()
     await gateway.start()
     server = await serve_http(

@@ -147,8 +147,20 @@ def gateway(
         Path | None,
         typer.Option(envvar="LLMGW_METRICS_TOKEN_FILE",
                      help="/metrics answers only this file's token as a Bearer token"
-                     " (also LLMGW_METRICS_TOKEN; default: open)."),
+                     " (also LLMGW_METRICS_TOKEN; without one /metrics is closed unless"
+                     " --open-metrics)."),
     ] = None,
+    allow_key_env: Annotated[
+        list[str] | None,
+        typer.Option("--allow-key-env",
+                     help="An environment variable an external model's api_key_env may name"
+                     " besides LLMGW_EXTERNAL_* (repeatable): its value goes to that"
+                     " model's URLs."),
+    ] = None,
+    open_metrics: Annotated[
+        bool, typer.Option(help="Answer /metrics to anyone when no metrics token is set"
+                           " (metrics name every model and show the traffic).")
+    ] = False,
     ca_file: Annotated[
         Path | None,
         typer.Option(envvar="LLMGW_CA_FILE",
@@ -195,6 +207,8 @@ def gateway(
             max_body_bytes=int(max_body_mb * 1024 * 1024),
             allow_anonymous=allow_anonymous,
             metrics_token=metrics_token_from(metrics_token_file),
+            metrics_open=open_metrics,
+            key_env_allowed=frozenset(allow_key_env or ()),
         )
         run(serve_gateway(control_plane, token, host, port, settings, trust=trust, tls=tls))
     except ConfigError as exc:

@@ -53,6 +53,9 @@ TLS_CERT_OPTION = typer.Option(help="Listen with this certificate (PEM, chain in
 TLS_KEY_OPTION = typer.Option(help="The private key of --tls-cert.")
 TLS_CA_OPTION = typer.Option(help="The CA that signed --tls-cert: its fingerprint goes into"
                              " join tokens and its path into up.json.")
+ALLOW_KEY_ENV_OPTION = typer.Option(
+    "--allow-key-env", help="An environment variable an external model's api_key_env may name"
+    " besides LLMGW_EXTERNAL_* (repeatable): its value goes to that model's URLs.")
 TLS_CA_KEY_OPTION = typer.Option(help="The private key of --tls-ca, to sign the nodes' server"
                                  " certificates (without it the agents' servers stay plain).")
 
@@ -83,6 +86,7 @@ def up(
     tls_cert: Annotated[Path | None, TLS_CERT_OPTION] = None,
     tls_key: Annotated[Path | None, TLS_KEY_OPTION] = None,
     tls_ca: Annotated[Path | None, TLS_CA_OPTION] = None,
+    allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
     log_level: LogLevel = "warning",
 ) -> None:
     """Run everything on this machine: control plane, gateway and a local agent."""
@@ -93,6 +97,7 @@ def up(
     options = UpOptions(
         data_dir=data_dir, host=host, port=port, database_url=database_url, catalog=catalog,
         sim=sim, cpu_slots=cpu_slots, traffic=traffic,
+        allow_key_env=frozenset(allow_key_env or ()),
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),
     )
@@ -157,6 +162,7 @@ def serve(
         typer.Option(help="Another name (or address) the generated certificate covers"
                      " (repeatable): a load balancer's, a DNS alias."),
     ] = None,
+    allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
@@ -173,6 +179,7 @@ def serve(
                 join_token_ttl_s=join_token_ttl * 3600 or None,
                 approve_nodes=approve_nodes,
                 trust_reported_fabrics=trust_reported_fabrics,
+                allow_key_env=frozenset(allow_key_env or ()),
                 retention=Retention(events_days=events_retention_days,
                                     usage_days=usage_retention_days),
                 tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,

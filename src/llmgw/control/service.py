@@ -94,6 +94,7 @@ class ControlPlane(Core):
         await self.keys.load()
         await self.credentials.load()
         await self.nodes.load()
+        await self.node_certs.load_claims(self.store)
         self.engine_keys = await EngineKeys.load(self.store)
         self.digests.load(await self.store.get_setting(WEIGHT_DIGESTS))
         await state.bump_routing()

@@ -36,6 +36,13 @@ class FencedWrites:
             self.leadership.stale()
             raise
 
+    async def claim_address(self, address: str, node: str, at: float) -> str:
+        return await self._fenced(
+            lambda epoch: self.store.claim_address(address, node, at, epoch=epoch))
+
+    async def free_address(self, address: str) -> str | None:
+        return await self._fenced(lambda epoch: self.store.free_address(address, epoch=epoch))
+
     async def set_setting(self, key: str, value: str) -> None:
         await self._fenced(lambda epoch: self.store.set_setting(key, value, epoch=epoch))
 

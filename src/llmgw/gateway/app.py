@@ -345,7 +345,10 @@ class Gateway:
             await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
         else:
             await self._refuse(send, 401, "/metrics needs the metrics token "
-                               "(Authorization: Bearer ...).")
+                               "(Authorization: Bearer ...)." if self.settings.metrics_token else
+                               "/metrics is closed: start the gateway with "
+                               "--metrics-token-file (or LLMGW_METRICS_TOKEN) for scrapes "
+                               "that send it, or --open-metrics.")
 
     async def _health_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._health(send)
@@ -353,6 +356,8 @@ class Gateway:
     def _metrics_allowed(self, scope: Scope) -> bool:
         # Metrics name every model and replica and show the traffic: on a
         # shared network they are for the monitoring system, not for anyone.
+        if self.settings.metrics_token is None and not self.settings.metrics_open:
+            return False
         header = front.header(scope, b"authorization") or b""
         return scrape_allowed(header.decode("latin-1"), self.settings.metrics_token)
 

@@ -28,14 +28,36 @@ from llmgw.gateway.types import Message, Send
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
-def upstream_key(env_name: str | None) -> tuple[str | None, str | None]:
+# The names a catalog's ``api_key_env`` may give without the gateway's
+# operator allowing more. The catalog is written by whoever holds the admin
+# token, and the gateway sends the variable's value to the URL that same
+# catalog names: any name at all would let an admin read PGPASSWORD, a cloud
+# key or any other secret of every gateway's environment. Keys meant for
+# upstreams get this prefix; others only by the gateway's own flag.
+KEY_ENV_PREFIX = "LLMGW_EXTERNAL_"
+ALLOW_FLAG = "--allow-key-env"
+
+
+def key_env_allowed(env_name: str, allowed: frozenset[str] = frozenset()) -> bool:
+    return env_name.startswith(KEY_ENV_PREFIX) or env_name in allowed
+
+
+def upstream_key(
+    env_name: str | None, allowed: frozenset[str] = frozenset()
+) -> tuple[str | None, str | None]:
     """(the key to send, why there is none although one is wanted).
 
     The problem names the variable, never its value: it is logged and sent
     to the control plane as the endpoint's reason for being down.
+    ``allowed``: names the gateway's operator lends besides ``KEY_ENV_PREFIX``.
     """
     if env_name is None:
         return None, None
+    if not key_env_allowed(env_name, allowed):
+        return None, (
+            f"api_key_env {env_name} is not a name this gateway sends to upstreams: name the"
+            f" key {KEY_ENV_PREFIX}..., or start the gateway with {ALLOW_FLAG} {env_name}"
+        )
     value = os.environ.get(env_name)
     if not value:
         return None, f"the environment variable {env_name} (its API key) is not set on this gateway"

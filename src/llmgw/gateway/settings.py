@@ -29,9 +29,15 @@ class GatewaySettings:
     # on a laptop may want to accept anonymous clients instead.
     allow_anonymous: bool = False
     # When set, /metrics answers only `Authorization: Bearer <this>` (metrics
-    # name every model and replica and show the traffic); None: open, as a
-    # Prometheus endpoint usually is on a trusted network.
+    # name every model and replica and show the traffic). Without one,
+    # `metrics_open` decides: the standalone gateway (`llmgw gateway`, the
+    # one that faces clients on a shared network) leaves it closed unless
+    # its operator passes --open-metrics.
     metrics_token: str | None = None
+    metrics_open: bool = True
+    # Environment variables an external model's api_key_env may name besides
+    # LLMGW_EXTERNAL_* (llmgw.gateway.external): the operator's choice.
+    key_env_allowed: frozenset[str] = frozenset()
 
     # On-demand models: a cold start of a real engine takes tens of seconds to
     # minutes, so the wait is long; the queue bound keeps a burst of clients

@@ -72,7 +72,8 @@ class ConfigView:
                 else:
                     replica.update(endpoint)
                 if endpoint.external:
-                    replica.engine_key, problem = upstream_key(endpoint.api_key_env)
+                    replica.engine_key, problem = upstream_key(endpoint.api_key_env,
+                                                               settings.key_env_allowed)
                     self.external[endpoint.replica_id] = ExternalEndpoint(
                         route.name, endpoint.url, replica, problem
                     )

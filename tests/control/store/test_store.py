@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,19 +14,20 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Executable, select, update
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from llmgw.control.rows import model_from_row, model_row, replica_from_row
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import NodeFailure
 from llmgw.control.store import schema
-from llmgw.control.store.db import create_engine
+from llmgw.control.store.db import create_engine, is_sqlite
 from llmgw.control.store.migrate import MIGRATIONS, current_revision
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError, NotLeaderError, ValidationError
 from llmgw.wire import AgentRegistration
 
-HEAD = "0004"
+HEAD = "0005"
 
 
 async def test_migrates_from_empty_to_head(store: Store) -> None:
@@ -46,9 +48,17 @@ async def test_opening_twice_keeps_data(store_url: str) -> None:
         await second.close()
 
 
+def _owner_only(store_url: str) -> None:
+    """A SQLite file made owner-only, as the store must be before llmgw opens it."""
+    database = make_url(store_url).database
+    if is_sqlite(store_url) and database and not os.path.exists(database):
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
 @asynccontextmanager
 async def raw_engine(store_url: str) -> AsyncIterator[AsyncEngine]:
     """An engine on the store's database, under no Store (no migration on open)."""
+    _owner_only(store_url)
     engine = create_engine(store_url)
     try:
         yield engine

@@ -26,10 +26,17 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 import typer
 
+from llmgw.cli.ctl.render import clean, cleaned
 from llmgw.config import default_data_dir
 from llmgw.errors import ConfigError
 from llmgw.failover import CallWalk, LeaderFinder, parse_control_plane_urls, standby_hint
-from llmgw.tls import check_plain_urls, client_context, fingerprint, token_with_fingerprint
+from llmgw.tls import (
+    TrustError,
+    check_plain_urls,
+    client_context,
+    fingerprint,
+    token_with_fingerprint,
+)
 from llmgw.wire import ErrorBody
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -98,6 +105,15 @@ def follow_admin_token(ctx: typer.Context, new_token: str) -> Path | None:
     return path
 
 
+def _pin_of(ca_file: Path) -> str | None:
+    try:
+        return fingerprint(ca_file.read_bytes())
+    except TrustError:
+        return None
+    except OSError as exc:
+        raise ConfigError(f"cannot read CA file {ca_file}: {exc.strerror or exc}") from None
+
+
 class AdminClient:
     """The admin API over HTTP; every failure becomes a CtlError with one line.
 
@@ -115,8 +131,9 @@ class AdminClient:
             # The admin token must not cross a network in the clear (llmgw.tls).
             check_plain_urls(parsed, allowed=insecure_http, what="control plane")
             verify: ssl.SSLContext | bool = client_context(ca_file) if ca_file else True
-            # Join tokens this ctl prints carry it, so agents trust the same CA.
-            self.ca_fingerprint = fingerprint(ca_file.read_bytes()) if ca_file else None
+            # Join tokens this ctl prints carry it, so agents trust the same CA;
+            # a file of several CAs (the system's bundle) pins none of them.
+            self.ca_fingerprint = _pin_of(ca_file) if ca_file else None
         except ConfigError as exc:
             raise CtlError(str(exc)) from None
         # ``--url http://cp:8080/admin/v1`` works too: people paste what the banner shows.
@@ -189,12 +206,14 @@ def _answer(url: str, path: str, response: httpx.Response, *, text: bool = False
                        "(pass --token, set LLMGW_ADMIN_TOKEN, or check up.json)")
     if response.status_code >= 400:
         raise CtlError(_error_text(response))
+    # Everything ctl shows passes here first: answers carry what nodes and
+    # engines wrote, which must not reach the terminal as control codes.
     if text:
-        return response.text
+        return clean(response.text, lines=True)
     if not response.content:
         return None
     try:
-        return response.json()
+        return cleaned(response.json())
     except ValueError:
         raise CtlError(f"{url} answered {path} with something that is not JSON; "
                        "is this an llmgw control plane?") from None
@@ -203,9 +222,9 @@ def _answer(url: str, path: str, response: httpx.Response, *, text: bool = False
 def _error_text(response: httpx.Response) -> str:
     body = ErrorBody.parse(response.content)
     if body is not None:
-        return body.error.message
+        return clean(body.error.message)
     first = response.text.strip().splitlines()[0] if response.text.strip() else ""
-    return f"HTTP {response.status_code} {first[:200]}".strip()
+    return clean(f"HTTP {response.status_code} {first[:200]}".strip())
 
 
 def admin_client(ctx: typer.Context) -> AdminClient:

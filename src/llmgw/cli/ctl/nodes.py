@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import Annotated, Any
 
 import typer
@@ -90,6 +91,26 @@ def node_show(ctx: typer.Context, name: str, as_json: JsonOpt = False) -> None:
 def node_delete(ctx: typer.Context, name: str) -> None:
     """Forget a node; its agent must register again with a join token."""
     typer.echo(admin_client(ctx).call("DELETE", f"/nodes/{name}")["message"])
+
+
+@nodes_app.command("addresses")
+@guarded
+def node_addresses(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Which node each address is bound to (the server certificate that names it)."""
+    claims = admin_client(ctx).call("GET", "/addresses")
+    if as_json:
+        print_json(claims)
+        return
+    for claim in claims:
+        typer.echo(f"{claim['address']}  {claim['node']}")
+
+
+@nodes_app.command("free-address")
+@guarded
+def node_free_address(ctx: typer.Context, address: str) -> None:
+    """Unbind an address from its node: the next node to report it may get a certificate for it."""
+    path = f"/addresses/{urllib.parse.quote(address, safe='')}"
+    typer.echo(admin_client(ctx).call("DELETE", path)["message"])
 
 
 @nodes_app.command("fabrics")

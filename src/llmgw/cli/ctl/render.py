@@ -7,6 +7,7 @@ same fields the API documents; the tables are for people and may change.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import threading
 import time
@@ -22,6 +23,33 @@ from rich.table import Table
 JsonOpt = Annotated[bool, typer.Option("--json", help="The API's JSON, for scripts.")]
 WatchOpt = Annotated[float | None, typer.Option(
     "--watch", help="Refresh every N seconds until Ctrl-C.", min=0.1)]
+
+
+# What a terminal would act on rather than show: C0 and C1 control codes
+# (ESC starts the sequences that move the cursor, retitle the window or
+# rewrite what is on screen) and the bidirectional overrides that reorder
+# text. Node names, reasons, engine errors and log lines are written by
+# nodes and engines, which a rogue one fills with them.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNPRINTABLE_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+SHOWN_INSTEAD = "\ufffd"
+
+
+def clean(text: str, *, lines: bool = False) -> str:
+    """``text`` with every control code replaced by U+FFFD; ``lines`` keeps line breaks."""
+    pattern = _UNPRINTABLE if lines else _UNPRINTABLE_OR_NEWLINE
+    return pattern.sub(SHOWN_INSTEAD, text)
+
+
+def cleaned(value: Any) -> Any:
+    """An admin API answer with every string in it :func:`clean` (keys included)."""
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, list):
+        return [cleaned(item) for item in value]
+    if isinstance(value, dict):
+        return {clean(str(k)): cleaned(v) for k, v in value.items()}
+    return value
 
 
 def make_console() -> Console:

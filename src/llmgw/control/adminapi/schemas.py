@@ -27,6 +27,14 @@ class Done(BaseModel):
     message: str
 
 
+class AddressClaim(BaseModel):
+    """An address bound to the node first given a certificate for it (control.nodecerts)."""
+
+    address: str
+    node: str
+    claimed_at: float
+
+
 class CatalogInput(_Body):
     """Catalog entries as JSON (``models``) or as a YAML/JSON document's text."""
 

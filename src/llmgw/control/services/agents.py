@@ -161,6 +161,7 @@ class Agents:
         if report.csr is None or not certs.enabled:
             self._certificate_refused.pop(node.name, None)
             return Issued()
+        await certs.claim(self.core.writes, node, time.time())
         issued = certs.issue(self.core.state, node, report.csr)
         if issued.refused is None:
             self._certificate_refused.pop(node.name, None)

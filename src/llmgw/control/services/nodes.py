@@ -15,7 +15,8 @@ from llmgw.control.rows import gpu_rows, node_row
 from llmgw.control.services.core import Core, found
 from llmgw.control.services.credentials import Credentials
 from llmgw.control.state import NodeRecord
-from llmgw.errors import AuthError, ValidationError
+from llmgw.errors import AuthError, NotFoundError, ValidationError
+from llmgw.nodetls import normal_address
 from llmgw.wire import AgentRegistration, AgentRegistrationAnswer, NodeState
 
 
@@ -26,10 +27,15 @@ class Nodes:
         # serve --approve-nodes: new nodes wait for an operator (llmgw.control.approval).
         self.approve_nodes = False
         self._node_by_token_hash: dict[str, str] = {}
+        # How many nodes the index was built from: it is built again on a miss
+        # only when that changed, never once per unknown token (each would
+        # cost a pass over the fleet, for whoever sends tokens at random).
+        self._indexed_nodes = -1
 
     async def load(self) -> None:
         """Mark the loaded nodes held for approval, and those with pinned fabrics."""
         store, nodes = self.core.store, self.core.state.nodes
+        self._indexed_nodes = -1  # the nodes were read again: index them on the next miss
         for name in approval.parse(await store.get_setting(approval.SETTING)):
             if name in nodes:
                 nodes[name].pending_approval = True
@@ -49,10 +55,11 @@ class Nodes:
         nodes = self.core.state.nodes
         digest = secrets.hash_secret(token)
         name = self._node_by_token_hash.get(digest)
-        if name is None:
+        if name is None and self._indexed_nodes != len(nodes):
             self._node_by_token_hash = {
                 n.token_hash: n.name for n in nodes.values() if n.token_hash
             }
+            self._indexed_nodes = len(nodes)
             name = self._node_by_token_hash.get(digest)
         node = nodes.get(name) if name else None
         if node is None or node.token_hash != digest:
@@ -81,6 +88,7 @@ class Nodes:
         token = secrets.new_secret(secrets.NODE_PREFIX)
         node = existing or NodeRecord(name=reg.node, registered_at=time.time())
         node.token_hash = secrets.hash_secret(token)  # the old token stops working
+        self._node_by_token_hash[node.token_hash] = node.name
         if registered is None:
             node.agent_key_hash = agent_key_hash(reg.agent_key)
             if self.approve_nodes:
@@ -166,11 +174,25 @@ class Nodes:
             core.wake_reconciler()
         return node
 
+    async def free_address(self, address: str) -> str:
+        """Unbind ``address`` from the node it belongs to (llmgw.control.nodecerts); that node."""
+        core = self.core
+        core.require_leader()
+        address = normal_address(address)
+        owner = await core.writes.free_address(address)
+        core.node_certs.claims.pop(address, None)
+        if owner is None:
+            raise NotFoundError(f"address {address!r} is bound to no node")
+        await core.event("node", owner, f"address {address} freed from node {owner}"
+                         " by an admin: the next node to report it may be given it")
+        return owner
+
     async def delete(self, name: str) -> None:
         core = self.core
         core.require_leader()
         found(core.state.nodes, name, "node")
-        await core.writes.delete_node(name)
+        await core.writes.delete_node(name)  # its addresses with it
+        core.node_certs.claims = {a: n for a, n in core.node_certs.claims.items() if n != name}
         removed = core.state.nodes.pop(name)
         if removed.pending_approval:
             await core.writes.set_setting(approval.SETTING, approval.dump(core.state.nodes))

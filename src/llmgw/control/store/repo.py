@@ -235,6 +235,39 @@ class Store:
         async with self._write(epoch) as conn:
             await conn.execute(delete(schema.gpus).where(schema.gpus.c.node == name))
             await conn.execute(delete(schema.nodes).where(schema.nodes.c.name == name))
+            # Deleting a node is an admin's act: its addresses are free again.
+            await conn.execute(
+                delete(schema.address_claims).where(schema.address_claims.c.node == name))
+
+    # -- addresses bound to nodes ----------------------------------------------
+
+    async def claim_address(
+        self, address: str, node: str, at: float, *, epoch: int | None = None
+    ) -> str:
+        """The node ``address`` belongs to: ``node`` if it was free (then bound to it)."""
+        claims = schema.address_claims
+        async with self._write(epoch) as conn:
+            found = (await conn.execute(
+                select(claims.c.node).where(claims.c.address == address))).first()
+            if found is not None:
+                return str(found[0])
+            await conn.execute(claims.insert().values(address=address, node=node, claimed_at=at))
+            return node
+
+    async def free_address(self, address: str, *, epoch: int | None = None) -> str | None:
+        """Unbind ``address``; the node it was bound to, None when it was not."""
+        claims = schema.address_claims
+        async with self._write(epoch) as conn:
+            found = (await conn.execute(
+                select(claims.c.node).where(claims.c.address == address))).first()
+            if found is None:
+                return None
+            await conn.execute(delete(claims).where(claims.c.address == address))
+            return str(found[0])
+
+    async def list_address_claims(self) -> list[Row]:
+        claims = schema.address_claims
+        return await self._read(select(claims).order_by(claims.c.address))
 
     async def list_nodes(self) -> list[Row]:
         return await self._read(select(schema.nodes).order_by(schema.nodes.c.name))
@@ -453,6 +486,35 @@ def _check_sqlite_place(database: str) -> None:
         raise ConfigError(f"cannot open the store at {database}: {folder} is not a directory")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot open the store at {database}: {folder} is not writable")
+    _check_sqlite_private(database)
+
+
+# The SQLite files hold the fleet's secrets (the CA's private key, the
+# engine-key seed, catalog secrets): owner-only, as ssh keeps its keys.
+SQLITE_FILE_MODE = 0o600
+_SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+def _check_sqlite_private(database: str) -> None:
+    """Make a new SQLite store owner-only; refuse one that others may read.
+
+    SQLite creates its -wal and -shm files with the database file's mode, so
+    creating the file 0600 before the driver opens it keeps all three
+    private. A file that exists readable by group or others is refused rather
+    than quietly tightened: whoever could read it may hold the secrets, which
+    the operator should know (docs/security.md says what to rotate).
+    """
+    if not os.path.exists(database):
+        os.close(os.open(database, os.O_WRONLY | os.O_CREAT | os.O_EXCL, SQLITE_FILE_MODE))
+        return
+    shared = [path for path in (database + side for side in _SQLITE_SIDE_FILES)
+              if os.path.exists(path) and os.stat(path).st_mode & 0o077]
+    if shared:
+        modes = ", ".join(f"{path} {os.stat(path).st_mode & 0o777:o}" for path in shared)
+        raise ConfigError(
+            f"the store's files can be read by other users ({modes}): they hold the fleet's "
+            f"secrets (CA key, engine-key seed). Run: chmod 600 {' '.join(shared)}"
+            " (and see docs/security.md on what to rotate if others had access)")
 
 
 def _describe(url: str) -> str:

@@ -54,6 +54,17 @@ nodes = Table(
     Column("last_seen", Float, nullable=True),
 )
 
+# Which node a (normalised, not loopback) address belongs to, for the
+# certificate that names it (llmgw.control.nodecerts): the first node given
+# one keeps it until an admin frees it or deletes the node.
+address_claims = Table(
+    "address_claims",
+    metadata,
+    Column("address", String(255), primary_key=True),
+    Column("node", String(200), nullable=False),
+    Column("claimed_at", Float, nullable=False),
+)
+
 # One row per placeable device, rewritten when a node's inventory changes;
 # kept as its own table so that SQL can answer "which nodes have free
 # h100-80g" without unpacking every inventory.

@@ -115,6 +115,19 @@ def nodes_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
         await cp.nodes.approve(name)
         return json_response(_node(name))
 
+    @router.get("/addresses", response_model=list[schemas.AddressClaim], tags=["nodes"])
+    async def list_addresses() -> Response:
+        """Which node each address is bound to, for the server certificate that names it."""
+        rows = await cp.store.list_address_claims()
+        return json_response([schemas.AddressClaim(**row) for row in rows])
+
+    @router.delete("/addresses/{address}", response_model=schemas.Done, responses=NOT_FOUND,
+                   tags=["nodes"])
+    async def free_address(address: str) -> Response:
+        """Unbind an address from its node: the next node to report it may be given it."""
+        owner = await cp.nodes.free_address(address)
+        return json_response(schemas.Done(message=f"address {address} freed (was node {owner}'s)"))
+
     # After /nodes/{name}/fabrics: the name convertor takes slashes, so this
     # route would match "x/fabrics" if it came first.
     @router.delete("/nodes/{name:name}", response_model=schemas.Done, responses=NOT_FOUND,
