@@ -157,9 +157,40 @@ def options(engine: str) -> list[list[Any]]:
     return found
 
 
+def vllm_routes(tasks: list[str]) -> list[str]:
+    """The paths vLLM's API server mounts for a model that supports ``tasks``
+    (launchers/api_server/routers.py register_api_routers, with the serve
+    command's default arguments)."""
+    import vllm.entrypoints.cli.serve as serve
+    from fastapi import FastAPI
+    from vllm.entrypoints.launchers.api_server.routers import register_api_routers
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm")
+    subparsers = parser.add_subparsers(dest="subparser")
+    for command in serve.cmd_init():
+        command.subparser_init(subparsers)
+    args = parser.parse_args(["serve", "/weights"])
+    app = FastAPI()
+    app.state.args = args
+    register_api_routers(args, app, tuple(tasks), None)
+    return sorted({route.path for route in app.routes if hasattr(route, "path")})
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     if request.get("options"):
         return {"ok": True, "values": {"options": options(request["engine"])}}
+    if "score" in request:  # vLLM's /v1/score request model (pooling/scoring/protocol.py)
+        from pydantic import TypeAdapter, ValidationError
+        from vllm.entrypoints.pooling.scoring.protocol import ScoreRequest
+
+        try:
+            TypeAdapter(ScoreRequest).validate_python(request["score"])
+        except ValidationError as exc:
+            return {"ok": False, "error": str(exc)[:500]}
+        return {"ok": True, "values": {}}
+    if "routes" in request:
+        return {"ok": True, "values": {"routes": vllm_routes(request["routes"])}}
     for path, text in request.get("files", {}).items():
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:

@@ -35,6 +35,9 @@ from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, VllmAdapter
 from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, EngineTls, LaunchContext
 from llmgw.agent.supervisor import Supervisor
 from llmgw.errors import EngineError
+from llmgw.gateway.apiroutes import EMBEDDINGS, OPTIONAL_ROUTES
+from llmgw.gateway.responses import ApiError
+from llmgw.gateway.validation import SCORE
 from llmgw.wire import WeightsSource
 
 ENGINES_DIR = Path(os.environ.get("LLMGW_ENGINES_DIR", Path.home() / ".cache/llmgw/engines"))
@@ -475,3 +478,47 @@ def test_llama_cpp_server_reads_catalog_booleans_and_prefixes_as_the_adapter_doe
     launch, _ = build(entry, workdir, tls_files)
     assert llama_cpp_server.parse(*started(launch, workdir))["values"]["embedding"] is True
     assert launch.dialect.embeddings
+
+
+@pytest.mark.parametrize(("task", "architecture"),
+                         [("generate", "Gemma3ForCausalLM"),
+                          ("transcription", "WhisperForConditionalGeneration")])  # fmt: skip
+def test_vllm_declares_the_routes_it_mounts_for_the_models_task(
+    vllm: EngineParser, tmp_path: Path, task: str, architecture: str
+) -> None:
+    # vLLM mounts routes by what the model does (launchers/api_server/routers.py):
+    # a chat model answered vLLM's bare 404 on /v1/embeddings, /v1/rerank,
+    # /v1/score; the gateway answers OpenAI's own 404 for what is not declared.
+    mounted = set(vllm.ask({"routes": [task]})["values"]["routes"])
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+    spec = model("vllm")
+    ctx = LaunchContext(assignment=assign(spec, [gpu(0)]), weights_path=str(tmp_path),
+                        host="10.0.0.5", port=22123, devices=[gpu(0)])  # fmt: skip
+    dialect = VllmAdapter(executable="vllm").build(ctx).dialect
+    declared = set(dialect.extra_routes or []) | ({EMBEDDINGS} if dialect.embeddings else set())
+    assert declared == mounted & set(OPTIONAL_ROUTES), (task, sorted(mounted))
+
+
+SCORE_SIDES = ["text_1", "text_2", "queries", "documents", "items", "data_1", "data_2"]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(body=st.dictionaries(
+    st.sampled_from(SCORE_SIDES),
+    st.one_of(st.text(min_size=1, max_size=8), st.lists(st.text(min_size=1, max_size=8),
+                                                         min_size=1, max_size=3)),
+))  # fmt: skip
+def test_the_gateway_takes_every_score_shape_vllm_takes(
+    vllm: EngineParser, body: dict[str, Any]
+) -> None:
+    # vLLM's /v1/score takes text_1/text_2, queries/documents, queries/items and
+    # data_1/data_2; the gateway refused all but the first.
+    payload = {"model": "m", **body}
+    engine = vllm.ask({"score": payload})
+    try:
+        SCORE.check(payload)
+        gateway = None
+    except ApiError as exc:
+        gateway = exc
+    assert engine["ok"] == (gateway is None), (payload, engine, gateway)

@@ -88,6 +88,32 @@ REAL_GEMMA = ModelSpec(
 )
 
 
+SYSTEM = "You are a lighthouse keeper on a remote island and you answer in one short line."
+
+
+async def assert_system_message_reaches_the_model(client: openai.AsyncOpenAI, name: str) -> None:
+    """A system message is part of the prompt the model sees (issue 28 item 6).
+
+    The starter GGUF carries no chat template; llama_cpp.server's ``gemma``
+    format, which the agent chose before, dropped every system message: the
+    same 10 prompt tokens with or without one. With Gemma 3's own template the
+    system text opens the first user turn.
+    """
+    user = [{"role": "user", "content": "Say hello."}]
+
+    async def prompt_tokens(messages: list[dict[str, str]]) -> int:
+        reply = await client.chat.completions.create(
+            model=name, messages=messages, max_tokens=1  # type: ignore[arg-type]
+        )
+        assert reply.usage is not None
+        return reply.usage.prompt_tokens
+
+    bare = await prompt_tokens(user)
+    with_system = await prompt_tokens([{"role": "system", "content": SYSTEM}, *user])
+    # The system text is at least one token a word (16 words), plus its "\n\n".
+    assert with_system >= bare + 16, (bare, with_system)
+
+
 @pytest.mark.slow
 async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent: Agent) -> None:
     spec = REAL_GEMMA
@@ -104,6 +130,7 @@ async def test_llamacpp_on_the_real_model(fake_cp: FakeControlPlane, real_agent:
             max_tokens=8,
         )
         assert reply.choices[0].message.content
+        await assert_system_message_reaches_the_model(client, "gemma-3-270m")
         # Probed five times a second while it generates, the engine is neither
         # declared hung nor cut short: llama_cpp.server ends a running stream
         # as soon as another request waits for its model lock, so the probe

@@ -445,9 +445,33 @@ RERANK = Envelope(
     },
 )
 
+# vLLM's score request names its two sides any of these ways
+# (entrypoints/pooling/scoring/protocol.py ScoreRequest, in its order).
+SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
+               ("text_1", "text_2"))  # fmt: skip
+
+
+def _score_rules(payload: dict[str, Any]) -> None:
+    if any(all(payload.get(side) is not None for side in pair) for pair in SCORE_PAIRS):
+        return
+    given = [name for pair in SCORE_PAIRS for name in pair if payload.get(name) is not None]
+    for first, second in SCORE_PAIRS:
+        if first in given and second not in given and not (
+            first == "queries" and "items" in given
+        ):
+            raise missing(second)
+    raise invalid(
+        "text_1",
+        "Missing the two sides to score: give 'text_1' and 'text_2', 'queries' and"
+        " 'documents' (or 'items'), or 'data_1' and 'data_2'.",
+        "missing_required_parameter",
+    )
+
+
 SCORE = Envelope(
-    required=("model", "text_1", "text_2"),
-    fields={**_SCORED, "text_1": texts, "text_2": texts},
+    required=("model",),
+    fields={**_SCORED, **{side: texts for pair in SCORE_PAIRS for side in pair}},
+    rules=_score_rules,
 )
 
 # A form: every field arrives as text (or as a file).

@@ -290,12 +290,18 @@ class ExtraRoutes:
 
     async def _scored(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
-        first = _texts(body.get("text_1"), "text_1")
-        second = _texts(body.get("text_2"), "text_2")
+        # vLLM's names for the two sides, in its order (as gateway.validation).
+        pairs = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+        one, two = next(
+            (pair for pair in pairs if all(body.get(side) is not None for side in pair)),
+            ("text_1", "text_2"),
+        )
+        first = _texts(body.get(one), one)
+        second = _texts(body.get(two), two)
         if len(first) == 1:
             first = first * len(second)
         if len(first) != len(second):
-            raise ValidationError("text_1 and text_2 must have the same length", field="text_2")
+            raise ValidationError(f"{one} and {two} must have the same length", field=two)
         used = await self._pool([*first, *second])
         data = [{"index": i, "object": "score", "score": _relevance(a, b)}
                 for i, (a, b) in enumerate(zip(first, second, strict=True))]  # fmt: skip

@@ -22,10 +22,12 @@ sets a field of ``--flag``, and argparse takes unique prefixes.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 
+from llmgw import memory
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -43,13 +45,66 @@ from llmgw.errors import EngineError
 from llmgw.wire import EXTRA_ROUTES, EngineDialect, EngineKind, ReplicaAssignment
 
 # vLLM honours max_completion_tokens and include_usage (its chat protocol);
-# its tokenizer route answers {"count", "tokens"} for {"prompt": ...}. It
-# mounts every route beyond chat (responses; rerank and score for pooling
-# models; transcriptions for Whisper) and answers for a model that cannot
-# serve one itself.
+# its tokenizer route answers {"count", "tokens"} for {"prompt": ...}. Which
+# routes it mounts depends on what the model does (launchers/api_server/
+# routers.py): a generating model gets /v1/responses and no embeddings,
+# rerank, score or transcriptions (vLLM's bare 404 there); a pooling model
+# gets rerank, score and embeddings; Whisper gets transcriptions. Where the
+# task cannot be told, every route is declared and vLLM answers for itself.
 DIALECT = EngineDialect(
     tokenize_path="/tokenize", tokenize_field="prompt", extra_routes=list(EXTRA_ROUTES)
 )
+TASK_DIALECTS: dict[str, EngineDialect] = {
+    "generate": DIALECT.model_copy(update={"extra_routes": ["/v1/responses"], "embeddings": False}),
+    "transcription": DIALECT.model_copy(
+        update={"extra_routes": ["/v1/audio/transcriptions"], "embeddings": False}
+    ),
+    "pooling": DIALECT.model_copy(update={"extra_routes": ["/v1/rerank", "/v1/score"]}),
+}
+_POOLING_ENDS = ("ForSequenceClassification", "ForTokenClassification", "ForRewardModel",
+                 "ForEmbedding", "Model")  # fmt: skip
+
+
+def model_task(weights_path: str | None, engine_args: list[str]) -> str | None:
+    """What vLLM will run the model for: "generate", "pooling" or "transcription";
+    None when it cannot be told (no readable config.json, an architecture not known).
+
+    The catalog's ``--runner``/``--convert`` (``--task`` before 0.11) decide
+    first; else the architecture in the weights' config.json, as vLLM's model
+    registry would.
+    """
+    args = [item.replace("_", "-") if item.startswith("--") else item for item in engine_args]
+    runner = memory.flag_value(args, ("--runner",))
+    convert = memory.flag_value(args, ("--convert",))
+    task = memory.flag_value(args, ("--task",))
+    if runner == "pooling" or (convert not in (None, "auto", "none")):
+        return "pooling"
+    if task in ("embed", "embedding", "classify", "score", "reward"):
+        return "pooling"
+    if task == "transcription":
+        return "transcription"
+    if runner == "generate" or task == "generate":
+        return "generate"
+    if not weights_path:
+        return None
+    try:
+        config = json.loads((Path(weights_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(architectures, list) or not architectures:
+        return None
+    names = [name for name in architectures if isinstance(name, str)]
+    if any("Whisper" in name for name in names):
+        return "transcription"
+    if names and all(
+        name.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+        for name in names
+    ):
+        return "generate"
+    if names and all(name.endswith(_POOLING_ENDS) for name in names):
+        return "pooling"
+    return None
 
 MANAGED_FLAGS = FlagRules(
     managed=frozenset(
@@ -194,8 +249,10 @@ class VllmAdapter:
         # which keeps it out of argv (world-readable in /proc). It then
         # refuses /v1 without it; /health, /metrics and /tokenize stay open.
         key = assignment.engine_key
+        task = model_task(ctx.weights_path, assignment.model.engine_args)
+        dialect = TASK_DIALECTS.get(task, DIALECT) if task is not None else DIALECT
         return serve_launch(
-            ctx, argv, health=health, metrics=VLLM_METRICS, dialect=DIALECT,
+            ctx, argv, health=health, metrics=VLLM_METRICS, dialect=dialect,
             env={key_env: key} if key is not None else None, tls=tls,
             # An inherited key would lock the gateway out of a replica without one.
             drop_env=frozenset({key_env}),
