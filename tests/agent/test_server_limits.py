@@ -9,6 +9,7 @@ client that behaves is served meanwhile.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -80,3 +81,33 @@ async def test_past_the_connection_limit_requests_get_503(server: WeightsServer)
             return answer.status == 200
 
     await eventually(served, 5, what="health served once the connections closed")
+
+
+async def test_one_address_cannot_take_every_connection(tmp_path: Path) -> None:
+    served = WeightsServer(WeightsCache(tmp_path / "weights"), lambda: "peer",
+                           max_per_address=2)
+    await served.start()
+    loop = asyncio.get_running_loop()
+
+    async def connect(source: str) -> socket.socket:
+        sock = socket.socket()
+        sock.bind((source, 0))
+        sock.setblocking(False)
+        await loop.sock_connect(sock, ("127.0.0.1", served.port))
+        return sock
+
+    try:
+        held = [await connect("127.0.0.2") for _ in range(2)]
+        refused = await connect("127.0.0.2")
+        async with asyncio.timeout(3):
+            answer = await loop.sock_recv(refused, 4096)
+        refused.close()
+        # Refused before a byte was read; another address is still served.
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        async with aiohttp.ClientSession() as session, session.get(
+                f"http://127.0.0.1:{served.port}/agent/v1/health") as health:
+            assert health.status == 200
+        for sock in held:
+            sock.close()
+    finally:
+        await served.stop()

@@ -19,19 +19,27 @@ and is not reset by bytes of a head, so it bounds slow heads and idle
 connections alike; its default is an hour), head lines and fields are
 capped by aiohttp (8 KiB each, 128 fields), and past ``MAX_CONNECTIONS``
 open connections requests get 503 instead of the node running out of file
-descriptors. A file being sent is never cut: the timer only runs while a
-connection waits for a request.
+descriptors. One client address holds at most
+``LLMGW_MAX_CONNECTIONS_PER_ADDRESS`` of them (llmgw.addresscap): past that
+its next connection is answered 503 and closed before a byte is read, so one
+address keeping slow connections open cannot lock the control plane's
+nudges and the peers out. A file being sent is never cut: the timer only
+runs while a connection waits for a request. The peer token is checked
+before any body is read (the middleware runs before a handler reads one).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ssl
 from collections.abc import Callable
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from llmgw.addresscap import AddressCounts, max_per_address_from_env
 from llmgw.agent.fetchers import FILE_PATH, MANIFEST_PATH
 from llmgw.agent.weights import WeightsCache, manifest_json
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
@@ -60,9 +68,12 @@ class WeightsServer:
         metrics_token: str | None = None,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_address: int | None = None,
     ) -> None:
         self.idle_timeout_s = idle_timeout_s
         self.max_connections = max_connections
+        self.per_address = AddressCounts(
+            max_per_address_from_env() if max_per_address is None else max_per_address)
         self.cache = cache
         self._metrics = metrics
         self._metrics_token = metrics_token
@@ -105,7 +116,7 @@ class WeightsServer:
         The port is kept: started again (plain to TLS), it listens where
         the control plane and peers already know to find it.
         """
-        self._runner = web.AppRunner(self._app(), access_log=None,
+        self._runner = _CappedRunner(self._app(), self.per_address, access_log=None,
                                      keepalive_timeout=self.idle_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=ssl_context)
@@ -179,3 +190,78 @@ class WeightsServer:
         if not any(item.path == path for item in entry.files):
             return web.json_response({"error": f"{path!r} is not part of {model!r}"}, status=404)
         return web.FileResponse(root / path)
+
+
+_OVER_PER_ADDRESS = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 41\r\n\r\n"
+    b"Too many connections from this address.\r\n"
+)
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's protocol for one connection, behind the per-address count."""
+
+    def __init__(self, inner: asyncio.Protocol, counts: AddressCounts) -> None:
+        self.inner: asyncio.Protocol | None = inner
+        self.counts = counts
+        self.key: str | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self.key = self.counts.take(str(peer[0]))
+            if self.key is None:
+                self.inner = None  # aiohttp never sees it
+                cast(asyncio.Transport, transport).write(_OVER_PER_ADDRESS)
+                transport.close()
+                return
+        assert self.inner is not None
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.inner is not None:
+            self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self.inner is not None:
+            self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.key is not None:
+            self.counts.give(self.key)
+            self.key = None
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
+
+
+class _CountedServer:
+    """aiohttp's protocol factory (web.Server), each protocol behind :class:`_Counted`."""
+
+    def __init__(self, server: web.Server, counts: AddressCounts) -> None:
+        self._server = server
+        self._counts = counts
+
+    def __call__(self) -> _Counted:
+        return _Counted(self._server(), self._counts)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (connections, shutdown...) is aiohttp's server's.
+        return getattr(self._server, name)
+
+
+class _CappedRunner(web.AppRunner):
+    def __init__(self, app: web.Application, counts: AddressCounts, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._counts = counts
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return cast(web.Server, _CountedServer(server, self._counts))
