@@ -114,14 +114,22 @@ async def test_the_gateway_reaches_a_managed_engine_over_tls_only(
         await eventually(ready, within_s=300, what="replica r1 ready", every_s=0.2)
         runner = agent.runners["r1"]
         assert runner.tls and runner.proc is not None
-        # The engine got the node's certificate and key as paths (the key
-        # file owner-only), never key material on its command line.
         key_file = tmp_path / "n1" / "tls" / "node.key"
-        argv = psutil.Process(runner.proc.pid).cmdline()
-        dash = "-" if engine == "sim" else "_"
-        assert argv[argv.index(f"--ssl{dash}keyfile") + 1] == str(key_file)
-        assert argv[argv.index(f"--ssl{dash}certfile") + 1] == str(key_file.with_name("node.pem"))
         assert key_file.stat().st_mode & 0o777 == 0o600
+        argv = psutil.Process(runner.proc.pid).cmdline()
+        if engine == "sim":
+            # An engine that holds every route to its key itself got the
+            # node's certificate and key as paths, never key material in argv.
+            assert runner.guard is None
+            assert argv[argv.index("--ssl-keyfile") + 1] == str(key_file)
+            assert argv[argv.index("--ssl-certfile") + 1] == str(key_file.with_name("node.pem"))
+        else:
+            # llama_cpp.server listens in plain HTTP on loopback, behind the
+            # agent's guard, which listens with the node's certificate.
+            assert runner.guard is not None and runner.guard.tls
+            assert not any(item.startswith("--ssl") for item in argv)
+            assert argv[argv.index("--host") + 1] == "127.0.0.1"
+            assert argv[argv.index("--port") + 1] == str(runner.engine_port)
 
         (endpoint,) = cp.gateways.config().routing.models[0].endpoints
         assert endpoint.url == f"https://127.0.0.1:{runner.port}"

@@ -529,10 +529,18 @@ def test_vllm_older_than_0_11_1_cannot_span_nodes() -> None:
     shard = assign(spec, d, rank=1, leader="10.0.0.1:29500")
     with pytest.raises(EngineError, match=r"^vLLM 0\.11\.0 on this node cannot span nodes"):
         VllmAdapter(version="0.11.0").build(ctx(shard, d))
-    for version in ("0.11.1", "0.11.1rc1", "0.34.0", "not a version"):
+    for version in ("0.22.0", "0.22.1rc1", "0.34.0", "not a version"):
         assert "--nnodes" in VllmAdapter(version=version).build(ctx(shard, d)).argv
-    # One node needs no such flag, whatever the version.
-    VllmAdapter(version="0.6.0").build(ctx(assign(model("vllm"), d[:1]), d[:1]))
+
+
+def test_vllm_older_than_0_22_is_refused_for_its_key_bypass() -> None:
+    d = [gpu(0)]
+    one = assign(model("vllm"), d)
+    for version in ("0.6.0", "0.11.1", "0.21.9"):
+        with pytest.raises(EngineError, match=r"known way past its API key .* to 0\.22"):
+            VllmAdapter(version=version).build(ctx(one, d))
+    for version in ("0.22.0", "0.34.0", "not a version"):
+        VllmAdapter(version=version).build(ctx(one, d))
 
 
 def test_vllm_version_is_read_beside_its_script(tmp_path: Path) -> None:

@@ -15,21 +15,29 @@ engine keeps its process and would otherwise stay READY forever, and, where
 its adapter names them, its metrics (requests running while the token
 counters stand still, see :mod:`llmgw.agent.progress`), because an engine
 stuck inside a CUDA call may still answer its health path.
+
+An engine with a key that serves HTTP listens on loopback only, behind the
+agent's guard on the replica's advertised port (:mod:`llmgw.agent.engineguard`):
+engines guard only some of their routes with their key. The agent's own
+probes go to the engine on loopback directly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import ssl
 import time
 from collections.abc import Sequence
 
 import aiohttp
 
 from llmgw import memory
+from llmgw.agent.engineguard import EngineGuard
 from llmgw.agent.engineprobe import EngineEndpoint
-from llmgw.agent.engines.base import EngineAdapter, LaunchContext
+from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, EngineTls, LaunchContext
 from llmgw.agent.memguard import EngineMemory
 from llmgw.agent.progress import MetricsError, ProgressMetrics
 from llmgw.agent.runnerdeps import RunnerDeps
@@ -54,6 +62,13 @@ HEALTH_TIMEOUT_S = 2.0
 SLOW_POLL_S = 0.1
 LOG_ROTATE_EVERY_S = 30.0
 REASON_LINES = 3
+# Where an engine behind a guard listens: reachable from this node only.
+LOOPBACK = "127.0.0.1"
+
+
+def engine_port_id(replica_id: str) -> str:
+    """The port allocator's name for the loopback port of a guarded engine."""
+    return f"{replica_id}@engine"
 
 
 class ReplicaRunner:
@@ -73,7 +88,9 @@ class ReplicaRunner:
         self.after = list(after)  # stops to finish first (same id or same devices)
         self.state = ReplicaState.STARTING
         self.reason: str | None = "waiting to start"
-        self.port: int | None = None
+        self.port: int | None = None  # advertised: the engine's, or its guard's
+        self.engine_port: int | None = None  # a guarded engine's loopback port
+        self.guard: EngineGuard | None = None
         self.proc: EngineProcess | None = None
         self.exit_code: int | None = None
         self.started_at: float | None = None
@@ -116,6 +133,9 @@ class ReplicaRunner:
         self.dialect = record.dialect
         self.tls = record.tls
         self.deps.ports.restore(self.replica_id, record.port)
+        self.engine_port = record.engine_port
+        if record.engine_port is not None:
+            self.deps.ports.restore(engine_port_id(self.replica_id), record.engine_port)
         if record.failed:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
             return
@@ -164,15 +184,23 @@ class ReplicaRunner:
         if self.proc is not None:
             status = await self.deps.supervisor.stop(self.proc, self.deps.stop_grace_s)
             log.info("stopped %s: %s", self.replica_id, describe_exit(status.code))
+        self._close_guard()
         self.deps.state.remove(self.replica_id)
         self.deps.ports.release(self.replica_id)
+        self.deps.ports.release(engine_port_id(self.replica_id))
         self._release_weights()
         self._release_memory()
 
     async def detach(self) -> None:
         """Stop watching but leave the engine running, for the next agent to adopt."""
         await self._cancel_task()
+        self._close_guard()  # the next agent opens its own when it adopts
         self._release_weights()  # the next agent holds them again when it adopts
+
+    def _close_guard(self) -> None:
+        guard, self.guard = self.guard, None
+        if guard is not None:
+            guard.close()
 
     def _release_memory(self) -> None:
         if self.memory is not None:
@@ -226,6 +254,9 @@ class ReplicaRunner:
                     await asyncio.shield(task)
             if self.proc is None:
                 await self._launch()
+            elif self.engine_port is not None and self.guard is None:
+                # An adopted engine: its guard went away with the last agent.
+                await self._open_guard(self.deps.engine_tls() if self.tls else None)
             if self.state == ReplicaState.STARTING:
                 await self._wait_ready()
             await self._watch()
@@ -260,23 +291,30 @@ class ReplicaRunner:
         weights_bytes = await asyncio.to_thread(weights_size, path)
         gpus = sum(1 for d in self.devices if d.gpu_class != CPU_CLASS)
         budget = memory.need_mib(spec, weights_bytes, gpus)
-        launch = self.adapter.build(
-            LaunchContext(
-                assignment=self.assignment,
-                weights_path=path,
-                host=deps.host,
-                port=self.port,
-                devices=self.devices,
-                memory_budget_mib=budget,
-                weights_bytes=weights_bytes,
-                tls=deps.engine_tls(),
-            )
+        ctx = LaunchContext(
+            assignment=self.assignment,
+            weights_path=path,
+            host=deps.host,
+            port=self.port,
+            devices=self.devices,
+            memory_budget_mib=budget,
+            weights_bytes=weights_bytes,
+            tls=deps.engine_tls(),
         )
+        launch = self.adapter.build(ctx)
+        if self._wants_guard(launch):
+            # The same launch, on loopback and in plain HTTP: the guard
+            # takes the advertised port, and TLS with it.
+            self.engine_port = deps.ports.allocate(engine_port_id(self.replica_id))
+            launch = self.adapter.build(
+                dataclasses.replace(ctx, host=LOOPBACK, port=self.engine_port, tls=None)
+            )
+            await self._open_guard(ctx.tls)
         self.health_path = launch.health_path
         self.liveness_path = launch.serving_probe
         self.metrics = launch.progress if launch.serving_probe is not None else None
         self.dialect = launch.dialect
-        self.tls = launch.tls
+        self.tls = self.guard.tls if self.guard is not None else launch.tls
         self.started_at = time.time()
         # The record (and so the port) is on disk before the process exists:
         # an agent that dies right after the spawn still knows the port is taken.
@@ -289,6 +327,27 @@ class ReplicaRunner:
             "started %s (%s) pid %d port %d", self.replica_id, spec.name, self.proc.pid, self.port
         )
         self._set(ReplicaState.STARTING, "engine loading")
+
+    def _wants_guard(self, launch: EngineLaunch) -> bool:
+        """Whether this engine serves HTTP with a key that it does not hold every route to."""
+        if self.assignment.engine_key is None or launch.health_path is None:
+            return False
+        own = bool(getattr(self.adapter, "guards_every_route", False))
+        return self.deps.guard_every_engine or not own
+
+    async def _open_guard(self, tls: EngineTls | None) -> None:
+        key, port = self.assignment.engine_key, self.port
+        if key is None or port is None or self.engine_port is None:
+            raise EngineError(f"replica {self.replica_id}: a guard needs a key and two ports")
+        guard = EngineGuard(key, LOOPBACK, self.engine_port, tls=tls)
+        try:
+            await guard.start(self.deps.host, port)
+        except (OSError, ssl.SSLError) as exc:
+            raise EngineError(
+                f"cannot listen on {self.deps.host}:{port} for the engine's guard: {exc}"
+            ) from None
+        self.guard = guard
+        self.tls = guard.tls
 
     async def _wait_ready(self) -> None:
         proc = self._proc()
@@ -388,6 +447,10 @@ class ReplicaRunner:
         await self._fail(reason + self._last_words(), stopped.code)
 
     def _endpoint(self) -> EngineEndpoint:
+        if self.engine_port is not None:  # past the guard, to the engine itself
+            return EngineEndpoint(
+                self.deps.session, LOOPBACK, self.engine_port, key=self.assignment.engine_key
+            )
         return EngineEndpoint(
             self.deps.session,
             self.deps.host,
@@ -448,6 +511,7 @@ class ReplicaRunner:
         self.exit_code = exit_code
         self._release_weights()  # no engine reads them any more
         self._release_memory()
+        self._close_guard()
         log.warning("replica %s failed: %s", self.replica_id, reason)
         self._set(ReplicaState.FAILED, reason)
         if persist and self.port is not None:
@@ -488,6 +552,7 @@ class ReplicaRunner:
             model=self.assignment.model.name,
             assignment=self.assignment,
             port=self.port or 0,
+            engine_port=self.engine_port,
             pid=self.proc.pid if self.proc else None,
             birth=self.proc.birth if self.proc else None,
             health_path=self.health_path,

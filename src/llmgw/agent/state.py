@@ -45,7 +45,12 @@ class EngineRecord(BaseModel):
     # The adapter's dialect, reported again by an agent that adopts the engine.
     dialect: EngineDialect | None = None
     # It listens with TLS (EngineLaunch.tls): probed, and reported, as https.
+    # Behind a guard: the guard listens with TLS, the engine on loopback never.
     tls: bool = False
+    # Behind a guard (agent.engineguard): the loopback port the engine
+    # listens on, while ``port`` is the guard's. None: the engine listens on
+    # ``port`` itself.
+    engine_port: int | None = None
     started_at: float | None = None
     ready_at: float | None = None
     # The engine's memory budget (agent.memguard), held again on adoption.

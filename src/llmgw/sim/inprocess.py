@@ -28,10 +28,12 @@ from dataclasses import dataclass
 
 from llmgw.agent.engines.base import EngineLaunch
 from llmgw.agent.supervisor import RUNNING, EngineProcess, ExitStatus
+from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError, ValidationError
 from llmgw.sim.core import check_params
 from llmgw.sim.engine import SimEngine
 from llmgw.sim.process import SIM_MODULE, argv_parser, parse_params, server_tls
+from llmgw.wire import EngineKind
 
 TAIL_LINES = 20
 
@@ -103,7 +105,9 @@ class InProcessEngines:
         except (OSError, ssl.SSLError) as exc:
             raise EngineError(f"the sim engine cannot listen with TLS: {exc}") from None
         host, port = str(args.host), int(args.port)
-        engine = SimEngine(str(args.model), params)
+        # The key, as the engine's own process reads it (llmgw.sim.process).
+        key = launch.env.get(ENGINE_KEY_ENV[EngineKind.SIM]) or None
+        engine = SimEngine(str(args.model), params, api_key=key)
         log: deque[str] = deque(maxlen=TAIL_LINES)
         # spawn is synchronous in the seam; the engine binds its port in a
         # task, and a port it cannot bind shows as an exit on the next poll.

@@ -20,6 +20,10 @@ MANAGED_FLAGS = ("--host", "--port", "--model", "--params-json", "--ssl-certfile
 
 class SimAdapter:
     kind = EngineKind.SIM
+    # It refuses every route but a bare /health without its key
+    # (llmgw.sim.engine), so the agent puts no guard in front of it
+    # (agent.engineguard) unless told to (RunnerDeps.guard_every_engine).
+    guards_every_route = True
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable

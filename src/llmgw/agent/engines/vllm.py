@@ -146,6 +146,11 @@ SERVE_FLAGS = ServeFlags(
     leader="--master-addr",
 )
 MULTI_NODE_SINCE = (0, 11, 1)
+# Below this vLLM let a crafted Host header past its API key on /v1. The
+# agent's guard (agent.engineguard) keeps the network off every route anyway;
+# the engine's own key is the second lock, against a local user of the node,
+# and one with a known way around it is refused.
+KEY_SAFE_SINCE = (0, 22, 0)
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 
 
@@ -212,6 +217,17 @@ class VllmAdapter:
         check_serve(assignment, MANAGED_FLAGS, engine=self.kind, leader_port=False)
         if assignment.nodes > 1:
             self._check_multi_node()
+        self._check_key_safe()
+
+    def _check_key_safe(self) -> None:
+        version = self.version
+        found = version_tuple(version) if version is not None else None
+        if found is not None and found < KEY_SAFE_SINCE:
+            since = ".".join(map(str, KEY_SAFE_SINCE))
+            raise EngineError(
+                f"vLLM {version} on this node has a known way past its API key (a crafted"
+                f" Host header, fixed in vLLM {since}); upgrade vLLM to {since} or later"
+            )
 
     def _check_multi_node(self) -> None:
         version = self.version

@@ -1,0 +1,417 @@
+"""The guard in front of an engine: no route answers without the replica's engine key.
+
+Engines guard only some of their routes with their API key (vLLM: paths
+under ``/v1``, ``/v2``, ``/inference`` and ``/cohere``, while ``POST
+/invocations``, ``/pooling``, ``/score`` ... run for anyone; llama_cpp.server
+and llama-server: their OpenAI routes only), and a route a new engine
+version mounts is open until someone notices. So an engine the agent starts
+listens on loopback only, on a port of its own, and the agent puts this
+forwarder on the replica's advertised address: it reads each new
+connection's first request head (bounded in size and time), answers 401 and
+closes unless it carries ``Authorization: Bearer <engine key>`` (compared in
+constant time), and from then on copies bytes both ways for the life of the
+connection. Whatever the engine mounts, today or in a later version, is
+behind the key, because the guard never looks at the path.
+
+One check per connection, not per request: the gateway keeps its
+connections to an engine open, and a connection that proved the key once is
+the gateway's, whatever it sends next. Nothing of a request is rewritten
+(the key goes on to the engine, which keeps checking it where it can: a
+second lock against a local user of the node, who could reach the loopback
+port). The guard also terminates TLS under the node's certificate, so every
+engine is https where the fleet runs TLS, those without TLS flags included;
+a renewed certificate is taken up by the next connection.
+
+Everything is plain asyncio protocols (no streams, no tasks per connection
+once it is spliced): a chunk from one side is written to the other from the
+callback that received it, and a side whose reader is slower than its
+writer pauses the other side's reads (transport flow control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import os
+import ssl
+import time
+from dataclasses import dataclass
+
+from llmgw.agent.engines.base import EngineTls
+
+log = logging.getLogger("llmgw.agent.engineguard")
+
+# A gateway's request head is a few hundred bytes; 16 KiB holds long
+# headers and is still nothing to buffer per connection.
+HEAD_LIMIT = 16 * 1024
+HEAD_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+# How often a new connection may look whether the certificate was renewed.
+TLS_RELOAD_EVERY_S = 30.0
+# How long a refused connection is kept to drain (see _Inbound._answer_and_close).
+LINGER_S = 1.0
+
+_HEAD_END = b"\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One of the guard's own answers, rendered once."""
+
+    head: bytes
+    body: bytes
+
+    def to(self, request_head: bytes | bytearray) -> bytes:
+        # An answer to HEAD has no body (its Content-Length still says how long).
+        return self.head if request_head.startswith(b"HEAD ") else self.head + self.body
+
+
+def _answer(status: str, message: str, code: str, *, extra: str = "") -> Answer:
+    body = (
+        '{"error":{"message":"' + message + '","type":"invalid_request_error",'
+        '"param":null,"code":"' + code + '"}}'
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n"
+    )
+    return Answer(head.encode(), body)
+
+
+UNAUTHORIZED = _answer(
+    "401 Unauthorized", "missing or wrong engine key", "invalid_api_key",
+    extra="WWW-Authenticate: Bearer\r\n",
+)
+HEAD_TOO_LARGE = _answer(
+    "431 Request Header Fields Too Large", "request head too large", "head_too_large"
+)
+HEAD_TIMEOUT = _answer("408 Request Timeout", "request head not received in time", "timeout")
+BAD_GATEWAY = _answer("502 Bad Gateway", "the engine does not answer", "engine_unreachable")
+
+
+def authorized(head: bytes, key: bytes) -> bool:
+    """Whether a request head carries exactly one ``Authorization: Bearer <key>``.
+
+    Two Authorization headers are refused: the guard and the engine could
+    each read a different one.
+    """
+    found: bytes | None = None
+    for line in head.split(b"\r\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or name.lower() != b"authorization":
+            continue
+        if found is not None:
+            return False
+        found = value.strip(b" \t")
+    if found is None:
+        return False
+    scheme, _, token = found.partition(b" ")
+    # Constant time over the token: how long a wrong key took to refuse
+    # says nothing about how much of it was right.
+    return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(b" "), key)
+
+
+@dataclass
+class GuardStats:
+    accepted: int = 0
+    refused: int = 0  # 401, 408 and 431 answers
+    unreachable: int = 0  # 502 answers
+
+
+class _ServerTls:
+    """The node certificate as a server context, reloaded when its file changes."""
+
+    def __init__(self, files: EngineTls) -> None:
+        self.files = files
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self._mtime = self._stat()
+        self.context.load_cert_chain(files.cert_file, files.key_file)
+        self._checked = time.monotonic()
+
+    def _stat(self) -> float:
+        try:
+            return os.stat(self.files.cert_file).st_mtime
+        except OSError:
+            return 0.0
+
+    def maybe_reload(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < TLS_RELOAD_EVERY_S:
+            return
+        self._checked = now
+        mtime = self._stat()
+        if mtime == self._mtime:
+            return
+        try:
+            # The same context: the listening server keeps it, and the next
+            # handshake uses the renewed certificate.
+            self.context.load_cert_chain(self.files.cert_file, self.files.key_file)
+            self._mtime = mtime
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("engine guard: cannot load the renewed certificate: %s", exc)
+
+
+class EngineGuard:
+    """One replica's guard: listens on the advertised address, forwards to ``upstream``."""
+
+    def __init__(
+        self,
+        key: str,
+        upstream_host: str,
+        upstream_port: int,
+        *,
+        tls: EngineTls | None = None,
+        head_limit: int = HEAD_LIMIT,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
+        if not key:
+            raise ValueError("an engine guard needs a key")
+        self.key = key.encode()
+        self.upstream = (upstream_host, upstream_port)
+        self.head_limit = head_limit
+        self.head_timeout_s = head_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.stats = GuardStats()
+        self._tls = _ServerTls(tls) if tls is not None else None
+        self._server: asyncio.Server | None = None
+        self._open: set[_Inbound] = set()
+
+    @property
+    def tls(self) -> bool:
+        return self._tls is not None
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: any free port); the port bound."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Inbound(self), host, port,
+            ssl=self._tls.context if self._tls is not None else None,
+            reuse_address=True,
+        )
+        sockets = self._server.sockets
+        return int(sockets[0].getsockname()[1]) if sockets else port
+
+    def close(self) -> None:
+        """Stop listening and cut every connection (the engine behind it is going away)."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for conn in list(self._open):
+            conn.abort()
+
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
+
+class _Outbound(asyncio.Protocol):
+    """The guard's connection to the engine, for one authenticated client connection."""
+
+    __slots__ = ("inbound", "transport")
+
+    def __init__(self, inbound: _Inbound) -> None:
+        self.inbound = inbound
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        client = self.inbound.transport
+        if client is not None:
+            client.write(data)
+
+    def eof_received(self) -> bool:
+        return self.inbound.peer_eof(client_side=False)
+
+    def pause_writing(self) -> None:
+        self.inbound.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.inbound.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inbound.close()
+
+
+class _Inbound(asyncio.Protocol):
+    """One client connection: its first head checked, then spliced to the engine."""
+
+    def __init__(self, guard: EngineGuard) -> None:
+        self.guard = guard
+        self.transport: asyncio.Transport | None = None
+        self.outbound: _Outbound | None = None
+        self.head = bytearray()
+        self.checked = False
+        self.closed = False
+        self.eofs = 0
+        self.draining = False  # answered and refused: what comes is dropped
+        self.timer: asyncio.TimerHandle | None = None
+
+    # -- the client side -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        guard = self.guard
+        guard._open.add(self)
+        if guard._tls is not None:
+            guard._tls.maybe_reload()
+        self.timer = asyncio.get_running_loop().call_later(
+            guard.head_timeout_s, self._refuse, HEAD_TIMEOUT
+        )
+
+    def data_received(self, data: bytes) -> None:
+        outbound = self.outbound
+        if outbound is not None and outbound.transport is not None:
+            outbound.transport.write(data)
+            return
+        if self.draining:
+            return
+        if self.checked:  # authenticated, the engine's connection still opening
+            self.head += data
+            return
+        start = max(0, len(self.head) - 3)
+        self.head += data
+        end = self.head.find(_HEAD_END, start)
+        if end < 0:
+            if len(self.head) > self.guard.head_limit:
+                self._refuse(HEAD_TOO_LARGE)
+            return
+        if end > self.guard.head_limit or not authorized(bytes(self.head[:end]), self.guard.key):
+            self._refuse(HEAD_TOO_LARGE if end > self.guard.head_limit else UNAUTHORIZED)
+            return
+        self.checked = True
+        self._cancel_timer()
+        self.guard.stats.accepted += 1
+        # Nothing more is read until the engine's side is open: what came
+        # already waits in ``head``, and the client's next bytes wait in its socket.
+        self.pause_reading()
+        asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        host, port = self.guard.upstream
+        try:
+            _, outbound = await asyncio.wait_for(
+                loop.create_connection(lambda: _Outbound(self), host, port),
+                self.guard.connect_timeout_s,
+            )
+        except (OSError, TimeoutError):
+            self.guard.stats.unreachable += 1
+            self._answer_and_close(BAD_GATEWAY)
+            return
+        if self.closed or outbound.transport is None:
+            if outbound.transport is not None:
+                outbound.transport.close()
+            return
+        self.outbound = outbound
+        outbound.transport.write(bytes(self.head))
+        self.head = bytearray()
+        if self.eofs:  # the client had half-closed already
+            self._write_eof(outbound.transport)
+        self.resume_reading()
+
+    def eof_received(self) -> bool:
+        if self.outbound is None:
+            if not self.checked or self.draining:
+                self.close()
+                return False
+            self.eofs += 1  # passed on once the engine's side is open
+            return True
+        return self.peer_eof(client_side=True)
+
+    def pause_writing(self) -> None:
+        if self.outbound is not None and self.outbound.transport is not None:
+            self.outbound.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.outbound is not None and self.outbound.transport is not None:
+            self.outbound.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    # -- both sides --------------------------------------------------------------
+
+    def peer_eof(self, *, client_side: bool) -> bool:
+        """One side sent its last byte: pass the half-close on; close once both did."""
+        self.eofs += 1
+        other = (
+            (self.outbound.transport if self.outbound is not None else None)
+            if client_side else self.transport
+        )
+        if self.eofs >= 2 or other is None or not other.can_write_eof():
+            self.close()
+            return False
+        self._write_eof(other)
+        return True
+
+    @staticmethod
+    def _write_eof(transport: asyncio.Transport) -> None:
+        if transport.can_write_eof():
+            with contextlib.suppress(OSError, RuntimeError):
+                transport.write_eof()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            with contextlib.suppress(RuntimeError):
+                self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            with contextlib.suppress(RuntimeError):
+                self.transport.resume_reading()
+
+    def _refuse(self, answer: Answer) -> None:
+        self.guard.stats.refused += 1
+        self._answer_and_close(answer)
+
+    def _answer_and_close(self, answer: Answer) -> None:
+        """Answer, then close once the client had a moment to read it.
+
+        Closing a socket with unread bytes in it sends a reset, which may
+        reach the client before the answer does: the rest of what it sends
+        (a body behind a refused head) is read and dropped for a second.
+        """
+        transport = self.transport
+        if transport is None or self.closed or self.draining:
+            return
+        transport.write(answer.to(self.head))
+        self._cancel_timer()
+        if not transport.can_write_eof():
+            self.close()
+            return
+        self.draining = True
+        with contextlib.suppress(OSError, RuntimeError):
+            transport.write_eof()
+        self.resume_reading()
+        self.timer = asyncio.get_running_loop().call_later(LINGER_S, self.close)
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def close(self) -> None:
+        """Close both sides, each after what it was already given is sent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._cancel_timer()
+        self.guard._open.discard(self)
+        if self.transport is not None:
+            self.transport.close()
+        if self.outbound is not None and self.outbound.transport is not None:
+            self.outbound.transport.close()
+
+    def abort(self) -> None:
+        self.closed = True
+        self._cancel_timer()
+        self.guard._open.discard(self)
+        if self.transport is not None:
+            self.transport.abort()
+        if self.outbound is not None and self.outbound.transport is not None:
+            self.outbound.transport.abort()

@@ -1,0 +1,147 @@
+"""No route of any engine answers without the replica's engine key (issue 28, item 5).
+
+The agent starts the real llama_cpp.server on the real CPU model with an
+engine key; every route that llama_cpp.server, vLLM and llama-server mount
+(read from their own installed code, tests/engineroutes.py) is then asked,
+with every method it takes, without a key and with a wrong one, at the
+replica's advertised address: nothing but 401. The same engine on its own
+loopback port leaves routes open without the key (what the guard is for),
+and with the key the OpenAI routes work through the guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import psutil
+import pytest
+from tests.agent.conftest import cpu_inventory
+from tests.agent.fakes import FakeControlPlane
+from tests.agent.test_real_engines import REAL_GEMMA
+from tests.engineroutes import (
+    ALL_METHODS,
+    Route,
+    concrete,
+    llama_cpp_server_routes,
+    llama_server_binary,
+    llama_server_routes,
+    vllm_python,
+    vllm_routes,
+)
+
+from llmgw.agent.app import Agent, AgentConfig
+from llmgw.agent.engines import LlamaCppAdapter
+from llmgw.wire import EngineKind, ReplicaState
+
+KEY = "engine-key-routes-0123456789abcdefghijklmnop"
+
+
+@pytest.fixture
+async def agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator[Agent]:
+    agent = Agent(
+        AgentConfig(control_plane=fake_cp.url, data_dir=tmp_path / "n1", name="n1",
+                    join_token=fake_cp.join_token, stop_grace_s=5.0),
+        inventory_provider=lambda: cpu_inventory(2),
+        adapters={EngineKind.LLAMACPP: LlamaCppAdapter(server_binary="")},
+    )  # fmt: skip
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent
+    finally:
+        await agent.shutdown(stop_engines=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def status_of(
+    session: aiohttp.ClientSession, base: str, route: Route, key: str | None
+) -> int:
+    method, path = route
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    body = None if method in ("GET", "HEAD") else b"{}"
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    async with session.request(method, base + concrete(path), data=body, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        await resp.read()
+        return resp.status
+
+
+@pytest.mark.slow
+async def test_no_route_of_any_engine_answers_without_the_key(
+    fake_cp: FakeControlPlane, agent: Agent
+) -> None:
+    assignment = fake_cp.assign_one(REAL_GEMMA)
+    fake_cp.assignments["n1"] = [assignment.model_copy(update={"engine_key": KEY})]
+    status = await fake_cp.wait_state("r1", ReplicaState.READY, within=300)
+    runner = agent.runners["r1"]
+    assert runner.guard is not None and runner.engine_port is not None and runner.proc
+    assert status.port != runner.engine_port
+    argv = psutil.Process(runner.proc.pid).cmdline()
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"  # the engine: loopback only
+
+    tables = {"llama_cpp.server": llama_cpp_server_routes(argv[argv.index("--model") + 1])}
+    if (python := vllm_python()) is not None:
+        tables["vllm"] = vllm_routes(python)
+    if (binary := llama_server_binary()) is not None:
+        tables["llama-server"] = llama_server_routes(binary)
+    assert ("POST", "/v1/chat/completions") in tables["llama_cpp.server"]
+    later = {(method, "/a-route-of-a-later-version") for method in ALL_METHODS}
+    routes: set[Route] = set().union(*tables.values(), later)
+    # A CORS preflight (OPTIONS) is answered by middleware on any path.
+    routes = {*routes, *(("OPTIONS", path) for _, path in routes)}
+    guarded = f"http://127.0.0.1:{status.port}"
+    direct = f"http://127.0.0.1:{runner.engine_port}"
+    limit = asyncio.Semaphore(8)
+
+    async def probe(base: str, route: Route, key: str | None) -> tuple[Route, int]:
+        async with limit:
+            return route, await status_of(session, base, route, key)
+
+    async with aiohttp.ClientSession() as session:
+        answers = await asyncio.gather(
+            *(probe(guarded, route, key) for route in sorted(routes)
+              for key in (None, "wrong-key"))
+        )
+        assert [answer for answer in answers if answer[1] != 401] == []
+        # The engine alone leaves routes open to anyone who reaches its port.
+        alone = await asyncio.gather(
+            *(probe(direct, route, None) for route in sorted(tables["llama_cpp.server"]))
+        )
+        assert [route for route, code in alone if code < 400], alone
+        # With the key, the guard is out of the way.
+        assert (await probe(guarded, ("GET", "/v1/models"), KEY))[1] == 200
+    client = openai.AsyncOpenAI(base_url=f"{guarded}/v1", api_key=KEY, max_retries=0)
+    try:
+        reply = await client.chat.completions.create(
+            model=REAL_GEMMA.name, messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=4,
+        )
+        assert reply.choices[0].message.content is not None
+    finally:
+        await client.close()
+    print({name: len(table) for name, table in tables.items()}, "routes probed")
+
+
+def test_vllm_route_table_is_vllms_own() -> None:
+    python = vllm_python()
+    if python is None:
+        pytest.skip("vLLM is not installed (make engines): its route table cannot be read")
+    paths = {path for _, path in vllm_routes(python)}
+    # What its key leaves open (issue 28, V1), all in the table probed above.
+    assert {"/invocations", "/pooling", "/classify", "/score", "/rerank", "/detokenize",
+            "/v1/chat/completions", "/collective_rpc"} <= paths
+
+
+def test_llama_server_route_table_is_its_own() -> None:
+    binary = llama_server_binary()
+    if binary is None:
+        pytest.skip("llama-server is not built (make engines): its route table cannot be read")
+    paths = {path for _, path in llama_server_routes(binary)}
+    assert {"/v1/chat/completions", "/completion", "/slots", "/props", "/tokenize",
+            "/v1/responses"} <= paths
