@@ -117,19 +117,23 @@ async def test_the_gateway_reaches_a_managed_engine_over_tls_only(
         key_file = tmp_path / "n1" / "tls" / "node.key"
         assert key_file.stat().st_mode & 0o777 == 0o600
         argv = psutil.Process(runner.proc.pid).cmdline()
+        # The certificate and key go to what listens as paths, never key material.
         if engine == "sim":
-            # An engine that holds every route to its key itself got the
-            # node's certificate and key as paths, never key material in argv.
-            assert runner.guard is None
+            # An engine that holds every route to its key itself listens so.
+            assert runner.engine_port is None
             assert argv[argv.index("--ssl-keyfile") + 1] == str(key_file)
             assert argv[argv.index("--ssl-certfile") + 1] == str(key_file.with_name("node.pem"))
         else:
-            # llama_cpp.server listens in plain HTTP on loopback, behind the
-            # agent's guard, which listens with the node's certificate.
-            assert runner.guard is not None and runner.guard.tls
-            assert not any(item.startswith("--ssl") for item in argv)
-            assert argv[argv.index("--host") + 1] == "127.0.0.1"
-            assert argv[argv.index("--port") + 1] == str(runner.engine_port)
+            # llama_cpp.server listens in plain HTTP on loopback, started by
+            # its guard, which listens with the node's certificate.
+            assert runner.engine_port is not None and "llmgw.agent.engineguard" in argv
+            assert argv[argv.index("--tls-key") + 1] == str(key_file)
+            assert argv[argv.index("--tls-cert") + 1] == str(key_file.with_name("node.pem"))
+            (child,) = psutil.Process(runner.proc.pid).children()
+            inner = child.cmdline()
+            assert not any(item.startswith("--ssl") for item in inner)
+            assert inner[inner.index("--host") + 1] == "127.0.0.1"
+            assert inner[inner.index("--port") + 1] == str(runner.engine_port)
 
         (endpoint,) = cp.gateways.config().routing.models[0].endpoints
         assert endpoint.url == f"https://127.0.0.1:{runner.port}"

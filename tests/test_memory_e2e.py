@@ -128,7 +128,10 @@ def test_the_engine_stays_within_its_budget_under_mixed_traffic(
         _wait_for_cap(client)
 
         engines = descendants(proc.pid)
-        (engine,) = [p for p in engines if "llama_cpp.server" in " ".join(p.cmdline())]
+        # The engine itself, not its guard (llmgw.agent.engineguard), whose
+        # command line names it too.
+        (engine,) = [p for p in engines if "llama_cpp.server" in p.cmdline()
+                     and "llmgw.agent.engineguard" not in p.cmdline()]
         record = _engine_record(data_dir)
         budget = record["memory_budget_mib"] * 1024 * 1024
         assert budget < 3 * GB

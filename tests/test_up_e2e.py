@@ -51,6 +51,11 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def is_engine(argv: list[str]) -> bool:
+    """llama_cpp.server itself, not its guard."""
+    return "llama_cpp.server" in argv and "llmgw.agent.engineguard" not in argv
+
+
 def assert_engine_takes_its_key_only(engine: psutil.Process, info: dict[str, str]) -> None:
     """The engine answers the gateway only: it was started with its replica's key, in
     its environment (its argv is world-readable in /proc), and refuses a direct
@@ -146,7 +151,9 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
         )
         assert limited.usage is not None and limited.usage.completion_tokens <= 5
 
-        engines = [p for p in descendants(proc.pid) if "llama_cpp.server" in " ".join(p.cmdline())]
+        # The engine runs under its guard (llmgw.agent.engineguard), whose
+        # command line names the engine's too.
+        engines = [p for p in descendants(proc.pid) if is_engine(p.cmdline())]
         assert len(engines) == 1, "the engine should run as a child of llmgw up"
         engine_pid = engines[0].pid
         assert_engine_takes_its_key_only(engines[0], info)
@@ -164,7 +171,7 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
         assert again.choices[0].message.content is not None
         assert psutil.pid_exists(engine_pid)
         engines_now = [p.pid for p in psutil.process_iter(["cmdline"])
-                       if "llama_cpp.server" in " ".join(p.info["cmdline"] or [])
+                       if is_engine(p.info["cmdline"] or [])
                        and str(data_dir) in " ".join(p.info["cmdline"] or [])]
         assert engines_now == [engine_pid], "the engine was restarted instead of adopted"
         (test_output / "up-e2e-timings.json").write_text(

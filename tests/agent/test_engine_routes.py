@@ -80,10 +80,12 @@ async def test_no_route_of_any_engine_answers_without_the_key(
     fake_cp.assignments["n1"] = [assignment.model_copy(update={"engine_key": KEY})]
     status = await fake_cp.wait_state("r1", ReplicaState.READY, within=300)
     runner = agent.runners["r1"]
-    assert runner.guard is not None and runner.engine_port is not None and runner.proc
+    assert runner.engine_port is not None and runner.proc is not None
     assert status.port != runner.engine_port
-    argv = psutil.Process(runner.proc.pid).cmdline()
-    assert argv[argv.index("--host") + 1] == "127.0.0.1"  # the engine: loopback only
+    # The agent's process is the guard, and the engine its child, on loopback only.
+    (engine,) = psutil.Process(runner.proc.pid).children()
+    argv = engine.cmdline()
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
 
     tables = {"llama_cpp.server": llama_cpp_server_routes(argv[argv.index("--model") + 1])}
     if (python := vllm_python()) is not None:

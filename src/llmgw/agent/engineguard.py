@@ -22,6 +22,21 @@ port). The guard also terminates TLS under the node's certificate, so every
 engine is https where the fleet runs TLS, those without TLS flags included;
 a renewed certificate is taken up by the next connection.
 
+The guard is a process of its own that starts the engine as its child
+(``python -m llmgw.agent.engineguard --host H --port P --engine-port E --
+ENGINE ARGV``; agent.guardlaunch builds the command), not a part of the agent:
+an engine outlives its agent (adoption, agent.state) and must keep serving
+while the agent restarts, and the guard's copying never waits behind
+the agent's (or, under ``llmgw up``, the gateway's) event loop. To the
+agent the pair is one engine: the guard leads the process group the
+agent signals (a stop reaches both), stays in it with the engine (one
+memory budget), and ends as the engine ended (its exit code, or the
+signal that killed it), so the agent's supervision reads the engine
+through it unchanged. An engine whose guard dies gets SIGTERM
+(``PR_SET_PDEATHSIG``): nothing of it is left unguarded. The guard takes the
+key from its environment (``LLMGW_GUARD_KEY``, never argv) and removes it
+before the engine starts.
+
 Everything is plain asyncio protocols (no streams, no tasks per connection
 once it is spliced): a chunk from one side is written to the other from the
 callback that received it, and a side whose reader is slower than its
@@ -30,16 +45,24 @@ writer pauses the other side's reads (transport flow control).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import ctypes
 import hmac
 import logging
 import os
+import signal
 import ssl
+import subprocess
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from llmgw.agent.engines.base import EngineTls
+# What the guard process imports is kept to the standard library (its
+# resident memory is counted in the engine's budget).
 
 log = logging.getLogger("llmgw.agent.engineguard")
 
@@ -120,10 +143,30 @@ class GuardStats:
     unreachable: int = 0  # 502 answers
 
 
+GUARD_MODULE = "llmgw.agent.engineguard"
+GUARD_KEY_ENV = "LLMGW_GUARD_KEY"
+
+
+class TlsFiles(Protocol):
+    """The node's certificate and key files (agent.engines.base.EngineTls)."""
+
+    @property
+    def cert_file(self) -> str: ...
+
+    @property
+    def key_file(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class CertFiles:
+    cert_file: str
+    key_file: str
+
+
 class _ServerTls:
     """The node certificate as a server context, reloaded when its file changes."""
 
-    def __init__(self, files: EngineTls) -> None:
+    def __init__(self, files: TlsFiles) -> None:
         self.files = files
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self._mtime = self._stat()
@@ -162,7 +205,7 @@ class EngineGuard:
         upstream_host: str,
         upstream_port: int,
         *,
-        tls: EngineTls | None = None,
+        tls: TlsFiles | None = None,
         head_limit: int = HEAD_LIMIT,
         head_timeout_s: float = HEAD_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
@@ -415,3 +458,90 @@ class _Inbound(asyncio.Protocol):
             self.transport.abort()
         if self.outbound is not None and self.outbound.transport is not None:
             self.outbound.transport.abort()
+
+
+# -- the guard's process ------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the engine's process before exec: SIGTERM when the guard goes away."""
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {GUARD_MODULE}",
+        description="Start an engine on loopback behind a guard that wants its key "
+        f"(from ${GUARD_KEY_ENV}) on every connection.",
+    )
+    parser.add_argument("--host", required=True, help="where the guard listens")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--engine-port", type=int, required=True, help="the engine's, on loopback")
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
+    parser.add_argument("engine", nargs=argparse.REMAINDER, help="-- the engine's command")
+    return parser
+
+
+async def _serve(args: argparse.Namespace, key: str, engine: list[str]) -> int:
+    tls = CertFiles(args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None
+    try:
+        guard = EngineGuard(key, "127.0.0.1", args.engine_port, tls=tls)
+        await guard.start(args.host, args.port)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"engine guard: cannot listen on {args.host}:{args.port}: {exc}", flush=True)
+        return 1
+    loop = asyncio.get_running_loop()
+    # The agent stops the engine by signalling the whole group: the guard
+    # waits for the engine to end and ends with it. (A handler, not SIG_IGN,
+    # which the engine would inherit.)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, lambda: None)
+    try:
+        child = await asyncio.create_subprocess_exec(
+            *engine, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+    except FileNotFoundError:
+        print(f"{engine[0]} not found: is this engine installed on the node?", flush=True)
+        guard.close()
+        return 127
+    except OSError as exc:
+        print(f"cannot start {engine[0]}: {exc}", flush=True)
+        guard.close()
+        return 126
+    print(f"engine guard: {args.host}:{args.port} -> 127.0.0.1:{args.engine_port}"
+          f" (engine pid {child.pid})", flush=True)
+    code = await child.wait()
+    guard.close()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    engine = list(args.engine)
+    if engine[:1] == ["--"]:
+        engine = engine[1:]
+    key = os.environ.pop(GUARD_KEY_ENV, "")
+    if not engine or not key:
+        print(f"engine guard: needs the engine's command after -- and ${GUARD_KEY_ENV}",
+              file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        code = asyncio.run(_serve(args, key, engine))
+    else:
+        code = uvloop.run(_serve(args, key, engine))
+    if code < 0:
+        # Killed by a signal: end by the same one, so the agent reads the
+        # engine's end (an OOM kill, say) from the guard's exit status.
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

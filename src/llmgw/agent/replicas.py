@@ -16,8 +16,8 @@ its adapter names them, its metrics (requests running while the token
 counters stand still, see :mod:`llmgw.agent.progress`), because an engine
 stuck inside a CUDA call may still answer its health path.
 
-An engine with a key that serves HTTP listens on loopback only, behind the
-agent's guard on the replica's advertised port (:mod:`llmgw.agent.engineguard`):
+An engine with a key that serves HTTP listens on loopback only, started by
+its guard on the replica's advertised port (:mod:`llmgw.agent.engineguard`):
 engines guard only some of their routes with their key. The agent's own
 probes go to the engine on loopback directly.
 """
@@ -28,16 +28,15 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import ssl
 import time
 from collections.abc import Sequence
 
 import aiohttp
 
 from llmgw import memory
-from llmgw.agent.engineguard import EngineGuard
 from llmgw.agent.engineprobe import EngineEndpoint
-from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, EngineTls, LaunchContext
+from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, LaunchContext
+from llmgw.agent.guardlaunch import guarded_launch
 from llmgw.agent.memguard import EngineMemory
 from llmgw.agent.progress import MetricsError, ProgressMetrics
 from llmgw.agent.runnerdeps import RunnerDeps
@@ -90,7 +89,6 @@ class ReplicaRunner:
         self.reason: str | None = "waiting to start"
         self.port: int | None = None  # advertised: the engine's, or its guard's
         self.engine_port: int | None = None  # a guarded engine's loopback port
-        self.guard: EngineGuard | None = None
         self.proc: EngineProcess | None = None
         self.exit_code: int | None = None
         self.started_at: float | None = None
@@ -184,7 +182,6 @@ class ReplicaRunner:
         if self.proc is not None:
             status = await self.deps.supervisor.stop(self.proc, self.deps.stop_grace_s)
             log.info("stopped %s: %s", self.replica_id, describe_exit(status.code))
-        self._close_guard()
         self.deps.state.remove(self.replica_id)
         self.deps.ports.release(self.replica_id)
         self.deps.ports.release(engine_port_id(self.replica_id))
@@ -194,13 +191,7 @@ class ReplicaRunner:
     async def detach(self) -> None:
         """Stop watching but leave the engine running, for the next agent to adopt."""
         await self._cancel_task()
-        self._close_guard()  # the next agent opens its own when it adopts
         self._release_weights()  # the next agent holds them again when it adopts
-
-    def _close_guard(self) -> None:
-        guard, self.guard = self.guard, None
-        if guard is not None:
-            guard.close()
 
     def _release_memory(self) -> None:
         if self.memory is not None:
@@ -254,9 +245,6 @@ class ReplicaRunner:
                     await asyncio.shield(task)
             if self.proc is None:
                 await self._launch()
-            elif self.engine_port is not None and self.guard is None:
-                # An adopted engine: its guard went away with the last agent.
-                await self._open_guard(self.deps.engine_tls() if self.tls else None)
             if self.state == ReplicaState.STARTING:
                 await self._wait_ready()
             await self._watch()
@@ -302,19 +290,20 @@ class ReplicaRunner:
             tls=deps.engine_tls(),
         )
         launch = self.adapter.build(ctx)
-        if self._wants_guard(launch):
-            # The same launch, on loopback and in plain HTTP: the guard
-            # takes the advertised port, and TLS with it.
+        key = self.assignment.engine_key
+        if key is not None and self._wants_guard(launch):
+            # The same engine on loopback in plain HTTP, started by its guard,
+            # which takes the advertised port, and TLS with it.
             self.engine_port = deps.ports.allocate(engine_port_id(self.replica_id))
-            launch = self.adapter.build(
+            inner = self.adapter.build(
                 dataclasses.replace(ctx, host=LOOPBACK, port=self.engine_port, tls=None)
             )
-            await self._open_guard(ctx.tls)
+            launch = guarded_launch(inner, key, deps.host, self.port, self.engine_port, ctx.tls)
         self.health_path = launch.health_path
         self.liveness_path = launch.serving_probe
         self.metrics = launch.progress if launch.serving_probe is not None else None
         self.dialect = launch.dialect
-        self.tls = self.guard.tls if self.guard is not None else launch.tls
+        self.tls = launch.tls
         self.started_at = time.time()
         # The record (and so the port) is on disk before the process exists:
         # an agent that dies right after the spawn still knows the port is taken.
@@ -334,20 +323,6 @@ class ReplicaRunner:
             return False
         own = bool(getattr(self.adapter, "guards_every_route", False))
         return self.deps.guard_every_engine or not own
-
-    async def _open_guard(self, tls: EngineTls | None) -> None:
-        key, port = self.assignment.engine_key, self.port
-        if key is None or port is None or self.engine_port is None:
-            raise EngineError(f"replica {self.replica_id}: a guard needs a key and two ports")
-        guard = EngineGuard(key, LOOPBACK, self.engine_port, tls=tls)
-        try:
-            await guard.start(self.deps.host, port)
-        except (OSError, ssl.SSLError) as exc:
-            raise EngineError(
-                f"cannot listen on {self.deps.host}:{port} for the engine's guard: {exc}"
-            ) from None
-        self.guard = guard
-        self.tls = guard.tls
 
     async def _wait_ready(self) -> None:
         proc = self._proc()
@@ -511,7 +486,6 @@ class ReplicaRunner:
         self.exit_code = exit_code
         self._release_weights()  # no engine reads them any more
         self._release_memory()
-        self._close_guard()
         log.warning("replica %s failed: %s", self.replica_id, reason)
         self._set(ReplicaState.FAILED, reason)
         if persist and self.port is not None:
