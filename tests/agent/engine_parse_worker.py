@@ -77,20 +77,33 @@ def sglang(argv: list[str]) -> dict[str, Any]:
 
 def vllm(argv: list[str]) -> dict[str, Any]:
     """As ``vllm serve`` parses (entrypoints/cli/main.py with the serve subcommand's
-    make_arg_parser, then its validate_parsed_serve_args)."""
-    import vllm.entrypoints.cli.serve as serve
+    make_arg_parser, then its validate_parsed_serve_args), or
+    ``python -m vllm.entrypoints.openai.api_server`` (launchers/api_server/entry.py:
+    the same parser without the subcommand)."""
+    from vllm.entrypoints.launchers.cli_args import (
+        make_arg_parser,
+        validate_parsed_serve_args,
+    )
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog="vllm")
-    subparsers = parser.add_subparsers(required=False, dest="subparser")
-    commands = {}
-    for command in serve.cmd_init():
-        command.subparser_init(subparsers).set_defaults(dispatch_function=command.cmd)
-        commands[command.name] = command
-    args = parser.parse_args(argv[1:])
-    commands[args.subparser].validate(args)
+    if argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv[3:])
+        validate_parsed_serve_args(args)
+    else:
+        import vllm.entrypoints.cli.serve as serve
+
+        parser = FlexibleArgumentParser(prog="vllm")
+        subparsers = parser.add_subparsers(required=False, dest="subparser")
+        commands = {}
+        for command in serve.cmd_init():
+            command.subparser_init(subparsers).set_defaults(dispatch_function=command.cmd)
+            commands[command.name] = command
+        args = parser.parse_args(argv[1:])
+        commands[args.subparser].validate(args)
+    # What it serves: the positional of ``vllm serve`` or --model.
+    args.weights = getattr(args, "model_tag", None) or args.model
     return _pick(args, [
-        "model_tag", "model", "served_model_name", "host", "port", "tensor_parallel_size",
+        "weights", "served_model_name", "host", "port", "tensor_parallel_size",
         "pipeline_parallel_size", "api_key", "nnodes", "node_rank", "master_addr",
         "master_port", "headless", "ssl_keyfile", "ssl_certfile", "enable_ssl_refresh",
         "ssl_ca_certs", "ssl_cert_reqs", "uds",

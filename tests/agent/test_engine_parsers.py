@@ -167,7 +167,7 @@ MANAGED = {
     "sglang": ["model_path", "served_model_name", "host", "port", "tp_size", "pp_size",
                "api_key", "admin_api_key", "nnodes", "node_rank", "dist_init_addr",
                "ssl_keyfile", "ssl_certfile", "grpc_port"],
-    "vllm": ["model_tag", "model", "served_model_name", "host", "port", "tensor_parallel_size",
+    "vllm": ["weights", "served_model_name", "host", "port", "tensor_parallel_size",
              "pipeline_parallel_size", "api_key", "nnodes", "node_rank", "master_addr",
              "master_port", "headless", "ssl_keyfile", "ssl_certfile", "ssl_ca_certs",
              "ssl_cert_reqs", "uds"],
@@ -253,7 +253,7 @@ def meant(entry: Entry, launch: EngineLaunch, ctx: LaunchContext) -> dict[str, A
                 "api_key": key, "admin_api_key": None, "nnodes": entry.nodes,
                 "node_rank": entry.rank, "grpc_port": None, **ssl}  # fmt: skip
     if entry.engine == "vllm":
-        return {"model_tag": WEIGHTS, "served_model_name": [ctx.assignment.model.name],
+        return {"weights": WEIGHTS, "served_model_name": [ctx.assignment.model.name],
                 "host": "10.0.0.5", "port": 22123, "tensor_parallel_size": entry.tp,
                 "pipeline_parallel_size": entry.pp, "api_key": None, "nnodes": entry.nodes,
                 "node_rank": entry.rank, "headless": not serves, "uds": None, **ssl}  # fmt: skip
