@@ -1,4 +1,4 @@
-"""The chat templates the agent supplies, rendered by the engines' own code (issue 28 P1, L1, item 6).
+"""The chat templates the agent supplies, rendered by the engines' own code (issue 28).
 
 The starter GGUF carries no template. llama_cpp.server's ``gemma`` format,
 which the agent used to choose, drops every system message; the template the
