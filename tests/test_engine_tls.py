@@ -29,7 +29,7 @@ from tests.servers import serve_asgi
 from tests.waiting import eventually
 
 from llmgw.agent.app import Agent, AgentConfig
-from llmgw.agent.engines import SimAdapter
+from llmgw.agent.engines import SglangAdapter, SimAdapter
 from llmgw.agent.engines.base import EngineTls
 from llmgw.agent.engines.llamacpp import LlamaCppAdapter
 from llmgw.agent.engines.vllm import VllmAdapter
@@ -240,10 +240,15 @@ async def test_the_upstream_verifies_the_fleet_ca_and_the_nodes_address(tmp_path
      (VllmAdapter(executable="vllm"), "--ssl-certfile"),
      (LlamaCppAdapter(server_binary=""), "--ssl_certfile"),
      (LlamaCppAdapter(server_binary=""), "--ssl_key"),  # an abbreviation argparse takes
-     (LlamaCppAdapter(server_binary="llama-server"), "--ssl_key_file")],
+     (LlamaCppAdapter(server_binary="llama-server"), "--ssl_key_file"),
+     (VllmAdapter(executable="vllm"), "--ssl-ca-certs"),
+     (VllmAdapter(executable="vllm"), "--no-enable-ssl-refresh"),
+     (SglangAdapter(executable="sglang"), "--ssl-certfile"),
+     (SglangAdapter(executable="sglang"), "--ssl-ca"),  # a prefix argparse takes
+     (SglangAdapter(executable="sglang"), "--enable-ssl-refresh")],
 )  # fmt: skip
 def test_a_catalog_cannot_set_the_tls_flags(
-    adapter: SimAdapter | VllmAdapter | LlamaCppAdapter, flag: str
+    adapter: SimAdapter | VllmAdapter | LlamaCppAdapter | SglangAdapter, flag: str
 ) -> None:
     d = [cpu_slot(0)] if adapter.kind != EngineKind.VLLM else [gpu(0)]
     spec = model(adapter.kind.value, gpu_classes=[d[0].gpu_class])
@@ -257,10 +262,11 @@ def test_a_catalog_cannot_set_the_tls_flags(
     [(SimAdapter(), "--ssl-keyfile", "--ssl-certfile"),
      (VllmAdapter(executable="vllm"), "--ssl-keyfile", "--ssl-certfile"),
      (LlamaCppAdapter(server_binary=""), "--ssl_keyfile", "--ssl_certfile"),
+     (SglangAdapter(executable="sglang"), "--ssl-keyfile", "--ssl-certfile"),
      (LlamaCppAdapter(server_binary="llama-server"), None, None)],
 )  # fmt: skip
 def test_each_engine_listens_with_the_nodes_certificate_where_it_can(
-    adapter: SimAdapter | VllmAdapter | LlamaCppAdapter, key_flag: str | None,
+    adapter: SimAdapter | VllmAdapter | LlamaCppAdapter | SglangAdapter, key_flag: str | None,
     cert_flag: str | None,
 ) -> None:
     d = [cpu_slot(0)] if adapter.kind != EngineKind.VLLM else [gpu(0)]
