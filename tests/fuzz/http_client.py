@@ -126,7 +126,11 @@ class _Client:
         self.pool = http1.Pool(1.0, DEADLINE_S, max_answer_bytes=MAX_ANSWER)
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.pool.close)
+        async def closed() -> None:
+            self.pool.close()
+            await asyncio.sleep(0.01)  # the sweeper's cancel runs before the loop stops
+
+        asyncio.run_coroutine_threadsafe(closed(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
         self.loop.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.fuzz import control, http_client, http_server, parsers
+from tests.fuzz import control, gateway, http_client, http_server, parsers
 from tests.fuzz.runner import Target
 
 ALL: list[Target] = [
@@ -12,4 +12,5 @@ ALL: list[Target] = [
     *parsers.ALL,
     control.ADMIN,
     control.WIRE,
+    gateway.TARGET,
 ]

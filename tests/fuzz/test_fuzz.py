@@ -1,7 +1,7 @@
 """Each fuzz target for a few seconds (bench/fuzz.py runs them longer): nothing found.
 
-``LLMGW_FUZZ_SECONDS`` sets the time per target (default 6: about 80 s for
-all of them on two cores). A finding fails with its first examples.
+``LLMGW_FUZZ_SECONDS`` sets the time per target (default 5: about 100 s for
+all of them on two cores, servers' start included). A finding fails with its first examples.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from tests.fuzz.runner import Target, run
 from tests.fuzz.targets import ALL
 
-SECONDS = float(os.environ.get("LLMGW_FUZZ_SECONDS", "6"))
+SECONDS = float(os.environ.get("LLMGW_FUZZ_SECONDS", "5"))
 
 
 @pytest.mark.parametrize("target", ALL, ids=[t.name for t in ALL])
