@@ -111,3 +111,21 @@ async def test_one_address_cannot_take_every_connection(tmp_path: Path) -> None:
             sock.close()
     finally:
         await served.stop()
+
+
+async def test_a_caller_without_the_peer_token_is_refused_and_its_connection_closed(
+    tmp_path: Path,
+) -> None:
+    served = WeightsServer(WeightsCache(tmp_path / "weights"), lambda: "peer")
+    await served.start()  # the default idle timeout (10 s), longer than this test waits
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+        writer.write(b"GET /agent/v1/weights/manifest?model=m HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        async with asyncio.timeout(3):  # ends with the server's close
+            while piece := await reader.read(4096):
+                data += piece
+        writer.close()
+        assert data.startswith(b"HTTP/1.1 401"), data[:200]
+    finally:
+        await served.stop()

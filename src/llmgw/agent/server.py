@@ -147,7 +147,12 @@ class WeightsServer:
             expected = self._token()
             given = bearer(request.headers.get("Authorization"))
             if not expected or not given or not hmac.compare_digest(given, expected):
-                return web.json_response({"error": "a valid peer token is required"}, status=401)
+                refused = web.json_response({"error": "a valid peer token is required"},
+                                            status=401)
+                # The connection goes with the refusal: kept open, it is a slot
+                # held by a caller without a credential.
+                refused.force_close()
+                return refused
         return await handler(request)
 
     async def _nudge(self, request: web.Request) -> web.Response:
@@ -163,9 +168,11 @@ class WeightsServer:
 
     async def _scrape(self, request: web.Request) -> web.Response:
         if not scrape_allowed(request.headers.get("Authorization"), self._metrics_token):
-            return web.json_response(
+            refused = web.json_response(
                 {"error": "/metrics needs the metrics token (Authorization: Bearer ...)"},
                 status=401)
+            refused.force_close()
+            return refused
         render = self._metrics or bytes  # the route exists only with it
         return web.Response(body=render(), headers={"Content-Type": CONTENT_TYPE})
 
