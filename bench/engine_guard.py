@@ -17,7 +17,7 @@ alike): a small non-streamed chat (1 output token) and a streamed chat whose
 time to the first token (TTFT: the first content chunk) is timed. Latency is
 from the request's send to its whole answer, over keep-alive connections.
 
-    python bench/engine_guard.py [--requests 400] [--tls]
+    python bench/engine_guard.py [--quick] [--requests 400] [--tls]
 
 ``--tls``: the guard terminates TLS with a fresh certificate (the gateway
 verifies it), against the engine's plain loopback port as direct baseline.
@@ -162,7 +162,7 @@ def summary(values: list[float]) -> dict[str, float]:
             for name, q in (("p50_ms", 50), ("p99_ms", 99))}
 
 
-async def measure(gateway_port: int, requests: int, slice_n: int = 20) -> dict[str, Any]:
+async def measure(gateway_port: int, requests: int, slice_n: int = 10) -> dict[str, Any]:
     url = f"http://127.0.0.1:{gateway_port}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {API_KEY}"}
     results: dict[str, dict[str, list[float]]] = {
@@ -199,6 +199,7 @@ def spawn(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[byt
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=400, help="per side and kind")
+    parser.add_argument("--quick", action="store_true", help="60 requests per side and kind")
     parser.add_argument("--tls", action="store_true", help="the guard terminates TLS")
     parser.add_argument("--role", choices=["guard", "gateway"])
     parser.add_argument("--ports", default="")
@@ -241,7 +242,7 @@ def main() -> None:
             for port in (engine_port, guard_port, gateway_port):
                 asyncio.run(wait_port(port))
             began = time.monotonic()
-            result = asyncio.run(measure(gateway_port, args.requests))
+            result = asyncio.run(measure(gateway_port, 60 if args.quick else args.requests))
             result["tls"] = args.tls
             result["seconds"] = round(time.monotonic() - began, 1)
             print(json.dumps(result))
