@@ -176,15 +176,15 @@ def _answer_with_usage(draw: st.DrawFn) -> tuple[bytes, int]:
 
 
 def _check_usage(_: Any, case: tuple[bytes, int]) -> None:
-    data, nesting = case
+    data, _ = case
     started = time.perf_counter()
     usage_object(data)
     usage_in(data)
     took = time.perf_counter() - started
-    # Linear work: about a second for 300,000 levels even on a loaded
-    # machine. Counting the braces afresh at each level (quadratic) took
-    # minutes there.
-    if took > 1.0 + nesting * 1e-5:
+    # A usage object is looked for within 64 KiB of its start: a deep one
+    # costs no more than that. Counting the braces afresh at each level
+    # (quadratic) took minutes at 300,000 levels, one pass over them seconds.
+    if took > 1.0:
         raise Hang(f"usage of a {len(data)}-byte answer took {took:.2f} s")
 
 

@@ -172,15 +172,18 @@ class Upstream:
 def _closing_brace(data: bytes, start: int) -> int:
     """Index of the ``}`` closing the object at ``start`` (objects without braces in strings).
 
-    One pass over the braces: counting them afresh at each ``}`` (as this
-    once did) was quadratic, and an upstream's answer with a deeply nested
-    usage object held the gateway's loop for minutes (found by bench/fuzz.py).
+    One pass over the braces, within :data:`_MAX_USAGE_BYTES` of the start:
+    counting them afresh at each ``}`` (as this once did) was quadratic, and
+    an upstream's answer with a deeply nested usage object held the
+    gateway's loop for minutes; even one pass over a megabyte of braces took
+    seconds (both found by bench/fuzz.py). A usage object is a few hundred
+    bytes; one that does not close within the limit is not one.
     """
     end = data.find(b"}", start)
     if end < 0 or data.count(b"{", start, end) == 1:
         return end  # the usual: a flat usage object
     depth = 0
-    for brace in _BRACES.finditer(data, start):
+    for brace in _BRACES.finditer(data, start, start + _MAX_USAGE_BYTES):
         depth += 1 if brace.group() == b"{" else -1
         if depth == 0:
             return brace.start()
@@ -231,6 +234,7 @@ def usage_object(data: bytes) -> dict[str, Any] | None:
 
 _EVENT_SPLIT = re.compile(rb"(?:\r?\n){2}")
 _BRACES = re.compile(rb"[{}]")
+_MAX_USAGE_BYTES = 64 * 1024
 _USAGE_MARK = b'"usage":{'
 _USAGE_MARK_SPACED = b'"usage": {'
 # A finish reason that is a string, not null: the answer really ended.

@@ -210,7 +210,10 @@ def parse_xml(data: bytes | str) -> XmlLog:
         root = ET.fromstring(data)
     except ET.ParseError as exc:
         raise DiscoveryError(f"nvidia-smi -q -x is not well-formed XML: {exc}") from None
-    except ValueError as exc:  # e.g. a str with an encoding declaration it contradicts
+    except (ValueError, LookupError) as exc:
+        # ValueError: a str with an encoding declaration it contradicts;
+        # LookupError: a declared encoding Python does not know (found by
+        # bench/fuzz.py: "<?xml version="1.0" encoding="U-8"?>").
         raise DiscoveryError(f"nvidia-smi -q -x cannot be read: {exc}") from None
     if root.tag != "nvidia_smi_log":
         raise DiscoveryError(
