@@ -41,13 +41,16 @@ def test_one_spelling_per_address_and_none_of_the_control_planes_names(tmp_path:
         assert "control plane's own names" in (issue("n7", own).refused or "")
 
 
-def test_the_control_planes_names_are_those_its_certificate_covers(tmp_path: Path) -> None:
+def test_the_control_planes_names_are_those_its_certificate_and_its_instances_have(
+    tmp_path: Path,
+) -> None:
     from llmgw.cli.combined import sign_node_certificates
     from llmgw.control.service import ControlPlane
 
     tls = ensure_server_tls(tmp_path / "cp", ["127.0.0.1", "CP.example.net", "10.0.0.100"])
     cp = ControlPlane.__new__(ControlPlane)  # only node_certs is looked at
     cp.node_certs = NodeCertificates()
-    sign_node_certificates(cp, tls)
-    assert {"cp.example.net", "10.0.0.100"} <= cp.node_certs.reserved
+    sign_node_certificates(cp, tls, ["https://CP2.example.net:8080", "https://[2001:db8::2]:8080"])
+    assert {"cp.example.net", "10.0.0.100", "cp2.example.net", "2001:db8::2"} <= (
+        cp.node_certs.reserved)
     assert "127.0.0.1" not in cp.node_certs.reserved  # loopback: shared by a machine's agents

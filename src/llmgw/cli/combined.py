@@ -8,9 +8,11 @@ agents around that (llmgw.cli.up), ``serve`` its leadership (llmgw.cli.serve).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import uvicorn
 
@@ -113,7 +115,9 @@ async def open_control_plane(
     return store, cp, creds
 
 
-def sign_node_certificates(cp: ControlPlane, tls: ServerTls | None) -> None:
+def sign_node_certificates(
+    cp: ControlPlane, tls: ServerTls | None, instances: Sequence[str] = ()
+) -> None:
     """Give the control plane the CA's key, where it listens with TLS and holds one.
 
     The agents' servers then listen with certificates from the fleet's CA
@@ -122,8 +126,12 @@ def sign_node_certificates(cp: ControlPlane, tls: ServerTls | None) -> None:
     """
     if tls is None or tls.ca_file is None or tls.ca_key_file is None:
         return
+    # No node may be given a name the control plane answers on: those its
+    # certificate covers, and the hosts of the other instances (``instances``:
+    # URLs), whose certificates come from the same CA.
+    hosts = [urlsplit(url).hostname or "" for url in instances]
     certs = NodeCertificates(NodeIssuer.from_files(tls.ca_file, tls.ca_key_file),
-                             reserved=certificate_names(tls.cert_file))
+                             reserved=[*certificate_names(tls.cert_file), *filter(None, hosts)])
     certs.claims = cp.node_certs.claims  # read from the store by cp.load()
     cp.node_certs = certs
 

@@ -88,7 +88,7 @@ async def _serve(
         except BaseException:
             await store.close()
             raise
-    combined.sign_node_certificates(cp, tls)
+    combined.sign_node_certificates(cp, tls, [advertise, *options.peer_urls])
     cp.nodes.approve_nodes = options.approve_nodes
     cp.trust_reported_fabrics = options.trust_reported_fabrics
     stop, _ = stop_signals()  # on until the process ends

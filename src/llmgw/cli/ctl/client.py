@@ -209,7 +209,7 @@ def _answer(url: str, path: str, response: httpx.Response, *, text: bool = False
     # Everything ctl shows passes here first: answers carry what nodes and
     # engines wrote, which must not reach the terminal as control codes.
     if text:
-        return clean(response.text, lines=True)
+        return clean(response.text)
     if not response.content:
         return None
     try:

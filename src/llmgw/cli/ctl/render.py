@@ -27,18 +27,20 @@ WatchOpt = Annotated[float | None, typer.Option(
 
 # What a terminal would act on rather than show: C0 and C1 control codes
 # (ESC starts the sequences that move the cursor, retitle the window or
-# rewrite what is on screen) and the bidirectional overrides that reorder
-# text. Node names, reasons, engine errors and log lines are written by
-# nodes and engines, which a rogue one fills with them.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_UNPRINTABLE_OR_NEWLINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# rewrite what is on screen; CR and backspace overwrite what was printed)
+# and the bidirectional overrides that reorder text. Node names, reasons,
+# engine errors and log lines are written by nodes and engines, which a
+# rogue one fills with them. Line feeds and tabs stay, and a carriage return
+# right before a line feed (CSV's line end): a refusal lists one problem per
+# line, and a terminal only moves on to the next line for them.
+_UNPRINTABLE = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]|\r(?!\n)")
 SHOWN_INSTEAD = "\ufffd"
 
 
-def clean(text: str, *, lines: bool = False) -> str:
-    """``text`` with every control code replaced by U+FFFD; ``lines`` keeps line breaks."""
-    pattern = _UNPRINTABLE if lines else _UNPRINTABLE_OR_NEWLINE
-    return pattern.sub(SHOWN_INSTEAD, text)
+def clean(text: str) -> str:
+    """``text`` with every control code but line ends and tabs replaced by U+FFFD."""
+    return _UNPRINTABLE.sub(SHOWN_INSTEAD, text)
 
 
 def cleaned(value: Any) -> Any:
