@@ -2,8 +2,8 @@
 
 Two kinds of families. Counters and histograms of the control plane's own
 work (reconcile passes, placements and removals, agent reports, store
-writes) are plain numbers updated where the work happens (ControlMetrics)
-and turned into families only when scraped. Fleet gauges (nodes, devices,
+writes) are plain numbers updated where the work happens (counters.py)
+and turned into families here, only when scraped. Fleet gauges (nodes, devices,
 replicas, models) are not kept at all: each scrape folds the same views the
 summary folds (``fleet_summary``), so a dashboard and ``GET
 /admin/v1/summary`` can never show two different fleets. That fold is the
@@ -37,69 +37,15 @@ from llmgw.control.adminapi.patroni import (
 )
 from llmgw.control.adminapi.summary import Summary, fleet_summary
 from llmgw.control.adminapi.views.models import ModelView
+from llmgw.control.counters import ControlMetrics
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.store.stats import WriteStats
-from llmgw.promkit import Histogram, filled
+from llmgw.promkit import filled
 
 if TYPE_CHECKING:
-    from llmgw.control.reconciler import PassResult
     from llmgw.control.service import ControlPlane
 
-# A pass is milliseconds on a small fleet and up to a second or two at
-# 2,000 nodes; above that the reconcile interval itself is being missed.
-PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
 REPORT_PATH = "/agent/v1/report"
-
-
-def report_outcome(status: int) -> str:
-    """An agent report's outcome, named by the answer's HTTP status."""
-    if status == 200:
-        return "accepted"
-    if status == 401:
-        return "unauthorized"  # unknown or revoked node token
-    if status == 403:
-        return "wrong_node"  # a node token speaking for another node
-    if status in (400, 408, 413, 422):
-        return "invalid"
-    if status == 503:
-        return "unavailable"  # a standby, or the store refused the write
-    return "error"
-
-
-class ControlMetrics:
-    """The control plane's own counters; plain ints, updated from the event loop."""
-
-    def __init__(self) -> None:
-        self.pass_seconds = Histogram(PASS_BUCKETS)
-        self.passes: dict[str, int] = {}
-        self.last_pass_at: float | None = None
-        self.placed: dict[str, int] = {}
-        self.removed: dict[str, int] = {}
-        self.reports: dict[str, int] = {}
-        # How the report route read accepted reports (reportroute.py).
-        self.report_reads: dict[str, int] = {}
-
-    def reconcile_pass(self, seconds: float, outcome: str, result: PassResult | None) -> None:
-        """One pass ended: ``ok``, ``error`` (retried next tick) or ``stale_epoch``."""
-        self.pass_seconds.observe(seconds)
-        _add(self.passes, outcome, 1)
-        self.last_pass_at = time.time()
-        if result is not None:
-            for reason, count in result.placed_by.items():
-                _add(self.placed, reason, count)
-            for reason, count in result.removed_by.items():
-                _add(self.removed, reason, count)
-
-    def agent_report(self, status: int) -> None:
-        _add(self.reports, report_outcome(status), 1)
-
-    def report_read(self, path: str) -> None:
-        _add(self.report_reads, path, 1)
-
-
-def _add(counts: dict[str, int], key: str, n: int) -> None:
-    counts[key] = counts.get(key, 0) + n
 
 
 class CountReports:

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from llmgw import secrets
+from llmgw.control.counters import ControlMetrics
 from llmgw.control.enginekeys import EngineKeys
 from llmgw.control.leader import Leadership
-from llmgw.control.metrics import ControlMetrics
 from llmgw.control.nodecerts import NodeCertificates
 from llmgw.control.standby import LeaderHint
 from llmgw.control.state import FleetState
@@ -75,7 +75,7 @@ class Core:
         # it the fleet CA's key where the fleet runs TLS.
         self.node_certs = NodeCertificates()
         self.leader_hint = LeaderHint(store)
-        # Counted here and rendered on scrape (llmgw.control.metrics).
+        # Counted here (llmgw.control.counters), rendered on scrape (llmgw.control.metrics).
         self.metrics = ControlMetrics()
 
     @property
