@@ -12,7 +12,7 @@ from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
 from llmgw.control.inflight import ACTIVITY_SLACK_S, STALE_AFTER_S, InFlightBook, StoredActivity
 from llmgw.control.service import ControlPlane
-from llmgw.control.state import REPLICA_WRITES, ReplicaRecord
+from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.wire import GatewayLoadReport, ReplicaLoad
 
@@ -111,7 +111,7 @@ def test_a_replica_in_use_counts_as_used_now_so_idle_time_runs_from_the_requests
 
 def test_a_load_report_that_moves_nothing_writes_nothing(tmp_path: Path) -> None:
     # The summary keeper reads the replicas written to since its last call
-    # (state.REPLICA_WRITES): a report a second naming every replica, most
+    # (the replica table's write log): a report a second naming every replica, most
     # of them unchanged, must not list them all.
     fleet, replica = idle_replica()
 
@@ -120,10 +120,11 @@ def test_a_load_report_that_moves_nothing_writes_nothing(tmp_path: Path) -> None
         try:
             cp = ControlPlane(store, fleet.state)
             written = []
+            log = fleet.state.replicas.writes
             for in_flight in (0, 0, 2, 2):
-                position = REPLICA_WRITES.position()
+                position = log.position()
                 await cp.gateways.record_load(report("gw-a", replica.id, in_flight))
-                written.append(len(REPLICA_WRITES.since(position) or []))
+                written.append(len(log.since(position) or []))
             return written
         finally:
             await store.close()

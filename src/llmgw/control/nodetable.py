@@ -1,8 +1,8 @@
-"""The fleet's nodes by name: a dict that counts its writes.
+"""The fleet's nodes by name: a dict that counts its writes and holds its nodes' write log.
 
 Readers that keep something derived from the nodes (the admin summary's
 keeper) read the fields of only the nodes written to since their last look
-(state.NODE_WRITES), but must also know whether a node came, went or was
+(``writes``, writelog.py), but must also know whether a node came, went or was
 put in another's place; listing and comparing 10,000 names and records to
 learn that it had not was ~1 ms a call. ``version`` answers it: it moves on
 every write to the table (like ReplicaTable.version).
@@ -12,19 +12,26 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from llmgw.control.writelog import WriteLog
+
 V = TypeVar("V")
 _MISSING: Any = object()
 
 
 class NodeTable(dict[str, V]):
-    __slots__ = ("version",)
+    __slots__ = ("version", "writes")
 
     def __init__(self, *args: Any, **kwargs: V) -> None:
         super().__init__(*args, **kwargs)
         self.version = 0
+        # The fields assigned on the nodes here.
+        self.writes: WriteLog[V] = WriteLog()
+        for value in self.values():
+            self.writes.adopt(value)
 
     def __setitem__(self, name: str, value: V) -> None:
         super().__setitem__(name, value)
+        self.writes.adopt(value)
         self.version += 1
 
     def __delitem__(self, name: str) -> None:
@@ -56,7 +63,10 @@ class NodeTable(dict[str, V]):
         return self[name]
 
     def update(self, *args: Any, **kwargs: V) -> None:
-        super().update(*args, **kwargs)
+        added = dict(*args, **kwargs)
+        super().update(added)
+        for value in added.values():
+            self.writes.adopt(value)
         self.version += 1
 
     def __ior__(self, other: Any) -> NodeTable[V]:  # type: ignore[override,misc]

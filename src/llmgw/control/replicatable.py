@@ -10,7 +10,8 @@ alone. So the table keeps both indexes as replicas come and go.
 
 It is a dict, so every reader and writer that treats ``FleetState.replicas``
 as one (``[rid] = r``, ``pop``, ``del``, ``update``, ``clear``) keeps
-working and keeps the indexes right. What it relies on: a replica's model
+working and keeps the indexes right (and the write log, ``writes``, its
+records' own). What it relies on: a replica's model
 and shards never change once it is in the table (a replica that moves is a
 new replica; a restart keeps both).
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, TypeVar, overload
+
+from llmgw.control.writelog import WriteLog
 
 
 class _Shard(Protocol):
@@ -40,7 +43,7 @@ _MISSING: Any = object()
 
 
 class ReplicaTable(dict[str, R]):
-    __slots__ = ("_by_model", "_by_node", "version")
+    __slots__ = ("_by_model", "_by_node", "version", "writes")
 
     def __init__(self, items: Mapping[str, R] | Iterable[tuple[str, R]] = ()) -> None:
         super().__init__()
@@ -51,6 +54,8 @@ class ReplicaTable(dict[str, R]):
         # table as it is (the scheduler's keeper skips its scan of 10,000
         # replicas when nothing was added, replaced or removed).
         self.version = 0
+        # The fields assigned on the replicas here (writelog.py).
+        self.writes: WriteLog[R] = WriteLog()
         self.update(items)
 
     # -- the indexes -------------------------------------------------------------
@@ -94,6 +99,7 @@ class ReplicaTable(dict[str, R]):
             self._unindex(rid, old)
         super().__setitem__(rid, replica)
         self._index(rid, replica)
+        self.writes.adopt(replica)
         self.version += 1
 
     def __delitem__(self, rid: str) -> None:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from llmgw.control.external import HealthReports
 from llmgw.control.nodetable import NodeTable
 from llmgw.control.replicatable import ReplicaTable
 from llmgw.control.telemetry import Readings
+from llmgw.control.writelog import WriteLog
 from llmgw.errors import TransitionError
 from llmgw.wire import (
     EngineDialect,
@@ -49,67 +50,13 @@ REPLACE_AFTER_S = 120.0
 # nodes unreachable and took their replicas out of routing.
 TAKEOVER_ALLOWANCE_S = 30.0
 
-_R = TypeVar("_R")
-
-
-class WriteLog(Generic[_R]):
-    """The records of one kind whose fields were assigned, in order, for readers
-    that keep something derived from them (adminapi/summary_keeper.py).
-
-    Every assignment to a record's field is logged by the record itself
-    (``__setattr__``), so no code that writes to the fleet has to remember
-    to say so. Shared by every fleet in the process: a reader checks that a
-    record is still its fleet's. Edits inside a field's value (a list
-    appended to) are not assignments and are not logged: such values are
-    replaced, never edited in place (the views' memo rule, views/memo.py).
-
-    Bounded: past ``limit`` entries the older half is dropped, and a reader
-    whose position fell behind is told so (``since`` answers None) and must
-    look at everything, which it has to be able to do anyway.
-    """
-
-    __slots__ = ("_base", "_limit", "_writes")
-
-    def __init__(self, limit: int = 200_000) -> None:
-        self._writes: list[_R] = []
-        self._base = 0  # the position of _writes[0]
-        self._limit = limit
-
-    def position(self) -> int:
-        """Where the next write will be: hand it back to ``since``."""
-        return self._base + len(self._writes)
-
-    def since(self, position: int) -> list[_R] | None:
-        """Records written since ``position`` (repeats included), or None when
-        some of those writes were dropped."""
-        start = position - self._base
-        return None if start < 0 else self._writes[start:]
-
-    def _drop_older(self) -> None:
-        half = len(self._writes) // 2
-        del self._writes[:half]  # in place: the records' bound appends stay valid
-        self._base += half
-
-    def logging_setattr(self) -> Callable[[Any, str, Any], None]:
-        """A ``__setattr__`` for the records this log is for."""
-        writes, limit, assign = self._writes, self._limit, object.__setattr__
-        append, drop = writes.append, self._drop_older
-
-        def __setattr__(record: Any, name: str, value: Any) -> None:
-            assign(record, name, value)
-            append(record)
-            if len(writes) > limit:
-                drop()
-
-        return __setattr__
-
-
-NODE_WRITES: WriteLog[NodeRecord] = WriteLog()
-REPLICA_WRITES: WriteLog[ReplicaRecord] = WriteLog()
-
-
 @dataclass(slots=True)
 class NodeRecord:
+    # The log of the table this record is in (writelog.py): first, so that
+    # it is set before any other field is assigned.
+    _writes: WriteLog[NodeRecord] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
     name: str
     registered_at: float
     admin_state: NodeState = NodeState.READY  # ready, cordoned or draining
@@ -146,7 +93,11 @@ class NodeRecord:
     # every replica.
     listening_since: float | None = None
 
-    __setattr__ = NODE_WRITES.logging_setattr()
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        writes = self._writes
+        if writes is not None:
+            writes.note(self)
 
     def silent_for(self, now: float) -> float:
         """Seconds without a report that count: since it last reported, or since
@@ -253,6 +204,10 @@ REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
 
 @dataclass(slots=True)
 class ReplicaRecord:
+    # As NodeRecord's: the log of the table this record is in.
+    _writes: WriteLog[ReplicaRecord] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
     id: str
     model: str
     created_at: float
@@ -273,7 +228,11 @@ class ReplicaRecord:
     # (ReplicaStatus.tls); None until its agent reports after a restart.
     tls: bool | None = None
 
-    __setattr__ = REPLICA_WRITES.logging_setattr()
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        writes = self._writes
+        if writes is not None:
+            writes.note(self)
 
     @property
     def nodes(self) -> list[str]:

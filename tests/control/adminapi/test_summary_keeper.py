@@ -7,7 +7,7 @@ idle threshold; after each change the keeper's answer must equal
 ``fleet_summary``'s.
 
 The keeper reads only the records whose fields were assigned since its last
-call (state.WriteLog), so the changes include the ways around that log: a
+call (writelog.py), so the changes include the ways around that log: a
 record built before a call and put in the fleet after it (its fields were
 written before the keeper last read), writes to a same-named record of
 another fleet, and a keeper that fell behind a log that dropped writes.
@@ -27,7 +27,7 @@ from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
 from llmgw.control.adminapi.summary_keeper import SummaryKeeper
 from llmgw.control.nodetable import NodeTable
 from llmgw.control.replicatable import ReplicaTable
-from llmgw.control.state import NODE_WRITES, REPLICA_WRITES, WriteLog
+from llmgw.control.writelog import WriteLog
 from llmgw.wire import NodeInventory, NodeState, ReplicaState, WeightsEntry
 
 MODELS = ["a", "b", "c"]
@@ -253,12 +253,17 @@ def test_a_clock_that_goes_back_starts_over() -> None:
 
 def test_the_write_log_keeps_its_newest_half_and_says_when_a_reader_fell_behind() -> None:
     log: WriteLog[object] = WriteLog(limit=8)
-    record_setattr = log.logging_setattr()
 
     class Record:
-        __setattr__ = record_setattr
+        _writes: WriteLog[object]
+
+        def __setattr__(self, name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+            self._writes.note(self)
 
     first, second = Record(), Record()
+    log.adopt(first)
+    log.adopt(second)
     start_at = log.position()
     first.x = 1
     second.x = 2
@@ -271,15 +276,25 @@ def test_the_write_log_keeps_its_newest_half_and_says_when_a_reader_fell_behind(
     assert log.since(log.position() - 2) == [second, second]
 
 
-def test_fleet_records_log_their_writes() -> None:
-    fleet = start()
+def test_fleet_records_log_their_writes_in_their_own_tables() -> None:
+    fleet, other = start(), start()
     node, replica = fleet.state.nodes["n1"], next(iter(fleet.state.replicas.values()))
-    nodes_at, replicas_at = NODE_WRITES.position(), REPLICA_WRITES.position()
+    node_log, replica_log = fleet.state.nodes.writes, fleet.state.replicas.writes
+    nodes_at, replicas_at = node_log.position(), replica_log.position()
+    other_at = (other.state.nodes.writes.position(), other.state.replicas.writes.position())
     node.last_seen = fleet.now
     replica.in_flight = 2
     replica.move_to(ReplicaState.DRAINING)
-    assert NODE_WRITES.since(nodes_at) == [node]
-    assert REPLICA_WRITES.since(replicas_at) == [replica, replica, replica]
+    assert node_log.since(nodes_at) == [node]
+    assert replica_log.since(replicas_at) == [replica, replica, replica]
+    # Another fleet in the process hears nothing of it.
+    assert (other.state.nodes.writes.position(),
+            other.state.replicas.writes.position()) == other_at
+    # A record put in another table logs there from then on.
+    other.state.nodes["n1"] = node
+    node.last_seen = fleet.now + 1
+    assert node_log.since(nodes_at) == [node]
+    assert other.state.nodes.writes.since(other_at[0]) == [node]
 
 
 def test_the_node_table_counts_every_write() -> None:

@@ -11,8 +11,8 @@ together through random changes).
 
 What changed is found without anything that writes to the fleet having to
 report it, which is what keeps the cache exact as new code appears. Nodes
-and replicas log every assignment to their fields themselves
-(state.WriteLog, from their ``__setattr__``): each call reads the fields a
+and replicas log every assignment to their fields themselves, into their
+table's write log (writelog.py, from their ``__setattr__``): each call reads the fields a
 view is built from only for the records written since the last call, into
 tuples (``operator.attrgetter``), and compares them with the last call's.
 Comparing every record each call instead was ~10 ms of a 12 ms call at
@@ -50,7 +50,8 @@ from llmgw.control.adminapi.summary import Summary, SummaryBuilder
 from llmgw.control.adminapi.summary_replicas import KeptReplicas
 from llmgw.control.adminapi.views.models import ModelView, model_view
 from llmgw.control.adminapi.views.nodes import NodeView, node_view
-from llmgw.control.state import NODE_WRITES, REPLICA_WRITES, FleetState, NodeRecord, ReplicaRecord
+from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
+from llmgw.control.writelog import WriteLog
 from llmgw.wire import NodeState
 
 # What the summary reads of each record, besides the clock and the other
@@ -92,9 +93,12 @@ class SummaryKeeper:
         # The table the names and records were listed from, and its write count.
         self._node_table: object = None
         self._node_version: int | None = None
-        # Where this keeper read the fleet's write logs to (state.WriteLog).
-        self._node_writes = NODE_WRITES.position()
-        self._replica_writes = REPLICA_WRITES.position()
+        # The fleet's write logs (its tables', writelog.py) and where this
+        # keeper read them to.
+        self._node_log: WriteLog[NodeRecord] | None = None
+        self._node_writes = 0
+        self._replica_log: WriteLog[ReplicaRecord] | None = None
+        self._replica_writes = 0
         self._node_state: dict[str, NodeState] = {}
         # (when its silence grace ends, node): nodes whose state to ask again.
         self._deadlines: list[tuple[float, str]] = []
@@ -135,13 +139,18 @@ class SummaryKeeper:
             or self._grace != state_module.UNREACHABLE_AFTER_S
         ):
             self._reset(state)
-            node_writes: list[NodeRecord] | None = None
-            replica_writes: list[ReplicaRecord] | None = None
-        else:
-            node_writes = NODE_WRITES.since(self._node_writes)
-            replica_writes = REPLICA_WRITES.since(self._replica_writes)
-        self._node_writes = NODE_WRITES.position()
-        self._replica_writes = REPLICA_WRITES.position()
+        # A table without a log (a plain dict given to FleetState), or
+        # another log than last call's: every record is compared.
+        node_log: WriteLog[NodeRecord] | None = getattr(state.nodes, "writes", None)
+        replica_log: WriteLog[ReplicaRecord] | None = getattr(state.replicas, "writes", None)
+        node_writes = (node_log.since(self._node_writes)
+                       if node_log is not None and node_log is self._node_log else None)
+        replica_writes = (replica_log.since(self._replica_writes)
+                          if replica_log is not None and replica_log is self._replica_log
+                          else None)
+        self._node_log, self._replica_log = node_log, replica_log
+        self._node_writes = node_log.position() if node_log is not None else 0
+        self._replica_writes = replica_log.position() if replica_log is not None else 0
         self._now = now
         touched_models: set[str] = set()
         moved_nodes = self._sync_nodes(state, now, node_writes)
@@ -160,7 +169,7 @@ class SummaryKeeper:
         moved, or that came or went.
 
         ``written``: the nodes whose fields were assigned since the last call
-        (state.NODE_WRITES), or None to look at every node.
+        (the node table's write log), or None to look at every node.
 
         A node's state is asked for again only when its fields changed or the
         clock neared the end of its silence grace (``reachable_until``, kept

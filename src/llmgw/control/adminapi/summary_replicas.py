@@ -2,7 +2,7 @@
 
 The keeper (summary_keeper.py) holds the summary's totals; this part keeps
 the view of every replica folded into them, finds the replicas whose view
-may have changed since the last call -- written to (state.REPLICA_WRITES),
+may have changed since the last call -- written to (the table's write log),
 put in another's place, or on a node whose reachability moved -- and folds
 those again. Beside the totals it keeps what the models' views and the idle
 list are built from: replicas per model and state, when each model was last
@@ -103,7 +103,7 @@ class KeptReplicas:
         """Fold again the replicas that changed.
 
         ``written``: the replicas whose fields were assigned since the last
-        call (state.REPLICA_WRITES), or None to compare every replica.
+        call (the replica table's write log), or None to compare every replica.
         ``moved_nodes``: nodes that turned unreachable or back, came or went.
         """
         replicas = state.replicas

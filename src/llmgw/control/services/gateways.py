@@ -204,7 +204,7 @@ class Gateways:
             # Summed over gateways: each reports only the requests it proxies.
             in_flight = self._in_flight.record(replica.id, report.gateway_id, load.in_flight, now)
             # Assigned only when it moved: a record logs every assignment
-            # (state.WriteLog), and each gateway's report every second names
+            # (writelog.py), and each gateway's report every second names
             # every replica (9,500 at 10,000 nodes), nearly all unchanged.
             if in_flight != replica.in_flight:
                 replica.in_flight = in_flight
