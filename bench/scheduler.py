@@ -39,11 +39,10 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
-from llmgw.control import reconciler as reconciler_module
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.scheduler import shortfall
-from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decide import Scheduler
 from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.planner import plan
@@ -118,7 +117,7 @@ async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
             if result.placed or result.removed:
                 print(f"  note: steady pass {step} changed {result.placed}+{result.removed}")
         started, cpu = time.perf_counter(), time.process_time()
-        planned = plan(state, NOW + 3, policy=reconciler.policy)
+        planned = plan(state, NOW + 3, policy=reconciler.scheduler.policy)
         planner_s = time.perf_counter() - started
         planner_cpu_s = time.process_time() - cpu
         if args.cleanup:
@@ -142,7 +141,7 @@ async def reconcile(url: str, args: argparse.Namespace) -> dict[str, float]:
 def timed_parts(parts: defaultdict[str, float]) -> Iterator[None]:
     """Add each wrapped function's wall time to ``parts`` under its name."""
     targets: list[tuple[Any, str, str]] = [
-        (reconciler_module, "decide", "decide"),
+        (Scheduler, "decide", "decide"),
         (SnapshotKeeper, "refresh", "snapshot"),
         (Placer, "place", "placement search"),
         (shortfall, "commit", "commit to snapshot"),
@@ -228,7 +227,7 @@ def baseline(args: argparse.Namespace) -> dict[str, float]:
     _freeze()
     started = time.perf_counter()
     with paused_gc():
-        decisions = decide(state, NOW, keeper=SnapshotKeeper())
+        decisions = Scheduler().decide(state, NOW)
     return {"placed": len(decisions.new), "decide_s": time.perf_counter() - started}
 
 

@@ -115,7 +115,7 @@ async def test_failures_back_off_exponentially_then_park_and_unpark(store: Store
         wait = 10.0 * 2 ** (attempt - 1)
         touch(state, now + wait - 1)
         assert (await reconciler.run_pass(now + wait - 1, epoch)).placed == 0
-        (planned,) = plan(state, now + wait - 1, policy=reconciler.policy).models
+        (planned,) = plan(state, now + wait - 1, policy=reconciler.scheduler.policy).models
         assert planned.status == "backing off"
         assert planned.reason == (
             f"retrying after {attempt} failed start{'s' if attempt > 1 else ''} in 1 s;"

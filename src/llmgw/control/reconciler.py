@@ -1,6 +1,6 @@
 """The reconciler: one pass = decide, write to the store, then apply to memory.
 
-The decisions come from ``scheduler.decide`` (pure, shared with the
+The decisions come from ``Scheduler.decide`` (changes nothing; shared with the
 planner). Writing before applying is what keeps memory honest when the write
 is refused: a deposed leader's pass raises NotLeaderError from the store and
 leaves FleetState exactly as it was, instead of holding replicas no store
@@ -19,9 +19,8 @@ from typing import Any
 
 from llmgw.control.gcpause import freeze_burst, paused_gc
 from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
-from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decide import Scheduler
 from llmgw.control.scheduler.decisions import Decisions, Policy
-from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.control.store.repo import Store
@@ -40,7 +39,7 @@ _FREEZE_AFTER = 1000
 @dataclass(slots=True)
 class PassResult:
     """What one pass did: the loop's log line, the control plane's metrics
-    (llmgw.control.metrics) and tests read it."""
+    (llmgw.control.counters) and tests read it."""
 
     # Replicas placed by why (short of its count, or moving one) and removed
     # by kind (Removal.kind); the totals are read off these, so the two can
@@ -84,12 +83,10 @@ class Reconciler:
     ) -> None:
         self.state = state
         self.store = store
-        # The control plane's (ControlPlane.policy), which the admin plan
-        # reads too: a plan with other knobs would predict other parking.
-        self.policy = policy or Policy()
-        self.placer = placer or Placer()
-        # The snapshot of the fleet kept between passes (scheduler/keeper.py).
-        self._keeper = SnapshotKeeper()
+        # The policy is the control plane's (ControlPlane.policy), which the
+        # admin plan reads too: a plan with other knobs would predict other
+        # parking. The scheduler keeps its snapshot between passes.
+        self.scheduler = Scheduler(policy, placer)
         self.last_pass: PassResult | None = None
         # When each draining replica was first seen draining (memory only; a
         # new leader restarts the clock, which only delays removal).
@@ -101,14 +98,7 @@ class Reconciler:
         async with self._lock:
             started = time.perf_counter()
             with paused_gc():
-                decisions = decide(
-                    self.state,
-                    now,
-                    self.policy,
-                    placer=self.placer,
-                    draining_since=self._draining_since,
-                    keeper=self._keeper,
-                )
+                decisions = self.scheduler.decide(self.state, now, self._draining_since)
                 rows = [replica_row(r) for r in decisions.new] + [
                     replica_row(r, draining=True) for r in decisions.mark_draining
                 ]

@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 from tests.control.scheduler.schedkit import apply
 
-from llmgw.control.scheduler.decide import decide
-from llmgw.control.scheduler.keeper import SnapshotKeeper
+from llmgw.control.scheduler.decide import Scheduler
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.scorers import BinPack, Spread, WeightsLocal
 from llmgw.control.state import FleetState
@@ -34,11 +33,11 @@ def _through_objects() -> Placer:
 
 def _passes(state: FleetState, placer: Placer, passes: int) -> list[object]:
     """What each pass placed and showed, ids aside (they are random)."""
-    keeper = SnapshotKeeper()
+    scheduler = Scheduler(placer=placer)
     seen: list[object] = []
     for step in range(passes):
         now = 1000.0 + step
-        decisions = decide(state, now, placer=placer, keeper=keeper)
+        decisions = scheduler.decide(state, now)
         seen.append(
             [
                 (

@@ -224,7 +224,7 @@ async def _agree(node_list: list[NodeRecord], specs: list[ModelSpec], fails: lis
             reconciler = Reconciler(state, store, policy=policy)
             for step in range(3):
                 now = NOW + step
-                predicted = plan(state, now, policy=reconciler.policy)
+                predicted = plan(state, now, policy=reconciler.scheduler.policy)
                 expected = sorted(
                     (m.name, tuple(r.devices))
                     for m in predicted.models

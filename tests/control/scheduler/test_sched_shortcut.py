@@ -17,12 +17,18 @@ from hypothesis import strategies as st
 from tests.control.scheduler.schedkit import apply, passes_settings
 from tests.control.scheduler.test_sched_properties import NOW, fleets
 
-from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decide import Scheduler, decide
 from llmgw.control.scheduler.decisions import Decisions, Policy
-from llmgw.control.scheduler.keeper import SnapshotKeeper
 from llmgw.control.state import FleetState
 from llmgw.sim.fleetgen import generate
 from llmgw.wire import NodeState, ReplicaState
+
+
+def full_path(policy: Policy | None = None) -> Scheduler:
+    """A scheduler that triages every model, steady or not, and keeps nothing."""
+    scheduler = Scheduler(policy, remember=False)
+    scheduler.shortcut = False
+    return scheduler
 
 
 def essence(decisions: Decisions) -> object:
@@ -69,15 +75,15 @@ def test_the_shortcut_decides_what_the_full_path_decides(
     policy = Policy(backoff_base_s=data.draw(st.sampled_from([0.0, 5.0])), drain_grace_s=0.0,
                     failure_limit=3)
     now = NOW
-    # The reconciler's way: a snapshot keeper kept across passes, which also
-    # keeps steady models' answers (triagememo.py).
-    keeper = SnapshotKeeper()
+    # The reconciler's way: one scheduler across passes, keeping its
+    # snapshot and steady models' answers (triagememo.py).
+    kept = Scheduler(policy)
     for step in range(6):
         outcomes = []
-        for shortcut, kept in ((True, None), (False, None), (True, keeper)):
+        for scheduler in (Scheduler(policy, remember=False), full_path(policy), kept):
             ids = (f"r{step}-{n:04d}" for n in itertools.count())
             with patch("llmgw.control.scheduler.shortfall.new_id", lambda ids=ids: next(ids)):
-                outcomes.append(decide(state, now, policy, shortcut=shortcut, keeper=kept))
+                outcomes.append(scheduler.decide(state, now))
         assert essence(outcomes[0]) == essence(outcomes[1])
         assert essence(outcomes[2]) == essence(outcomes[1])
         apply(state, outcomes[0])
@@ -104,8 +110,8 @@ def test_kept_answers_follow_every_change_that_leaves_the_replicas_be(
     apply(state, decide(state, NOW))
     for replica in state.replicas.values():
         replica.state, replica.ready_at = ReplicaState.READY, NOW
-    keeper = SnapshotKeeper()
-    decide(state, NOW, keeper=keeper)
+    kept = Scheduler()
+    kept.decide(state, NOW)
     now = NOW
     for kind, roll in changes:
         replicas = sorted(state.replicas.values(), key=lambda r: r.id)
@@ -131,8 +137,8 @@ def test_kept_answers_follow_every_change_that_leaves_the_replicas_be(
             node.inventory = node.inventory.model_copy(update={"devices": devices})
         now += 1.0
         answers = []
-        for kwargs in ({"keeper": keeper}, {"shortcut": False}):
+        for scheduler in (kept, full_path()):
             ids = (f"k{n:04d}" for n in itertools.count())
             with patch("llmgw.control.scheduler.shortfall.new_id", lambda ids=ids: next(ids)):
-                answers.append(decide(state, now, **kwargs))  # type: ignore[arg-type]
+                answers.append(scheduler.decide(state, now))
         assert essence(answers[0]) == essence(answers[1]), kind

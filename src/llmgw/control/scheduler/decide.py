@@ -1,6 +1,6 @@
-"""One reconcile pass as a pure function: state in, decisions out.
+"""One reconcile pass: state in, decisions out, nothing changed.
 
-``decide`` reads FleetState and returns what should change (replicas to
+``Scheduler.decide`` reads FleetState and returns what should change (replicas to
 create, remove or mark draining, model failure counts, events) without
 changing anything. The reconciler writes the decisions to the store and only
 then applies them to memory, so a write refused by the store (a deposed
@@ -30,31 +30,71 @@ from llmgw.control.scheduler.shapecheck import ShapeCheck
 from llmgw.control.scheduler.shortfall import place_shortfall
 from llmgw.control.scheduler.snapshot import build_snapshot
 from llmgw.control.scheduler.triage import TriagePass, steady_answer, triage_model
+from llmgw.control.scheduler.triagememo import TriageMemo
 from llmgw.control.state import FleetState
 from llmgw.wire import NodeState
 
 
+class Scheduler:
+    """The scheduler of one control plane: its policy and placer, and what it keeps
+    from one pass to the next.
+
+    What it keeps -- the fleet's placement snapshot (keeper.py) and steady
+    models' answers (triagememo.py) -- makes a pass over a fleet that hardly
+    changed cost what changed; the decisions are those of a pass from
+    scratch, which ``remember=False`` makes every time (the planner's dry
+    runs, one-off decisions in tests and benchmarks).
+    """
+
+    # Steady models answered without the full bookkeeping
+    # (triage.steady_answer). Turned off only by the tests that check it
+    # changes no decision.
+    shortcut = True
+
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        placer: Placer | None = None,
+        *,
+        remember: bool = True,
+    ) -> None:
+        self.policy = policy or Policy()
+        self.placer = placer or Placer()
+        self.keeper = SnapshotKeeper() if remember else None
+        self.memo = TriageMemo() if remember else None
+
+    def decide(
+        self,
+        state: FleetState,
+        now: float,
+        draining_since: Mapping[str, float] | None = None,
+        *,
+        with_snapshot: bool = False,
+    ) -> Decisions:
+        """One pass: what should change, nothing changed. ``draining_since``: when
+        each draining replica was first seen draining; ``with_snapshot``: keep the
+        placement snapshot in the answer even when nothing was placed (the planner)."""
+        return _decide(self, state, now, draining_since or {}, with_snapshot)
+
+
 def decide(
+    state: FleetState, now: float, policy: Policy | None = None, *, placer: Placer | None = None
+) -> Decisions:
+    """One pass from scratch, keeping nothing (tests, benchmarks, one-off answers)."""
+    return Scheduler(policy, placer, remember=False).decide(state, now)
+
+
+def _decide(
+    scheduler: Scheduler,
     state: FleetState,
     now: float,
-    policy: Policy | None = None,
-    *,
-    placer: Placer | None = None,
-    draining_since: Mapping[str, float] | None = None,
-    always_snapshot: bool = False,
-    keeper: SnapshotKeeper | None = None,
-    shortcut: bool = True,
+    draining_since: Mapping[str, float],
+    with_snapshot: bool,
 ) -> Decisions:
-    """``keeper``: the reconciler's snapshot kept between passes (keeper.py);
-    without one the snapshot is built from scratch, to the same result.
-    ``shortcut``: answer models with nothing to triage without the full
-    bookkeeping (triage.steady_answer), and keep those answers while they hold
-    (triagememo.py, with ``keeper``); off, only to test that it changes nothing."""
-    policy = policy or Policy()
-    placer = placer or Placer()
+    policy, placer, keeper = scheduler.policy, scheduler.placer, scheduler.keeper
     cache = keeper.devices if keeper is not None else DeviceCache()
     out = Decisions(now=now)
-    known_draining = dict(draining_since or {})
+    known_draining = dict(draining_since)
 
     # One sweep over the nodes for all four sets and every node's state (the
     # keeper reads them too): 10,000 nodes, every pass.
@@ -99,7 +139,8 @@ def decide(
         out, now, policy, shapes, lost_nodes, draining_nodes, unreachable_nodes, known_draining
     )
     # Steady models' answers from earlier passes, while they hold (triagememo.py).
-    memo = keeper.triage if keeper is not None and shortcut else None
+    shortcut = scheduler.shortcut
+    memo = scheduler.memo if shortcut else None
     if memo is not None and keeper is not None:
         memo.begin(state, settled, keeper.changed_nodes)
     for name in sorted(state.models):
@@ -121,7 +162,7 @@ def decide(
         work.append(item)
 
     pending = [w for w in work if w.to_place > 0]
-    if pending or always_snapshot:
+    if pending or with_snapshot:
         removed = [r.replica.id for r in out.removals]
         if keeper is not None:
             out.snapshot = keeper.fork(state, now, exclude=removed)
@@ -144,4 +185,4 @@ def decide(
 
 _BY_ID = attrgetter("id")
 
-__all__ = ["decide"]
+__all__ = ["Scheduler", "decide"]

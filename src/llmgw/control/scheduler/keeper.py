@@ -34,7 +34,6 @@ from llmgw.control.scheduler.placementnode import (
     placement_node,
 )
 from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot, ram_needs
-from llmgw.control.scheduler.triagememo import TriageMemo
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.wire import NodeState, WeightsEntry
 
@@ -63,8 +62,6 @@ class SnapshotKeeper:
         self._replicas_version = -1
         # Nodes whose views the last refresh built again (None: all of them).
         self.changed_nodes: set[str] | None = None
-        # Steady models' triage answers, kept between passes (triagememo.py).
-        self.triage = TriageMemo()
 
     def snapshot(
         self,

@@ -1,6 +1,6 @@
 """The planner: the reconciler's next pass as a dry run (``ctl plan``).
 
-It calls the same ``decide`` the reconciler calls, on the same state, and
+It runs the same ``Scheduler.decide`` the reconciler runs, on the same state, and
 reports the decisions instead of applying them; that is the whole of the
 guarantee that what the plan says is what the reconciler does. "What if"
 adds catalog entries to a copy of the model table, never to the state.
@@ -13,7 +13,7 @@ from collections import Counter
 from pydantic import BaseModel, Field
 
 from llmgw.control.gcpause import paused_gc
-from llmgw.control.scheduler.decide import decide
+from llmgw.control.scheduler.decide import Scheduler
 from llmgw.control.scheduler.decisions import Decisions, ModelOutcome, Policy
 from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
@@ -109,7 +109,7 @@ def _plan(
     placer: Placer | None,
 ) -> Plan:
     view = _with_what_if(state, what_if, now)
-    decisions = decide(view, now, policy, placer=placer, always_snapshot=True)
+    decisions = Scheduler(policy, placer, remember=False).decide(view, now, with_snapshot=True)
     current = build_snapshot(view, now)
     result = Plan(
         at=now,
