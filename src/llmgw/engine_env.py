@@ -183,8 +183,9 @@ def env_problem(engine: EngineKind, name: str, node_allowed: Collection[str] = (
     managed = _managed_problem(engine, name, upper)
     if managed is not None:
         return managed
-    rules = ENV_RULES.get(engine)
-    if rules is None or rules.allows(upper) or name in node_allowed:
+    # An engine without rules of its own gets only what every engine may.
+    rules = ENV_RULES.get(engine, EnvRules(_COMMON))
+    if rules.allows(upper) or name in node_allowed:
         return None
     return (
         f"{name} is not a {engine.value} setting a catalog may give ({rules.describe()};"

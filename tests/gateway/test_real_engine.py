@@ -34,6 +34,7 @@ import pytest
 from tests.gateway.conftest import SECRET, async_client, make_config, route, running_gateway
 from tests.servers import free_port
 
+from llmgw import wire
 from llmgw.gateway.link import MemoryLink
 
 pytestmark = pytest.mark.slow
@@ -225,3 +226,43 @@ async def test_a_client_that_leaves_stops_the_engine(engine: Engine, test_output
     # an engine that went on would show about 395.
     assert stream_after < 25, figures
     assert plain_after < 64 + 25, figures
+
+
+@pytest.mark.slow
+async def test_system_and_developer_messages_reach_the_starter_model(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # As the agent starts llama_cpp.server on the starter GGUF, which carries no
+    # template: Gemma 3's own (agent.engines.templates), and the dialect the
+    # adapter declares (the gateway sends "developer" as "system", a role
+    # llama_cpp.server refuses). Its gemma format dropped both: the same
+    # prompt_tokens with or without them.
+    from llmgw.agent.engines.llamacpp import PYTHON_DIALECT
+    from llmgw.agent.engines.templates import template_files
+
+    config = template_files("gemma3").tokenizer_config
+    folder = tmp_path_factory.mktemp("templated")
+    options = ["--interrupt_requests", "false", "--chat_format", "hf-tokenizer-config",
+               "--hf_tokenizer_config_path", config]  # fmt: skip
+    with llama_server(folder, *options) as run:
+        link = MemoryLink(poll_timeout_s=1.0)
+        served = wire.Endpoint(replica_id="r1", url=run.url, dialect=PYTHON_DIALECT)
+        link.publish(make_config(1, [wire.ModelRoute(name="gemma", served_name=SERVED,
+                                                     endpoints=[served])]))  # fmt: skip
+        async with running_gateway(link) as (_, url):
+            client = async_client(url)
+            text = "You are a lighthouse keeper on a remote island; you answer in one short line."
+            user: Any = {"role": "user", "content": "Say hello."}
+
+            async def prompt_tokens(*messages: Any) -> int:
+                reply = await client.chat.completions.create(
+                    model="gemma", messages=list(messages), max_tokens=1
+                )
+                assert reply.usage is not None
+                return reply.usage.prompt_tokens
+
+            bare = await prompt_tokens(user)
+            system = await prompt_tokens({"role": "system", "content": text}, user)
+            developer = await prompt_tokens({"role": "developer", "content": text}, user)
+    assert system >= bare + 10, (bare, system)  # the gemma format: +0
+    assert developer == system
