@@ -35,6 +35,7 @@ from llmgw.tls import (
     check_plain_urls,
     client_context,
     fingerprint,
+    refuse_node_certificates,
     token_with_fingerprint,
 )
 from llmgw.wire import ErrorBody
@@ -130,7 +131,10 @@ class AdminClient:
             parsed = parse_control_plane_urls(urls)
             # The admin token must not cross a network in the clear (llmgw.tls).
             check_plain_urls(parsed, allowed=insecure_http, what="control plane")
-            verify: ssl.SSLContext | bool = client_context(ca_file) if ca_file else True
+            # The system's CAs without --ca-file; a node's certificate is refused
+            # either way (llmgw.tls), even from an operator's CA the system trusts.
+            verify = (client_context(ca_file) if ca_file
+                      else refuse_node_certificates(ssl.create_default_context()))
             # Join tokens this ctl prints carry it, so agents trust the same CA;
             # a file of several CAs (the system's bundle) pins none of them.
             self.ca_fingerprint = _pin_of(ca_file) if ca_file else None
