@@ -132,8 +132,19 @@ def llama_server_binary() -> str | None:
 
 
 # A route path as llama-server's source writes it ("/v1/chat/completions",
-# "/slots/:id_slot"), NUL-terminated in the binary's read-only data.
-_PATH_IN_BINARY = re.compile(rb"(?<=\x00)(/[a-z][a-z0-9_\-/:.]{0,62})(?=\x00)")
+# "/slots/:id_slot"), NUL-terminated in the binary's read-only data. The
+# linker may keep "/chat/completions" as the tail of "/v1/chat/completions"
+# (suffix merging of string constants), so every "/" suffix counts too.
+_PATH_IN_BINARY = re.compile(rb"(/[a-z][a-z0-9_\-/:.]{0,62})\x00")
+
+
+def paths_in_binary(data: bytes) -> set[str]:
+    """Every route-like string of ``data``, with each of its ``/`` suffixes."""
+    found: set[str] = set()
+    for match in _PATH_IN_BINARY.finditer(data):
+        text = match.group(1).decode()
+        found.update(text[i:] for i, ch in enumerate(text) if ch == "/" and text[i + 1:i + 2])
+    return found
 
 
 def llama_server_routes(binary: str) -> set[Route]:
@@ -142,8 +153,7 @@ def llama_server_routes(binary: str) -> set[Route]:
     More than its routes (file paths come along): probing more than it
     mounts costs nothing, missing one would.
     """
-    data = Path(binary).read_bytes()
-    paths = {m.decode() for m in _PATH_IN_BINARY.findall(data)}
+    paths = paths_in_binary(Path(binary).read_bytes())
     return {(method, path) for path in paths for method in ALL_METHODS}
 
 

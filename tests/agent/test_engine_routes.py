@@ -30,6 +30,7 @@ from tests.engineroutes import (
     llama_cpp_server_routes,
     llama_server_binary,
     llama_server_routes,
+    paths_in_binary,
     vllm_python,
     vllm_routes,
 )
@@ -147,3 +148,10 @@ def test_llama_server_route_table_is_its_own() -> None:
     paths = {path for _, path in llama_server_routes(binary)}
     assert {"/v1/chat/completions", "/completion", "/slots", "/props", "/tokenize",
             "/v1/responses"} <= paths
+
+
+def test_paths_are_read_from_a_binary_with_merged_strings() -> None:
+    # As a linker lays string constants out: NUL-terminated, a suffix shared.
+    data = b"\x7fELF\x01/v1/chat/completions\x00/slots/:id_slot\x00/Health\x00x/props\x00"
+    assert {"/v1/chat/completions", "/chat/completions", "/completions", "/slots/:id_slot",
+            "/:id_slot", "/props"} <= paths_in_binary(data)

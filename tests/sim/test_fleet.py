@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 from tests.control.planekit import Plane, opened_plane
@@ -149,11 +150,12 @@ nodes:
 # -- in-process engines ---------------------------------------------------------
 
 
-def _launch(port: int = 0, **sim: object) -> EngineLaunch:
+def _launch(port: int = 0, key: str | None = None, **sim: object) -> EngineLaunch:
     assignment = ReplicaAssignment(
         replica_id="r1",
         model=ModelSpec(name="m", engine="sim", sim=SimParams(startup_s=0.0, **sim)),
         shard=ShardAssignment(node="n", device_numbers=[0]),
+        engine_key=key,
     )
     return SimAdapter().build(
         LaunchContext(assignment=assignment, weights_path=None, host="127.0.0.1", port=port)
@@ -181,6 +183,21 @@ async def test_in_process_engine_serves_then_stops() -> None:
     status = await engines.stop(proc, grace_s=1.0)
     assert status.exited and status.code == 0
     assert engine.state == "stopped" and not engines.engines()
+
+
+async def test_in_process_engine_refuses_calls_without_its_key() -> None:
+    key = "engine-key-inprocess-0123456789abcdefghijklm"
+    engines = InProcessEngines()
+    proc = engines.spawn("r1", _launch(key=key))
+    engine = engines.engines()[0]
+    assert await engine.wait_ready()
+    for given, answer in ((None, 401), ("Bearer wrong", 401), (f"Bearer {key}", 200)):
+        headers = {"Authorization": given} if given else {}
+        async with aiohttp.ClientSession() as session, session.get(
+            f"{engine.url}/v1/models", headers=headers
+        ) as resp:
+            assert resp.status == answer, given
+    await engines.stop(proc, grace_s=0.0)
 
 
 async def test_in_process_engine_failing_at_start_exits_1() -> None:
