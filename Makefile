@@ -12,13 +12,22 @@ TEST_OUTPUT ?= $(CURDIR)/test-output
 LLMGW_TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
 export LLMGW_TEST_PG_URL
 
-.PHONY: setup run test lint bench bench-quick chaos soak postgres clean
+.PHONY: setup engines run test lint bench bench-quick chaos soak postgres clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	@PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup.sh
 	@touch $(STAMP)
+
+# vLLM (CPU build), llama-server and the starter model as a Hugging Face
+# model, each in its own place under LLMGW_ENGINES_DIR (scripts/engines.sh):
+# what tests/engines/ drives. Cached: a second run takes seconds.
+LLMGW_ENGINES_DIR ?= $(HOME)/.cache/llmgw/engines
+export LLMGW_ENGINES_DIR
+
+engines: setup
+	@PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/engines.sh
 
 run: setup
 	$(BIN)/llmgw up $(ARGS)

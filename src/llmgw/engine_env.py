@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from llmgw.wire import EngineKind
+from llmgw.wire import LLAMACPP_KINDS, EngineKind
 
 # Every field of llama_cpp.server's Settings (ServerSettings + ModelSettings in
 # llama_cpp/server/settings.py), plus the CONFIG_FILE its __main__ reads.
@@ -168,6 +168,8 @@ ENV_RULES: dict[EngineKind, EnvRules] = {
     EngineKind.LLAMACPP: EnvRules(_COMMON, ("LLAMA_ARG_", "GGML_"), _UNSAFE_PARTS),
     EngineKind.SIM: EnvRules(_COMMON),
 }
+# Either llama.cpp server by name: the same rules as the node's default one.
+ENV_RULES.update({kind: ENV_RULES[EngineKind.LLAMACPP] for kind in LLAMACPP_KINDS})
 
 
 def env_problem(engine: EngineKind, name: str, node_allowed: Collection[str] = ()) -> str | None:
@@ -201,7 +203,7 @@ def _managed_problem(engine: EngineKind, name: str, upper: str) -> str | None:
             f"{engine.value} reads {name} as its API key, which the agent sets to the"
             " replica's engine key; remove it"
         )
-    if engine != EngineKind.LLAMACPP:
+    if engine not in LLAMACPP_KINDS:
         return None
     if upper in LLAMA_CPP_PYTHON_DROP:
         setting = upper.lower()

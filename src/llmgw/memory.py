@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llmgw.wire import CPU_CLASS, EngineKind, ModelSpec
+from llmgw.wire import CPU_CLASS, LLAMACPP_KINDS, EngineKind, ModelSpec
 
 MIB = 1024 * 1024
 
@@ -77,7 +77,7 @@ def default_need_mib(spec: ModelSpec, weights_bytes: int | None, devices: int = 
     shard holds (0 on CPU slots).
     """
     weights = -(-(weights_bytes or 0) // MIB)
-    if spec.engine is EngineKind.LLAMACPP:
+    if spec.engine in LLAMACPP_KINDS:
         # The GGUF is memory-mapped: its pages count in the engine's RSS.
         return LLAMACPP_RUNTIME_MIB + weights + kv_cache_mib(spec) + LLAMACPP_PROMPT_CACHE_MIB
     if spec.engine is EngineKind.SIM:
@@ -138,7 +138,7 @@ def advice(spec: ModelSpec, budget_mib: int) -> str:
     """What to change when a replica of ``spec`` runs out of its budget."""
     stated = "" if spec.memory_mib is not None else ", estimated"
     text = f"Raise the model's memory_mib (now {budget_mib} MiB{stated})"
-    if spec.engine is EngineKind.LLAMACPP:
+    if spec.engine in LLAMACPP_KINDS:
         text += f" or lower its context (kv_capacity_tokens, now {context_tokens(spec)})"
     # No full stop: the agent appends "; last output: ..." to reasons.
     return text

@@ -34,7 +34,7 @@ import aiohttp
 from llmgw import __version__ as _llmgw_version
 from llmgw.agent.client import ControlPlaneClient
 from llmgw.agent.discoverer import Discoverer
-from llmgw.agent.engines import default_adapters
+from llmgw.agent.engines import EngineCommands, default_adapters
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.engines.nodeenv import NodeEnvAllowed
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
@@ -122,6 +122,8 @@ class AgentConfig:
     # settings (llmgw.engine_env, agent.engines.nodeenv); reported to the
     # control plane, which then accepts them in a catalog.
     engine_env_allow: frozenset[str] = frozenset()
+    # Where each engine is (--engine NAME=PATH, LLMGW_ENGINE_*; agent.engines.commands).
+    engines: EngineCommands = field(default_factory=EngineCommands)
 
 
 InventoryProvider = Callable[[], NodeInventory]
@@ -155,7 +157,9 @@ class Agent:
                 config.cpu_slots, config.class_overrides, ignored_xids=config.ignored_xids
             )
         self._inventory_provider = inventory_provider
-        self.adapters = dict(adapters) if adapters is not None else dict(default_adapters())
+        self.adapters = dict(
+            adapters if adapters is not None else default_adapters(config.engines)
+        )
         if config.engine_env_allow:
             self.adapters = {
                 kind: NodeEnvAllowed(adapter, config.engine_env_allow)

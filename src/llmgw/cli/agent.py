@@ -24,6 +24,7 @@ from llmgw import procstats
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
 from llmgw.agent.memguard import GuardMode
+from llmgw.cli.engineopts import ENGINE_OPTION, engine_commands
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.errors import AuthError, ConfigError
@@ -129,6 +130,7 @@ def agent(
             " Default: 5% of the disk, at most 10 GiB.",
         ),
     ] = None,
+    engine: Annotated[list[str] | None, ENGINE_OPTION] = None,
     stop_engines: Annotated[
         bool, typer.Option(help="Stop the engines when the agent exits (default: leave them).")
     ] = False,
@@ -201,6 +203,7 @@ def agent(
             engine_env_allow=_env_names(engine_env_allow or []),
             ca_file=ca_file,
             ca_fingerprint=parse_fingerprint(ca_hash) if ca_hash else None,
+            engines=engine_commands(engine or []),
         )
         asyncio.run(run_agent(Agent(config), stop_engines=stop_engines))
     except (ConfigError, AuthError) as exc:

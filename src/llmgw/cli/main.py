@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from llmgw import __version__
+from llmgw.cli.engineopts import ENGINE_OPTION
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.errors import ConfigError
 
@@ -77,6 +78,7 @@ def up(
         Path | None, typer.Option(help="Run a simulated fleet from this YAML spec instead.")
     ] = None,
     cpu_slots: Annotated[int, typer.Option(help="CPU engine slots of the local node.")] = 1,
+    engine: Annotated[list[str] | None, ENGINE_OPTION] = None,
     traffic: Annotated[
         float | None, typer.Option(help="With --sim: send this many demo requests per second"
                                    " (a mix of models, keys and shared prompts).")
@@ -96,7 +98,7 @@ def up(
     setup_logging(log_level)
     options = UpOptions(
         data_dir=data_dir, host=host, port=port, database_url=database_url, catalog=catalog,
-        sim=sim, cpu_slots=cpu_slots, traffic=traffic,
+        sim=sim, cpu_slots=cpu_slots, traffic=traffic, engines=list(engine or []),
         allow_key_env=frozenset(allow_key_env or ()),
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),

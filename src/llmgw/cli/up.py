@@ -15,7 +15,7 @@ import json
 import logging
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from llmgw.cli.combined import (
     sign_node_certificates,
     start_parts,
 )
+from llmgw.cli.engineopts import engine_commands
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.cli.upchecks import (
     STARTER_MODEL,
@@ -57,6 +58,8 @@ class UpOptions(ProcessOptions):
     sim: Path | None = None
     cpu_slots: int = 1
     traffic: float | None = None  # demo requests per second (--sim only)
+    # --engine NAME=PATH items for the local agent (agent.engines.commands).
+    engines: list[str] = field(default_factory=list)
 
 
 def run_up(options: UpOptions) -> int:
@@ -81,6 +84,7 @@ def _run_up(options: UpOptions, data_dir: Path) -> int:
     catalog: list[ModelSpec] | None = None
     fleet: Any = None
     check_rate(options.traffic, options.sim is not None)
+    engine_commands(options.engines)  # a bad --engine fails before anything starts
     if options.sim is not None:
         fleet = load_sim_fleet(options.sim)
     if options.catalog is not None:
@@ -184,6 +188,7 @@ async def _start_local_agent(
         report_interval_s=2.0,
         metrics_token=metrics_token_from(),
         ca_file=ca_file,
+        engines=engine_commands(options.engines),
     )
     agent = Agent(config)
     await agent.start()

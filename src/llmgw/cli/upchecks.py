@@ -116,13 +116,32 @@ def load_catalog_file(path: Path) -> list[ModelSpec]:
         validate_catalog(specs)
     except LlmgwError as exc:
         raise ConfigError(f"catalog {path} is invalid: {_one_line(exc)}") from None
+    specs = [_local_path_expanded(spec) for spec in specs]
     # Everything runs on this machine, so a local weights path that is not
     # here can never be served: say so now rather than after a failed start.
     for spec in specs:
         local = spec.weights.path if spec.weights.kind == "local" else None
         if local and not Path(local).exists():
-            raise ConfigError(f"model {spec.name}: weights file {local} does not exist")
+            unset = "" if "$" not in local else " (an environment variable in it is not set)"
+            raise ConfigError(f"model {spec.name}: weights file {local} does not exist{unset}")
     return specs
+
+
+def _local_path_expanded(spec: ModelSpec) -> ModelSpec:
+    """``spec`` with ``~`` and ``$VAR`` in its local weights path taken from this process.
+
+    Only ``up`` does this: its catalog file and its agent are on this
+    machine, so a path under ``~`` or ``$LLMGW_ENGINES_DIR`` (where
+    ``make engines`` puts its models) means the same to both. A catalog
+    applied to a fleet names each node's path as it is.
+    """
+    path = spec.weights.path if spec.weights.kind == "local" else None
+    if not path:
+        return spec
+    expanded = os.path.expanduser(os.path.expandvars(path))
+    if expanded == path:
+        return spec
+    return spec.model_copy(update={"weights": spec.weights.model_copy(update={"path": expanded})})
 
 
 def load_sim_fleet(path: Path) -> Any:

@@ -21,7 +21,7 @@ from pydantic import ValidationError as PydanticValidationError
 from llmgw import memory
 from llmgw.engine_env import env_problem
 from llmgw.errors import ValidationError
-from llmgw.wire import EngineKind, ModelSpec, is_mig_class
+from llmgw.wire import LLAMACPP_KINDS, EngineKind, ModelSpec, is_mig_class
 
 # Environment names engines will see; anything else is either a typo or an
 # attempt to smuggle something odd into a process environment.
@@ -296,7 +296,7 @@ def _memory_problems(spec: ModelSpec) -> list[Problem]:
     Such an engine would be failed for its budget as soon as it loaded, on
     every node, until the model is parked: refusing the entry says why now.
     """
-    if spec.memory_mib is None or spec.engine is not EngineKind.LLAMACPP:
+    if spec.memory_mib is None or spec.engine not in LLAMACPP_KINDS:
         return []
     floor = memory.LLAMACPP_RUNTIME_MIB + memory.kv_cache_mib(spec)
     if spec.memory_mib >= floor:

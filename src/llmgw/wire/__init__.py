@@ -19,6 +19,7 @@ The modules go by subject; import from ``llmgw.wire``, not from them:
 """
 
 from llmgw.wire.base import (
+    LLAMACPP_KINDS,
     PROTOCOL_VERSION,
     EngineKind,
     NodeState,
@@ -86,6 +87,7 @@ __all__ = [
     "ENV_NAME_PATTERN",
     "EXTRA_ROUTES",
     "LEADER_HEADER",
+    "LLAMACPP_KINDS",
     "MIG_CLASS_MARKER",
     "MIG_NUMBER_BASE",
     "NAME_PATTERN",

@@ -69,10 +69,23 @@ class ReplicaState(StrEnum):
 class EngineKind(StrEnum):
     VLLM = "vllm"
     SGLANG = "sglang"
+    # The node's llama.cpp server: llama-server where the agent is told to
+    # use it or finds it on PATH, else llama-cpp-python's (agent.engines).
     LLAMACPP = "llamacpp"
+    # One of the two llama.cpp servers by name, so that one node serves
+    # both; agents older than these kinds cannot read an assignment of them.
+    LLAMA_SERVER = "llama-server"
+    LLAMA_CPP_PYTHON = "llama-cpp-python"
     SIM = "sim"
     # Not run by llmgw: servers that already exist (ModelSpec.external).
     EXTERNAL = "external"
+
+
+# The kinds that run llama.cpp on a GGUF file: one process, one node, its
+# RAM need sized by the same rules (llmgw.memory).
+LLAMACPP_KINDS = frozenset(
+    {EngineKind.LLAMACPP, EngineKind.LLAMA_SERVER, EngineKind.LLAMA_CPP_PYTHON}
+)
 
 
 # Node and fabric names reach URLs (``/admin/v1/nodes/NAME``), log lines,

