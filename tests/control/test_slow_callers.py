@@ -185,3 +185,23 @@ def test_clients_are_counted_by_address_and_ipv6_clients_by_their_64() -> None:
         counts.give(key)
     assert "10.0.0.1" not in counts.counts
     assert AddressCounts(0).take("10.0.0.1") == "10.0.0.1"  # 0: no cap
+
+
+async def test_the_gateway_closes_the_connection_after_a_401() -> None:
+    # It kept the connection for its whole keep-alive time (75 s in a bench).
+    from tests.gateway.conftest import make_config, running_gateway
+
+    from llmgw.gateway.link import MemoryLink
+
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(make_config(1, []))
+    async with running_gateway(link) as (_, url):
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer sk-wrong\r\nContent-Length: 2\r\n\r\n{}")
+        started = time.monotonic()
+        answer = await _read_all(reader)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+    assert time.monotonic() - started < 2.0
