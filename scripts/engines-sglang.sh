@@ -37,7 +37,7 @@ started=$SECONDS
 "$venv/bin/python" -m pip install -q "torch==$TORCH_VERSION"
 "$venv/bin/python" -m pip install -q --no-deps "sglang==$SGLANG_VERSION"
 # shellcheck disable=SC2086
-"$venv/bin/python" -m pip install -q $IMPORTS "torch==$TORCH_VERSION"
+"$venv/bin/python" -m pip install -q --no-warn-conflicts $IMPORTS "torch==$TORCH_VERSION"
 "$venv/bin/python" -c 'import sglang.srt.server_args, sglang.srt.utils.server_args_config_parser'
 echo "$want" > "$stamp"
 echo "engines: SGLang done in $((SECONDS - started)) s"
