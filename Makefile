@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	@PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/setup.sh
 	@touch $(STAMP)
 
-# vLLM (CPU build), llama-server and the starter model as a Hugging Face
+# vLLM (CPU build), llama-server, SGLang (its parsers only) and the starter model as a Hugging Face
 # model, each in its own place under LLMGW_ENGINES_DIR (scripts/engines.sh):
 # what tests/engines/ drives. Cached: a second run takes seconds.
 LLMGW_ENGINES_DIR ?= $(HOME)/.cache/llmgw/engines

