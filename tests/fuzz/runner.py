@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import HypothesisWarning
 
 
 class Failure(AssertionError):
@@ -114,7 +116,12 @@ def run(target: Target, seconds: float) -> Stats:
         while not timed_out and (end is None or time.monotonic() < end) and (
                 time.monotonic() < give_up):
             try:
-                one()
+                with warnings.catch_warnings():
+                    # A large case (a megabyte of nested braces) makes hypothesis
+                    # warn that its repr is expensive: the repr is only made for
+                    # the examples kept, and the warning is not a finding.
+                    warnings.simplefilter("ignore", HypothesisWarning)
+                    one()
             except BaseException as exc:  # hypothesis may wrap _TimeUp
                 if not timed_out:
                     raise
