@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +25,7 @@ import typer
 from llmgw import procstats
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
+from llmgw.cli.workers import WorkerPool, watch_lifeline
 from llmgw.errors import AuthError, ConfigError, ControlPlaneUnavailable, ValidationError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.gateway.app import Gateway, freeze_startup_objects
@@ -57,26 +61,45 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass(frozen=True)
+class WorkerRole:
+    """A ``--workers`` parent's worker: its index, the socket it serves, the lifeline it reads."""
+
+    index: int
+    listen_fd: int
+    lifeline_fd: int
+
+    def socket(self) -> socket.socket:
+        try:
+            return socket.socket(fileno=self.listen_fd)
+        except OSError as exc:
+            raise ConfigError(f"--listen-fd {self.listen_fd}: {exc}") from None
+
+
 async def serve_gateway(
     control_plane: str, token: str, host: str, port: int, settings: GatewaySettings,
     *, trust: ClientTrust | None = None, tls: ServerTls | None = None,
+    worker: WorkerRole | None = None,
 ) -> None:
     """Run a standalone gateway until cancelled or signalled.
 
     ``trust``: how the control plane's certificate is checked; ``tls``: the
-    certificate this gateway's OpenAI endpoint listens with (None: plain).
+    certificate this gateway's OpenAI endpoint listens with (None: plain);
+    ``worker``: serve the socket a ``--workers`` parent bound (llmgw.cli.workers).
     """
     import uvicorn
 
     from llmgw.cli.httpserver import server_config
 
-    sock = _bind(host, port)
+    sock = worker.socket() if worker is not None else _bind(host, port)
     try:
         link = HttpControlPlaneLink(control_plane, token, trust=trust)
     except Exception as exc:
         sock.close()
         raise ConfigError(str(exc)) from None
     gateway = Gateway(link, settings)
+    if worker is not None:
+        gateway.metrics.worker = (worker.index, settings.workers)
     try:
         try:
             async with asyncio.timeout(10.0):
@@ -97,8 +120,13 @@ async def serve_gateway(
         freeze_startup_objects()
         server = uvicorn.Server(config)
         actual = sock.getsockname()[1]
-        log.info("gateway listening on %s:%s%s, control plane %s", host, actual,
-                 " (TLS)" if tls else "", control_plane)
+        log.info("gateway listening on %s:%s%s, control plane %s%s", host, actual,
+                 " (TLS)" if tls else "", control_plane,
+                 f" (worker {worker.index} of {settings.workers}, pid {os.getpid()})"
+                 if worker else "")
+        if worker is not None:
+            # The parent gone (killed without stopping its workers): stop too.
+            watch_lifeline(worker.lifeline_fd, lambda: setattr(server, "should_exit", True))
         if threading.current_thread() is threading.main_thread():
             # uvicorn re-raises the signal that stopped it once it is done,
             # with the handlers it found; a quiet handler here lets the final
@@ -187,6 +215,15 @@ def gateway(
         bool, typer.Option(help="Allow plain HTTP to a control plane or on a listening address"
                            " that is not loopback.")
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(min=1, help="Serve the port from this many processes (SO_REUSEPORT; one"
+                     " per core is the most that helps). Each worker counts as a gateway and"
+                     " enforces 1/N of every key's RPM/TPM; see docs/gateway.md."),
+    ] = 1,
+    worker_index: Annotated[int | None, typer.Option(hidden=True)] = None,
+    listen_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
+    lifeline_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Run the OpenAI-compatible gateway alone, following a control plane."""
@@ -209,11 +246,49 @@ def gateway(
             metrics_token=metrics_token_from(metrics_token_file),
             metrics_open=open_metrics,
             key_env_allowed=frozenset(allow_key_env or ()),
+            workers=workers,
         )
-        run(serve_gateway(control_plane, token, host, port, settings, trust=trust, tls=tls))
+        if listen_fd is not None and lifeline_fd is not None:
+            role = WorkerRole(worker_index or 0, listen_fd, lifeline_fd)
+            run(serve_gateway(control_plane, token, host, port, settings, trust=trust, tls=tls,
+                              worker=role))
+        elif workers > 1:
+            forwarded = [
+                "--control-plane", control_plane, "--host", host, "--port", str(port),
+                "--queue-wait-s", repr(queue_wait_s), "--queue-length", str(queue_length),
+                "--max-body-mb", repr(max_body_mb), "--log-level", log_level,
+                "--workers", str(workers),
+                *(["--allow-anonymous"] if allow_anonymous else []),
+                *(["--open-metrics"] if open_metrics else []),
+                *(["--insecure-http"] if insecure_http else []),
+                *(["--metrics-token-file", str(metrics_token_file)] if metrics_token_file else []),
+                *[arg for name in allow_key_env or () for arg in ("--allow-key-env", name)],
+                *(["--ca-file", str(ca_file)] if ca_file else []),
+                *(["--ca-hash", ca_hash] if ca_hash else []),
+                # A --tls-dir certificate is made once, here, not by each worker.
+                *(["--tls-cert", str(tls.cert_file), "--tls-key", str(tls.key_file)]
+                  if tls else []),
+            ]
+            raise typer.Exit(_run_workers(host, port, workers, forwarded, token))
+        else:
+            run(serve_gateway(control_plane, token, host, port, settings, trust=trust, tls=tls))
     except ConfigError as exc:
         typer.echo(f"llmgw: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+def _run_workers(host: str, port: int, count: int, forwarded: list[str], token: str) -> int:
+    """Supervise ``count`` workers on ``host:port`` (llmgw.cli.workers); their exit status."""
+
+    def command(index: int, listen_fd: int, lifeline_fd: int) -> list[str]:
+        return [sys.executable, "-m", "llmgw.cli.main", "gateway", *forwarded,
+                "--worker-index", str(index), "--listen-fd", str(listen_fd),
+                "--lifeline-fd", str(lifeline_fd)]
+
+    # The token reaches the workers in their environment, never on a command line.
+    env = {k: v for k, v in os.environ.items() if k != "LLMGW_GATEWAY_TOKEN_FILE"}
+    env["LLMGW_GATEWAY_TOKEN"] = token
+    return WorkerPool(host, port, count, command, env).run()
 
 
 def _listening_tls(host: str, cert: Path | None, key: Path | None, directory: Path | None,

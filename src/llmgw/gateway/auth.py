@@ -9,6 +9,13 @@ client send twice its rpm across a minute boundary, and a bucket costs the same
 two float operations. Tokens are only known after the answer, so the tpm bucket
 admits a request while it is not in debt and is charged afterwards; a large
 answer can push it negative, which delays the next requests accordingly.
+
+A gateway served by N worker processes (``llmgw gateway --workers N``) gives
+each worker 1/N of every key's limits (``share``): the workers hold no state
+in common, and a client's connections land on any of them, so a key's
+requests across all of them stay within its limit, whatever the spread. The
+price is that a client whose connections all land on one worker gets 1/N of
+its limit; refusals still name the key's whole limit.
 """
 
 from __future__ import annotations
@@ -21,19 +28,25 @@ from llmgw import wire
 
 
 class Bucket:
-    """A token bucket holding at most ``capacity``, refilled at capacity per minute."""
+    """A token bucket holding at most ``capacity``, refilled at capacity per minute.
 
-    __slots__ = ("capacity", "level", "rate", "stamp")
+    ``share``: the bucket holds 1/share of ``per_minute`` (one of that many
+    gateway workers); ``limit`` stays the key's whole limit, for messages.
+    """
 
-    def __init__(self, per_minute: int) -> None:
-        self.capacity = float(per_minute)
-        self.rate = per_minute / 60.0
-        self.level = float(per_minute)
+    __slots__ = ("capacity", "level", "limit", "rate", "stamp")
+
+    def __init__(self, per_minute: int, share: int = 1) -> None:
+        self.limit = per_minute
+        self.capacity = per_minute / share
+        self.rate = self.capacity / 60.0
+        self.level = self.capacity
         self.stamp = time.monotonic()
 
-    def resize(self, per_minute: int) -> None:
-        self.capacity = float(per_minute)
-        self.rate = per_minute / 60.0
+    def resize(self, per_minute: int, share: int = 1) -> None:
+        self.limit = per_minute
+        self.capacity = per_minute / share
+        self.rate = self.capacity / 60.0
         self.level = min(self.level, self.capacity)
 
     def _refill(self, now: float) -> None:
@@ -65,13 +78,13 @@ class KeyRecord:
 
     __slots__ = ("allowed", "expires_at", "key_id", "revoked", "rpm", "tpm")
 
-    def __init__(self, info: wire.ApiKeyInfo, previous: KeyRecord | None) -> None:
+    def __init__(self, info: wire.ApiKeyInfo, previous: KeyRecord | None, share: int = 1) -> None:
         self.key_id = info.key_id
         self.revoked = info.revoked
         self.expires_at = info.expires_at
         self.allowed: frozenset[str] | None = frozenset(info.models) if info.models else None
-        self.rpm: Bucket | None = _carry(info.rpm, previous.rpm if previous else None)
-        self.tpm: Bucket | None = _carry(info.tpm, previous.tpm if previous else None)
+        self.rpm: Bucket | None = _carry(info.rpm, previous.rpm if previous else None, share)
+        self.tpm: Bucket | None = _carry(info.tpm, previous.tpm if previous else None, share)
 
     def may_use(self, route: wire.ModelRoute) -> bool:
         allowed = self.allowed
@@ -80,12 +93,12 @@ class KeyRecord:
         return any(alias in allowed for alias in route.aliases)
 
 
-def _carry(limit: int | None, previous: Bucket | None) -> Bucket | None:
+def _carry(limit: int | None, previous: Bucket | None, share: int) -> Bucket | None:
     if limit is None or limit <= 0:
         return None
     if previous is None:
-        return Bucket(limit)
-    previous.resize(limit)
+        return Bucket(limit, share)
+    previous.resize(limit, share)
     return previous
 
 
@@ -104,17 +117,19 @@ ANONYMOUS = wire.ApiKeyInfo(key_id="anonymous", name="anonymous", secret_hash=""
 
 
 class KeyTable:
-    """Keys of one config version, by secret hash."""
+    """Keys of one config version, by secret hash (limits: 1/``share`` each, see above)."""
 
-    def __init__(self, keys: list[wire.ApiKeyInfo], previous: KeyTable | None) -> None:
+    def __init__(
+        self, keys: list[wire.ApiKeyInfo], previous: KeyTable | None, share: int = 1
+    ) -> None:
         before = previous.by_id if previous else {}
         self.by_id: dict[str, KeyRecord] = {}
         self.by_hash: dict[str, KeyRecord] = {}
         for info in keys:
-            record = KeyRecord(info, before.get(info.key_id))
+            record = KeyRecord(info, before.get(info.key_id), share)
             self.by_id[info.key_id] = record
             self.by_hash[info.secret_hash] = record
-        self.anonymous = KeyRecord(ANONYMOUS, before.get(ANONYMOUS.key_id))
+        self.anonymous = KeyRecord(ANONYMOUS, before.get(ANONYMOUS.key_id), share)
         self.by_id[ANONYMOUS.key_id] = self.anonymous
         # Raw Authorization header -> key, for keys already seen in this
         # version: skips decoding and hashing on every request. Only valid keys
@@ -149,7 +164,7 @@ def limit(record: KeyRecord, now: float) -> Refusal | None:
                 429,
                 "rate_limit_exceeded",
                 "tokens",
-                f"Rate limit reached on tokens per minute (TPM): limit {int(tpm.capacity)}."
+                f"Rate limit reached on tokens per minute (TPM): limit {tpm.limit}."
                 f" Please try again in {wait:.1f}s.",
                 wait,
             )
@@ -161,7 +176,7 @@ def limit(record: KeyRecord, now: float) -> Refusal | None:
                 429,
                 "rate_limit_exceeded",
                 "requests",
-                f"Rate limit reached on requests per minute (RPM): limit {int(rpm.capacity)}."
+                f"Rate limit reached on requests per minute (RPM): limit {rpm.limit}."
                 f" Please try again in {wait:.1f}s.",
                 wait,
             )

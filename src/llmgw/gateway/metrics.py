@@ -56,6 +56,9 @@ class GatewayMetrics:
         self.by_model: dict[str, ModelCounters] = {}
         self.overhead_hist = Histogram(OVERHEAD_BUCKETS)
         self.config_version = 0
+        # (this worker's index, how many) when a --workers parent started it:
+        # each worker counts only its own requests, and says which it is.
+        self.worker: tuple[int, int] | None = None
         self._waiting = waiting or dict
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Exporter(self))
@@ -139,6 +142,14 @@ class _Exporter(Collector):
             for status, count in list(counters.statuses.items()):
                 requests.add_metric([model, str(status)], count)
         yield requests
+        if m.worker is not None:
+            worker = GaugeMetricFamily(
+                "llmgw_gateway_worker",
+                "This scrape's worker of a gateway served by several (llmgw gateway --workers):"
+                " its counts are its own requests only.", labels=["worker", "workers"],
+            )  # fmt: skip
+            worker.add_metric([str(m.worker[0]), str(m.worker[1])], 1)
+            yield worker
         for name, doc, attribute in (
             ("llmgw_gateway_time_to_first_token_seconds",
              "From request arrival to the first body byte of a streamed answer.", "ttft"),

@@ -21,6 +21,11 @@ def _default_gateway_id() -> str:
 @dataclass(frozen=True)
 class GatewaySettings:
     gateway_id: str = field(default_factory=_default_gateway_id)
+    # How many worker processes serve this gateway's port (``llmgw gateway
+    # --workers N``; 1: this process alone). Each enforces 1/workers of every
+    # key's RPM/TPM (llmgw.gateway.auth), so the workers together never let
+    # a key past its limit.
+    workers: int = 1
 
     # Requests: 32 MiB leaves room for base64 images in chat messages while
     # still refusing a body that would make one request hold the process' memory.
@@ -120,7 +125,7 @@ class GatewaySettings:
 # Checked at start-up, in this order: a zero or negative one would stall or
 # disable the gateway (a zero wait, an empty queue) rather than fail loudly.
 _POSITIVE = (
-    "max_body_bytes", "queue_length", "queue_wait_s", "cooldown_s", "connect_timeout_s",
+    "workers", "max_body_bytes", "queue_length", "queue_wait_s", "cooldown_s", "connect_timeout_s",
     "upstream_timeout_s", "health_interval_s", "health_failures", "health_timeout_s",
     "usage_flush_s", "load_report_s", "usage_max_rows", "prefix_block_chars",
     "chars_per_token", "prefill_tokens_per_unit", "prefill_tokens_per_s",
