@@ -23,7 +23,13 @@ rate and every lower one measured held: a fixed rate that failed caps it,
 and the ramp then does not run (``ramp_stopped_by`` says what failed).
 
     python bench/gateway.py [--quick] [--seconds 8] [--pin] [--nice -5]
-                            [--stream] [--rates 1000 --no-ramp]
+                            [--stream] [--rates 1000 --no-ramp] [--workers 1,2]
+
+``--workers 1,2``: the whole measurement once per worker count, the gateway
+served by that many processes on one port (``llmgw gateway --workers``'s
+pool: llmgw.cli.workers); the last line then holds
+``max_rps_p99_under_50ms`` per worker count, ``scaling`` (the most workers'
+rate over the fewest's), the load average, and each count's full result.
 
 ``--stream``: streamed chat with ``stream_options.include_usage``; the
 upstream answers an SSE stream (chunked, as engines do): the role and first
@@ -211,7 +217,12 @@ def gateway_config(upstream_url: str) -> Any:
     )
 
 
-async def _run_gateway(upstream_url: str) -> None:
+async def _run_gateway(
+    upstream_url: str, worker_of: int = 1, listen_fd: int | None = None,
+    lifeline_fd: int | None = None,
+) -> None:
+    """One gateway process: alone (prints its port), or one of ``worker_of`` workers of a
+    pool (llmgw.cli.workers) serving the socket ``listen_fd`` (prints ``ready``)."""
     import logging
 
     import uvicorn
@@ -228,11 +239,19 @@ async def _run_gateway(upstream_url: str) -> None:
 
     logging.basicConfig(level=logging.WARNING)
     config = gateway_config(upstream_url)
-    gateway = Gateway(MemoryLink(config, poll_timeout_s=3600))
+    settings = None
+    if worker_of > 1:
+        from llmgw.gateway.settings import GatewaySettings
+
+        settings = GatewaySettings(workers=worker_of)
+    gateway = Gateway(MemoryLink(config, poll_timeout_s=3600), settings)
     await gateway.start()
     await gateway.wait_configured(10)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    if listen_fd is not None:
+        sock = socket.socket(fileno=listen_fd)
+    else:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
     # The settings `llmgw gateway` serves with (llmgw's own protocol included),
     # loaded before the freeze as it does.
     served = server_config(
@@ -245,8 +264,27 @@ async def _run_gateway(upstream_url: str) -> None:
     freeze_startup_objects()
     server = uvicorn.Server(served)
     task = await start_server(server, [sock])
-    print(sock.getsockname()[1], flush=True)
+    if lifeline_fd is not None:
+        from llmgw.cli.workers import watch_lifeline
+
+        watch_lifeline(lifeline_fd, lambda: setattr(server, "should_exit", True))
+        print("ready", flush=True)
+    else:
+        print(sock.getsockname()[1], flush=True)
     await task
+
+
+def _run_pool(upstream_url: str, workers: int) -> None:
+    """``workers`` gateway processes on one port, as ``llmgw gateway --workers`` runs them."""
+    from llmgw.cli.workers import WorkerPool
+
+    def command(index: int, listen_fd: int, lifeline_fd: int) -> list[str]:
+        return [sys.executable, __file__, "--role", "gateway", "--upstream-url", upstream_url,
+                "--gateway-workers", str(workers), "--listen-fd", str(listen_fd),
+                "--lifeline-fd", str(lifeline_fd)]
+
+    pool = WorkerPool("127.0.0.1", 0, workers, command, stop_grace_s=5.0)
+    pool.run(started=lambda p: print(p.port, flush=True))
 
 
 # ---------------------------------------------------------------------------
@@ -434,17 +472,33 @@ async def interleaved(
 # ---------------------------------------------------------------------------
 
 
-def _spawn(role: str, *args: str, cpus: set[int] | None) -> tuple[subprocess.Popen[str], int]:
+def _spawn(
+    role: str, *args: str, cpus: set[int] | None, ready_lines: int = 0
+) -> tuple[subprocess.Popen[str], int]:
+    """Start a role; its port. ``ready_lines``: workers that must say ``ready`` first."""
     command = [sys.executable, __file__, "--role", role, *args]
     if cpus:
         command += ["--cpus", ",".join(map(str, sorted(cpus)))]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     line = process.stdout.readline()
+    for _ in range(ready_lines):
+        if process.stdout.readline().strip() != "ready":
+            line = ""
     if not line.strip():
         process.kill()
         raise SystemExit(f"{role} process did not start")
     return process, int(line)
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    """CPU seconds of ``process`` and its children (a pool's workers)."""
+    total = 0.0
+    for each in [process, *process.children()]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = each.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def _row(rate: int, direct: Phase, through: Phase) -> dict[str, Any]:
@@ -469,7 +523,7 @@ def _row(rate: int, direct: Phase, through: Phase) -> dict[str, Any]:
 
 async def _measure(
     args: argparse.Namespace, upstream_port: int, gateway_port: int, gateway_pid: int
-) -> None:
+) -> dict[str, Any]:
     gateway_process = psutil.Process(gateway_pid)
     direct = LoadGenerator(upstream_port, auth=False, stream=args.stream)
     through = LoadGenerator(gateway_port, auth=True, stream=args.stream)
@@ -480,13 +534,13 @@ async def _measure(
     await interleaved(direct, through, 300, 1.0)
 
     async def both(rate: int) -> dict[str, Any]:
-        cpu_before = gateway_process.cpu_times()
+        cpu_before = _cpu_s(gateway_process)
         d, g = await interleaved(direct, through, rate, seconds)
-        cpu_after = gateway_process.cpu_times()
+        cpu_after = _cpu_s(gateway_process)
         row = _row(rate, d, g)
-        # CPU the gateway process spent per request: unlike latency, barely
-        # disturbed by other jobs on a shared machine.
-        used = (cpu_after.user - cpu_before.user) + (cpu_after.system - cpu_before.system)
+        # CPU the gateway process (and its workers) spent per request: unlike
+        # latency, barely disturbed by other jobs on a shared machine.
+        used = cpu_after - cpu_before
         row["gateway_cpu_us_per_request"] = round(used / max(1, g.sent) * 1e6, 1)
         row["cpu_ms_per_request"] = round(used / max(1, g.sent) * 1e3, 4)
         print(
@@ -542,9 +596,11 @@ async def _measure(
         "pinned": args.pin,
         "nice": args.nice,
         "cpus": os.cpu_count(),
+        # Others' work on a shared machine moves the rates held (not the CPU per request).
+        "loadavg_1m": round(os.getloadavg()[0], 2),
         "rows": rows,
     }
-    print(json.dumps(result))
+    return result
 
 
 NOT_REACHED = "not reached"
@@ -602,7 +658,14 @@ def main() -> None:
         "--rates", help="comma-separated rates to measure (default 100,500,1000,2000)"
     )
     parser.add_argument("--no-ramp", action="store_true", help="skip the ramp to the max rate")
+    parser.add_argument(
+        "--workers", help="comma-separated gateway worker counts to measure in turn (e.g. 1,2:"
+        " llmgw gateway --workers N's pool); max_rps_p99_under_50ms for each"
+    )
     parser.add_argument("--role", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
+    parser.add_argument("--gateway-workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -610,8 +673,11 @@ def main() -> None:
         _pin({int(c) for c in args.cpus.split(",")} if args.cpus else None)
         if args.role == "upstream":
             uvloop.run(_run_upstream(args.stream))
+        elif args.gateway_workers > 1 and args.listen_fd is None:
+            _run_pool(args.upstream_url, args.gateway_workers)
         else:
-            uvloop.run(_run_gateway(args.upstream_url))
+            uvloop.run(_run_gateway(args.upstream_url, args.gateway_workers, args.listen_fd,
+                                    args.lifeline_fd))
         return
     if args.seconds is None:
         args.seconds = 2.5 if args.quick else 8.0
@@ -629,28 +695,58 @@ def main() -> None:
         gateway_cpus, others = {cpus[-1]}, set(cpus[:-1])
     else:
         args.pin = False
+    counts = [int(n) for n in args.workers.split(",")] if args.workers else [1]
+    if max(counts) > 1:
+        args.pin = False  # workers take every core
+        gateway_cpus = others = None
     upstream, upstream_port = _spawn(
         "upstream", *(["--stream"] if args.stream else []), cpus=others
     )
-    gateway, gateway_port = _spawn(
-        "gateway", "--upstream-url", f"http://127.0.0.1:{upstream_port}", cpus=gateway_cpus
-    )
+    _pin(others)
+    results: dict[int, dict[str, Any]] = {}
     try:
-        _pin(others)
-        print(
-            f"upstream :{upstream_port}  gateway :{gateway_port}  pinned: "
-            f"{'gateway on cpu ' + str(gateway_cpus) if args.pin else 'no'}",
-            flush=True,
-        )
-        uvloop.run(_measure(args, upstream_port, gateway_port, gateway.pid))
-    finally:
-        for process in (gateway, upstream):
-            process.terminate()
-        for process in (gateway, upstream):
+        for count in counts:
+            gateway, gateway_port = _spawn(
+                "gateway", "--upstream-url", f"http://127.0.0.1:{upstream_port}",
+                "--gateway-workers", str(count), cpus=gateway_cpus,
+                ready_lines=count if count > 1 else 0,
+            )
             try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
+                print(
+                    f"upstream :{upstream_port}  gateway :{gateway_port} ({count} worker"
+                    f"{'s' if count > 1 else ''})  pinned: "
+                    f"{'gateway on cpu ' + str(gateway_cpus) if args.pin else 'no'}",
+                    flush=True,
+                )
+                results[count] = uvloop.run(
+                    _measure(args, upstream_port, gateway_port, gateway.pid))
+            finally:
+                _stop(gateway)
+    finally:
+        _stop(upstream)
+    if not args.workers:
+        print(json.dumps(results[1]))
+        return
+    held = {str(n): r["max_rps_p99_under_50ms"] for n, r in results.items()}
+    first = results[counts[0]]["max_rps_p99_under_50ms"]
+    print(json.dumps({
+        "max_rps_p99_under_50ms": held,
+        # Rate held with the most workers over the rate held with the fewest.
+        "scaling": round(results[counts[-1]]["max_rps_p99_under_50ms"] / first, 2)
+        if first else None,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "workers": {str(n): r for n, r in results.items()},
+    }))
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 if __name__ == "__main__":

@@ -218,8 +218,11 @@ class WorkerPool:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def run(self, poll_s: float = 0.2) -> int:
-        """Start, supervise until SIGTERM/SIGINT (or a refused configuration), stop; the status."""
+    def run(self, poll_s: float = 0.2, started: Callable[[WorkerPool], None] | None = None) -> int:
+        """Start, supervise until SIGTERM/SIGINT (or a refused configuration), stop; the status.
+
+        ``started`` is called once the port is bound and the workers started.
+        """
         stop_asked = False
 
         def ask_stop(signum: int, _frame: object) -> None:
@@ -229,6 +232,8 @@ class WorkerPool:
         previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             self.start()
+            if started is not None:
+                started(self)
             while not stop_asked and self.check():
                 time.sleep(poll_s)
         finally:
