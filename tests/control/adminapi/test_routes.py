@@ -60,7 +60,8 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/plan"): {"models": [{"name": "new", "engine": "sim"}]},
     ("post", "/keys"): {"name": "k"},
 }
-PARAMS = {"name": "n1", "replica_id": "r0001", "key_id": "nope", "token_id": "nope"}
+PARAMS = {"name": "n1", "replica_id": "r0001", "key_id": "nope", "token_id": "nope",
+          "address": "10.0.0.99"}
 
 
 def admin_routes(served: Served) -> list[tuple[str, str]]:
