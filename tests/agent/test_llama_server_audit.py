@@ -27,11 +27,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.agent.helpers import assign, cpu_slot, model, write_gguf
+from tests.engineroutes import paths_in_binary
 
 from llmgw.agent.engines import LlamaCppAdapter
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext
 from llmgw.agent.engines.templates import template_files
 from llmgw.agent.supervisor import engine_environment
+from llmgw.gateway.apiroutes import EMBEDDINGS, OPTIONAL_ROUTES
 from llmgw.wire import WeightsSource
 
 ENGINES_DIR = Path(os.environ.get("LLMGW_ENGINES_DIR", Path.home() / ".cache/llmgw/engines"))
@@ -194,3 +196,20 @@ def test_llama_server_on_the_starter_model_as_the_agent_starts_it(
     with serving(launch, plain, tmp_path / "plain.log", prefix="/elsewhere") as url:
         assert httpx.get(f"{url}/v1/models", headers=auth).status_code == 404
         assert httpx.get(f"{url}/elsewhere/v1/models", headers=auth).status_code == 200
+
+
+def test_llama_server_declares_the_routes_its_binary_serves(binary: str, tmp_path: Path) -> None:
+    # Its route table (tools/server/server.cpp) lives in the binary: every
+    # route the adapter declares must be there, and every OpenAI route beyond
+    # chat that is there must be declared under the flags that make it answer
+    # (it 404ed /v1/responses and transcriptions before: the gateway's own 404).
+    served = paths_in_binary(Path(binary).read_bytes())
+    weights = write_gguf(tmp_path / "gemma.gguf", "gemma3")
+    declared: set[str] = set()
+    for args in ([], ["--reranking"], ["--embedding"], ["-mm", "/w/mmproj.gguf"]):
+        dialect = launch_for(binary, weights, args, {}).dialect
+        routes = set(dialect.extra_routes or []) | ({EMBEDDINGS} if dialect.embeddings else set())
+        assert routes <= served, sorted(routes - served)
+        declared |= routes
+    assert set(OPTIONAL_ROUTES) & served <= declared, sorted(set(OPTIONAL_ROUTES) & served)
+    assert "/v1/responses" in (launch_for(binary, weights, [], {}).dialect.extra_routes or [])
