@@ -89,6 +89,15 @@ def up(
     tls_key: Annotated[Path | None, TLS_KEY_OPTION] = None,
     tls_ca: Annotated[Path | None, TLS_CA_OPTION] = None,
     allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
+    gateway_workers: Annotated[
+        int,
+        typer.Option(min=0, help="Also serve the OpenAI API from this many gateway processes"
+                     " on --gateway-port (one per core; each enforces 1/N of a key's limits;"
+                     " docs/gateway.md)."),
+    ] = 0,
+    gateway_port: Annotated[
+        int | None, typer.Option(help="Port of the gateway workers (default: --port + 1).")
+    ] = None,
     log_level: LogLevel = "warning",
 ) -> None:
     """Run everything on this machine: control plane, gateway and a local agent."""
@@ -102,6 +111,7 @@ def up(
         allow_key_env=frozenset(allow_key_env or ()),
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),
+        gateway_workers=gateway_workers, gateway_port=gateway_port,
     )
     try:
         code = run_up(options)

@@ -41,6 +41,7 @@ from llmgw.cli.upchecks import (
 )
 from llmgw.cli.upjson import join_token_fields, print_banner, tls_fields, urls, write_up_json
 from llmgw.cli.uptraffic import KEYS_FILE, check_rate, demo_keys, start_traffic
+from llmgw.cli.upworkers import start_gateway_workers
 from llmgw.config import default_data_dir, ensure_data_dir
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
@@ -60,6 +61,13 @@ class UpOptions(ProcessOptions):
     traffic: float | None = None  # demo requests per second (--sim only)
     # --engine NAME=PATH items for the local agent (agent.engines.commands).
     engines: list[str] = field(default_factory=list)
+    # Gateway worker processes on a port of their own (llmgw.cli.upworkers); 0: none.
+    gateway_workers: int = 0
+    gateway_port: int | None = None  # default: the control plane's port + 1
+
+    @property
+    def workers_port(self) -> int:
+        return self.gateway_port if self.gateway_port is not None else self.port + 1
 
 
 def run_up(options: UpOptions) -> int:
@@ -74,6 +82,8 @@ def run_up(options: UpOptions) -> int:
 def _run_up(options: UpOptions, data_dir: Path) -> int:
     url = resolve_store_url(data_dir, options.database_url)
     check_port_free(options.host, options.port)
+    if options.gateway_workers:
+        check_port_free(options.host, options.workers_port)
     tls = options.tls.resolve(data_dir, options.host, None)
     if tls is not None and options.sim is not None:
         raise ConfigError("--sim runs its simulated agents over plain HTTP on loopback; "
@@ -133,9 +143,24 @@ async def _up(
     except BaseException:
         await parts.stop()
         raise
+    workers = None
+    if options.gateway_workers:
+        try:
+            workers = start_gateway_workers(
+                cp, base, options.host, options.workers_port, options.gateway_workers, tls,
+                insecure_http=options.tls.insecure_http, allow_key_env=options.allow_key_env)
+        except BaseException:
+            for agent in agents:
+                with contextlib.suppress(Exception):
+                    await agent.shutdown(stop_engines=True)
+            await parts.stop()
+            raise
     model_name = next(iter(sorted(cp.state.models)), "default")
     info = {
         **urls(base),
+        # Clients go to the workers; /v1 on the control plane's port still answers.
+        **({"api_url": f"{scheme}://{public_host(options.host)}:{options.workers_port}/v1"}
+           if workers is not None else {}),
         "admin_token": creds.admin_token,
         "api_key": creds.api_key,
         "model": model_name,
@@ -162,6 +187,9 @@ async def _up(
         for agent in agents:
             with contextlib.suppress(Exception):
                 await agent.shutdown(stop_engines=True)
+        if workers is not None:
+            # Before the control plane: their last usage reports go to it.
+            await workers.stop()
         await parts.stop()
     return 0
 

@@ -39,6 +39,10 @@ class Credentials:
         self.keys = keys
         self._admin_hash: str | None = None
         self._gateway_hash: str | None = None
+        # Gateway tokens this process made for gateways it runs itself
+        # (``llmgw up --gateway-workers``): held in memory only, so they stop
+        # working when the process stops and no operator ever handles them.
+        self._process_gateway_hashes: set[str] = set()
         self.join_tokens = JoinTokens()
         # The expiry of join tokens made without one (the first one, rotations).
         self.join_token_ttl_s: float | None = DEFAULT_JOIN_TTL_S
@@ -134,9 +138,19 @@ class Credentials:
     def is_admin(self, token: str | None) -> bool:
         return bool(token and self._admin_hash and secrets.matches(token, self._admin_hash))
 
+    def process_gateway_token(self) -> str:
+        """A gateway token good only while this process runs (never stored)."""
+        secret = secrets.new_secret(secrets.GATEWAY_PREFIX)
+        self._process_gateway_hashes.add(secrets.hash_secret(secret))
+        return secret
+
     def is_gateway(self, token: str | None) -> bool:
         # The admin token may act as a gateway too: an operator running a
         # standalone gateway by hand should not need a second secret.
         if token and self._gateway_hash and secrets.matches(token, self._gateway_hash):
+            return True
+        if token and self._process_gateway_hashes and (
+            secrets.hash_secret(token) in self._process_gateway_hashes
+        ):
             return True
         return self.is_admin(token)
