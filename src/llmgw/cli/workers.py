@@ -25,6 +25,7 @@ The parent:
 * holds the write end of a pipe every worker reads: a parent that dies
   without stopping them (SIGKILL) closes it, and each worker stops on its
   end-of-file, so no worker outlives its parent;
+* passes SIGUSR1 (llmgw.procstats' request for figures) on to every worker;
 * stops the whole pool with exit status 2 when a worker exits 2 (a
   configuration the worker refused, such as a gateway token the control
   plane does not know: its successors would refuse it too).
@@ -192,8 +193,13 @@ class WorkerPool:
                     worker.index, status, lived, worker.delay_s)
         # New connections go to the live workers meanwhile: a socket no one
         # accepts on would hold them until the successor starts.
+        try:
+            fresh = reuseport_socket(self.host, self.port)
+        except ConfigError as exc:
+            log.warning("worker %d keeps its socket (%s)", worker.index, exc)
+            return
         worker.sock.close()
-        worker.sock = reuseport_socket(self.host, self.port)
+        worker.sock = fresh
 
     def stop(self) -> None:
         """SIGTERM every worker, SIGKILL those left after the grace period; close the port."""
@@ -229,7 +235,15 @@ class WorkerPool:
             nonlocal stop_asked
             stop_asked = True
 
+        def forward(signum: int, _frame: object) -> None:
+            # SIGUSR1 asks a process for its figures (llmgw.procstats): each
+            # worker answers for itself, rather than this parent dying of it.
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
         previous = {sig: signal.signal(sig, ask_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, forward)
         try:
             self.start()
             if started is not None:
