@@ -366,7 +366,7 @@ def test_no_catalog_flag_moves_what_the_agent_manages(
 MANAGED_FIELDS = {
     "sglang": {*MANAGED["sglang"], "config", "ssl_ca_certs", "ssl_keyfile_password",
                "enable_ssl_refresh", "tokenizer_worker_num"},
-    "vllm": {*MANAGED["vllm"], "config", "enable_ssl_refresh"},
+    "vllm": {*MANAGED["vllm"], "config", "enable_ssl_refresh", "grpc", "grpc_port"},
     "llama_cpp.server": {*MANAGED["llama_cpp.server"], "config_file"},
 }  # fmt: skip
 

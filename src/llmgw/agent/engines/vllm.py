@@ -145,11 +145,17 @@ MANAGED_FLAGS = FlagRules(
             "--ssl-cert-reqs",
             "--enable-ssl-refresh",
             "--no-enable-ssl-refresh",  # argparse's BooleanOptionalAction
+            # A gRPC server instead of HTTP on the agent's port (--grpc), or
+            # beside it (--grpc-port): neither checks the engine key.
+            "--grpc",
+            "--grpc-port",
         ]
     ),
     dashes=True,
     abbreviations=True,
     dotted=True,
+    hints={"--grpc": "its gRPC server does not check the engine key",
+           "--grpc-port": "its gRPC services do not check the engine key"},
 )
 SERVE_FLAGS = ServeFlags(
     weights=None, tp="--tensor-parallel-size", pp="--pipeline-parallel-size",
