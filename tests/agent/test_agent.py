@@ -20,6 +20,7 @@ from tests.agent.helpers import assign, cpu_slot, model
 from tests.agent.test_weights import plant
 from tests.waiting import eventually
 
+from llmgw.agent.engines.nodeenv import NodeEnvAllowed
 from llmgw.errors import DiscoveryError
 from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, WeightsSource
 
@@ -358,3 +359,15 @@ async def test_while_only_a_standby_answers_reports_keep_the_interval(
     started = time.monotonic()
     await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before, within=5)
     assert time.monotonic() - started < 1.5
+
+
+async def test_a_nodes_admin_allowed_env_names_are_reported_and_applied(
+    fake_cp: FakeControlPlane, make_agent: AgentFactory
+) -> None:
+    # llmgw agent --engine-env-allow LD_LIBRARY_PATH: the control plane learns
+    # the names (it accepts them in a catalog then), and this node's adapters
+    # pass them on to engines while every other name keeps the engine's rules.
+    agent = make_agent("n1", engine_env_allow=frozenset({"LD_LIBRARY_PATH"}))
+    report = await fake_cp.wait_for(lambda r: r.node == "n1")
+    assert report.inventory.engine_env_allow == ["LD_LIBRARY_PATH"]
+    assert all(isinstance(adapter, NodeEnvAllowed) for adapter in agent.adapters.values())

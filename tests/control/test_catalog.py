@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
+from tests.control.planekit import Plane, inventory, register, report_ok
 
 from llmgw.control.catalog import diff_catalog, parse_models, placement_changed, validate_catalog
 from llmgw.errors import ValidationError
-from llmgw.wire import EngineKind, ModelSpec
+from llmgw.wire import AgentReport, EngineKind, ModelSpec
 
 
 def spec(name: str, **fields: object) -> ModelSpec:
@@ -238,3 +240,17 @@ def test_diff_reports_added_changed_and_unchanged() -> None:
 def test_placement_changed_only_for_shape_fields() -> None:
     assert placement_changed(spec("a"), spec("a", gpus=2, tp=2))
     assert not placement_changed(spec("a"), spec("a", max_replicas=4))
+
+
+async def test_the_admin_api_accepts_a_name_only_a_registered_node_allows(plane: Plane) -> None:
+    entry = {"name": "m", "engine": "sim", "env": {"LD_LIBRARY_PATH": "/opt/driver/lib"}}
+    async with httpx.AsyncClient(base_url=f"{plane.url}/admin/v1", headers=plane.admin) as admin:
+        refused = await admin.put("/models/m", json=entry)
+        assert refused.status_code == 422 and "engine-env-allow" in refused.text
+        # A node whose admin allows it (llmgw agent --engine-env-allow) reports so.
+        node = inventory("n1").model_copy(update={"engine_env_allow": ["LD_LIBRARY_PATH"]})
+        async with httpx.AsyncClient() as client:
+            token = await register(client, plane.url, plane.join, "n1")
+            await report_ok(client, plane.url, token, AgentReport(node="n1", inventory=node))
+        accepted = await admin.put("/models/m", json=entry)
+        assert accepted.status_code == 200, accepted.text
