@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -219,8 +220,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_sglang(engines: list[str]) -> tuple[subprocess.Popen[bytes], str, str]:
-    """sglang-router, cache_aware with its defaults, in front of ``engines``: (proc, URL, log)."""
+def start_sglang(
+    engines: list[str], extra: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """sglang-router, cache_aware with its defaults, in front of ``engines``: (proc, URL, log).
+
+    ``extra``: more of its flags (an engine's health path, for engines without /health).
+    """
     port = _free_port()
     log_path = os.path.join(tempfile.gettempdir(), f"bench-routing-sglang-{port}.log")
     argv = [
@@ -228,7 +234,7 @@ def start_sglang(engines: list[str]) -> tuple[subprocess.Popen[bytes], str, str]
         "--port", str(port), "--worker-urls", *engines, "--policy", "cache_aware",
         # Its metrics port defaults to a fixed one; two runs at once would clash.
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
-        "--log-level", "warn",
+        "--log-level", "warn", *extra,
     ]  # fmt: skip
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
