@@ -66,7 +66,11 @@ from llmgw.sim.workloads import TimedRequest
 
 MODEL = simbench.MODEL  # what bench/routing.py's gateways serve; the engines answer any name
 API_KEY = simbench.API_KEY
-GATEWAY_POLICIES = {"prefix": "prefix", "round_robin": "round-robin"}
+GATEWAY_POLICIES = {"prefix": "prefix", "round_robin": "round-robin", "prefix_unmetered": "prefix"}
+# Measured only when named: prefix routing with endpoints that declare no
+# dialect, so the gateway sends no one-token copy of each stream to count
+# its prompt (see summarize): what the copies cost the engines' caches.
+UNMETERED = "prefix_unmetered"
 SGLANG = simbench.SGLANG
 ROUTERS = (*GATEWAY_POLICIES, SGLANG)
 PORT_BASE = 26000
@@ -331,18 +335,51 @@ class Engine:
         """Count generations from here on (what came before was warm-up)."""
         self.offset = self.log.stat().st_size
 
-    def generations(self) -> list[tuple[int, int]]:
-        """(prompt tokens found cached, prompt tokens evaluated) per generation since mark()."""
+    def generations(self) -> list[Generation]:
+        """The engine's generations since mark(), from its log."""
         with self.log.open("rb") as f:
             f.seek(self.offset)
-            text = f.read().decode("utf-8", errors="replace")
-        return [(int(a), int(b)) for a, b in _GENERATE.findall(text)]
+            return parse_generations(f.read().decode("utf-8", errors="replace"))
 
     def stop(self) -> None:
         simbench.stop([self.proc])
 
 
-_GENERATE = re.compile(r"(\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
+@dataclass(frozen=True)
+class Generation:
+    found: int  # prompt tokens found cached (in the context, or a cached state loaded)
+    evaluated: int  # prompt tokens computed
+    decoded: int  # decode runs (one per token answered)
+
+    @property
+    def hit(self) -> bool:
+        return self.found >= HIT_SHARE * (self.found + self.evaluated)
+
+
+def parse_generations(log: str) -> list[Generation]:
+    """Each generation in a llama_cpp.server log (verbose, its default).
+
+    Per generation the server prints how much of the prompt it reused ("N
+    prefix-match hit", absent when nothing), then its timings: the prompt
+    tokens it evaluated and its decode runs. One at a time, so in order.
+    """
+    out = []
+    found = 0
+    evaluated: int | None = None
+    for line in log.splitlines():
+        if (match := _REUSED.search(line)) is not None:
+            found = int(match[1])
+        elif (match := _PROMPT_EVAL.search(line)) is not None:
+            evaluated = int(match[1])
+        elif (match := _DECODE.search(line)) is not None and evaluated is not None:
+            out.append(Generation(found, evaluated, int(match[1])))
+            found, evaluated = 0, None
+    return out
+
+
+_REUSED = re.compile(r"Llama\.generate: (\d+) prefix-match hit")
+_PROMPT_EVAL = re.compile(r"prompt eval time = .* / +(\d+) tokens")
+_DECODE = re.compile(r" eval time = .* / +(\d+) runs")
 
 
 @contextlib.contextmanager
@@ -371,9 +408,13 @@ def start_gateway(
     root = tree or Path(__file__).resolve().parent.parent
     src = root / "src"
     endpoint: dict[str, Any] = {"kv_capacity_tokens": setup.n_ctx}
-    if (src / "llmgw" / "gateway" / "dialect.py").exists():
-        # What the agent reports for these engines (a tree before dialects knew none).
-        endpoint["dialect"] = PYTHON_DIALECT.model_dump(mode="json")
+    if policy != UNMETERED and (src / "llmgw" / "gateway" / "dialect.py").exists():
+        # What the agent reports for these engines, in the fields the tree
+        # knows (one before dialects knew none, an older one fewer).
+        wire_text = "".join(p.read_text() for p in (src / "llmgw").glob("wire*/**/*.py"))
+        wire_text += "".join(p.read_text() for p in (src / "llmgw").glob("wire*.py"))
+        dialect = PYTHON_DIALECT.model_dump(mode="json")
+        endpoint["dialect"] = {k: v for k, v in dialect.items() if f"    {k}:" in wire_text}
     endpoints = [
         {**endpoint, "replica_id": f"{policy}-{i}", "url": url} for i, url in enumerate(urls)
     ]
@@ -466,19 +507,19 @@ async def cold_prefill_s(setup: Setup, weights: Path, port: int, folder: Path) -
 
 
 def summarize(
-    run: loadgen.RunResult, generations: list[tuple[int, int]], per_engine: list[int],
+    run: loadgen.RunResult, generations: list[Generation], per_engine: list[int],
     elapsed: float,
 ) -> dict[str, Any]:  # fmt: skip
     values = benchstats.ttfts(run.results, censor_at=run.ended_at)
-    # A generation of a prompt found whole but its last token is a repeat of
-    # the prompt just answered: llmgw's one-token copy of a stream, sent to
-    # count the prompt's tokens where the engine's stream reports no usage
-    # (gateway/dialect.py). Every real question is new to the engine.
-    copies = sum(1 for _, rest in generations if rest <= 1)
-    generations = [(found, rest) for found, rest in generations if rest > 1]
-    hits = sum(1 for found, rest in generations if found >= HIT_SHARE * (found + rest))
-    found = sum(f for f, _ in generations)
-    total = sum(f + r for f, r in generations)
+    # A generation of one token (one decode run) is llmgw's one-token copy
+    # of a stream, sent to count its prompt where the engine's stream reports
+    # no usage (gateway/dialect.py): not a request, but engine time, and a
+    # state in its prompt cache. Every request asks for more tokens.
+    copies = sum(1 for g in generations if g.decoded <= 1)
+    generations = [g for g in generations if g.decoded > 1]
+    hits = sum(1 for g in generations if g.hit)
+    found = sum(g.found for g in generations)
+    total = sum(g.found + g.evaluated for g in generations)
     return {
         "hit_rate": round(hits / len(generations), 4) if generations else None,
         "ttft_p50_s": _round(benchstats.percentile(values, 50)),
@@ -530,7 +571,7 @@ async def bench(
     routers = (
         args.routers.split(",")
         if args.routers
-        else [r for r in ROUTERS if r != SGLANG or simbench.sglang_installed()]
+        else [r for r in ROUTERS if r != UNMETERED and (r != SGLANG or simbench.sglang_installed())]
     )
     trees: dict[str, Path] = args.tree_paths
     for router in routers:

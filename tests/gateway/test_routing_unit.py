@@ -85,6 +85,7 @@ class Policy:
         spread: float = 4.0,
         idle_share: float = 1.0,
         lone: bool = False,
+        copy_cost: float = 0.0,
     ):
         self.inner = SoonestStart(
             block_chars=BLOCK,
@@ -93,6 +94,7 @@ class Policy:
             wait_ratio=wait_ratio,
             spread=spread,
             lone=lone,
+            copy_cost=copy_cost,
         )
         self.idle_share = idle_share
 
@@ -654,3 +656,70 @@ def test_a_gateway_among_several_hashes_every_prompt_before_it_picks() -> None:
     pick = fleet.pick("n" * PROMPT)
     assert pick is not None and pick.outcome == MISS
     assert pick.hashes == block_hashes("n" * PROMPT, BLOCK)
+
+
+def test_engine_token_counts_size_the_index_in_characters() -> None:
+    # KV for 256 tokens: 64 blocks of 16 characters at the prior 4 characters a
+    # token, one PROMPT. The engine counts 8 characters a token: the replica
+    # holds two such prompts, and the index must not forget the first.
+    one = router(["r0", "r1"], kv=256, lone=True)
+    first, second = "a" * PROMPT, "b" * PROMPT
+    pick = one.pick(first)
+    assert pick is not None
+    one.record(pick)
+    one.metered(pick, prompt_tokens=PROMPT // 8, cached_tokens=0)
+    assert one._speed.chars_per_token == 8.0
+    for prompt in (first, second):
+        one.record(Pick(one.replicas[0], MISS, block_hashes(prompt, BLOCK), 0.0))
+    assert one._index.depth(block_hashes(first, BLOCK), "r0") == 64
+    assert one._index.depth(block_hashes(second, BLOCK), "r0") == 64
+
+
+def test_engine_cached_reports_correct_the_index_capacity() -> None:
+    one = router(["r0", "r1"], kv=256)
+    target = one.replicas[0]
+    hashes = block_hashes("a" * PROMPT, BLOCK)
+    # Routed as new, found mostly cached: the index forgot what the engine kept.
+    one.metered(Pick(target, MISS, hashes, 256.0, None, PROMPT), 256, 200)
+    assert target.capacity_scale == 1.125 and target.reports_cached
+    assert one._index._capacity["r0"] == int(64 * 1.125)
+    # Routed as held, found nothing: the engine evicted it, the index shrinks back.
+    one.metered(Pick(target, HIT, hashes, 0.0, None, PROMPT), 256, 0)
+    assert target.capacity_scale == 1.0
+    # An engine that never reported cached tokens says nothing by its zeros.
+    other = one.replicas[1]
+    one.metered(Pick(other, HIT, hashes, 0.0, None, PROMPT), 256, 0)
+    assert other.capacity_scale == 1.0
+
+
+def test_a_holder_keeps_what_a_detour_would_compute_twice() -> None:
+    holder, idle = replica("holder"), replica("idle")
+    held = {"holder": 64}
+    # Another group's cold prompt prefilling on the holder (0.35 s): the idle
+    # replica would start 0.094 s sooner, but only by computing the whole
+    # held prefix again (0.256 s) and leaving a copy that evicts another.
+    holder.pending_prefill = 350.0
+    assert Policy(copy_cost=0.0).choose([holder, idle], held)[:2] == (idle, OVERLOADED)
+    assert Policy(copy_cost=1.0).choose([holder, idle], held) == (holder, HIT, 0.0)
+    # Queued beyond the prompt's own prefill twice over: the detour is the sooner start.
+    holder.pending_prefill = 600.0
+    assert Policy(copy_cost=1.0).choose([holder, idle], held)[:2] == (idle, OVERLOADED)
+
+
+def test_a_lone_gateway_sends_a_forgotten_prefix_back_where_it_was() -> None:
+    # KV for one PROMPT per replica in the index; the engines hold more.
+    lone = router(["r0", "r1", "r2"], kv=256, lone=True)
+    prompts = ["p" * PROMPT, "q" * PROMPT]
+    for prompt in prompts:
+        lone.record(Pick(lone.replicas[1], MISS, block_hashes(prompt, BLOCK), 0.0))
+    first = prompts[0] + " and a question"
+    assert not lone._index.holds(block_hashes(first, BLOCK)[0])  # forgotten by the index
+    # Wherever its key alone would put it, it goes back to r1 while r1 is not
+    # busier than half its prefill...
+    picks = {lone.pick(first).replica.replica_id for _ in range(3)}  # type: ignore[union-attr]
+    assert picks == {"r1"}
+    lone.replicas[1].pending_prefill = 0.4 * PROMPT / 4
+    assert lone.pick(first).replica.replica_id == "r1"  # type: ignore[union-attr]
+    # ...and by load when it is.
+    lone.replicas[1].pending_prefill = 0.6 * PROMPT / 4
+    assert lone.pick(first).replica.replica_id != "r1"  # type: ignore[union-attr]

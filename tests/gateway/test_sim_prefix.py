@@ -36,22 +36,25 @@ async def _start_engines() -> list[SimEngine]:
     return started
 
 
-async def _cached_tokens(policy: wire.RoutingPolicy, gateways: int = 0) -> tuple[int, str]:
+async def _cached_tokens(
+    policy: wire.RoutingPolicy, gateways: int = 0, kv: int = 32768
+) -> tuple[int, str]:
     """Prompt tokens the engines found cached over the run, and the gateway's metrics after it."""
     engines = await _start_engines()
     try:
-        return await _run(engines, policy, gateways)
+        return await _run(engines, policy, gateways, kv)
     finally:
         for engine in engines:
             await engine.stop()
 
 
 async def _run(
-    engines: list[SimEngine], policy: wire.RoutingPolicy, gateways: int
+    engines: list[SimEngine], policy: wire.RoutingPolicy, gateways: int, kv: int = 32768
 ) -> tuple[int, str]:
     route = wire.ModelRoute(
         name="m", served_name="sim", routing=policy,
-        endpoints=[wire.Endpoint(replica_id=f"r{i}", url=e.url) for i, e in enumerate(engines)],
+        endpoints=[wire.Endpoint(replica_id=f"r{i}", url=e.url, kv_capacity_tokens=kv)
+                   for i, e in enumerate(engines)],
     )  # fmt: skip
     rng = random.Random(7)
     systems = [random_words(rng, 400) for _ in range(GROUPS)]
@@ -75,7 +78,17 @@ async def _run(
             assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
             cached += answer.usage.prompt_tokens_details.cached_tokens or 0
         metrics = gateway.metrics.render().decode()
+        snapshot = gateway.snapshot
+        assert snapshot is not None
+        learnt.clear()
+        learnt["chars_per_token"] = snapshot.speeds["m"].chars_per_token
+        for replica in snapshot.routes["m"].replicas:
+            learnt[replica.replica_id] = replica.capacity_scale
     return cached, metrics
+
+
+# What the last run's gateway learnt from the engines' usage (see _run).
+learnt: dict[str, float] = {}
 
 
 async def test_prefix_routing_finds_more_cached_prompt_than_round_robin() -> None:
@@ -106,3 +119,15 @@ async def test_a_lone_gateway_finds_as_much_cached_prompt() -> None:
     }
     assert outcomes.get("hit", 0) >= GROUPS * (ROUNDS - 1) / 2, outcomes
     assert outcomes.get("hit", 0) + outcomes.get("miss", 0) == GROUPS * ROUNDS, outcomes
+
+
+async def test_engine_usage_teaches_the_index_what_the_engines_hold() -> None:
+    # Replicas configured with KV for 300 tokens (the index then holds less
+    # than one group's prompt) on engines that hold about three groups: the
+    # engines' token counts give the characters per token, their reports of
+    # cached tokens on prompts the gateway placed as new grow the index until
+    # it keeps the groups the engines keep.
+    cached, _ = await _cached_tokens("prefix", gateways=1, kv=300)
+    assert 3.5 < learnt["chars_per_token"] < 4.5, learnt
+    assert max(learnt[f"r{i}"] for i in range(3)) > 1.0, learnt
+    assert cached >= 0.6 * (GROUPS * (ROUNDS - 1) * 400), cached

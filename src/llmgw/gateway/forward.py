@@ -49,8 +49,8 @@ class Call:
     of an answer takes the request, not the ten values it was made of.
     """
 
-    __slots__ = ("counters", "id_header", "model", "record", "rename", "request_id", "rt", "send",
-                 "started", "waited")  # fmt: skip
+    __slots__ = ("counters", "id_header", "model", "prefill", "record", "rename", "request_id",
+                 "rt", "send", "started", "waited")  # fmt: skip
 
     def __init__(
         self, rt: Runtime, record: KeyRecord, model: str, started: float, request_id: str,
@@ -68,6 +68,8 @@ class Call:
         self.rename = rename
         self.waited = 0.0  # for an on-demand replica: not the gateway's overhead
         self.counters = rt.metrics.model(model)  # its model's metrics, updated in place
+        # The last replica's charge: what the answer's usage teaches its router.
+        self.prefill: Prefill | None = None
 
     def stream_send(self) -> Send:
         """Where a stream's messages go (renamed chunk by chunk where the model is external)."""
@@ -126,6 +128,11 @@ class Prefill:
         if sample:
             self.router.measured(sample, answered_at - self.sent_at)
         self.router.record(self.pick)
+
+    def metered(self, usage: Usage) -> None:
+        """The answer's usage, for what it tells the router of the prompt (routing.metered)."""
+        if self.pick.prompt_chars:
+            self.router.metered(self.pick, usage.prompt, usage.cached)
 
     def done(self) -> None:
         if self.tokens:
@@ -190,7 +197,7 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
         replica.in_flight += 1
         replica.requests += 1
         replica.last_request_at = time.time()
-        prefill = Prefill(router, pick)
+        prefill = call.prefill = Prefill(router, pick)
         counters.in_flight += 1
         before = time.perf_counter() - call.started - call.waited
         response: Response | None = None
@@ -299,6 +306,9 @@ def account(call: Call, usage: Usage | None, error: bool) -> None:
     counters.prompt += usage.prompt
     counters.completion += usage.completion
     counters.cached += usage.cached
+    prefill = call.prefill
+    if prefill is not None and usage.prompt and not error:
+        prefill.metered(usage)
 
 
 async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bool = True) -> bytes:

@@ -122,6 +122,10 @@ def stable_key(text: str, block_chars: int) -> int:
     return zlib.crc32(text[:block_chars].encode("utf-8"))
 
 
+# First blocks whose last replica is remembered beyond the index's capacity.
+HOMES = 65_536
+
+
 class PrefixIndex:
     """Which replicas were sent which block hashes, bounded per replica.
 
@@ -134,6 +138,14 @@ class PrefixIndex:
         self._owners: dict[int, dict[str, None]] = {}
         self._lru: dict[str, OrderedDict[int, None]] = {}
         self._capacity: dict[str, int] = {}
+        # The replica each first block was last recorded on, kept after the
+        # LRU forgets the block (bounded by HOMES): the index's capacity is an
+        # estimate, and an engine often still holds a prefix it forgot.
+        self._homes: OrderedDict[int, str] = OrderedDict()
+
+    def home(self, first_block: int) -> str | None:
+        """The replica a prompt with this first block was last recorded on, if remembered."""
+        return self._homes.get(first_block)
 
     def sync(self, capacities: dict[str, int]) -> None:
         """Track exactly these replicas with these capacities (in blocks)."""
@@ -213,6 +225,15 @@ class PrefixIndex:
                     holders[replica_id] = None
         if len(lru) > self._capacity[replica_id]:
             self._evict(replica_id)
+        homes = self._homes
+        first = hashes[0]
+        if homes.get(first) == replica_id:
+            homes.move_to_end(first)
+        else:
+            homes[first] = replica_id
+            homes.move_to_end(first)
+            if len(homes) > HOMES:
+                homes.popitem(last=False)
 
     def blocks(self, replica_id: str) -> int:
         return len(self._lru.get(replica_id, ()))

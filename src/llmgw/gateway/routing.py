@@ -40,6 +40,23 @@ SETTLING_SAMPLES = 4
 SAMPLE_WEIGHT = 0.1
 SAMPLE_CLAMP = 4.0
 
+# Characters per token, learnt from the engines' prompt token counts (the
+# gateway cuts prompts by characters, the engines count tokens): counted
+# over about the last CHARS_WINDOW_TOKENS prompt tokens, and the index's
+# capacities follow once the estimate has moved by CHARS_RESYNC.
+CHARS_WINDOW_TOKENS = 262_144.0
+CHARS_RESYNC = 0.1
+# What an engine's report of the prompt tokens it found cached tells the
+# index about its size (the KV capacity it was given is only what the engine
+# was started with: a prompt cache beside the context holds more, a pool
+# shared with long answers less). A prompt routed as new that the engine had
+# at least half cached: the index forgot too early, its capacity for that
+# replica grows by CAPACITY_STEP; a prompt routed as held that the engine
+# found nothing of (on an engine known to report): it shrinks. Kept within
+# CAPACITY_RANGE of the configured size either way.
+CAPACITY_STEP = 1.125
+CAPACITY_RANGE = 4.0
+
 # Low load, for the prefix policy's idle-first rule: on average over about
 # the last 1/IDLE_SHARE_WEIGHT picks, at least this share of the replicas
 # had nothing in flight. Averaged because the share at one pick swings with
@@ -68,6 +85,7 @@ class Replica:
     """One endpoint as this gateway sees it: address, load, failure history."""
 
     __slots__ = (
+        "capacity_scale",
         "cooled_until",
         "engine_key",
         "failures",
@@ -77,6 +95,7 @@ class Replica:
         "mending",
         "pending_prefill",
         "replica_id",
+        "reports_cached",
         "requests",
         "seed",
         "url",
@@ -99,6 +118,11 @@ class Replica:
         self.requests = 0  # since the last load report
         self.failures = 0  # consecutive connection failures
         self.cooled_until = 0.0
+        # The prefix index's capacity for it over the configured one, as the
+        # engine's reports of cached prompt tokens corrected it; and whether
+        # it has reported any (an engine that never does reads as 0).
+        self.capacity_scale = 1.0
+        self.reports_cached = False
 
     def update(self, endpoint: wire.Endpoint) -> None:
         self.url = endpoint.url.rstrip("/")
@@ -121,7 +145,8 @@ class Replica:
 
 
 class PrefillSpeed:
-    """A model's measured prefill speed (prompt tokens per second), from its replicas.
+    """A model's measured prefill speed (prompt tokens per second), from its replicas,
+    and its measured characters per token.
 
     One estimate per model, not per replica: replicas of a model mostly run
     on alike hardware, each replica would see an eighth of the samples, and
@@ -131,11 +156,26 @@ class PrefillSpeed:
     which is what the policy's tolerances are in.
     """
 
-    __slots__ = ("samples", "tokens_per_s")
+    __slots__ = ("chars_per_token", "prompt_chars", "prompt_tokens", "samples", "tokens_per_s")
 
-    def __init__(self, prior: float) -> None:
+    def __init__(self, prior: float, chars_per_token: float = 4.0) -> None:
         self.tokens_per_s = prior
         self.samples = 0
+        # The prior until an engine has counted a prompt's tokens.
+        self.chars_per_token = chars_per_token
+        self.prompt_chars = 0.0
+        self.prompt_tokens = 0.0
+
+    def counted(self, chars: int, tokens: int) -> None:
+        """Fold in one prompt: ``chars`` characters that the engine counted as ``tokens``."""
+        if chars <= 0 or tokens <= 0:
+            return
+        self.prompt_chars += chars
+        self.prompt_tokens += tokens
+        self.chars_per_token = self.prompt_chars / self.prompt_tokens
+        if self.prompt_tokens > CHARS_WINDOW_TOKENS:
+            self.prompt_chars *= 0.5
+            self.prompt_tokens *= 0.5
 
     def observe(self, tokens: float, seconds: float) -> None:
         """Fold in one prefill: ``tokens`` uncached prompt tokens answered in ``seconds``.
@@ -263,6 +303,7 @@ class SoonestStart:
     wait_ratio: float
     spread: float
     lone: bool = False
+    copy_cost: float = 0.0
 
     def choose(
         self,
@@ -310,9 +351,10 @@ class SoonestStart:
         best_score = -1
         if matched:
             limit = soonest + slack
+            copy = self.copy_cost * block_chars / per_token
             for replica, estimate in zip(replicas, estimates, strict=True):
                 blocks = matched.get(replica.replica_id, 0)
-                if estimate > limit or blocks < max(best_blocks, 1):
+                if estimate > limit + blocks * copy or blocks < max(best_blocks, 1):
                     continue
                 score = _mix(key ^ replica.seed)
                 if blocks > best_blocks or score > best_score:
@@ -350,7 +392,9 @@ class SoonestStart:
         cached = best_blocks * block_chars
         return best, outcome, max(0, prompt_chars - cached) / per_token
 
-    def place_new(self, replicas: Sequence[Replica], key: int) -> Replica:
+    def place_new(
+        self, replicas: Sequence[Replica], key: int, home: str | None = None, tokens: float = 0.0
+    ) -> Replica:
         """A lone gateway's replica for a prompt nobody holds.
 
         Every replica would prefill all of it, so the soonest start is the
@@ -385,12 +429,32 @@ class SoonestStart:
             elif pending < best_pending or (pending == best_pending and in_flight < best_in_flight):
                 best, best_pending, best_in_flight, best_score = replica, pending, in_flight, -1
         assert best is not None  # the least busy replica is never above the ceiling
+        if home is not None and home != best.replica_id:
+            # The prefix was recorded on ``home`` and forgotten since by the
+            # index, whose capacity is an estimate: the engine may well hold
+            # it still. Worth a wait of up to wait_ratio of its prefill there.
+            for replica in replicas:
+                if replica.replica_id == home:
+                    if (
+                        replica.in_flight <= ceiling
+                        and replica.pending_prefill <= best_pending + self.wait_ratio * tokens
+                    ):
+                        return replica
+                    break
         return best
 
 
 # ---------------------------------------------------------------------------
 # Per-model router
 # ---------------------------------------------------------------------------
+
+
+def _rescale(replica: Replica, factor: float) -> bool:
+    """Scale the replica's index capacity by ``factor`` within CAPACITY_RANGE; whether it moved."""
+    scale = min(max(replica.capacity_scale * factor, 1.0 / CAPACITY_RANGE), CAPACITY_RANGE)
+    moved = scale != replica.capacity_scale
+    replica.capacity_scale = scale
+    return moved
 
 
 @dataclass(slots=True)
@@ -402,6 +466,8 @@ class Pick:
     # A prompt routed by prefix whose hashes were left for record to compute
     # (None: routed without its prompt, or its hashes are already here).
     prompt: str | None = None
+    # Its length, for what the engine's usage says of it (0: not routed by prefix).
+    prompt_chars: int = 0
 
     @property
     def by_prefix(self) -> bool:
@@ -419,6 +485,7 @@ class ModelRouter:
         "_index",
         "_policy",
         "_speed",
+        "_synced_chars",
         "_units",
         "policy",
         "replicas",
@@ -440,6 +507,7 @@ class ModelRouter:
         wait_ratio: float,
         spread: float,
         lone: bool = False,
+        copy_cost: float = 0.0,
     ) -> None:
         self.route = route
         self.policy = route.routing
@@ -466,6 +534,7 @@ class ModelRouter:
             wait_ratio=wait_ratio,
             spread=spread,
             lone=lone,
+            copy_cost=copy_cost,
         )
         self._counter = 0
         # Per config version, unlike the speed: a new router starts at "all
@@ -473,10 +542,17 @@ class ModelRouter:
         # under load the average is down again within a few dozen picks.
         self._idle_share = IdleShare()
         self._speed = speed
-        index.sync(
+        self._synced_chars = 0.0
+        self._sync_index()
+
+    def _sync_index(self) -> None:
+        """The index's capacity per replica: its KV tokens in characters, as measured."""
+        chars = self._synced_chars = self._speed.chars_per_token
+        block_chars = self._block_chars
+        self._index.sync(
             {
-                r.replica_id: int(r.kv_capacity_tokens * chars_per_token / block_chars)
-                for r in replicas
+                r.replica_id: int(r.kv_capacity_tokens * r.capacity_scale * chars / block_chars)
+                for r in self.replicas
             }
         )
 
@@ -534,15 +610,18 @@ class ModelRouter:
             return Pick(least_loaded(replicas, self._units, self._counter), UNROUTED, [], 0.0)
         block_chars = self._block_chars
         policy = self._policy
-        if policy.lone and not self._index.holds(first_block_hash(prompt, block_chars)):
+        if policy.lone and not self._index.holds(first := first_block_hash(prompt, block_chars)):
             # Nobody holds even its first block, so a lone gateway places it
             # by load alone (what choose does for it, without the index's
             # walk), and the prompt's hashes wait until its answer has
             # started (record): at low load this is most prompts, the
             # gateway's code runs cold there, and every microsecond before
             # the send is one the client waits.
-            replica = policy.place_new(replicas, stable_key(prompt, block_chars))
-            return Pick(replica, MISS, [], len(prompt) / policy.chars_per_token, prompt)
+            chars = len(prompt)
+            tokens = chars / policy.chars_per_token
+            home = self._index.home(first)
+            replica = policy.place_new(replicas, stable_key(prompt, block_chars), home, tokens)
+            return Pick(replica, MISS, [], tokens, prompt, chars)
         hashes = block_hashes(prompt, block_chars)
         if len(replicas) == 1:
             # One replica left of several (the others excluded or cooling
@@ -554,14 +633,38 @@ class ModelRouter:
             only = replicas[0]
             blocks = self._index.depth(hashes, only.replica_id)
             uncached = max(0, len(prompt) - blocks * block_chars) / self._policy.chars_per_token
-            return Pick(only, HIT if blocks else MISS, hashes, uncached)
+            return Pick(only, HIT if blocks else MISS, hashes, uncached, None, len(prompt))
         allowed = {r.replica_id: r for r in replicas}
         matched = self._index.matches(hashes, allowed)
         replica, outcome, uncached = self._policy.choose(
             replicas, matched, len(prompt), stable_key(prompt, block_chars),
             self._speed.tokens_per_s, self._idle_share,
         )  # fmt: skip
-        return Pick(replica, outcome, hashes, uncached)
+        return Pick(replica, outcome, hashes, uncached, None, len(prompt))
+
+    def metered(self, pick: Pick, prompt_tokens: int, cached_tokens: int) -> None:
+        """What the engine's usage says of a prompt this router placed by prefix.
+
+        ``prompt_tokens``: the engine's count of it, which is what the
+        model's characters per token are learnt from (the index's
+        capacities are tokens, its blocks characters). ``cached_tokens``:
+        the part the engine found cached (0 where it does not say): a prompt
+        routed as new that the engine had cached, or routed as held that it
+        had not, corrects the index's capacity for the replica. Called once
+        per answer with usage, off the client's path (after its end).
+        """
+        speed = self._speed
+        speed.counted(pick.prompt_chars, prompt_tokens)
+        replica = pick.replica
+        resync = abs(speed.chars_per_token / self._synced_chars - 1.0) > CHARS_RESYNC
+        if cached_tokens > 0:
+            replica.reports_cached = True
+            if pick.outcome == MISS and 2 * cached_tokens >= prompt_tokens:
+                resync |= _rescale(replica, CAPACITY_STEP)
+        elif pick.outcome == HIT and replica.reports_cached:
+            resync |= _rescale(replica, 1.0 / CAPACITY_STEP)
+        if resync:
+            self._sync_index()
 
     def measured(self, tokens: float, seconds: float) -> None:
         """A replica answered a prefill of ``tokens`` in ``seconds`` (see PrefillSpeed)."""

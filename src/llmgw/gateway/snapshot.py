@@ -83,7 +83,9 @@ class ConfigView:
                 replicas.append(replica)
             index = old_indexes.get(route.name) or PrefixIndex()
             self.indexes[route.name] = index
-            speed = old_speeds.get(route.name) or PrefillSpeed(settings.prefill_tokens_per_s)
+            speed = old_speeds.get(route.name) or PrefillSpeed(
+                settings.prefill_tokens_per_s, settings.chars_per_token
+            )
             self.speeds[route.name] = speed
             router = ModelRouter(
                 route,
@@ -99,6 +101,7 @@ class ConfigView:
                 # The control plane counts the gateways; only a count of
                 # exactly this one lets it place new prefixes by load.
                 lone=config.routing.gateways == 1,
+                copy_cost=settings.prefix_copy_cost,
             )
             # The canonical name wins over another model's alias of the same spelling.
             for alias in route.aliases:
