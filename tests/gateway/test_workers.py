@@ -132,6 +132,11 @@ async def test_two_workers_serve_one_port_survive_a_kill_and_stop_together(
             # A killed worker is replaced; meanwhile the port keeps answering.
             victim = workers.pids[0]
             os.kill(victim, signal.SIGKILL)
+            # Once the parent saw it die, new connections go to the live one
+            # (before, one may land in the dead one's backlog and be reset,
+            # which the client retries: max_retries=0 here).
+            await eventually(lambda: any("worker 0 exited" in line for line in workers.log),
+                             within_s=10, what="the parent to see worker 0 die")
             assert await _chats(port, 10) == [200] * 10
             await workers.until(lambda w: w.pids[0] != victim, within_s=30)
             assert _alive(workers.pids[0]) and _alive(workers.pids[1])
