@@ -15,7 +15,10 @@ from typing import Any
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llama_cpp import llama_chat_format
+from tests.agent.helpers import assign, gpu, model
 
+from llmgw.agent.engines import SglangAdapter
+from llmgw.agent.engines.base import LaunchContext
 from llmgw.agent.engines.templates import template_files
 
 SYSTEM = "You are a lighthouse keeper."
@@ -59,3 +62,26 @@ def test_the_supplied_template_keeps_system_messages_in_llama_cpp_server(
     assert prompt.endswith("<start_of_turn>model\n")
     if messages[0]["role"] == "system":
         assert prompt.startswith(f"<bos><start_of_turn>user\n{SYSTEM}\n\nHi<end_of_turn>\n")
+
+
+def test_sglang_sends_developer_as_system_unless_the_models_template_knows_it(
+    tmp_path: Path,
+) -> None:
+    # SGLang hands "developer" to the model's template as it is; Gemma 3's
+    # (as the engines' HF model carries it) refuses the turn outright.
+    with pytest.raises(ValueError, match="alternate"):
+        official([{"role": "developer", "content": SYSTEM}, {"role": "user", "content": "Hi"}])
+    gemma = tmp_path / "gemma"
+    gemma.mkdir()
+    (gemma / "chat_template.jinja").write_text(Path(GEMMA.jinja).read_text())
+    (gemma / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>"}))
+    harmony = tmp_path / "gpt-oss"
+    harmony.mkdir()
+    knows = "{% if m.role == 'developer' %}<|start|>developer{% endif %}"
+    (harmony / "tokenizer_config.json").write_text(json.dumps({"chat_template": knows}))
+    adapter = SglangAdapter(executable="sglang")
+    for folder, keeps in ((gemma, False), (harmony, True), (tmp_path / "missing", False)):
+        ctx = LaunchContext(assignment=assign(model("sglang"), [gpu(0)]),
+                            weights_path=str(folder), host="10.0.0.5", port=22123,
+                            devices=[gpu(0)])  # fmt: skip
+        assert adapter.build(ctx).dialect.developer_role is keeps, folder

@@ -13,6 +13,10 @@ their process runs.
 
 from __future__ import annotations
 
+import contextlib
+import json
+from pathlib import Path
+
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -87,6 +91,33 @@ SERVE_FLAGS = ServeFlags(
 )
 
 
+def template_knows_developer(weights_path: str | None) -> bool:
+    """Whether the model's chat template handles a "developer" message itself.
+
+    SGLang hands a "developer" message to the model's template as it is
+    (only its Kimi K3 path renames it), and most templates know no such role:
+    Gemma 3's raises "Conversation roles must alternate". vLLM converts it to
+    "system" when the template never names it (renderers/hf.py); for SGLang
+    the gateway does the same (EngineDialect.developer_role), from the same
+    test on the template the weights carry. Unreadable: not known.
+    """
+    if not weights_path:
+        return False
+    folder = Path(weights_path)
+    texts: list[str] = []
+    with contextlib.suppress(OSError, ValueError):
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        template = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(template, str):
+            texts.append(template)
+        elif isinstance(template, list):  # named templates: [{"name", "template"}]
+            texts.extend(str(item.get("template", "")) for item in template
+                         if isinstance(item, dict))  # fmt: skip
+    with contextlib.suppress(OSError):
+        texts.append((folder / "chat_template.jinja").read_text(encoding="utf-8"))
+    return any('"developer"' in text or "'developer'" in text for text in texts)
+
+
 class SglangAdapter:
     kind = EngineKind.SGLANG
 
@@ -126,7 +157,10 @@ class SglangAdapter:
                 "--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file,
                 "--enable-ssl-refresh",
             ]  # fmt: skip
+        dialect = DIALECT.model_copy(
+            update={"developer_role": template_knows_developer(ctx.weights_path)}
+        )
         return serve_launch(
-            ctx, argv, health=health, metrics=SGLANG_METRICS, dialect=DIALECT,
+            ctx, argv, health=health, metrics=SGLANG_METRICS, dialect=dialect,
             secret_file=secret, tls=tls,
         )
