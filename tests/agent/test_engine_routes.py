@@ -6,7 +6,9 @@ engine key; every route that llama_cpp.server, vLLM and llama-server mount
 with every method it takes, without a key and with a wrong one, at the
 replica's advertised address: nothing but 401. The same engine on its own
 loopback port leaves routes open without the key (what the guard is for),
-and with the key the OpenAI routes work through the guard.
+and with the key the OpenAI routes work through the guard. Where vLLM and its
+model are installed (make engines), a real vLLM behind its guard gets the
+same probe of its own route table.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tests.engineroutes import (
     ALL_METHODS,
     Route,
     concrete,
+    engines_dir,
     llama_cpp_server_routes,
     llama_server_binary,
     llama_server_routes,
@@ -34,9 +37,14 @@ from tests.engineroutes import (
     vllm_python,
     vllm_routes,
 )
+from tests.servers import free_port
+from tests.waiting import eventually
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.engines import LlamaCppAdapter
+from llmgw.agent.engines.base import EngineLaunch
+from llmgw.agent.guardlaunch import guarded_launch
+from llmgw.agent.supervisor import Supervisor
 from llmgw.wire import EngineKind, ReplicaState
 
 KEY = "engine-key-routes-0123456789abcdefghijklmnop"
@@ -155,3 +163,54 @@ def test_paths_are_read_from_a_binary_with_merged_strings() -> None:
     data = b"\x7fELF\x01/v1/chat/completions\x00/slots/:id_slot\x00/Health\x00x/props\x00"
     assert {"/v1/chat/completions", "/chat/completions", "/completions", "/slots/:id_slot",
             "/:id_slot", "/props"} <= paths_in_binary(data)
+
+
+def vllm_model() -> Path | None:
+    """The starter model as a Hugging Face directory (make engines), for vLLM."""
+    found = engines_dir() / "models" / "gemma-3-270m-hf"
+    return found if (found / "config.json").is_file() else None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+async def test_a_running_vllm_answers_nothing_without_the_key(tmp_path: Path) -> None:
+    python, weights = vllm_python(), vllm_model()
+    if python is None or weights is None:
+        pytest.skip("vLLM or its model is not installed (make engines)")
+    guard_port, engine_port = free_port(), free_port()
+    engine = EngineLaunch(
+        argv=[python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(weights),
+              "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(engine_port),
+              "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager"],
+        env={"VLLM_API_KEY": KEY, "VLLM_CPU_KVCACHE_SPACE": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    launch = guarded_launch(engine, KEY, "127.0.0.1", guard_port, engine_port, None)
+    supervisor = Supervisor(tmp_path / "logs")
+    proc = supervisor.spawn("vllm", launch)
+    guarded, direct = f"http://127.0.0.1:{guard_port}", f"http://127.0.0.1:{engine_port}"
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def up() -> bool:
+                assert not supervisor.poll(proc).exited, supervisor.log_tail("vllm")
+                with contextlib.suppress(aiohttp.ClientError):
+                    return await status_of(session, direct, ("GET", "/health"), None) == 200
+                return False
+
+            await eventually(up, within_s=600, every_s=2.0, what="vLLM up")
+            routes = vllm_routes(python)
+            routes = {*routes, *(("OPTIONS", path) for _, path in routes)}
+            for route in sorted(routes):
+                for key in (None, "wrong-key"):
+                    assert await status_of(session, guarded, route, key) == 401, (route, key)
+            # vLLM alone runs a chat for anyone on /invocations (issue 28, V1).
+            async with session.post(f"{direct}/invocations", json=chat) as resp:
+                assert resp.status == 200
+            async with session.post(f"{guarded}/invocations", json=chat) as resp:
+                assert resp.status == 401
+            async with session.post(f"{guarded}/v1/chat/completions", json=chat,
+                                    headers={"Authorization": f"Bearer {KEY}"}) as resp:
+                assert resp.status == 200
+    finally:
+        await supervisor.stop(proc, 10.0)
