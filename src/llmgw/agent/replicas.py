@@ -321,8 +321,7 @@ class ReplicaRunner:
         """Whether this engine serves HTTP with a key that it does not hold every route to."""
         if self.assignment.engine_key is None or launch.health_path is None:
             return False
-        own = bool(getattr(self.adapter, "guards_every_route", False))
-        return self.deps.guard_every_engine or not own
+        return not getattr(self.adapter, "guards_every_route", False)
 
     async def _wait_ready(self) -> None:
         proc = self._proc()

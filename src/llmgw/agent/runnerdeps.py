@@ -54,7 +54,3 @@ class RunnerDeps:
     engine_tls: Callable[[], EngineTls | None] = lambda: None
     # Verifies engines that listen with TLS when the agent probes them.
     engine_probe_ssl: ssl.SSLContext | None = None
-    # Put the engine guard (agent.engineguard) in front of every engine
-    # with a key, also those that refuse every route without it themselves
-    # (the simulated engine); False: only in front of those that do not.
-    guard_every_engine: bool = False

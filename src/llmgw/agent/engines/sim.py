@@ -22,7 +22,7 @@ class SimAdapter:
     kind = EngineKind.SIM
     # It refuses every route but a bare /health without its key
     # (llmgw.sim.engine), so the agent puts no guard in front of it
-    # (agent.engineguard) unless told to (RunnerDeps.guard_every_engine).
+    # (agent.engineguard): a simulated fleet runs hundreds in one process.
     guards_every_route = True
 
     def __init__(self, python: str | None = None) -> None:
