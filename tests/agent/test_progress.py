@@ -30,6 +30,7 @@ from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, Vllm
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.progress import (
+    LLAMA_SERVER_METRICS,
     SGLANG_METRICS,
     VLLM_METRICS,
     MetricsError,
@@ -232,7 +233,7 @@ def test_the_stall_window_is_checked() -> None:
 # -- which engines are scraped ----------------------------------------------------------
 
 
-def test_engines_with_metrics_declare_them_and_llama_cpp_declares_none() -> None:
+def test_engines_with_metrics_declare_them_and_llama_cpp_server_declares_none() -> None:
     gpu = [cpu_slot(0)]
     vllm = VllmAdapter().build(ctx(assign(model("vllm"), gpu), gpu))
     assert vllm.progress == VLLM_METRICS
@@ -241,8 +242,11 @@ def test_engines_with_metrics_declare_them_and_llama_cpp_declares_none() -> None
     spec = model("sim", weights=WeightsSource(kind="none"), gpu_classes=["cpu"])
     assert SimAdapter().build(ctx(assign(spec, gpu), gpu)).progress == VLLM_METRICS
     gguf = model("llamacpp")
-    for adapter in (LlamaCppAdapter(server_binary="llama-server"), LlamaCppAdapter("")):
-        assert adapter.build(ctx(assign(gguf, gpu), gpu)).progress is None
+    # llama-server with --metrics counts its llama_decode() calls (one per
+    # batch); llama_cpp.server exports no metrics.
+    server = LlamaCppAdapter(server_binary="llama-server").build(ctx(assign(gguf, gpu), gpu))
+    assert server.progress == LLAMA_SERVER_METRICS and "--metrics" in server.argv
+    assert LlamaCppAdapter("").build(ctx(assign(gguf, gpu), gpu)).progress is None
     # A rank that serves no HTTP exports no metrics either.
     headless = assign(model("vllm", tp=16, nodes=2), gpu, rank=1, leader="10.0.0.1")
     assert VllmAdapter().build(ctx(headless, gpu)).progress is None
