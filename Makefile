@@ -35,7 +35,7 @@ run: setup
 postgres:
 	@bash scripts/ensure-postgres.sh
 
-test: setup postgres
+test: setup engines postgres
 	mkdir -p $(TEST_OUTPUT)
 	LLMGW_TEST_OUTPUT=$(TEST_OUTPUT) $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
