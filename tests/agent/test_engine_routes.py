@@ -85,10 +85,14 @@ async def status_of(
 async def test_no_route_of_any_engine_answers_without_the_key(
     fake_cp: FakeControlPlane, agent: Agent
 ) -> None:
+    # A replica id of its own: a test elsewhere on the machine that looks for
+    # a stray engine of "r1" (Supervisor.find) must not take this one for it.
     assignment = fake_cp.assign_one(REAL_GEMMA)
-    fake_cp.assignments["n1"] = [assignment.model_copy(update={"engine_key": KEY})]
-    status = await fake_cp.wait_state("r1", ReplicaState.READY, within=300)
-    runner = agent.runners["r1"]
+    fake_cp.assignments["n1"] = [
+        assignment.model_copy(update={"engine_key": KEY, "replica_id": "routes"})
+    ]
+    status = await fake_cp.wait_state("routes", ReplicaState.READY, within=300)
+    runner = agent.runners["routes"]
     assert runner.engine_port is not None and runner.proc is not None
     assert status.port != runner.engine_port
     # The agent's process is the guard, and the engine its child, on loopback only.
