@@ -55,6 +55,30 @@ def test_chat_answers_with_usage(fleet: Fleet, model: str) -> None:
 
 
 @pytest.mark.parametrize("model", MODELS)
+def test_system_and_developer_messages_reach_the_model(fleet: Fleet, model: str) -> None:
+    # Issue 28 item 6: the model's own chat template (the one the agent
+    # supplies for the starter GGUF, which carries none; the HF model's for
+    # vLLM) places the system text; a "developer" message counts as a system
+    # one (the gateway or the engine maps it). llama_cpp.server's gemma format
+    # dropped both: the same prompt_tokens with or without them.
+    system = "You are a lighthouse keeper on a remote island and you answer in one short line."
+    user = {"role": "user", "content": "Say hello."}
+
+    def prompt_tokens(*messages: dict[str, str]) -> int:
+        reply = fleet.client().chat.completions.create(
+            model=model, messages=list(messages), max_tokens=1, temperature=0,  # type: ignore[arg-type]
+        )
+        assert reply.usage is not None
+        return reply.usage.prompt_tokens
+
+    bare = prompt_tokens(user)
+    with_system = prompt_tokens({"role": "system", "content": system}, user)
+    with_developer = prompt_tokens({"role": "developer", "content": system}, user)
+    assert with_system >= bare + 16, (bare, with_system)
+    assert with_developer == with_system
+
+
+@pytest.mark.parametrize("model", MODELS)
 def test_streamed_chat_counts_usage_as_the_whole_answer_does(fleet: Fleet, model: str) -> None:
     client = fleet.client()
     ask = {"model": model, "messages": COUNTING, "max_tokens": 20, "temperature": 0}
