@@ -37,16 +37,13 @@ from typing import Any
 import httpx
 import pytest
 from openai import OpenAI
+from tests.engines.fleet import engines_dir
 from tests.waiting import eventually_sync
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main"]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "gemma-pp2"
 READY_WITHIN_S = 900.0
-
-
-def engines_dir() -> Path:
-    return Path(os.environ.get("LLMGW_ENGINES_DIR") or "~/.cache/llmgw/engines").expanduser()
 
 
 def needed_engines() -> tuple[Path, Path]:
