@@ -94,16 +94,24 @@ class Fleet:
         return [r for r in answer.json() if r["model"] == model]
 
     def engine(self, model: str) -> psutil.Process:
-        """The engine process serving ``model`` (found by its served name in argv; its
-        guard, agent.engineguard, carries the engine's argv after its own)."""
+        """The engine process serving ``model``: the one listening behind the replica's
+        advertised port (its guard's ``--port``, agent.engineguard, or its own), found
+        by that port so that another `llmgw up` serving the same names is never taken."""
+        (replica,) = self.replicas(model)
+        port = str(replica["port"])
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             argv = proc.info["cmdline"] or []
-            if GUARD_MODULE in argv:
+            named = any(f in argv and argv[argv.index(f) + 1] == model for f in NAME_FLAGS)
+            if not named or "--port" not in argv:
                 continue
-            if any(flag in argv and argv[argv.index(flag) + 1] == model for flag in NAME_FLAGS):
+            listens = argv[argv.index("--port") + 1] == port
+            if GUARD_MODULE in argv and listens:  # its guard: the engine is its child
+                found += [child for child in proc.children()
+                          if GUARD_MODULE not in child.cmdline()]
+            elif GUARD_MODULE not in argv and listens:
                 found.append(proc)
-        assert len(found) == 1, f"{model}: engine processes {found}"
+        assert len(found) == 1, f"{model}: engine processes {found} behind port {port}"
         self.engine_pids.add(found[0].pid)
         return found[0]
 
