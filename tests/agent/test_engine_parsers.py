@@ -362,11 +362,16 @@ def test_no_catalog_flag_moves_what_the_agent_manages(
 
 # Fields of the engines' parsers that the agent sets, or that must stay as the
 # agent leaves them (an https engine behind an http endpoint never gets ready,
-# a gRPC port or a second tokenizer worker beside the key stop SGLang).
+# a gRPC port or a second tokenizer worker beside the key stop SGLang), and the
+# ones that import code by a name the catalog gives.
 MANAGED_FIELDS = {
     "sglang": {*MANAGED["sglang"], "config", "ssl_ca_certs", "ssl_keyfile_password",
-               "enable_ssl_refresh", "tokenizer_worker_num"},
-    "vllm": {*MANAGED["vllm"], "config", "enable_ssl_refresh", "grpc", "grpc_port"},
+               "enable_ssl_refresh", "tokenizer_worker_num",
+               # code the catalog would name, or let every request send
+               "custom_weight_loader", "forward_hooks", "enable_custom_logit_processor"},
+    "vllm": {*MANAGED["vllm"], "config", "enable_ssl_refresh", "grpc", "grpc_port",
+             "tool_parser_plugin", "reasoning_parser_plugin", "middleware",
+             "logits_processors", "worker_cls", "worker_extension_cls", "scheduler_cls"},
     "llama_cpp.server": {*MANAGED["llama_cpp.server"], "config_file"},
 }  # fmt: skip
 

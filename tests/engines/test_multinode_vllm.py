@@ -77,8 +77,15 @@ class Network:
     addresses: list[str] = field(default_factory=list)
 
 
+# While the test runs, nothing for this range may leave the machine by the default
+# route (a request sent after the bridge is gone would): the bridge's own /24 is
+# more specific than this unreachable route, so only the bridge is reached.
+FENCE = "10.229.0.0/16"
+
+
 def make_network(tag: str, subnet: int) -> Network:
     net = Network(bridge=f"{tag}br", host=f"10.229.{subnet}.1")
+    subprocess.run(["ip", "route", "add", "unreachable", FENCE], capture_output=True, timeout=30)
     run_ip("link", "add", net.bridge, "type", "bridge")
     run_ip("addr", "add", f"{net.host}/24", "dev", net.bridge)
     run_ip("link", "set", net.bridge, "up")
@@ -114,6 +121,7 @@ def remove_network(net: Network) -> None:
     for name in net.names:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
     subprocess.run(["ip", "link", "del", net.bridge], capture_output=True, timeout=30)
+    subprocess.run(["ip", "route", "del", "unreachable", FENCE], capture_output=True, timeout=30)
 
 
 @pytest.fixture

@@ -34,6 +34,11 @@ from llmgw.engine_env import env_problem
 from llmgw.errors import EngineError
 from llmgw.wire import CPU_CLASS, Device, EngineDialect, EngineKind, ModelSpec, ReplicaAssignment
 
+# The hint for engine flags that import code by a name the catalog gives.
+LOADS_CODE = (
+    "it loads Python code on the node, and a catalog entry cannot run code on a node"
+    " (docs/security.md)"
+)
 MAX_ENGINE_ARGS = 256
 MAX_ARG_CHARS = 4096
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from llmgw.agent.engines.base import (
+    LOADS_CODE,
     EngineLaunch,
     FlagRules,
     LaunchContext,
@@ -44,6 +45,8 @@ DIALECT = EngineDialect(
 )
 
 _WITH_KEY = "SGLang refuses to start with it beside the API key the agent gives it"
+CODE_FLAGS = ("--custom-weight-loader", "--forward-hooks", "--enable-custom-logit-processor")
+
 MANAGED_FLAGS = FlagRules(
     managed=frozenset(
         [
@@ -77,10 +80,15 @@ MANAGED_FLAGS = FlagRules(
             # (arg_groups/serving_hook.py, entrypoints/http_server.py).
             "--grpc-port",
             "--tokenizer-worker-num",
+            # Each imports code named by the catalog (a module path, a file) or,
+            # for the logit processor, lets every request send code to run: the
+            # catalog cannot run code on a node (llmgw.engine_env).
+            *CODE_FLAGS,
         ]
     ),
     abbreviations=True,
     hints={
+        **dict.fromkeys(CODE_FLAGS, LOADS_CODE),
         "--grpc-port": _WITH_KEY + " (its gRPC listener bypasses the key)",
         "--tokenizer-worker-num": _WITH_KEY,
         "--admin-api-key": "a key in argv is world-readable; the admin routes stay closed",

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from llmgw import memory
 from llmgw.agent.engines.base import (
+    LOADS_CODE,
     EngineLaunch,
     FlagRules,
     LaunchContext,
@@ -118,6 +119,16 @@ def model_task(weights_path: str | None, engine_args: list[str]) -> str | None:
         return "pooling"
     return None
 
+CODE_FLAGS = (
+    "--tool-parser-plugin",
+    "--reasoning-parser-plugin",
+    "--middleware",
+    "--logits-processors",
+    "--worker-cls",
+    "--worker-extension-cls",
+    "--scheduler-cls",
+)
+
 MANAGED_FLAGS = FlagRules(
     managed=frozenset(
         [
@@ -151,13 +162,19 @@ MANAGED_FLAGS = FlagRules(
             # beside it (--grpc-port): neither checks the engine key.
             "--grpc",
             "--grpc-port",
+            # Each imports code the catalog names (a module path or a file):
+            # the catalog cannot run code on a node (llmgw.engine_env).
+            *CODE_FLAGS,
         ]
     ),
     dashes=True,
     abbreviations=True,
     dotted=True,
-    hints={"--grpc": "its gRPC server does not check the engine key",
-           "--grpc-port": "its gRPC services do not check the engine key"},
+    hints={
+        **dict.fromkeys(CODE_FLAGS, LOADS_CODE),
+        "--grpc": "its gRPC server does not check the engine key",
+        "--grpc-port": "its gRPC services do not check the engine key",
+    },
 )
 SERVE_FLAGS = ServeFlags(
     weights=None, tp="--tensor-parallel-size", pp="--pipeline-parallel-size",
