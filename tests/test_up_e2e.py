@@ -120,6 +120,16 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
         )
         assert reply.choices[0].message.content
         assert reply.usage is not None and reply.usage.completion_tokens > 0
+        # The starter model's system and developer messages reach it: the
+        # template the agent supplies puts them before the first user turn
+        # (llama.cpp's built-in gemma format dropped them).
+        instructed = client.chat.completions.create(
+            model="default", max_tokens=1,
+            messages=[{"role": "system", "content": "Answer in French, in one short line."},
+                      {"role": "user", "content": "Name three colours."}],
+        )
+        assert instructed.usage is not None
+        assert instructed.usage.prompt_tokens >= reply.usage.prompt_tokens + 6
 
         pieces: list[str] = []
         first_token_s: float | None = None

@@ -35,9 +35,10 @@ STARTER_MODEL = {
     # A client that sets no limit gets at most this many tokens (about 40 s
     # of decode on one CPU core): without it, one request runs to n_ctx.
     "max_output_tokens": 1024,
-    # The GGUF carries no chat template; llama.cpp's gemma format matches it.
-    # (The engine's context is kv_capacity_tokens: the agent passes it.)
-    "engine_args": ["--chat_format", "gemma"],
+    # The GGUF carries no chat template: the agent supplies Gemma 3's own
+    # (agent.engines.templates), which keeps system messages, where
+    # llama.cpp's built-in gemma format drops them. (The engine's context is
+    # kv_capacity_tokens: the agent passes it.)
 }
 
 
