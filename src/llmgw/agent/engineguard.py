@@ -338,10 +338,8 @@ class _Inbound(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         host, port = self.guard.upstream
         try:
-            _, outbound = await asyncio.wait_for(
-                loop.create_connection(lambda: _Outbound(self), host, port),
-                self.guard.connect_timeout_s,
-            )
+            async with asyncio.timeout(self.guard.connect_timeout_s):
+                _, outbound = await loop.create_connection(lambda: _Outbound(self), host, port)
         except (OSError, TimeoutError):
             self.guard.stats.unreachable += 1
             self._answer_and_close(BAD_GATEWAY)

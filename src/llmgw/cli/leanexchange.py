@@ -181,7 +181,7 @@ class Exchange:
         if self.waiter is not None:
             self.wake()
         if not keep_alive:
-            transport.close()
+            proto.close_after_answer()
         proto.answered(self)
 
     async def _send_later(self, message: dict[str, Any]) -> None:
@@ -264,7 +264,7 @@ class Exchange:
             self.complete = True
             self.wake()
             if not self.keep_alive:
-                transport.close()
+                self.proto.close_after_answer()
             self.proto.answered(self)
 
     def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -328,7 +328,7 @@ class Exchange:
             if self.waiter is not None:
                 self.wake()
             if not self.keep_alive:
-                proto.transport.close()
+                proto.close_after_answer()
             proto.answered(self)
         return proto.done
 

@@ -86,6 +86,10 @@ BODY_TIMEOUT_S = 120.0
 # Large enough for any OpenAI client's headers (a long bearer token, tracing
 # headers), small enough that a head never matters for memory.
 MAX_HEAD_BYTES = 64 * 1024
+# How long, and for how many bytes, a connection closed under a body still
+# arriving reads and drops it (close_after_answer).
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
 _STRIP_OWS = operator.methodcaller("rstrip", b" \t")
 # Request targets that are a plain path (no query, escape or fragment), as
 # their str: httptools.parse_url was ~4 % of the gateway's CPU, for the same
@@ -220,6 +224,8 @@ class LeanHttpProtocol(asyncio.Protocol):
             server_state, max_per_address_from_env() if cap is None else cap)
         self.address: str | None = None  # counted in per_address under this key
         self.refused = False  # over its address's cap: answered 503 and closed
+        # Bytes still to drop after close_after_answer half-closed it; None: not closing.
+        self.lingering: int | None = None
 
     # -- connection ------------------------------------------------------------
 
@@ -258,9 +264,36 @@ class LeanHttpProtocol(asyncio.Protocol):
     def eof_received(self) -> None:
         pass
 
+    def close_after_answer(self) -> None:
+        """Close once an answer that ends the connection is written.
+
+        A client may still be sending the body the answer refused (a 413 for
+        its declared length, a 401 before the body): a socket closed with
+        unread bytes makes the kernel send a reset, and a reset can destroy
+        the answer before the client reads it. So while a body is still
+        arriving, only this side's half is closed, and what comes is read and
+        dropped for a bounded time and size, as web servers linger.
+        """
+        transport = self.transport
+        if transport.is_closing() or self.lingering is not None:
+            return
+        if self._body_since is None or not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        self.lingering = LINGER_BYTES
+        if self.read_paused:
+            self.resume_reading()
+        self.loop.call_later(LINGER_S, transport.close)
+
     def data_received(self, data: bytes) -> None:
         if self.refused:
             return  # over its address's cap (connection_made): closing
+        if self.lingering is not None:
+            self.lingering -= len(data)
+            if self.lingering < 0:
+                self.transport.close()
+            return
         self._idle_since = None
         if self._head_bytes is not None:
             # The head's size, counted per read rather than per header (see
@@ -461,7 +494,7 @@ class LeanHttpProtocol(asyncio.Protocol):
         self.server_state.total_requests += 1
         if self.active is exchange:
             self.active = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self.lingering is not None:
             return
         if self.read_paused:
             self.resume_reading()
