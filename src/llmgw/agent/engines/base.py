@@ -69,6 +69,14 @@ class EngineTls:
     key_file: str
 
 
+def uvicorn_tls_flags(tls: EngineTls) -> list[str]:
+    """TLS flags of an engine served by uvicorn (vLLM, SGLang): the node's certificate,
+    reloaded when it is renewed on disk."""
+    return [
+        "--ssl-keyfile", tls.key_file, "--ssl-certfile", tls.cert_file, "--enable-ssl-refresh",
+    ]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class LaunchContext:
     """Everything an adapter needs besides the assignment itself."""

@@ -29,6 +29,7 @@ from llmgw.agent.engines.base import (
     has_flag,
     serve_argv,
     serve_launch,
+    uvicorn_tls_flags,
 )
 from llmgw.agent.progress import SGLANG_METRICS
 from llmgw.wire import EngineDialect, EngineKind, ReplicaAssignment
@@ -161,10 +162,7 @@ class SglangAdapter:
         # node's certificate when it is renewed on disk.
         tls = ctx.tls is not None and health is not None
         if tls and ctx.tls is not None:
-            argv += [
-                "--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file,
-                "--enable-ssl-refresh",
-            ]  # fmt: skip
+            argv += uvicorn_tls_flags(ctx.tls)
         dialect = DIALECT.model_copy(
             update={"developer_role": template_knows_developer(ctx.weights_path)}
         )

@@ -51,6 +51,7 @@ from llmgw.agent.engines.base import (
     require_leader,
     serve_argv,
     serve_launch,
+    uvicorn_tls_flags,
 )
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
@@ -288,23 +289,25 @@ class VllmAdapter:
             self._check_multi_node()
         self._check_key_safe()
 
-    def _check_key_safe(self) -> None:
+    def _older_than(self, since: tuple[int, int, int]) -> bool:
+        """Whether the node's vLLM is known to be older than ``since`` (unknown: no)."""
         version = self.version
         found = version_tuple(version) if version is not None else None
-        if found is not None and found < KEY_SAFE_SINCE:
+        return found is not None and found < since
+
+    def _check_key_safe(self) -> None:
+        if self._older_than(KEY_SAFE_SINCE):
             since = ".".join(map(str, KEY_SAFE_SINCE))
             raise EngineError(
-                f"vLLM {version} on this node has a known way past its API key (a crafted"
-                f" Host header, fixed in vLLM {since}); upgrade vLLM to {since} or later"
+                f"vLLM {self.version} on this node has a known way past its API key (a"
+                f" crafted Host header, fixed in vLLM {since}); upgrade vLLM to {since} or later"
             )
 
     def _check_multi_node(self) -> None:
-        version = self.version
-        found = version_tuple(version) if version is not None else None
-        if found is not None and found < MULTI_NODE_SINCE:
+        if self._older_than(MULTI_NODE_SINCE):
             since = ".".join(map(str, MULTI_NODE_SINCE))
             raise EngineError(
-                f"vLLM {version} on this node cannot span nodes: its --nnodes, --node-rank"
+                f"vLLM {self.version} on this node cannot span nodes: its --nnodes, --node-rank"
                 f" and --master-addr came in vLLM {since}; upgrade vLLM, or set nodes: 1"
             )
 
@@ -333,10 +336,7 @@ class VllmAdapter:
         # and reloads the node's certificate when it is renewed on disk.
         tls = ctx.tls is not None and health is not None
         if tls and ctx.tls is not None:
-            argv += [
-                "--ssl-keyfile", ctx.tls.key_file, "--ssl-certfile", ctx.tls.cert_file,
-                "--enable-ssl-refresh",
-            ]  # fmt: skip
+            argv += uvicorn_tls_flags(ctx.tls)
         key_env = ENGINE_KEY_ENV[EngineKind.VLLM]
         # vLLM takes its key from VLLM_API_KEY when --api-key is absent,
         # which keeps it out of argv (world-readable in /proc). It then
