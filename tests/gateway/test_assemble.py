@@ -10,6 +10,7 @@ fake engine (which records what it was sent) play it, with the official
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +24,7 @@ from tests.gateway.sims import LLAMA_DIALECT, counts, running_sim
 from tests.waiting import eventually
 
 from llmgw import wire
+from llmgw.gateway import dialect
 from llmgw.gateway.assemble import Assembler
 from llmgw.gateway.dialect import mending_for
 from llmgw.gateway.link import MemoryLink
@@ -244,3 +246,29 @@ def test_a_stop_string_the_engine_matched_is_counted_with_the_text() -> None:
     ))  # fmt: skip
     assert assembler.tally.completions("\n") == ["Say yes.\n", "Cut"]
     assert assembler.tally.completions() == ["Say yes.", "Cut"]
+
+
+async def test_an_assembled_answer_waits_for_its_count_longer_than_a_stream_does(
+    unstopping_sim: SimEngine, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A count slower than a stream's usage chunk may wait (one-slot engines queue it
+    behind every waiting request) still gives the non-streamed answer its usage."""
+    slow = dialect.StreamCounter._usage
+
+    async def slower(self: dialect.StreamCounter, tally: dialect.StreamTally) -> Any:
+        await asyncio.sleep(0.6)
+        return await slow(self, tally)
+
+    monkeypatch.setattr(dialect.StreamCounter, "_usage", slower)
+    monkeypatch.setattr(dialect, "COUNT_TIMEOUT_S", 0.3)
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(make_config(1, [_route(unstopping_sim.url, UNSTOPPING)]))
+    async with running_gateway(link) as (_, url):
+        client = async_client(url)
+        built = await client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=5)
+        assert built.usage is not None and built.usage.completion_tokens == 5
+        # A stream's usage chunk is not waited for that long: it is left out.
+        chunks = [c async for c in await client.chat.completions.create(
+            model="m", messages=MESSAGES, max_tokens=5, stream=True,
+            stream_options={"include_usage": True})]  # fmt: skip
+        assert all(c.usage is None for c in chunks)

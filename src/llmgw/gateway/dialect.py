@@ -66,6 +66,11 @@ COMPLETIONS = "/v1/completions"
 # and the count queues behind every request that arrived during the stream.
 COUNT_TIMEOUT_S = 30.0
 METER_TIMEOUT_S = 600.0
+# A non-streamed answer always carries its usage (OpenAI's shape), and its
+# client waits for the whole answer anyway: an answer built from a stream
+# waits this long for the count, which on a one-request-at-a-time engine
+# queues behind every request waiting for it (16 at once took over 30 s).
+ANSWER_COUNT_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,13 +407,16 @@ class StreamCounter:
         return self._probe()
 
     async def usage(
-        self, tally: StreamTally, timeout_s: float = COUNT_TIMEOUT_S
+        self, tally: StreamTally, timeout_s: float | None = None
     ) -> tuple[Usage, bool]:
         """The stream's usage, and whether every part of it was counted.
 
         A part the engine could not count (logged) counts 0: what was counted
         is still exact, and metered; a usage chunk is sent only when complete.
+        ``timeout_s`` None: COUNT_TIMEOUT_S.
         """
+        if timeout_s is None:
+            timeout_s = COUNT_TIMEOUT_S
         try:
             # asyncio.timeout, not 3.11's wait_for, which can swallow a cancel
             # (a stop) landing as the count completes.

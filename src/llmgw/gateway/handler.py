@@ -29,6 +29,7 @@ from llmgw.gateway.apiroutes import EMBEDDINGS, rerouted, route_router
 from llmgw.gateway.assemble import Assembler, counted_usage, usage_of
 from llmgw.gateway.auth import KeyRecord, limit
 from llmgw.gateway.dialect import (
+    ANSWER_COUNT_TIMEOUT_S,
     METER_TIMEOUT_S,
     Mending,
     StreamCounter,
@@ -476,7 +477,7 @@ async def _assemble(
         metered = usage_of(usage_body)
     else:
         # Before the answer: its usage is part of it.
-        metered, complete = await counter.usage(assembler.tally)
+        metered, complete = await counter.usage(assembler.tally, ANSWER_COUNT_TIMEOUT_S)
         usage_body = counted_usage(metered) if complete else None
     built_at = time.perf_counter()
     data = assembler.answer(usage_body)
