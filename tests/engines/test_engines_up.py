@@ -145,18 +145,10 @@ def test_errors_come_back_as_openai_errors(fleet: Fleet, model: str) -> None:
     assert client.chat.completions.create(model=model, messages=COUNTING, max_tokens=2).choices
 
 
-# Seen in two of three runs of this module (00:30 and 00:50 UTC, 2026-12-06), not alone in
-# 32 tries: one of 16 concurrent answers of llama_cpp.server came back through the gateway
-# without usage (finish_reason "length"). Not yet explained; reported, not hidden.
-LLAMACPP_USAGE_MISSING = pytest.mark.xfail(
-    reason="llama-cpp-python: an answer without usage under 16 concurrent requests",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "model", [pytest.param(m, marks=LLAMACPP_USAGE_MISSING) if m == "gemma-llamacpp" else m
-              for m in MODELS])
+# One of 16 concurrent answers of llama_cpp.server came back without usage in two of
+# three runs, before the gateway let an assembled answer wait for its count
+# (dialect.ANSWER_COUNT_TIMEOUT_S): the count queued behind the other requests.
+@pytest.mark.parametrize("model", MODELS)
 def test_sixteen_concurrent_requests(fleet: Fleet, model: str) -> None:
     client = fleet.client(timeout=300)
 
