@@ -122,9 +122,9 @@ make_model() {
 }
 
 print_env() {
-  echo "LLMGW_ENGINES_DIR=$ENGINES_DIR"
-  echo "LLMGW_ENGINE_VLLM=$ENGINES_DIR/vllm/bin/python"
-  echo "LLMGW_ENGINE_LLAMA_SERVER=$ENGINES_DIR/llama-server/$(llama_cpp_python_version)/bin/llama-server"
+  echo "export LLMGW_ENGINES_DIR=$ENGINES_DIR"
+  echo "export LLMGW_ENGINE_VLLM=$ENGINES_DIR/vllm/bin/python"
+  echo "export LLMGW_ENGINE_LLAMA_SERVER=$ENGINES_DIR/llama-server/$(llama_cpp_python_version)/bin/llama-server"
 }
 
 mkdir -p "$ENGINES_DIR"

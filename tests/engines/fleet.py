@@ -47,7 +47,8 @@ def engine_env() -> dict[str, str]:
         ["bash", str(ROOT / "scripts" / "engines.sh"), "env"], cwd=ROOT, check=True,
         capture_output=True, text=True, env={**os.environ, "VENV": venv},
     )
-    env = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    env = dict(line.removeprefix("export ").split("=", 1)
+               for line in done.stdout.splitlines() if "=" in line)
     needed = [
         Path(env["LLMGW_ENGINE_VLLM"]),
         Path(env["LLMGW_ENGINE_LLAMA_SERVER"]),
