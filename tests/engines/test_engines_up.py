@@ -250,14 +250,29 @@ def test_vllm_metrics_feed_the_stall_watch(fleet: Fleet) -> None:
 
     before = scrape()
     client = fleet.client()
+    # The gauge is sampled beside the stream, not between its chunks: a small model on a
+    # quiet CPU can finish a short answer before the client has read its fourth chunk.
+    # min_tokens keeps the engine busy long enough for a sampler to see it.
+    seen_running: list[float] = []
+    streaming = threading.Event()
+    streaming.set()
+
+    def sample() -> None:
+        while streaming.is_set():
+            seen_running.append(scrape()[VLLM_METRICS.running])
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
     stream = client.chat.completions.create(
-        model="gemma-vllm", messages=COUNTING, max_tokens=200, stream=True)
-    seen_running = 0.0
-    for index, _ in enumerate(stream):
-        if index == 3:
-            seen_running = scrape()[VLLM_METRICS.running]
+        model="gemma-vllm", messages=COUNTING, max_tokens=200, stream=True,
+        extra_body={"min_tokens": 120})
+    sampler.start()
+    chunks = sum(1 for _ in stream)
+    streaming.clear()
+    sampler.join(30)
     after = scrape()
-    assert seen_running >= 1
+    assert chunks > 100, chunks
+    assert max(seen_running, default=0.0) >= 1, (len(seen_running), chunks)
     assert all(after[name] > before[name] for name in VLLM_METRICS.counters), (before, after)
     assert after[VLLM_METRICS.running] == 0
 
