@@ -96,9 +96,9 @@ def run_gateway(port: int, engine_url: str, guard_url: str, ca_file: str | None)
     import uvicorn
 
     from llmgw import secrets, wire
-    from llmgw.cli.httpserver import server_config
     from llmgw.gateway.app import Gateway, freeze_startup_objects
     from llmgw.gateway.link import MemoryLink
+    from llmgw.http.server import server_config
     from llmgw.serving import run, start_server
 
     def route(name: str, url: str) -> Any:

@@ -6,7 +6,7 @@ one core and the others to the rest, for machines with cores to spare):
 * upstream: a minimal OpenAI-compatible server (raw asyncio + uvloop, one
   canned chat completion with usage), as fast as a Python server gets;
 * gateway: the real `Gateway` under uvicorn with `llmgw gateway`'s server
-  settings (llmgw.cli.leanhttp: httptools, guarded heads, uvloop), configured
+  settings (llmgw.http.connection: httptools, guarded heads, uvloop), configured
   through an in-memory link with one model, one API key, prefix routing;
 * load generator (this process): a raw HTTP/1.1 keep-alive client sending an
   open-loop, constant-rate load (a new connection when all are busy, so a
@@ -227,7 +227,10 @@ async def _run_gateway(
 
     import uvicorn
 
-    from llmgw.cli.httpserver import server_config
+    try:
+        from llmgw.http.server import server_config
+    except ImportError:  # a tree from before llmgw.http (old/new comparisons)
+        from llmgw.cli.httpserver import server_config  # type: ignore[no-redef]
 
     # What `llmgw gateway` serves with; a tree where llmgw's own protocol was
     # not the default yet named it apart (old/new comparisons).

@@ -136,7 +136,10 @@ class _Counter:
 async def _serve_gateway(upstream_url: str, lines_of: set[str]) -> None:
     import uvicorn
 
-    from llmgw.cli.httpserver import server_config
+    try:
+        from llmgw.http.server import server_config
+    except ImportError:  # a tree from before llmgw.http (old/new comparisons)
+        from llmgw.cli.httpserver import server_config  # type: ignore[no-redef]
 
     # What `llmgw gateway` serves with; a tree where llmgw's own protocol was
     # not the default yet named it apart (old/new comparisons).

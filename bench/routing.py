@@ -264,10 +264,10 @@ async def _serve_gateways(routes: list[dict[str, Any]]) -> None:
     import uvicorn
 
     from llmgw import secrets, wire
-    from llmgw.cli.httpserver import server_config
     from llmgw.gateway.app import Gateway, freeze_startup_objects
     from llmgw.gateway.link import MemoryLink
     from llmgw.gateway.settings import GatewaySettings
+    from llmgw.http.server import server_config
     from llmgw.serving import start_server
 
     configs = []

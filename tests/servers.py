@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from tests.waiting import eventually, eventually_sync
 
-from llmgw.cli.httpserver import KEEP_ALIVE_S
+from llmgw.http.server import KEEP_ALIVE_S
 from llmgw.serving import start_server
 from llmgw.tls import ServerTls
 
@@ -41,14 +41,14 @@ async def serve_asgi(
     ``graceful_s`` bounds how long stopping waits for requests in flight (a
     gateway's long poll, say) before cutting them off; None waits for them.
     With ``tls``, it listens with that certificate and the URL is https://.
-    ``http``: uvicorn's protocol setting (llmgw.cli.leanhttp's for a gateway).
+    ``http``: uvicorn's protocol setting (llmgw.http.connection's for a gateway).
     """
     # Bound here and handed to uvicorn: a port picked free and bound later may
     # be taken in between.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port or 0))
-    # Keep-alive as llmgw's own servers keep it (llmgw.cli.httpserver): at
+    # Keep-alive as llmgw's own servers keep it (llmgw.http.server): at
     # uvicorn's 5 s, equal to httpx's pool expiry, a loaded run saw the server
     # close an idle connection just as a test's client sent its next request
     # on it ("Server disconnected without sending a response").

@@ -37,10 +37,10 @@ from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.errors import EngineError
 from llmgw.gateway.app import Gateway
-from llmgw.gateway.http1 import ConnectFailed
 from llmgw.gateway.link import HttpControlPlaneLink
 from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.http.upstream import ConnectFailed
 from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
 from llmgw.sim.engine import SimEngine
 from llmgw.sim.inprocess import InProcessEngines

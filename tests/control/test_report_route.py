@@ -27,10 +27,10 @@ from tests.control.planekit import (
 )
 
 from llmgw.cli.combined import PathDispatcher
-from llmgw.cli.httpserver import server_config
 from llmgw.control import telemetry
 from llmgw.control.app import create_app
 from llmgw.control.reportroute import REPORT_PATH, ReportRoute
+from llmgw.http.server import server_config
 from llmgw.serving import start_server
 from llmgw.sim import fleetgen
 from llmgw.sim.telemetry import TelemetryWalk

@@ -16,10 +16,10 @@ import pytest
 import uvicorn
 from tests.control.planekit import opened_plane
 
-from llmgw.cli.httpserver import server_config
-from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.control.app import create_app
 from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.http.connection import LeanHttpProtocol
+from llmgw.http.server import server_config
 from llmgw.serving import start_server
 
 MiB = 1024 * 1024
@@ -42,7 +42,7 @@ async def _served(app: object, **overrides: object) -> AsyncIterator[int]:
         sock.close()
 
 
-# serve and up listen with llmgw's own protocol (llmgw.cli.leanhttp).
+# serve and up listen with llmgw's own protocol (llmgw.http.connection).
 @pytest.fixture
 async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, NewCredentials, int]]:
     async with opened_plane(tmp_path) as (cp, creds), _served(create_app(cp)) as port:

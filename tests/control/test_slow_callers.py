@@ -19,10 +19,10 @@ from tests.control.planekit import opened_plane
 from tests.control.test_request_limits import _served
 
 from llmgw.addresscap import AddressCounts, address_key
-from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.control.app import create_app
 from llmgw.control.limits import BodyLimit
 from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.http.connection import LeanHttpProtocol
 
 
 @pytest.fixture

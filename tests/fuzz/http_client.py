@@ -1,4 +1,4 @@
-"""The gateway's HTTP client (llmgw.gateway.http1) against hostile upstreams.
+"""The gateway's HTTP client (llmgw.http.client) against hostile upstreams.
 
 Each case is an answer an upstream might send: valid ones in every framing,
 broken chunking, huge or endless heads, bodies cut short, closes before a
@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from tests.fuzz.runner import Failure, Hang, Target
 from tests.fuzz.servers import RawUpstream
 
-from llmgw.gateway import http1
+from llmgw.http.client import Pool, render_post, request_head
+from llmgw.http.upstream import BodyBroken, ConnectFailed, UpstreamTimeout
 
 DEADLINE_S = 2.0
 MAX_ANSWER = 1 << 20
@@ -123,7 +124,7 @@ class _Client:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.pool = http1.Pool(1.0, DEADLINE_S, max_answer_bytes=MAX_ANSWER)
+        self.pool = Pool(1.0, DEADLINE_S, max_answer_bytes=MAX_ANSWER)
 
     def close(self) -> None:
         async def closed() -> None:
@@ -146,8 +147,8 @@ def _setup() -> Iterator[_Client]:
         client.close()
 
 
-async def _ask(pool: http1.Pool, port: int, stream: bool) -> tuple[int, bytes]:
-    payload = http1.render_post(http1.request_head("127.0.0.1", port, "/v1/x"), b"{}", b"")
+async def _ask(pool: Pool, port: int, stream: bool) -> tuple[int, bytes]:
+    payload = render_post(request_head("127.0.0.1", port, "/v1/x"), b"{}", b"")
     response = await pool.request("127.0.0.1", port, payload)
     try:
         if not stream:
@@ -170,10 +171,10 @@ def check(client: _Client, answer: Answer) -> None:
     limit = DEADLINE_S + 1.0 + 1.5
     try:
         got: Any = future.result(limit)
-    except (http1.ConnectFailed, http1.BodyBroken, http1.UpstreamTimeout) as exc:
+    except (ConnectFailed, BodyBroken, UpstreamTimeout) as exc:
         if answer.body is not None:
             raise Failure(f"a valid answer refused: {exc!r}") from None
-        if answer.oversized and isinstance(exc, http1.UpstreamTimeout):
+        if answer.oversized and isinstance(exc, UpstreamTimeout):
             raise Failure("an oversized head was read until the deadline, not refused") from None
         return
     except TimeoutError:

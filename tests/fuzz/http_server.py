@@ -1,4 +1,4 @@
-"""llmgw's HTTP server (llmgw.cli.leanhttp) against request smuggling and malformed streams.
+"""llmgw's HTTP server (llmgw.http.connection) against request smuggling and malformed streams.
 
 Each case is one connection carrying a few pipelined requests, some with a
 framing trick (Content-Length with Transfer-Encoding, duplicate or signed

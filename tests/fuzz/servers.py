@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import uvicorn
 
-from llmgw.cli.httpserver import server_config
+from llmgw.http.server import server_config
 from llmgw.serving import start_server
 
 
@@ -39,7 +39,7 @@ async def echo_app(scope: Any, receive: Any, send: Any) -> None:
 
 @contextlib.contextmanager
 def threaded_server(app: Any, **settings: Any) -> Iterator[tuple[str, int]]:
-    """``app`` on llmgw's HTTP server (llmgw.cli.httpserver) on 127.0.0.1, in a thread."""
+    """``app`` on llmgw's HTTP server (llmgw.http.server) on 127.0.0.1, in a thread."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -1,5 +1,5 @@
 """Gateway test harness: fake engines, configs, and a gateway served on loopback as
-`llmgw gateway` serves it (llmgw.cli.leanhttp)."""
+`llmgw gateway` serves it (llmgw.http.connection)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from tests.gateway.fake_upstream import FakeUpstream
 from tests.servers import serve_asgi
 
 from llmgw import secrets, wire
-from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.link import ControlPlaneLink, MemoryLink
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.http.connection import LeanHttpProtocol
 
 SECRET = "sk-llmgw-test-key-0123456789abcdefghijklmnop"
 # `llmgw gateway` as its own process, and what it logs once it listens.

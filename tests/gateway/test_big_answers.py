@@ -17,8 +17,9 @@ from aiohttp import web
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
 from tests.gateway.sims import stub_engine
 
-from llmgw.gateway.http1 import AnswerTooLarge, Pool, render_post, request_head
 from llmgw.gateway.link import MemoryLink
+from llmgw.http.client import Pool, render_post, request_head
+from llmgw.http.upstream import AnswerTooLarge
 
 MiB = 1024 * 1024
 

@@ -14,10 +14,10 @@ from tests.gateway.conftest import SECRET, async_client, make_config, running_ga
 from tests.gateway.sims import LLAMA_DIALECT, running_sim
 
 from llmgw import wire
-from llmgw.gateway.http1 import request_head
 from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.http.client import request_head
 from llmgw.sim.engine import SimEngine
 
 KEY = "engine-key-0123456789abcdefghijklmnopqrstu"

@@ -19,8 +19,9 @@ from llmgw import secrets
 from llmgw.agent.discovery.smi_xml import parse_xml
 from llmgw.control.jointokens import JoinTokens
 from llmgw.errors import AuthError, DiscoveryError
-from llmgw.gateway import http1
 from llmgw.gateway.proxy import StreamRelay, usage_object
+from llmgw.http.client import Pool, render_post, request_head
+from llmgw.http.upstream import BodyBroken
 
 
 def test_an_oversized_head_pipelined_behind_another_request_is_refused() -> None:
@@ -97,9 +98,9 @@ class _Upstream:
 
 async def _ask(answer: bytes, deadline_s: float = 30.0) -> tuple[int, bytes]:
     upstream = _Upstream(answer)
-    pool = http1.Pool(2.0, deadline_s)
+    pool = Pool(2.0, deadline_s)
     try:
-        payload = http1.render_post(http1.request_head("127.0.0.1", upstream.port, "/x"),
+        payload = render_post(request_head("127.0.0.1", upstream.port, "/x"),
                                     b"{}", b"")
         response = await pool.request("127.0.0.1", upstream.port, payload)
         try:
@@ -115,7 +116,7 @@ async def test_an_endless_answer_head_is_refused_at_once_not_read_until_the_dead
     head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"v" * 1000)
                                              for i in range(400))
     started = time.monotonic()
-    with pytest.raises(http1.BodyBroken, match="head is over"):
+    with pytest.raises(BodyBroken, match="head is over"):
         await asyncio.wait_for(_ask(head), 10)
     assert time.monotonic() - started < 5.0
 

@@ -1,4 +1,4 @@
-"""The engine client (llmgw.gateway.http1) hands over the chunks of a read together.
+"""The engine client (llmgw.http.client) hands over the chunks of a read together.
 
 httptools reports each HTTP chunk of an answer on its own; the connection
 gives them to the answer once per read. What a relay takes out must still be
@@ -14,7 +14,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from llmgw.gateway.http1 import BodyBroken, Pool, render_post, request_head
+from llmgw.http.client import Pool, render_post, request_head
+from llmgw.http.upstream import BodyBroken
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 

@@ -1,4 +1,4 @@
-"""llmgw's own HTTP/1.1 server protocol (llmgw.cli.leanhttp) on real loopback sockets.
+"""llmgw's own HTTP/1.1 server protocol (llmgw.http.connection) on real loopback sockets.
 
 tests/gateway/test_server_protocol.py compares its scopes and answer bytes
 with uvicorn's; these check what a byte comparison cannot: the limits
@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import uvicorn
 
-from llmgw.cli.httpserver import server_config
-from llmgw.cli.leanhttp import HEADERS_EXTENSION, LeanHttpProtocol
 from llmgw.gateway import front
 from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.http.connection import HEADERS_EXTENSION, LeanHttpProtocol
+from llmgw.http.server import server_config
 from llmgw.serving import start_server
 from llmgw.tls import ensure_server_tls
 

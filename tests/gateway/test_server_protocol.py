@@ -1,4 +1,4 @@
-"""llmgw's server protocol (llmgw.cli.leanhttp) against uvicorn's own.
+"""llmgw's server protocol (llmgw.http.connection) against uvicorn's own.
 
 The gateway's other tests serve it with uvicorn's stock protocol; these
 check what llmgw's protocol does differently per request (a plain path not
@@ -19,9 +19,9 @@ from typing import Any
 
 import uvicorn
 
-from llmgw.cli.httpserver import server_config
-from llmgw.cli.leanhttp import LeanHttpProtocol
 from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.http.connection import LeanHttpProtocol
+from llmgw.http.server import server_config
 from llmgw.serving import start_server
 
 
@@ -153,7 +153,7 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
 
 
 # Answers of every shape a head or body can take, and a few that uvicorn
-# refuses: llmgw's protocol writes its usual heads itself (llmgw.cli.answerhead).
+# refuses: llmgw's protocol writes its usual heads itself (llmgw.http.answerhead).
 _SHAPES: dict[str, tuple[int, Any, list[bytes]]] = {
     "/plain": (
         200,

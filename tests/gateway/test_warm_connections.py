@@ -19,8 +19,8 @@ from tests.gateway.fake_upstream import FakeUpstream
 from tests.gateway.test_external import external_route
 from tests.waiting import eventually
 
-from llmgw.gateway.http1 import Pool
 from llmgw.gateway.link import MemoryLink
+from llmgw.http.client import Pool
 
 MESSAGES: Any = [{"role": "user", "content": "hello"}]
 

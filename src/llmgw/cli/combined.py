@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 
 import uvicorn
 
-from llmgw.cli.httpserver import server_config
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import sqlite_url
 from llmgw.control.app import create_app
@@ -29,6 +28,7 @@ from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.db import normalise_url
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError
+from llmgw.http.server import server_config
 from llmgw.nodetls import NodeIssuer
 from llmgw.serving import ServerNotStarted, start_server
 from llmgw.tls import (
@@ -144,7 +144,7 @@ class PathDispatcher:
     def __init__(self, control: Any, gateway: Any) -> None:
         self.control = control
         self.gateway = gateway
-        # The gateway's endpoints on the paths it is sent here (llmgw.cli.leanhttp
+        # The gateway's endpoints on the paths it is sent here (llmgw.http.connection
         # runs them without this dispatcher's frame); its /health is the control plane's.
         self.endpoints = {
             (method, path): endpoint

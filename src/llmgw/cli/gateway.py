@@ -89,7 +89,7 @@ async def serve_gateway(
     """
     import uvicorn
 
-    from llmgw.cli.httpserver import server_config
+    from llmgw.http.server import server_config
 
     sock = worker.socket() if worker is not None else _bind(host, port)
     try:

@@ -79,7 +79,7 @@ def create_app(
     # The same route in the same two layers, without the framework's own
     # (its app, error and body-limit middlewares, each a frame and a send
     # wrapper a report), for servers that run endpoints by (method, path)
-    # (llmgw.cli.leanhttp, through serve's PathDispatcher).
+    # (llmgw.http.connection, through serve's PathDispatcher).
     app.endpoints = {
         ("POST", REPORT_PATH): CountReports(
             BodyLimit(ReportRoute(app, cp=cp, handlers=app.exception_handlers)),

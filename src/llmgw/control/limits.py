@@ -10,7 +10,7 @@ body whose next piece takes longer than ``idle_s`` or that is not complete
 ``total_s`` after the route first asked for it (a client trickling a body a
 byte at a time, each byte inside the idle limit, would otherwise hold a
 request open for as long as it liked). llmgw's HTTP server
-(llmgw.cli.leanhttp) has a body deadline of its own; this one holds under
+(llmgw.http.connection) has a body deadline of its own; this one holds under
 any server.
 
 Limits go by path prefix, the longest match first: registration is small

@@ -95,7 +95,7 @@ class Gateway:
         self._configured = asyncio.Event()
         self._started = False
         self._routes = self._route_table()
-        # (method, path) -> endpoint, for llmgw's server (llmgw.cli.leanhttp):
+        # (method, path) -> endpoint, for llmgw's server (llmgw.http.connection):
         # the request's task runs the endpoint itself, with no frame of this
         # app's dispatch on its stack. Any other request comes to __call__.
         self.endpoints = {(method, path): endpoint

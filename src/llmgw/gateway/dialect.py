@@ -47,9 +47,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from llmgw import wire
-from llmgw.gateway.http1 import BodyBroken, ConnectFailed, UpstreamTimeout
 from llmgw.gateway.proxy import Upstream, Usage, find_usage
 from llmgw.gateway.responses import ApiError
+from llmgw.http.upstream import BodyBroken, ConnectFailed, UpstreamTimeout
 
 if TYPE_CHECKING:
     from llmgw.gateway.routing import Replica

@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.proxy import Upstream
+from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 if TYPE_CHECKING:
     from llmgw.gateway.routing import Replica

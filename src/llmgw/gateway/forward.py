@@ -20,7 +20,6 @@ from typing import Protocol
 from llmgw.gateway.auth import KeyRecord
 from llmgw.gateway.external import renaming_send
 from llmgw.gateway.front import Runtime
-from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.proxy import Usage
 from llmgw.gateway.responses import (
     JSON,
@@ -32,6 +31,7 @@ from llmgw.gateway.responses import (
 )
 from llmgw.gateway.routing import ModelRouter, Pick, Replica
 from llmgw.gateway.types import Message, Send
+from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 

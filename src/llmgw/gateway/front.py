@@ -30,7 +30,7 @@ from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.usage import UsageBatcher
 
 # The key under scope["extensions"] of a dict of the request's headers, first
-# value of each name (llmgw.cli.leanhttp sets it; the gateway does not import it).
+# value of each name (llmgw.http.connection sets it; the gateway does not import it).
 HEADERS_EXTENSION = "llmgw.headers"
 
 _ID_PREFIX = os.urandom(8).hex()
@@ -103,7 +103,7 @@ def headers_of(scope: Scope) -> dict[bytes, bytes]:
     """The request's headers by (lower-case) name, the first value of each."""
     extensions = scope.get("extensions")
     if extensions is not None:
-        # llmgw's server (llmgw.cli.leanhttp) indexes them once per request.
+        # llmgw's server (llmgw.http.connection) indexes them once per request.
         index = extensions.get(HEADERS_EXTENSION)
         if index is not None:
             return index  # type: ignore[no-any-return]

@@ -60,7 +60,6 @@ from llmgw.gateway.front import (
     resolve,
     start_watch,
 )
-from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.limits import cap_output_tokens
 from llmgw.gateway.prefix import render_chat, render_completion
 from llmgw.gateway.proxy import StreamRelay, Usage, find_usage, sse_error
@@ -76,6 +75,7 @@ from llmgw.gateway.responses import (
 from llmgw.gateway.routing import ModelRouter, Replica
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.validation import check_request
+from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +144,7 @@ async def handle(
         cancel_if_gone = getattr(send, "cancel_if_gone", None)
         if cancel_if_gone is not None:
             # llmgw's server cancels this task itself when the client leaves
-            # (llmgw.cli.leanexchange): no timer, no watcher task, no delay.
+            # (llmgw.http.cycle): no timer, no watcher task, no delay.
             cancel_if_gone()
         else:
             task = asyncio.current_task()
@@ -360,7 +360,7 @@ async def _relay(
         observe=tally.add if tally is not None else None,
     )
     send = call.stream_send()
-    # llmgw's server streams without ASGI messages (llmgw.cli.leanhttp); its
+    # llmgw's server streams without ASGI messages (llmgw.http.connection); its
     # head waits for the first events, so each turn below sends before it waits.
     direct: Streamer | None = send if hasattr(send, "stream") else None  # type: ignore[assignment]
     failed = False

@@ -137,7 +137,7 @@ class HealthProber:
             raise ConnectionError(f"GET {PROBE_PATH} answered HTTP {status}")
 
     def _tls_context(self) -> ssl.SSLContext:
-        # The system's trust store, as the request path uses (gateway.http1),
+        # The system's trust store, as the request path uses (http.client),
         # read when first needed: aiohttp's own default is made at import.
         if self._tls is None:
             self._tls = ssl.create_default_context()

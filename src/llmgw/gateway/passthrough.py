@@ -45,7 +45,6 @@ from llmgw.gateway.apiroutes import rerouted, route_router
 from llmgw.gateway.fieldchecks import form_true
 from llmgw.gateway.forward import Call, Prefill, account, answer_whole, first_chunk, forward
 from llmgw.gateway.front import header, parse
-from llmgw.gateway.http1 import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
 from llmgw.gateway.prefix import render_chat
 from llmgw.gateway.proxy import EventBuffer, Usage, sse_error, usage_object
@@ -57,6 +56,7 @@ from llmgw.gateway.validation import (
     SCORE_PATH,
     TRANSCRIPTIONS_PATH,
 )
+from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Talking to engines: the upstream client, usage extraction, the SSE relay.
 
 Only failures that happen before the engine's answer could have reached the
-client are retried elsewhere (:class:`~llmgw.gateway.http1.ConnectFailed`,
+client are retried elsewhere (:class:`~llmgw.http.client.ConnectFailed`,
 and for a non-streaming answer a body cut short, since nothing was relayed
 yet); anything after the first byte was relayed is reported in-band.
 """
@@ -19,8 +19,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from llmgw.gateway.http1 import ConnectFailed, Pool, Response, render_post, request_head
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.http.client import Pool, render_post, request_head
+from llmgw.http.upstream import ConnectFailed, Response
 
 # Connections opened at once when a config names new replicas (Upstream.warm).
 WARM_CONCURRENCY = 16

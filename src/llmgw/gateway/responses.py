@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 class Streamer(Protocol):
     """What llmgw's server offers besides ASGI's send for a streamed answer
-    (llmgw.cli.leanexchange.Exchange): no message dicts per event."""
+    (llmgw.http.cycle.RequestCycle): no message dicts per event."""
 
     def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
 
@@ -115,7 +115,7 @@ async def send_bytes(
 ) -> None:
     answer = getattr(send, "answer", None)
     if answer is not None:
-        # llmgw's server (llmgw.cli.leanhttp): head and body in one write, no
+        # llmgw's server (llmgw.http.connection): head and body in one write, no
         # ASGI messages. The headers are the gateway's own (the content type
         # of an engine's answer passed httptools' checks of header values).
         answer(status, [(b"content-type", content_type), *extra], body)

@@ -5,7 +5,7 @@ request's head nor how large the head may be: its keep-alive timer is armed
 only after an answer and cancelled by any byte, and httptools accepts headers
 of any size. One client could hold a connection with a byte every minute, or
 send a head of gigabytes. llmgw's own protocol
-(:class:`llmgw.cli.leanhttp.LeanHttpProtocol`, the ``http`` setting here)
+(:class:`llmgw.http.connection.LeanHttpProtocol`, the ``http`` setting here)
 closes a connection whose request head is not complete within
 ``HEAD_TIMEOUT_S`` of its first byte (or of the connection opening), and
 refuses a head over ``MAX_HEAD_BYTES``; ``limit_concurrency`` answers 503
@@ -23,7 +23,7 @@ from typing import Any
 import uvicorn
 
 from llmgw.addresscap import max_per_address_from_env
-from llmgw.cli.leanhttp import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_HEAD_BYTES, LeanHttpProtocol
+from llmgw.http.connection import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_HEAD_BYTES, LeanHttpProtocol
 
 __all__ = [
     "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "MAX_HEAD_BYTES",

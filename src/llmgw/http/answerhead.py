@@ -3,7 +3,7 @@
 uvicorn's send checks each header of an answer against two regexes,
 lower-cases it and compares its name three times, in Python, the date and
 server headers included (~300 interpreter steps for a gateway answer's six
-headers). llmgw's server (llmgw.cli.leanexchange) writes the same bytes
+headers). llmgw's server (llmgw.http.cycle) writes the same bytes
 with two shortcuts, both here: the server's default headers rendered once
 per list (:class:`DefaultHead`), and each set of header names an app
 answers with checked once per process (:func:`names_fit`); an answer they

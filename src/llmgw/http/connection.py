@@ -21,14 +21,14 @@ signals, graceful shutdown, the date header, the connection limit), with:
   with no ASGI message (the gateway's usual answer, llmgw.gateway.responses).
 
 A request's side (receive, send, the answer's checks) is
-:mod:`llmgw.cli.leanexchange`; this module is the connection's.
+:mod:`llmgw.http.cycle`; this module is the connection's.
 
 Kept from uvicorn (tests/gateway/test_server_protocol.py compares the bytes):
 keep-alive and pipelining, chunked request bodies, streamed answers with
 backpressure, ``http.disconnect`` for a client that leaves, 100-continue,
 HEAD, HTTP/1.0, 400 for a malformed request, 500 for an app that fails, the
 access log. Added: the head's deadline and size cap (uvicorn bounds
-neither; :mod:`llmgw.cli.httpserver` has the settings every llmgw server
+neither; :mod:`llmgw.http.server` has the settings every llmgw server
 runs this protocol with), the body's deadline, a cap on connections per
 client address, a connection closed after an answer that refuses its
 request (401, 408, 413), and the keep-alive timer armed once per idle
@@ -66,8 +66,8 @@ from uvicorn.protocols.utils import (
 )
 
 from llmgw.addresscap import AddressCounts, max_per_address_from_env
-from llmgw.cli.answerhead import DefaultHead
-from llmgw.cli.leanexchange import Exchange
+from llmgw.http.answerhead import DefaultHead
+from llmgw.http.cycle import RequestCycle
 
 Asgi = Callable[[Any, Any, Any], Awaitable[None]]
 
@@ -197,12 +197,12 @@ class LeanHttpProtocol(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
-        self.pipeline: deque[tuple[Exchange, Asgi]] = deque()
+        self.pipeline: deque[tuple[RequestCycle, Asgi]] = deque()
         self.closing = False  # a graceful shutdown: no request after the one in progress
 
         # The request being parsed, and the one being answered.
-        self.parsing: Exchange | None = None
-        self.active: Exchange | None = None
+        self.parsing: RequestCycle | None = None
+        self.active: RequestCycle | None = None
         self._url = b""
         # The head's header names and values in turn, as httptools hands them over.
         self._raw: list[bytes] = []
@@ -427,7 +427,7 @@ class LeanHttpProtocol(asyncio.Protocol):
             "state": self.app_state.copy(), "extensions": {HEADERS_EXTENSION: index},
         }  # fmt: skip
         expect = index.get(b"expect")
-        exchange = Exchange(
+        exchange = RequestCycle(
             self, scope, method == "HEAD", version != "1.0" and parser.should_keep_alive()
             and not self.closing,
             expect is not None and expect.lower() == b"100-continue",
@@ -476,7 +476,7 @@ class LeanHttpProtocol(asyncio.Protocol):
 
     # -- requests ----------------------------------------------------------------
 
-    def _start(self, exchange: Exchange, app: Asgi) -> None:
+    def _start(self, exchange: RequestCycle, app: Asgi) -> None:
         self.active = exchange
         coro: Any = app(exchange.scope, exchange.receive, exchange)
         context = contextvars.Context() if self.fresh_context else None
@@ -489,7 +489,7 @@ class LeanHttpProtocol(asyncio.Protocol):
         self.tasks.add(task)
         task.add_done_callback(exchange.ended)
 
-    def answered(self, exchange: Exchange) -> None:
+    def answered(self, exchange: RequestCycle) -> None:
         """An answer is complete: the next pipelined request, or an idle connection."""
         self.server_state.total_requests += 1
         if self.active is exchange:

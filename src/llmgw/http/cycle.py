@@ -1,4 +1,4 @@
-"""One request and its answer on llmgw's HTTP/1.1 server (llmgw.cli.leanhttp): receive, send.
+"""One request and its answer on llmgw's HTTP/1.1 server (llmgw.http.connection): receive, send.
 
 Split from the connection's protocol: this is what an app's request sees
 (its body, the answer's head and body, the checks uvicorn makes of them),
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, STATUS_LINE
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
-from llmgw.cli.answerhead import NAMES_SEEN, UNFIT, names_fit
+from llmgw.http.answerhead import NAMES_SEEN, UNFIT, names_fit
 
 if TYPE_CHECKING:
-    from llmgw.cli.leanhttp import LeanHttpProtocol
+    from llmgw.http.connection import LeanHttpProtocol
 
 # Bodies larger than this go out in their own write rather than be copied
 # behind the held head.
@@ -38,7 +38,7 @@ _ERROR_500 = (
 )
 
 
-class Exchange:
+class RequestCycle:
     """One request and its answer: the ASGI ``receive`` and ``send`` of that request.
 
     The request's body is collected here by the protocol's callbacks; the
@@ -345,7 +345,7 @@ class Exchange:
         The names and values are each checked with one regex search over
         their concatenation (the regexes match one character, so that is the
         same check as uvicorn's per header); a set of names is checked once
-        per process (llmgw.cli.answerhead.names_fit).
+        per process (llmgw.http.answerhead.names_fit).
         """
         if type(headers) not in (list, tuple):
             return None
