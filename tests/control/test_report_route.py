@@ -1,8 +1,9 @@
-"""Agent reports over real HTTP, answered before FastAPI's routing (control/reportroute.py).
+"""Agent reports over real HTTP, answered by one endpoint before FastAPI's routing
+(control/reportroute.py).
 
-The fast path must answer exactly as the framework's route did: the same
-body for a report, and each failure in the application's one error shape,
-with its status, through the application's own exception handlers.
+The answer is the report's answer model dumped, and each failure keeps the
+application's one error shape, with its status, through the application's
+own exception handlers.
 """
 
 from __future__ import annotations
@@ -29,17 +30,32 @@ from tests.control.planekit import (
 from llmgw.cli.combined import PathDispatcher
 from llmgw.control import telemetry
 from llmgw.control.app import create_app
-from llmgw.control.reportroute import REPORT_PATH, ReportRoute
+from llmgw.control.reportroute import REPORT_PATH, ReportEndpoint, ReportRoute
+from llmgw.control.reports import assignments_for
+from llmgw.control.state import ReplicaRecord
 from llmgw.http.server import server_config
 from llmgw.serving import start_server
 from llmgw.sim import fleetgen
 from llmgw.sim.telemetry import TelemetryWalk
-from llmgw.wire import AgentReport, AgentReportAnswer, ModelSpec, NodeInventory
+from llmgw.wire import (
+    AgentReport,
+    AgentReportAnswer,
+    ModelSpec,
+    NodeInventory,
+    ShardAssignment,
+)
 
 
-def test_the_app_answers_reports_through_the_fast_path(plane: Plane) -> None:
+def test_the_app_answers_reports_through_one_endpoint(plane: Plane) -> None:
     app = create_app(plane.cp)
-    assert any(getattr(m, "cls", None) is ReportRoute for m in app.user_middleware)
+    (middleware,) = [m for m in app.user_middleware if getattr(m, "cls", None) is ReportRoute]
+    endpoint = middleware.kwargs["endpoint"]
+    assert isinstance(endpoint, ReportEndpoint)
+    # The route table and the lean servers' endpoints reach the very same one.
+    (route,) = [r for r in app.routes if getattr(r, "path", None) == REPORT_PATH]
+    assert getattr(route, "app", None) is endpoint
+    stacked = app.endpoints[("POST", REPORT_PATH)]  # CountReports -> BodyLimit -> endpoint
+    assert stacked.app.app is endpoint
 
 
 async def test_a_report_is_answered_as_the_control_plane_answers_it(plane: Plane) -> None:
@@ -47,6 +63,14 @@ async def test_a_report_is_answered_as_the_control_plane_answers_it(plane: Plane
     await cp.catalog.put([ModelSpec(name="m", engine="sim", gpu_classes=["cpu"])])
     async with httpx.AsyncClient() as client:
         token = await register(client, url, plane.join, "n1")
+        first = await send_report(
+            client, url, token, AgentReport(node="n1", inventory=inventory("n1"))
+        )
+        assert first.status_code == 200, first.text
+        # A replica on the node, so the answer carries an assignment.
+        cp.state.replicas["r1"] = ReplicaRecord(
+            id="r1", model="m", created_at=0.0, shards=[ShardAssignment(node="n1")]
+        )
         answer = await send_report(
             client, url, token, AgentReport(node="n1", inventory=inventory("n1"))
         )
@@ -55,11 +79,11 @@ async def test_a_report_is_answered_as_the_control_plane_answers_it(plane: Plane
     assert int(answer.headers["content-length"]) == len(answer.content)
     body = AgentReportAnswer.model_validate_json(answer.content)
     assert body.node == "n1" and body.report_interval_s > 0
-    # The route's bytes (assignments spliced in as kept JSON) are the model's dump.
-    again = await cp.agents.report(
-        cp.state.nodes["n1"], AgentReport(node="n1", inventory=inventory("n1"))
-    )
-    assert answer.content == again.model_dump_json().encode()
+    # The answer's bytes (assignments spliced in as kept JSON) are the model's dump,
+    # with the node's assignments.
+    assert body.model_dump_json().encode() == answer.content
+    assert body.assignments == assignments_for(cp.state, "n1", cp.engine_keys.key)
+    assert body.assignments
 
 
 async def test_each_refusal_keeps_its_status_and_shape(plane: Plane) -> None:
@@ -225,8 +249,8 @@ async def test_serves_lean_server_answers_reports_without_the_framework(tmp_path
             answer = await send_report(client, url, token, report)
             assert answer.status_code == 200, answer.text
             assert AgentReportAnswer.model_validate_json(answer.content).node == "n1"
-        route = endpoint.app.app  # CountReports -> BodyLimit -> ReportRoute
-        assert isinstance(route, ReportRoute) and "n1" in route._last
+        route = endpoint.app.app  # CountReports -> BodyLimit -> ReportEndpoint
+        assert isinstance(route, ReportEndpoint) and "n1" in route._last
         other = AgentReport(node="n2", inventory=inventory("n2"))
         assert (await send_report(client, url, token, other)).status_code == 403
         assert (await send_report(client, url, token, b"{nope")).status_code == 422

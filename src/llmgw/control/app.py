@@ -19,20 +19,20 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import generate_latest
 from pydantic import TypeAdapter
+from starlette.routing import Route
 
 from llmgw import secrets
 from llmgw.console.server import mount_console
 from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.httperrors import error_response, install_error_handlers
 from llmgw.control.limits import BodyLimit
-from llmgw.control.metrics import CountReports, control_registry
-from llmgw.control.reportroute import REPORT_PATH, ReportRoute
+from llmgw.control.metrics import control_registry
+from llmgw.control.reportroute import REPORT_PATH, CountReports, ReportEndpoint, ReportRoute
 from llmgw.control.service import ControlPlane
 from llmgw.errors import AuthError, ValidationError
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.wire import (
     AgentRegistration,
-    AgentReport,
     DemandRequest,
     GatewayLoadReport,
     UsageRecord,
@@ -72,20 +72,23 @@ def create_app(
     app = ControlApp(title=title, version="1", docs_url=None, redoc_url=None,
                      openapi_url="/admin/v1/openapi.json")
     app.state.cp = cp
-    # Innermost: agent reports answered without the routing below (reportroute.py).
-    app.add_middleware(ReportRoute, cp=cp, handlers=app.exception_handlers)
+    # Agent reports: one endpoint (reportroute.py), reached three ways.
+    reports = ReportEndpoint(cp, app.exception_handlers)
+    # Innermost: reports answered without the routing below.
+    app.add_middleware(ReportRoute, endpoint=reports)
     app.add_middleware(BodyLimit)
     app.add_middleware(CountReports, metrics=cp.metrics)  # outermost: sees BodyLimit's 413s
-    # The same route in the same two layers, without the framework's own
+    # The same endpoint in the same two layers, without the framework's own
     # (its app, error and body-limit middlewares, each a frame and a send
     # wrapper a report), for servers that run endpoints by (method, path)
     # (llmgw.http.connection, through serve's PathDispatcher).
     app.endpoints = {
-        ("POST", REPORT_PATH): CountReports(
-            BodyLimit(ReportRoute(app, cp=cp, handlers=app.exception_handlers)),
-            metrics=cp.metrics,
-        ),
+        ("POST", REPORT_PATH): CountReports(BodyLimit(reports), metrics=cp.metrics),
     }
+    # And in the route table, where other methods meet the framework's 405.
+    app.router.routes.append(
+        Route(REPORT_PATH, reports, methods=["POST"], include_in_schema=False)
+    )
 
     install_error_handlers(app, cp.leader_hint)
 
@@ -125,18 +128,6 @@ def create_app(
         cp.require_leader()
         reg = AgentRegistration.model_validate(await _body(request))
         return _json(await cp.nodes.register(reg))
-
-    # Answered by the ReportRoute middleware (reportroute.py) before routing;
-    # declared here too, for other methods' 405 and for an app built without it.
-    @app.post("/agent/v1/report", include_in_schema=False)
-    async def report(request: Request) -> Response:
-        cp.require_leader()
-        node = cp.nodes.for_token(secrets.bearer(request.headers.get("authorization")))
-        body = AgentReport.model_validate(await _body(request))
-        if body.node != node.name:
-            return error_response(403, f"this token speaks for node {node.name!r} only",
-                                  "permission_error", "wrong_node")
-        return _json(await cp.agents.report(node, body))
 
     # -- gateway link API ----------------------------------------------------
     # All of it, the config watch included, is the leader's: a gateway that

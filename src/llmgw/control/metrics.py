@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -44,40 +44,6 @@ from llmgw.promkit import filled
 
 if TYPE_CHECKING:
     from llmgw.control.service import ControlPlane
-
-REPORT_PATH = "/agent/v1/report"
-
-
-class CountReports:
-    """ASGI middleware: every answer to an agent report counted by outcome.
-
-    Outside every other layer, so refusals that never reach the route (a
-    body over the limit, a standby's 503) are counted as well.
-    """
-
-    def __init__(self, app: Any, metrics: ControlMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] != REPORT_PATH:
-            await self.app(scope, receive, send)
-            return
-        status = 500  # an exception before any answer is an error
-
-        async def watched(message: Any) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watched)
-        finally:
-            self.metrics.agent_report(status)
-
-
-# -- scrape -------------------------------------------------------------------------
 
 
 def control_registry(cp: ControlPlane) -> CollectorRegistry:

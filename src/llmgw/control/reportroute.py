@@ -1,18 +1,26 @@
-"""Agent reports answered before FastAPI's routing: the control plane's hottest route.
+"""Agent reports: the control plane's hottest route, answered by one endpoint.
 
 10,000 nodes reporting every 5 s is 2,000 reports a second. Through the
 framework each report also paid for matching the path against every admin
 route, a Request and its dependency machinery, the exception and exit-stack
 middlewares and a Response object: more than half of the control plane's
-CPU per report (measured with py-spy), more than applying the report. This
-middleware sits inside the body limit and the report counter
-(limits.BodyLimit, metrics.CountReports), so both still see every report,
-and answers ``POST /agent/v1/report`` itself: the same checks in the same
-order as the route in app.py (leader, node token, body, node name), the
-same ``Agents.report``, the same bytes. The node token is checked before
-the body is read. Failures are answered by the
-application's own exception handlers (the dict FastAPI fills from
-``app.exception_handler``), so every error keeps its one shape.
+CPU per report (measured with py-spy), more than applying the report. So
+one :class:`ReportEndpoint` answers ``POST /agent/v1/report``, and it is
+reached three ways, all of them the same object (app.py wires them):
+
+* the :class:`ReportRoute` middleware, inside the body limit and the report
+  counter (limits.BodyLimit, :class:`CountReports`), so both still see every
+  report, in front of FastAPI's routing;
+* the endpoints table of servers that run an endpoint by (method, path)
+  (llmgw.http.connection, through serve's PathDispatcher), in the same two
+  layers;
+* the route table, where it is declared for the framework's 405 to other
+  methods.
+
+The leader and the node token are checked before a byte of the body is
+read. Failures are answered by the application's own exception handlers
+(the dict FastAPI fills from ``app.exception_handler``), so every error
+keeps its one shape.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmgw import secrets
 from llmgw.control import telemetry
+from llmgw.control.counters import ControlMetrics
 from llmgw.control.httperrors import error_response
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import NodeRecord
@@ -55,9 +64,53 @@ class _Kept:
     readings: tuple[Reading, ...] | None
 
 
-class ReportRoute:
-    def __init__(self, app: ASGIApp, cp: ControlPlane, handlers: Mapping[Any, Handler]) -> None:
+class CountReports:
+    """ASGI middleware: every answer to an agent report counted by outcome.
+
+    Outside every other layer, so refusals that never reach the endpoint (a
+    body over the limit, a standby's 503) are counted as well.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ControlMetrics) -> None:
         self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != REPORT_PATH:
+            await self.app(scope, receive, send)
+            return
+        status = 500  # an exception before any answer is an error
+
+        async def watched(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            self.metrics.agent_report(status)
+
+
+class ReportRoute:
+    """ASGI middleware: ``POST /agent/v1/report`` to the endpoint, anything else on."""
+
+    def __init__(self, app: ASGIApp, endpoint: ReportEndpoint) -> None:
+        self.app = app
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == REPORT_PATH and scope["method"] == "POST":
+            await self.endpoint(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+class ReportEndpoint:
+    """The ASGI app that answers an agent's report: checks, the report taken in, the answer."""
+
+    def __init__(self, cp: ControlPlane, handlers: Mapping[Any, Handler]) -> None:
         self.cp = cp
         # The application's exception handlers by exception class, filled
         # after this middleware is added; read at the time of a failure.
@@ -71,9 +124,6 @@ class ReportRoute:
         self._last: dict[str, _Kept] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != REPORT_PATH or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
         try:
             # The leader and the node token before a byte of the body is
             # read: a caller without a token holds no route waiting for a
@@ -115,13 +165,13 @@ class ReportRoute:
         if kept is not None and kept.node is node:
             if kept.digest == digest:
                 # The same bytes as this node's last report: the same report.
-                answer = await cp.agents.report_json(node, kept.report, kept.readings)
+                answer = await cp.agents.report(node, kept.report, kept.readings)
                 cp.metrics.report_read("same_bytes")
                 return answer
             readings = telemetry.read(body, kept.shape) if kept.shape is not None else None
             if readings is not None:
                 # The last valid report with this body's readings.
-                answer = await cp.agents.report_json(node, kept.report, readings)
+                answer = await cp.agents.report(node, kept.report, readings)
                 kept.digest, kept.readings = digest, readings
                 cp.metrics.report_read("telemetry")
                 return answer
@@ -133,7 +183,7 @@ class ReportRoute:
                 "permission_error",
                 "wrong_node",
             )
-        answer = await cp.agents.report_json(node, report)
+        answer = await cp.agents.report(node, report)
         self._remember(node, digest, report, body)
         cp.metrics.report_read("validated")
         return answer

@@ -14,7 +14,6 @@ from llmgw.control.nodecerts import Issued
 from llmgw.control.reports import (
     AssignmentJson,
     apply_report,
-    assignments_for,
     weight_peers,
 )
 from llmgw.control.rows import gpu_rows, node_row, replica_row
@@ -22,7 +21,7 @@ from llmgw.control.services.core import Core
 from llmgw.control.state import UNREACHABLE_AFTER_S, NodeRecord
 from llmgw.control.telemetry import Reading
 from llmgw.errors import AuthError
-from llmgw.wire import AgentReport, AgentReportAnswer, ReplicaAssignment
+from llmgw.wire import AgentReport, AgentReportAnswer
 
 log = logging.getLogger(__name__)
 
@@ -50,28 +49,16 @@ class Agents:
         node: NodeRecord,
         report: AgentReport,
         readings: tuple[Reading, ...] | None = None,
-    ) -> AgentReportAnswer:
+    ) -> bytes:
         """Take in a node's report; answer with everything it must run.
 
         ``readings``: its devices' telemetry, newer than the report's inventory
-        (apply_report)."""
+        (apply_report). The answer is an :class:`AgentReportAnswer`'s
+        ``model_dump_json`` bytes, each assignment's JSON kept between reports
+        (reports.AssignmentJson)."""
         issued = await self._take(node, report, readings)
         core = self.core
-        return self._answer(
-            node, issued, assignments_for(core.state, node.name, core.engine_keys.key)
-        )
-
-    async def report_json(
-        self,
-        node: NodeRecord,
-        report: AgentReport,
-        readings: tuple[Reading, ...] | None = None,
-    ) -> bytes:
-        """:meth:`report`'s answer as its ``model_dump_json`` bytes, each assignment's
-        JSON kept between reports (reports.AssignmentJson)."""
-        issued = await self._take(node, report, readings)
-        core = self.core
-        shell = self._answer(node, issued, []).model_dump_json().encode()
+        shell = self._answer(node, issued).model_dump_json().encode()
         parts = self._assignment_json.for_node(core.state, node.name, core.engine_keys.key)
         # The node's name is the only field before the list, and a node name
         # holds no quote: the first occurrence is the field.
@@ -132,14 +119,13 @@ class Agents:
             await state.bump_routing()
         return issued
 
-    def _answer(
-        self, node: NodeRecord, issued: Issued, assignments: list[ReplicaAssignment]
-    ) -> AgentReportAnswer:
+    def _answer(self, node: NodeRecord, issued: Issued) -> AgentReportAnswer:
+        """The answer without its assignments, which ``report`` splices in."""
         core, state = self.core, self.core.state
         certs = core.node_certs
         return AgentReportAnswer(
             node=node.name,
-            assignments=assignments,
+            assignments=[],
             report_interval_s=REPORT_INTERVAL_S,
             # A node waiting for approval reads no one's weights.
             weight_peers={}
