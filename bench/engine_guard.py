@@ -222,7 +222,7 @@ def main() -> None:
         tls_args: list[str] = []
         scheme = "http"
         if args.tls:
-            from llmgw.tls import ensure_server_tls
+            from llmgw.servertls import ensure_server_tls
 
             server = ensure_server_tls(Path(tmp), ["127.0.0.1"])
             tls_args = ["--cert", str(server.cert_file), "--key", str(server.key_file),

@@ -21,8 +21,8 @@ import uvicorn
 from tests.waiting import eventually, eventually_sync
 
 from llmgw.http.server import KEEP_ALIVE_S
+from llmgw.servertls import ServerTls
 from llmgw.serving import start_server
-from llmgw.tls import ServerTls
 
 
 def free_port() -> int:

@@ -29,7 +29,8 @@ from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.tls import CA_PATH, CaRoute, ensure_server_tls
+from llmgw.servertls import CaRoute, ensure_server_tls
+from llmgw.tls import CA_PATH
 from llmgw.wire import AgentReport, ModelSpec
 
 CREDENTIALS = ["none", "api key", "gateway token", "node token", "other node token",

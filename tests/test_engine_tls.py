@@ -42,9 +42,10 @@ from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.http.upstream import ConnectFailed
 from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
+from llmgw.servertls import ServerTls, ensure_server_tls
 from llmgw.sim.engine import SimEngine
 from llmgw.sim.inprocess import InProcessEngines
-from llmgw.tls import ClientTrust, ServerTls, ensure_server_tls
+from llmgw.tls import ClientTrust
 from llmgw.wire import (
     AgentReport,
     EngineKind,

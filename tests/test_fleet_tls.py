@@ -26,7 +26,8 @@ from tests.servers import free_port, stop_group
 from tests.test_fleet_serve import spawn
 
 from llmgw.errors import ConfigError
-from llmgw.tls import ensure_server_tls, fingerprint, split_join_token, wants_tls
+from llmgw.servertls import ensure_server_tls
+from llmgw.tls import fingerprint, split_join_token, wants_tls
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main"]
 

@@ -33,7 +33,7 @@ from llmgw.control.nudge import Nudger
 from llmgw.control.service import ControlPlane
 from llmgw.control.state import FleetState, NodeRecord
 from llmgw.nodetls import load_or_make_key, make_csr
-from llmgw.tls import ServerTls, ensure_server_tls
+from llmgw.servertls import ServerTls, ensure_server_tls
 from llmgw.wire import AgentReport, WeightsSource
 
 

@@ -25,14 +25,8 @@ from tests.servers import serve_asgi
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
-from llmgw.tls import (
-    CaRoute,
-    ServerTls,
-    TrustError,
-    ensure_server_tls,
-    fingerprint,
-    write_ca,
-)
+from llmgw.servertls import CaRoute, ServerTls, ensure_server_tls, write_ca
+from llmgw.tls import TrustError, fingerprint
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main"]
 

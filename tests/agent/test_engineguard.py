@@ -15,7 +15,7 @@ from aiohttp import web
 
 from llmgw.agent.engineguard import EngineGuard, authorized
 from llmgw.agent.engines.base import EngineTls
-from llmgw.tls import ensure_server_tls
+from llmgw.servertls import ensure_server_tls
 
 KEY = "engine-key-0123456789abcdefghijklmnopqrstu"
 

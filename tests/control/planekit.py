@@ -20,7 +20,7 @@ from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.repo import Store
 from llmgw.nodetls import NodeIssuer
-from llmgw.tls import ServerTls, ensure_server_tls
+from llmgw.servertls import ServerTls, ensure_server_tls
 from llmgw.wire import AgentReport, Device, NodeInventory
 
 KEY = "llmgw-agent-key-" + "k" * 43

@@ -14,7 +14,8 @@ import pytest
 from llmgw.control.fleetca import share_ca
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError
-from llmgw.tls import ensure_server_tls, fingerprint
+from llmgw.servertls import ensure_server_tls
+from llmgw.tls import fingerprint
 
 
 async def test_the_first_instance_keeps_its_ca_in_the_store_and_the_others_take_it(

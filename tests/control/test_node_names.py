@@ -14,7 +14,7 @@ from tests.control.planekit import fleet_ca
 from llmgw.control.nodecerts import Issued, NodeCertificates
 from llmgw.control.state import FleetState, NodeRecord
 from llmgw.nodetls import load_or_make_key, make_csr, normal_address
-from llmgw.tls import ensure_server_tls
+from llmgw.servertls import ensure_server_tls
 
 
 def test_one_spelling_per_address_and_none_of_the_control_planes_names(tmp_path: Path) -> None:

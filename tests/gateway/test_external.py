@@ -26,7 +26,7 @@ from llmgw import wire
 from llmgw.control import external
 from llmgw.control.services.gateways import served_name
 from llmgw.gateway.link import MemoryLink
-from llmgw.tls import ensure_server_tls
+from llmgw.servertls import ensure_server_tls
 
 # Characters an engine key may not hold but a hosted API's key may.
 KEY = "hosted-Key.with/odd+chars=0123456789"

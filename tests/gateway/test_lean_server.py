@@ -26,8 +26,8 @@ from llmgw.gateway import front
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.http.connection import HEADERS_EXTENSION, LeanHttpProtocol
 from llmgw.http.server import server_config
+from llmgw.servertls import ensure_server_tls
 from llmgw.serving import start_server
-from llmgw.tls import ensure_server_tls
 
 
 @asynccontextmanager

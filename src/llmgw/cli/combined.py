@@ -30,21 +30,21 @@ from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError
 from llmgw.http.server import server_config
 from llmgw.nodetls import NodeIssuer
-from llmgw.serving import ServerNotStarted, start_server
-from llmgw.tls import (
+from llmgw.servertls import (
     CaRoute,
     ServerTls,
     certificate_names,
     ensure_server_tls,
     given_server_tls,
     server_names,
-    wants_tls,
 )
+from llmgw.serving import ServerNotStarted, start_server
+from llmgw.tls import wants_tls
 
 
 @dataclass
 class TlsOptions:
-    """How ``serve``/``up`` listen (llmgw.tls): given certificates, or the data dir's own CA.
+    """How ``serve``/``up`` listen (llmgw.servertls): given certificates, or the data dir's own CA.
 
     ``tls`` None decides by the bind address: a loopback bind stays plain
     (nothing leaves the machine), any other bind uses TLS unless

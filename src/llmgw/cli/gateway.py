@@ -31,17 +31,9 @@ from llmgw.failover import parse_control_plane_urls
 from llmgw.gateway.app import Gateway, freeze_startup_objects
 from llmgw.gateway.link import HttpControlPlaneLink
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.servertls import ServerTls, ensure_server_tls, given_server_tls, server_names
 from llmgw.serving import run
-from llmgw.tls import (
-    ClientTrust,
-    ServerTls,
-    check_plain_urls,
-    ensure_server_tls,
-    given_server_tls,
-    parse_fingerprint,
-    server_names,
-    wants_tls,
-)
+from llmgw.tls import ClientTrust, check_plain_urls, parse_fingerprint, wants_tls
 
 log = logging.getLogger("llmgw.gateway")
 

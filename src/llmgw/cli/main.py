@@ -40,7 +40,7 @@ def version() -> None:
     typer.echo(__version__)
 
 
-# Flags shared by `up` and `serve`: where they listen, and how (llmgw.tls; docs/security.md).
+# Flags shared by `up` and `serve`: where they listen, and how (llmgw.servertls; docs/security.md).
 HOST_OPTION = typer.Option(help="Address to listen on.")
 PORT_OPTION = typer.Option(help="Port of the API, admin API and console.")
 TLS_OPTION = typer.Option(

@@ -30,8 +30,8 @@ from llmgw.control.retention import Retention
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
 from llmgw.errors import ConfigError
+from llmgw.servertls import ServerTls
 from llmgw.serving import run, stop_signals
-from llmgw.tls import ServerTls
 
 
 @dataclass

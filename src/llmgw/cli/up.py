@@ -46,8 +46,8 @@ from llmgw.config import default_data_dir, ensure_data_dir
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.service import ControlPlane
 from llmgw.errors import ConfigError
+from llmgw.servertls import ServerTls
 from llmgw.serving import run, stop_signals
-from llmgw.tls import ServerTls
 from llmgw.wire import ModelSpec
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from typing import Any
 from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.errors import ConfigError
 from llmgw.failover import parse_control_plane_urls
-from llmgw.tls import ServerTls, token_with_fingerprint
+from llmgw.servertls import ServerTls
+from llmgw.tls import token_with_fingerprint
 
 
 def write_up_json(data_dir: Path, info: dict[str, Any]) -> Path:

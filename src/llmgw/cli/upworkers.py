@@ -21,7 +21,7 @@ import sys
 
 from llmgw.cli.workers import WorkerPool
 from llmgw.control.service import ControlPlane
-from llmgw.tls import ServerTls
+from llmgw.servertls import ServerTls
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError
-from llmgw.tls import CA_CERT, CA_KEY, fingerprint, make_ca, write_ca
+from llmgw.servertls import CA_KEY, make_ca, write_ca
+from llmgw.tls import CA_CERT, fingerprint
 
 SETTING = "tls_ca"
 
