@@ -13,8 +13,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from llmgw.agent.engineguard import EngineGuard, authorized
+from llmgw.agent.engineguard import EngineGuard
 from llmgw.agent.engines.base import EngineTls
+from llmgw.agent.guardhead import authorized
 from llmgw.servertls import ensure_server_tls
 
 KEY = "engine-key-0123456789abcdefghijklmnopqrstu"
