@@ -16,17 +16,15 @@ its adapter names them, its metrics (requests running while the token
 counters stand still, see :mod:`llmgw.agent.progress`), because an engine
 stuck inside a CUDA call may still answer its health path.
 
-An engine with a key that serves HTTP listens on loopback only, started by
-its guard on the replica's advertised port (:mod:`llmgw.agent.engineguard`):
-engines guard only some of their routes with their key. The agent's own
-probes go to the engine on loopback directly.
+An engine with a key that serves HTTP is started by its guard
+(:mod:`llmgw.agent.replicalaunch`); the agent's own probes go to the engine
+on loopback directly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -35,18 +33,23 @@ import aiohttp
 
 from llmgw import memory
 from llmgw.agent.engineprobe import EngineEndpoint
-from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, LaunchContext
-from llmgw.agent.guardlaunch import guarded_launch
+from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.memguard import EngineMemory
 from llmgw.agent.progress import MetricsError, ProgressMetrics
+from llmgw.agent.replicalaunch import (
+    engine_endpoint,
+    engine_launch,
+    engine_port_id,
+    fetch_weights,
+    launch_context,
+)
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.servingwatch import ServingWatch, Verdict
 from llmgw.agent.state import EngineRecord
 from llmgw.agent.supervisor import EngineProcess, ExitStatus, describe_exit
-from llmgw.agent.weights import Progress, weights_size
+from llmgw.agent.weights import Progress
 from llmgw.errors import EngineError
 from llmgw.wire import (
-    CPU_CLASS,
     Device,
     EngineDialect,
     ReplicaAssignment,
@@ -61,13 +64,6 @@ HEALTH_TIMEOUT_S = 2.0
 SLOW_POLL_S = 0.1
 LOG_ROTATE_EVERY_S = 30.0
 REASON_LINES = 3
-# Where an engine behind a guard listens: reachable from this node only.
-LOOPBACK = "127.0.0.1"
-
-
-def engine_port_id(replica_id: str) -> str:
-    """The port allocator's name for the loopback port of a guarded engine."""
-    return f"{replica_id}@engine"
 
 
 class ReplicaRunner:
@@ -264,41 +260,16 @@ class ReplicaRunner:
             self._set(ReplicaState.STARTING, "fetching weights")
             self.progress = Progress()
             try:
-                path = await deps.weights.ensure(
-                    spec,
-                    progress=self.progress,
-                    peers=deps.peers(spec.name),
-                    peer_token=deps.peer_token(),
-                    session=deps.peer_session or deps.session,
-                )
+                path = await fetch_weights(deps, spec, self.progress)
             finally:
                 self.progress = None
         else:
             path = None
         self.port = deps.ports.allocate(self.replica_id)
-        weights_bytes = await asyncio.to_thread(weights_size, path)
-        gpus = sum(1 for d in self.devices if d.gpu_class != CPU_CLASS)
-        budget = memory.need_mib(spec, weights_bytes, gpus)
-        ctx = LaunchContext(
-            assignment=self.assignment,
-            weights_path=path,
-            host=deps.host,
-            port=self.port,
-            devices=self.devices,
-            memory_budget_mib=budget,
-            weights_bytes=weights_bytes,
-            tls=deps.engine_tls(),
+        ctx, budget = await launch_context(self.assignment, self.devices, deps, path, self.port)
+        launch, self.engine_port = engine_launch(
+            self.adapter, ctx, lambda: deps.ports.allocate(engine_port_id(self.replica_id))
         )
-        launch = self.adapter.build(ctx)
-        key = self.assignment.engine_key
-        if key is not None and self._wants_guard(launch):
-            # The same engine on loopback in plain HTTP, started by its guard,
-            # which takes the advertised port, and TLS with it.
-            self.engine_port = deps.ports.allocate(engine_port_id(self.replica_id))
-            inner = self.adapter.build(
-                dataclasses.replace(ctx, host=LOOPBACK, port=self.engine_port, tls=None)
-            )
-            launch = guarded_launch(inner, key, deps.host, self.port, self.engine_port, ctx.tls)
         self.health_path = launch.health_path
         self.liveness_path = launch.serving_probe
         self.metrics = launch.progress if launch.serving_probe is not None else None
@@ -316,12 +287,6 @@ class ReplicaRunner:
             "started %s (%s) pid %d port %d", self.replica_id, spec.name, self.proc.pid, self.port
         )
         self._set(ReplicaState.STARTING, "engine loading")
-
-    def _wants_guard(self, launch: EngineLaunch) -> bool:
-        """Whether this engine serves HTTP with a key that it does not hold every route to."""
-        if self.assignment.engine_key is None or launch.health_path is None:
-            return False
-        return not getattr(self.adapter, "guards_every_route", False)
 
     async def _wait_ready(self) -> None:
         proc = self._proc()
@@ -421,17 +386,8 @@ class ReplicaRunner:
         await self._fail(reason + self._last_words(), stopped.code)
 
     def _endpoint(self) -> EngineEndpoint:
-        if self.engine_port is not None:  # past the guard, to the engine itself
-            return EngineEndpoint(
-                self.deps.session, LOOPBACK, self.engine_port, key=self.assignment.engine_key
-            )
-        return EngineEndpoint(
-            self.deps.session,
-            self.deps.host,
-            self.port,
-            tls=self.tls,
-            key=self.assignment.engine_key,
-            probe_ssl=self.deps.engine_probe_ssl,
+        return engine_endpoint(
+            self.deps, self.assignment.engine_key, self.port, self.engine_port, self.tls
         )
 
     async def _probe(self, path: str, timeout_s: float) -> str | None:

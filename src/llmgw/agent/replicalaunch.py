@@ -1,0 +1,105 @@
+"""How a replica's engine is launched and reached: behind a guard where it needs one.
+
+An engine with a key that serves HTTP listens on loopback only, started by
+its guard on the replica's advertised port (:mod:`llmgw.agent.engineguard`):
+engines guard only some of their routes with their key. The agent's own
+probes go past the guard, to the engine on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from llmgw import memory
+from llmgw.agent.engineprobe import EngineEndpoint
+from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, LaunchContext
+from llmgw.agent.guardlaunch import guarded_launch
+from llmgw.agent.runnerdeps import RunnerDeps
+from llmgw.agent.weights import Progress, weights_size
+from llmgw.wire import CPU_CLASS, Device, ModelSpec, ReplicaAssignment
+
+# Where an engine behind a guard listens: reachable from this node only.
+LOOPBACK = "127.0.0.1"
+
+
+def engine_port_id(replica_id: str) -> str:
+    """The port allocator's name for the loopback port of a guarded engine."""
+    return f"{replica_id}@engine"
+
+
+async def fetch_weights(deps: RunnerDeps, spec: ModelSpec, progress: Progress) -> str | None:
+    """The model's weights in the node's cache: from its peers where they hold them."""
+    return await deps.weights.ensure(
+        spec,
+        progress=progress,
+        peers=deps.peers(spec.name),
+        peer_token=deps.peer_token(),
+        session=deps.peer_session or deps.session,
+    )
+
+
+async def launch_context(
+    assignment: ReplicaAssignment,
+    devices: Sequence[Device],
+    deps: RunnerDeps,
+    weights_path: str | None,
+    port: int,
+) -> tuple[LaunchContext, int]:
+    """What the adapter builds a launch from, once the weights are fetched and the
+    port allocated; and the engine's memory budget (MiB), which it sizes to."""
+    weights_bytes = await asyncio.to_thread(weights_size, weights_path)
+    gpus = sum(1 for d in devices if d.gpu_class != CPU_CLASS)
+    budget = memory.need_mib(assignment.model, weights_bytes, gpus)
+    ctx = LaunchContext(
+        assignment=assignment,
+        weights_path=weights_path,
+        host=deps.host,
+        port=port,
+        devices=devices,
+        memory_budget_mib=budget,
+        weights_bytes=weights_bytes,
+        tls=deps.engine_tls(),
+    )
+    return ctx, budget
+
+
+def engine_launch(
+    adapter: EngineAdapter, ctx: LaunchContext, engine_port: Callable[[], int]
+) -> tuple[EngineLaunch, int | None]:
+    """The launch for ``ctx``, and the engine's own loopback port where a guard starts it.
+
+    ``engine_port`` allocates that port; it is called only for a guarded engine.
+    """
+    launch = adapter.build(ctx)
+    key = ctx.assignment.engine_key
+    if key is None or not _wants_guard(adapter, launch):
+        return launch, None
+    # The same engine on loopback in plain HTTP, started by its guard,
+    # which takes the advertised port, and TLS with it.
+    port = engine_port()
+    inner = adapter.build(dataclasses.replace(ctx, host=LOOPBACK, port=port, tls=None))
+    return guarded_launch(inner, key, ctx.host, ctx.port, port, ctx.tls), port
+
+
+def _wants_guard(adapter: EngineAdapter, launch: EngineLaunch) -> bool:
+    """Whether this engine serves HTTP that it does not hold every route of to its key."""
+    if launch.health_path is None:
+        return False
+    return not getattr(adapter, "guards_every_route", False)
+
+
+def engine_endpoint(
+    deps: RunnerDeps, key: str | None, port: int | None, engine_port: int | None, tls: bool
+) -> EngineEndpoint:
+    """Where the agent probes and scrapes a replica's engine.
+
+    ``port``: the advertised one; ``engine_port``: a guarded engine's own, on
+    loopback in plain HTTP, reached past the guard.
+    """
+    if engine_port is not None:
+        return EngineEndpoint(deps.session, LOOPBACK, engine_port, key=key)
+    return EngineEndpoint(
+        deps.session, deps.host, port, tls=tls, key=key, probe_ssl=deps.engine_probe_ssl
+    )
