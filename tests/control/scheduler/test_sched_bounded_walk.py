@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from tests.control.scheduler.schedkit import passes_settings
 
 from llmgw.control.scheduler.filters import Request
-from llmgw.control.scheduler.placement import Placement, Placer, commit
+from llmgw.control.scheduler.placed import Placement, commit
+from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.scorers import BinPack, Spread, WeightsLocal
 from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
 from llmgw.control.state import FleetState

@@ -10,7 +10,8 @@ from llmgw.control.scheduler import filters as f
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.scheduler.decisions import BACKING_OFF, PARKED, Policy
 from llmgw.control.scheduler.node_failures import Avoided, NodeFailureBook, span
-from llmgw.control.scheduler.placement import Placement, Placer, Unplaceable
+from llmgw.control.scheduler.placed import Placement, Unplaceable
+from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.placementnode import placement_node
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.scheduler.snapshot import build_snapshot

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
+from llmgw.control.scheduler.explain import CAN_NEVER_FIT, CANNOT_FIT_NOW
 from llmgw.control.scheduler.filters import Request
-from llmgw.control.scheduler.placement import (
-    CAN_NEVER_FIT,
-    CANNOT_FIT_NOW,
-    Placement,
-    Placer,
-    Unplaceable,
-    commit,
-)
+from llmgw.control.scheduler.placed import Placement, Unplaceable, commit
+from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot
 from llmgw.control.state import NodeRecord
 from llmgw.sim.fleetgen import cpu_node, fleet, gpu_node, model

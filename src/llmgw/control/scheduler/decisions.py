@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmgw.control.scheduler.node_failures import Avoided
-from llmgw.control.scheduler.placement import Placement, Unplaceable
+from llmgw.control.scheduler.placed import Placement, Unplaceable
 from llmgw.control.scheduler.snapshot import PlacementSnapshot
 from llmgw.control.state import REPLACE_AFTER_S, ModelRecord, NodeFailure, ReplicaRecord
 from llmgw.wire import Event

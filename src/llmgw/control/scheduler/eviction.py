@@ -5,7 +5,8 @@ from __future__ import annotations
 from llmgw.control.scheduler.decisions import Decisions, Policy, Removal
 from llmgw.control.scheduler.demand import idle_for
 from llmgw.control.scheduler.filters import Request
-from llmgw.control.scheduler.placement import Placement, Placer
+from llmgw.control.scheduler.placed import Placement
+from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import PlacementSnapshot
 from llmgw.control.state import FleetState, ReplicaRecord
 from llmgw.wire import ReplicaState

@@ -19,9 +19,7 @@ search but never admit a node a filter would refuse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from llmgw.control.scheduler.explain import CAN_NEVER_FIT, CANNOT_FIT_NOW, explain
+from llmgw.control.scheduler.explain import explain
 from llmgw.control.scheduler.filters import (
     AvoidFailedNodes,
     ClassAccepted,
@@ -36,59 +34,10 @@ from llmgw.control.scheduler.filters import (
     WholeNode,
     usable_class,
 )
+from llmgw.control.scheduler.placed import Candidate, Placement, Unplaceable, pick_shard
 from llmgw.control.scheduler.placementnode import PlacementNode
 from llmgw.control.scheduler.scorers import BinPack, Scorer, Spread, WeightsLocal
 from llmgw.control.scheduler.snapshot import PlacementSnapshot
-from llmgw.wire import ShardAssignment
-
-__all__ = ["CANNOT_FIT_NOW", "CAN_NEVER_FIT", "Placement", "Placer", "Unplaceable"]
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A scored node: the total (weighted mean) and each scorer's part."""
-
-    node: str
-    gpu_class: str
-    score: float
-    scores: tuple[tuple[str, float], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardPick:
-    node: str
-    gpu_class: str
-    numbers: tuple[int, ...]
-    uuids: tuple[str, ...]
-
-
-@dataclass(slots=True)
-class Placement:
-    request: Request
-    shards: list[ShardPick]
-    fabric: str | None = None
-    # The best candidates considered, best first (shown by the planner).
-    candidates: list[Candidate] = field(default_factory=list)
-
-    def shard_assignments(self) -> list[ShardAssignment]:
-        return [
-            ShardAssignment(
-                node=s.node,
-                rank=rank,
-                device_numbers=list(s.numbers),
-                device_uuids=list(s.uuids),
-            )
-            for rank, s in enumerate(self.shards)
-        ]
-
-
-@dataclass(slots=True)
-class Unplaceable:
-    request: Request
-    status: str  # CANNOT_FIT_NOW or CAN_NEVER_FIT
-    reason: str  # a sentence a person can act on
-    # Nodes by the first reason that refused them, e.g. {"cordoned": 96}.
-    counts: dict[str, int] = field(default_factory=dict)
 
 
 class Placer:
@@ -349,7 +298,7 @@ class Placer:
         local_name, spread_name, pack_name = self._scorer_names
         return Placement(
             request,
-            [_pick(best, ranked[0][2], per_node)],
+            [pick_shard(best, ranked[0][2], per_node)],
             candidates=[
                 Candidate(
                     name,
@@ -389,7 +338,7 @@ class Placer:
         best = snapshot.nodes[ranked[0][1]]
         return Placement(
             request,
-            [_pick(best, ranked[0][2], request.per_node)],
+            [pick_shard(best, ranked[0][2], request.per_node)],
             candidates=[
                 self.score(snapshot.nodes[name], request, gpu_class)
                 for _, name, gpu_class in ranked[: self.show_top]
@@ -439,7 +388,7 @@ class Placer:
         if best is None:
             return None
         _, gpu_class, fabric, chosen = best
-        shards = [_pick(snapshot.nodes[c.node], gpu_class, request.per_node) for c in chosen]
+        shards = [pick_shard(snapshot.nodes[c.node], gpu_class, request.per_node) for c in chosen]
         return Placement(request, shards, fabric=fabric, candidates=chosen[: self.show_top])
 
     def _fabric_candidates(
@@ -492,14 +441,3 @@ def _always(request: Request) -> bool:
 def _rank(candidates: list[Candidate]) -> list[Candidate]:
     # Stable: equal scores keep candidate order (weights holders, then best fit).
     return sorted(candidates, key=lambda c: -c.score)
-
-
-def _pick(view: PlacementNode, gpu_class: str, count: int) -> ShardPick:
-    numbers = tuple(view.free[gpu_class][:count])
-    return ShardPick(view.name, gpu_class, numbers, tuple(view.uuids[n] for n in numbers))
-
-
-def commit(snapshot: PlacementSnapshot, placement: Placement) -> None:
-    """Apply a placement to the snapshot so the next decisions see it."""
-    for shard in placement.shards:
-        snapshot.allocate(shard.node, shard.numbers, placement.request.model)

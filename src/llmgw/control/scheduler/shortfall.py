@@ -12,7 +12,8 @@ from llmgw.control.scheduler.decisions import PLACING, Decisions, ModelWork
 from llmgw.control.scheduler.eviction import make_room
 from llmgw.control.scheduler.explain import CANNOT_FIT_NOW
 from llmgw.control.scheduler.filters import Request
-from llmgw.control.scheduler.placement import Placer, Unplaceable, commit
+from llmgw.control.scheduler.placed import Unplaceable, commit
+from llmgw.control.scheduler.placement import Placer
 from llmgw.control.scheduler.snapshot import PlacementSnapshot
 from llmgw.control.state import ReplicaRecord
 from llmgw.secrets import new_id
