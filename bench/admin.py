@@ -44,7 +44,7 @@ from llmgw import wire
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import fleet_summary
 from llmgw.control.gcpause import freeze_survivors, paused_gc
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.serving import start_server

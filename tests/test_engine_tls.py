@@ -33,7 +33,7 @@ from llmgw.agent.engines import SglangAdapter, SimAdapter
 from llmgw.agent.engines.base import EngineTls
 from llmgw.agent.engines.llamacpp import LlamaCppAdapter
 from llmgw.agent.engines.vllm import VllmAdapter
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.errors import EngineError
 from llmgw.gateway.app import Gateway

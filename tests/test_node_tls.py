@@ -30,7 +30,7 @@ from llmgw.agent.manifest import Progress
 from llmgw.control.app import create_app
 from llmgw.control.nodecerts import NodeCertificates
 from llmgw.control.nudge import Nudger
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import FleetState, NodeRecord
 from llmgw.nodetls import load_or_make_key, make_csr
 from llmgw.servertls import ServerTls, ensure_server_tls

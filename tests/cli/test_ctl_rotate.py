@@ -18,7 +18,7 @@ from tests.control.adminapi.fleetkit import Served, served_control_plane
 from typer.testing import CliRunner, Result
 
 from llmgw.cli.ctl import app
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from tests.waiting import eventually
 
 from llmgw.cli.secretfile import pick_secret, read_secret_file
 from llmgw.cli.upjson import print_banner
-from llmgw.control.service import NewCredentials
+from llmgw.control.plane import NewCredentials
 from llmgw.errors import ConfigError
 
 

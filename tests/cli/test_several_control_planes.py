@@ -30,7 +30,7 @@ from llmgw.cli.ctl import app as ctl_app
 from llmgw.cli.doctor import run_doctor
 from llmgw.cli.doctor_control_plane import judge_leadership
 from llmgw.cli.upjson import serve_admin_urls, write_up_json
-from llmgw.control.service import NewCredentials
+from llmgw.control.plane import NewCredentials
 from llmgw.errors import ConfigError
 from llmgw.sim.fleet import apply_models, start_fleet
 from llmgw.sim.fleetspec import parse_fleet_spec

@@ -17,8 +17,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from llmgw.control.plane import ControlPlane
 from llmgw.control.rows import model_row, replica_row
-from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.wire import (
     AgentRegistration,

@@ -30,7 +30,7 @@ from tests.console.fleet import (
 from tests.servers import free_port, serve_asgi
 
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import NodeFailure
 from llmgw.control.store.repo import Store
 from llmgw.wire import NodeState

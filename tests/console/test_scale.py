@@ -25,7 +25,7 @@ from tests.control.planekit import opened_plane
 from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.wire import (
     Device,

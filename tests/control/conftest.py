@@ -9,7 +9,7 @@ import pytest
 from tests.control.planekit import Plane, opened_plane, served_plane
 from tests.control.standby_kit import Pair, leader_and_standby
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 
 
 @pytest.fixture

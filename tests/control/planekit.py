@@ -16,8 +16,8 @@ from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.nodecerts import NodeCertificates
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.runtime import ControlPlaneRuntime
-from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.repo import Store
 from llmgw.nodetls import NodeIssuer
 from llmgw.servertls import ServerTls, ensure_server_tls

@@ -21,8 +21,8 @@ from tests.servers import free_port, serve_asgi
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.control.app import create_app
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.runtime import ControlPlaneRuntime
-from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.repo import Store
 from llmgw.wire import EngineKind, NodeInventory
 

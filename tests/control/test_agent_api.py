@@ -19,8 +19,8 @@ from tests.control.planekit import (
 )
 
 from llmgw.control import telemetry
+from llmgw.control.plane import ControlPlane
 from llmgw.control.rows import replica_row
-from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.errors import AuthError
 from llmgw.secrets import hash_secret

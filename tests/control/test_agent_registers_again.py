@@ -26,7 +26,7 @@ from tests.waiting import eventually
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.identity import Identity, load_identity, save_identity
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.secrets import hash_secret
 from llmgw.wire import AgentReport, NodeInventory
 

@@ -8,7 +8,7 @@ from tests.control.planekit import Plane, inventory, register, report_ok
 
 from llmgw.control.catalog import validate_catalog
 from llmgw.control.enginekeys import EngineKeys
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.errors import ValidationError
 from llmgw.wire import (

@@ -16,7 +16,7 @@ import pytest
 from tests.control.planekit import bearer, opened_plane
 
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.errors import StoreError
 from llmgw.wire import ErrorBody
 

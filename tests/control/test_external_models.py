@@ -12,9 +12,9 @@ from llmgw.control.adminapi.summary import fleet_summary
 from llmgw.control.adminapi.views.models import ReplicaTally, model_view
 from llmgw.control.catalog import parse_models, validate_catalog
 from llmgw.control.external import STALE_AFTER_S, endpoint_id
+from llmgw.control.plane import ControlPlane
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.scheduler.planner import plan
-from llmgw.control.service import ControlPlane
 from llmgw.control.store.repo import Store
 from llmgw.errors import ValidationError
 from llmgw.sim.fleetgen import cpu_node, fleet

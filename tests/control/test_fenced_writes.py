@@ -22,9 +22,9 @@ from tests.control.standby_kit import leader_and_standby
 from tests.waiting import eventually
 
 from llmgw.control.leader import Leadership
+from llmgw.control.plane import ControlPlane
 from llmgw.control.reconciler import Reconciler
 from llmgw.control.rows import model_row, replica_row
-from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store import schema
 from llmgw.control.store.repo import Store

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import NodeRecord, ReplicaRecord
 from llmgw.wire import EngineDialect, ModelRoute, ModelSpec, ReplicaState, ShardAssignment
 

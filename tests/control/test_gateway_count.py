@@ -9,7 +9,7 @@ from tests.control.test_in_flight import idle_replica, report
 
 from llmgw.control.gateway_count import SETTLE_S, GatewayCount, LastReport, placement
 from llmgw.control.inflight import STALE_AFTER_S
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.store.repo import Store
 
 

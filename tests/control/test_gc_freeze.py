@@ -13,7 +13,7 @@ from tests.waiting import eventually
 from llmgw.control import gcpause
 from llmgw.control import runtime as runtime_module
 from llmgw.control.gcpause import freeze_survivors
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 
 
 class Node:

@@ -11,7 +11,7 @@ from tests.control.adminapi.fleetkit import Fleet
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import IDLE_THRESHOLD_S, fleet_summary
 from llmgw.control.inflight import ACTIVITY_SLACK_S, STALE_AFTER_S, InFlightBook, StoredActivity
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.wire import GatewayLoadReport, ReplicaLoad

@@ -32,9 +32,9 @@ from llmgw.cli.combined import PathDispatcher, build_gateway
 from llmgw.control.adminapi.patroni import PatroniReader
 from llmgw.control.app import create_app
 from llmgw.control.metrics import ControlCollector, fleet_families
+from llmgw.control.plane import ControlPlane
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.scheduler.decide import decide
-from llmgw.control.service import ControlPlane
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotLeaderError, StoreError
 from llmgw.sim.fleetgen import generate

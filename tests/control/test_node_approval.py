@@ -7,7 +7,7 @@ import httpx
 import pytest
 from tests.control.planekit import Plane, inventory, register, report_ok, send_report
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.wire import (
     AgentReport,

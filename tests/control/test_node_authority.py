@@ -11,8 +11,8 @@ import httpx
 import pytest
 from tests.control.planekit import KEY, Plane, bearer, inventory, register, send_report
 
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.rows import replica_row
-from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.services.credentials import JOIN_HASH
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store

@@ -45,7 +45,7 @@ def test_the_control_planes_names_are_those_its_certificate_and_its_instances_ha
     tmp_path: Path,
 ) -> None:
     from llmgw.cli.combined import sign_node_certificates
-    from llmgw.control.service import ControlPlane
+    from llmgw.control.plane import ControlPlane
 
     tls = ensure_server_tls(tmp_path / "cp", ["127.0.0.1", "CP.example.net", "10.0.0.100"])
     cp = ControlPlane.__new__(ControlPlane)  # only node_certs is looked at

@@ -9,9 +9,9 @@ import pytest
 
 from llmgw.control.adminapi.patroni import StoreStatus
 from llmgw.control.adminapi.summary import fleet_summary
+from llmgw.control.plane import ControlPlane
 from llmgw.control.reports import apply_report, assignments_for
 from llmgw.control.rows import replica_from_row, replica_row
-from llmgw.control.service import ControlPlane
 from llmgw.control.state import REPLICA_TRANSITIONS, FleetState, NodeRecord, ReplicaRecord
 from llmgw.errors import TransitionError
 from llmgw.wire import (

@@ -17,7 +17,7 @@ import uvicorn
 from tests.control.planekit import opened_plane
 
 from llmgw.control.app import create_app
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.http.connection import LeanHttpProtocol
 from llmgw.http.server import server_config
 from llmgw.serving import start_server

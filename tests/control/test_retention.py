@@ -8,8 +8,8 @@ import pytest
 from tests.control.planekit import running
 from tests.waiting import eventually
 
+from llmgw.control.plane import ControlPlane
 from llmgw.control.retention import DAY_S, Retention, prune
-from llmgw.control.service import ControlPlane
 from llmgw.control.store import schema
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError

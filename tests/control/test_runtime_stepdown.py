@@ -6,8 +6,8 @@ import pytest
 from tests.control.planekit import running
 from tests.waiting import eventually
 
+from llmgw.control.plane import ControlPlane
 from llmgw.control.reconciler import PassResult, Reconciler
-from llmgw.control.service import ControlPlane
 from llmgw.errors import NotLeaderError
 
 

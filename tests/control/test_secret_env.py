@@ -9,9 +9,9 @@ import httpx
 import pytest
 from tests.control.planekit import Plane
 
+from llmgw.control.plane import ControlPlane
 from llmgw.control.reports import assignments_for
 from llmgw.control.secretenv import REDACTED, is_secret_value, redacted
-from llmgw.control.service import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.wire import ModelSpec, ShardAssignment
 

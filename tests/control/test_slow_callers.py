@@ -21,7 +21,7 @@ from tests.control.test_request_limits import _served
 from llmgw.addresscap import AddressCounts, address_key
 from llmgw.control.app import create_app
 from llmgw.control.limits import BodyLimit
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.http.connection import LeanHttpProtocol
 
 

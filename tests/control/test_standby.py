@@ -19,8 +19,8 @@ from tests.control.standby_kit import Pair, inventory, stub_agent
 from tests.waiting import eventually
 
 from llmgw.control.gateway_link import InProcessLink
+from llmgw.control.plane import ControlPlane
 from llmgw.control.rows import replica_row
-from llmgw.control.service import ControlPlane
 from llmgw.errors import StandbyError
 from llmgw.gateway.link import HttpControlPlaneLink
 from llmgw.wire import (

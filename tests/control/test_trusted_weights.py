@@ -16,7 +16,7 @@ from tests.agent.fakes import serve_app
 from tests.control.planekit import Plane, inventory, register, report_ok
 
 from llmgw.control import weightdigests
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.wire import (
     AgentReport,

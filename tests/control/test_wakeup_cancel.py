@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 
 
 async def test_a_wake_up_in_the_same_turn_does_not_swallow_the_cancel(cp: ControlPlane) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 
 
 async def _cancel_as_the_table_moves(cp: ControlPlane, settle_turns: int) -> bool:

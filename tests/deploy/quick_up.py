@@ -16,7 +16,7 @@ from typing import Any
 import llmgw.control.services.agents as agents_service
 import llmgw.control.state as state
 from llmgw.cli.main import main
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 
 REPORT_INTERVAL_S = 1.0
 UNREACHABLE_AFTER_S = 4.0

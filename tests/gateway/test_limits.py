@@ -9,7 +9,7 @@ import pytest
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
 
 from llmgw.control.catalog import validate_catalog
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import ValidationError

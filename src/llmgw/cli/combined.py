@@ -23,8 +23,8 @@ from llmgw.control.gateway_link import InProcessLink
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.metrics import ControlCollector
 from llmgw.control.nodecerts import NodeCertificates
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.runtime import ControlPlaneRuntime
-from llmgw.control.service import ControlPlane, NewCredentials
 from llmgw.control.store.db import normalise_url
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError

@@ -26,9 +26,9 @@ from llmgw.cli.upjson import (
 from llmgw.config import default_data_dir, ensure_data_dir
 from llmgw.control.fleetca import share_ca
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
+from llmgw.control.plane import ControlPlane
 from llmgw.control.retention import Retention
 from llmgw.control.runtime import ControlPlaneRuntime
-from llmgw.control.service import ControlPlane
 from llmgw.errors import ConfigError
 from llmgw.servertls import ServerTls
 from llmgw.serving import run, stop_signals

@@ -43,8 +43,8 @@ from llmgw.cli.upjson import join_token_fields, print_banner, tls_fields, urls, 
 from llmgw.cli.uptraffic import KEYS_FILE, check_rate, demo_keys, start_traffic
 from llmgw.cli.upworkers import start_gateway_workers
 from llmgw.config import default_data_dir, ensure_data_dir
+from llmgw.control.plane import ControlPlane
 from llmgw.control.runtime import ControlPlaneRuntime
-from llmgw.control.service import ControlPlane
 from llmgw.errors import ConfigError
 from llmgw.servertls import ServerTls
 from llmgw.serving import run, stop_signals

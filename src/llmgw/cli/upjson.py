@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.errors import ConfigError
 from llmgw.failover import parse_control_plane_urls
 from llmgw.servertls import ServerTls

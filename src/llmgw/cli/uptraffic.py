@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.errors import ConfigError
 from llmgw.sim.traffic import DEMO_KEYS, Traffic, TrafficKey, TrafficModel
 

@@ -20,7 +20,7 @@ import os
 import sys
 
 from llmgw.cli.workers import WorkerPool
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.servertls import ServerTls
 
 log = logging.getLogger(__name__)

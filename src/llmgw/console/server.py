@@ -20,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 if TYPE_CHECKING:
-    from llmgw.control.service import ControlPlane
+    from llmgw.control.plane import ControlPlane
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.httperrors import error_response, install_error_handlers
 from llmgw.control.limits import BodyLimit
 from llmgw.control.metrics import control_registry
+from llmgw.control.plane import ControlPlane
 from llmgw.control.reportroute import REPORT_PATH, CountReports, ReportEndpoint, ReportRoute
-from llmgw.control.service import ControlPlane
 from llmgw.errors import AuthError, ValidationError
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.wire import (

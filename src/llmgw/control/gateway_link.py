@@ -14,7 +14,7 @@ docs/install.md: send /v1 traffic to the leader (GET /healthz/leader).
 
 from __future__ import annotations
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.wire import GatewayConfig, GatewayLoadReport, UsageRecord
 
 

@@ -43,7 +43,7 @@ from llmgw.control.store.stats import WriteStats
 from llmgw.promkit import filled
 
 if TYPE_CHECKING:
-    from llmgw.control.service import ControlPlane
+    from llmgw.control.plane import ControlPlane
 
 
 def control_registry(cp: ControlPlane) -> CollectorRegistry:

@@ -39,7 +39,7 @@ from llmgw import secrets
 from llmgw.control import telemetry
 from llmgw.control.counters import ControlMetrics
 from llmgw.control.httperrors import error_response
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import NodeRecord
 from llmgw.control.telemetry import Reading
 from llmgw.errors import ValidationError

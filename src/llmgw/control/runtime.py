@@ -15,8 +15,8 @@ import time
 from llmgw.control.gcpause import freeze_survivors
 from llmgw.control.leader import LeaderElection
 from llmgw.control.nudge import AssignmentWatch, Nudger
+from llmgw.control.plane import ControlPlane
 from llmgw.control.retention import Retention, prune
-from llmgw.control.service import ControlPlane
 from llmgw.control.services.agents import HEARTBEAT_FLUSH_S
 from llmgw.errors import NotLeaderError
 

@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 from tests.control.planekit import opened_plane
 
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.serving import start_server
 from llmgw.wire import (

@@ -13,7 +13,7 @@ from tests.control.planekit import bearer, opened_plane
 
 from llmgw.control.app import create_app
 from llmgw.control.gateway_count import GatewayCount
-from llmgw.control.service import ControlPlane, NewCredentials
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.wire import GatewayLoadReport, ReplicaLoad
 
 Api = tuple[httpx.AsyncClient, ControlPlane, NewCredentials]

@@ -21,7 +21,7 @@ from tests.control.adminapi.fleetkit import Served, served_control_plane
 from tests.control.adminapi.test_routes import live_fleet
 
 from llmgw.control.adminapi.routes import build_admin_router
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.store.repo import Store
 
 

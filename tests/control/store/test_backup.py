@@ -28,7 +28,7 @@ from tests.control.planekit import opened_plane
 from typer.testing import CliRunner, Result
 
 from llmgw.cli.ctl import app
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.store import schema
 from llmgw.control.store.repo import Store
 

@@ -17,8 +17,8 @@ from sqlalchemy import Executable, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from llmgw.control.plane import ControlPlane
 from llmgw.control.rows import model_from_row, model_row, replica_from_row
-from llmgw.control.service import ControlPlane
 from llmgw.control.state import NodeFailure
 from llmgw.control.store import schema
 from llmgw.control.store.db import create_engine, is_sqlite

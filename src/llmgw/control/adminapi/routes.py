@@ -3,7 +3,7 @@
 One router per resource (adminapi.routers), mounted here in one order: the
 name convertor takes slashes, so where two paths could match one URL the
 first mounted wins, and the schema lists operations in this order too.
-Every route is an admin route (adminapi.routing: the admin token checked
+Every route is an admin route (adminapi.adminroute: the admin token checked
 first, errors answered in the APIs' one shape). On a standby control-plane
 instance, writes are refused with 503 and the leader's URL
 (llmgw.control.standby); reads are served.
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from fastapi import APIRouter, Security
 from fastapi.security import HTTPBearer
 
+from llmgw.control.adminapi.adminroute import admin_route_class
 from llmgw.control.adminapi.patroni import PatroniReader, patroni_urls_from_env
 from llmgw.control.adminapi.routers.credentials import credentials_router
 from llmgw.control.adminapi.routers.events import events_router
@@ -26,8 +27,7 @@ from llmgw.control.adminapi.routers.models import models_router
 from llmgw.control.adminapi.routers.nodes import nodes_router
 from llmgw.control.adminapi.routers.replicas import replicas_router
 from llmgw.control.adminapi.routers.usage import usage_router
-from llmgw.control.adminapi.routing import admin_route_class
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.wire import ErrorBody
 
 _bearer = HTTPBearer(auto_error=False, description="The admin token (llmgw-admin-...).")

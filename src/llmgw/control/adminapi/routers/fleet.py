@@ -12,7 +12,7 @@ from llmgw.control.adminapi.patroni import PatroniReader
 from llmgw.control.adminapi.summary import Summary
 from llmgw.control.adminapi.summary_keeper import SummaryKeeper
 from llmgw.control.gcpause import paused_gc
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 
 
 def fleet_router(

@@ -9,8 +9,8 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import json_response
-from llmgw.control.service import ControlPlane
+from llmgw.control.adminapi.adminroute import json_response
+from llmgw.control.plane import ControlPlane
 
 
 def gateways_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:

@@ -7,8 +7,8 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import NOT_FOUND, json_response
-from llmgw.control.service import ControlPlane
+from llmgw.control.adminapi.adminroute import NOT_FOUND, json_response
+from llmgw.control.plane import ControlPlane
 from llmgw.errors import NotFoundError
 
 

@@ -12,10 +12,10 @@ from fastapi.routing import APIRoute
 
 from llmgw.control import secretenv
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
+from llmgw.control.adminapi.adminroute import NOT_FOUND, json_of, json_response
 from llmgw.control.adminapi.views.models import ModelView, ReplicaTally, model_view
 from llmgw.control.adminapi.views.replicas import replica_view
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.services.core import found
 from llmgw.errors import ValidationError
 from llmgw.wire import ModelSpec

@@ -11,9 +11,9 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
+from llmgw.control.adminapi.adminroute import NOT_FOUND, json_of, json_response
 from llmgw.control.adminapi.views.nodes import NodeView, node_view, used_by_node
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.services.core import found
 from llmgw.wire import NodeState
 

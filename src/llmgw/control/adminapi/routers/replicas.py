@@ -9,9 +9,9 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from llmgw.control.adminapi.routing import NOT_FOUND, json_of, json_response
+from llmgw.control.adminapi.adminroute import NOT_FOUND, json_of, json_response
 from llmgw.control.adminapi.views.replicas import ReplicaView, replica_view
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.control.services.core import found
 
 ReplicaStateName = Literal["starting", "ready", "draining", "failed"]

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from llmgw.control.adminapi import schemas
-from llmgw.control.adminapi.routing import json_response
+from llmgw.control.adminapi.adminroute import json_response
 from llmgw.control.adminapi.usagereport import (
     DEFAULT_WINDOW_S,
     MAX_TIME,
@@ -21,7 +21,7 @@ from llmgw.control.adminapi.usagereport import (
     parse_by,
     to_csv,
 )
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.errors import ValidationError
 
 # Usage without a ``since`` covers the last hour: an unbounded default would

@@ -24,7 +24,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from llmgw import secrets
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.httperrors import error_answer, error_response
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.wire import ErrorBody
 
 
