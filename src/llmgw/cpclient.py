@@ -1,9 +1,9 @@
 """One call to the control plane, made the same way by every client that makes it.
 
 The agent (llmgw.agent.client), the standalone gateway (llmgw.gateway.link)
-and the simulated fleet's catalog apply (llmgw.sim.fleet) each kept a copy of
-the same three steps, and the copies had begun to read statuses differently.
-They share :class:`ControlPlaneCaller` instead:
+and the simulated fleet's catalog apply (llmgw.sim.fleet) take the same three
+steps through one :class:`ControlPlaneCaller`, so that no client reads a
+status differently from another:
 
 1. trust the fleet's CA before the first call carries a token out (llmgw.tls);
 2. send the call to the leader among the configured instances, following a

@@ -1,9 +1,9 @@
 """How an llmgw process runs: its event loop, and a uvicorn server started inside it.
 
 Every process (``serve``, ``up``, a standalone gateway, the sim engines) and
-the tests and benchmarks that serve an app in-process need the same two
-steps; each kept its own copy, and the copies drifted (one waited forever
-for a server whose task had already died on a taken port).
+the tests and benchmarks that serve an app in-process take the same two
+steps here: copies drift (one waits forever for a server whose task already
+died on a taken port).
 """
 
 from __future__ import annotations

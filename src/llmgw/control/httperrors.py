@@ -1,11 +1,11 @@
 """How the control plane's HTTP APIs say no: llmgw's error tree translated once.
 
 The agent API, the gateway link and the admin API answer every failure as a
-:class:`llmgw.wire.ErrorBody`. They used to translate errors in two places
-(the application's handlers and the admin routes' own), which had drifted:
-only one sent ``Retry-After`` with a store error, only the other a
-``WWW-Authenticate`` with a 401 or a code with a refused body. Now both call
-:func:`error_answer`, and a new error class is mapped here or nowhere.
+:class:`llmgw.wire.ErrorBody`, translated here alone: the application's
+handlers and the admin routes' own both call :func:`error_answer`, and a new
+error class is mapped here or nowhere. Two translations drift apart (one
+sends ``Retry-After`` with a store error, the other a ``WWW-Authenticate``
+with a 401, or a code with a refused body).
 
     AuthError                       401 authentication_error / invalid_token
     ValidationError (and pydantic's, FastAPI's)

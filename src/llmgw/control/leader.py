@@ -52,9 +52,9 @@ class Leadership:
     """Whether this instance leads, and the epoch its writes carry.
 
     One object, changed by the election (and by a refused write), read by
-    the control plane, its runtime and the write path. It used to be three
-    flags (election, control plane, runtime) kept in step from outside, and
-    a step-down that reached one of them left another acting as leader.
+    the control plane, its runtime and the write path: one flag, since
+    flags kept in step from outside (election, control plane, runtime) let
+    a step-down that reaches one of them leave another acting as leader.
 
     With no election (tests, benchmarks, an embedded control plane) the
     instance is the only one: it leads and its writes carry no epoch.

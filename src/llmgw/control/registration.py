@@ -12,7 +12,7 @@ it first registers and sends it every time; the node keeps its hash. The
 same data dir may register again; another (a wiped disk, a second machine
 under the same name) may not. Nodes registered before agent keys have no
 hash until their agent's next report brings one (llmgw.control.reports);
-until then they keep the old rule.
+until then a registration under their name is refused.
 """
 
 from __future__ import annotations

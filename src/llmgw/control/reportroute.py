@@ -204,8 +204,8 @@ class ReportEndpoint:
             and inventory == report.inventory
         ):
             # An inventory equal to the node's is not taken in (apply_report);
-            # kept with the report, it was a second copy of every device per
-            # node: +350 MB at 10,000 nodes.
+            # kept with the report, it would be a second copy of every device
+            # per node: +350 MB at 10,000 nodes.
             report = report.model_copy(update={"inventory": inventory})
         last[node.name] = _Kept(node, report, shape, digest, None)
 

@@ -4,7 +4,7 @@ A model's engine may need a credential in its environment (``HF_TOKEN`` for a
 gated repository, a licence key). The control plane must hand it to the
 agent that starts the engine, but every read of the catalog (``GET
 /admin/v1/models``, ``llmgw ctl models``, the console, ``apply`` answers)
-used to show it to anyone holding the admin API's answers, a screenshot or a
+would show it to anyone holding the admin API's answers, a screenshot or a
 terminal scrollback. A value is secret when its name is listed in the entry's
 ``secret_env``, when the name says so (``*TOKEN*``, ``*SECRET*``,
 ``*PASSWORD*``, ``*API_KEY*``, ``*APIKEY*``, ``*_KEY``, ``*CREDENTIAL*``), or

@@ -184,16 +184,15 @@ class ModelRecord:
 
 _S = ReplicaState
 # A replica's lifecycle: the only changes of state there are. Kept in one
-# table, owned by the record, because states assigned wherever convenient
-# gave a replica told to drain (by the scheduler) a state of ready plus a
-# flag, which the summary counted as ready and listed as idle.
+# table, owned by the record: states assigned wherever convenient can give a
+# replica told to drain (by the scheduler) a state of ready plus a flag,
+# which a summary counts as ready and lists as idle.
 # - starting -> starting is a restart with a new generation (a changed
 #   catalog entry); ready -> starting likewise.
 # - draining and failed are final; both end in removal by the reconciler.
 #   A replica told to stop is never sent requests again, and an engine that
 #   exits while draining was stopping anyway: that is no failed start to
-#   count against its model (the draining flag that used to sit beside the
-#   state existed to say so).
+#   count against its model.
 REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
     _S.STARTING: frozenset({_S.STARTING, _S.READY, _S.DRAINING, _S.FAILED}),
     _S.READY: frozenset({_S.STARTING, _S.DRAINING, _S.FAILED}),

@@ -1,10 +1,10 @@
 """What each model's weights must be: the record every copy in the fleet is held to.
 
-Before this record, an agent copying weights from a peer checked them only
-against the peer's own manifest, and a node counted as holding a model on
-its own word: one rogue node (anyone given a join token) became the weight
-source for a model across its fabric. Now the control plane records each
-model's digests once, from the best witness it can reach:
+Without it, an agent copying weights from a peer can check them only against
+the peer's own manifest, and a node counts as holding a model on its own
+word: one rogue node (anyone given a join token) becomes the weight source
+for a model across its fabric. So the control plane records each model's
+digests once, from the best witness it can reach:
 
 1. ``hub``: the Hub's file list at the catalog's revision (LFS files carry
    their sha256, files kept in git their blob id);

@@ -7,9 +7,9 @@ instance has taken over while this one had not noticed: the write is lost,
 as it must be, and this instance steps down at once (Leadership.stale)
 instead of answering more requests, or running more passes, as a leader.
 
-Before this, only the reconcile pass carried the epoch: a deposed leader
-could still change the catalog, node states, drains and keys after its
-successor took over. Reads need no fence and go to the store directly.
+Every write, not the reconcile pass alone: an unfenced write lets a deposed
+leader change the catalog, node states, drains and keys after its successor
+took over. Reads need no fence and go to the store directly.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ with nothing carved, unhealthy cards, CPU slots, fabrics and weights. The
 devices go through discovery's own code (``build_devices``, ``cpu_devices``)
 fed with made-up card facts, as the simulated fleet's do (sim/inventory.py),
 so numbering, labels, classes and reasons are the agent's: a second,
-hand-written copy of the MIG rules here had already drifted from them.
+hand-written copy of the MIG rules here would drift from them.
 Pure: no I/O, seeded randomness only.
 """
 

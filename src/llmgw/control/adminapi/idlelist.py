@@ -4,7 +4,7 @@ The list is the one part of the summary as long as the fleet (7,485 of
 16,838 replicas at 10,000 nodes in bench/admin.py), and its every entry's
 ``idle_seconds`` moves with the clock, so it cannot be cached as an answer.
 Built per call as an object per entry, sorted with a Python key and then
-encoded, it was 17-21 ms of a 30-45 ms summary. Here the candidates are
+encoded, it takes 17-21 ms of a 30-45 ms summary. Here the candidates are
 kept in order of when they went idle (inserted and removed by bisection as
 replicas change, never sorted whole again), each with its JSON written once
 up to and after its seconds; a call cuts the candidates idle long enough,

@@ -11,7 +11,7 @@ from llmgw.wire import CPU_CLASS, DownloadProgress, ReplicaState, device_label
 
 # The state a view shows for a replica that would be starting or ready but
 # has a node that stopped reporting: it is not routed to, so counting it as
-# ready made a model with a dead node look satisfied (issue 14).
+# ready would make a model with a dead node look satisfied.
 UNREACHABLE = "unreachable"
 _HIDDEN_BY_NODE = frozenset({ReplicaState.READY, ReplicaState.STARTING})
 
