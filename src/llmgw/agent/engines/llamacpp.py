@@ -33,6 +33,7 @@ from llmgw.agent.engines.base import (
     require_weights,
     uses_gpus,
 )
+from llmgw.agent.engines.templates import SuppliedTemplate
 from llmgw.agent.progress import LLAMA_SERVER_METRICS
 from llmgw.engine_env import (
     LLAMA_CPP_PYTHON_DROP,
@@ -296,6 +297,98 @@ def _server_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
 NO_CONFIG_HOME = "/dev/null"
 
 
+def _server_argv(
+    binary: str,
+    ctx: LaunchContext,
+    path: str,
+    template: SuppliedTemplate | None,
+    gpu: bool,
+    extra: list[str],
+) -> tuple[list[str], str, str | None]:
+    """llama-server's command line before the catalog's own flags; its health path, and
+    None: the health path is probed while serving too (llama-server answers /health
+    from its HTTP threads, beside the busy slots)."""
+    spec = ctx.assignment.model
+    argv = [
+        binary,
+        "--model",
+        path,
+        "--alias",
+        spec.name,
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.port),
+        "--ctx-size",
+        str(spec.kv_capacity_tokens),
+    ]
+    if gpu and not _server_sets(extra, "-ngl", "--n-gpu-layers", "--gpu-layers"):
+        argv += ["--n-gpu-layers", "999"]
+    if template is not None and not _server_sets(extra, "--chat-template-file"):
+        argv += ["--chat-template-file", template.jinja]
+    # /metrics (off by default): llamacpp:n_decode_total moves with
+    # every batch computed, the agent's sign of progress.
+    if not _server_sets(extra, "--metrics"):
+        argv.append("--metrics")
+    argv += _server_memory_flags(ctx, extra)
+    health = "/health"
+    return argv, health, None
+
+
+def _python_argv(
+    python: str,
+    ctx: LaunchContext,
+    path: str,
+    template: SuppliedTemplate | None,
+    gpu: bool,
+    extra: list[str],
+) -> tuple[list[str], str, str | None]:
+    """llama_cpp.server's command line before the catalog's own flags; its health path
+    and the path probed while serving."""
+    spec = ctx.assignment.model
+    argv = [
+        python,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        path,
+        "--host",
+        ctx.host,
+        "--port",
+        str(ctx.port),
+        "--model_alias",
+        spec.name,
+        "--n_ctx",
+        str(spec.kv_capacity_tokens),
+        # Its default, true, ends a running stream (as if complete:
+        # "[DONE]", no finish_reason) whenever another request waits
+        # for the model; with false the second one waits its turn.
+        "--interrupt_requests",
+        "false",
+    ]
+    if gpu and not _python_sets(extra, "n_gpu_layers"):
+        argv += ["--n_gpu_layers", "-1"]
+    if template is not None and not _python_sets(extra, "chat_format"):
+        # A Jinja template from a tokenizer_config.json: its gemma
+        # format would drop every system message.
+        argv += [
+            "--chat_format", "hf-tokenizer-config",
+            "--hf_tokenizer_config_path", template.tokenizer_config,
+        ]  # fmt: skip
+    if ctx.tls is not None:
+        # Paths only: the key stays in its owner-only file.
+        argv += ["--ssl_keyfile", ctx.tls.key_file, "--ssl_certfile", ctx.tls.cert_file]
+    argv += _python_memory_flags(ctx, extra)
+    health = "/v1/models"
+    # Every model route of llama_cpp.server waits for the model lock,
+    # so a probe of one would wait for a whole completion. While
+    # serving, probe the FastAPI app's own docs page instead: it needs
+    # no lock, so it proves the server answers, though not that the
+    # model still computes.
+    liveness = "/docs"
+    return argv, health, liveness
+
+
 class LlamaCppAdapter:
     def __init__(
         self,
@@ -335,74 +428,12 @@ class LlamaCppAdapter:
         # The family's template where the model carries none of its own.
         template = templates.supplied_for(path)
         gpu = uses_gpus(ctx.devices)
-        # None: probe the health path while serving too (llama-server answers
-        # /health from its HTTP threads, beside the busy slots).
-        liveness: str | None = None
         if self.server_binary:
-            argv = [
-                self.server_binary,
-                "--model",
-                path,
-                "--alias",
-                spec.name,
-                "--host",
-                ctx.host,
-                "--port",
-                str(ctx.port),
-                "--ctx-size",
-                str(spec.kv_capacity_tokens),
-            ]
-            if gpu and not _server_sets(extra, "-ngl", "--n-gpu-layers", "--gpu-layers"):
-                argv += ["--n-gpu-layers", "999"]
-            if template is not None and not _server_sets(extra, "--chat-template-file"):
-                argv += ["--chat-template-file", template.jinja]
-            # /metrics (off by default): llamacpp:n_decode_total moves with
-            # every batch computed, the agent's sign of progress.
-            if not _server_sets(extra, "--metrics"):
-                argv.append("--metrics")
-            argv += _server_memory_flags(ctx, extra)
-            health = "/health"
+            argv, health, liveness = _server_argv(
+                self.server_binary, ctx, path, template, gpu, extra
+            )
         else:
-            argv = [
-                self.python,
-                "-m",
-                "llama_cpp.server",
-                "--model",
-                path,
-                "--host",
-                ctx.host,
-                "--port",
-                str(ctx.port),
-                "--model_alias",
-                spec.name,
-                "--n_ctx",
-                str(spec.kv_capacity_tokens),
-                # Its default, true, ends a running stream (as if complete:
-                # "[DONE]", no finish_reason) whenever another request waits
-                # for the model; with false the second one waits its turn.
-                "--interrupt_requests",
-                "false",
-            ]
-            if gpu and not _python_sets(extra, "n_gpu_layers"):
-                argv += ["--n_gpu_layers", "-1"]
-            if template is not None and not _python_sets(extra, "chat_format"):
-                # A Jinja template from a tokenizer_config.json: its gemma
-                # format would drop every system message.
-                argv += [
-                    "--chat_format", "hf-tokenizer-config",
-                    "--hf_tokenizer_config_path", template.tokenizer_config,
-                ]  # fmt: skip
-            if ctx.tls is not None:
-                # Paths only: the key stays in its owner-only file.
-                argv += ["--ssl_keyfile", ctx.tls.key_file, "--ssl_certfile", ctx.tls.cert_file]
-            argv += _python_memory_flags(ctx, extra)
-            health = "/v1/models"
-            # Every model route of llama_cpp.server waits for the model lock,
-            # so a probe of one would wait for a whole completion. While
-            # serving, probe the FastAPI app's own docs page instead: it needs
-            # no lock, so it proves the server answers, though not that the
-            # model still computes.
-            liveness = "/docs"
+            argv, health, liveness = _python_argv(self.python, ctx, path, template, gpu, extra)
         argv += extra
         env = launch_env(spec, ctx.devices, vulkan=self.vulkan)
         key = ctx.assignment.engine_key
