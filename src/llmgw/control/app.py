@@ -72,7 +72,18 @@ def create_app(
     app = ControlApp(title=title, version="1", docs_url=None, redoc_url=None,
                      openapi_url="/admin/v1/openapi.json")
     app.state.cp = cp
-    # Agent reports: one endpoint (reportroute.py), reached three ways.
+    _agent_reports(app, cp)
+    install_error_handlers(app, cp.leader_hint)
+    _health_and_metrics(app, cp, metrics_token)
+    _agent_api(app, cp)
+    _gateway_link(app, cp)
+    app.include_router(build_admin_router(cp), prefix="/admin/v1")
+    mount_console(app, cp)
+    return app
+
+
+def _agent_reports(app: ControlApp, cp: ControlPlane) -> None:
+    """Agent reports: one endpoint (reportroute.py), reached three ways."""
     reports = ReportEndpoint(cp, app.exception_handlers)
     # Innermost: reports answered without the routing below.
     app.add_middleware(ReportRoute, endpoint=reports)
@@ -90,8 +101,9 @@ def create_app(
         Route(REPORT_PATH, reports, methods=["POST"], include_in_schema=False)
     )
 
-    install_error_handlers(app, cp.leader_hint)
 
+def _health_and_metrics(app: ControlApp, cp: ControlPlane, metrics_token: str | None) -> None:
+    """Health checks, open to all, and /metrics behind its optional token."""
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, object]:
         return {"status": "ok", "leader": cp.is_leader, "epoch": cp.epoch}
@@ -118,7 +130,9 @@ def create_app(
                                   "authentication_error", "invalid_token")
         return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
-    # -- agent API ---------------------------------------------------------
+
+def _agent_api(app: ControlApp, cp: ControlPlane) -> None:
+    """The agent API besides reports: registration, with the join token."""
     # The standby check comes before the credentials: a standby's view of the
     # nodes is up to seconds old, and refusing a just-registered node's token
     # would make its agent throw the token away and try to register again.
@@ -129,7 +143,9 @@ def create_app(
         reg = AgentRegistration.model_validate(await _body(request))
         return _json(await cp.nodes.register(reg))
 
-    # -- gateway link API ----------------------------------------------------
+
+def _gateway_link(app: ControlApp, cp: ControlPlane) -> None:
+    """The gateway link API (config watch, load, demand, usage), with the gateway token."""
     # All of it, the config watch included, is the leader's: a gateway that
     # watched a standby would route from views refreshed only every few
     # seconds (a new replica, or a lost node, reaches it late), and routing
@@ -171,7 +187,3 @@ def create_app(
         _gateway(request)
         await cp.gateways.record_usage(_usage_list.validate_python(await _body(request)))
         return Response(status_code=204)
-
-    app.include_router(build_admin_router(cp), prefix="/admin/v1")
-    mount_console(app, cp)
-    return app
