@@ -170,8 +170,27 @@ def generate(
     8, a few 2-node x 8, MIG models, and on-demand ones.
     """
     rng = random.Random(seed)
-    classes = ["h100-80g", "a100-80g", "l40s-48g", "l4-24g"]
-    class_weights = [4, 3, 2, 1]
+    # In this order: each part draws from the one seeded generator.
+    node_records = _nodes(rng, nodes, gpus_per_node, fabrics, mig_share, unhealthy_share, now)
+    specs = _models(rng, models)
+    _cache_weights(rng, node_records, specs)
+    return fleet(node_records, specs, now)
+
+
+_CLASSES = ["h100-80g", "a100-80g", "l40s-48g", "l4-24g"]
+_CLASS_WEIGHTS = [4, 3, 2, 1]
+
+
+def _nodes(
+    rng: random.Random,
+    nodes: int,
+    gpus_per_node: int,
+    fabrics: int,
+    mig_share: float,
+    unhealthy_share: float,
+    now: float,
+) -> list[NodeRecord]:
+    classes, class_weights = _CLASSES, _CLASS_WEIGHTS
     node_records = []
     for index in range(nodes):
         gpu_class = rng.choices(classes, class_weights)[0]
@@ -210,6 +229,11 @@ def generate(
                 seen_at=seen,
             )
         )
+    return node_records
+
+
+def _models(rng: random.Random, models: int) -> list[ModelSpec]:
+    classes, class_weights = _CLASSES, _CLASS_WEIGHTS
     specs = []
     for index in range(models):
         roll = rng.random()
@@ -242,6 +266,12 @@ def generate(
                 name, gpus=1, classes=[gpu_class], min_replicas=rng.randint(1, 4), max_replicas=6
             )
         specs.append(spec)
+    return specs
+
+
+def _cache_weights(
+    rng: random.Random, node_records: list[NodeRecord], specs: list[ModelSpec]
+) -> None:
     # Weights: each model is already cached on a few nodes of its class.
     by_class: dict[str, list[NodeRecord]] = {}
     for node in node_records:
@@ -253,4 +283,3 @@ def generate(
         pool = by_class.get(spec.gpu_classes[0], [])
         for node in rng.sample(pool, min(len(pool), 3)):
             node.weights.append(WeightsEntry(model=spec.name))
-    return fleet(node_records, specs, now)
