@@ -43,7 +43,7 @@ from llmgw.cli.upjson import join_token_fields, print_banner, tls_fields, urls, 
 from llmgw.cli.uptraffic import KEYS_FILE, check_rate, demo_keys, start_traffic
 from llmgw.cli.upworkers import start_gateway_workers
 from llmgw.config import default_data_dir, ensure_data_dir
-from llmgw.control.plane import ControlPlane
+from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.errors import ConfigError
 from llmgw.servertls import ServerTls
@@ -125,21 +125,8 @@ async def _up(
     base = f"{scheme}://{public_host(options.host)}:{options.port}"
     runtime = ControlPlaneRuntime(cp, reconcile_interval_s=1.0, advertise_url=base)
     parts = await start_parts(store, cp, runtime, options, tls)
-    join_token = creds.join_token
-    agents: list[Any] = []
     try:
-        if fleet is not None:
-            from llmgw.sim.fleet import start_fleet
-
-            if join_token is None:
-                join_token = await _own_join_token(cp, uses=None)
-            # The fleet's models were applied above, in-process.
-            agents.append(
-                await start_fleet(fleet, base, join_token, data_dir / "sim", apply=False)
-            )
-        else:
-            agents.append(await _start_local_agent(cp, base, data_dir, options, join_token,
-                                                   tls.ca_file if tls else None))
+        agents = [await _start_agents(cp, fleet, base, data_dir, options, creds, tls)]
     except BaseException:
         await parts.stop()
         raise
@@ -155,18 +142,7 @@ async def _up(
                     await agent.shutdown(stop_engines=True)
             await parts.stop()
             raise
-    model_name = next(iter(sorted(cp.state.models)), "default")
-    info = {
-        **urls(base),
-        # Clients go to the workers; /v1 on the control plane's port still answers.
-        **({"api_url": f"{scheme}://{public_host(options.host)}:{options.workers_port}/v1"}
-           if workers is not None else {}),
-        "admin_token": creds.admin_token,
-        "api_key": creds.api_key,
-        "model": model_name,
-        **join_token_fields(cp, creds, tls),
-        **tls_fields(tls),
-    }
+    info = _up_info(cp, creds, base, options, tls, workers=workers is not None)
     path = write_up_json(data_dir, info)
     saved = json.loads(path.read_text())
     print_banner({**saved, "up_json": str(path)}, creds, up=True)
@@ -192,6 +168,42 @@ async def _up(
             await workers.stop()
         await parts.stop()
     return 0
+
+
+async def _start_agents(
+    cp: ControlPlane, fleet: Any, base: str, data_dir: Path, options: UpOptions,
+    creds: NewCredentials, tls: ServerTls | None,
+) -> Any:
+    """The simulated fleet's agents, or this machine's one agent."""
+    join_token = creds.join_token
+    if fleet is None:
+        return await _start_local_agent(cp, base, data_dir, options, join_token,
+                                        tls.ca_file if tls else None)
+    from llmgw.sim.fleet import start_fleet
+
+    if join_token is None:
+        join_token = await _own_join_token(cp, uses=None)
+    # The fleet's models were applied above, in-process.
+    return await start_fleet(fleet, base, join_token, data_dir / "sim", apply=False)
+
+
+def _up_info(
+    cp: ControlPlane, creds: NewCredentials, base: str, options: UpOptions,
+    tls: ServerTls | None, *, workers: bool,
+) -> dict[str, Any]:
+    """What up.json says: where to call, with which credentials, and the model to try."""
+    scheme = "https" if tls else "http"
+    return {
+        **urls(base),
+        # Clients go to the workers; /v1 on the control plane's port still answers.
+        **({"api_url": f"{scheme}://{public_host(options.host)}:{options.workers_port}/v1"}
+           if workers else {}),
+        "admin_token": creds.admin_token,
+        "api_key": creds.api_key,
+        "model": next(iter(sorted(cp.state.models)), "default"),
+        **join_token_fields(cp, creds, tls),
+        **tls_fields(tls),
+    }
 
 
 async def _start_local_agent(
