@@ -71,6 +71,21 @@ def apply_report(
     """
     effects = ReportEffects()
     effects.routing_changed = node.state(now) == NodeState.UNREACHABLE
+    _take_facts(node, report, effects, trust_reported_fabrics, vouch, readings)
+    node.last_seen = now
+    _take_replica_states(state, node, report, now, effects)
+    return effects
+
+
+def _take_facts(
+    node: NodeRecord,
+    report: AgentReport,
+    effects: ReportEffects,
+    trust_reported_fabrics: bool,
+    vouch: Callable[[list[WeightsEntry]], list[WeightsEntry]] | None,
+    readings: tuple[Reading, ...] | None,
+) -> None:
+    """The node's own facts: address, fabrics, weights, inventory, readings, agent key."""
     weights = vouch(report.weights) if vouch is not None else list(report.weights)
     if node.fabrics_pinned:
         fabrics = node.fabrics
@@ -118,12 +133,17 @@ def apply_report(
         # be enough to take over who may register the node again.
         node.agent_key_hash = report.agent_key_hash
         effects.agent_key_recorded = effects.write_node = True
-    node.last_seen = now
+
+
+def _take_replica_states(
+    state: FleetState, node: NodeRecord, report: AgentReport, now: float, effects: ReportEffects
+) -> None:
+    """What the node says of the replicas placed on it: statuses and refusals."""
     # A node token speaks for its own node only: what it says about a replica
     # placed elsewhere is dropped before it can touch that replica (one rogue
     # or confused agent must not fail, or mark ready, another node's work).
     # Ids the control plane does not know (a replica deleted while its
-    # engine still stops) stay, as before: they change nothing.
+    # engine still stops) stay: they change nothing.
     effects.foreign = sorted(
         rid
         for rid in {*report.refused, *(s.replica_id for s in report.replicas)}
@@ -138,7 +158,6 @@ def apply_report(
         if replica is not None and replica.can_move_to(ReplicaState.FAILED):
             replica.move_to(ReplicaState.FAILED, f"refused by agent on {node.name}: {reason}")
             effects.routing_changed = effects.wake_reconciler = True
-    return effects
 
 
 def _mirror_statuses(
