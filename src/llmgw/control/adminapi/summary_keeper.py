@@ -177,9 +177,23 @@ class SummaryKeeper:
         ``last_seen`` constantly and the state almost never.
         """
         nodes = state.nodes
-        kept = self._node_inputs
         recheck: set[str] = set()
         moved: set[str] = set()
+        self._find_changed_nodes(nodes, written, recheck, moved)
+        self._due_silences(now, recheck)
+        self._recheck_node_states(nodes, now, recheck, moved)
+        return moved
+
+    def _find_changed_nodes(
+        self,
+        nodes: dict[str, NodeRecord],
+        written: list[NodeRecord] | None,
+        recheck: set[str],
+        moved: set[str],
+    ) -> None:
+        """Add to ``recheck`` the nodes written to (or all, when the log cannot say),
+        to ``moved`` the ones gone."""
+        kept = self._node_inputs
         # A NodeTable counts its writes: when the count has not moved, no node
         # came, went or was put in another's place, and the table is not even
         # listed (touching 10,000 records, ~1 ms a call).
@@ -219,6 +233,9 @@ class SummaryKeeper:
                 self._stale_nodes.discard(name)
             self._node_inputs = kept
         self._node_names, self._node_records = names, records
+
+    def _due_silences(self, now: float, recheck: set[str]) -> None:
+        """Add to ``recheck`` the nodes whose silence grace ends about now."""
         # Silences nearing the grace (a second's margin for rounding).
         deadlines, scheduled = self._deadlines, self._scheduled
         while deadlines and deadlines[0][0] <= now + 1.0:
@@ -226,6 +243,13 @@ class SummaryKeeper:
             if scheduled.get(name) == when:  # else: superseded by a later report
                 del scheduled[name]
                 recheck.add(name)
+
+    def _recheck_node_states(
+        self, nodes: dict[str, NodeRecord], now: float, recheck: set[str], moved: set[str]
+    ) -> None:
+        """Ask each node in ``recheck`` its state again; add to ``moved`` those whose
+        reachability changed, and keep the heap of silences."""
+        deadlines, scheduled = self._deadlines, self._scheduled
         for name in recheck:
             node = nodes.get(name)
             if node is None:
@@ -242,7 +266,7 @@ class SummaryKeeper:
             if now_state is not NodeState.UNREACHABLE:
                 # Only ever earlier: a report moves the deadline later, and
                 # the entry already there then asks a little early and is
-                # put back for the new one. A push per report was a heap of
+                # put back for the new one. A push per report would be a heap of
                 # ~60,000 superseded entries at 10,000 nodes reporting every
                 # 5 s, 2,000 new objects a second for the collector.
                 when = node.reachable_until()
@@ -250,7 +274,6 @@ class SummaryKeeper:
                 if due is None or when < due:
                     scheduled[name] = when
                     heapq.heappush(deadlines, (when, name))
-        return moved
 
     def _read_written_nodes(
         self, nodes: dict[str, NodeRecord], touched: set[str], recheck: set[str]
