@@ -48,7 +48,7 @@ ALLOWED = {
 CONTROL_ACCESS: list[tuple[str, str]] = [
     (r"^/healthz(/leader)?$", "open"),
     (r"^/metrics$", "open"),  # open unless a metrics token is set (test_metrics_token.py)
-    (r"^/agent/v1/register$", "join"),  # the join token travels in the body
+    (r"^/agent/v1/register$", "join"),  # the join token, in the head like the others
     (r"^/agent/v1/report$", "node"),
     (r"^/gateway/v1/", "gateway"),
     (r"^/admin/v1/openapi\.json$", "open"),  # the schema, as published with the source
@@ -183,13 +183,9 @@ async def _check(
             kind = _kind(access, template)
             path = _concrete(template)
             for credential in CREDENTIALS:
-                if kind == "join":
-                    payload: Any = {"node": "n9", "join_token": tokens.get(credential, "none")}
-                    headers = {}
-                else:
-                    payload = body(path)
-                    token = tokens.get(credential)
-                    headers = {"Authorization": f"Bearer {token}"} if token else {}
+                token = tokens.get(credential)
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                payload: Any = {"node": "n9"} if kind == "join" else body(path)
                 path_q = path + "?wait=0" if path == "/gateway/v1/config" else path
                 answer = await client.request(method, path_q, headers=headers,
                                               json=payload if method != "GET" else None)

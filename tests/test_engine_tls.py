@@ -319,8 +319,9 @@ async def test_the_endpoint_scheme_follows_the_agents_report(plane: Plane) -> No
             id=rid, model=name, created_at=0.0, shards=[ShardAssignment(node="n1")])
     fleet_ca = ssl.create_default_context(cafile=str(plane.ca.ca_file))
     async with aiohttp.ClientSession() as session:
-        answer = await session.post(f"{plane.url}/agent/v1/register", ssl=fleet_ca,
-                                    json={"node": "n1", "join_token": plane.creds.join_token})
+        answer = await session.post(
+            f"{plane.url}/agent/v1/register", ssl=fleet_ca, json={"node": "n1"},
+            headers={"Authorization": f"Bearer {plane.creds.join_token}"})
         assert answer.status == 200, await answer.text()
         token = (await answer.json())["node_token"]
         report = AgentReport(node="n1", inventory=inventory("n1"), replicas=[

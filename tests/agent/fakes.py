@@ -86,9 +86,10 @@ class FakeControlPlane:
         return app
 
     async def _register(self, request: web.Request) -> web.Response:
-        reg = AgentRegistration.model_validate_json(await request.read())
-        if reg.join_token != self.join_token:
+        # As the control plane: the join token in the head, checked before the body.
+        if bearer(request.headers.get("Authorization")) != self.join_token:
             return web.json_response({"detail": "bad join token"}, status=401)
+        reg = AgentRegistration.model_validate_json(await request.read())
         token = new_secret(NODE_PREFIX)
         self.tokens[token] = reg.node
         self.registrations += 1

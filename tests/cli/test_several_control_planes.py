@@ -44,8 +44,8 @@ async def pair(pg_database_url: str) -> AsyncIterator[Pair]:
     """(leader, standby, credentials), with node n1 registered at the leader."""
     async with leader_and_standby(pg_database_url) as (leader, standby, creds):
         async with httpx.AsyncClient(base_url=leader.url, timeout=10) as http:
-            answer = await http.post("/agent/v1/register",
-                                     json={"node": "n1", "join_token": creds.join_token})
+            answer = await http.post("/agent/v1/register", json={"node": "n1"},
+                                     headers={"Authorization": f"Bearer {creds.join_token}"})
             assert answer.status_code == 200, answer.text
         await standby.cp.load()  # what its 5-second refresh would do
         yield leader, standby, creds

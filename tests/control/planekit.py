@@ -116,10 +116,11 @@ def inventory(host: str) -> NodeInventory:
 async def register(
     client: httpx.AsyncClient, url: str, join: str, node: str, agent_key: str | None = None
 ) -> str:
-    body = {"node": node, "join_token": join}
+    body = {"node": node}
     if agent_key is not None:
         body["agent_key"] = agent_key
-    answer = await client.post(f"{url}/agent/v1/register", json=body)
+    answer = await client.post(f"{url}/agent/v1/register", json=body,
+                               headers={"Authorization": f"Bearer {join}"})
     assert answer.status_code == 200, answer.text
     token: str = answer.json()["node_token"]
     return token

@@ -46,8 +46,8 @@ async def _replica_on_n1(cp: ControlPlane) -> None:
 
 async def _register_refused(client: httpx.AsyncClient, plane: Plane, node: str,
                             **body: str) -> httpx.Response:
-    answer = await client.post(f"{plane.url}/agent/v1/register",
-                               json={"node": node, "join_token": plane.join, **body})
+    answer = await client.post(f"{plane.url}/agent/v1/register", json={"node": node, **body},
+                               headers={"Authorization": f"Bearer {plane.join}"})
     assert answer.status_code == 422, answer.text
     return answer
 
@@ -124,8 +124,8 @@ async def test_credentials_are_not_interchangeable(plane: Plane) -> None:
     _, creds, url = plane
     assert creds.join_token and creds.admin_token and creds.api_key
     async with httpx.AsyncClient() as client:
-        bad = await client.post(f"{url}/agent/v1/register",
-                                json={"node": "n1", "join_token": creds.admin_token})
+        bad = await client.post(f"{url}/agent/v1/register", json={"node": "n1"},
+                                headers={"Authorization": f"Bearer {creds.admin_token}"})
         assert bad.status_code == 401
         assert bad.json()["error"]["type"] == "authentication_error"
         token_1 = await register(client, url, creds.join_token, "n1")
@@ -275,8 +275,8 @@ async def test_another_or_no_agent_key_is_refused_with_what_to_do(plane: Plane) 
             assert OTHER_KEY not in answer.text and KEY not in answer.text
         # The right key is no use without the join token.
         stolen = await client.post(f"{url}/agent/v1/register",
-                                   json={"node": "n1", "join_token": "llmgw-join-guess",
-                                         "agent_key": KEY})
+                                   json={"node": "n1", "agent_key": KEY},
+                                   headers={"Authorization": "Bearer llmgw-join-guess"})
         assert stolen.status_code == 401
         # Refusals changed nothing: the running agent keeps its token.
         assert await cp.store.list_nodes() == row_before

@@ -75,6 +75,8 @@ async def test_an_invalid_body_is_422_naming_the_problem_on_every_api(
     assert creds.admin_token
     admin = await client.post("/admin/v1/keys", json={"rpm": 0},
                               headers=bearer(creds.admin_token))
-    agent = await client.post("/agent/v1/register", content=b"{not json")
+    assert creds.join_token
+    agent = await client.post("/agent/v1/register", content=b"{not json",
+                              headers=bearer(creds.join_token))
     for answer in (admin, agent):
         assert _error(answer) == (422, "invalid_request_error", "invalid_request")

@@ -68,8 +68,8 @@ async def test_a_node_cannot_fail_or_refuse_another_nodes_replicas(plane: Plane)
 async def test_registration_refuses_unsafe_node_names(plane: Plane, name: str) -> None:
     _, creds, url = plane
     async with httpx.AsyncClient() as client:
-        answer = await client.post(f"{url}/agent/v1/register",
-                                   json={"node": name, "join_token": creds.join_token})
+        answer = await client.post(f"{url}/agent/v1/register", json={"node": name},
+                                   headers={"Authorization": f"Bearer {creds.join_token}"})
     assert answer.status_code == 422, answer.text
     assert "node" in answer.json()["error"]["message"]
 
@@ -128,10 +128,11 @@ async def _admin(client: httpx.AsyncClient, creds: NewCredentials, method: str, 
 
 async def _register_status(client: httpx.AsyncClient, url: str, join: str, node: str,
                            agent_key: str | None = None) -> httpx.Response:
-    body: dict[str, Any] = {"node": node, "join_token": join}
+    body: dict[str, Any] = {"node": node}
     if agent_key:
         body["agent_key"] = agent_key
-    return await client.post(f"{url}/agent/v1/register", json=body)
+    return await client.post(f"{url}/agent/v1/register", json=body,
+                             headers={"Authorization": f"Bearer {join}"})
 
 
 async def test_the_first_join_token_expires(plane: Plane) -> None:

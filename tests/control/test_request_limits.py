@@ -78,15 +78,53 @@ async def test_a_64_mib_registration_is_refused_before_its_body_or_token_is_read
     assert looked_at == [] and cp.state.nodes == {}
 
 
+async def test_a_registration_is_refused_on_its_head_before_its_body_is_read(
+    control: tuple[ControlPlane, NewCredentials, int],
+) -> None:
+    cp, creds, port = control
+    assert creds.join_token
+    revoked, revoked_secret = cp.credentials.join_tokens.create(3600.0)
+    cp.credentials.join_tokens.revoke(revoked.id)
+    head = (b"POST /agent/v1/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: 1000\r\n")
+    # 30 of 1,000 bytes: a route that read the body first would wait for the rest.
+    partial = b'{"node": "n1", "join_token": "' + creds.join_token.encode()
+    for authorization, why in ((b"", b"Authorization header"),
+                               (b"Authorization: Bearer llmgw-join-wrong\r\n", b"invalid"),
+                               (f"Authorization: Bearer {revoked_secret}\r\n".encode(),
+                                b"revoked")):
+        started = time.monotonic()
+        answer = await _exchange(port, head + authorization + b"\r\n", partial)
+        assert time.monotonic() - started < 2.0
+        assert answer.startswith(b"HTTP/1.1 401"), answer[:300]
+        assert why in answer, answer
+    assert cp.state.nodes == {}
+
+
+async def test_a_body_token_other_than_the_heads_is_refused(
+    control: tuple[ControlPlane, NewCredentials, int],
+) -> None:
+    cp, creds, port = control
+    _, other = cp.credentials.join_tokens.create(3600.0)
+    async with httpx.AsyncClient() as client:
+        answer = await client.post(f"http://127.0.0.1:{port}/agent/v1/register",
+                                   json={"node": "n1", "join_token": other},
+                                   headers={"Authorization": f"Bearer {creds.join_token}"})
+    assert answer.status_code == 422, answer.text
+    assert "header" in answer.json()["error"]["message"]
+    assert cp.state.nodes == {}
+
+
 @pytest.mark.parametrize("path", ["/agent/v1/register", "/gateway/v1/load", "/admin/v1/apply",
                                   "/admin/v1/keys"])
 async def test_chunked_bodies_over_the_limit_are_cut_off(
     control: tuple[ControlPlane, NewCredentials, int], path: str,
 ) -> None:
     _, creds, port = control
+    token = creds.join_token if path == "/agent/v1/register" else creds.admin_token
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-                 f"Authorization: Bearer {creds.admin_token}\r\n\r\n".encode())
+                 f"Authorization: Bearer {token}\r\n\r\n".encode())
     chunk = f"{MiB:x}\r\n".encode() + b" " * MiB + b"\r\n"
     sent = 0
     answer = b""
@@ -107,7 +145,8 @@ async def test_small_bodies_still_work(control: tuple[ControlPlane, NewCredentia
     _, creds, port = control
     async with httpx.AsyncClient() as client:
         answer = await client.post(f"http://127.0.0.1:{port}/agent/v1/register",
-                                   json={"node": "n1", "join_token": creds.join_token})
+                                   json={"node": "n1"},
+                                   headers={"Authorization": f"Bearer {creds.join_token}"})
     assert answer.status_code == 200, answer.text
 
 

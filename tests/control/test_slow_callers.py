@@ -78,9 +78,11 @@ async def test_a_body_trickled_within_each_idle_limit_is_cut_off_at_the_whole_bo
     control: tuple[ControlPlane, NewCredentials, int], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(LeanHttpProtocol, "body_timeout_s", 1.0)
-    _, _, port = control
+    _, creds, port = control
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /agent/v1/register HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+    # With its join token: a registration without one is refused before its body.
+    writer.write(b"POST /agent/v1/register HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                 + f"Authorization: Bearer {creds.join_token}\r\n\r\n{{".encode())
     started = time.monotonic()
     answer_read = asyncio.create_task(_read_all(reader, 5.0))
     for _ in range(30):  # a byte every 0.1 s: well inside the 30 s idle limit

@@ -43,8 +43,8 @@ async def test_a_standby_refuses_writes_naming_the_leader_and_serves_admin_reads
     admin, gateway = bearer(creds.admin_token), bearer(creds.gateway_token)
     async with httpx.AsyncClient(base_url=standby.url, timeout=10) as http:
         refused = [
-            await http.post("/agent/v1/register", json={"node": "n1",
-                                                        "join_token": creds.join_token}),
+            await http.post("/agent/v1/register", json={"node": "n1"},
+                            headers=bearer(creds.join_token)),
             # Refused before the token is looked at (a standby's view of the
             # nodes may not hold a node registered a moment ago).
             await http.post("/agent/v1/report", json={}, headers={"Authorization": "Bearer x"}),

@@ -383,12 +383,8 @@ class Agent:
         key = await asyncio.to_thread(agent_key, self.data_dir)
         try:
             answer = await client.register(
-                AgentRegistration(
-                    node=self.config.name,
-                    join_token=split_join_token(self.config.join_token)[0],
-                    inventory=inventory,
-                    agent_key=key,
-                )
+                AgentRegistration(node=self.config.name, inventory=inventory, agent_key=key),
+                split_join_token(self.config.join_token)[0],
             )
         except AuthError as exc:
             raise RegistrationRefused(

@@ -1,7 +1,8 @@
 """The agent's side of the fixed protocol with the control plane (brief, "Fixed protocol").
 
 Two calls: register once with the join token for a node token, then report
-with that token and receive the full set of assignments. Transport errors
+with that token (each in the ``Authorization`` header, which the control
+plane checks before it reads a body) and receive the full set of assignments. Transport errors
 and HTTP statuses are translated once, by the shared llmgw.cpclient, into
 the error tree, so the agent's loop handles three cases: unreachable (retry),
 refused credentials (re-register or stop), malformed report (a bug: log it
@@ -62,21 +63,25 @@ class ControlPlaneClient:
         """The instance calls go to now."""
         return self.caller.leader.current
 
-    async def register(self, registration: AgentRegistration) -> AgentRegistrationAnswer:
-        body = await self._post(REGISTER_PATH, registration.model_dump_json(), token=None)
+    async def register(
+        self, registration: AgentRegistration, join_token: str
+    ) -> AgentRegistrationAnswer:
+        """Register with ``join_token``, sent in the head (checked before the body
+        is read) and never in the body."""
+        payload = registration.model_dump_json(exclude={"join_token"})
+        body = await self._post(REGISTER_PATH, payload, token=join_token, credential="join token")
         return _parse(AgentRegistrationAnswer, body, REGISTER_PATH)
 
     async def report(self, token: str, report: AgentReport) -> AgentReportAnswer:
-        body = await self._post(REPORT_PATH, report.model_dump_json(), token=token)
+        body = await self._post(REPORT_PATH, report.model_dump_json(), token=token,
+                                credential="node token")
         return _parse(AgentReportAnswer, body, REPORT_PATH)
 
-    async def _post(self, path: str, payload: str, token: str | None) -> bytes:
-        headers = {"Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+    async def _post(self, path: str, payload: str, token: str, credential: str) -> bytes:
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         answer = await self.caller.call(
             self.session, "POST", path, data=payload, headers=headers, limits=self.timeout,
-            credential="node token" if token else "join token",
+            credential=credential,
         )
         return answer.body
 

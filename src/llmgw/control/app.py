@@ -139,9 +139,16 @@ def _agent_api(app: ControlApp, cp: ControlPlane) -> None:
 
     @app.post("/agent/v1/register", include_in_schema=False)
     async def register(request: Request) -> Response:
-        cp.require_leader()
+        # The join token is in the head and checked before a byte of the body
+        # is read: an unauthenticated caller holds no route waiting for a
+        # body, nor the memory of one (docs/security.md, Limits).
+        join_token = secrets.bearer(request.headers.get("authorization"))
+        cp.nodes.admit(join_token)
         reg = AgentRegistration.model_validate(await _body(request))
-        return _json(await cp.nodes.register(reg))
+        if reg.join_token is not None and reg.join_token != join_token:
+            raise ValidationError("the body's join_token is not the Authorization header's:"
+                                  " send the join token in the header only", field="join_token")
+        return _json(await cp.nodes.register(reg, join_token))
 
 
 def _gateway_link(app: ControlApp, cp: ControlPlane) -> None:

@@ -101,10 +101,15 @@ class AgentRegistration(Wire):
     name is taken, and a person would have to delete the node. With it, the
     same data dir may register its node again; the join token alone never
     can, or any holder of it could take over a running node's identity.
+
+    The join token travels in the ``Authorization`` header, where the control
+    plane checks it before it reads this body (docs/security.md, Limits).
+    ``join_token`` here is for callers inside the control plane's process;
+    over HTTP it may only repeat the header's.
     """
 
     node: str
-    join_token: str = Field(max_length=512)
+    join_token: str | None = Field(default=None, max_length=512)
     inventory: NodeInventory | None = None
     # Long enough to be unguessable: the control plane trusts it as a credential.
     agent_key: str | None = Field(default=None, min_length=32, max_length=256)

@@ -66,11 +66,33 @@ class Nodes:
             raise AuthError("unknown node token")
         return node
 
-    async def register(self, reg: AgentRegistration) -> AgentRegistrationAnswer:
+    def admit(self, join_token: str | None) -> None:
+        """Refuse a registration whose join token could never pass (unknown, revoked,
+        expired), before its body is read: AuthError.
+
+        Its uses are counted by :meth:`register`, which alone can tell a node's
+        own agent registering again (that may pass a used-up token) from a
+        new node.
+        """
+        self.core.require_leader()
+        if not join_token:
+            raise AuthError(
+                "a registration carries its join token in the Authorization header"
+                " (Authorization: Bearer llmgw-join-...); an agent that sends it in the"
+                " body only is older than this control plane: upgrade it"
+            )
+        self.credentials.join_tokens.check(join_token, time.time(), retry=True)
+
+    async def register(
+        self, reg: AgentRegistration, join_token: str | None = None
+    ) -> AgentRegistrationAnswer:
+        """Register ``reg.node`` with ``join_token`` (over HTTP: the header's) or,
+        inside the process, the registration's own."""
         core, join_tokens = self.core, self.credentials.join_tokens
         core.require_leader()
         now = time.time()
-        if join_tokens.find(reg.join_token) is None:
+        secret = join_token or reg.join_token
+        if secret is None or join_tokens.find(secret) is None:
             raise AuthError("invalid join token")
         existing = core.state.nodes.get(reg.node)
         registered = existing if existing is not None and existing.token_hash else None
@@ -79,7 +101,7 @@ class Nodes:
             # and the node keeps its state, GPUs and replicas (see
             # llmgw.control.registration for why the join token is not enough).
             check_registering_again(registered, reg.agent_key)
-        join = join_tokens.check(reg.join_token, now, retry=registered is not None)
+        join = join_tokens.check(secret, now, retry=registered is not None)
         if registered is None:
             # Counted (and written) before the node exists: a crash in between
             # costs a use, never grants one more.
