@@ -356,6 +356,7 @@ def measure(url: str | None, args: argparse.Namespace) -> dict[str, Any]:
             "--port",
             str(port),
             "--trust-reported-fabrics",
+            "--open-metrics",  # the run reads how reports were read
             "--log-level",
             "warning",
         ]

@@ -260,6 +260,35 @@ async def test_up_and_serve_carry_both_parts_on_one_metrics(
     promtool_check(metrics.text)
 
 
+async def test_serve_and_up_metrics_want_the_admin_token_unless_opened(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # /metrics shares serve's and up's port with /v1: without a metrics token
+    # it is not open to whoever reaches that port, as the gateway's is not.
+    monkeypatch.delenv("LLMGW_METRICS_TOKEN", raising=False)
+    monkeypatch.delenv("LLMGW_METRICS_TOKEN_FILE", raising=False)
+    admin = plane.admin.headers["authorization"].removeprefix("Bearer ")
+    node_token = next(iter(plane.node_tokens.values()))
+    for opened in (False, True):
+        gateway = build_gateway(plane.cp, open_metrics=opened)
+        await gateway.start()
+        try:
+            async with serve_asgi(PathDispatcher(create_app(plane.cp), gateway.asgi)) as url:
+                async with httpx.AsyncClient(timeout=10) as client:
+                    bare = await client.get(url + "/metrics")
+                    by_node = await client.get(url + "/metrics",
+                                               headers={"Authorization": f"Bearer {node_token}"})
+                if opened:
+                    assert bare.status_code == 200
+                    continue
+                assert bare.status_code == by_node.status_code == 401, bare.text
+                assert "admin token" in bare.json()["error"]["message"]
+                metrics = await scrape(url, admin)
+                assert "llmgw_fleet_nodes" in metrics.families
+        finally:
+            await gateway.stop()
+
+
 async def test_control_plane_metrics_alone_take_the_metrics_token(plane: Plane) -> None:
     async with serve_asgi(create_app(plane.cp, metrics_token="t0k")) as url:
         async with httpx.AsyncClient(timeout=10) as client:

@@ -94,6 +94,9 @@ class ProcessOptions:
     tls: TlsOptions = field(default_factory=lambda: TlsOptions())
     # Variables external models' api_key_env may name besides LLMGW_EXTERNAL_*.
     allow_key_env: frozenset[str] = frozenset()
+    # /metrics without a token (--open-metrics); otherwise it wants the admin
+    # token or the metrics token.
+    open_metrics: bool = False
 
 
 def resolve_store_url(data_dir: Path, database_url: str | None) -> str:
@@ -169,11 +172,18 @@ def freeze_startup_objects() -> None:
     freeze()
 
 
-def build_gateway(cp: ControlPlane, allow_key_env: frozenset[str] = frozenset()) -> Any:
+def build_gateway(
+    cp: ControlPlane, allow_key_env: frozenset[str] = frozenset(), *, open_metrics: bool = False
+) -> Any:
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.settings import GatewaySettings
 
-    settings = GatewaySettings(metrics_token=metrics_token_from(), key_env_allowed=allow_key_env)
+    # /metrics shares the port with /v1, where clients come: it names every
+    # model, node and device and shows the traffic, so it wants a token (the
+    # admin token, which every operator holds, or a metrics token for the
+    # monitoring system) unless the operator opens it.
+    settings = GatewaySettings(metrics_token=metrics_token_from(), key_env_allowed=allow_key_env,
+                               metrics_open=open_metrics, metrics_admin=cp.credentials.is_admin)
     gateway = Gateway(InProcessLink(cp), settings)
     # One scrape target per process: the gateway's /metrics (the dispatcher
     # sends /metrics there) carries the control plane's families too.
@@ -221,7 +231,7 @@ async def start_parts(
     tls: ServerTls | None,
 ) -> Parts:
     """The runtime, the gateway, then the port they share."""
-    gateway = build_gateway(cp, options.allow_key_env)
+    gateway = build_gateway(cp, options.allow_key_env, open_metrics=options.open_metrics)
     await runtime.start()
     await gateway.start()
     server = await serve_http(

@@ -57,6 +57,10 @@ TLS_CA_OPTION = typer.Option(help="The CA that signed --tls-cert: its fingerprin
 ALLOW_KEY_ENV_OPTION = typer.Option(
     "--allow-key-env", help="An environment variable an external model's api_key_env may name"
     " besides LLMGW_EXTERNAL_* (repeatable): its value goes to that model's URLs.")
+OPEN_METRICS_OPTION = typer.Option(
+    "--open-metrics", help="Answer /metrics without a token (by default it wants the admin token,"
+    " or the metrics token of LLMGW_METRICS_TOKEN_FILE): metrics name every model and node and"
+    " show the traffic.")
 TLS_CA_KEY_OPTION = typer.Option(help="The private key of --tls-ca, to sign the nodes' server"
                                  " certificates (without it the agents' servers stay plain).")
 
@@ -89,6 +93,7 @@ def up(
     tls_key: Annotated[Path | None, TLS_KEY_OPTION] = None,
     tls_ca: Annotated[Path | None, TLS_CA_OPTION] = None,
     allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
+    open_metrics: Annotated[bool, OPEN_METRICS_OPTION] = False,
     gateway_workers: Annotated[
         int,
         typer.Option(min=0, help="Also serve the OpenAI API from this many gateway processes"
@@ -108,7 +113,7 @@ def up(
     options = UpOptions(
         data_dir=data_dir, host=host, port=port, database_url=database_url, catalog=catalog,
         sim=sim, cpu_slots=cpu_slots, traffic=traffic, engines=list(engine or []),
-        allow_key_env=frozenset(allow_key_env or ()),
+        allow_key_env=frozenset(allow_key_env or ()), open_metrics=open_metrics,
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),
         gateway_workers=gateway_workers, gateway_port=gateway_port,
@@ -175,6 +180,7 @@ def serve(
                      " (repeatable): a load balancer's, a DNS alias."),
     ] = None,
     allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
+    open_metrics: Annotated[bool, OPEN_METRICS_OPTION] = False,
     log_level: LogLevel = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
@@ -191,7 +197,7 @@ def serve(
                 join_token_ttl_s=join_token_ttl * 3600 or None,
                 approve_nodes=approve_nodes,
                 trust_reported_fabrics=trust_reported_fabrics,
-                allow_key_env=frozenset(allow_key_env or ()),
+                allow_key_env=frozenset(allow_key_env or ()), open_metrics=open_metrics,
                 retention=Retention(events_days=events_retention_days,
                                     usage_days=usage_retention_days),
                 tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,

@@ -135,7 +135,8 @@ async def _up(
         try:
             workers = start_gateway_workers(
                 cp, base, options.host, options.workers_port, options.gateway_workers, tls,
-                insecure_http=options.tls.insecure_http, allow_key_env=options.allow_key_env)
+                insecure_http=options.tls.insecure_http, allow_key_env=options.allow_key_env,
+                metrics_open=options.open_metrics)
         except BaseException:
             for agent in agents:
                 with contextlib.suppress(Exception):

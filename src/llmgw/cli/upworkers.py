@@ -58,7 +58,7 @@ class GatewayWorkers:
 def start_gateway_workers(
     cp: ControlPlane, control_plane_url: str, host: str, port: int, count: int,
     tls: ServerTls | None, *, insecure_http: bool = False,
-    allow_key_env: frozenset[str] = frozenset(), metrics_open: bool = True,
+    allow_key_env: frozenset[str] = frozenset(), metrics_open: bool = False,
 ) -> GatewayWorkers:
     """Bind ``host:port`` and start ``count`` gateway workers following ``control_plane_url``."""
     forwarded = [

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from llmgw import wire
+from llmgw import secrets, wire
 from llmgw.backoff import Backoff
 from llmgw.gateway import front, handler, passthrough
 from llmgw.gateway.front import Runtime
@@ -343,12 +343,16 @@ class Gateway:
     async def _scrape(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._metrics_allowed(scope):
             await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
-        else:
-            await self._refuse(send, 401, "/metrics needs the metrics token "
-                               "(Authorization: Bearer ...)." if self.settings.metrics_token else
-                               "/metrics is closed: start the gateway with "
-                               "--metrics-token-file (or LLMGW_METRICS_TOKEN) for scrapes "
-                               "that send it, or --open-metrics.")
+            return
+        settings = self.settings
+        tokens = " or ".join(name for name, held in (
+            ("the metrics token", settings.metrics_token is not None),
+            ("the admin token", settings.metrics_admin is not None)) if held)
+        await self._refuse(send, 401, f"/metrics needs {tokens} (Authorization: Bearer ...)."
+                           if tokens else
+                           "/metrics is closed: start the gateway with "
+                           "--metrics-token-file (or LLMGW_METRICS_TOKEN) for scrapes "
+                           "that send it, or --open-metrics.")
 
     async def _health_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._health(send)
@@ -356,10 +360,15 @@ class Gateway:
     def _metrics_allowed(self, scope: Scope) -> bool:
         # Metrics name every model and replica and show the traffic: on a
         # shared network they are for the monitoring system, not for anyone.
-        if self.settings.metrics_token is None and not self.settings.metrics_open:
-            return False
-        header = front.header(scope, b"authorization") or b""
-        return scrape_allowed(header.decode("latin-1"), self.settings.metrics_token)
+        settings = self.settings
+        header = (front.header(scope, b"authorization") or b"").decode("latin-1")
+        if settings.metrics_token is not None and scrape_allowed(header, settings.metrics_token):
+            return True
+        if settings.metrics_admin is not None:
+            token = secrets.bearer(header)
+            if token is not None and settings.metrics_admin(token):
+                return True
+        return settings.metrics_open and settings.metrics_token is None
 
     @staticmethod
     def _id() -> list[tuple[bytes, bytes]]:

@@ -7,6 +7,7 @@ a setting up by name, and a setting cannot change under a request in flight.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmgw.errors import ConfigError
@@ -40,6 +41,10 @@ class GatewaySettings:
     # its operator passes --open-metrics.
     metrics_token: str | None = None
     metrics_open: bool = True
+    # Another credential /metrics takes besides the metrics token: on
+    # `serve` and `up`, whose gateway shares its port with the control plane,
+    # the admin token (checked against its hash; never held here in clear).
+    metrics_admin: Callable[[str], bool] | None = None
     # Environment variables an external model's api_key_env may name besides
     # LLMGW_EXTERNAL_* (llmgw.gateway.external): the operator's choice.
     key_env_allowed: frozenset[str] = frozenset()
