@@ -147,7 +147,7 @@ def llama_cpp_server(workdir: Path) -> Iterator[EngineParser]:
 CATALOG_ARGS = {
     "sglang": [["--mem-fraction-static", "0.8"], ["--context-length", "2048"],
                ["--disable-radix-cache"], ["--max-running-requests", "8"],
-               ["--dtype", "float16"], ["--enable-metrics"], ["--trust-remote-code"],
+               ["--dtype", "float16"], ["--enable-metrics"], ["--skip-server-warmup"],
                ["--log-level", "debug"], ["--chunked-prefill-size", "512"]],
     "vllm": [["--max-model-len", "2048"], ["--dtype", "float16"], ["--enforce-eager"],
              ["--gpu-memory-utilization", "0.8"], ["--max-num-seqs", "16"],

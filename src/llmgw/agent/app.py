@@ -36,6 +36,7 @@ from llmgw.agent.client import ControlPlaneClient
 from llmgw.agent.discoverer import Discoverer
 from llmgw.agent.engines import EngineCommands, default_adapters
 from llmgw.agent.engines.base import EngineAdapter
+from llmgw.agent.engines.nodeargs import NodeFlagsAllowed
 from llmgw.agent.engines.nodeenv import NodeEnvAllowed
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
@@ -122,6 +123,9 @@ class AgentConfig:
     # settings (llmgw.engine_env, agent.engines.nodeenv); reported to the
     # control plane, which then accepts them in a catalog.
     engine_env_allow: frozenset[str] = frozenset()
+    # Engine flags that run a model's own code which this node's admin allows
+    # (--engine-flag-allow; agent.engines.nodeargs): refused everywhere else.
+    engine_flag_allow: frozenset[str] = frozenset()
     # Where each engine is (--engine NAME=PATH, LLMGW_ENGINE_*; agent.engines.commands).
     engines: EngineCommands = field(default_factory=EngineCommands)
 
@@ -163,6 +167,11 @@ class Agent:
         if config.engine_env_allow:
             self.adapters = {
                 kind: NodeEnvAllowed(adapter, config.engine_env_allow)
+                for kind, adapter in self.adapters.items()
+            }
+        if config.engine_flag_allow:
+            self.adapters = {
+                kind: NodeFlagsAllowed(adapter, config.engine_flag_allow)
                 for kind, adapter in self.adapters.items()
             }
         self.supervisor: ProcessControl = supervisor or Supervisor(self.data_dir / "logs")

@@ -23,6 +23,7 @@ import typer
 from llmgw import procstats
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
+from llmgw.agent.engines.nodeargs import parse_allowed
 from llmgw.agent.memguard import GuardMode
 from llmgw.cli.engineopts import ENGINE_OPTION, engine_commands
 from llmgw.cli.logs import LogLevel, setup_logging
@@ -173,6 +174,13 @@ def agent(
                      " this node beyond the engine's own settings (repeat for more). It can"
                      " run code in the engines (LD_PRELOAD...): allow only what you must."),
     ] = None,
+    engine_flag_allow: Annotated[
+        list[str] | None,
+        typer.Option(envvar="LLMGW_ENGINE_FLAG_ALLOW",
+                     help="An engine flag that runs a model's own code which the catalog may"
+                     " set on this node (only trust-remote-code): the model repository's"
+                     " Python files then run here."),
+    ] = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Run this node's agent: report to the control plane and run what it assigns."""
@@ -201,6 +209,7 @@ def agent(
             memory_guard=_guard_mode(memory_guard),
             insecure_http=insecure_http,
             engine_env_allow=_env_names(engine_env_allow or []),
+            engine_flag_allow=parse_allowed(engine_flag_allow or []),
             ca_file=ca_file,
             ca_fingerprint=parse_fingerprint(ca_hash) if ca_hash else None,
             engines=engine_commands(engine or []),

@@ -39,6 +39,13 @@ LOADS_CODE = (
     "it loads Python code on the node, and a catalog entry cannot run code on a node"
     " (docs/security.md)"
 )
+# The hint for --trust-remote-code, which a node's admin may allow on that
+# node (agent.engines.nodeargs).
+REMOTE_CODE = (
+    "it runs the Python files of the model's repository on the node, and a catalog entry"
+    " cannot run code on a node; a node's admin may allow it there:"
+    " llmgw agent --engine-flag-allow trust-remote-code (docs/security.md)"
+)
 MAX_ENGINE_ARGS = 256
 MAX_ARG_CHARS = 4096
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

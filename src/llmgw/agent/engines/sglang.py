@@ -19,6 +19,7 @@ from pathlib import Path
 
 from llmgw.agent.engines.base import (
     LOADS_CODE,
+    REMOTE_CODE,
     EngineLaunch,
     FlagRules,
     LaunchContext,
@@ -85,11 +86,15 @@ MANAGED_FLAGS = FlagRules(
             # for the logit processor, lets every request send code to run: the
             # catalog cannot run code on a node (llmgw.engine_env).
             *CODE_FLAGS,
+            # Imports the model repository's own code; only a node's admin
+            # may allow it there (agent.engines.nodeargs).
+            "--trust-remote-code",
         ]
     ),
     abbreviations=True,
     hints={
         **dict.fromkeys(CODE_FLAGS, LOADS_CODE),
+        "--trust-remote-code": REMOTE_CODE,
         "--grpc-port": _WITH_KEY + " (its gRPC listener bypasses the key)",
         "--tokenizer-worker-num": _WITH_KEY,
         "--admin-api-key": "a key in argv is world-readable; the admin routes stay closed",

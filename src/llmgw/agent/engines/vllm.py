@@ -42,6 +42,7 @@ from pathlib import Path
 from llmgw import memory
 from llmgw.agent.engines.base import (
     LOADS_CODE,
+    REMOTE_CODE,
     EngineLaunch,
     FlagRules,
     LaunchContext,
@@ -166,6 +167,9 @@ MANAGED_FLAGS = FlagRules(
             # Each imports code the catalog names (a module path or a file):
             # the catalog cannot run code on a node (llmgw.engine_env).
             *CODE_FLAGS,
+            # Imports the model repository's own code; only a node's admin
+            # may allow it there (agent.engines.nodeargs).
+            "--trust-remote-code",
         ]
     ),
     dashes=True,
@@ -173,6 +177,7 @@ MANAGED_FLAGS = FlagRules(
     dotted=True,
     hints={
         **dict.fromkeys(CODE_FLAGS, LOADS_CODE),
+        "--trust-remote-code": REMOTE_CODE,
         "--grpc": "its gRPC server does not check the engine key",
         "--grpc-port": "its gRPC services do not check the engine key",
     },
