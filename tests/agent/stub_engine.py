@@ -35,12 +35,23 @@ def main() -> None:
     parser.add_argument("--grow-mib", type=int, default=0)
     parser.add_argument("--grow-step-mib", type=int, default=8)
     parser.add_argument("--grow-after", type=float, default=0.0)
+    parser.add_argument("--try-read", action="append", default=[],
+                        help="say in the log whether this file can be read")
     args = parser.parse_args()
     started = time.monotonic()
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(f"stub engine {args.model} pid {os.getpid()} on {args.host}:{args.port}", flush=True)
     print(f"env CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
+    print(f"uid {os.getuid()} gid {os.getgid()} groups {os.getgroups()}"
+          f" home {os.environ.get('HOME')}", flush=True)
+    for path in args.try_read:
+        try:
+            with open(path, "rb") as handle:
+                handle.read(1)
+            print(f"read {path}: ok", flush=True)
+        except OSError as exc:
+            print(f"read {path}: {type(exc).__name__}", flush=True)
 
     def stall_left() -> float:
         if args.health_stall_after is None:

@@ -38,6 +38,7 @@ from llmgw.agent.engines import EngineCommands, default_adapters
 from llmgw.agent.engines.base import EngineAdapter
 from llmgw.agent.engines.nodeargs import NodeFlagsAllowed
 from llmgw.agent.engines.nodeenv import NodeEnvAllowed
+from llmgw.agent.engineuser import EngineUser
 from llmgw.agent.identity import Identity, agent_key, load_identity, save_identity
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.memguard import GuardMode, MemoryGuard, agent_tag, node_memory_mib
@@ -126,6 +127,9 @@ class AgentConfig:
     # Engine flags that run a model's own code which this node's admin allows
     # (--engine-flag-allow; agent.engines.nodeargs): refused everywhere else.
     engine_flag_allow: frozenset[str] = frozenset()
+    # Run engines under this user (--engine-user; agent.engineuser): they
+    # cannot read the agent's secrets then. Needs the agent to run as root.
+    engine_user: str | None = None
     # Where each engine is (--engine NAME=PATH, LLMGW_ENGINE_*; agent.engines.commands).
     engines: EngineCommands = field(default_factory=EngineCommands)
 
@@ -174,7 +178,9 @@ class Agent:
                 kind: NodeFlagsAllowed(adapter, config.engine_flag_allow)
                 for kind, adapter in self.adapters.items()
             }
-        self.supervisor: ProcessControl = supervisor or Supervisor(self.data_dir / "logs")
+        self.engine_user = EngineUser.resolve(config.engine_user) if config.engine_user else None
+        self.supervisor: ProcessControl = supervisor or Supervisor(
+            self.data_dir / "logs", engine_user=self.engine_user)
         self.weights = WeightsCache(
             self.data_dir / "weights",
             hf_endpoint=config.hf_endpoint,
@@ -224,6 +230,8 @@ class Agent:
             return
         self._opened = True
         ensure_data_dir(self.data_dir)
+        if self.engine_user is not None:
+            await asyncio.to_thread(self.engine_user.prepare, self.data_dir)
         self.identity = load_identity(self.data_dir, self.config.name)
         self._agent_key_hash = await asyncio.to_thread(self._read_agent_key_hash)
         await asyncio.to_thread(self.weights.clean_partial)
@@ -259,6 +267,7 @@ class Agent:
             peer_session=self._peer_session,
             engine_tls=self.tls.engine_tls,
             engine_probe_ssl=self.node_cert.engine_probe_context,
+            engine_user=self.engine_user,
         )
         self.replicas.adopt(self.state.load(), self._deps)
         if self.config.serve_weights:

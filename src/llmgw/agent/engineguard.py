@@ -51,12 +51,13 @@ import contextlib
 import ctypes
 import logging
 import os
+import pwd
 import signal
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -420,6 +421,23 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
+def _engine_start(user: pwd.struct_passwd | None) -> Callable[[], None]:
+    """What the engine's process does before exec: become ``user`` (its own group
+    alone; agent.engineuser), then :func:`_die_with_parent`, in that order, as the
+    kernel clears the parent-death signal when the user changes. (uvloop's
+    subprocess_exec takes no user or group arguments.)"""
+    if user is None:
+        return _die_with_parent
+
+    def start() -> None:
+        os.setgroups([])
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+        _die_with_parent()
+
+    return start
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python -m {GUARD_MODULE}",
@@ -431,6 +449,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine-port", type=int, required=True, help="the engine's, on loopback")
     parser.add_argument("--tls-cert", default=None)
     parser.add_argument("--tls-key", default=None)
+    parser.add_argument("--engine-user", default=None,
+                        help="start the engine under this user (the guard stays as it is)")
     parser.add_argument("engine", nargs=argparse.REMAINDER, help="-- the engine's command")
     return parser
 
@@ -450,14 +470,20 @@ async def _serve(args: argparse.Namespace, key: str, engine: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, lambda: None)
     try:
+        user = pwd.getpwnam(args.engine_user) if args.engine_user else None
+    except KeyError:
+        print(f"engine guard: no user {args.engine_user!r} to run the engine as", flush=True)
+        guard.close()
+        return 126
+    try:
         child = await asyncio.create_subprocess_exec(
-            *engine, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            *engine, stdin=subprocess.DEVNULL, preexec_fn=_engine_start(user)
         )
     except FileNotFoundError:
         print(f"{engine[0]} not found: is this engine installed on the node?", flush=True)
         guard.close()
         return 127
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         print(f"cannot start {engine[0]}: {exc}", flush=True)
         guard.close()
         return 126

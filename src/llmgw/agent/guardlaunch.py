@@ -37,4 +37,5 @@ def guarded_launch(
         argv=[*argv, "--", *engine.argv],
         env={**engine.env, GUARD_KEY_ENV: key},
         tls=tls is not None,
+        guarded=True,
     )

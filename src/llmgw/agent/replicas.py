@@ -280,6 +280,8 @@ class ReplicaRunner:
         # an agent that dies right after the spawn still knows the port is taken.
         record = self._record()
         deps.state.put(record)
+        if deps.engine_user is not None:
+            await asyncio.to_thread(deps.engine_user.grant_weights, deps.weights.root, path)
         self.proc = deps.supervisor.spawn(self.replica_id, launch)
         self._hold_memory(budget)
         deps.state.put(self._record())

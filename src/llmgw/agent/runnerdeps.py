@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from llmgw.agent.engines.base import EngineTls
+from llmgw.agent.engineuser import EngineUser
 from llmgw.agent.liveness import Liveness
 from llmgw.agent.memguard import MemoryGuard
 from llmgw.agent.ports import PortAllocator
@@ -54,3 +55,6 @@ class RunnerDeps:
     engine_tls: Callable[[], EngineTls | None] = lambda: None
     # Verifies engines that listen with TLS when the agent probes them.
     engine_probe_ssl: ssl.SSLContext | None = None
+    # Engines run under this user (agent.engineuser): each launch makes the
+    # weights it loads readable to it. None: the agent's own user.
+    engine_user: EngineUser | None = None

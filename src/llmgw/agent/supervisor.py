@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import psutil
 
 from llmgw.agent.engines.base import EngineLaunch, SecretFile
+from llmgw.agent.engineuser import EngineUser
 from llmgw.errors import EngineError
 
 LOG_MAX_BYTES = 8 * 1024 * 1024
@@ -117,10 +118,13 @@ class Supervisor:
         *,
         log_max_bytes: int = LOG_MAX_BYTES,
         log_backups: int = LOG_BACKUPS,
+        engine_user: EngineUser | None = None,
     ) -> None:
         self.logs_dir = logs_dir
         self.log_max_bytes = log_max_bytes
         self.log_backups = log_backups
+        # Engines run under this user (agent.engineuser); None: the agent's own.
+        self.engine_user = engine_user
 
     def log_path(self, replica_id: str) -> Path:
         return self.logs_dir / f"{replica_id}.log"
@@ -131,16 +135,31 @@ class Supervisor:
         argv = self.command(replica_id, launch)
         path = self.log_path(replica_id)
         self._shift_logs(path)
-        with open(path, "ab") as log_file:
+        env = engine_environment(launch.env, launch.drop_env) | {REPLICA_ENV: replica_id}
+        user: dict[str, Any] = {}
+        if self.engine_user is not None:
+            env |= self.engine_user.env()
+            if launch.guarded:
+                # The guard keeps the agent's user (it holds the node's TLS
+                # key) and starts the engine under the engine user.
+                end = argv.index("--")
+                argv[end:end] = ["--engine-user", self.engine_user.name]
+            else:
+                user = self.engine_user.popen()
+        # Owner-only: the engine writes to it through the descriptor it is given.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "ab") as log_file:
             try:
                 popen = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    env=engine_environment(launch.env, launch.drop_env) | {REPLICA_ENV: replica_id},
+                    env=env,
                     start_new_session=True,
                     close_fds=True,
+                    **user,
                 )
             except FileNotFoundError:
                 raise EngineError(
@@ -163,12 +182,15 @@ class Supervisor:
         return argv
 
     def _write_secret(self, replica_id: str, secret: SecretFile) -> Path:
-        """The launch's secret in a file of its own, readable by the agent's user only."""
+        """The launch's secret in a file of its own, readable by the engine's user only
+        (the agent's, unless engines run under a user of their own)."""
         path = self.logs_dir / f"{replica_id}.secret{secret.suffix}"
         path.unlink(missing_ok=True)  # a fresh file, created 0600 (never widened)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(secret.text)
+        if self.engine_user is not None:
+            self.engine_user.give(path)
         return path
 
     @staticmethod

@@ -181,6 +181,12 @@ def agent(
                      " set on this node (only trust-remote-code): the model repository's"
                      " Python files then run here."),
     ] = None,
+    engine_user: Annotated[
+        str | None,
+        typer.Option(envvar="LLMGW_ENGINE_USER",
+                     help="Run engines under this user, which cannot read the agent's secrets"
+                     " (the agent must run as root; docs/security.md)."),
+    ] = None,
     log_level: LogLevel = "info",
 ) -> None:
     """Run this node's agent: report to the control plane and run what it assigns."""
@@ -210,6 +216,7 @@ def agent(
             insecure_http=insecure_http,
             engine_env_allow=_env_names(engine_env_allow or []),
             engine_flag_allow=parse_allowed(engine_flag_allow or []),
+            engine_user=engine_user,
             ca_file=ca_file,
             ca_fingerprint=parse_fingerprint(ca_hash) if ca_hash else None,
             engines=engine_commands(engine or []),

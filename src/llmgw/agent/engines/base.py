@@ -144,6 +144,10 @@ class EngineLaunch:
     # The engine listens with TLS (it took LaunchContext.tls): its endpoint
     # is https://, and the agent probes it so.
     tls: bool = False
+    # argv starts the engine guard (agent.guardlaunch), whose own options end
+    # at its "--": the guard starts the engine, and so runs it as the engine
+    # user where the agent has one (agent.engineuser).
+    guarded: bool = False
 
     @property
     def serving_probe(self) -> str | None:
