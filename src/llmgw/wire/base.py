@@ -9,11 +9,20 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 PROTOCOL_VERSION = 1
+# The largest value of the store's integer columns (PostgreSQL's INTEGER):
+# a wire field stored in one is bounded by it, so a report past it is a 422,
+# never a failed write.
+INT32_MAX = 2**31 - 1
+# An integer that JSON writers (orjson) and the store's JSON columns hold:
+# pydantic reads any size, and one past 64 bits in an agent's report failed
+# the store's write (a 503 for each of that node's reports; found by
+# schemathesis over the agent API).
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class Wire(BaseModel):

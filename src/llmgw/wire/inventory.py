@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmgw.wire.base import Wire
+from llmgw.wire.base import INT32_MAX, Int64, Wire
 
 CPU_CLASS = "cpu"
 MIG_CLASS_MARKER = "-mig-"
@@ -58,18 +58,18 @@ def device_label_on(devices: Sequence[Device], number: int) -> str:
 
 
 class GpuProcess(Wire):
-    pid: int
+    pid: Int64
     name: str = ""
-    used_memory_mib: int = 0
+    used_memory_mib: Int64 = 0
 
 
 class MigInfo(Wire):
     """Where a MIG instance lives on its card."""
 
     parent_uuid: str
-    parent_index: int
-    gpu_instance_id: int
-    compute_instance_id: int
+    parent_index: Int64
+    gpu_instance_id: Int64
+    compute_instance_id: Int64
     profile: str  # e.g. "3g.40gb" or "1c.3g.40gb"
 
 
@@ -80,17 +80,20 @@ class Device(Wire):
     mode appears only as its instances and a CPU-only node as its slots.
     """
 
-    number: int  # card index, MIG number (1000 + 100 x card + instance) or CPU slot
+    # Card index, MIG number (1000 + 100 x card + instance) or CPU slot. The
+    # bounds (here and on the memory) are the store's integer columns': a
+    # report past them failed its write, a 503 for the node's every report.
+    number: int = Field(ge=0, le=INT32_MAX)
     label: str  # "0", "0/mig1", "cpu0"
     uuid: str  # GPU-…, MIG-…, or a stable id for a CPU slot
     name: str  # product name, "NVIDIA A100-SXM4-80GB"; "cpu" for slots
     gpu_class: str  # "a100-80g", "a100-80g-mig-3g.40gb", "cpu"
-    memory_total_mib: int = 0
-    memory_used_mib: int = 0
+    memory_total_mib: int = Field(default=0, ge=0, le=INT32_MAX)
+    memory_used_mib: Int64 = 0
     # None when the source cannot say (always for MIG instances): a 0 would
     # claim an idle device that may be saturated.
-    utilization_pct: int | None = None
-    temperature_c: int | None = None
+    utilization_pct: Int64 | None = None
+    temperature_c: Int64 | None = None
     power_w: float | None = None
     healthy: bool = True
     unhealthy_reasons: list[str] = Field(default_factory=list)
@@ -101,7 +104,7 @@ class Device(Wire):
     mig: MigInfo | None = None
     processes: list[GpuProcess] = Field(default_factory=list)
     # Wear counters, the card's (also for its instances).
-    ecc_uncorrected: int | None = None
+    ecc_uncorrected: Int64 | None = None
     retired_pages_pending: bool | None = None
     remapped_rows_pending: bool | None = None
     remapping_failed: bool | None = None
@@ -119,7 +122,7 @@ class NodeInventory(Wire):
     # The node's RAM (llmgw.memory): CPU replicas are placed against it.
     # None from an agent that does not report it: placement then takes the
     # node's word that it fits, as it did before RAM was reported.
-    memory_total_mib: int | None = Field(None, ge=0)
+    memory_total_mib: Int64 | None = Field(None, ge=0)
     # Catalog env names this node's admin allows beyond each engine's own
     # settings (``llmgw agent --engine-env-allow``; llmgw.engine_env).
     engine_env_allow: list[str] = Field(default_factory=list, max_length=256)

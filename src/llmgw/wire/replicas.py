@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 
 from llmgw.wire.base import (
     PROTOCOL_VERSION,
+    Int64,
     ReplicaState,
     Wire,
     check_host,
@@ -29,8 +30,8 @@ class ShardAssignment(Wire):
     """The part of a replica that runs on one node."""
 
     node: str
-    rank: int = 0
-    device_numbers: list[int] = Field(default_factory=list)
+    rank: Int64 = 0
+    device_numbers: list[Int64] = Field(default_factory=list)
     device_uuids: list[str] = Field(default_factory=list)
 
 
@@ -48,10 +49,10 @@ class ReplicaAssignment(Wire):
     """
 
     replica_id: str
-    generation: int = 1
+    generation: Int64 = 1
     model: ModelSpec
     shard: ShardAssignment
-    nodes: int = 1
+    nodes: Int64 = 1
     # Address the rank-0 shard listens on for distributed init (multi-node).
     leader_address: str | None = None
     draining: bool = False
@@ -63,8 +64,8 @@ class ReplicaAssignment(Wire):
 
 
 class DownloadProgress(Wire):
-    bytes_done: int = 0
-    bytes_total: int | None = None
+    bytes_done: Int64 = 0
+    bytes_total: Int64 | None = None
     rate_bps: float = 0.0
     eta_s: float | None = None
 
@@ -73,11 +74,11 @@ class ReplicaStatus(Wire):
     """What the agent sees of one replica it runs."""
 
     replica_id: str
-    generation: int = 1
+    generation: Int64 = 1
     state: ReplicaState
-    port: int | None = None
-    pid: int | None = None
-    exit_code: int | None = None
+    port: int | None = Field(default=None, ge=0, le=65535)  # a column of the store
+    pid: Int64 | None = None
+    exit_code: Int64 | None = None
     reason: str | None = None  # why failed / what it is waiting for
     log_tail: list[str] = Field(default_factory=list)
     download: DownloadProgress | None = None
@@ -126,7 +127,7 @@ class AgentRegistrationAnswer(Wire):
 
 
 class AgentReport(Wire):
-    protocol: int = PROTOCOL_VERSION
+    protocol: Int64 = PROTOCOL_VERSION
     node: str
     agent_version: str = ""
     # Where engines on this node can be reached by the gateway (host only).
@@ -136,7 +137,7 @@ class AgentReport(Wire):
     replicas: list[ReplicaStatus] = Field(default_factory=list)
     weights: list[WeightsEntry] = Field(default_factory=list)
     # Port of the agent's own HTTP server (weights for peers), when it runs one.
-    agent_port: int | None = None
+    agent_port: int | None = Field(default=None, ge=0, le=65535)  # a column of the store
     # Replica ids the agent refused, with the reason (malformed assignment).
     refused: dict[str, str] = Field(default_factory=dict)
     # Weights copies refused since the last report (a peer's file that did

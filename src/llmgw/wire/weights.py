@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from llmgw.wire.base import Wire
+from llmgw.wire.base import Int64, Wire
 
 
 class WeightsSource(Wire):
@@ -39,7 +39,7 @@ class WeightsEntry(Wire):
 
     model: str
     revision: str | None = None
-    size_bytes: int = 0
+    size_bytes: Int64 = 0
     sha256: str | None = None
     path: str | None = None
     # The source the entry was fetched from: the control plane counts a
@@ -56,7 +56,7 @@ class WeightsFile(Wire):
     """
 
     path: str
-    size: int | None = Field(None, ge=0)
+    size: Int64 | None = Field(None, ge=0)
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     git_sha1: str | None = Field(None, pattern=r"^[0-9a-f]{40}$")
 
