@@ -48,6 +48,7 @@ ALLOWED = {
 CONTROL_ACCESS: list[tuple[str, str]] = [
     (r"^/healthz(/leader)?$", "open"),
     (r"^/metrics$", "open"),  # open unless a metrics token is set (test_metrics_token.py)
+    (r"^/agent/v1/openapi\.json$", "open"),  # the agent API's schema, as the admin API's
     (r"^/agent/v1/register$", "join"),  # the join token, in the head like the others
     (r"^/agent/v1/report$", "node"),
     (r"^/gateway/v1/", "gateway"),

@@ -24,6 +24,8 @@ from starlette.routing import Route
 from llmgw import secrets
 from llmgw.console.server import mount_console
 from llmgw.control.adminapi.routes import build_admin_router
+from llmgw.control.agentdoc import OPENAPI_PATH as AGENT_OPENAPI_PATH
+from llmgw.control.agentdoc import agent_openapi
 from llmgw.control.httperrors import error_response, install_error_handlers
 from llmgw.control.limits import BodyLimit
 from llmgw.control.metrics import control_registry
@@ -132,7 +134,12 @@ def _health_and_metrics(app: ControlApp, cp: ControlPlane, metrics_token: str | 
 
 
 def _agent_api(app: ControlApp, cp: ControlPlane) -> None:
-    """The agent API besides reports: registration, with the join token."""
+    """The agent API besides reports: its document, and registration with the join token."""
+
+    @app.get(AGENT_OPENAPI_PATH, include_in_schema=False)
+    async def agent_api_document() -> Response:
+        return _json_dict(agent_openapi())
+
     # The standby check comes before the credentials: a standby's view of the
     # nodes is up to seconds old, and refusing a just-registered node's token
     # would make its agent throw the token away and try to register again.
