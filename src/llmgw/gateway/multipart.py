@@ -37,6 +37,10 @@ _BOUNDARY = re.compile(
 )
 _DISPOSITION = re.compile(rb"^content-disposition:\s*form-data(.*)$", re.IGNORECASE | re.MULTILINE)
 _CONTENT_TYPE = re.compile(rb"^content-type:\s*([^\r\n;]*)", re.IGNORECASE | re.MULTILINE)
+# A control character in a part's header lines (HTTP's field values allow
+# none but tab): engines' form parsers refuse the whole request for one
+# (aiohttp's "Invalid HTTP header"), which came back as the engine's 500.
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _PARAM = re.compile(rb';\s*([A-Za-z*]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]*))')
 
 
@@ -120,6 +124,8 @@ def read_form(body: bytes, boundary: bytes) -> Form:
         if head_end < 0:
             raise _invalid(f"A part's headers are missing or longer than {MAX_PART_HEAD} bytes.")
         head = body[at + 2 : head_end + 2]
+        if _CONTROL.search(head.replace(b"\r\n", b"")):
+            raise _invalid("A part's headers hold a control character.")
         start = head_end + 4
         end = body.find(closing, start)
         if end < 0:
