@@ -62,6 +62,7 @@ GATEWAY_ACCESS: list[tuple[str, str]] = [
     # Passed through to engines that serve them (issue 17): the same API keys.
     (r"^/v1/(responses|rerank|score|audio/transcriptions)$", "api"),
     (r"^/v1/models(/\{model\})?$", "api"),
+    (r"^/v1/openapi\.json$", "open"),  # the API's schema, the same for everyone
     (r"^/metrics$", "open"),  # as the control plane's
     (r"^/healthz?$", "open"),
 ]

@@ -30,14 +30,14 @@ from typing import Any
 
 from llmgw import secrets, wire
 from llmgw.backoff import Backoff
-from llmgw.gateway import front, handler, passthrough
+from llmgw.gateway import front, handler, openapi, passthrough
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
 from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.proxy import Upstream
-from llmgw.gateway.responses import ApiError, send_bytes, send_error, send_json
+from llmgw.gateway.responses import JSON, ApiError, send_bytes, send_error, send_json
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
@@ -315,6 +315,7 @@ class Gateway:
             routes[path] = ("POST", partial(handler.handle, self.runtime, route=route))
         routes["/v1/models"] = ("GET", self._models)
         routes[_MODEL_PATH] = ("GET", self._models)
+        routes[openapi.OPENAPI_PATH] = ("GET", self._openapi)
         routes["/metrics"] = ("GET", self._scrape)
         routes["/health"] = routes["/healthz"] = ("GET", self._health_route)
         return routes
@@ -353,6 +354,9 @@ class Gateway:
                            "/metrics is closed: start the gateway with "
                            "--metrics-token-file (or LLMGW_METRICS_TOKEN) for scrapes "
                            "that send it, or --open-metrics.")
+
+    async def _openapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, openapi.DOCUMENT_BYTES, JSON, self._id())
 
     async def _health_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._health(send)
