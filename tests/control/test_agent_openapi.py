@@ -85,3 +85,14 @@ def test_a_report_with_an_integer_past_the_stores_is_refused_not_a_failed_write(
                         headers={"Authorization": f"Bearer {node_token}"})
     assert answer.status_code == 422, answer.text  # was a 503: the store's write failed
     assert field in answer.json()["error"]["message"]
+
+
+def test_a_report_with_two_devices_of_one_number_is_refused_not_a_failed_write(
+    plane: Served, node_token: str,
+) -> None:
+    device = inventory(NODE).devices[0].model_dump(mode="json")
+    report = {"node": NODE, "inventory": {"hostname": NODE, "devices": [device, device]}}
+    answer = httpx.post(plane.url + "/agent/v1/report", json=report, timeout=10,
+                        headers={"Authorization": f"Bearer {node_token}"})
+    assert answer.status_code == 422, answer.text  # was a 503: the store's unique rows
+    assert "unique" in answer.json()["error"]["message"]

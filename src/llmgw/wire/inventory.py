@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from llmgw.wire.base import INT32_MAX, Int64, Wire
 
@@ -126,4 +127,16 @@ class NodeInventory(Wire):
     # Catalog env names this node's admin allows beyond each engine's own
     # settings (``llmgw agent --engine-env-allow``; llmgw.engine_env).
     engine_env_allow: list[str] = Field(default_factory=list, max_length=256)
+
+    @field_validator("devices")
+    @classmethod
+    def _one_device_per_number(cls, devices: list[Device]) -> list[Device]:
+        # A number names one device (placement, the store's rows): two
+        # devices under one failed the store's write, a 503 for each of the
+        # node's reports (found by schemathesis over the agent API).
+        if len({device.number for device in devices}) != len(devices):
+            counts = Counter(device.number for device in devices)
+            twice = sorted(number for number, count in counts.items() if count > 1)
+            raise ValueError(f"device numbers must be unique; {twice} given more than once")
+        return devices
 
