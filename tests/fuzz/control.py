@@ -46,15 +46,18 @@ def _admin_operations(_: Any) -> st.SearchStrategy[Any]:
     return st.one_of([operation.as_strategy() for operation in operations])
 
 
-def _check_admin(served: Any, case: Any) -> None:
+def validated(case: Any, base_url: str, headers: dict[str, str], *, statuses: bool = False) -> None:
+    """Call a schemathesis case and check its answer: no 5xx, the documented shape and
+    content type (and, with ``statuses``, a documented status)."""
     from schemathesis import checks
     from schemathesis.core.failures import FailureGroup
 
+    wanted = [checks.not_a_server_error, checks.response_schema_conformance,
+              checks.content_type_conformance]
+    if statuses:
+        wanted.append(checks.status_code_conformance)
     try:
-        case.call_and_validate(
-            base_url=served.url, headers={"Authorization": f"Bearer {served.admin_token}"},
-            checks=[checks.not_a_server_error, checks.response_schema_conformance,
-                    checks.content_type_conformance])
+        case.call_and_validate(base_url=base_url, headers=headers, checks=wanted)
     except FailureGroup as exc:
         text = str(exc)
         if "Server error" in text or " 5" in text.split("\n", 1)[0]:
@@ -67,7 +70,38 @@ def _check_admin(served: Any, case: Any) -> None:
         raise Failure(text[:1200]) from None
 
 
+def _check_admin(served: Any, case: Any) -> None:
+    validated(case, served.url, {"Authorization": f"Bearer {served.admin_token}"})
+
+
 ADMIN = Target("admin_api_schemathesis", _plane, _admin_operations, _check_admin)
+
+
+# -- schemathesis over the agent API ----------------------------------------------------
+
+
+@contextlib.contextmanager
+def _agent_plane() -> Iterator[Any]:
+    from tests.control.test_agent_openapi import NODE
+
+    with _plane() as served:
+        served.fuzz_node_token = served.node_token(NODE)
+        yield served
+
+
+def _agent_operations(_: Any) -> st.SearchStrategy[Any]:
+    from tests.control.test_agent_openapi import schema
+
+    return st.one_of([result.ok().as_strategy() for result in schema.get_all_operations()])
+
+
+def _check_agent(served: Any, case: Any) -> None:
+    from tests.control.test_agent_openapi import credentials
+
+    validated(case, served.url, credentials(case, served, served.fuzz_node_token))
+
+
+AGENT = Target("agent_api_schemathesis", _agent_plane, _agent_operations, _check_agent)
 
 
 # -- agent and gateway routes -----------------------------------------------------------

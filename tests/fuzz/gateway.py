@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -116,3 +117,26 @@ def _check(running: _Running, case: tuple[str, str, dict[str, str], bytes]) -> N
 
 
 TARGET = Target("gateway_openai_api", _setup, lambda _: _request(), _check)
+
+
+# -- schemathesis over the gateway's OpenAPI document -------------------------------------
+
+
+def _operations(_: Any) -> st.SearchStrategy[Any]:
+    import schemathesis
+
+    from llmgw.gateway.openapi import DOCUMENT
+
+    schema = schemathesis.openapi.from_dict(DOCUMENT)
+    return st.one_of([result.ok().as_strategy() for result in schema.get_all_operations()])
+
+
+def _check_documented(running: _Running, case: Any) -> None:
+    from tests.fuzz.control import validated
+
+    if isinstance(case.body, dict) and "model" in case.body:
+        case.body["model"] = "m"  # to the engine, where a request goes furthest
+    validated(case, running.url, {"Authorization": f"Bearer {running.key}"}, statuses=True)
+
+
+SCHEMA = Target("gateway_api_schemathesis", _setup, _operations, _check_documented)

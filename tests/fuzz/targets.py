@@ -11,6 +11,8 @@ ALL: list[Target] = [
     http_client.TARGET,
     *parsers.ALL,
     control.ADMIN,
+    control.AGENT,
     control.WIRE,
     gateway.TARGET,
+    gateway.SCHEMA,
 ]
