@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import pwd
@@ -57,10 +56,11 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from llmgw.agent.guardchild import engine_start
 from llmgw.agent.guardhead import (
     BAD_GATEWAY,
     HEAD_TIMEOUT,
@@ -414,30 +414,6 @@ class _Inbound(asyncio.Protocol):
 # -- the guard's process ------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the engine's process before exec: SIGTERM when the guard goes away."""
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-
-
-def _engine_start(user: pwd.struct_passwd | None) -> Callable[[], None]:
-    """What the engine's process does before exec: become ``user`` (its own group
-    alone; agent.engineuser), then :func:`_die_with_parent`, in that order, as the
-    kernel clears the parent-death signal when the user changes. (uvloop's
-    subprocess_exec takes no user or group arguments.)"""
-    if user is None:
-        return _die_with_parent
-
-    def start() -> None:
-        os.setgroups([])
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-        _die_with_parent()
-
-    return start
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"python -m {GUARD_MODULE}",
@@ -477,7 +453,7 @@ async def _serve(args: argparse.Namespace, key: str, engine: list[str]) -> int:
         return 126
     try:
         child = await asyncio.create_subprocess_exec(
-            *engine, stdin=subprocess.DEVNULL, preexec_fn=_engine_start(user)
+            *engine, stdin=subprocess.DEVNULL, preexec_fn=engine_start(user)
         )
     except FileNotFoundError:
         print(f"{engine[0]} not found: is this engine installed on the node?", flush=True)
