@@ -22,7 +22,6 @@ import shutil
 import sys
 
 from llmgw import memory
-from llmgw.agent.engines import templates
 from llmgw.agent.engines.base import (
     EngineLaunch,
     FlagRules,
@@ -33,7 +32,7 @@ from llmgw.agent.engines.base import (
     require_weights,
     uses_gpus,
 )
-from llmgw.agent.engines.templates import SuppliedTemplate
+from llmgw.agent.engines.templates import SuppliedTemplate, supplied_for
 from llmgw.agent.progress import LLAMA_SERVER_METRICS
 from llmgw.engine_env import (
     LLAMA_CPP_PYTHON_DROP,
@@ -426,7 +425,7 @@ class LlamaCppAdapter:
         path = require_weights(ctx)
         extra = spec.engine_args
         # The family's template where the model carries none of its own.
-        template = templates.supplied_for(path)
+        template = supplied_for(path)
         gpu = uses_gpus(ctx.devices)
         if self.server_binary:
             argv, health, liveness = _server_argv(
