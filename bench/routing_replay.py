@@ -46,8 +46,8 @@ import routing as live  # bench/routing.py: the setup, its flags, its targets
 
 from llmgw import secrets, wire
 from llmgw.gateway.forward import LEARN_AFTER_S
-from llmgw.gateway.prefix import block_hashes, render_chat
-from llmgw.gateway.routing import ModelRouter
+from llmgw.gateway.routing.prefixindex import block_hashes, render_chat
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.sim import benchstats

@@ -12,28 +12,19 @@ import random
 import pytest
 
 from llmgw import wire
-from llmgw.gateway.prefix import (
+from llmgw.gateway.routing.leastloaded import least_loaded
+from llmgw.gateway.routing.measured import LOW_LOAD_IDLE_SHARE, IdleShare, PrefillSpeed
+from llmgw.gateway.routing.policy import HIT, MISS, OVERLOADED, UNROUTED, Pick
+from llmgw.gateway.routing.prefix import PrefixPolicy, SoonestStart, rendezvous
+from llmgw.gateway.routing.prefixindex import (
     PrefixIndex,
     block_hashes,
     render_chat,
     render_completion,
     stable_key,
 )
-from llmgw.gateway.routing import (
-    HIT,
-    LOW_LOAD_IDLE_SHARE,
-    MISS,
-    OVERLOADED,
-    UNROUTED,
-    IdleShare,
-    ModelRouter,
-    Pick,
-    PrefillSpeed,
-    Replica,
-    SoonestStart,
-    least_loaded,
-    rendezvous,
-)
+from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 
@@ -46,6 +37,12 @@ PROMPT = 64 * BLOCK
 
 def replica(name: str, kv: int = 32768) -> Replica:
     return Replica(wire.Endpoint(replica_id=name, url=f"http://{name}", kv_capacity_tokens=kv))
+
+
+def prefix_of(router: ModelRouter) -> PrefixPolicy:
+    """The prefix policy ``router`` asks (its index and measured speed)."""
+    assert isinstance(router.policy, PrefixPolicy)
+    return router.policy
 
 
 def router(
@@ -496,8 +493,8 @@ def test_a_lone_replica_gets_no_prefix_work(monkeypatch: pytest.MonkeyPatch) -> 
     def forbidden(*args: object) -> None:
         raise AssertionError("prefix work for a lone replica")
 
-    monkeypatch.setattr("llmgw.gateway.routing.block_hashes", forbidden)
-    monkeypatch.setattr("llmgw.gateway.routing.stable_key", forbidden)
+    monkeypatch.setattr("llmgw.gateway.routing.prefix.block_hashes", forbidden)
+    monkeypatch.setattr("llmgw.gateway.routing.prefix.stable_key", forbidden)
     for method in ("matches", "depth", "record"):
         monkeypatch.setattr(PrefixIndex, method, forbidden)
     for _ in range(3):
@@ -625,9 +622,9 @@ async def test_the_first_token_is_relayed_before_the_router_learns_from_the_answ
     assert pick.replica.pending_prefill == 0
     for _ in range(3):  # the role chunk's turn, the first token's read, its relay
         await asyncio.sleep(0)
-        assert fleet._index.depth(hashes, pick.replica.replica_id) == 0
+        assert prefix_of(fleet).index.depth(hashes, pick.replica.replica_id) == 0
     await asyncio.sleep(LEARN_AFTER_S * 2)
-    assert fleet._index.depth(hashes, pick.replica.replica_id) == len(hashes)
+    assert prefix_of(fleet).index.depth(hashes, pick.replica.replica_id) == len(hashes)
 
 
 def test_a_lone_gateway_hashes_a_new_prompt_only_once_its_answer_started() -> None:
@@ -668,11 +665,11 @@ def test_engine_token_counts_size_the_index_in_characters() -> None:
     assert pick is not None
     one.record(pick)
     one.metered(pick, prompt_tokens=PROMPT // 8, cached_tokens=0)
-    assert one._speed.chars_per_token == 8.0
+    assert prefix_of(one).speed.chars_per_token == 8.0
     for prompt in (first, second):
         one.record(Pick(one.replicas[0], MISS, block_hashes(prompt, BLOCK), 0.0))
-    assert one._index.depth(block_hashes(first, BLOCK), "r0") == 64
-    assert one._index.depth(block_hashes(second, BLOCK), "r0") == 64
+    assert prefix_of(one).index.depth(block_hashes(first, BLOCK), "r0") == 64
+    assert prefix_of(one).index.depth(block_hashes(second, BLOCK), "r0") == 64
 
 
 def test_engine_cached_reports_correct_the_index_capacity() -> None:
@@ -682,7 +679,7 @@ def test_engine_cached_reports_correct_the_index_capacity() -> None:
     # Routed as new, found mostly cached: the index forgot what the engine kept.
     one.metered(Pick(target, MISS, hashes, 256.0, None, PROMPT), 256, 200)
     assert target.capacity_scale == 1.125 and target.reports_cached
-    assert one._index._capacity["r0"] == int(64 * 1.125)
+    assert prefix_of(one).index._capacity["r0"] == int(64 * 1.125)
     # Routed as held, found nothing: the engine evicted it, the index shrinks back.
     one.metered(Pick(target, HIT, hashes, 0.0, None, PROMPT), 256, 0)
     assert target.capacity_scale == 1.0
@@ -713,7 +710,7 @@ def test_a_lone_gateway_sends_a_forgotten_prefix_back_where_it_was() -> None:
     for prompt in prompts:
         lone.record(Pick(lone.replicas[1], MISS, block_hashes(prompt, BLOCK), 0.0))
     first = prompts[0] + " and a question"
-    assert not lone._index.holds(block_hashes(first, BLOCK)[0])  # forgotten by the index
+    assert not prefix_of(lone).index.holds(block_hashes(first, BLOCK)[0])  # forgotten by the index
     # Wherever its key alone would put it, it goes back to r1 while r1 is not
     # busier than half its prefill...
     picks = {lone.pick(first).replica.replica_id for _ in range(3)}  # type: ignore[union-attr]

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from llmgw import wire
 from llmgw.gateway.responses import ApiError
-from llmgw.gateway.routing import ModelRouter, Replica
+from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.wire import EXTRA_ROUTES
 
 if TYPE_CHECKING:

@@ -52,7 +52,7 @@ from llmgw.gateway.responses import ApiError
 from llmgw.http.upstream import BodyBroken, ConnectFailed, UpstreamTimeout
 
 if TYPE_CHECKING:
-    from llmgw.gateway.routing import Replica
+    from llmgw.gateway.routing.replica import Replica
 
 log = logging.getLogger(__name__)
 

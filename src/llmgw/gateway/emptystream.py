@@ -38,7 +38,7 @@ from llmgw.gateway.proxy import Upstream
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 if TYPE_CHECKING:
-    from llmgw.gateway.routing import Replica
+    from llmgw.gateway.routing.replica import Replica
 
 log = logging.getLogger(__name__)
 

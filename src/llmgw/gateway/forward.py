@@ -29,7 +29,9 @@ from llmgw.gateway.responses import (
     send_bytes,
     unavailable,
 )
-from llmgw.gateway.routing import ModelRouter, Pick, Replica
+from llmgw.gateway.routing.policy import Pick
+from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.types import Message, Send
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
@@ -107,17 +109,11 @@ class Prefill:
 
     def started(self, streamed: bool) -> None:
         if self.pick.by_prefix:  # else nothing to record or measure
-            # Learnt a little after the answer's first chunk is on its way,
-            # not before, nor the next loop turn: at low load the gateway's
-            # code runs cold (~10x its speed in a loop), and recording and
-            # measuring (~50 us then) delayed the first token. Engines send a
-            # chat stream's role chunk and its first token as two writes
-            # (vLLM, llama.cpp, the simulator), which often arrive as two
-            # reads: learning one loop turn after the first read put that
-            # work between the role and the token. bench/routing.py at
-            # 4 req/s, request by request: +0.25-0.3 ms against round-robin
-            # and least-loaded then, +0.05 with the delay. A prompt routed
-            # meanwhile misses only this one's blocks.
+            # Learnt a little after the answer's first chunk is on its way:
+            # at low load this code runs cold, and learning before the first
+            # token (or between a chat stream's role chunk and its first
+            # token) delayed it (docs/routing.md). A prompt routed meanwhile
+            # misses only this one's blocks.
             sample = self.tokens if streamed and self.ahead < 1.0 else 0.0
             asyncio.get_running_loop().call_later(
                 LEARN_AFTER_S, self._learn, sample, time.perf_counter()

@@ -23,7 +23,7 @@ from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.responses import REQUEST_ID, ApiError, send_error, send_json, unavailable
-from llmgw.gateway.routing import ModelRouter
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send

@@ -61,7 +61,6 @@ from llmgw.gateway.front import (
     start_watch,
 )
 from llmgw.gateway.limits import cap_output_tokens
-from llmgw.gateway.prefix import render_chat, render_completion
 from llmgw.gateway.proxy import StreamRelay, Usage, find_usage, sse_error
 from llmgw.gateway.responses import (
     JSON,
@@ -72,7 +71,9 @@ from llmgw.gateway.responses import (
     send_bytes,
     send_error,
 )
-from llmgw.gateway.routing import ModelRouter, Replica
+from llmgw.gateway.routing.prefixindex import render_chat, render_completion
+from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.validation import check_request
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout

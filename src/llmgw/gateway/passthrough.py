@@ -46,9 +46,10 @@ from llmgw.gateway.fieldchecks import form_true
 from llmgw.gateway.forward import Call, Prefill, account, answer_whole, first_chunk, forward
 from llmgw.gateway.front import header, parse
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
-from llmgw.gateway.prefix import render_chat
 from llmgw.gateway.proxy import EventBuffer, Usage, sse_error, usage_object
-from llmgw.gateway.routing import ModelRouter, Replica
+from llmgw.gateway.routing.prefixindex import render_chat
+from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.types import Scope
 from llmgw.gateway.validation import (
     RERANK_PATH,

@@ -21,8 +21,10 @@ from llmgw import wire
 from llmgw.gateway.apiroutes import RouteSupport
 from llmgw.gateway.auth import KeyTable
 from llmgw.gateway.external import renamer, upstream_key
-from llmgw.gateway.prefix import PrefixIndex
-from llmgw.gateway.routing import ModelRouter, PrefillSpeed, Replica
+from llmgw.gateway.routing.measured import PrefillSpeed
+from llmgw.gateway.routing.prefixindex import PrefixIndex
+from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 
 

@@ -1,0 +1,88 @@
+"""A replica as this gateway sees it: its address, its load, its failures.
+
+:class:`Replica` objects outlive config versions (the snapshot carries them
+over by replica id), so in-flight counts and cool-downs survive a config
+update that merely adds or removes another replica. :func:`mix` is the hash
+every policy scores replicas with: identical in every gateway process, so
+gateways that share no state agree on where a key goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from llmgw import wire
+from llmgw.gateway.dialect import mending_for
+
+_M64 = (1 << 64) - 1
+
+
+def mix(value: int) -> int:
+    """splitmix64's finaliser: a cheap, well-spread 64-bit mix, identical everywhere."""
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _M64
+    return value ^ (value >> 31)
+
+
+class Replica:
+    """One endpoint as this gateway sees it: address, load, failure history."""
+
+    __slots__ = (
+        "capacity_scale",
+        "cooled_until",
+        "engine_key",
+        "failures",
+        "in_flight",
+        "kv_capacity_tokens",
+        "last_request_at",
+        "mending",
+        "pending_prefill",
+        "replica_id",
+        "reports_cached",
+        "requests",
+        "seed",
+        "url",
+    )
+
+    def __init__(self, endpoint: wire.Endpoint) -> None:
+        self.replica_id = endpoint.replica_id
+        self.url = endpoint.url.rstrip("/")
+        self.kv_capacity_tokens = endpoint.kv_capacity_tokens
+        self.mending = mending_for(endpoint.dialect)
+        self.engine_key = endpoint.engine_key  # sent upstream, never to clients
+        # Rendezvous seed from the id, so every gateway derives the same one.
+        digest = hashlib.blake2b(self.replica_id.encode("utf-8"), digest_size=8).digest()
+        self.seed = int.from_bytes(digest, "little")
+        self.in_flight = 0
+        # Uncached prompt tokens of in-flight requests not yet answered: the
+        # prefill work queued on this replica, which request counts miss.
+        self.pending_prefill = 0.0
+        self.last_request_at: float | None = None
+        self.requests = 0  # since the last load report
+        self.failures = 0  # consecutive connection failures
+        self.cooled_until = 0.0
+        # The prefix index's capacity for it over the configured one, as the
+        # engine's reports of cached prompt tokens corrected it; and whether
+        # it has reported any (an engine that never does reads as 0).
+        self.capacity_scale = 1.0
+        self.reports_cached = False
+
+    def update(self, endpoint: wire.Endpoint) -> None:
+        self.url = endpoint.url.rstrip("/")
+        self.kv_capacity_tokens = endpoint.kv_capacity_tokens
+        self.mending = mending_for(endpoint.dialect)
+        self.engine_key = endpoint.engine_key
+
+    def load(self, tokens_per_unit: float) -> float:
+        return self.in_flight + self.pending_prefill / tokens_per_unit
+
+    def connect_failed(self, cooldown_after: int, cooldown_s: float) -> None:
+        self.failures += 1
+        if self.failures >= cooldown_after:
+            self.cooled_until = time.monotonic() + cooldown_s
+
+    def connect_succeeded(self) -> None:
+        if self.failures:
+            self.failures = 0
+            self.cooled_until = 0.0
