@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import routing as live  # bench/routing.py: the setup, its flags, its targets
 
 from llmgw import secrets, wire
-from llmgw.gateway.forward import LEARN_AFTER_S
+from llmgw.gateway.routing.prefill import LEARN_AFTER_S
 from llmgw.gateway.routing.prefixindex import block_hashes, render_chat
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings

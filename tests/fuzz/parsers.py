@@ -35,8 +35,8 @@ from llmgw.control.jointokens import JoinTokens
 from llmgw.control.reportroute import _validated
 from llmgw.errors import AuthError, ConfigError, DiscoveryError, LlmgwError, ValidationError
 from llmgw.gateway import front, validation
-from llmgw.gateway.passthrough import usage_in
-from llmgw.gateway.proxy import StreamRelay, usage_object
+from llmgw.gateway.metering.usage import usage_in, usage_object
+from llmgw.gateway.proxy import StreamRelay
 from llmgw.gateway.responses import ApiError
 from llmgw.tls import split_join_token
 

@@ -24,10 +24,11 @@ from tests.gateway.sims import LLAMA_DIALECT, counts, running_sim
 from tests.waiting import eventually
 
 from llmgw import wire
-from llmgw.gateway import dialect
 from llmgw.gateway.assemble import Assembler
 from llmgw.gateway.dialect import mending_for
 from llmgw.gateway.link import MemoryLink
+from llmgw.gateway.metering import counter
+from llmgw.gateway.metering.tally import StreamTally
 from llmgw.sim.engine import SimEngine
 
 # llama_cpp.server's dialect, on the sim's tokenizer route.
@@ -253,14 +254,14 @@ async def test_an_assembled_answer_waits_for_its_count_longer_than_a_stream_does
 ) -> None:
     """A count slower than a stream's usage chunk may wait (one-slot engines queue it
     behind every waiting request) still gives the non-streamed answer its usage."""
-    slow = dialect.StreamCounter._usage
+    slow = counter.StreamCounter._usage
 
-    async def slower(self: dialect.StreamCounter, tally: dialect.StreamTally) -> Any:
+    async def slower(self: counter.StreamCounter, tally: StreamTally) -> Any:
         await asyncio.sleep(0.6)
         return await slow(self, tally)
 
-    monkeypatch.setattr(dialect.StreamCounter, "_usage", slower)
-    monkeypatch.setattr(dialect, "COUNT_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(counter.StreamCounter, "_usage", slower)
+    monkeypatch.setattr(counter, "COUNT_TIMEOUT_S", 0.3)
     link = MemoryLink(poll_timeout_s=1.0)
     link.publish(make_config(1, [_route(unstopping_sim.url, UNSTOPPING)]))
     async with running_gateway(link) as (_, url):

@@ -19,7 +19,8 @@ from llmgw import secrets
 from llmgw.agent.discovery.smi_xml import parse_xml
 from llmgw.control.jointokens import JoinTokens
 from llmgw.errors import AuthError, DiscoveryError
-from llmgw.gateway.proxy import StreamRelay, usage_object
+from llmgw.gateway.metering.usage import usage_object
+from llmgw.gateway.proxy import StreamRelay
 from llmgw.http.client import Pool, render_post, request_head
 from llmgw.http.upstream import BodyBroken
 

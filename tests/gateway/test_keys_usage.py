@@ -21,7 +21,7 @@ from tests.waiting import eventually
 from llmgw import wire
 from llmgw.gateway.auth import Bucket
 from llmgw.gateway.link import MemoryLink
-from llmgw.gateway.usage import UsageBatcher
+from llmgw.gateway.metering.batcher import UsageBatcher
 
 OTHER = "sk-llmgw-other-key-abcdefghijklmnopqrstuvwxyz"
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from llmgw.gateway.metering.usage import usage_in
 from llmgw.gateway.multipart import Upload, boundary_of, read_form, with_model
-from llmgw.gateway.passthrough import EventRelay, usage_in
+from llmgw.gateway.passthrough import EventRelay
 from llmgw.gateway.responses import ApiError
 
 

@@ -609,7 +609,7 @@ async def test_the_first_token_is_relayed_before_the_router_learns_from_the_answ
     # load that code runs cold, ~50 us), past the loop turns that relay a
     # first token sent apart from the role chunk, while the queued prefill is
     # released at once so the next pick sees the replica free.
-    from llmgw.gateway.forward import LEARN_AFTER_S, Prefill
+    from llmgw.gateway.routing.prefill import LEARN_AFTER_S, Prefill
 
     fleet = router(["a", "b"])
     prompt = "p" * PROMPT

@@ -34,6 +34,8 @@ from llmgw.gateway import front, handler, openapi, passthrough
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
+from llmgw.gateway.metering.account import settle_counts
+from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.proxy import Upstream
@@ -41,7 +43,6 @@ from llmgw.gateway.responses import JSON, ApiError, send_bytes, send_error, send
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
-from llmgw.gateway.usage import UsageBatcher
 from llmgw.promkit import scrape_allowed
 
 log = logging.getLogger(__name__)
@@ -130,8 +131,8 @@ class Gateway:
         await asyncio.gather(*self._tasks, *self._side_tasks, return_exceptions=True)
         self._tasks = []
         # A clean stop loses no usage: streams still being counted first
-        # (gateway.dialect), then one last flush, each bounded in time.
-        await handler.settle_counts(2.0)
+        # (gateway.metering.account), then one last flush, each bounded in time.
+        await settle_counts(2.0)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
                 await self.flush_usage()

@@ -24,8 +24,7 @@ from typing import Any
 
 import orjson
 
-from llmgw.gateway.dialect import StreamTally, indexed_choices, sse_chunks, tool_calls
-from llmgw.gateway.proxy import Usage, chat_usage
+from llmgw.gateway.metering.tally import StreamTally, indexed_choices, sse_chunks, tool_calls
 
 
 class _Choice:
@@ -135,20 +134,6 @@ class Assembler:
     def finished(self) -> bool:
         """Every choice the stream opened got its finish reason."""
         return bool(self._choices) and all(c.finish is not None for c in self._choices.values())
-
-
-def counted_usage(usage: Usage) -> dict[str, Any]:
-    """OpenAI's usage object for counts the gateway made itself."""
-    return {
-        "prompt_tokens": usage.prompt,
-        "completion_tokens": usage.completion,
-        "total_tokens": usage.prompt + usage.completion,
-    }
-
-
-def usage_of(usage: dict[str, Any] | None) -> Usage:
-    """What to meter of a usage object an engine reported (None: nothing)."""
-    return Usage() if usage is None else chat_usage(usage)
 
 
 def _take_delta(choice: _Choice, delta: dict[str, Any]) -> None:

@@ -11,16 +11,15 @@ usage and overhead every answer is metered with.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from llmgw.gateway.auth import KeyRecord
-from llmgw.gateway.external import renaming_send
+from llmgw.gateway.call import Call
 from llmgw.gateway.front import Runtime
-from llmgw.gateway.proxy import Usage
+from llmgw.gateway.metering.account import account
+from llmgw.gateway.metering.usage import Usage
 from llmgw.gateway.responses import (
     JSON,
     ApiError,
@@ -30,110 +29,12 @@ from llmgw.gateway.responses import (
     unavailable,
 )
 from llmgw.gateway.routing.policy import Pick
+from llmgw.gateway.routing.prefill import Prefill
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
-from llmgw.gateway.types import Message, Send
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)
-
-_SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-# How long after an answer's start the router records its prefix and prefill
-# speed (Prefill.started): past the first token's relay, well before a
-# second prompt of the same group usually comes.
-LEARN_AFTER_S = 0.005
-
-
-class Call:
-    """One request once its key and model are known: what its answer is sent and metered with.
-
-    Built once per request (slots: a few attribute stores), so that each step
-    of an answer takes the request, not the ten values it was made of.
-    """
-
-    __slots__ = ("counters", "id_header", "model", "prefill", "record", "rename", "request_id",
-                 "rt", "send", "started", "waited")  # fmt: skip
-
-    def __init__(
-        self, rt: Runtime, record: KeyRecord, model: str, started: float, request_id: str,
-        id_header: tuple[bytes, bytes], send: Send, rename: Callable[[bytes], bytes] | None,
-    ) -> None:  # fmt: skip
-        self.rt = rt
-        self.record = record
-        self.model = model
-        self.started = started
-        self.request_id = request_id
-        self.id_header = id_header
-        self.send = send
-        # An external model's answers carry the upstream's name for it: this
-        # puts back the catalog's (llmgw.gateway.external).
-        self.rename = rename
-        self.waited = 0.0  # for an on-demand replica: not the gateway's overhead
-        self.counters = rt.metrics.model(model)  # its model's metrics, updated in place
-        # The last replica's charge: what the answer's usage teaches its router.
-        self.prefill: Prefill | None = None
-
-    def stream_send(self) -> Send:
-        """Where a stream's messages go (renamed chunk by chunk where the model is external)."""
-        return self.send if self.rename is None else renaming_send(self.send, self.rename)
-
-    def stream_start(self, before: float) -> Message:
-        """The message starting a streamed answer; ``before``, the overhead so far, is metered."""
-        return {"type": "http.response.start", "status": 200,
-                "headers": self.stream_headers(before)}  # fmt: skip
-
-    def stream_headers(self, before: float) -> list[tuple[bytes, bytes]]:
-        """A streamed answer's headers; ``before``, the overhead so far, is metered."""
-        self.rt.metrics.overhead_hist.observe(before)
-        return [*_SSE_HEADERS, self.id_header, overhead_header(before)]
-
-
-class Prefill:
-    """Uncached prompt tokens charged to a replica until its answer starts.
-
-    The start of the answer is also when the replica holds the prompt's
-    prefix (so the router records it then) and, for a stream that queued
-    behind none of this gateway's other prefills on the replica, a
-    measurement of the model's prefill speed.
-    """
-
-    __slots__ = ("ahead", "pick", "router", "sent_at", "tokens")
-
-    def __init__(self, router: ModelRouter, pick: Pick) -> None:
-        self.router = router
-        self.pick = pick
-        self.tokens = pick.uncached_tokens
-        self.ahead = pick.replica.pending_prefill
-        pick.replica.pending_prefill += self.tokens
-        self.sent_at = time.perf_counter()
-
-    def started(self, streamed: bool) -> None:
-        if self.pick.by_prefix:  # else nothing to record or measure
-            # Learnt a little after the answer's first chunk is on its way:
-            # at low load this code runs cold, and learning before the first
-            # token (or between a chat stream's role chunk and its first
-            # token) delayed it (docs/routing.md). A prompt routed meanwhile
-            # misses only this one's blocks.
-            sample = self.tokens if streamed and self.ahead < 1.0 else 0.0
-            asyncio.get_running_loop().call_later(
-                LEARN_AFTER_S, self._learn, sample, time.perf_counter()
-            )
-        self.done()
-
-    def _learn(self, sample: float, answered_at: float) -> None:
-        if sample:
-            self.router.measured(sample, answered_at - self.sent_at)
-        self.router.record(self.pick)
-
-    def metered(self, usage: Usage) -> None:
-        """The answer's usage, for what it tells the router of the prompt (routing.metered)."""
-        if self.pick.prompt_chars:
-            self.router.metered(self.pick, usage.prompt, usage.cached)
-
-    def done(self) -> None:
-        if self.tokens:
-            self.pick.replica.pending_prefill -= self.tokens
-            self.tokens = 0.0
 
 
 class Exchange(Protocol):
@@ -285,26 +186,6 @@ async def wait_for_replica(
                 )
     finally:
         rt.room.leave(name)
-
-
-def account(call: Call, usage: Usage | None, error: bool) -> None:
-    """Meter an answer: the key's tokens per minute, the usage rows, the token counters."""
-    usage = usage or Usage()
-    record = call.record
-    total = usage.prompt + usage.completion
-    if total and record.tpm is not None:
-        record.tpm.charge(total)
-    minute = int(time.time()) // 60 * 60
-    call.rt.usage.add(
-        minute, record.key_id, call.model, usage.prompt, usage.completion, usage.cached, error
-    )
-    counters = call.counters
-    counters.prompt += usage.prompt
-    counters.completion += usage.completion
-    counters.cached += usage.cached
-    prefill = call.prefill
-    if prefill is not None and usage.prompt and not error:
-        prefill.metered(usage)
 
 
 async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bool = True) -> bytes:

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from llmgw.gateway.auth import KeyRecord, authorize
+from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.proxy import Upstream
@@ -27,7 +28,6 @@ from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
-from llmgw.gateway.usage import UsageBatcher
 
 # The key under scope["extensions"] of a dict of the request's headers, first
 # value of each name (llmgw.http.connection sets it; the gateway does not import it).

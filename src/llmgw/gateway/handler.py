@@ -26,26 +26,12 @@ from typing import Any, Protocol
 import orjson
 
 from llmgw.gateway.apiroutes import EMBEDDINGS, rerouted, route_router
-from llmgw.gateway.assemble import Assembler, counted_usage, usage_of
+from llmgw.gateway.assemble import Assembler
 from llmgw.gateway.auth import KeyRecord, limit
-from llmgw.gateway.dialect import (
-    ANSWER_COUNT_TIMEOUT_S,
-    METER_TIMEOUT_S,
-    Mending,
-    StreamCounter,
-    StreamTally,
-    mend_request,
-    refusal,
-)
+from llmgw.gateway.call import Call
+from llmgw.gateway.dialect import Mending, mend_request, refusal
 from llmgw.gateway.emptystream import why_empty
-from llmgw.gateway.forward import (
-    Call,
-    Prefill,
-    account,
-    answer_whole,
-    first_chunk,
-    forward,
-)
+from llmgw.gateway.forward import answer_whole, first_chunk, forward
 from llmgw.gateway.front import (
     WATCH_AFTER_S,
     ClientGone,
@@ -61,7 +47,11 @@ from llmgw.gateway.front import (
     start_watch,
 )
 from llmgw.gateway.limits import cap_output_tokens
-from llmgw.gateway.proxy import StreamRelay, Usage, find_usage, sse_error
+from llmgw.gateway.metering.account import account, count_later
+from llmgw.gateway.metering.counter import ANSWER_COUNT_TIMEOUT_S, StreamCounter
+from llmgw.gateway.metering.tally import StreamTally
+from llmgw.gateway.metering.usage import Usage, counted_usage, find_usage, usage_of
+from llmgw.gateway.proxy import StreamRelay, sse_error
 from llmgw.gateway.responses import (
     JSON,
     REQUEST_ID,
@@ -71,6 +61,7 @@ from llmgw.gateway.responses import (
     send_bytes,
     send_error,
 )
+from llmgw.gateway.routing.prefill import Prefill
 from llmgw.gateway.routing.prefixindex import render_chat, render_completion
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
@@ -426,7 +417,7 @@ async def _relay(
         if counter is not None and tally is not None and not counted:
             # Also a stream that broke or was cut: what the client received
             # was generated, and is metered.
-            _count_later(call, counter, tally, failed)
+            count_later(call, counter, tally, failed)
         else:
             if usage is None:
                 usage = relay.usage
@@ -494,27 +485,6 @@ async def _assemble(
 def _meter_failed(call: Call, counter: StreamCounter | None, assembler: Assembler) -> None:
     """Meter what an assembled answer that failed or was left had generated."""
     if counter is not None:
-        _count_later(call, counter, assembler.tally, True)
+        count_later(call, counter, assembler.tally, True)
     else:
         account(call, usage_of(assembler.usage), True)
-
-
-_later: set[asyncio.Task[None]] = set()
-
-
-async def settle_counts(timeout_s: float) -> None:
-    """Wait (at most ``timeout_s``) for streams still being counted, so a stop meters them."""
-    if _later:
-        await asyncio.wait(set(_later), timeout=timeout_s)
-
-
-def _count_later(call: Call, counter: StreamCounter, tally: StreamTally, failed: bool) -> None:
-    """Count a stream the client did not want usage for after its answer ended."""
-
-    async def count() -> None:
-        usage, _ = await counter.usage(tally, METER_TIMEOUT_S)
-        account(call, usage, failed)
-
-    task = asyncio.get_running_loop().create_task(count())
-    _later.add(task)
-    task.add_done_callback(_later.discard)

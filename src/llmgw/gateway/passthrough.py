@@ -42,11 +42,15 @@ from typing import Any
 import orjson
 
 from llmgw.gateway.apiroutes import rerouted, route_router
+from llmgw.gateway.call import Call
 from llmgw.gateway.fieldchecks import form_true
-from llmgw.gateway.forward import Call, Prefill, account, answer_whole, first_chunk, forward
+from llmgw.gateway.forward import answer_whole, first_chunk, forward
 from llmgw.gateway.front import header, parse
+from llmgw.gateway.metering.account import account
+from llmgw.gateway.metering.usage import Usage, usage_in
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
-from llmgw.gateway.proxy import EventBuffer, Usage, sse_error, usage_object
+from llmgw.gateway.proxy import EventBuffer, sse_error
+from llmgw.gateway.routing.prefill import Prefill
 from llmgw.gateway.routing.prefixindex import render_chat
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
@@ -149,30 +153,6 @@ ROUTES: dict[str, PassThrough] = {
     SCORE_PATH: PassThrough(SCORE_PATH),
     TRANSCRIPTIONS_PATH: PassThrough(TRANSCRIPTIONS_PATH, form=True, streams=True, ends=_DONE),
 }
-
-
-def usage_in(data: bytes) -> Usage | None:
-    """The usage of an answer (or stream event) of any of these routes, or None."""
-    usage = usage_object(data)
-    if usage is None:
-        return None
-    prompt = _count(usage, "prompt_tokens", "input_tokens")
-    completion = _count(usage, "completion_tokens", "output_tokens") or 0
-    if prompt is None:
-        # A reranker reports total_tokens only: all of it is input.
-        total = usage.get("total_tokens")
-        prompt = max(0, total - completion) if type(total) is int else 0
-    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
-    cached = _count(details, "cached_tokens") if isinstance(details, dict) else None
-    return Usage(prompt=prompt, completion=completion, cached=cached or 0)
-
-
-def _count(usage: dict[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = usage.get(name)
-        if type(value) is int and value >= 0:
-            return value
-    return None
 
 
 def _upstream_body(

@@ -19,19 +19,13 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from llmgw.gateway.metering.usage import Usage, find_usage
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.http.client import Pool, render_post, request_head
 from llmgw.http.upstream import ConnectFailed, Response
 
 # Connections opened at once when a config names new replicas (Upstream.warm).
 WARM_CONCURRENCY = 16
-
-
-@dataclass(slots=True)
-class Usage:
-    prompt: int = 0
-    completion: int = 0
-    cached: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,72 +164,7 @@ class Upstream:
         return pool.request(target.host, target.port, payload, target.tls)
 
 
-def _closing_brace(data: bytes, start: int) -> int:
-    """Index of the ``}`` closing the object at ``start`` (objects without braces in strings).
-
-    One pass over the braces, within :data:`_MAX_USAGE_BYTES` of the start:
-    counting them afresh at each ``}`` (as this once did) was quadratic, and
-    an upstream's answer with a deeply nested usage object held the
-    gateway's loop for minutes; even one pass over a megabyte of braces took
-    seconds (both found by bench/fuzz.py). A usage object is a few hundred
-    bytes; one that does not close within the limit is not one.
-    """
-    end = data.find(b"}", start)
-    if end < 0 or data.count(b"{", start, end) == 1:
-        return end  # the usual: a flat usage object
-    depth = 0
-    for brace in _BRACES.finditer(data, start, start + _MAX_USAGE_BYTES):
-        depth += 1 if brace.group() == b"{" else -1
-        if depth == 0:
-            return brace.start()
-    return -1
-
-
-def find_usage(data: bytes) -> Usage | None:
-    """The last ``"usage": {...}`` object in ``data``, without parsing the rest.
-
-    Embedding answers are large arrays of floats; locating the small usage
-    object and parsing only it keeps the cost independent of answer size.
-    """
-    usage = usage_object(data)
-    return None if usage is None else chat_usage(usage)
-
-
-def chat_usage(usage: dict[str, Any]) -> Usage:
-    """What to meter of a usage object in chat's shape (``prompt_tokens``...)."""
-    # Inline (once per answer): a count that is not a positive int is 0.
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens")
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if type(details) is dict else 0
-    return Usage(
-        prompt if type(prompt) is int and prompt > 0 else 0,
-        completion if type(completion) is int and completion > 0 else 0,
-        cached if type(cached) is int and cached > 0 else 0,
-    )
-
-
-def usage_object(data: bytes) -> dict[str, Any] | None:
-    """The last ``"usage": {...}`` object in ``data`` as a dict (only it is parsed)."""
-    at = data.rfind(b'"usage"')
-    if at < 0:
-        return None
-    start = data.find(b"{", at + 7, at + 32)
-    if start < 0:
-        return None
-    end = _closing_brace(data, start)
-    if end < 0:
-        return None
-    try:
-        usage = orjson.loads(data[start : end + 1])
-    except orjson.JSONDecodeError:
-        return None
-    return usage if isinstance(usage, dict) else None
-
-
 _EVENT_SPLIT = re.compile(rb"(?:\r?\n){2}")
-_BRACES = re.compile(rb"[{}]")
-_MAX_USAGE_BYTES = 64 * 1024
 _USAGE_MARK = b'"usage":{'
 _USAGE_MARK_SPACED = b'"usage": {'
 # A finish reason that is a string, not null: the answer really ended.
