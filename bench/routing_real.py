@@ -513,7 +513,7 @@ def summarize(
     values = benchstats.ttfts(run.results, censor_at=run.ended_at)
     # A generation of one token (one decode run) is llmgw's one-token copy
     # of a stream, sent to count its prompt where the engine's stream reports
-    # no usage (gateway/dialect.py): not a request, but engine time, and a
+    # no usage (gateway/metering/tokenizer.py): not a request, but engine time, and a
     # state in its prompt cache. Every request asks for more tokens.
     copies = sum(1 for g in generations if g.decoded <= 1)
     generations = [g for g in generations if g.decoded > 1]

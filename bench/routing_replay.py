@@ -267,7 +267,7 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
 
 
 def _answer_started(flight: InFlight, at: float) -> None:
-    """What the gateway does at a stream's first chunk (gateway/forward.py: Prefill.started)."""
+    """What the gateway does at a stream's first chunk (gateway/routing/prefill.py, started)."""
     flight.first_at = at
     pick = flight.pick
     pick.replica.pending_prefill -= pick.uncached_tokens

@@ -1,6 +1,6 @@
 """llmgw's parsers of outside input, each against generated and mutated input.
 
-* OpenAI request validation (llmgw.gateway.validation, front.parse): any
+* OpenAI request validation (llmgw.gateway.checks.validation, front.parse): any
   JSON body is accepted or refused with a 4xx ApiError, nothing else.
 * SSE relaying and usage parsing of engine answers (llmgw.gateway.proxy,
   passthrough): the relayed bytes and the usage found do not depend on how
@@ -34,7 +34,8 @@ from llmgw.control.catalog import parse_models, validate_catalog
 from llmgw.control.jointokens import JoinTokens
 from llmgw.control.reportroute import _validated
 from llmgw.errors import AuthError, ConfigError, DiscoveryError, LlmgwError, ValidationError
-from llmgw.gateway import front, validation
+from llmgw.gateway import front
+from llmgw.gateway.checks import validation
 from llmgw.gateway.metering.usage import usage_in, usage_object
 from llmgw.gateway.proxy import StreamRelay
 from llmgw.gateway.responses import ApiError

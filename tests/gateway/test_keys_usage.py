@@ -19,7 +19,7 @@ from tests.gateway.conftest import (
 from tests.waiting import eventually
 
 from llmgw import wire
-from llmgw.gateway.auth import Bucket
+from llmgw.gateway.checks.auth import Bucket
 from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.metering.batcher import UsageBatcher
 

@@ -13,7 +13,7 @@ from llmgw.control.plane import ControlPlane
 from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.errors import ValidationError
-from llmgw.gateway.limits import cap_output_tokens
+from llmgw.gateway.checks.limits import cap_output_tokens
 from llmgw.gateway.link import MemoryLink
 from llmgw.wire import GatewayConfig, ModelSpec, ReplicaState, ShardAssignment
 

@@ -18,9 +18,9 @@ from tests.fuzz.gateway import _Running, _setup
 from tests.gateway.conftest import fast_settings
 
 from llmgw.gateway.app import Gateway
+from llmgw.gateway.checks.validation import ENVELOPES
 from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.openapi import DOCUMENT, OPENAPI_PATH
-from llmgw.gateway.validation import ENVELOPES
 
 SERVED_MODEL = "m"  # the fuzz gateway's one model, a simulated engine
 

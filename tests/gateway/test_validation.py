@@ -19,9 +19,9 @@ from tests.gateway.conftest import async_client, make_config, route, running_gat
 
 from llmgw.gateway import handler, passthrough
 from llmgw.gateway.app import Gateway
+from llmgw.gateway.checks.validation import ENVELOPES, check_request
 from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.responses import ApiError
-from llmgw.gateway.validation import ENVELOPES, check_request
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmgw.gateway.auth import KeyRecord
+from llmgw.gateway.checks.auth import KeyRecord
 from llmgw.gateway.external import renaming_send
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.responses import overhead_header

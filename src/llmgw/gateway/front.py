@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from llmgw.gateway.auth import KeyRecord, authorize
+from llmgw.gateway.checks.auth import KeyRecord, authorize
 from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom

@@ -27,8 +27,10 @@ import orjson
 
 from llmgw.gateway.apiroutes import EMBEDDINGS, rerouted, route_router
 from llmgw.gateway.assemble import Assembler
-from llmgw.gateway.auth import KeyRecord, limit
 from llmgw.gateway.call import Call
+from llmgw.gateway.checks.auth import KeyRecord, limit
+from llmgw.gateway.checks.limits import cap_output_tokens
+from llmgw.gateway.checks.validation import check_request
 from llmgw.gateway.dialect import Mending, mend_request, refusal
 from llmgw.gateway.emptystream import why_empty
 from llmgw.gateway.forward import answer_whole, first_chunk, forward
@@ -46,7 +48,6 @@ from llmgw.gateway.front import (
     resolve,
     start_watch,
 )
-from llmgw.gateway.limits import cap_output_tokens
 from llmgw.gateway.metering.account import account, count_later
 from llmgw.gateway.metering.counter import ANSWER_COUNT_TIMEOUT_S, StreamCounter
 from llmgw.gateway.metering.tally import StreamTally
@@ -66,7 +67,6 @@ from llmgw.gateway.routing.prefixindex import render_chat, render_completion
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.types import Receive, Scope, Send
-from llmgw.gateway.validation import check_request
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)

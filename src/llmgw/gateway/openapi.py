@@ -2,7 +2,7 @@
 
 Built at import from what the gateway itself checks and routes, so it can
 only say what the gateway does: each POST route's body lists the fields its
-envelope checks (llmgw.gateway.validation), the required ones as required,
+envelope checks (llmgw.gateway.checks.validation), the required ones as required,
 and allows more (engines' own fields pass through untouched); the routes are
 the gateway's route table (tests/gateway/test_openapi.py compares them);
 answers are JSON, or an event stream where the route streams, and errors are
@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from llmgw.gateway import handler, passthrough
-from llmgw.gateway.validation import ENVELOPES
+from llmgw.gateway.checks.validation import ENVELOPES
 
 OPENAPI_PATH = "/v1/openapi.json"
 MODELS_PATH = "/v1/models"

@@ -43,7 +43,13 @@ import orjson
 
 from llmgw.gateway.apiroutes import rerouted, route_router
 from llmgw.gateway.call import Call
-from llmgw.gateway.fieldchecks import form_true
+from llmgw.gateway.checks.fields import form_true
+from llmgw.gateway.checks.validation import (
+    RERANK_PATH,
+    RESPONSES_PATH,
+    SCORE_PATH,
+    TRANSCRIPTIONS_PATH,
+)
 from llmgw.gateway.forward import answer_whole, first_chunk, forward
 from llmgw.gateway.front import header, parse
 from llmgw.gateway.metering.account import account
@@ -55,12 +61,6 @@ from llmgw.gateway.routing.prefixindex import render_chat
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.types import Scope
-from llmgw.gateway.validation import (
-    RERANK_PATH,
-    RESPONSES_PATH,
-    SCORE_PATH,
-    TRANSCRIPTIONS_PATH,
-)
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)

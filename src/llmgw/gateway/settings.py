@@ -24,7 +24,7 @@ class GatewaySettings:
     gateway_id: str = field(default_factory=_default_gateway_id)
     # How many worker processes serve this gateway's port (``llmgw gateway
     # --workers N``; 1: this process alone). Each enforces 1/workers of every
-    # key's RPM/TPM (llmgw.gateway.auth), so the workers together never let
+    # key's RPM/TPM (llmgw.gateway.checks.auth), so the workers together never let
     # a key past its limit.
     workers: int = 1
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from llmgw import wire
 from llmgw.gateway.apiroutes import RouteSupport
-from llmgw.gateway.auth import KeyTable
+from llmgw.gateway.checks.auth import KeyTable
 from llmgw.gateway.external import renamer, upstream_key
 from llmgw.gateway.routing.measured import PrefillSpeed
 from llmgw.gateway.routing.prefixindex import PrefixIndex

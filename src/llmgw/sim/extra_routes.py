@@ -290,7 +290,7 @@ class ExtraRoutes:
 
     async def _scored(self, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
-        # vLLM's names for the two sides, in its order (as gateway.validation).
+        # vLLM's names for the two sides, in its order (as gateway.checks.validation).
         pairs = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
         one, two = next(
             (pair for pair in pairs if all(body.get(side) is not None for side in pair)),

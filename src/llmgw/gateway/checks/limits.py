@@ -31,7 +31,7 @@ from typing import Any
 def cap_output_tokens(payload: dict[str, Any], cap: int | None) -> bool:
     """Bring the request's output limit within ``cap``; True when ``payload`` changed.
 
-    ``payload`` has passed :mod:`llmgw.gateway.validation`: both limits are
+    ``payload`` has passed :mod:`llmgw.gateway.checks.validation`: both limits are
     integers or null.
     """
     if cap is None:

@@ -2,7 +2,7 @@
 
 A check is a function ``(value, param) -> None`` that raises a 400
 :class:`ApiError` naming ``param`` (``messages[1].role``); it is never
-given ``None``: null means "the default" (:mod:`llmgw.gateway.validation`
+given ``None``: null means "the default" (:mod:`llmgw.gateway.checks.validation`
 skips it). Booleans are not numbers here, although Python's ``bool`` is an
 ``int``, and ``10.0`` is not an integer: OpenAI refuses both, and an engine
 may not. Clients match on these messages and codes: change none of them.
