@@ -35,9 +35,9 @@ from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, VllmAdapter
 from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, EngineTls, LaunchContext
 from llmgw.agent.supervisor import Supervisor
 from llmgw.errors import EngineError
-from llmgw.gateway.apiroutes import EMBEDDINGS, OPTIONAL_ROUTES
 from llmgw.gateway.checks.validation import SCORE
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
+from llmgw.gateway.routing.support import EMBEDDINGS, OPTIONAL_ROUTES
 from llmgw.wire import WeightsSource
 
 ENGINES_DIR = Path(os.environ.get("LLMGW_ENGINES_DIR", Path.home() / ".cache/llmgw/engines"))

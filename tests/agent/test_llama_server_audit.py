@@ -33,7 +33,7 @@ from llmgw.agent.engines import LlamaCppAdapter
 from llmgw.agent.engines.base import EngineLaunch, LaunchContext
 from llmgw.agent.engines.templates import template_files
 from llmgw.agent.supervisor import engine_environment
-from llmgw.gateway.apiroutes import EMBEDDINGS, OPTIONAL_ROUTES
+from llmgw.gateway.routing.support import EMBEDDINGS, OPTIONAL_ROUTES
 from llmgw.wire import WeightsSource
 
 ENGINES_DIR = Path(os.environ.get("LLMGW_ENGINES_DIR", Path.home() / ".cache/llmgw/engines"))

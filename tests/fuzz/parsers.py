@@ -38,7 +38,7 @@ from llmgw.gateway import front
 from llmgw.gateway.checks import validation
 from llmgw.gateway.metering.usage import usage_in, usage_object
 from llmgw.gateway.proxy import StreamRelay
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
 from llmgw.tls import split_join_token
 
 # -- JSON values, with the shapes OpenAI requests have ------------------------------------

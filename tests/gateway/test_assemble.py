@@ -24,11 +24,11 @@ from tests.gateway.sims import LLAMA_DIALECT, counts, running_sim
 from tests.waiting import eventually
 
 from llmgw import wire
-from llmgw.gateway.assemble import Assembler
 from llmgw.gateway.dialect import mending_for
 from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.metering import counter
 from llmgw.gateway.metering.tally import StreamTally
+from llmgw.gateway.routes.assemble import Assembler
 from llmgw.sim.engine import SimEngine
 
 # llama_cpp.server's dialect, on the sim's tokenizer route.

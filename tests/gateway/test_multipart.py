@@ -7,8 +7,8 @@ import pytest
 
 from llmgw.gateway.metering.usage import usage_in
 from llmgw.gateway.multipart import Upload, boundary_of, read_form, with_model
-from llmgw.gateway.passthrough import EventRelay
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
+from llmgw.gateway.routes.passthrough import EventRelay
 
 
 def _encoded(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tuple[bytes, bytes]:

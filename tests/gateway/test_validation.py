@@ -17,11 +17,11 @@ import pytest
 from openai.types.chat import ChatCompletionUserMessageParam
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
 
-from llmgw.gateway import handler, passthrough
 from llmgw.gateway.app import Gateway
 from llmgw.gateway.checks.validation import ENVELOPES, check_request
 from llmgw.gateway.link import MemoryLink
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
+from llmgw.gateway.routes.table import ROUTES
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -208,7 +208,7 @@ def test_a_right_body_passes_unchanged(path: str, body: dict[str, Any]) -> None:
 
 def test_every_proxied_route_has_an_envelope() -> None:
     posted = {path for method, path in Gateway(MemoryLink()).routes() if method == "POST"}
-    assert set(ENVELOPES) == posted == handler.POST_PATHS | set(passthrough.ROUTES)
+    assert set(ENVELOPES) == posted == set(ROUTES)
 
 
 # -- through the gateway ----------------------------------------------------------

@@ -4,7 +4,8 @@
 or next to the control plane's app behind a path dispatcher; either way the
 caller runs ``await gateway.start()`` / ``await gateway.stop()`` (or lets the
 ASGI lifespan protocol do it). Per request there is no framework: a dict
-lookup on the path and the functions in :mod:`llmgw.gateway.handler`.
+lookup on the path, :func:`llmgw.gateway.handler.handle` and the route
+objects of :mod:`llmgw.gateway.routes`.
 
 Background tasks, each guarded so that one failure never stops the others:
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from llmgw import secrets, wire
 from llmgw.backoff import Backoff
-from llmgw.gateway import front, handler, openapi, passthrough
+from llmgw.gateway import front, handler, openapi
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
@@ -39,7 +40,8 @@ from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.proxy import Upstream
-from llmgw.gateway.responses import JSON, ApiError, send_bytes, send_error, send_json
+from llmgw.gateway.replies import JSON, ApiError, send_bytes, send_error, send_json
+from llmgw.gateway.routes.table import ROUTES
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
@@ -308,12 +310,10 @@ class Gateway:
         between): every await of a request resumes each coroutine frame on its
         stack, so a frame less is cheaper on every one of them.
         """
-        complete = partial(handler.handle, self.runtime)
         routes: dict[str, tuple[str, Endpoint]] = {
-            path: ("POST", complete) for path in sorted(handler.POST_PATHS)
+            path: ("POST", partial(handler.handle, self.runtime, route))
+            for path, route in sorted(ROUTES.items())
         }
-        for path, route in passthrough.ROUTES.items():
-            routes[path] = ("POST", partial(handler.handle, self.runtime, route=route))
         routes["/v1/models"] = ("GET", self._models)
         routes[_MODEL_PATH] = ("GET", self._models)
         routes[openapi.OPENAPI_PATH] = ("GET", self._openapi)

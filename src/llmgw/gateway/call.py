@@ -12,9 +12,9 @@ from collections.abc import Callable
 from llmgw.gateway.checks.auth import KeyRecord
 from llmgw.gateway.external import renaming_send
 from llmgw.gateway.front import Runtime
-from llmgw.gateway.responses import overhead_header
+from llmgw.gateway.replies import overhead_header
 from llmgw.gateway.routing.prefill import Prefill
-from llmgw.gateway.types import Message, Send
+from llmgw.gateway.types import Send
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -47,11 +47,6 @@ class Call:
     def stream_send(self) -> Send:
         """Where a stream's messages go (renamed chunk by chunk where the model is external)."""
         return self.send if self.rename is None else renaming_send(self.send, self.rename)
-
-    def stream_start(self, before: float) -> Message:
-        """The message starting a streamed answer; ``before``, the overhead so far, is metered."""
-        return {"type": "http.response.start", "status": 200,
-                "headers": self.stream_headers(before)}  # fmt: skip
 
     def stream_headers(self, before: float) -> list[tuple[bytes, bytes]]:
         """A streamed answer's headers; ``before``, the overhead so far, is metered."""

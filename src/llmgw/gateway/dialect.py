@@ -15,7 +15,7 @@ Four things are mended:
   and the usage chunk OpenAI sends is added for a client that asked for it;
 * a non-streamed request to an engine that would finish it for a client who
   has left is sent as a stream, and the non-streamed answer is assembled from
-  it (llmgw.gateway.assemble), with the usage the engine reports in streams
+  it (llmgw.gateway.routes.assemble), with the usage the engine reports in streams
   or, where it reports none, counted as above;
 * a chat message of the ``developer`` role (OpenAI's new name for
   ``system``) is sent as ``system`` to an engine that knows no such role.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw import wire
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

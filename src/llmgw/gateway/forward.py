@@ -1,31 +1,24 @@
-"""Choosing a replica and trying it, for every /v1 POST route: one loop, two kinds of route.
+"""Choosing a replica and trying it, for every /v1 POST route: one loop.
 
-Chat, completions and embeddings (:mod:`llmgw.gateway.handler`) and the
-routes passed through (:mod:`llmgw.gateway.passthrough`) differ in the body
-they send and in how they read the answer (an :class:`Exchange`); what a
-replica is owed does not, and lives here once: waiting for an on-demand
-model, a retry elsewhere while nothing has reached the client, the replica's
-cool-down after it failed, its in-flight count and pending prefill, and the
-usage and overhead every answer is metered with.
+Routes (:mod:`llmgw.gateway.routes`) differ in the body they send and in
+how they answer (each request's :class:`Attempt`); what a replica is owed
+does not, and lives here once: waiting for an on-demand model, a retry
+elsewhere while nothing has reached the client, the replica's cool-down
+after it failed, its in-flight count and pending prefill. Nothing here
+reads an answer: the attempt does, and meters it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Protocol
 
 from llmgw.gateway.call import Call
 from llmgw.gateway.front import Runtime
-from llmgw.gateway.metering.account import account
-from llmgw.gateway.metering.usage import Usage
-from llmgw.gateway.responses import (
-    JSON,
+from llmgw.gateway.replies import (
     ApiError,
-    engine_failed,
-    overhead_header,
-    send_bytes,
     unavailable,
 )
 from llmgw.gateway.routing.policy import Pick
@@ -37,8 +30,8 @@ from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTim
 log = logging.getLogger(__name__)
 
 
-class Exchange(Protocol):
-    """What one route sends a replica and how it answers the client with the reply."""
+class Attempt(Protocol):
+    """What one request sends a replica, and how it answers the client with the reply."""
 
     def reroute(self, router: ModelRouter, replica: Replica) -> ModelRouter | None:
         """After a wait: the router to pick from again when ``replica`` cannot take the route."""
@@ -59,7 +52,7 @@ class Exchange(Protocol):
         ...
 
 
-async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange: Exchange) -> int:
+async def forward(call: Call, router: ModelRouter, prompt: str | None, attempt: Attempt) -> int:
     """Send the request to replicas of the model until one answers; the status sent."""
     rt = call.rt
     settings = rt.settings
@@ -84,7 +77,7 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
         attempts = 1 if wait else attempts + 1
         replica = pick.replica
         if wait:
-            other = exchange.reroute(router, replica)
+            other = attempt.reroute(router, replica)
             if other is not None:
                 router = other
                 continue
@@ -99,14 +92,14 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, exchange:
         before = time.perf_counter() - call.started - call.waited
         response: Response | None = None
         try:
-            response = await exchange.post(router, replica)
+            response = await attempt.post(router, replica)
             if response.status in (401, 403):
                 # The engine refused the gateway's engine key (a routing table
                 # older than the engine): no fault of the client's key, and
                 # another replica may take the request, as if unreachable.
                 raise ConnectFailed(f"engine refused the engine key ({response.status})")
             replica.connect_succeeded()
-            return await exchange.answer(response, replica, prefill, before)
+            return await attempt.answer(response, replica, prefill, before)
         except (ConnectFailed, BodyBroken) as exc:
             # Nothing reached the client yet: another replica may answer.
             log.info("%s: replica %s unavailable: %s", call.request_id, replica.replica_id, exc)
@@ -186,49 +179,3 @@ async def wait_for_replica(
                 )
     finally:
         rt.room.leave(name)
-
-
-async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bool = True) -> bytes:
-    """A stream's first chunk, read before anything goes to the client.
-
-    Nothing is sent before it, so a replica that dies during prefill is still
-    retried elsewhere. Empty where the stream ended without one.
-    """
-    first = await response.next_chunk()
-    if first is None:
-        # Over before its first event (an engine that refused the request
-        # inside its stream): no prefix was cached, no prefill was timed.
-        prefill.done()
-        return b""
-    prefill.started(streamed=True)
-    if ttft:
-        call.counters.ttft.observe(time.perf_counter() - call.started - call.waited)
-    return first
-
-
-async def answer_whole(
-    call: Call, response: Response, prefill: Prefill, before: float,
-    usage_in: Callable[[bytes], Usage | None],
-) -> int:  # fmt: skip
-    """Answer with the engine's unstreamed answer as it is (but for the model's name)."""
-    if response.status == 200:
-        prefill.started(streamed=False)
-    else:
-        prefill.done()
-    data = await response.read()
-    status = response.status
-    kind = response.content_type or JSON
-    if status >= 500:
-        failure = engine_failed(call.model, call.request_id, status, data)
-        data, kind = failure.body(), JSON
-    elif call.rename is not None:
-        data = call.rename(data)
-    read_at = time.perf_counter()
-    ok = status < 400
-    account(call, usage_in(data) if ok else None, not ok)
-    overhead = before + (time.perf_counter() - read_at)
-    call.rt.metrics.overhead_hist.observe(overhead)
-    await send_bytes(
-        call.send, status, data, kind, [call.id_header, overhead_header(overhead)]
-    )
-    return status

@@ -2,9 +2,8 @@
 
 Cheap refusals first (no config, bad key, body too big), the body parsed
 once, the model looked up in a dict built per config version. What a route
-does with the request after that lives in :mod:`llmgw.gateway.handler`
-(chat, completions, embeddings) and :mod:`llmgw.gateway.passthrough` (the
-others); both forward through :mod:`llmgw.gateway.forward`.
+does with the request after that is its route's (:mod:`llmgw.gateway.routes`),
+through :mod:`llmgw.gateway.forward`.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.proxy import Upstream
-from llmgw.gateway.responses import REQUEST_ID, ApiError, send_error, send_json, unavailable
+from llmgw.gateway.replies import REQUEST_ID, ApiError, send_error, send_json, unavailable
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView

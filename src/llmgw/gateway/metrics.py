@@ -150,61 +150,71 @@ class _Exporter(Collector):
             )  # fmt: skip
             worker.add_metric([str(m.worker[0]), str(m.worker[1])], 1)
             yield worker
-        for name, doc, attribute in (
-            ("llmgw_gateway_time_to_first_token_seconds",
-             "From request arrival to the first body byte of a streamed answer.", "ttft"),
-            ("llmgw_gateway_request_seconds",
-             "From request arrival to the end of the answer.", "latency"),
-        ):  # fmt: skip
-            family = HistogramMetricFamily(name, doc, labels=["model"])
-            for model, counters in models:
-                histogram: Histogram = getattr(counters, attribute)
-                if any(histogram.counts):
-                    points, total = histogram.family_points()
-                    family.add_metric([model], points, total)
-            yield family
+        yield from _latencies(models)
         yield m.overhead_hist.family(
             "llmgw_gateway_overhead_seconds",
             "Time the gateway itself added (excludes the engine and on-demand waiting).",
         )
-        tokens = CounterMetricFamily(
-            "llmgw_gateway_tokens", "Tokens by model and kind (prompt, completion, cached).",
-            labels=["model", "kind"],
-        )  # fmt: skip
-        in_flight = GaugeMetricFamily(
-            "llmgw_gateway_in_flight", "Requests in flight upstream, by model.", labels=["model"]
-        )  # fmt: skip
-        routing = CounterMetricFamily(
-            "llmgw_gateway_prefix_routing",
-            "Routing decisions by outcome: hit (cached prefix), miss (new prefix),"
-            " overloaded (a holder too busy: another replica was estimated to answer"
-            " sooner), none (prefixes not looked at: another policy, no prompt, one replica).",
-            labels=["model", "outcome"],
-        )  # fmt: skip
-        retries = CounterMetricFamily(
-            "llmgw_gateway_upstream_retries", "Requests retried on another replica.",
-            labels=["model"],
-        )  # fmt: skip
-        for model, counters in models:
-            for kind, count in (("prompt", counters.prompt),
-                                ("completion", counters.completion),
-                                ("cached", counters.cached)):  # fmt: skip
-                if count:
-                    tokens.add_metric([model, kind], count)
-            outcomes = list(counters.outcomes.items())
-            if outcomes or counters.in_flight:
-                in_flight.add_metric([model], counters.in_flight)
-            for outcome, count in outcomes:
-                routing.add_metric([model, outcome], count)
-            if counters.retries:
-                retries.add_metric([model], counters.retries)
-        yield tokens
-        yield in_flight
-        yield routing
-        yield retries
+        yield from _model_counts(models)
         yield filled(GaugeMetricFamily(
             "llmgw_gateway_waiting", "Requests waiting for an on-demand replica.", labels=["model"]
         ), m.waiting())  # fmt: skip
         yield GaugeMetricFamily(
             "llmgw_gateway_config_version", "Routing version in use.", value=m.config_version
         )
+
+
+def _latencies(models: list[tuple[str, ModelCounters]]) -> Iterator[Metric]:
+    """Each model's time to first token and request time, as histograms."""
+    for name, doc, attribute in (
+        ("llmgw_gateway_time_to_first_token_seconds",
+         "From request arrival to the first body byte of a streamed answer.", "ttft"),
+        ("llmgw_gateway_request_seconds",
+         "From request arrival to the end of the answer.", "latency"),
+    ):  # fmt: skip
+        family = HistogramMetricFamily(name, doc, labels=["model"])
+        for model, counters in models:
+            histogram: Histogram = getattr(counters, attribute)
+            if any(histogram.counts):
+                points, total = histogram.family_points()
+                family.add_metric([model], points, total)
+        yield family
+
+
+def _model_counts(models: list[tuple[str, ModelCounters]]) -> Iterator[Metric]:
+    """Each model's tokens, requests in flight, routing outcomes and retries."""
+    tokens = CounterMetricFamily(
+        "llmgw_gateway_tokens", "Tokens by model and kind (prompt, completion, cached).",
+        labels=["model", "kind"],
+    )  # fmt: skip
+    in_flight = GaugeMetricFamily(
+        "llmgw_gateway_in_flight", "Requests in flight upstream, by model.", labels=["model"]
+    )  # fmt: skip
+    routing = CounterMetricFamily(
+        "llmgw_gateway_prefix_routing",
+        "Routing decisions by outcome: hit (cached prefix), miss (new prefix),"
+        " overloaded (a holder too busy: another replica was estimated to answer"
+        " sooner), none (prefixes not looked at: another policy, no prompt, one replica).",
+        labels=["model", "outcome"],
+    )  # fmt: skip
+    retries = CounterMetricFamily(
+        "llmgw_gateway_upstream_retries", "Requests retried on another replica.",
+        labels=["model"],
+    )  # fmt: skip
+    for model, counters in models:
+        for kind, count in (("prompt", counters.prompt),
+                            ("completion", counters.completion),
+                            ("cached", counters.cached)):  # fmt: skip
+            if count:
+                tokens.add_metric([model, kind], count)
+        outcomes = list(counters.outcomes.items())
+        if outcomes or counters.in_flight:
+            in_flight.add_metric([model], counters.in_flight)
+        for outcome, count in outcomes:
+            routing.add_metric([model, outcome], count)
+        if counters.retries:
+            retries.add_metric([model], counters.retries)
+    yield tokens
+    yield in_flight
+    yield routing
+    yield retries

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
 
 # Bounds on what a client can make the scan do: the part headers are a few
 # lines in every real client, and a transcription form has about ten fields.

@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
-from llmgw.gateway import handler, passthrough
 from llmgw.gateway.checks.validation import ENVELOPES
+from llmgw.gateway.routes.table import ROUTES
 
 OPENAPI_PATH = "/v1/openapi.json"
 MODELS_PATH = "/v1/models"
@@ -56,8 +56,7 @@ def _errors() -> dict[str, Any]:
 
 def _body(path: str) -> dict[str, Any]:
     envelope = ENVELOPES[path]
-    route = passthrough.ROUTES.get(path)
-    form = route is not None and route.form
+    form = ROUTES[path].form
     fields = {name: ({"type": "string", "format": "binary"} if form and name == "file"
                      else dict(_TYPES.get(name, {}))) for name in envelope.fields}
     schema = {"type": "object", "required": list(envelope.required), "properties": fields}
@@ -66,8 +65,7 @@ def _body(path: str) -> dict[str, Any]:
 
 
 def _post(path: str) -> dict[str, Any]:
-    route = passthrough.ROUTES.get(path)
-    streams = path in handler.STREAMABLE or (route is not None and route.streams)
+    streams = ROUTES[path].streams
     answer: dict[str, Any] = {"application/json": {"schema": {"type": "object"}}}
     if streams:
         # Each event is the engine's chunk (JSON), ending with [DONE].

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw import wire
-from llmgw.gateway.apiroutes import RouteSupport
 from llmgw.gateway.checks.auth import KeyTable
 from llmgw.gateway.external import renamer, upstream_key
 from llmgw.gateway.routing.measured import PrefillSpeed
 from llmgw.gateway.routing.prefixindex import PrefixIndex
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
+from llmgw.gateway.routing.support import RouteSupport
 from llmgw.gateway.settings import GatewaySettings
 
 
@@ -62,7 +62,7 @@ class ConfigView:
         # name back into their answers (llmgw.gateway.external).
         self.external: dict[str, ExternalEndpoint] = {}
         self.renames: dict[str, Callable[[bytes], bytes]] = {}
-        # Which replicas serve the routes not every engine has (llmgw.gateway.apiroutes).
+        # Which replicas serve the routes not every engine has (llmgw.gateway.routing.support).
         self.support = RouteSupport()
         for route in config.routing.models:
             replicas = []

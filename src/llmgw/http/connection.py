@@ -18,7 +18,7 @@ signals, graceful shutdown, the date header, the connection limit), with:
 * ``send`` a plain call returning a finished future, a plain answer's head
   rendered without a per-header loop and written with its body; ``send``
   also offers ``answer(status, headers, body)``, a whole answer in one write
-  with no ASGI message (the gateway's usual answer, llmgw.gateway.responses).
+  with no ASGI message (the gateway's usual answer, llmgw.gateway.replies).
 
 A request's side (receive, send, the answer's checks) is
 :mod:`llmgw.http.cycle`; this module is the connection's.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmgw.gateway.multipart import Upload
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
 
 Check = Callable[[Any, str], None]
 

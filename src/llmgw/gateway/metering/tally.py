@@ -4,7 +4,7 @@ Fed whole SSE events (a relay's ``observe``); each chunk is parsed, which
 only streams the gateway counts pay for: those engines generate a few dozen
 tokens a second, and a chunk costs microseconds to parse. The same walk
 over chunks serves the answer assembled from a stream
-(:mod:`llmgw.gateway.assemble`).
+(:mod:`llmgw.gateway.routes.assemble`).
 """
 
 from __future__ import annotations

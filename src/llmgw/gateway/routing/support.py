@@ -25,16 +25,12 @@ serve the route.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 from llmgw import wire
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.wire import EXTRA_ROUTES
-
-if TYPE_CHECKING:
-    from llmgw.gateway.snapshot import ConfigView
 
 EMBEDDINGS = "/v1/embeddings"
 # The routes some engines lack: the extra routes, and embeddings.
@@ -99,29 +95,16 @@ class RouteSupport:
             )
             self._routers[(route.name, path)] = _narrowed(router, fit) if fit else None
 
-    def router(self, router: ModelRouter, path: str) -> ModelRouter | None:
-        """The router for ``path`` of ``router``'s model; None: the model does not serve it."""
-        return self._routers.get((router.route.name, path), router)
+    def router(self, router: ModelRouter, path: str) -> ModelRouter:
+        """The router of ``router``'s model for ``path``; a 404 where no replica serves it."""
+        narrowed = self._routers.get((router.route.name, path), router)
+        if narrowed is None:
+            raise not_served(router.route.name, path)
+        return narrowed
 
-    def serves(self, replica: Replica, path: str) -> bool:
-        return (replica.replica_id, path) not in self._refused
-
-
-def route_router(snapshot: ConfigView | None, router: ModelRouter, path: str) -> ModelRouter:
-    """The router of ``router``'s model for ``path``; OpenAI's 404 where no replica serves it."""
-    if snapshot is None:
-        return router
-    narrowed = snapshot.support.router(router, path)
-    if narrowed is None:
-        raise not_served(router.route.name, path)
-    return narrowed
-
-
-def rerouted(
-    snapshot: ConfigView | None, router: ModelRouter, replica: Replica, path: str
-) -> ModelRouter | None:
-    """For a replica that came while a request for ``path`` waited: None if it serves
-    ``path``, else the router over those of the model's that do (404 where none does)."""
-    if snapshot is None or snapshot.support.serves(replica, path):
-        return None
-    return route_router(snapshot, router, path)
+    def rerouted(self, router: ModelRouter, replica: Replica, path: str) -> ModelRouter | None:
+        """For a replica that came while a request for ``path`` waited: None if it serves
+        ``path``, else the router over those of the model's that do (404 where none does)."""
+        if (replica.replica_id, path) not in self._refused:
+            return None
+        return self.router(router, path)

@@ -4,16 +4,15 @@ They share the chat route's front half in :func:`llmgw.gateway.handler.handle`
 (key, body cap, envelope check, model and key's models, RPM/TPM limits, a
 client that leaves) and its choice of a replica in :mod:`llmgw.gateway.forward`
 (waiting for an on-demand model, retries elsewhere before the first byte,
-cool-down); what differs
-lives here, decided once per route (:data:`ROUTES`, mounted by the gateway's
-route table):
+cool-down); what differs lives here, decided once per route (:data:`ROUTES`,
+in the gateway's route table, :mod:`llmgw.gateway.routes`):
 
 * the body: JSON, or a multipart form (``/v1/audio/transcriptions``) read in
   place by :mod:`llmgw.gateway.multipart`; upstream it changes only where
   the engine knows the model by another name, or where the catalog's output
   cap lowers ``max_output_tokens`` (responses);
 * which replicas may take it: those whose engine serves the route
-  (:mod:`llmgw.gateway.apiroutes`), else OpenAI's 404;
+  (:mod:`llmgw.gateway.routing.support`), else OpenAI's 404;
 * usage, read from the answer in whichever shape the route uses: chat's
   ``prompt_tokens``/``completion_tokens``, the Responses API's
   ``input_tokens``/``output_tokens``, a reranker's ``total_tokens`` alone
@@ -41,7 +40,6 @@ from typing import Any
 
 import orjson
 
-from llmgw.gateway.apiroutes import rerouted, route_router
 from llmgw.gateway.call import Call
 from llmgw.gateway.checks.fields import form_true
 from llmgw.gateway.checks.validation import (
@@ -50,12 +48,13 @@ from llmgw.gateway.checks.validation import (
     SCORE_PATH,
     TRANSCRIPTIONS_PATH,
 )
-from llmgw.gateway.forward import answer_whole, first_chunk, forward
+from llmgw.gateway.forward import forward
 from llmgw.gateway.front import header, parse
 from llmgw.gateway.metering.account import account
 from llmgw.gateway.metering.usage import Usage, usage_in
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
 from llmgw.gateway.proxy import EventBuffer, sse_error
+from llmgw.gateway.routes.answer import answer_whole, first_chunk, stream_out
 from llmgw.gateway.routing.prefill import Prefill
 from llmgw.gateway.routing.prefixindex import render_chat
 from llmgw.gateway.routing.replica import Replica
@@ -115,17 +114,18 @@ class PassThrough:
             return parse(body)
         return read_form(body, boundary_of(header(scope, b"content-type")))
 
-    async def proxy(
+    def serve(
         self, call: Call, payload: dict[str, Any], body: bytes, router: ModelRouter
-    ) -> int:
+    ) -> Awaitable[int]:
         snapshot = call.rt.snapshot
-        router = route_router(snapshot, router, self.path)
+        if snapshot is not None:
+            router = snapshot.support.router(router, self.path)
         upstream_body, headers = _upstream_body(
             self, payload, body, router.route.served_name, router.route.max_output_tokens
         )
         prompt = self.prompt(payload) if self.prompt and router.wants_prompt else None
         passing = _Passing(call, self, upstream_body, headers, self.wants_stream(payload))
-        return await forward(call, router, prompt, passing)
+        return forward(call, router, prompt, passing)
 
     def wants_stream(self, payload: dict[str, Any]) -> bool:
         if not self.streams:
@@ -190,7 +190,9 @@ class _Passing:
         # The replica that came while the request waited may run an engine
         # without this route: another of the model's may have it.
         current = self.call.rt.snapshot
-        return rerouted(current, router, replica, self.route.path)
+        if current is None:
+            return None
+        return current.support.rerouted(router, replica, self.route.path)
 
     def post(self, router: ModelRouter, replica: Replica) -> Awaitable[Response]:
         upstream = self.call.rt.upstream
@@ -239,16 +241,14 @@ async def _relay(
 ) -> int:
     model = call.model
     relay = EventRelay(route.ends, route.fails)
-    send = call.stream_send()
+    out = stream_out(call)
     failed = False
     try:
-        await send(call.stream_start(before))
+        out.start(200, call.stream_headers(before))
         try:
             chunk: bytes | None = first
             while chunk is not None:
-                out = relay.feed(chunk)
-                if out:
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                await out.stream(relay.feed(chunk))
                 chunk = await response.next_chunk()
         except (BodyBroken, ConnectFailed, UpstreamTimeout) as exc:
             failed = True
@@ -256,7 +256,7 @@ async def _relay(
             tail = relay.flush() + route.error_event(
                 f"The model `{model}` stopped answering: {exc}", "upstream_error"
             )
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            await out.stream(tail, False)
             return 200
         tail = relay.flush()
         if not relay.ended:
@@ -266,7 +266,7 @@ async def _relay(
                 " incomplete.",
                 "upstream_incomplete",
             )
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        await out.stream(tail, False)
         return 200
     finally:
         response.release()

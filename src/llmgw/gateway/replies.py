@@ -1,4 +1,4 @@
-"""Raw ASGI answers: OpenAI-shaped errors and small JSON bodies.
+"""What the gateway itself sends a client: OpenAI-shaped errors, small JSON bodies, their headers.
 
 The request path writes ASGI messages directly (no framework objects per
 request); this module keeps the header lists and error bodies in one place so

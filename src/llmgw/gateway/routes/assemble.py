@@ -20,11 +20,22 @@ them), and ``usage``.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import orjson
 
+from llmgw.gateway.call import Call
+from llmgw.gateway.checks.validation import CHAT_PATH
+from llmgw.gateway.metering.account import account, count_later
+from llmgw.gateway.metering.counter import ANSWER_COUNT_TIMEOUT_S, StreamCounter
 from llmgw.gateway.metering.tally import StreamTally, indexed_choices, sse_chunks, tool_calls
+from llmgw.gateway.metering.usage import counted_usage, usage_of
+from llmgw.gateway.proxy import StreamRelay
+from llmgw.gateway.replies import JSON, ApiError, overhead_header, send_bytes, send_error
+from llmgw.gateway.routing.replica import Replica
+from llmgw.http.upstream import Response
 
 
 class _Choice:
@@ -192,3 +203,65 @@ def _take_logprobs(choice: _Choice, logprobs: dict[str, Any]) -> None:
             choice.logprobs.setdefault(key, []).extend(value)
         elif key not in choice.logprobs:
             choice.logprobs[key] = value
+
+
+async def answer_assembled(
+    call: Call, response: Response, first: bytes, path: str, payload: dict[str, Any],
+    replica: Replica, before: float,
+) -> int:  # fmt: skip
+    """Read a stream to its end and answer with the unstreamed answer built from it.
+
+    Nothing reaches the client before the end, so a stream that breaks is
+    retried elsewhere like any unstreamed answer (BodyBroken propagates). A
+    client that leaves cancels this task: the connection to the engine
+    closes (the point of streaming), and what was generated is metered.
+    """
+    assembler = Assembler(path == CHAT_PATH)
+    relay = StreamRelay(strip_usage=False, hold_done=True, observe=assembler.add)
+    counter: StreamCounter | None = None
+    if replica.mending.count_streams:
+        counter = StreamCounter(call.rt.upstream, replica, path, payload, call.request_id)
+        counter.begin()
+    try:
+        chunk: bytes | None = first
+        while chunk is not None:
+            relay.feed(chunk)
+            chunk = await response.next_chunk()
+        relay.feed(relay.flush() + b"\n\n")  # an engine that ends without a blank line
+    except asyncio.CancelledError:
+        _meter_failed(call, counter, assembler)
+        raise
+    finally:
+        response.release()
+    if assembler.error is not None or not (relay.whole and assembler.finished):
+        error = assembler.error or {}
+        why = error.get("message") or "the engine ended its answer before finishing it"
+        _meter_failed(call, counter, assembler)
+        failure = ApiError(502, f"The model `{call.model}` failed: {why}", kind="server_error",
+                           code="upstream_incomplete")  # fmt: skip
+        await send_error(call.send, failure, [call.id_header, overhead_header(before)])
+        return 502
+    usage_body = assembler.usage
+    if usage_body is not None or counter is None:
+        metered = usage_of(usage_body)
+    else:
+        # Before the answer: its usage is part of it.
+        metered, complete = await counter.usage(assembler.tally, ANSWER_COUNT_TIMEOUT_S)
+        usage_body = counted_usage(metered) if complete else None
+    built_at = time.perf_counter()
+    data = assembler.answer(usage_body)
+    if call.rename is not None:
+        data = call.rename(data)
+    account(call, metered, False)
+    overhead = before + (time.perf_counter() - built_at)
+    call.rt.metrics.overhead_hist.observe(overhead)
+    await send_bytes(call.send, 200, data, JSON, [call.id_header, overhead_header(overhead)])
+    return 200
+
+
+def _meter_failed(call: Call, counter: StreamCounter | None, assembler: Assembler) -> None:
+    """Meter what an assembled answer that failed or was left had generated."""
+    if counter is not None:
+        count_later(call, counter, assembler.tally, True)
+    else:
+        account(call, usage_of(assembler.usage), True)

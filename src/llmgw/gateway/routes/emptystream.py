@@ -8,7 +8,7 @@ context only when generation starts, which for a stream is after it has
 answered ``200``: the check raises inside the stream, and the stream ends
 with no event at all (the engine logs the ValueError; nothing reaches its
 client). The gateway asks llama_cpp.server for a stream even where the
-client did not (llmgw.gateway.assemble), so every over-long prompt met this,
+client did not (llmgw.gateway.routes.assemble), so every over-long prompt met this,
 and its client got a ``502 upstream_incomplete`` (or, streamed, a ``200``
 whose only event was that error) instead of the 400 it can act on.
 
