@@ -2,7 +2,7 @@
 
 * OpenAI request validation (llmgw.gateway.checks.validation, front.parse): any
   JSON body is accepted or refused with a 4xx ApiError, nothing else.
-* SSE relaying and usage parsing of engine answers (llmgw.gateway.proxy,
+* SSE relaying and usage parsing of engine answers (llmgw.gateway.routes.sse,
   passthrough): the relayed bytes and the usage found do not depend on how
   the stream was cut into reads, and a usage object is found in time
   linear in the answer.
@@ -37,8 +37,8 @@ from llmgw.errors import AuthError, ConfigError, DiscoveryError, LlmgwError, Val
 from llmgw.gateway import front
 from llmgw.gateway.checks import validation
 from llmgw.gateway.metering.usage import usage_in, usage_object
-from llmgw.gateway.proxy import StreamRelay
 from llmgw.gateway.replies import ApiError
+from llmgw.gateway.routes.sse import StreamRelay
 from llmgw.tls import split_join_token
 
 # -- JSON values, with the shapes OpenAI requests have ------------------------------------

@@ -20,7 +20,7 @@ from tests.waiting import eventually
 from llmgw import wire
 from llmgw.gateway.dialect import LEGACY, mend_request, mending_for
 from llmgw.gateway.link import MemoryLink
-from llmgw.gateway.proxy import StreamRelay
+from llmgw.gateway.routes.sse import StreamRelay
 from llmgw.sim.engine import SimEngine
 
 # What the llama.cpp adapter declares for llama_cpp.server, on the sim's routes.

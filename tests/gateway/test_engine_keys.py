@@ -15,8 +15,8 @@ from tests.gateway.sims import LLAMA_DIALECT, running_sim
 
 from llmgw import wire
 from llmgw.gateway.link import MemoryLink
-from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.settings import GatewaySettings
+from llmgw.gateway.upstream import Upstream
 from llmgw.http.client import request_head
 from llmgw.sim.engine import SimEngine
 

@@ -20,7 +20,7 @@ from llmgw.agent.discovery.smi_xml import parse_xml
 from llmgw.control.jointokens import JoinTokens
 from llmgw.errors import AuthError, DiscoveryError
 from llmgw.gateway.metering.usage import usage_object
-from llmgw.gateway.proxy import StreamRelay
+from llmgw.gateway.routes.sse import StreamRelay
 from llmgw.http.client import Pool, render_post, request_head
 from llmgw.http.upstream import BodyBroken
 

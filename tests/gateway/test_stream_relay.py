@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from llmgw.gateway.proxy import StreamRelay
+from llmgw.gateway.routes.sse import StreamRelay
 
 EVENTS = [
     b'data: {"choices":[{"delta":{"content":"x"},"finish_reason":null}]}',

@@ -39,12 +39,12 @@ from llmgw.gateway.metering.account import settle_counts
 from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
-from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.replies import JSON, ApiError, send_bytes, send_error, send_json
 from llmgw.gateway.routes.table import ROUTES
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.upstream import Upstream
 from llmgw.promkit import scrape_allowed
 
 log = logging.getLogger(__name__)

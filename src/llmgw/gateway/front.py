@@ -17,16 +17,16 @@ from typing import Any
 
 import orjson
 
-from llmgw.gateway.checks.auth import KeyRecord, authorize
+from llmgw.gateway.checks.auth import KeyRecord, authenticate
 from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
-from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.replies import REQUEST_ID, ApiError, send_error, send_json, unavailable
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.upstream import Upstream
 
 # The key under scope["extensions"] of a dict of the request's headers, first
 # value of each name (llmgw.http.connection sets it; the gateway does not import it).
@@ -122,31 +122,6 @@ def configured_snapshot(rt: Runtime) -> ConfigView:
     return snapshot
 
 
-def authenticate(rt: Runtime, snapshot: ConfigView, raw: bytes | None) -> KeyRecord:
-    """The key of a request's Authorization header (``raw``: its value, None: none sent)."""
-    if raw is None:
-        if rt.settings.allow_anonymous:
-            return snapshot.keys.anonymous
-        raise ApiError(
-            401,
-            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-llmgw-...'.",
-            code="invalid_api_key",
-        )
-    record = snapshot.keys.by_header.get(raw)
-    if record is None:
-        scheme, _, token = raw.decode("latin-1").partition(" ")
-        token = token.strip()
-        record = snapshot.keys.lookup(token) if scheme.lower() == "bearer" and token else None
-        if record is None:
-            shown = f"{token[:8]}****{token[-4:]}" if len(token) > 16 else "****"
-            raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
-        snapshot.keys.remember(raw, record)
-    refusal = authorize(record)
-    if refusal is not None:
-        raise ApiError(refusal.status, refusal.message, kind=refusal.kind, code=refusal.code)
-    return record
-
-
 async def read_body(receive: Receive, max_bytes: int, declared: bytes | None) -> bytes:
     """The request's body; ``declared``: its Content-Length header, if any."""
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
@@ -213,7 +188,9 @@ async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
     extra = [(REQUEST_ID, new_request_id().encode())]
     try:
         snapshot = configured_snapshot(rt)
-        record = authenticate(rt, snapshot, header(scope, b"authorization"))
+        record = authenticate(
+            snapshot.keys, rt.settings.allow_anonymous, header(scope, b"authorization")
+        )
         path: str = scope["path"]
         if path in ("/v1/models", "/v1/models/"):
             await send_json(send, 200, snapshot.listing(record.allowed), extra)

@@ -19,14 +19,13 @@ import logging
 import time
 
 from llmgw.gateway.call import Call
-from llmgw.gateway.checks.auth import KeyRecord, Refusal, limit
+from llmgw.gateway.checks.auth import KeyRecord, authenticate, limit
 from llmgw.gateway.checks.validation import check_request
 from llmgw.gateway.front import (
     WATCH_AFTER_S,
     ClientGone,
     Runtime,
     Watch,
-    authenticate,
     configured_snapshot,
     headers_of,
     new_request_id,
@@ -58,16 +57,18 @@ async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send
     status = 500
     try:
         snapshot = configured_snapshot(rt)
+        settings = rt.settings
         headers = headers_of(scope)
-        record = authenticate(rt, snapshot, headers.get(b"authorization"))
-        body = await read_body(receive, rt.settings.max_body_bytes, headers.get(b"content-length"))
+        given = headers.get(b"authorization")
+        record = authenticate(snapshot.keys, settings.allow_anonymous, given)
+        body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
         payload = route.parse(scope, body)
         check_request(route.path, payload)  # before anything is routed or woken
         router = resolve(snapshot, record, payload)
         model = router.route.name
         refusal = limit(record, time.monotonic())
         if refusal is not None:
-            raise _rate_limited(refusal)
+            raise refusal.error()
         cancel_if_gone = getattr(send, "cancel_if_gone", None)
         if cancel_if_gone is not None:
             # llmgw's server cancels this task itself when the client leaves
@@ -111,13 +112,6 @@ async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send
         if watch is not None:
             _unwatch(watch, timer)
     rt.metrics.finished(model, status, time.perf_counter() - started)
-
-
-def _rate_limited(refusal: Refusal) -> ApiError:
-    return ApiError(
-        429, refusal.message, kind=refusal.kind, code=refusal.code,
-        retry_after=refusal.retry_after_s,
-    )  # fmt: skip
 
 
 def _unwatch(watch: Watch, timer: asyncio.TimerHandle | None) -> None:

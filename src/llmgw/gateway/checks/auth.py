@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 
 from llmgw import wire
+from llmgw.gateway.replies import ApiError
 
 
 class Bucket:
@@ -110,6 +111,11 @@ class Refusal:
     message: str
     retry_after_s: float | None = None
 
+    def error(self) -> ApiError:
+        """The refusal as the client gets it (OpenAI's shape)."""
+        return ApiError(self.status, self.message, kind=self.kind, code=self.code,
+                        retry_after=self.retry_after_s)  # fmt: skip
+
 
 _HEADER_CACHE = 10_000
 
@@ -143,6 +149,31 @@ class KeyTable:
         if len(self.by_header) >= _HEADER_CACHE:
             self.by_header.clear()
         self.by_header[header] = record
+
+
+def authenticate(keys: KeyTable, allow_anonymous: bool, raw: bytes | None) -> KeyRecord:
+    """The key of a request's Authorization header (``raw``: its value, None: none sent)."""
+    if raw is None:
+        if allow_anonymous:
+            return keys.anonymous
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-llmgw-...'.",
+            code="invalid_api_key",
+        )
+    record = keys.by_header.get(raw)
+    if record is None:
+        scheme, _, token = raw.decode("latin-1").partition(" ")
+        token = token.strip()
+        record = keys.lookup(token) if scheme.lower() == "bearer" and token else None
+        if record is None:
+            shown = f"{token[:8]}****{token[-4:]}" if len(token) > 16 else "****"
+            raise ApiError(401, f"Incorrect API key provided: {shown}.", code="invalid_api_key")
+        keys.remember(raw, record)
+    refusal = authorize(record)
+    if refusal is not None:
+        raise refusal.error()
+    return record
 
 
 def authorize(record: KeyRecord) -> Refusal | None:

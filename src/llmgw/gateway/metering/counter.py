@@ -19,8 +19,8 @@ from typing import Any
 from llmgw.gateway.metering.tally import StreamTally
 from llmgw.gateway.metering.tokenizer import CountFailed, EngineTokenizer
 from llmgw.gateway.metering.usage import Usage
-from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.upstream import Upstream
 from llmgw.http.upstream import BodyBroken, ConnectFailed, UpstreamTimeout
 
 log = logging.getLogger(__name__)

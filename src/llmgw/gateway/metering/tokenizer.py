@@ -16,8 +16,8 @@ import orjson
 
 from llmgw.gateway.dialect import Mending
 from llmgw.gateway.metering.usage import find_usage
-from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.upstream import Upstream
 
 
 class CountFailed(Exception):

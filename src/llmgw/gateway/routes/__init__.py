@@ -8,5 +8,6 @@
 * :mod:`.passthrough`: the routes not every engine serves (responses,
   rerank, score, audio transcriptions);
 * :mod:`.answer`: what they share in answering: a stream's first chunk, a
-  whole answer passed on, the way out for a stream.
+  whole answer passed on, the way out for a stream; :mod:`.sse`: server-sent
+  events passed on whole, their end and usage noted.
 """

@@ -32,8 +32,8 @@ from llmgw.gateway.metering.account import account, count_later
 from llmgw.gateway.metering.counter import ANSWER_COUNT_TIMEOUT_S, StreamCounter
 from llmgw.gateway.metering.tally import StreamTally, indexed_choices, sse_chunks, tool_calls
 from llmgw.gateway.metering.usage import counted_usage, usage_of
-from llmgw.gateway.proxy import StreamRelay
 from llmgw.gateway.replies import JSON, ApiError, overhead_header, send_bytes, send_error
+from llmgw.gateway.routes.sse import StreamRelay
 from llmgw.gateway.routing.replica import Replica
 from llmgw.http.upstream import Response
 

@@ -1,7 +1,7 @@
 """Relaying a chat or completions stream, and how it ends and is metered on each kind of engine.
 
 The relay itself is the same for every engine: whole SSE events passed on
-as they come (:class:`~llmgw.gateway.proxy.StreamRelay`), an error event for
+as they come (:class:`~llmgw.gateway.routes.sse.StreamRelay`), an error event for
 a stream that breaks or ends without its finish, one write for the engine's
 last events and the stream's end. What differs is the end (an
 :class:`Ending`):
@@ -26,8 +26,8 @@ from llmgw.gateway.metering.account import account, count_later
 from llmgw.gateway.metering.counter import StreamCounter
 from llmgw.gateway.metering.tally import StreamTally
 from llmgw.gateway.metering.usage import Usage
-from llmgw.gateway.proxy import StreamRelay, sse_error
 from llmgw.gateway.routes.answer import stream_out
+from llmgw.gateway.routes.sse import StreamRelay, sse_error
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)

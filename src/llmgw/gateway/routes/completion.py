@@ -27,11 +27,11 @@ from llmgw.gateway.forward import forward
 from llmgw.gateway.front import parse
 from llmgw.gateway.metering.counter import StreamCounter
 from llmgw.gateway.metering.usage import find_usage
-from llmgw.gateway.proxy import StreamRelay
 from llmgw.gateway.routes.answer import answer_whole, first_chunk
 from llmgw.gateway.routes.assemble import answer_assembled
 from llmgw.gateway.routes.chatstream import REPORTED, UNDECLARED, Counted, Ending, relay_stream
 from llmgw.gateway.routes.emptystream import why_empty
+from llmgw.gateway.routes.sse import StreamRelay
 from llmgw.gateway.routing.prefill import Prefill
 from llmgw.gateway.routing.prefixindex import render_chat, render_completion
 from llmgw.gateway.routing.replica import Replica

@@ -53,8 +53,8 @@ from llmgw.gateway.front import header, parse
 from llmgw.gateway.metering.account import account
 from llmgw.gateway.metering.usage import Usage, usage_in
 from llmgw.gateway.multipart import Form, boundary_of, content_type, read_form, with_model
-from llmgw.gateway.proxy import EventBuffer, sse_error
 from llmgw.gateway.routes.answer import answer_whole, first_chunk, stream_out
+from llmgw.gateway.routes.sse import EventBuffer, sse_error
 from llmgw.gateway.routing.prefill import Prefill
 from llmgw.gateway.routing.prefixindex import render_chat
 from llmgw.gateway.routing.replica import Replica
