@@ -15,12 +15,16 @@ admin route class checks the pair before the route runs.
                     models put/delete/apply/unpark, what-if
                     plan, node delete
     usage.read      usage, usage report                        x      x       x       own team
+    teams.read      teams list/get                             x      x       x       own team
+    teams.write     teams create/update/delete                 x
     keys.read       keys list                                  x      x               own team
-    keys.write      keys create/revoke                         x                      own team
+    keys.write      keys create/update/revoke                  x                      own team
     trust           join tokens, token rotations, node         x
                     approval, address release
 
-Trust stays with admins alone: a join token or an approval lets a machine
+Teams carry limits and budgets (what a tenant may spend), so only admins
+change them; a team admin manages its team's keys within them. Trust stays
+with admins alone: a join token or an approval lets a machine
 into the fleet (it then receives weights and engine keys), so it is a
 credential decision, not a fleet operation. A route missing from the table
 is admin-only (fail closed), and a test makes every route choose.
@@ -47,6 +51,8 @@ class Action(StrEnum):
     FLEET_READ = "fleet.read"
     FLEET_OPERATE = "fleet.operate"
     USAGE_READ = "usage.read"
+    TEAMS_READ = "teams.read"
+    TEAMS_WRITE = "teams.write"
     KEYS_READ = "keys.read"
     KEYS_WRITE = "keys.write"
     TRUST = "trust"
@@ -55,15 +61,17 @@ class Action(StrEnum):
 GRANTS: dict[Role, frozenset[Action]] = {
     Role.ADMIN: frozenset(Action),
     Role.OPERATOR: frozenset({Action.SELF, Action.CATALOG_READ, Action.FLEET_READ,
-                              Action.FLEET_OPERATE, Action.USAGE_READ, Action.KEYS_READ}),
+                              Action.FLEET_OPERATE, Action.USAGE_READ, Action.TEAMS_READ,
+                              Action.KEYS_READ}),
     Role.VIEWER: frozenset({Action.SELF, Action.CATALOG_READ, Action.FLEET_READ,
-                            Action.USAGE_READ}),
+                            Action.USAGE_READ, Action.TEAMS_READ}),
     Role.TEAM_ADMIN: frozenset({Action.SELF, Action.CATALOG_READ, Action.USAGE_READ,
-                                Action.KEYS_READ, Action.KEYS_WRITE}),
+                                Action.TEAMS_READ, Action.KEYS_READ, Action.KEYS_WRITE}),
 }
 
 # Actions a team admin holds only over its own teams' keys and usage.
-TEAM_SCOPED = frozenset({Action.USAGE_READ, Action.KEYS_READ, Action.KEYS_WRITE})
+TEAM_SCOPED = frozenset({Action.USAGE_READ, Action.TEAMS_READ, Action.KEYS_READ,
+                         Action.KEYS_WRITE})
 
 # Each admin route, by its name, to the one action it performs.
 ROUTE_ACTIONS: dict[str, Action] = {
@@ -80,8 +88,14 @@ ROUTE_ACTIONS: dict[str, Action] = {
         Action.FLEET_OPERATE),
     "usage": Action.USAGE_READ,
     "usage_report": Action.USAGE_READ,
+    "list_teams": Action.TEAMS_READ,
+    "get_team": Action.TEAMS_READ,
+    "create_team": Action.TEAMS_WRITE,
+    "update_team": Action.TEAMS_WRITE,
+    "delete_team": Action.TEAMS_WRITE,
     "list_keys": Action.KEYS_READ,
     "create_key": Action.KEYS_WRITE,
+    "update_key": Action.KEYS_WRITE,
     "revoke_key": Action.KEYS_WRITE,
     **dict.fromkeys(
         ("approve_node", "free_address", "rotate_join_token", "rotate_admin_token",

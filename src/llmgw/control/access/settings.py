@@ -125,6 +125,10 @@ def oidc_settings(
         raise ConfigError("--oidc-role-map is empty: nobody signing in would have a role")
     if team_claim is None and any(r.role is Role.TEAM_ADMIN and r.team is None for r in rules):
         raise ConfigError("a team_admin rule without :TEAM needs --oidc-team-claim")
+    if audience is not None and audience == client_id:
+        # An ID token's audience is the client id: one equal to the API's
+        # would let an ID token pass as an access token.
+        raise ConfigError("--oidc-audience must differ from --oidc-client-id")
     if session_hours <= 0:
         raise ConfigError("--session-hours must be positive")
     return OidcSettings(
