@@ -206,7 +206,7 @@ async def test_team_admin_sees_only_its_pages(sso: SsoPlane, watched: Watched) -
 
 
 async def test_a_person_without_a_role_or_with_a_wrong_password_gets_no_session(
-    sso: SsoPlane, watched: Watched
+    sso: SsoPlane, watched: Watched, shots: Path
 ) -> None:
     page = watched.page
     await sso_sign_in(sso, page, "nora", "wrong")
@@ -216,6 +216,7 @@ async def test_a_person_without_a_role_or_with_a_wrong_password_gets_no_session(
     await page.get_by_role("button", name="Sign in").click()
     await expect(page.locator("#signin-error")).to_contain_text(
         "nora@example.test has no llmgw role")
+    await page.screenshot(path=shots / "sso-no-role.png")
     assert "signin_error" not in page.url
     assert not [c for c in await page.context.cookies(sso.url) if c["name"] == "llmgw_session"]
 
