@@ -12,7 +12,7 @@ TEST_OUTPUT ?= $(CURDIR)/test-output
 LLMGW_TEST_PG_URL ?= postgresql://postgres@127.0.0.1:5432/test
 export LLMGW_TEST_PG_URL
 
-.PHONY: setup engines run test lint bench bench-quick chaos soak postgres clean
+.PHONY: setup engines oidc-provider run test lint bench bench-quick chaos soak postgres clean
 
 setup: $(STAMP)
 
@@ -29,13 +29,18 @@ export LLMGW_ENGINES_DIR
 engines: setup
 	@PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/engines.sh
 
+# The OpenID Connect provider the SSO tests sign in through (tests/oidc/;
+# npm, pinned by its lock file, cached under ~/.cache/llmgw/oidc-provider).
+oidc-provider:
+	@bash scripts/oidc-provider.sh
+
 run: setup
 	$(BIN)/llmgw up $(ARGS)
 
 postgres:
 	@bash scripts/ensure-postgres.sh
 
-test: setup engines postgres
+test: setup engines oidc-provider postgres
 	mkdir -p $(TEST_OUTPUT)
 	LLMGW_TEST_OUTPUT=$(TEST_OUTPUT) $(BIN)/pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 

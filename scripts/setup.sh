@@ -37,6 +37,9 @@ ensure_tool() {
 
 # Chromium for the console's browser tests.
 ensure_tool chromium chromium "the console tests"
+# node and npm for the SSO tests' OpenID Connect provider (scripts/oidc-provider.sh).
+ensure_tool node nodejs "the SSO tests"
+ensure_tool npm npm "the SSO tests"
 # etcd for the replicated-store tests: they run etcd and three PostgreSQL
 # members under Patroni (tests/store_cluster.py).
 ensure_tool etcd etcd-server "the Patroni tests"

@@ -10,6 +10,7 @@
     │   └── TransitionError    a replica state change its lifecycle does not allow
     ├── NotFoundError          a named node, model, replica or key does not exist
     ├── AuthError              a missing or wrong credential
+    ├── ForbiddenError         a known caller whose role does not allow the action
     ├── DiscoveryError         nvidia-smi / NVML output that cannot be understood
     └── EngineError            an engine could not be built or started
 
@@ -81,6 +82,10 @@ class NotFoundError(LlmgwError):
 
 class AuthError(LlmgwError):
     """A credential is missing, wrong, or not valid for this route."""
+
+
+class ForbiddenError(LlmgwError):
+    """The caller is known (its credential is good) but its role does not allow this."""
 
 
 class DiscoveryError(LlmgwError):

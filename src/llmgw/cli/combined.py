@@ -18,6 +18,7 @@ import uvicorn
 
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import sqlite_url
+from llmgw.control.access.settings import OidcSettings
 from llmgw.control.app import create_app
 from llmgw.control.gateway_link import InProcessLink
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
@@ -97,6 +98,8 @@ class ProcessOptions:
     # /metrics without a token (--open-metrics); otherwise it wants the admin
     # token or the metrics token.
     open_metrics: bool = False
+    # Single sign-on for the console and admin API (--oidc-*); None: the admin token alone.
+    sso: OidcSettings | None = None
 
 
 def resolve_store_url(data_dir: Path, database_url: str | None) -> str:
@@ -234,8 +237,9 @@ async def start_parts(
     gateway = build_gateway(cp, options.allow_key_env, open_metrics=options.open_metrics)
     await runtime.start()
     await gateway.start()
+    control = create_app(cp, sso=options.sso)
     server = await serve_http(
-        PathDispatcher(create_app(cp), getattr(gateway, "asgi", gateway)), options.host,
-        options.port, tls,
+        PathDispatcher(control, getattr(gateway, "asgi", gateway)), options.host, options.port,
+        tls,
     )
     return Parts(store, runtime, gateway, server)

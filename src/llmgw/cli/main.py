@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from llmgw import __version__
+from llmgw.cli import ssoflags
 from llmgw.cli.engineopts import ENGINE_OPTION
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.errors import ConfigError
@@ -103,6 +104,15 @@ def up(
     gateway_port: Annotated[
         int | None, typer.Option(help="Port of the gateway workers (default: --port + 1).")
     ] = None,
+    oidc_issuer: ssoflags.Issuer = None,
+    oidc_client_id: ssoflags.ClientId = None,
+    oidc_client_secret_file: ssoflags.SecretFile = None,
+    oidc_redirect_url: ssoflags.RedirectUrl = None,
+    oidc_roles_claim: ssoflags.RolesClaim = "groups",
+    oidc_team_claim: ssoflags.TeamClaim = None,
+    oidc_role_map: ssoflags.RoleMap = "",
+    oidc_audience: ssoflags.Audience = None,
+    session_hours: ssoflags.SessionHours = ssoflags.DEFAULT_SESSION_HOURS,
     log_level: LogLevel = "warning",
 ) -> None:
     """Run everything on this machine: control plane, gateway and a local agent."""
@@ -110,13 +120,19 @@ def up(
     from llmgw.cli.up import UpOptions, run_up
 
     setup_logging(log_level)
+    try:
+        sso = ssoflags.settings_from_flags(
+        oidc_issuer, oidc_client_id, oidc_client_secret_file, oidc_redirect_url,
+        oidc_roles_claim, oidc_team_claim, oidc_role_map, oidc_audience, session_hours)
+    except ConfigError as exc:
+        fail(str(exc))
     options = UpOptions(
         data_dir=data_dir, host=host, port=port, database_url=database_url, catalog=catalog,
         sim=sim, cpu_slots=cpu_slots, traffic=traffic, engines=list(engine or []),
         allow_key_env=frozenset(allow_key_env or ()), open_metrics=open_metrics,
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),
-        gateway_workers=gateway_workers, gateway_port=gateway_port,
+        gateway_workers=gateway_workers, gateway_port=gateway_port, sso=sso,
     )
     try:
         code = run_up(options)
@@ -181,6 +197,15 @@ def serve(
     ] = None,
     allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
     open_metrics: Annotated[bool, OPEN_METRICS_OPTION] = False,
+    oidc_issuer: ssoflags.Issuer = None,
+    oidc_client_id: ssoflags.ClientId = None,
+    oidc_client_secret_file: ssoflags.SecretFile = None,
+    oidc_redirect_url: ssoflags.RedirectUrl = None,
+    oidc_roles_claim: ssoflags.RolesClaim = "groups",
+    oidc_team_claim: ssoflags.TeamClaim = None,
+    oidc_role_map: ssoflags.RoleMap = "",
+    oidc_audience: ssoflags.Audience = None,
+    session_hours: ssoflags.SessionHours = ssoflags.DEFAULT_SESSION_HOURS,
     log_level: LogLevel = "info",
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
@@ -203,6 +228,9 @@ def serve(
                 tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                                key=tls_key, ca=tls_ca, ca_key=tls_ca_key,
                                names=list(tls_name or [])),
+                sso=ssoflags.settings_from_flags(
+                    oidc_issuer, oidc_client_id, oidc_client_secret_file, oidc_redirect_url,
+                    oidc_roles_claim, oidc_team_claim, oidc_role_map, oidc_audience, session_hours),
             )
         )
     except ConfigError as exc:

@@ -1,7 +1,9 @@
 """The control plane's HTTP surface: agent API, gateway link API, admin API.
 
 Each API takes exactly one kind of credential (llmgw.secrets): node tokens on
-/agent, the gateway token on /gateway, the admin token on /admin. A node
+/agent, the gateway token on /gateway, the admin token on /admin (or, with
+single sign-on, a person's session or provider token, held to their role:
+llmgw.control.access). A node
 token that works on the admin API, or an API key that works anywhere but
 /v1, would turn one leaked secret into a leaked fleet.
 
@@ -23,6 +25,9 @@ from starlette.routing import Route
 
 from llmgw import secrets
 from llmgw.console.server import mount_console
+from llmgw.control.access.door import Door
+from llmgw.control.access.login import login_routes
+from llmgw.control.access.settings import OidcSettings
 from llmgw.control.adminapi.routes import build_admin_router
 from llmgw.control.agentdoc import OPENAPI_PATH as AGENT_OPENAPI_PATH
 from llmgw.control.agentdoc import agent_openapi
@@ -66,7 +71,8 @@ class ControlApp(FastAPI):
 
 
 def create_app(
-    cp: ControlPlane, *, title: str = "llmgw control plane", metrics_token: str | None = None
+    cp: ControlPlane, *, title: str = "llmgw control plane", metrics_token: str | None = None,
+    sso: OidcSettings | None = None,
 ) -> FastAPI:
     # No /admin/docs or /redoc: FastAPI's pages load their scripts from a CDN
     # into the console's origin, where the admin token lives, and answered
@@ -79,7 +85,12 @@ def create_app(
     _health_and_metrics(app, cp, metrics_token)
     _agent_api(app, cp)
     _gateway_link(app, cp)
-    app.include_router(build_admin_router(cp), prefix="/admin/v1")
+    # Who calls the admin API (the admin token; with SSO also console sessions
+    # and provider tokens): one door for every admin route and the console's sign-in.
+    door = Door(cp.credentials.is_admin, sso)
+    app.state.door = door
+    app.include_router(build_admin_router(cp, door=door), prefix="/admin/v1")
+    app.router.routes.extend(login_routes(door))
     mount_console(app, cp)
     return app
 

@@ -8,6 +8,7 @@ sends ``Retry-After`` with a store error, the other a ``WWW-Authenticate``
 with a 401, or a code with a refused body).
 
     AuthError                       401 authentication_error / invalid_token
+    ForbiddenError                  403 permission_error / forbidden
     ValidationError (and pydantic's, FastAPI's)
                                     422 invalid_request_error / the field at fault
     NotFoundError                   404 not_found_error / not_found
@@ -31,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from llmgw.control.standby import LeaderHint, standby_response
 from llmgw.errors import (
     AuthError,
+    ForbiddenError,
     LlmgwError,
     NotFoundError,
     NotLeaderError,
@@ -79,6 +81,8 @@ async def error_answer(exc: Exception, hint: LeaderHint) -> Response | None:
         return error_response(404, str(exc), "not_found_error", "not_found")
     if isinstance(exc, AuthError):
         return error_response(401, str(exc), "authentication_error", "invalid_token")
+    if isinstance(exc, ForbiddenError):
+        return error_response(403, str(exc), "permission_error", "forbidden")
     if isinstance(exc, NotLeaderError):
         # The write was refused for a stale epoch and this instance stepped
         # down (llmgw.control.writes): the caller is sent on like a standby's.

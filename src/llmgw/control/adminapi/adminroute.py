@@ -1,9 +1,12 @@
 """What every admin router shares: the admin route class, JSON answers, the name convertor.
 
-Every route takes the admin token and nothing else. The check runs before
-FastAPI looks at the request at all, so a caller without it learns nothing
-(not even whether its body would have parsed), and node tokens or API keys
-never work here: one leaked node token must not become a leaked fleet.
+Every route knows its caller before FastAPI looks at the request at all:
+the admin token, or with single sign-on a console session or a provider's
+access token (llmgw.control.access.door), and then checks that the caller's
+role allows the route's action (llmgw.control.access.roles; 403 if not). A
+caller without a credential learns nothing (not even whether its body would
+have parsed), and node tokens or API keys never work here: one leaked node
+token must not become a leaked fleet.
 Errors are answered by the control plane's one translation
 (llmgw.control.httperrors), here in the route so the router behaves the
 same whichever app mounts it.
@@ -21,10 +24,12 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.convertors import Convertor, register_url_convertor
 
-from llmgw import secrets
+from llmgw.control.access.door import Door, MissingCredential
+from llmgw.control.access.roles import Principal, route_action
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.httperrors import error_answer, error_response
 from llmgw.control.plane import ControlPlane
+from llmgw.errors import AuthError, ForbiddenError
 from llmgw.wire import ErrorBody
 
 
@@ -71,22 +76,33 @@ def json_of(build: Callable[[], object], status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
-def admin_route_class(cp: ControlPlane) -> type[APIRoute]:
+def admin_route_class(cp: ControlPlane, door: Door | None = None) -> type[APIRoute]:
+    """Routes that know their caller (``door``) and check its role before they run.
+
+    Without a door only the admin token opens them (the admin API as it was
+    before single sign-on).
+    """
+    gate = door or Door(cp.credentials.is_admin)
+
     class AdminRoute(APIRoute):
-        """Checks the admin token first, then turns llmgw errors into JSON."""
+        """Checks the caller and its role first, then turns llmgw errors into JSON."""
 
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             inner = super().get_route_handler()
+            action = route_action(self.name)
+            what = f"{sorted(self.methods)[0] if self.methods else ''} {self.path}".strip()
 
             async def handler(request: Request) -> Response:
-                token = secrets.bearer(request.headers.get("authorization"))
-                if token is None:
-                    return error_response(401, "an admin token is required "
-                                          "(Authorization: Bearer llmgw-admin-...)",
-                                          "authentication_error", "missing_token")
-                if not cp.credentials.is_admin(token):
-                    return error_response(401, "this token is not the admin token",
-                                          "authentication_error", "invalid_token")
+                try:
+                    principal = await gate.principal(request)
+                    principal.require(action, what)
+                except MissingCredential as exc:
+                    return error_response(401, str(exc), "authentication_error",
+                                          "missing_token")
+                except (AuthError, ForbiddenError) as exc:
+                    return await error_answer(exc, cp.leader_hint) or error_response(
+                        401, str(exc), "authentication_error", "invalid_token")
+                request.state.principal = principal
                 try:
                     return await inner(request)
                 except Exception as exc:
@@ -99,3 +115,8 @@ def admin_route_class(cp: ControlPlane) -> type[APIRoute]:
 
     return AdminRoute
 
+
+def principal_of(request: Request) -> Principal:
+    """The caller the admin route class let in (set before any route runs)."""
+    principal: Principal = request.state.principal
+    return principal

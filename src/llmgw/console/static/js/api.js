@@ -7,6 +7,29 @@
 const TOKEN_KEY = "llmgw.adminToken";
 const BASE = "/admin/v1";
 
+// With single sign-on the browser holds no token at all: an HttpOnly session
+// cookie travels by itself, and every call carries X-Llmgw-Csrf, which the
+// control plane demands of a session's writes (a cross-site form cannot set it).
+let session = null; // {name, roles, teams, actions} while signed in through SSO
+
+export function setSession(info) {
+  session = info;
+}
+
+export function getSession() {
+  return session;
+}
+
+/** Signed in either way: an admin token in this tab, or an SSO session. */
+export function signedIn() {
+  return Boolean(session || getToken());
+}
+
+/** Whether the caller may perform an action (docs/sso.md); the admin token may do all. */
+export function may(action) {
+  return !session || session.actions.includes(action);
+}
+
 export class ApiError extends Error {
   constructor(status, message, body) {
     super(message);
@@ -57,8 +80,8 @@ export async function api(path, options = {}) {
 /** As api(), answering {body, headers} for the few callers that read a header. */
 export async function apiWithHeaders(path, { method = "GET", query, json, text, contentType, raw: wantRaw = false } = {}) {
   const token = getToken();
-  if (!token) {
-    onUnauthorized("Sign in with the admin token.");
+  if (!token && !session) {
+    onUnauthorized("Sign in.");
     throw new ApiError(401, "not signed in");
   }
   let url = BASE + path;
@@ -71,7 +94,9 @@ export async function apiWithHeaders(path, { method = "GET", query, json, text, 
     const qs = params.toString();
     if (qs) url += `?${qs}`;
   }
-  const headers = { Authorization: `Bearer ${token}`, Accept: "application/json" };
+  const headers = token
+    ? { Authorization: `Bearer ${token}`, Accept: "application/json" }
+    : { "X-Llmgw-Csrf": "1", Accept: "application/json" };
   let body;
   if (json !== undefined) {
     headers["Content-Type"] = "application/json";
@@ -99,7 +124,9 @@ export async function apiWithHeaders(path, { method = "GET", query, json, text, 
   if (response.status === 401) {
     clearToken();
     const why = messageOf(401, parsed, "unauthorized");
-    onUnauthorized(`The control plane refused the admin token (${why}). Sign in again.`);
+    const what = session ? "session" : "admin token";
+    session = null;
+    onUnauthorized(`The control plane refused the ${what} (${why}). Sign in again.`);
     throw new ApiError(401, why, parsed);
   }
   if (!response.ok) {

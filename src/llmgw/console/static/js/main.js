@@ -6,7 +6,9 @@
 // console left open in a background tab on a 2,000-node fleet should cost
 // the control plane nothing.
 
-import { api, ApiError, clearToken, getToken, setToken, setUnauthorizedHandler } from "./api.js";
+import {
+  api, ApiError, clearToken, getSession, may, setSession, setToken, setUnauthorizedHandler, signedIn,
+} from "./api.js";
 import { errorText } from "./dom.js";
 import overview from "./pages/overview.js";
 import nodes from "./pages/nodes.js";
@@ -17,6 +19,11 @@ import usage from "./pages/usage.js";
 import events from "./pages/events.js";
 
 const PAGES = { overview, nodes, models, replicas, plan, usage, events };
+// What each page reads (docs/sso.md): a role without it does not see the page.
+const NEEDS = {
+  overview: "fleet.read", nodes: "fleet.read", models: "catalog.read", replicas: "fleet.read",
+  plan: "fleet.read", usage: "usage.read", events: "fleet.read",
+};
 // A few seconds: live enough to watch a replica come up, slow enough that ten
 // open consoles are not a load on the control plane.
 const POLL_MS = 4000;
@@ -34,10 +41,16 @@ let inFlight = null;
 let lastRefreshMs = 0;
 let addressTimer = null;
 
+function allowedPages() {
+  return Object.keys(PAGES).filter((name) => may(NEEDS[name]));
+}
+
 function parseHash() {
   const raw = location.hash.replace(/^#\/?/, "");
   const [name, query] = raw.split("?");
-  return { name: PAGES[name] ? name : "overview", params: new URLSearchParams(query || "") };
+  const allowed = allowedPages();
+  const fallback = allowed.includes("overview") ? "overview" : allowed[0];
+  return { name: allowed.includes(name) ? name : fallback, params: new URLSearchParams(query || "") };
 }
 
 function setStatus(text, isError = false) {
@@ -69,7 +82,7 @@ async function refresh() {
 function schedule() {
   clearTimeout(timer);
   timer = null;
-  if (!getToken() || document.hidden || !current) return;
+  if (!signedIn() || document.hidden || !current) return;
   const delay = Math.max(POLL_MS, lastRefreshMs / MAX_BUSY_FRACTION);
   timer = setTimeout(async () => {
     timer = null;
@@ -79,7 +92,7 @@ function schedule() {
 }
 
 function showPage() {
-  if (!getToken()) return showSignIn();
+  if (!signedIn()) return showSignIn();
   const { name, params } = parseHash();
   if (current && current.name === name) return;
   if (current && current.instance.dispose) current.instance.dispose();
@@ -111,10 +124,15 @@ function showPage() {
   const instance = page.create(ctx);
   current = { name, page, instance };
   document.title = `${page.title} · llmgw console`;
+  const allowed = allowedPages();
   for (const a of document.querySelectorAll("#nav a")) {
+    a.hidden = !allowed.includes(a.dataset.page);
     if (a.dataset.page === name) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }
+  const who = getSession();
+  $("whoami").textContent = who ? `${who.name} (${who.roles.join(", ")})` : "";
+  $("whoami").hidden = !who;
   $("page").replaceChildren(instance.el);
   $("signin").hidden = true;
   $("nav").hidden = false;
@@ -133,6 +151,7 @@ function showSignIn(message = "") {
   $("page").replaceChildren();
   $("nav").hidden = true;
   $("signout").hidden = true;
+  $("whoami").hidden = true;
   $("signin").hidden = false;
   $("signin-error").textContent = message;
   setStatus("");
@@ -160,19 +179,44 @@ async function signIn(event) {
   showPage();
 }
 
-function boot() {
+async function signOut() {
+  if (getSession()) {
+    // The server ends the session; the cookie it clears was never readable here.
+    await fetch("/console/auth/logout", { method: "POST", headers: { "X-Llmgw-Csrf": "1" } }).catch(() => {});
+    setSession(null);
+  }
+  clearToken();
+  showSignIn("Signed out.");
+}
+
+// Whether the control plane offers SSO, and whether this browser is signed in.
+async function loadSession() {
+  try {
+    const response = await fetch("/console/auth/session", { cache: "no-store" });
+    const info = await response.json();
+    $("sso").hidden = !info.sso;
+    setSession(info.signed_in ? info : null);
+  } catch {
+    $("sso").hidden = true;
+  }
+}
+
+async function boot() {
   setUnauthorizedHandler((message) => showSignIn(message));
   $("signin-form").addEventListener("submit", signIn);
-  $("signout").addEventListener("click", () => {
-    clearToken();
-    showSignIn("Signed out.");
-  });
+  $("signout").addEventListener("click", signOut);
+  // A failed SSO sign-in comes back with its reason in the address: shown as text, then dropped.
+  const query = new URLSearchParams(location.search);
+  const failed = query.get("signin_error");
+  if (failed) history.replaceState(null, "", location.pathname + location.hash);
+  await loadSession();
   window.addEventListener("hashchange", showPage);
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden && current) refresh();
     schedule();
   });
-  showPage();
+  if (failed && !signedIn()) showSignIn(failed);
+  else showPage();
 }
 
 boot();
