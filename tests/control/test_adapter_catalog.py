@@ -13,7 +13,12 @@ VLLM_BASE = {"name": "llama", "engine": "vllm", "gpu_classes": ["h100-80g"],
              "engine_args": ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]}
 
 
+LORA_DIR = {"kind": "local", "path": "/srv/adapters/sql"}
+
+
 def spec(**fields: object) -> ModelSpec:
+    if fields.get("engine") == "vllm" and "base" in fields:
+        fields.setdefault("weights", LORA_DIR)
     return ModelSpec.model_validate(fields)
 
 
@@ -83,6 +88,14 @@ def test_changing_a_base_revalidates_the_adapters_already_on_it() -> None:
     assert found == [
         "model 'sql': field 'adapter.rank': 8 is above what 'llama' takes (--max-lora-rank 4):"
         " raise it there or use an adapter of a lower rank (after the change to 'llama')"
+    ]
+
+
+def test_a_vllm_adapter_without_weights_is_refused() -> None:
+    bare = ModelSpec(name="sql", engine="vllm", base="llama")
+    assert problems([spec(**VLLM_BASE), bare]) == [
+        "model 'sql': field 'weights': vLLM loads an adapter from a directory: give its"
+        " weights (hf, local)"
     ]
 
 

@@ -89,6 +89,9 @@ def adapter_problems(spec: ModelSpec, catalog: Mapping[str, ModelSpec]) -> list[
             "base", f"{base_name!r} runs on {base.engine.value}, which llmgw cannot load"
             " adapters into at runtime (vllm and sim can)"))
         return problems
+    if base.engine is EngineKind.VLLM and spec.weights.kind == "none":
+        problems.append(AdapterProblem(
+            "weights", "vLLM loads an adapter from a directory: give its weights (hf, local)"))
     slots = lora_slots(base)
     if slots is None:
         hint = ("add --enable-lora (and --max-lora-rank, --max-loras) to its engine_args"

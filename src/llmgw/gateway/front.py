@@ -25,7 +25,7 @@ from llmgw.gateway.proxy import Upstream
 from llmgw.gateway.responses import REQUEST_ID, ApiError, send_error, send_json, unavailable
 from llmgw.gateway.routing import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.snapshot import ConfigView
+from llmgw.gateway.snapshot import ConfigView, model_entry
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.usage import UsageBatcher
 
@@ -220,8 +220,8 @@ async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
             await send_json(send, 200, snapshot.listing(record.allowed), extra)
             return
         name = path[len("/v1/models/") :]
-        usable_router(snapshot, record, name)
-        entry = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+        router = usable_router(snapshot, record, name)
+        entry = {**model_entry(router.route), "id": name}
         await send_json(send, 200, entry, extra)
     except ApiError as error:
         await send_error(send, error, extra)
