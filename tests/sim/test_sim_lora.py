@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -98,3 +99,24 @@ async def test_sleep_refuses_completions_keeps_health_and_wakes_fast(
     answer = await client.chat.completions.create(model="m", messages=CHAT, max_tokens=2)
     assert answer.choices[0].message.content
     await client.close()
+
+
+async def test_two_adapters_and_their_base_never_share_cached_prefix_blocks(
+    sim_engine: StartEngine,
+) -> None:
+    engine = await sim_engine("base", max_loras=2, lora_load_s=0)
+    long_prompt: Any = [{"role": "user", "content": "the same long prefix " * 80}]
+    client = openai.AsyncOpenAI(base_url=engine.url + "/v1", api_key="x", max_retries=0)
+    async with aiohttp.ClientSession() as http:
+        for name in ("a", "b"):
+            await post(http, engine.url + "/v1/load_lora_adapter",
+                       {"lora_name": name, "lora_path": "/x"})  # fmt: skip
+    cached = {}
+    for model in ("a", "a", "b", "base"):
+        answer = await client.chat.completions.create(model=model, messages=long_prompt,
+                                                      max_tokens=2)  # fmt: skip
+        details = answer.usage.prompt_tokens_details if answer.usage else None
+        cached.setdefault(model, []).append(details.cached_tokens if details else 0)
+    await client.close()
+    assert cached["a"][0] == 0 and (cached["a"][1] or 0) > 0  # a hits its own prefix
+    assert cached["b"] == [0] and cached["base"] == [0]  # but nobody else's

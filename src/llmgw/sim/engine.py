@@ -371,7 +371,8 @@ class SimEngine:
             drop(request)
             return web.Response(status=503)
         try:
-            sim = self.core.submit(parsed.prompt, parsed.max_tokens)
+            salt = b"" if parsed.model == self.model else parsed.model.encode()
+            sim = self.core.submit(parsed.prompt, parsed.max_tokens, salt)
         except ValidationError as exc:
             return error(400, str(exc), "invalid_request_error", None, param=exc.field)
         except QueueFullError as exc:
