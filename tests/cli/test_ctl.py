@@ -325,3 +325,25 @@ def test_plan_lists_the_nodes_a_model_avoids_after_failures() -> None:
         [dict(model, avoided=[line])]
     )
     assert "avoided" not in rendered_plan([dict(model, avoided=[])])
+
+
+def test_models_lists_adapters_under_their_base_and_delete_keeps_a_base_with_adapters(
+    served: Served, tmp_path: Path
+) -> None:
+    catalog = tmp_path / "loras.yaml"
+    catalog.write_text(
+        "models:\n"
+        "  - {name: zbase, engine: sim, gpu_classes: [a100-80g], min_replicas: 0,"
+        " sim: {max_loras: 2}}\n"
+        "  - {name: a-sql, engine: sim, base: zbase, min_replicas: 0, adapter: {rank: 8}}\n"
+    )
+    ok(run(served, "apply", "-f", str(catalog)))
+    lines = ok(run(served, "models")).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["zbase"])
+    # By name a-sql would be listed first; it follows its base, marked as its adapter.
+    assert lines[at + 1].split()[:4] == ["└", "a-sql", "lora", "r8"]
+    assert "on 0" in lines[at + 1] and "idle" in lines[at + 1]
+    refused = one_line_error(run(served, "models", "delete", "zbase"))
+    assert "base of adapter(s) a-sql: delete them first" in refused
+    ok(run(served, "models", "delete", "a-sql"))
+    ok(run(served, "models", "delete", "zbase"))

@@ -588,3 +588,39 @@ async def test_models_page_shows_an_external_models_urls_and_their_health(
         await row.screenshot(path=shots / "models-external.png")
     finally:
         await cp.catalog.delete("team-vllm")
+
+
+async def test_models_page_shows_adapters_under_their_base(
+    console: Console, watched: Watched, shots: Path
+) -> None:
+    from llmgw.wire import ModelSpec
+
+    cp = console.fleet.cp
+    base = ModelSpec.model_validate({"name": "zz-base", "engine": "sim", "min_replicas": 0,
+                                     "sim": {"max_loras": 2}})  # fmt: skip
+    adapters = [ModelSpec.model_validate({"name": f"aa-{n}", "engine": "sim", "base": "zz-base",
+                                          "min_replicas": 0, "adapter": {"rank": 8}})
+                for n in ("sql", "chat")]  # fmt: skip
+    await cp.catalog.put([base, *adapters])
+    try:
+        page = watched.page
+        await sign_in(console, page, "#/models")
+        adapter_row = page.locator('#model-list tr[data-model="aa-sql"]')
+        await expect(adapter_row.locator("td").nth(2)).to_have_text(
+            "LoRA rank 8 of zz-base (no devices of its own)"
+        )
+        order = await page.locator("#model-list tr[data-model]").evaluate_all(
+            "rows => rows.map(r => r.dataset.model)"
+        )
+        # Listed by name the adapters (aa-...) would come first; they follow their base.
+        at = order.index("zz-base")
+        assert order[at : at + 3] == ["zz-base", "aa-chat", "aa-sql"]
+        assert await adapter_row.get_attribute("data-base") == "zz-base"
+        await expect(adapter_row.locator("td").first).to_contain_text("└ aa-sql")
+        await expect(adapter_row.locator(".badge").first).to_have_text("idle")
+        await expect(adapter_row).to_contain_text("loaded nowhere")
+        await page.locator("#model-list").screenshot(path=shots / "models-adapters.png")
+    finally:
+        for spec in adapters:
+            await cp.catalog.delete(spec.name)
+        await cp.catalog.delete("zz-base")

@@ -1,4 +1,5 @@
-"""The agent's HTTP calls to one replica's engine: probes and metrics scrapes.
+"""The agent's HTTP calls to one replica's engine: probes, metrics scrapes, and the
+runtime calls of agent.loras (adapters, sleep).
 
 Every call carries the replica's engine key as a bearer token, since engines
 differ in what they guard (llama_cpp.server's /v1/models, the readiness path,
@@ -55,6 +56,20 @@ class EngineEndpoint:
                 if len(body) > MAX_METRICS_BYTES:
                     raise MetricsError(f"metrics larger than {MAX_METRICS_BYTES} bytes")
         return read_progress(body.decode("utf-8", errors="replace"), metrics)
+
+    async def post(
+        self, path: str, body: dict[str, str] | None, timeout_s: float
+    ) -> tuple[int, str]:
+        """POST ``body`` (JSON) to ``path``: the status and the answer's first 2,000 characters."""
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else None
+        verify: ssl.SSLContext | bool = (
+            self.probe_ssl if self.tls and self.probe_ssl is not None else True
+        )
+        async with self.session.post(
+            self.url(path), json=body, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            headers=headers, ssl=verify, allow_redirects=False,
+        ) as resp:
+            return resp.status, (await resp.text(errors="replace"))[:2000]
 
     @contextlib.asynccontextmanager
     async def _get(self, path: str, timeout_s: float) -> AsyncIterator[aiohttp.ClientResponse]:

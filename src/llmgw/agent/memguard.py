@@ -177,6 +177,13 @@ class CgroupWatch:
         name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
         return _read_int(self.path / name)
 
+    def resize(self, budget_bytes: int) -> None:
+        """A new budget, and the cgroup's hard limit with it (a sleeping engine's weights)."""
+        self.budget_bytes = budget_bytes
+        name = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+        with contextlib.suppress(OSError):
+            (self.path / name).write_text(str(hard_limit(budget_bytes)))
+
     def oom_kills(self) -> int:
         return max(0, self._oom_count() - self._oom_at_start)
 
@@ -378,6 +385,7 @@ class EngineMemory:
         self.budget_mib = budget_mib
         self.advice = advice  # what to change, e.g. "raise memory_mib ... or lower the context"
         self.watch: MemoryWatch | None = None
+        self.asleep_mib = 0  # weights held in RAM while the engine sleeps
 
     @property
     def budget_bytes(self) -> int:
@@ -386,6 +394,23 @@ class EngineMemory:
     def attach(self, replica_id: str, pid: int) -> None:
         if self.guard is not None and self.watch is None:
             self.watch = self.guard.attach(replica_id, pid, self.budget_bytes)
+
+    def hold_asleep(self, weights_mib: int) -> None:
+        """Count (``weights_mib`` > 0) or stop counting (0) a sleeping engine's weights.
+
+        An engine asleep keeps its weights in host RAM (vLLM's sleep level 1
+        copies them there): its budget grows by them while it sleeps, or the
+        guard would kill the engine for doing what it was told.
+        """
+        self.asleep_mib = weights_mib
+        watch = self.watch
+        if watch is None:
+            return
+        budget = (self.budget_mib + weights_mib) * memory.MIB
+        if isinstance(watch, CgroupWatch):
+            watch.resize(budget)
+        else:
+            watch.budget_bytes = budget
 
     def overrun(self) -> str | None:
         """The reason to kill the engine for, when it uses more than its budget."""

@@ -34,6 +34,7 @@ import aiohttp
 from llmgw import memory
 from llmgw.agent.engineprobe import EngineEndpoint
 from llmgw.agent.engines.base import EngineAdapter
+from llmgw.agent.loras import EngineControl, engine_control
 from llmgw.agent.memguard import EngineMemory
 from llmgw.agent.progress import MetricsError, ProgressMetrics
 from llmgw.agent.replicalaunch import (
@@ -99,6 +100,7 @@ class ReplicaRunner:
         self._serving = ServingWatch(assignment.replica_id, deps.liveness)
         self._task: asyncio.Task[None] | None = None
         self._weights_key: str | None = None  # held while starting or running
+        self.control = EngineControl(assignment.replica_id)  # adapters, sleep (agent.loras)
 
     @property
     def replica_id(self) -> str:
@@ -216,21 +218,14 @@ class ReplicaRunner:
         if self.progress is not None:
             download = self.progress.snapshot()
             reason = f"fetching weights {self.progress.percent()}"
-        return ReplicaStatus(
-            replica_id=self.replica_id,
-            generation=self.generation,
-            state=state,
-            port=self.port,
-            pid=self.proc.pid if self.proc else None,
-            exit_code=self.exit_code,
-            reason=reason,
-            log_tail=self._log_tail(),
-            download=download,
-            started_at=self.started_at,
-            ready_at=self.ready_at,
-            dialect=self.dialect,
-            tls=self.tls,
-        )
+        # Its adapters and sleep are agent.loras' to say.
+        return self.control.report(ReplicaStatus(
+            replica_id=self.replica_id, generation=self.generation, state=state,
+            port=self.port, pid=self.proc.pid if self.proc else None,
+            exit_code=self.exit_code, reason=reason, log_tail=self._log_tail(),
+            download=download, started_at=self.started_at, ready_at=self.ready_at,
+            dialect=self.dialect, tls=self.tls,
+        ))
 
     # -- the life of a replica ---------------------------------------------------
 
@@ -243,7 +238,8 @@ class ReplicaRunner:
                 await self._launch()
             if self.state == ReplicaState.STARTING:
                 await self._wait_ready()
-            await self._watch()
+            async with engine_control(self, self.state == ReplicaState.READY):
+                await self._watch()
         except asyncio.CancelledError:
             raise
         except EngineError as exc:
@@ -267,6 +263,7 @@ class ReplicaRunner:
             path = None
         self.port = deps.ports.allocate(self.replica_id)
         ctx, budget = await launch_context(self.assignment, self.devices, deps, path, self.port)
+        self.control.weights_bytes = ctx.weights_bytes  # in RAM while it sleeps
         launch, self.engine_port = engine_launch(
             self.adapter, ctx, lambda: deps.ports.allocate(engine_port_id(self.replica_id))
         )

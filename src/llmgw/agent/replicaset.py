@@ -52,6 +52,7 @@ class ReplicaSet:
             target = wanted.get(rid)
             if target is not None and target.generation == runner.generation:
                 runner.assignment = target  # e.g. the draining flag
+                runner.control.poke.set()  # its adapters and sleep (agent.loras)
                 kept[rid] = runner
         held = {d.number: rid for rid, r in kept.items() for d in r.devices}
         fresh = [a for rid, a in wanted.items() if rid not in kept]

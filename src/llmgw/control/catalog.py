@@ -19,6 +19,7 @@ import yaml
 from pydantic import ValidationError as PydanticValidationError
 
 from llmgw import memory
+from llmgw.control.adaptercheck import adapter_problems
 from llmgw.engine_env import env_problem
 from llmgw.errors import ValidationError
 from llmgw.wire import LLAMACPP_KINDS, EngineKind, ModelSpec, is_mig_class
@@ -144,13 +145,25 @@ def validate_catalog(
     every other node refuses them.
     """
     problems: list[Problem] = []
+    merged = {**(existing or {}), **{s.name: s for s in specs}}
     for spec in specs:
+        if spec.is_adapter:
+            problems.extend(_problem(spec, f, rule) for f, rule in adapter_problems(spec, merged))
+            continue
         if spec.engine is EngineKind.EXTERNAL or spec.external is not None:
             problems.extend(_external_problems(spec))
             continue
         problems.extend(_shape_problems(spec))
         problems.extend(_argument_problems(spec, node_env_allow))
         problems.extend(_memory_problems(spec))
+    # A changed base must still take the adapters already loaded on it.
+    applied = {s.name for s in specs}
+    for name, kept in (existing or {}).items():
+        if name not in applied and kept.base in applied:
+            problems.extend(
+                _problem(kept, f, f"{rule} (after the change to {kept.base!r})")
+                for f, rule in adapter_problems(kept, merged)
+            )
     problems.extend(_name_problems(specs, existing or {}))
     if problems:
         raise ValidationError("\n".join(p.line for p in problems), field=problems[0].field)

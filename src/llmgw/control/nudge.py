@@ -53,15 +53,20 @@ class AssignmentWatch:
                 # The same item: only a node it left or joined sees a change.
                 out |= (nodes_before | nodes_after if after[1:] != seen[1:]
                         else nodes_before ^ nodes_after)
-        for rid, (replica, _, _) in now.items():
+        for rid, seen in now.items():
             if rid not in before:
-                out.update(s.node for s in replica.shards)
+                out.update(s.node for s in seen[0].shards)
         return out
 
 
-def _look(state: FleetState) -> dict[str, tuple[ReplicaRecord, int, bool]]:
+_Seen = tuple[ReplicaRecord, int, bool, tuple[str, ...] | None, bool]
+
+
+def _look(state: FleetState) -> dict[str, _Seen]:
+    # The adapters and sleep an assignment carries change no generation,
+    # and their agent must hear of them as soon (a request waits on each).
     return {
-        rid: (r, r.generation, r.state is ReplicaState.DRAINING)
+        rid: (r, r.generation, r.state is ReplicaState.DRAINING, r.adapters, r.asleep)
         for rid, r in state.replicas.items()
     }
 

@@ -17,11 +17,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw.control.adapters import AdapterPlan, plan_adapters
 from llmgw.control.gcpause import freeze_burst, paused_gc
 from llmgw.control.rows import event_row, model_row, node_failures_json, replica_row
 from llmgw.control.scheduler.decide import Scheduler
 from llmgw.control.scheduler.decisions import Decisions, Policy
 from llmgw.control.scheduler.placement import Placer
+from llmgw.control.sleep import apply_sleep, plan_sleep
 from llmgw.control.state import FleetState, ModelRecord
 from llmgw.control.store.repo import Store
 from llmgw.control.writes import FencedWrites
@@ -88,6 +90,7 @@ class Reconciler:
         # parking. The scheduler keeps its snapshot between passes.
         self.scheduler = Scheduler(policy, placer)
         self.last_pass: PassResult | None = None
+        self.last_adapters: AdapterPlan | None = None
         # When each draining replica was first seen draining (memory only; a
         # new leader restarts the clock, which only delays removal).
         self._draining_since: dict[str, float] = {}
@@ -97,6 +100,8 @@ class Reconciler:
     async def run_pass(self, now: float, epoch: int) -> PassResult:
         async with self._lock:
             started = time.perf_counter()
+            # Before the pass: its triage keeps the replicas now asleep.
+            slept = apply_sleep(plan_sleep(self.state, now), now)
             with paused_gc():
                 decisions = self.scheduler.decide(self.state, now, self._draining_since)
                 rows = [replica_row(r) for r in decisions.new] + [
@@ -124,7 +129,13 @@ class Reconciler:
             )
             self._apply_replicas(decisions)
             self._apply_models(decisions)
-            if decisions.changes_replicas:
+            adapters = plan_adapters(self.state, now)
+            for replica_id, loaded in adapters.changes.items():
+                replica = self.state.replicas.get(replica_id)
+                if replica is not None:
+                    replica.adapters = loaded
+            self.last_adapters = adapters
+            if decisions.changes_replicas or adapters.changes or slept:
                 await self.state.bump_routing()
             result = _result(decisions, time.perf_counter() - started)
             self.last_pass = result

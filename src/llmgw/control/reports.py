@@ -23,6 +23,7 @@ from llmgw.wire import (
     NodeState,
     ReplicaAssignment,
     ReplicaState,
+    ReplicaStatus,
     ShardAssignment,
     WeightsDigests,
     WeightsEntry,
@@ -197,6 +198,7 @@ def _mirror_statuses(
             # The endpoint's scheme (http:// or https://) follows it.
             replica.tls = status.tls
             effects.routing_changed = effects.routing_changed or replica.state == ReplicaState.READY
+        _mirror_engine_state(replica, status, effects)
         if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
             replica.move_to(ReplicaState.READY)
             replica.port = status.port
@@ -217,6 +219,25 @@ def _mirror_statuses(
                 effects.routing_changed = True
 
 
+def _mirror_engine_state(
+    replica: ReplicaRecord, status: ReplicaStatus, effects: ReportEffects
+) -> None:
+    """Adapters loaded and sleep, as the leader shard's agent reports them (memory only)."""
+    loaded = frozenset(status.adapters)
+    if loaded != replica.loaded_adapters:
+        replica.loaded_adapters = loaded
+        effects.routing_changed = effects.wake_reconciler = True
+    if status.adapter_errors != replica.adapter_errors:
+        replica.adapter_errors = dict(status.adapter_errors)
+        effects.wake_reconciler = True
+    if replica.adapters is None:
+        # Decided by an instance before this one: what is loaded stays.
+        replica.adapters = tuple(sorted(loaded))
+    if status.sleeping != replica.sleeping:
+        replica.sleeping = status.sleeping
+        effects.routing_changed = effects.wake_reconciler = True
+
+
 def assignments_for(
     state: FleetState, node_name: str, engine_key: Callable[[str], str] | None = None
 ) -> list[ReplicaAssignment]:
@@ -235,7 +256,10 @@ def assignments_for(
 # What one replica's assignment to a node is made from, besides the replica's
 # id: generation, model spec, shard, node count, leader address, draining,
 # engine key. Specs and shards are replaced when they change, never edited.
-_Inputs = tuple[int, ModelSpec, ShardAssignment, int, str | None, bool, str | None]
+_Inputs = tuple[
+    int, ModelSpec, ShardAssignment, int, str | None, bool, str | None,
+    tuple[ModelSpec, ...], bool,
+]
 
 
 def _assignment_inputs(
@@ -260,11 +284,21 @@ def _assignment_inputs(
         leader.address if leader is not None else None,
         replica.draining,
         engine_key(replica.id) if engine_key is not None else None,
+        _adapter_specs(state, replica),
+        replica.asleep,
     )
 
 
+def _adapter_specs(state: FleetState, replica: ReplicaRecord) -> tuple[ModelSpec, ...]:
+    """The catalog entries of the adapters the replica should have loaded."""
+    if not replica.adapters:
+        return ()
+    found = (state.models.get(name) for name in replica.adapters)
+    return tuple(m.spec for m in found if m is not None and m.spec.base == replica.model)
+
+
 def _assignment(replica: ReplicaRecord, inputs: _Inputs) -> ReplicaAssignment:
-    generation, spec, shard, nodes, leader_address, draining, key = inputs
+    generation, spec, shard, nodes, leader_address, draining, key, adapters, asleep = inputs
     return ReplicaAssignment(
         replica_id=replica.id,
         generation=generation,
@@ -274,6 +308,8 @@ def _assignment(replica: ReplicaRecord, inputs: _Inputs) -> ReplicaAssignment:
         leader_address=leader_address,
         draining=draining,
         engine_key=key,
+        adapters=list(adapters),
+        asleep=asleep,
     )
 
 

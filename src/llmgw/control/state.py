@@ -226,12 +226,31 @@ class ReplicaRecord:
     # Memory only, like the dialect: whether its engine listens with TLS
     # (ReplicaStatus.tls); None until its agent reports after a restart.
     tls: bool | None = None
+    # Memory only, re-learnt from reports: the LoRA adapters its engine has
+    # loaded, and those its agent could not load (name -> why).
+    loaded_adapters: frozenset[str] = frozenset()
+    adapter_errors: dict[str, str] = field(default_factory=dict)
+    # Memory only: the adapters the control plane wants loaded, least
+    # recently used first (control.adapters); None until decided since this
+    # instance began to lead (the loaded set is then taken as it is).
+    adapters: tuple[str, ...] | None = None
+    # Memory only: told to sleep (ReplicaAssignment.asleep), and whether its
+    # agent reports the engine asleep. A replica is routed to only when
+    # both are false: it sleeps before it is told awake, and wakes after.
+    asleep: bool = False
+    sleeping: bool = False
+    asleep_since: float | None = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         writes = self._writes
         if writes is not None:
             writes.note(self)
+
+    @property
+    def awake(self) -> bool:
+        """Neither told to sleep nor reported asleep: it can serve."""
+        return not (self.asleep or self.sleeping)
 
     @property
     def nodes(self) -> list[str]:
@@ -333,6 +352,7 @@ class FleetState:
         return (
             replica.state is ReplicaState.READY
             and not replica.draining
+            and replica.awake
             and self.reachable(replica, now)
         )
 

@@ -232,6 +232,7 @@ class Gateway:
                 for r in replicas
             ],
             waiting=self.runtime.room.waiting(),
+            used=self.runtime.usage.take_last_used(),
         )
 
     async def _load_loop(self) -> None:

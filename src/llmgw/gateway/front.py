@@ -24,7 +24,7 @@ from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.replies import REQUEST_ID, ApiError, send_error, send_json, unavailable
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.snapshot import ConfigView
+from llmgw.gateway.snapshot import ConfigView, model_entry
 from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.gateway.upstream import Upstream
 
@@ -196,8 +196,8 @@ async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
             await send_json(send, 200, snapshot.listing(record.allowed), extra)
             return
         name = path[len("/v1/models/") :]
-        usable_router(snapshot, record, name)
-        entry = {"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+        router = usable_router(snapshot, record, name)
+        entry = {**model_entry(router.route), "id": name}
         await send_json(send, 200, entry, extra)
     except ApiError as error:
         await send_error(send, error, extra)

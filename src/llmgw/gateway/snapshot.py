@@ -111,8 +111,7 @@ class ConfigView:
             self.routes[route.name] = router
             self.support.add(route, router)
         self.model_list: list[dict[str, str | int]] = [
-            {"id": route.name, "object": "model", "created": 0, "owned_by": "llmgw"}
-            for route in config.routing.models
+            model_entry(route) for route in config.routing.models
         ]
 
     def served_models(self) -> set[str]:
@@ -130,3 +129,14 @@ class ConfigView:
         if router is None:
             return False
         return name in allowed or any(a in allowed for a in router.route.aliases)
+
+
+def model_entry(route: wire.ModelRoute) -> dict[str, str | int]:
+    """One model as /v1/models lists it; an adapter names its base as
+    ``parent``, as vLLM lists the adapters it serves."""
+    entry: dict[str, str | int] = {
+        "id": route.name, "object": "model", "created": 0, "owned_by": "llmgw"
+    }
+    if route.parent is not None:
+        entry["parent"] = route.parent
+    return entry

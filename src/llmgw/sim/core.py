@@ -155,8 +155,10 @@ class EngineCore:
 
     # -- requests ------------------------------------------------------------
 
-    def submit(self, prompt: bytes, max_tokens: int) -> SimRequest:
-        """Queue a request; raises ValidationError if it can never fit, or QueueFullError."""
+    def submit(self, prompt: bytes, max_tokens: int, salt: bytes = b"") -> SimRequest:
+        """Queue a request; raises ValidationError if it can never fit, or QueueFullError.
+
+        ``salt``: the LoRA adapter it is for (tokens.block_hashes), b"" for the base."""
         block = self.params.block_tokens
         n_prompt = max(1, tokens.count_bytes_tokens(len(prompt)))
         need = -(-(n_prompt + max_tokens) // block)
@@ -171,7 +173,7 @@ class EngineCore:
             raise QueueFullError(f"{len(self._waiting)} requests already waiting (max {limit})")
         req = SimRequest(
             prompt_tokens=n_prompt,
-            hashes=tokens.block_hashes(prompt, block),
+            hashes=tokens.block_hashes(prompt, block, salt=salt),
             max_tokens=max_tokens,
             arrived_at=self.now(),
         )

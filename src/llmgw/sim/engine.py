@@ -64,6 +64,7 @@ from llmgw.errors import ValidationError
 from llmgw.sim import metrics, openai_api, tokens
 from llmgw.sim.core import EngineCore, Phase, QueueFullError, SimRequest
 from llmgw.sim.extra_routes import ExtraRoutes
+from llmgw.sim.lora import LoraRoutes
 from llmgw.sim.openai_api import ParsedCompletion
 from llmgw.sim.responses import client_left, drop, error, json_response, model_not_found, read_json
 from llmgw.wire import SimParams
@@ -107,6 +108,7 @@ class SimEngine:
         self.ready_at: float | None = None
         self.stalled = False  # stall_after_s has passed: no engine steps any more
         self.tls = False  # listens with TLS (start's ``tls``)
+        self.lora = LoraRoutes(model, self.params)
 
     # -- life cycle ----------------------------------------------------------
 
@@ -140,6 +142,7 @@ class SimEngine:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/tokenize", self._tokenize)
         ExtraRoutes(self).mount(app)  # responses, rerank, score, transcriptions
+        self.lora.mount(app)  # LoRA adapters and sleep, where its params enable them
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         # handler_cancellation: a client that hangs up cancels its handler,
@@ -303,7 +306,8 @@ class SimEngine:
             "owned_by": "llmgw-sim",
             "max_model_len": self.params.kv_blocks * self.params.block_tokens,
         }
-        return json_response({"object": "list", "data": [card]})
+        adapters = self.lora.cards(int(self.started_at or 0))
+        return json_response({"object": "list", "data": [card, *adapters]})
 
     async def _embeddings(self, request: web.Request) -> web.Response:
         refusal = self._not_serving()
@@ -349,6 +353,8 @@ class SimEngine:
         refusal = self._not_serving()
         if refusal is not None:
             return refusal
+        if self.lora.sleeping:  # /health still answers 200, as vLLM's does asleep
+            return error(503, "engine is asleep", "service_unavailable", 503, retry_after=True)
         try:
             parsed = openai_api.parse_completion(
                 await read_json(request),
@@ -358,14 +364,15 @@ class SimEngine:
             )
         except ValidationError as exc:
             return error(400, str(exc), "invalid_request_error", None, param=exc.field)
-        if parsed.model != self.model:
+        if not self.lora.serves(parsed.model):
             return model_not_found(parsed.model)
         if self.params.fault == "hang":
             await self._stopping.wait()
             drop(request)
             return web.Response(status=503)
         try:
-            sim = self.core.submit(parsed.prompt, parsed.max_tokens)
+            salt = b"" if parsed.model == self.model else parsed.model.encode()
+            sim = self.core.submit(parsed.prompt, parsed.max_tokens, salt)
         except ValidationError as exc:
             return error(400, str(exc), "invalid_request_error", None, param=exc.field)
         except QueueFullError as exc:

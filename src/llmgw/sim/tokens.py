@@ -111,13 +111,17 @@ def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
     return "".join(parts)
 
 
-def block_hashes(data: bytes, block_tokens: int, limit: int | None = None) -> list[bytes]:
+def block_hashes(
+    data: bytes, block_tokens: int, limit: int | None = None, salt: bytes = b""
+) -> list[bytes]:
     """Chained hashes of the full blocks of ``data`` (a partial last block has none).
 
     Block i's hash covers block i's bytes *and* block i-1's hash, so equal
     hashes at position i mean equal prefixes up to i: a cache hit on a block
     implies hits on everything before it, which is what lets an engine (and a
-    router) match the longest cached prefix block by block.
+    router) match the longest cached prefix block by block. ``salt`` starts
+    the chain elsewhere: a LoRA adapter's name, so that two adapters (and
+    their base) never share a block, as vLLM keys its prefix cache by adapter.
     """
     size = block_tokens * BYTES_PER_TOKEN
     full = len(data) // size
@@ -125,6 +129,8 @@ def block_hashes(data: bytes, block_tokens: int, limit: int | None = None) -> li
         full = min(full, limit)
     out: list[bytes] = []
     prev = _ROOT_HASH
+    if salt:
+        prev = hashlib.blake2b(_ROOT_HASH + salt, digest_size=_HASH_BYTES).digest()
     view = memoryview(data)
     for i in range(full):
         h = hashlib.blake2b(prev, digest_size=_HASH_BYTES)

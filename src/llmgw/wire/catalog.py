@@ -73,6 +73,21 @@ class SimParams(Wire):
     # None: all of them. [] makes an engine that serves only the core routes,
     # to see the gateway's 404 for the others.
     routes: list[ExtraRoute] | None = None
+    # LoRA adapters served at once (vLLM's --max-loras); 0: the engine serves
+    # none, as vLLM without --enable-lora.
+    max_loras: int = Field(0, ge=0, le=1024)
+    # The largest adapter rank it takes (vLLM's --max-lora-rank).
+    max_lora_rank: int = Field(16, ge=1, le=1024)
+    # Seconds to load (read and copy to the device) and unload one adapter.
+    lora_load_s: float = Field(0.5, ge=0)
+    lora_unload_s: float = Field(0.05, ge=0)
+    # Seconds to fall asleep (weights to host RAM) and wake (back to the
+    # device); None: the engine cannot sleep, as vLLM without
+    # --enable-sleep-mode. Waking is what replaces a cold start (startup_s).
+    sleep_s: float | None = Field(None, ge=0)
+    wake_s: float = Field(0.3, ge=0)
+    # Host RAM the weights take while asleep (the agent counts it).
+    weights_mib: int = Field(1024, ge=0)
 
 
 RoutingPolicy = Literal["prefix", "least-loaded", "round-robin"]
@@ -209,6 +224,20 @@ class ExternalSpec(Wire):
         return value
 
 
+class AdapterSpec(Wire):
+    """What a LoRA adapter is, beside its weights: checked against its base's engine.
+
+    An adapter loaded on an engine whose --max-lora-rank is below its rank
+    fails at load time on every replica, for every request that asked for
+    it; the catalog refuses it at apply instead (control.catalog).
+    """
+
+    rank: int = Field(8, ge=1, le=1024)
+    # The adapter's weights on disk, in MiB (what a load reads and the
+    # engine's LoRA cache holds); None: not stated.
+    size_mib: int | None = Field(None, ge=1, le=1024 * 1024)
+
+
 class ModelSpec(Wire):
     """One catalog entry (DESIGN.md §3). Field-level shape is checked here;
     cross-field rules (MIG limits, gpus = tp x pp, ...) in control.catalog."""
@@ -247,6 +276,11 @@ class ModelSpec(Wire):
     # Existing servers to route to instead of an engine to run (engine
     # ``external``, which is also what an entry with this and no engine gets).
     external: ExternalSpec | None = None
+    # A LoRA adapter of the model named here (its base): it takes no devices
+    # of its own and is loaded on replicas of its base (control.adapters).
+    # Clients name the adapter; /v1/models lists it with this as ``parent``.
+    base: str | None = None
+    adapter: AdapterSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -255,6 +289,18 @@ class ModelSpec(Wire):
         if isinstance(data, dict) and data.get("external") is not None and "engine" not in data:
             return {**data, "engine": EngineKind.EXTERNAL.value}
         return data
+
+    @model_validator(mode="after")
+    def _adapter_block(self) -> ModelSpec:
+        # ``base:`` alone makes an adapter of the default rank; an adapter
+        # block without a base would be a setting nothing reads.
+        if self.base is not None and self.adapter is None:
+            self.adapter = AdapterSpec()
+        if self.adapter is not None and self.base is None:
+            raise ValueError("'adapter' applies only to a LoRA adapter: name its 'base' model")
+        if self.base is not None and not _NAME_RE.match(self.base):
+            raise ValueError(f"base {self.base!r} is not a valid model name")
+        return self
 
     @field_validator("name", "aliases")
     @classmethod
@@ -270,3 +316,7 @@ class ModelSpec(Wire):
     @property
     def on_demand(self) -> bool:
         return self.min_replicas == 0
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.base is not None

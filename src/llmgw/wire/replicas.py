@@ -61,6 +61,14 @@ class ReplicaAssignment(Wire):
     # and this node learn it. Kept out of repr, so a logged assignment never
     # shows it. None: no key (an assignment built by hand, e.g. in tests).
     engine_key: EngineKey | None = Field(None, repr=False)
+    # LoRA adapters its engine should have loaded (their catalog entries, for
+    # their weights and rank): the agent loads what is missing and unloads
+    # the rest through the engine's runtime routes (agent.loras). Changing
+    # the list restarts nothing.
+    adapters: list[ModelSpec] = Field(default_factory=list)
+    # Put the engine to sleep (weights to host RAM, device memory freed) or
+    # keep it awake; changing it restarts nothing (agent.loras).
+    asleep: bool = False
 
 
 class DownloadProgress(Wire):
@@ -91,6 +99,12 @@ class ReplicaStatus(Wire):
     # False: plain http (no certificate yet, an engine without TLS flags, an
     # agent older than engine TLS).
     tls: bool = False
+    # The adapters its engine has loaded now, and those it could not load
+    # with why (name -> reason, the last attempt's).
+    adapters: list[str] = Field(default_factory=list)
+    adapter_errors: dict[str, str] = Field(default_factory=dict)
+    # Its engine is asleep (weights in host RAM): not to be routed to.
+    sleeping: bool = False
 
 
 class AgentRegistration(Wire):

@@ -40,6 +40,9 @@ class ModelRoute(Wire):
     parked_reason: str | None = None
     # The catalog's max_output_tokens (see ModelSpec).
     max_output_tokens: int | None = None
+    # A LoRA adapter's base model (ModelSpec.base), listed as vLLM lists
+    # one; its endpoints are the base's replicas that have it loaded.
+    parent: str | None = None
 
 
 class RoutingTable(Wire):
@@ -81,6 +84,10 @@ class GatewayLoadReport(Wire):
     # Models with requests waiting for a replica (on-demand start), with how
     # many are waiting.
     waiting: dict[str, int] = Field(default_factory=dict)
+    # Models whose requests ended since the last report, with when the last
+    # one did (unix time): an adapter's use, which its base replica's own
+    # last request cannot tell apart from its siblings'.
+    used: dict[str, float] = Field(default_factory=dict)
 
 
 class DemandRequest(Wire):

@@ -271,6 +271,25 @@ def installed_version(executable: str) -> str | None:
     return None
 
 
+def runtime_env(engine_args: list[str]) -> dict[str, str]:
+    """The switches for the runtime routes agent.loras calls, where the catalog asks for them.
+
+    ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` mounts the adapter load and unload
+    routes (under /v1, within the API key's scope), ``VLLM_SERVER_DEV_MODE``
+    the sleep routes (outside it, and with them others of its development
+    routes). Only an engine with a key gets them, which the agent always
+    starts behind its guard (agent.engineguard): no route of it answers
+    anyone without the key. The catalog can set neither (llmgw.engine_env).
+    """
+    args = [a.replace("_", "-") for a in engine_args if a.startswith("--")]
+    env: dict[str, str] = {}
+    if any(a == "--enable-lora" or a.startswith("--enable-lora=") for a in args):
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if "--enable-sleep-mode" in args:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env
+
+
 class VllmAdapter:
     kind = EngineKind.VLLM
 
@@ -349,9 +368,10 @@ class VllmAdapter:
         key = assignment.engine_key
         task = model_task(ctx.weights_path, assignment.model.engine_args)
         dialect = TASK_DIALECTS.get(task, DIALECT) if task is not None else DIALECT
+        env = {key_env: key, **runtime_env(assignment.model.engine_args)} if key else None
         return serve_launch(
             ctx, argv, health=health, metrics=VLLM_METRICS, dialect=dialect,
-            env={key_env: key} if key is not None else None, tls=tls,
+            env=env, tls=tls,
             # An inherited key would lock the gateway out of a replica without one.
             drop_env=frozenset({key_env}),
         )

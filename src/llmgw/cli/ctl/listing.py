@@ -22,13 +22,18 @@ def list_by_default(
     row: Callable[[dict[str, Any]], Sequence[str]],
     empty: str,
     doc: str,
+    order: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
 ) -> None:
-    """Make ``app``'s callback list ``GET path``; ``doc`` is its help, as a docstring is."""
+    """Make ``app``'s callback list ``GET path``; ``doc`` is its help, as a docstring is.
+
+    ``order``: the rows' order in the table (the JSON keeps the API's)."""
 
     def listing(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         if ctx.invoked_subcommand is not None:
             return
-        print_listing(admin_client(ctx).call("GET", path), as_json, columns, row, empty)
+        data = admin_client(ctx).call("GET", path)
+        rows = order(data) if order is not None and not as_json else data
+        print_listing(rows, as_json, columns, row, empty)
 
     listing.__doc__ = doc
     app.callback(invoke_without_command=True)(guarded(listing))

@@ -142,7 +142,11 @@ class Summary(BaseModel):
     ones too (a node stopped reporting). ``unplaceable`` is the reference's rule:
     short models the scheduler could not place, or with nothing starting
     unless parked; sorted by name. A replica with a request in flight is
-    never in ``idle_replicas``.
+    never in ``idle_replicas``. A fleet whose catalog has LoRA adapters also
+    gets ``adapters``: per base model, the adapters loaded on each replica and
+    those asked for and loaded nowhere, with why (control.adapters'
+    ``AdapterPlacement``); absent otherwise, so the reference's fields stay
+    exactly the reference's.
     """
 
     nodes: NodeTotals = Field(default_factory=NodeTotals)

@@ -69,6 +69,11 @@ class ReplicaTally:
         found = self.used.get(model)
         return max(found.values()) if found else None
 
+    def loaded_on(self, adapter: str) -> int:
+        # The summary's views carry no adapters (detail-less): its
+        # ``adapters`` section says where each is loaded (routers/fleet.py).
+        return 0
+
 
 class KeptReplicas:
     """Every replica's view, folded into ``builder``'s totals and kept in step.

@@ -32,8 +32,10 @@ def desired_given(record: ModelRecord, now: float, *, in_use: bool) -> int:
     for an on-demand model.
     """
     spec = record.spec
-    if spec.external is not None:
-        return 0  # its servers run elsewhere: nothing to place, nothing to keep
+    if spec.external is not None or spec.is_adapter:
+        # Servers elsewhere, or an adapter loaded on its base's replicas
+        # (control.adapters): nothing of its own to place or keep.
+        return 0
     base = spec.min_replicas
     if spec.on_demand:
         base = 1 if in_use or asked_for(record, now) else 0

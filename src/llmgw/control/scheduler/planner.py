@@ -12,6 +12,7 @@ from collections import Counter
 
 from pydantic import BaseModel, Field
 
+from llmgw.control.adapters import AdapterPlacement, plan_adapters
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.scheduler.decide import Scheduler
 from llmgw.control.scheduler.decisions import Decisions, ModelOutcome, Policy
@@ -82,6 +83,9 @@ class Plan(BaseModel):
     removals: int = 0
     unplaceable: list[str] = Field(default_factory=list)
     what_if: list[str] = Field(default_factory=list)
+    # Per base model: its adapters loaded on each replica, and those asked
+    # for that could not be loaded, with why (control.adapters).
+    adapters: list[AdapterPlacement] = Field(default_factory=list)
 
 
 def plan(
@@ -127,6 +131,7 @@ def _plan(
             result.unplaceable.append(name)
     result.devices = _device_counts(current, decisions)
     result.nodes = dict(Counter(str(v.state) for v in current.nodes.values()))
+    result.adapters = list(plan_adapters(view, now).bases.values())
     return result
 
 

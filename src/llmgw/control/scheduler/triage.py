@@ -247,11 +247,15 @@ class ModelTriage:
 
     def _retire_extras(self, desired: int) -> None:
         # Extras go idle-first: the replica nobody is using costs nothing to stop.
+        # A sleeping replica (control.sleep) is not retired for being idle:
+        # sleeping instead of stopping is the point; eviction takes it when
+        # its devices are wanted.
         live, now, spec = self.live, self.p.now, self.spec
         if len(live) <= desired:
             return
-        order = sorted(live, key=lambda r: retire_order(r, now))
-        for replica in order[: len(live) - desired]:
+        order = sorted((r for r in live if not r.asleep), key=lambda r: retire_order(r, now))
+        extra = min(len(order), len(live) - desired)
+        for replica in order[:extra]:
             idle = idle_for(replica, now)
             kind = (
                 "unloaded"
@@ -259,8 +263,8 @@ class ModelTriage:
                 else "scaled-down"
             )
             retire(self.p.out, replica, kind, f"idle for {idle:.0f} s", now)
-        keep = {r.id for r in order[len(live) - desired :]}
-        self.live = [r for r in live if r.id in keep]
+        gone = {r.id for r in order[:extra]}
+        self.live = [r for r in live if r.id not in gone]
 
     def _retire_moved(self, desired: int) -> None:
         # Make-before-break: a replica leaving a draining node (or one whose

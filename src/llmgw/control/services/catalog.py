@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 
+from llmgw.control.adaptercheck import dependents
 from llmgw.control.catalog import engine_changed
 from llmgw.control.reconciler import unpark
 from llmgw.control.rows import model_row, replica_row
 from llmgw.control.services.core import Core, found
 from llmgw.control.state import ModelRecord, ReplicaRecord
 from llmgw.control.store.repo import Row
-from llmgw.errors import NotFoundError
+from llmgw.errors import NotFoundError, ValidationError
 from llmgw.wire import ModelSpec, ReplicaState
 
 
@@ -70,6 +71,12 @@ class Catalog:
         core, state = self.core, self.core.state
         core.require_leader()
         found(state.models, name, "model")
+        adapters = dependents(name, {n: m.spec for n, m in state.models.items()})
+        if adapters:
+            raise ValidationError(
+                f"model {name!r} is the base of adapter(s) {', '.join(adapters)}:"
+                " delete them first"
+            )
         doomed = [r.id for r in state.replicas_of(name)]
         await core.writes.write_replicas([], doomed)
         await core.writes.delete_models([name])
@@ -98,6 +105,11 @@ class Catalog:
             r.state != ReplicaState.FAILED for r in state.replicas_of(model.name)
         )
         model.demand_at = time.time()
+        base = state.models.get(model.spec.base) if model.spec.base else None
+        if base is not None:
+            # An adapter is served by its base: an on-demand base starts (or
+            # wakes) for it, and an always-on one stays in use.
+            base.demand_at = model.demand_at
         # The pass reads demand from memory: woken first, it places the
         # replica while the demand is written, instead of after (two store
         # writes, 20-100 ms of a cold start here, measured by bench/coldstart.py).

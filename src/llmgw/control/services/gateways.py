@@ -45,6 +45,11 @@ def _same(before: list[Endpoint], now: list[Endpoint]) -> bool:
     return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
 
 
+def adapter_routable(replica: ReplicaRecord, adapter: str) -> bool:
+    """The replica's engine has ``adapter`` loaded and is not about to unload it."""
+    return adapter in replica.loaded_adapters and adapter in (replica.adapters or ())
+
+
 def served_name(spec: ModelSpec) -> str:
     """The name the upstream knows the model by: what the gateway puts in request bodies."""
     if spec.external is not None and spec.external.model:
@@ -88,18 +93,24 @@ class Gateways:
         routes_before, self._routes = self._routes, {}
         for model in sorted(self.core.state.models.values(), key=lambda m: m.name):
             spec = model.spec
+            # An adapter is served by its base's replicas that have it loaded.
+            serving = self.core.state.models.get(spec.base) if spec.base else model
+            engine_spec = serving.spec if serving is not None else spec
             endpoints = external.endpoints(spec) or [
-                self._endpoint(endpoints_before, r, spec)
-                for r in sorted(self.core.state.replicas_of(model.name), key=lambda r: r.id)
+                self._endpoint(endpoints_before, r, engine_spec)
+                for r in sorted(
+                    self.core.state.replicas_of(engine_spec.name), key=lambda r: r.id
+                )
                 # FleetState.routable, with the down nodes looked up once.
-                if r.state is ReplicaState.READY and r.port is not None
+                if r.state is ReplicaState.READY and r.port is not None and r.awake
                 and all(s.node in nodes and s.node not in down for s in r.shards)
+                and (spec.base is None or adapter_routable(r, spec.name))
             ]
             # Built again only when something in it changed: 10,000 replicas'
             # worth of validated objects per change was most of a busy control
             # plane's CPU (bench/reports.py, py-spy).
             key = (tuple(spec.aliases), spec.on_demand, spec.routing, served_name(spec),
-                   spec.max_output_tokens, model.parked, model.last_error)
+                   spec.max_output_tokens, model.parked, model.last_error, spec.base)
             kept = routes_before.get(model.name)
             if kept is not None and kept[0] == key and _same(kept[1].endpoints, endpoints):
                 route = kept[1]
@@ -114,6 +125,7 @@ class Gateways:
                     parked=model.parked,
                     parked_reason=model.last_error if model.parked else None,
                     max_output_tokens=spec.max_output_tokens,
+                    parent=spec.base,
                 )
             self._routes[model.name] = (key, route)
             routes.append(route)
@@ -234,6 +246,13 @@ class Gateways:
             if wanted != model.load_demand:
                 model.load_demand = wanted
                 self.core.wake_reconciler()
+        for name, at in report.used.items():
+            # An adapter's use is its recency on its base's replicas
+            # (control.adapters: kept while used, least recently used out
+            # first); the replica's own last request cannot tell adapters apart.
+            used = self.core.state.resolve_model(name)
+            if used is not None and used.spec.base is not None:
+                used.demand_at = max(used.demand_at or 0.0, min(at, now))
         for name, waiting in report.waiting.items():
             # A model deleted since the gateway's last config is no reason to
             # drop the rest of its report.

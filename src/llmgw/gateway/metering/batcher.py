@@ -10,6 +10,7 @@ are dropped beyond a bound rather than growing without limit.
 from __future__ import annotations
 
 import logging
+import time
 
 from llmgw import wire
 
@@ -24,6 +25,10 @@ class UsageBatcher:
         self._rows: dict[_Key, _Row] = {}
         self._max_rows = max_rows
         self.dropped = 0
+        # Model -> when a request for it last ended (unix time), since the
+        # last load report: what keeps a LoRA adapter loaded and orders its
+        # eviction (control.adapters); the per-minute rows are too coarse.
+        self.last_used: dict[str, float] = {}
 
     def add(
         self,
@@ -35,6 +40,7 @@ class UsageBatcher:
         cached: int,
         error: bool,
     ) -> None:
+        self.last_used[model] = time.time()
         row = self._rows.get((minute, key_id, model))
         if row is None:
             if len(self._rows) >= self._max_rows:
@@ -46,6 +52,10 @@ class UsageBatcher:
         row[2] += completion
         row[3] += cached
         row[4] += error
+
+    def take_last_used(self) -> dict[str, float]:
+        used, self.last_used = self.last_used, {}
+        return used
 
     def drain(self) -> list[wire.UsageRecord]:
         rows, self._rows = self._rows, {}

@@ -28,7 +28,9 @@ def models_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
     def _model(name: str) -> ModelView:
         record = found(state.models, name, "model")
         now = time.time()
-        replicas = [replica_view(r, state.nodes, now) for r in state.replicas_of(name)]
+        # An adapter's replicas are its base's (those with it loaded count).
+        replicas = [replica_view(r, state.nodes, now)
+                    for r in state.replicas_of(record.spec.base or name)]
         return model_view(record, ReplicaTally(replicas), now)
 
     @router.get("/models", response_model=list[ModelView], tags=["models"])

@@ -54,6 +54,10 @@ class ModelView:
     # An external model's URLs (None for a model llmgw runs). Its counts are
     # of URLs: desired all of them, ready those up, starting those unknown.
     external: list[ExternalUrlView] | None = None
+    # A LoRA adapter's base model, and on how many of the base's replicas it
+    # is loaded now (its own replica counts stay 0: it has none).
+    base: str | None = None
+    loaded_on: int = 0
 
 
 # -- desired replicas -----------------------------------------------------------
@@ -84,11 +88,13 @@ class ReplicaTally:
     number of ready replicas the replica listing shows for it.
     """
 
-    __slots__ = ("_counts", "_last_used")
+    __slots__ = ("_adapters", "_counts", "_last_used")
 
     def __init__(self, replicas: Iterable[ReplicaView] = ()) -> None:
         self._counts: dict[str, dict[str, int]] = {}
         self._last_used: dict[str, float] = {}
+        # Adapter -> replicas with it loaded (detail views carry adapters).
+        self._adapters: dict[str, int] = {}
         for replica in replicas:
             self.add(replica)
 
@@ -98,6 +104,8 @@ class ReplicaTally:
         if per_state is None:
             per_state = self._counts[model] = {}
         per_state[state] = per_state.get(state, 0) + 1
+        for name in replica.adapters:
+            self._adapters[name] = self._adapters.get(name, 0) + 1
         if state in _LIVE and not replica.draining:
             # When it was last used, started or became ready; busy is now.
             latest = math.inf if replica.in_flight > 0 else max(
@@ -111,6 +119,9 @@ class ReplicaTally:
 
     def last_used(self, model: str) -> float | None:
         return self._last_used.get(model)
+
+    def loaded_on(self, adapter: str) -> int:
+        return self._adapters.get(adapter, 0)
 
 
 # Unreachable ones too: the scheduler still counts them (it replaces them).
@@ -157,6 +168,8 @@ def model_view(model: ModelRecord, tally: ReplicaTally, now: float) -> ModelView
         reason=reason,
         unplaceable=unplaceable,
         unplaceable_reason=model.unplaceable_reason if unplaceable else None,
+        base=spec.base,
+        loaded_on=tally.loaded_on(model.name) if spec.base is not None else 0,
     )
 
 

@@ -47,6 +47,12 @@ class ReplicaView:
     # From the agent's latest status: weights download and the engine's log.
     download: DownloadProgress | None
     log_tail: list[str] = field(default_factory=list)
+    # Told to sleep or reported asleep (control.sleep): not routed to.
+    asleep: bool = False
+    # LoRA adapters its engine has loaded (control.adapters), and those it
+    # refused with why.
+    adapters: list[str] = field(default_factory=list)
+    adapter_errors: dict[str, str] = field(default_factory=dict)
 
 
 _LABELS: dict[tuple[int, bool], str] = {}
@@ -123,6 +129,9 @@ def replica_view(
         in_flight=replica.in_flight,
         download=download,
         log_tail=log_tail,
+        asleep=not replica.awake,
+        adapters=sorted(replica.loaded_adapters) if detail else [],
+        adapter_errors=dict(replica.adapter_errors) if detail else {},
     )
 
 
@@ -137,6 +146,7 @@ def _replica_count_view(replica: ReplicaRecord, nodes: dict[str, NodeRecord],
         replica.state, replica.draining, replica.generation, replica.shards, replica.port,
         replica.reason, replica.created_at, replica.ready_at, replica.last_request_at,
         replica.in_flight, replica.model, replica_reachable(replica, nodes, now),
+        replica.awake,
     )
     cached = _REPLICA_VIEWS.get(replica.id)
     if cached is None or cached[0] != inputs:

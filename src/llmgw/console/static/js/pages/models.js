@@ -27,7 +27,27 @@ function urlList(m) {
   );
 }
 
+/** Each base model followed by its LoRA adapters (ctl models orders them the same way). */
+function underBases(models) {
+  const byBase = new Map();
+  for (const m of models) {
+    if (!m.base) continue;
+    if (!byBase.has(m.base)) byBase.set(m.base, []);
+    byBase.get(m.base).push(m);
+  }
+  const names = new Set(models.map((m) => m.name));
+  const out = [];
+  for (const m of models) if (!m.base) out.push(m, ...(byBase.get(m.name) || []));
+  for (const m of models) if (m.base && !names.has(m.base)) out.push(m);
+  return out;
+}
+
 function modelState(m) {
+  if (m.base) {
+    if (m.loaded_on) return badge("ready", "loaded");
+    if (m.demanded) return badge("starting", "asked for");
+    return badge("draining", "idle");
+  }
   if (m.external) {
     if (m.ready >= m.desired) return badge("ready", "satisfied");
     return m.ready ? badge("draining", "degraded") : badge("failed", m.starting ? "checking" : "down");
@@ -39,6 +59,7 @@ function modelState(m) {
 }
 
 function shape(spec) {
+  if (spec.base) return `LoRA rank ${(spec.adapter || {}).rank ?? "?"} of ${spec.base} (no devices of its own)`;
   if (spec.external) return spec.external.model ? `upstream name ${spec.external.model}` : "external";
   const parts = [`${spec.gpus} × ${spec.gpu_classes.join(" | ")}`];
   if (spec.tp > 1 || spec.pp > 1) parts.push(`tp ${spec.tp} pp ${spec.pp}`);
@@ -158,7 +179,13 @@ export default {
       redraw(list, () =>
         table(
           [
-            { label: "Model", cell: (m) => [h("strong", {}, m.name), m.spec.aliases.length ? h("div", { class: "muted" }, `aliases: ${m.spec.aliases.join(", ")}`) : null] },
+            {
+              label: "Model",
+              cell: (m) => [
+                m.base ? h("span", { class: "adapter", "aria-label": `adapter of ${m.base}` }, "└ ", h("strong", {}, m.name)) : h("strong", {}, m.name),
+                m.spec.aliases.length ? h("div", { class: "muted" }, `aliases: ${m.spec.aliases.join(", ")}`) : null,
+              ],
+            },
             { label: "Engine", cell: (m) => m.spec.engine },
             { label: "Devices per replica", cell: (m) => h("span", { class: "mono" }, shape(m.spec)) },
             { label: "Min–max", cls: "num", cell: (m) => (m.external ? "–" : `${m.min_replicas}–${m.max_replicas}${m.on_demand ? " (on demand)" : ""}`) },
@@ -170,12 +197,18 @@ export default {
               label: "Replicas",
               cell: (m) => {
                 if (m.external) return urlList(m);
+                if (m.base) {
+                  // The base's replicas that have this adapter loaded.
+                  const on = (byModel.get(m.base) || []).filter((r) => (r.adapters || []).includes(m.name));
+                  if (!on.length) return h("span", { class: "muted" }, "loaded nowhere");
+                  return h("ul", { class: "problems" }, on.map((r) => h("li", {}, h("span", { class: "muted" }, "loaded on "), h("a", { class: "mono", href: `#/replicas?q=${encodeURIComponent(r.id)}` }, r.id))));
+                }
                 const rs = byModel.get(m.name) || [];
                 if (!rs.length) return h("span", { class: "muted" }, "none");
                 return h(
                   "ul",
                   { class: "problems" },
-                  rs.map((r) => h("li", {}, h("a", { class: "mono", href: `#/replicas?q=${encodeURIComponent(r.id)}` }, r.id), " ", badge(r.state), " ", h("span", { class: "muted" }, r.shards.map((s) => `${s.node}:${s.devices.join(",")}`).join(" ")))),
+                  rs.map((r) => h("li", {}, h("a", { class: "mono", href: `#/replicas?q=${encodeURIComponent(r.id)}` }, r.id), " ", badge(r.state), r.asleep ? [" ", badge("draining", "asleep")] : null, " ", h("span", { class: "muted" }, r.shards.map((s) => `${s.node}:${s.devices.join(",")}`).join(" ")), (r.adapters || []).length ? h("span", { class: "muted" }, ` · ${r.adapters.length} adapter(s) loaded`) : null)),
                 );
               },
             },
@@ -194,8 +227,8 @@ export default {
               },
             },
           ],
-          models,
-          { empty: "The catalog is empty: apply an entry below.", rowAttrs: (m) => ({ dataset: { model: m.name } }) },
+          underBases(models),
+          { empty: "The catalog is empty: apply an entry below.", rowAttrs: (m) => ({ dataset: { model: m.name, ...(m.base ? { base: m.base } : {}) } }) },
         ),
       );
     }

@@ -1,0 +1,224 @@
+"""One ready engine's LoRA adapters and sleep, kept as its assignment says.
+
+The control plane decides which adapters a replica should have loaded and
+whether it should sleep (control.adapters, control.sleep); the assignment
+carries both, and changing them restarts nothing. This converges the engine
+to them through its runtime routes, as vLLM names them:
+
+- ``POST /v1/load_lora_adapter`` ``{"lora_name", "lora_path"}`` and
+  ``POST /v1/unload_lora_adapter`` ``{"lora_name"}`` (vLLM mounts them with
+  ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, which the agent sets only on
+  engines behind their guard: under ``/v1`` they need the engine key too);
+- ``POST /sleep?level=1`` and ``POST /wake_up`` (vLLM mounts them with
+  ``VLLM_SERVER_DEV_MODE=1``, outside its API key's scope: only the guard,
+  agent.engineguard, keeps the network off them).
+
+An adapter's weights are fetched and verified as a model's are
+(agent.weights, the adapter's own catalog entry) and held in the cache while
+it is loaded. A load the engine refuses is reported with its reason
+(``ReplicaStatus.adapter_errors``) and not tried again on this engine for
+``RETRY_AFTER_S``, so the control plane loads it elsewhere instead of the
+agent hammering the engine with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol
+
+import aiohttp
+
+from llmgw import memory
+from llmgw.agent.engineprobe import EngineEndpoint
+from llmgw.agent.memguard import EngineMemory
+from llmgw.agent.replicalaunch import fetch_weights
+from llmgw.agent.runnerdeps import RunnerDeps
+from llmgw.agent.weights import Progress
+from llmgw.wire import ModelSpec, ReplicaAssignment, ReplicaStatus
+
+log = logging.getLogger("llmgw.agent.loras")
+
+LOAD_PATH = "/v1/load_lora_adapter"
+UNLOAD_PATH = "/v1/unload_lora_adapter"
+SLEEP_PATH = "/sleep?level=1"
+WAKE_PATH = "/wake_up"
+# A load can read an adapter of hundreds of MB; a wake copies the weights back.
+CALL_TIMEOUT_S = 120.0
+RETRY_AFTER_S = 60.0
+_ALREADY = "already been loaded"
+
+# Where an adapter's weights are on this node (None: it has none, the
+# simulator's), fetched and verified; and the cache hold to release.
+Fetch = Callable[[ModelSpec], Awaitable[tuple[str | None, str | None]]]
+Release = Callable[[str], None]
+
+
+class EngineControl:
+    """What one engine has loaded and whether it sleeps, as the agent last made it."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.loaded: dict[str, str | None] = {}  # adapter -> its cache hold
+        self.errors: dict[str, tuple[str, float]] = {}  # adapter -> (why, when)
+        self.sleeping = False
+        self.loads = 0
+        self.unloads = 0
+        # Set when its assignment changes (agent.replicaset): converge now.
+        self.poke = asyncio.Event()
+        self.weights_bytes: int | None = None  # the engine's, once launched
+
+    def report(self, status: ReplicaStatus) -> ReplicaStatus:
+        """``status`` with what this engine has loaded, refused, and whether it sleeps."""
+        status.adapters = sorted(self.loaded)
+        status.adapter_errors = self.reported_errors()
+        status.sleeping = self.sleeping
+        return status
+
+    def reported_errors(self) -> dict[str, str]:
+        return {name: why for name, (why, _) in self.errors.items()}
+
+    async def converge(
+        self, assignment: ReplicaAssignment, engine: EngineEndpoint, fetch: Fetch,
+        release: Release,
+    ) -> bool:
+        """One step towards the assignment; True when anything changed."""
+        if assignment.asleep and not self.sleeping:
+            # Adapters stay loaded through a sleep (vLLM keeps its LoRA manager).
+            return await self._call(engine, SLEEP_PATH, None, "sleep", asleep=True)
+        if not assignment.asleep and self.sleeping:
+            return await self._call(engine, WAKE_PATH, None, "wake", asleep=False)
+        if self.sleeping:
+            return False
+        changed = False
+        wanted = {spec.name: spec for spec in assignment.adapters}
+        now = time.monotonic()
+        for name, (_, at) in list(self.errors.items()):
+            if now - at > RETRY_AFTER_S:
+                del self.errors[name]
+        # Unloads first: their slots are what the loads need.
+        for name in [n for n in self.loaded if n not in wanted]:
+            status, text = await engine.post(UNLOAD_PATH, {"lora_name": name}, CALL_TIMEOUT_S)
+            if status == 200 or status == 404:  # 404: not loaded (an engine restarted)
+                hold = self.loaded.pop(name)
+                if hold is not None:
+                    release(hold)
+                self.unloads += status == 200
+                changed = True
+            else:
+                log.warning("replica %s: unload of %s: HTTP %d %s", self.replica_id, name,
+                            status, text)  # fmt: skip
+        for name, spec in wanted.items():
+            if name in self.loaded or name in self.errors:
+                continue
+            changed = await self._load(engine, spec, fetch, release) or changed
+        return changed
+
+    async def _load(
+        self, engine: EngineEndpoint, spec: ModelSpec, fetch: Fetch, release: Release
+    ) -> bool:
+        name = spec.name
+        try:
+            path, hold = await fetch(spec)
+        except Exception as exc:  # a download or a digest that did not match
+            self.errors[name] = (f"weights: {exc}", time.monotonic())
+            return True
+        status, text = await engine.post(
+            LOAD_PATH, {"lora_name": name, "lora_path": path or name}, CALL_TIMEOUT_S
+        )
+        if status == 200 or (status == 400 and _ALREADY in text):
+            self.loaded[name] = hold
+            self.loads += status == 200
+            log.info("replica %s: adapter %s loaded", self.replica_id, name)
+            return True
+        if hold is not None:
+            release(hold)
+        self.errors[name] = (f"load refused: HTTP {status}: {text.strip()[:300]}",
+                             time.monotonic())  # fmt: skip
+        log.warning("replica %s: adapter %s: %s", self.replica_id, name, self.errors[name][0])
+        return True
+
+    async def _call(
+        self, engine: EngineEndpoint, path: str, body: dict[str, str] | None, what: str,
+        *, asleep: bool,
+    ) -> bool:
+        try:
+            status, text = await engine.post(path, body, CALL_TIMEOUT_S)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("replica %s: %s: %s", self.replica_id, what, exc)
+            return False
+        if status != 200:
+            log.warning("replica %s: %s: HTTP %d %s", self.replica_id, what, status, text)
+            return False
+        self.sleeping = asleep
+        log.info("replica %s: engine %s", self.replica_id, "asleep" if asleep else "awake")
+        return True
+
+
+class ControlledRunner(Protocol):
+    """What of a replica's runner (agent.replicas) the control loop reads."""
+
+    assignment: ReplicaAssignment
+    control: EngineControl
+    deps: RunnerDeps
+    memory: EngineMemory | None
+
+    def _endpoint(self) -> EngineEndpoint: ...
+
+
+def sleeping_mib(spec: ModelSpec, weights_bytes: int | None) -> int:
+    """Host RAM the engine's weights take while it sleeps."""
+    if spec.sim is not None:
+        return spec.sim.weights_mib
+    return -(-(weights_bytes or 0) // memory.MIB)
+
+
+@contextlib.asynccontextmanager
+async def engine_control(runner: ControlledRunner, ready: bool) -> AsyncIterator[None]:
+    """Keep the engine's adapters and sleep converged while the body runs (its watch)."""
+    task = asyncio.create_task(_keep(runner)) if ready else None
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _keep(runner: ControlledRunner) -> None:
+    deps, control = runner.deps, runner.control
+
+    async def fetch(spec: ModelSpec) -> tuple[str | None, str | None]:
+        hold = deps.weights.hold(spec)
+        try:
+            path = await fetch_weights(deps, spec, Progress())
+        except BaseException:
+            if hold is not None:
+                deps.weights.release(hold)
+            raise
+        return path, hold
+
+    while True:
+        control.poke.clear()
+        wanted = runner.assignment
+        try:
+            changed = await control.converge(wanted, runner._endpoint(), fetch,
+                                             deps.weights.release)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("replica %s: engine control: %s", control.replica_id, exc)
+            changed = False
+        if changed:
+            if runner.memory is not None:
+                runner.memory.hold_asleep(
+                    sleeping_mib(wanted.model, control.weights_bytes) if control.sleeping else 0
+                )
+            deps.on_change()  # the control plane hears of it with the next report, now
+        if changed and not control.poke.is_set():
+            continue  # more to do (one change per step)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(deps.monitor_s):
+                await control.poke.wait()

@@ -1,0 +1,169 @@
+"""Which LoRA adapters each replica of a base model should have loaded.
+
+An adapter takes no devices: it lives in its base's engine, in one of that
+engine's adapter slots (vLLM's --max-loras). Loading one costs the engine a
+read of a few MB and a copy to the device (seconds at most), a small price
+next to a replica's cold start, so adapters are loaded where asked for and
+kept while used; when a replica's slots are full the least recently used
+adapter there makes room. The answer is a pure function of the fleet
+(``plan_adapters``), applied by the reconciler after each pass (the
+assignments carry the lists, agent.loras loads and unloads) and shown by
+the planner and the summary, so the three cannot disagree.
+
+Use is the adapter's ``demand_at``: a request that waited for it (the
+gateway's demand) or its usage reported by a gateway (services/gateways).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field
+
+from llmgw.control.adaptercheck import lora_slots
+from llmgw.control.scheduler.demand import asked_for
+from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
+from llmgw.wire import ReplicaState
+
+
+class AdapterPlacement(BaseModel):
+    """One base model's adapters, as the plan and the summary show them."""
+
+    base: str
+    adapters: int  # in the catalog
+    slots_per_replica: int
+    # Replica id -> the adapters it should have loaded (least recently used first).
+    loaded: dict[str, list[str]] = Field(default_factory=dict)
+    # Adapter -> why it is asked for and loaded nowhere.
+    not_loaded: dict[str, str] = Field(default_factory=dict)
+
+
+@dataclass
+class AdapterPlan:
+    # Replica id -> its new list, for replicas whose list changes.
+    changes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    bases: dict[str, AdapterPlacement] = field(default_factory=dict)
+
+
+def plan_adapters(state: FleetState, now: float) -> AdapterPlan:
+    plan = AdapterPlan()
+    by_base: dict[str, list[ModelRecord]] = {}
+    for record in state.models.values():
+        if record.spec.base is not None:
+            by_base.setdefault(record.spec.base, []).append(record)
+    for base_name in sorted(by_base):
+        base = state.models.get(base_name)
+        if base is None:
+            continue
+        _plan_base(state, base, sorted(by_base[base_name], key=lambda m: m.name), now, plan)
+    return plan
+
+
+def _serving(state: FleetState, replica: ReplicaRecord, now: float) -> bool:
+    """A replica adapters can be loaded on: ready, not stopping, reachable (asleep is fine:
+    the adapter is loaded as it wakes)."""
+    return (
+        replica.state is ReplicaState.READY
+        and not replica.draining
+        and state.reachable(replica, now)
+    )
+
+
+def _plan_base(
+    state: FleetState, base: ModelRecord, adapters: list[ModelRecord], now: float,
+    plan: AdapterPlan,
+) -> None:
+    slots_info = lora_slots(base.spec)
+    slots = slots_info.max_loras if slots_info is not None else 0
+    placement = plan.bases[base.name] = AdapterPlacement(
+        base=base.name, adapters=len(adapters), slots_per_replica=slots
+    )
+    known = {a.name: a for a in adapters}
+    replicas = sorted(
+        (r for r in state.replicas_of(base.name) if _serving(state, r, now)), key=lambda r: r.id
+    )
+    wanted = {a.name: _wanted_count(a, now) for a in adapters}
+
+    def recency(name: str) -> float:
+        record = known.get(name)
+        return (record.demand_at or 0.0) if record is not None else 0.0
+
+    lists: dict[str, list[str]] = {}
+    for replica in replicas:
+        current = replica.adapters if replica.adapters is not None else ()
+        # Deleted, no longer wanted anywhere, or refused by this engine: unloaded.
+        kept = [
+            name for name in current
+            if name in known and wanted[name] > 0 and name not in replica.adapter_errors
+        ]
+        lists[replica.id] = kept
+    count = {name: sum(name in kept for kept in lists.values()) for name in known}
+    # Most recently asked for first: a burst for a new adapter takes the
+    # slot of one nobody asked for in a while, never the other way round.
+    for adapter in sorted(adapters, key=lambda a: (-(a.demand_at or 0.0), a.name)):
+        name = adapter.name
+        while count[name] < min(wanted[name], len(replicas)):
+            target = _soonest(replicas, lists, name, slots, recency)
+            if target is None:
+                break
+            chosen = lists[target.id]
+            if len(chosen) >= slots:
+                victim = min(chosen, key=recency)
+                chosen.remove(victim)
+                count[victim] -= 1
+            chosen.append(name)
+            count[name] += 1
+        if wanted[name] > 0 and count[name] == 0:
+            placement.not_loaded[name] = _why_not(base, adapter, replicas, slots)
+    for replica in replicas:
+        ordered = tuple(sorted(lists[replica.id], key=lambda n: (recency(n), n)))
+        placement.loaded[replica.id] = list(ordered)
+        if replica.adapters is None or set(ordered) != set(replica.adapters):
+            plan.changes[replica.id] = ordered
+
+
+def _wanted_count(adapter: ModelRecord, now: float) -> int:
+    """On how many base replicas it should be loaded: clamp(min, demand, max)."""
+    spec = adapter.spec
+    demand = 1 if asked_for(adapter, now) else 0
+    return max(spec.min_replicas, min(demand + max(0, adapter.load_demand), spec.max_replicas))
+
+
+def _soonest(
+    replicas: list[ReplicaRecord], lists: dict[str, list[str]], name: str, slots: int,
+    recency: Callable[[str], float],
+) -> ReplicaRecord | None:
+    """The replica that can serve ``name`` soonest: awake before asleep, a free slot
+    before an unload, then the least busy; one whose engine refused it never."""
+    best: tuple[tuple[float, ...], ReplicaRecord] | None = None
+    for replica in replicas:
+        chosen = lists[replica.id]
+        if name in chosen or name in replica.adapter_errors or slots < 1:
+            continue
+        full = len(chosen) >= slots
+        # The slot to be freed is the least recently used one here, and only
+        # one used less recently than this adapter: otherwise two adapters
+        # would take each other's slot pass after pass.
+        victim_use = min((recency(n) for n in chosen), default=0.0) if full else 0.0
+        if full and victim_use >= recency(name):
+            continue
+        key = (float(not replica.awake), float(full), victim_use, float(replica.in_flight))
+        if best is None or key < best[0]:
+            best = (key, replica)
+    return best[1] if best is not None else None
+
+
+def _why_not(
+    base: ModelRecord, adapter: ModelRecord, replicas: list[ReplicaRecord], slots: int
+) -> str:
+    if slots < 1:
+        return f"its base {base.name!r} serves no adapters"
+    if not replicas:
+        return f"no ready replica of its base {base.name!r}"
+    errors = [r.adapter_errors[adapter.name] for r in replicas if adapter.name in r.adapter_errors]
+    if errors:
+        return (f"refused by {len(errors)} of {len(replicas)} replica(s) of {base.name!r}:"
+                f" {errors[0]}")
+    return (f"every adapter slot of {base.name!r} holds an adapter used more recently"
+            f" ({len(replicas)} replica(s), {slots} slot(s) each)")

@@ -1,0 +1,109 @@
+"""control.adapters and control.sleep as pure functions of a fleet built by hand."""
+
+from __future__ import annotations
+
+from llmgw.control.adapters import plan_adapters
+from llmgw.control.sleep import plan_sleep
+from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
+from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, ShardAssignment
+
+NOW = 1_000_000.0
+
+
+def fleet(slots: int = 2, replicas: int = 1, adapters: int = 3,
+          memory_total_mib: int | None = None) -> FleetState:  # fmt: skip
+    state = FleetState()
+    state.nodes["n1"] = NodeRecord(
+        name="n1", registered_at=0, last_seen=NOW,
+        inventory=NodeInventory(hostname="n1", memory_total_mib=memory_total_mib),
+    )
+    base = ModelSpec(name="base", engine="sim", sim={"max_loras": slots})
+    state.models["base"] = ModelRecord(spec=base, created_at=0, updated_at=0)
+    for i in range(adapters):
+        name = f"ad-{i}"
+        spec = ModelSpec(name=name, engine="sim", base="base", min_replicas=0)
+        state.models[name] = ModelRecord(spec=spec, created_at=0, updated_at=0)
+    for i in range(replicas):
+        state.replicas[f"r{i}"] = ReplicaRecord(
+            id=f"r{i}", model="base", created_at=0, state=ReplicaState.READY, ready_at=1,
+            shards=[ShardAssignment(node="n1", device_numbers=[i])],
+        )
+    return state
+
+
+def asked(state: FleetState, name: str, at: float) -> None:
+    state.models[name].demand_at = at
+
+
+def settle(state: FleetState, now: float = NOW) -> dict[str, tuple[str, ...]]:
+    """One pass's lists applied, and the engines reporting them loaded."""
+    for rid, names in plan_adapters(state, now).changes.items():
+        state.replicas[rid].adapters = names
+        state.replicas[rid].loaded_adapters = frozenset(names)
+    return {rid: r.adapters or () for rid, r in state.replicas.items()}
+
+
+def test_asked_adapters_load_and_the_least_recently_used_makes_room() -> None:
+    state = fleet(slots=2)
+    assert settle(state) == {"r0": ()}  # nobody asked: nothing loaded
+    asked(state, "ad-0", NOW - 30)
+    asked(state, "ad-1", NOW - 20)
+    assert settle(state) == {"r0": ("ad-0", "ad-1")}
+    asked(state, "ad-0", NOW - 10)  # used again: now ad-1 is the older
+    asked(state, "ad-2", NOW - 5)
+    assert settle(state) == {"r0": ("ad-0", "ad-2")}
+
+
+def test_a_second_replica_with_free_slots_is_preferred_to_an_unload() -> None:
+    state = fleet(slots=1, replicas=2)
+    asked(state, "ad-0", NOW - 3)
+    asked(state, "ad-1", NOW - 2)
+    lists = settle(state)
+    assert sorted(lists.values()) == [("ad-0",), ("ad-1",)]
+
+
+def test_idle_adapters_are_unloaded_and_unplaceable_ones_say_why() -> None:
+    state = fleet(slots=1)
+    asked(state, "ad-0", NOW - 10_000)  # past its idle timeout (900 s)
+    state.replicas["r0"].adapters = ("ad-0",)
+    assert settle(state) == {"r0": ()}
+    state.replicas["r0"].adapter_errors = {"ad-1": "load refused: HTTP 400: rank"}
+    asked(state, "ad-1", NOW)
+    plan = plan_adapters(state, NOW)
+    assert plan.bases["base"].not_loaded == {
+        "ad-1": "refused by 1 of 1 replica(s) of 'base': load refused: HTTP 400: rank"
+    }
+    state.replicas["r0"].state = ReplicaState.DRAINING
+    assert plan_adapters(state, NOW).bases["base"].not_loaded["ad-1"] == (
+        "no ready replica of its base 'base'"
+    )
+
+
+def sleepy_fleet(memory_total_mib: int | None, weights_mib: int) -> FleetState:
+    state = fleet(adapters=0, memory_total_mib=memory_total_mib)
+    spec = ModelSpec(name="s", engine="sim", min_replicas=0, idle_timeout_s=60,
+                     sim={"sleep_s": 0.1, "weights_mib": weights_mib})  # fmt: skip
+    state.models["s"] = ModelRecord(spec=spec, created_at=0, updated_at=0, demand_at=NOW - 100)
+    state.replicas["s1"] = ReplicaRecord(
+        id="s1", model="s", created_at=0, state=ReplicaState.READY, ready_at=NOW - 100,
+        last_request_at=NOW - 100, shards=[ShardAssignment(node="n1", device_numbers=[5])],
+    )
+    return state
+
+
+def test_an_idle_replica_sleeps_where_the_nodes_ram_holds_its_weights() -> None:
+    state = sleepy_fleet(memory_total_mib=64 * 1024, weights_mib=16 * 1024)
+    plan = plan_sleep(state, NOW)
+    assert [r.id for r in plan.sleep] == ["s1"] and not plan.no_room
+    tight = sleepy_fleet(memory_total_mib=16 * 1024, weights_mib=16 * 1024)
+    plan = plan_sleep(tight, NOW)
+    assert plan.sleep == [] and "do not fit in node n1's free RAM" in plan.no_room["s1"]
+
+
+def test_a_sleeping_replica_is_woken_by_a_request_after_it_fell_asleep() -> None:
+    state = sleepy_fleet(memory_total_mib=64 * 1024, weights_mib=1024)
+    replica = state.replicas["s1"]
+    replica.asleep, replica.asleep_since = True, NOW - 50
+    assert plan_sleep(state, NOW).wake == []
+    state.models["s"].demand_at = NOW - 1
+    assert [r.id for r in plan_sleep(state, NOW).wake] == ["s1"]
