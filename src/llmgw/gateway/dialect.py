@@ -24,8 +24,8 @@ A request the engine would answer wrongly or fail on is refused with 400
 naming the field (:func:`refusal`): ``n`` > 1 where the engine returns one
 choice, logprobs where it returns none.
 
-An endpoint whose agent reported no dialect is served unmended, as before
-dialects existed (:data:`LEGACY`).
+An endpoint whose agent reported no dialect (an older agent) is served
+unmended (:data:`LEGACY`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Mending:
     logprobs: bool = True
     choices: bool = True
     # No dialect was reported (an older agent): nothing is mended, and a
-    # stream without usage is metered by its number of events, as before.
+    # stream without usage is metered by its number of events.
     legacy: bool = False
 
 

@@ -33,11 +33,11 @@ def _closing_brace(data: bytes, start: int) -> int:
     """Index of the ``}`` closing the object at ``start`` (objects without braces in strings).
 
     One pass over the braces, within :data:`_MAX_USAGE_BYTES` of the start:
-    counting them afresh at each ``}`` (as this once did) was quadratic, and
-    an upstream's answer with a deeply nested usage object held the
-    gateway's loop for minutes; even one pass over a megabyte of braces took
-    seconds (both found by bench/fuzz.py). A usage object is a few hundred
-    bytes; one that does not close within the limit is not one.
+    counting them afresh at each ``}`` is quadratic (a deeply nested usage
+    object in an upstream's answer would hold the gateway's loop for
+    minutes), and even one pass over a megabyte of braces takes seconds
+    (both found by bench/fuzz.py). A usage object is a few hundred bytes;
+    one that does not close within the limit is not one.
     """
     end = data.find(b"}", start)
     if end < 0 or data.count(b"{", start, end) == 1:

@@ -62,7 +62,7 @@ class Ending:
         usage = relay.usage
         if usage is None and self._estimate and relay.events:
             # An engine of an agent that declares no dialect may send no
-            # usage: one event is about one token (the old estimate).
+            # usage: one event is about one token, less the role's.
             usage = Usage(completion=max(0, relay.events - 1))
         account(call, usage, failed)
 
