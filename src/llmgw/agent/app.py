@@ -459,6 +459,7 @@ class Agent:
     def converge(self, answer: AgentReportAnswer) -> None:
         """Run what the answer asks of this node (agent.replicaset)."""
         inventory = self.inventory or NodeInventory(hostname="unknown")
+        self.replicas.prefetch.want(answer.prefetch, self._require_deps())
         if self.replicas.converge(answer.assignments, node=self.config.name,
                                   inventory=inventory, deps=self._require_deps()):
             self._changed.set()

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from llmgw.agent.assignments import check_assignments
 from llmgw.agent.engines.base import EngineAdapter
+from llmgw.agent.prefetch import Prefetcher
 from llmgw.agent.replicas import ReplicaRunner
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.state import EngineRecord
@@ -31,6 +32,8 @@ class ReplicaSet:
         self._stopping: set[asyncio.Task[None]] = set()
         self._stop_tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping_devices: dict[str, set[int]] = {}
+        # Adapters' weights ahead of need (the answer's prefetch list).
+        self.prefetch = Prefetcher()
 
     def converge(
         self,
@@ -101,6 +104,7 @@ class ReplicaSet:
 
     async def close(self, stop_engines: bool) -> None:
         """Stop every engine, or leave them running for the next agent to adopt."""
+        await self.prefetch.close()
         runners, self.runners = list(self.runners.values()), {}
         if stop_engines:
             await asyncio.gather(*(r.stop() for r in runners), return_exceptions=True)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from llmgw.control.adaptercheck import lora_slots
 from llmgw.control.scheduler.demand import asked_for
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
-from llmgw.wire import ReplicaState
+from llmgw.wire import ModelSpec, ReplicaState
 
 
 class AdapterPlacement(BaseModel):
@@ -167,3 +167,44 @@ def _why_not(
                 f" {errors[0]}")
     return (f"every adapter slot of {base.name!r} holds an adapter used more recently"
             f" ({len(replicas)} replica(s), {slots} slot(s) each)")
+
+
+# Adapters a node is told to hold ahead of need, per report: the most
+# recently used first. A few tens of MB each, so dozens cost little disk;
+# capped so that a base with thousands of adapters does not fill a node's cache.
+PREFETCH_MAX = 32
+
+
+class AdapterIndex:
+    """Each base's adapters with weights to fetch, rebuilt when the catalog changes.
+
+    Every report's answer asks it (``prefetch_for``), so it must not walk the
+    whole catalog each time: the routing version moves with every catalog
+    change, and the index is rebuilt only then.
+    """
+
+    def __init__(self) -> None:
+        self._version = -1
+        self._by_base: dict[str, list[ModelRecord]] = {}
+
+    def of(self, state: FleetState) -> dict[str, list[ModelRecord]]:
+        if state.routing_version != self._version:
+            self._version = state.routing_version
+            self._by_base = {}
+            for record in state.models.values():
+                spec = record.spec
+                if spec.base is not None and spec.weights.kind not in ("none", "local"):
+                    self._by_base.setdefault(spec.base, []).append(record)
+        return self._by_base
+
+
+def prefetch_for(state: FleetState, node: str, index: AdapterIndex) -> list[ModelSpec]:
+    """The adapters whose weights ``node`` should hold before any is asked for: those of
+    the bases it runs a replica of, most recently used first."""
+    by_base = index.of(state)
+    if not by_base:
+        return []
+    bases = {r.model for r in state.replicas.on_node(node) if r.state is not ReplicaState.FAILED}
+    found = [a for base in sorted(bases) for a in by_base.get(base, ())]
+    found.sort(key=lambda a: (-(a.demand_at or 0.0), a.name))
+    return [a.spec for a in found[:PREFETCH_MAX]]

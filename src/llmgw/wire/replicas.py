@@ -212,6 +212,10 @@ class AgentReportAnswer(Wire):
     certificate: str | None = None
     certificate_ca: str | None = None
     certificate_refused: str | None = None
+    # LoRA adapters of the base models this node runs, whose weights it
+    # should fetch before any is asked for (agent.prefetch): a load then
+    # costs the engine's read, not a download.
+    prefetch: list[ModelSpec] = Field(default_factory=list)
 
 
 # The control plane POSTs here on an agent's own server (llmgw.agent.server)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 
+from llmgw.control.adapters import AdapterIndex, prefetch_for
 from llmgw.control.nodecerts import Issued
 from llmgw.control.reports import (
     AssignmentJson,
@@ -43,6 +44,7 @@ class Agents:
         # The last refusal of a certificate per node, so each is an event once.
         self._certificate_refused: dict[str, str] = {}
         self._assignment_json = AssignmentJson()
+        self._adapters = AdapterIndex()
 
     async def report(
         self,
@@ -139,6 +141,7 @@ class Agents:
                 certs.issuer.ca_pem.decode("ascii") if issued.certificate and certs.issuer else None
             ),
             certificate_refused=issued.refused,
+            prefetch=prefetch_for(state, node.name, self._adapters),
         )
 
     async def _certificate(self, node: NodeRecord, report: AgentReport) -> Issued:
