@@ -77,11 +77,10 @@ class SleepPlan:
 def plan_sleep(state: FleetState, now: float) -> SleepPlan:
     plan = SleepPlan()
     charged: dict[str, int] = {}
-    for name in sorted(state.models):
-        record = state.models[name]
-        spec = record.spec
-        if not spec.on_demand or not can_sleep(spec):
-            continue
+    # Every pass, over every model: the cheap test first, the sort only of those that can sleep.
+    sleepers = [r for r in state.models.values() if r.spec.on_demand and can_sleep(r.spec)]
+    for record in sorted(sleepers, key=lambda r: r.name):
+        name, spec = record.name, record.spec
         wanted = asked_for(record, now)
         for replica in sorted(state.replicas_of(name), key=lambda r: r.id):
             if replica.state is not ReplicaState.READY or replica.draining:
