@@ -296,3 +296,21 @@ def test_in_its_own_cgroup_any_oom_kill_is_the_engines(tmp_path: Path) -> None:
         "killed by the kernel's OOM killer at its memory limit (cgroup v1): engine used 0.19 GB"
         " of its 0.12 GB budget."
     )
+
+
+def test_a_sleeping_engines_weights_count_in_its_budget_and_cgroup_limit(tmp_path: Path) -> None:
+    # vLLM's sleep copies the weights to host RAM: the budget grows by them while it
+    # sleeps (no kill for doing what it was told), and shrinks back when it wakes.
+    from llmgw.agent.memguard import CgroupParent
+
+    watch = CgroupParent(tmp_path, 2).attach("llmgw-x-r1", 4242, 100 * memory.MIB)
+    held = EngineMemory(None, 100, memory.advice(budgeted("m", []), 100))
+    held.watch = watch
+    cgroup = tmp_path / "llmgw-x-r1"
+    (cgroup / "memory.stat").write_text(f"anon {300 * memory.MIB}\nfile_mapped 0\n")
+    assert held.overrun() is not None  # awake, 300 MiB is over its 100
+    held.hold_asleep(256)
+    assert held.overrun() is None and watch.budget_bytes == 356 * memory.MIB
+    assert (cgroup / "memory.max").read_text() == str(420 * memory.MIB)  # + the 64 MiB margin
+    held.hold_asleep(0)  # awake again
+    assert held.overrun() is not None and watch.budget_bytes == 100 * memory.MIB

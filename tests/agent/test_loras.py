@@ -1,0 +1,73 @@
+"""agent.loras against a simulated engine on loopback: loads, refusals, unloads, sleep."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from llmgw.agent.engineprobe import EngineEndpoint
+from llmgw.agent.loras import EngineControl
+from llmgw.sim.engine import SimEngine
+from llmgw.wire import ModelSpec, ReplicaAssignment, ShardAssignment, SimParams
+
+BASE = ModelSpec(name="base", engine="sim", sim={"max_loras": 2, "max_lora_rank": 8,
+                                                 "lora_load_s": 0, "sleep_s": 0})  # fmt: skip
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[SimEngine]:
+    sim = SimEngine("base", SimParams(startup_s=0, max_loras=2, max_lora_rank=8, lora_load_s=0,
+                                      sleep_s=0, wake_s=0), api_key="k" * 32)  # fmt: skip
+    await sim.start("127.0.0.1", 0)
+    assert await sim.wait_ready()
+    yield sim
+    await sim.stop()
+
+
+def assignment(*adapters: ModelSpec, asleep: bool = False) -> ReplicaAssignment:
+    return ReplicaAssignment(replica_id="r1", model=BASE, shard=ShardAssignment(node="n"),
+                             adapters=list(adapters), asleep=asleep)  # fmt: skip
+
+
+def adapter(name: str) -> ModelSpec:
+    return ModelSpec(name=name, engine="sim", base="base")
+
+
+async def test_loads_unloads_refusals_and_sleep_through_the_engines_routes(
+    engine: SimEngine, tmp_path: Path
+) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    paths = {"too-big": str(big)}
+    released: list[str] = []
+
+    async def fetch(spec: ModelSpec) -> tuple[str | None, str | None]:
+        return paths.get(spec.name, f"/x/{spec.name}"), f"hold-{spec.name}"
+
+    control = EngineControl("r1")
+    async with aiohttp.ClientSession() as session:
+        endpoint = EngineEndpoint(session, "127.0.0.1", engine.port, key="k" * 32)
+
+        async def converge(wanted: ReplicaAssignment) -> None:
+            while await control.converge(wanted, endpoint, fetch, released.append):
+                pass
+
+        await converge(assignment(adapter("a"), adapter("b")))
+        assert set(control.loaded) == {"a", "b"} == set(engine.lora.loaded)
+        # b out, too-big in: the engine refuses its rank; the refusal is reported, not retried.
+        await converge(assignment(adapter("a"), adapter("too-big")))
+        assert set(engine.lora.loaded) == {"a"}
+        assert released == ["hold-b", "hold-too-big"]  # unloaded, and refused: not held
+        assert "max_lora_rank 8" in control.reported_errors()["too-big"]
+        assert not await control.converge(assignment(adapter("a"), adapter("too-big")),
+                                          endpoint, fetch, released.append)  # fmt: skip
+        await converge(assignment(adapter("a"), asleep=True))
+        assert control.sleeping and engine.lora.sleeping
+        await converge(assignment(adapter("a")))
+        assert not control.sleeping and not engine.lora.sleeping
+        assert set(engine.lora.loaded) == {"a"}  # adapters stay loaded through a sleep
