@@ -347,3 +347,16 @@ def test_models_lists_adapters_under_their_base_and_delete_keeps_a_base_with_ada
     assert "base of adapter(s) a-sql: delete them first" in refused
     ok(run(served, "models", "delete", "a-sql"))
     ok(run(served, "models", "delete", "zbase"))
+
+
+def test_plan_says_per_base_which_adapters_are_loaded_where_and_which_are_not() -> None:
+    adapters = [{"base": "llama", "adapters": 3, "slots_per_replica": 2,
+                 "loaded": {"r0001": ["a-sql", "a-chat"], "r0002": []},
+                 "not_loaded": {"a-law": "every adapter slot of 'llama' holds an adapter used"
+                                         " more recently (1 replica(s), 2 slot(s) each)"}}]
+    console = Console(width=200, record=True)
+    console.print(plan_view({"models": [], "devices": [], "adapters": adapters}))
+    out = console.export_text()
+    assert "Adapters of llama: 2 loaded of 3 on 1 replica(s), 2 slot(s) each" in out
+    assert "r0001: a-sql, a-chat" in out and "r0002" not in out
+    assert "not loaded: a-law: every adapter slot of 'llama' holds" in out

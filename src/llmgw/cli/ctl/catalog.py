@@ -39,11 +39,27 @@ def plan_view(plan: dict[str, Any]) -> Group:
         lines.extend(Text(f"  {line}") for line in avoided)
         lines.append(Text(""))
     lines.extend([devices, Text("")])
+    lines.extend(_adapter_lines(plan.get("adapters", [])))
     lines.append(Text(f"{plan.get('placements', 0)} placement(s), "
                       f"{plan.get('removals', 0)} removal(s)"))
     if plan.get("unplaceable"):
         lines.append(Text("unplaceable: " + ", ".join(plan["unplaceable"]), style="bold red"))
     return Group(*lines)
+
+
+def _adapter_lines(bases: list[dict[str, Any]]) -> list[Text]:
+    """Per base model: its adapters loaded where, and those asked for and loaded nowhere."""
+    lines: list[Text] = []
+    for base in bases:
+        loaded = {rid: names for rid, names in base["loaded"].items() if names}
+        count = sum(len(names) for names in loaded.values())
+        lines.append(Text(f"Adapters of {base['base']}: {count} loaded of {base['adapters']}"
+                          f" on {len(loaded)} replica(s), {base['slots_per_replica']} slot(s)"
+                          " each", style="bold"))  # fmt: skip
+        lines.extend(Text(f"  {rid}: {', '.join(names)}") for rid, names in loaded.items())
+        lines.extend(Text(f"  not loaded: {name}: {why}", style="red")
+                     for name, why in base["not_loaded"].items())  # fmt: skip
+    return [*lines, Text("")] if lines else []
 
 
 @guarded
