@@ -10,10 +10,12 @@ The same traffic twice, on the same devices:
   loaded), loads and unloads serialised per engine and costing
   ``--lora-load-s`` / ``--lora-unload-s``;
 * whole models: each adapter merged into a whole on-demand model, on the
-  same GPUs, one replica per GPU, a cold start (``--cold-start-s``) for each
-  start and the least recently used serving replica stopped to make room
-  (the scheduler's eviction rule, DESIGN.md §4); a request waits at most the
-  gateway's hold (``--hold-s``, 180 s) and is refused after it (counted
+  same GPUs, one replica per GPU, placed and evicted by llmgw's own
+  scheduler (``Scheduler.decide`` on a FleetState, passes every second and
+  on each demand, as the reconciler runs them: an idle replica is evicted
+  for another model only after ``evict_min_idle_s``, longest idle first), a
+  cold start (``--cold-start-s``) for each start; a request waits at most
+  the gateway's hold (``--hold-s``, 180 s) and is refused after it (counted
   with the hold as its TTFT).
 
 A few whole always-on models (``--whole``) take their own GPUs and a share of
@@ -53,8 +55,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.control.adapters import plan_adapters
+from llmgw.control.scheduler.decide import Scheduler
+from llmgw.control.scheduler.decisions import Policy
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
-from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, ShardAssignment
+from llmgw.wire import Device, ModelSpec, NodeInventory, ReplicaState, ShardAssignment, device_label
 
 BANDS = (("hot", 1, 10), ("warm", 11, 30), ("cold", 31, 10**9))
 # The reconcile pass and the agent's nudge between a demand and the engine
@@ -62,6 +66,9 @@ BANDS = (("hot", 1, 10), ("warm", 11, 30), ("cold", 31, 10**9))
 CONTROL_S = 0.05
 # Prefill of a ~500-token prompt and the first decode step on an H100.
 FIRST_TOKEN_S = 0.04
+# The reconciler's pass interval when nothing wakes it.
+PASS_S = 1.0
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 @dataclass
@@ -188,56 +195,128 @@ def run_adapters(args: argparse.Namespace, requests: Sequence[Request]) -> Resul
 # -- every adapter a whole on-demand model ---------------------------------------------------
 
 
-def run_whole(args: argparse.Namespace, requests: Sequence[Request]) -> Result:
-    """One replica per GPU, a cold start per start; for room, the least recently used
-    replica that is serving (not one starting: someone waits on it) is stopped.
+def whole_fleet(args: argparse.Namespace) -> FleetState:
+    """One node with the base's GPUs; every adapter a whole on-demand model of one GPU."""
+    state = FleetState()
+    devices = [
+        Device(number=i, label=device_label(i), uuid=f"GPU-bench-{i}", name=H100,
+               gpu_class="h100-80g", memory_total_mib=81920)
+        for i in range(args.base_replicas)
+    ]  # fmt: skip
+    state.nodes["gpu-node-00"] = NodeRecord(
+        name="gpu-node-00", registered_at=0, last_seen=0.0,
+        inventory=NodeInventory(hostname="gpu-node-00", devices=devices),
+    )
+    for rank in range(1, args.adapters + 1):
+        spec = ModelSpec(name=f"ad-{rank:03d}", engine="vllm", gpu_classes=["h100-80g"],
+                         min_replicas=0, max_replicas=1, idle_timeout_s=args.idle_timeout_s,
+                         start_timeout_s=args.cold_start_s * 10)  # fmt: skip
+        state.models[spec.name] = ModelRecord(spec=spec, created_at=0, updated_at=0)
+    return state
 
-    A request waits at most the gateway's hold (``--hold-s``, its queue_wait_s)
-    and is then refused (503); it is counted with that hold as its TTFT, and
-    it starts nothing when no GPU could start its model within the hold.
-    """
-    result = Result(minutes=args.minutes)
-    gpus: list[tuple[str | None, float]] = [(None, 0.0)] * args.base_replicas  # model, ready at
-    last_use: dict[str, float] = {}
-    for request in requests:
+
+class WholeRun:
+    """The same traffic on whole on-demand models, placed by llmgw's own scheduler
+    (``Scheduler.decide``: demand, placement, eviction of replicas idle past
+    ``evict_min_idle_s``, longest idle first) in virtual time, applied as the
+    reconciler applies a pass; a replica is ready ``--cold-start-s`` after it
+    was placed. A request waits at most the gateway's hold (``--hold-s``) and is
+    refused after it (counted with the hold as its TTFT)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.state = whole_fleet(args)
+        self.scheduler = Scheduler(Policy())
+        self.draining_since: dict[str, float] = {}
+        self.pending: dict[str, list[Request]] = {}
+        self.result = Result(minutes=args.minutes)
+        self.last_pass = -1.0
+
+    def run(self, requests: Sequence[Request]) -> Result:
+        tick = 0.0
+        for request in requests:
+            while tick + PASS_S <= request.at:  # the reconciler's interval
+                tick += PASS_S
+                self.reconcile(tick)
+            self.arrive(request)
+        end = self.args.minutes * 60 + self.args.hold_s
+        while tick < end and any(self.pending.values()):
+            tick += PASS_S
+            self.reconcile(tick)
+        for waiting in self.pending.values():  # never served within the hold
+            for request in waiting:
+                self.refuse(request)
+        return self.result
+
+    def arrive(self, request: Request) -> None:
         now = request.at
         if request.rank == 0:
-            result.add("whole", FIRST_TOKEN_S, False)
-            continue
-        name = request.model
-        held = next((i for i, (m, _) in enumerate(gpus) if m == name), None)
-        if held is None:
-            # The GPU free soonest: empty, or serving and least recently used,
-            # else the one whose start ends first (it serves its own waiters first).
-            index = min(range(len(gpus)), key=lambda i: _free_at(gpus[i], now, last_use))
-            begin = _free_at(gpus[index], now, last_use)[0] + CONTROL_S
-            if begin + args.cold_start_s - now > args.hold_s:
-                result.add(band_of(request.rank), args.hold_s, True)
-                result.refused += 1
-                continue
-            if gpus[index][0] is not None:
-                result.unloads += 1
-            gpus[index] = (name, begin + args.cold_start_s)
-            result.loads += 1
-            held = index
-        last_use[name] = now
-        wait = max(0.0, gpus[held][1] - now)
-        if wait > args.hold_s:
-            result.add(band_of(request.rank), args.hold_s, True)
-            result.refused += 1
-            continue
-        result.add(band_of(request.rank), wait + FIRST_TOKEN_S, wait > 0)
-    return result
+            self.result.add("whole", FIRST_TOKEN_S, False)
+            return
+        replicas = self.state.replicas_of(request.model)
+        ready = [r for r in replicas if r.state is ReplicaState.READY]
+        if ready:
+            ready[0].last_request_at = now
+            self.result.add(band_of(request.rank), FIRST_TOKEN_S, False)
+            return
+        self.pending.setdefault(request.model, []).append(request)
+        self.state.models[request.model].demand_at = now
+        # A demand wakes the reconciler at once (coalesced, as its wake-ups are).
+        if now - self.last_pass >= CONTROL_S:
+            self.reconcile(now)
+
+    def reconcile(self, now: float) -> None:
+        self.last_pass = now
+        state, args = self.state, self.args
+        for node in state.nodes.values():
+            node.last_seen = now
+        for replica in list(state.replicas.values()):
+            started = replica.created_at + args.cold_start_s
+            if replica.state is ReplicaState.STARTING and started <= now:
+                replica.move_to(ReplicaState.READY)
+                replica.ready_at = started
+        self.serve_pending(now)
+        decisions = self.scheduler.decide(state, now, self.draining_since)
+        for removal in decisions.removals:
+            state.replicas.pop(removal.replica.id, None)
+            self.draining_since.pop(removal.replica.id, None)
+            self.result.unloads += removal.kind in ("evicted", "unloaded")
+        for replica in decisions.mark_draining:
+            live = state.replicas.get(replica.id)
+            if live is not None and live.can_move_to(ReplicaState.DRAINING):
+                live.move_to(ReplicaState.DRAINING)
+        for replica in decisions.new:
+            state.replicas[replica.id] = replica
+            self.result.loads += 1
+        for rid, since in decisions.draining_since.items():
+            self.draining_since.setdefault(rid, since)
+
+    def serve_pending(self, now: float) -> None:
+        for name, waiting in self.pending.items():
+            ready = [r for r in self.state.replicas_of(name) if r.state is ReplicaState.READY]
+            kept = []
+            for request in waiting:
+                if ready:
+                    at = max(request.at, ready[0].ready_at or now)
+                    ready[0].last_request_at = max(ready[0].last_request_at or 0.0, at)
+                    if at - request.at > self.args.hold_s:
+                        self.refuse(request)
+                    else:
+                        self.result.add(band_of(request.rank), at - request.at + FIRST_TOKEN_S,
+                                        True)  # fmt: skip
+                elif now - request.at > self.args.hold_s:
+                    self.refuse(request)
+                else:
+                    kept.append(request)
+            waiting[:] = kept
+
+    def refuse(self, request: Request) -> None:
+        self.result.add(band_of(request.rank), self.args.hold_s, True)
+        self.result.refused += 1
 
 
-def _free_at(
-    slot: tuple[str | None, float], now: float, last_use: dict[str, float]
-) -> tuple[float, float]:
-    """When a GPU can take a new start, and (ties) how recently its model was used."""
-    model, ready = slot
-    if model is None:
-        return (now, 0.0)
-    return (max(now, ready), last_use.get(model, 0.0))
+def run_whole(args: argparse.Namespace, requests: Sequence[Request]) -> Result:
+    return WholeRun(args).run(requests)
 
 
 # -- report ---------------------------------------------------------------------------------

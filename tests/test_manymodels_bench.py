@@ -19,7 +19,7 @@ def last_line(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
 
 def test_adapters_beat_whole_models_on_the_same_gpus(capsys: pytest.CaptureFixture[str]) -> None:
     bench = load("manymodels")
-    assert bench.main(["--quick"]) == 0
+    assert bench.main(["--minutes", "2"]) == 0
     result = last_line(capsys)
     assert set(result) >= KEYS and result["adapters"] == 100
     assert float(result["ttft_p90_s_cold"]) * 5 <= float(result["whole_models_ttft_p90_s"])
@@ -29,6 +29,6 @@ def test_one_slot_per_engine_thrashes_and_fails_the_verdict(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     bench = load("manymodels")
-    assert bench.main(["--quick", "--max-loras", "1"]) == 1
+    assert bench.main(["--minutes", "2", "--max-loras", "1"]) == 1
     result = last_line(capsys)
     assert result["verdict"] == {"ok": False, "rule": result["verdict"]["rule"]}  # type: ignore[index]
