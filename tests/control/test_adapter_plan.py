@@ -107,3 +107,26 @@ def test_a_sleeping_replica_is_woken_by_a_request_after_it_fell_asleep() -> None
     assert plan_sleep(state, NOW).wake == []
     state.models["s"].demand_at = NOW - 1
     assert [r.id for r in plan_sleep(state, NOW).wake] == ["s1"]
+
+
+def test_a_new_leader_keeps_a_sleeper_asleep_and_takes_the_loaded_adapters_as_they_are() -> None:
+    from llmgw.control.reports import apply_report, assignments_for
+    from llmgw.wire import AgentReport, ReplicaStatus
+
+    state = sleepy_fleet(memory_total_mib=64 * 1024, weights_mib=1024)
+    state.models["s"].demand_at = None
+    replica = state.replicas["s1"]
+    replica.port = 9000
+    assert replica.asleep is None  # nothing decided since this instance began to lead
+    report = AgentReport(node="n1", inventory=NodeInventory(hostname="n1"), replicas=[
+        ReplicaStatus(replica_id="s1", state=ReplicaState.READY, port=9000, sleeping=True),
+        ReplicaStatus(replica_id="r0", state=ReplicaState.READY, port=9001,
+                      adapters=["ad-1"]),
+    ])  # fmt: skip
+    effects = apply_report(state, state.nodes["n1"], report, NOW)
+    assert effects.routing_changed
+    assert replica.asleep and not state.routable(replica, NOW)
+    (told,) = [a for a in assignments_for(state, "n1") if a.replica_id == "s1"]
+    assert told.asleep  # not woken by a leader that never decided it
+    assert state.replicas["r0"].adapters == ("ad-1",)
+    assert plan_sleep(state, NOW).wake == []  # nobody asked since

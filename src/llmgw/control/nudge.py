@@ -59,7 +59,7 @@ class AssignmentWatch:
         return out
 
 
-_Seen = tuple[ReplicaRecord, int, bool, tuple[str, ...] | None, bool]
+_Seen = tuple[ReplicaRecord, int, bool, tuple[str, ...] | None, bool | None]
 
 
 def _look(state: FleetState) -> dict[str, _Seen]:

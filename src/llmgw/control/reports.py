@@ -198,7 +198,7 @@ def _mirror_statuses(
             # The endpoint's scheme (http:// or https://) follows it.
             replica.tls = status.tls
             effects.routing_changed = effects.routing_changed or replica.state == ReplicaState.READY
-        _mirror_engine_state(replica, status, effects)
+        _mirror_engine_state(replica, status, now, effects)
         if status.state == ReplicaState.READY and replica.state == ReplicaState.STARTING:
             replica.move_to(ReplicaState.READY)
             replica.port = status.port
@@ -220,7 +220,7 @@ def _mirror_statuses(
 
 
 def _mirror_engine_state(
-    replica: ReplicaRecord, status: ReplicaStatus, effects: ReportEffects
+    replica: ReplicaRecord, status: ReplicaStatus, now: float, effects: ReportEffects
 ) -> None:
     """Adapters loaded and sleep, as the leader shard's agent reports them (memory only)."""
     loaded = frozenset(status.adapters)
@@ -233,6 +233,10 @@ def _mirror_engine_state(
     if replica.adapters is None:
         # Decided by an instance before this one: what is loaded stays.
         replica.adapters = tuple(sorted(loaded))
+    if replica.asleep is None:
+        # Decided by an instance before this one: a sleeper sleeps on.
+        replica.asleep = status.sleeping
+        replica.asleep_since = now if status.sleeping else None
     if status.sleeping != replica.sleeping:
         replica.sleeping = status.sleeping
         effects.routing_changed = effects.wake_reconciler = True
@@ -285,7 +289,7 @@ def _assignment_inputs(
         replica.draining,
         engine_key(replica.id) if engine_key is not None else None,
         _adapter_specs(state, replica),
-        replica.asleep,
+        bool(replica.asleep),
     )
 
 

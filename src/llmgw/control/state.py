@@ -237,7 +237,10 @@ class ReplicaRecord:
     # Memory only: told to sleep (ReplicaAssignment.asleep), and whether its
     # agent reports the engine asleep. A replica is routed to only when
     # both are false: it sleeps before it is told awake, and wakes after.
-    asleep: bool = False
+    # None: not decided since this instance began to lead; its agent's report
+    # is taken as it is (a new leader that told every sleeper "awake" would
+    # wake them all at once, each to fall asleep again a pass later).
+    asleep: bool | None = None
     sleeping: bool = False
     asleep_since: float | None = None
 
