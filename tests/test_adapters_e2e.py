@@ -8,6 +8,7 @@ processes) serves both checks, through the official openai client:
   when first asked for (the request waits for the load as for an on-demand
   start), answers under its own name, and the least recently used one is
   unloaded to make room for the third; usage and the admin summary name them;
+  an API key limited to one adapter reaches that one only;
 * an on-demand model whose engine can sleep: once idle it is put to sleep
   (not stopped), and the next request wakes it in a fraction of its cold start.
 """
@@ -123,6 +124,31 @@ async def test_adapters_are_listed_loaded_on_demand_and_unloaded_lru(
             return {"ad-a", "ad-b", "ad-c"} <= {g["model"] for g in groups if g["requests"]}
 
         await eventually(usage_names_them, 15, what="usage per adapter")
+    await api.close()
+
+
+async def test_a_key_limited_to_an_adapter_reaches_it_and_nothing_else(
+    up: dict[str, Any],
+) -> None:
+    _, admin = clients(up)
+    async with admin:
+        created = (await admin.post("/admin/v1/keys", json={"name": "sql-team",
+                                                             "models": ["ad-a"]})).json()
+        api = openai.AsyncOpenAI(base_url=up["api_url"], api_key=created["secret"],
+                                 max_retries=0, timeout=60)  # fmt: skip
+
+        async def served() -> bool:  # the new key reaches the gateway with the next config
+            try:
+                await api.chat.completions.create(model="ad-a", messages=CHAT, max_tokens=2)
+            except openai.AuthenticationError:
+                return False
+            return True
+
+        await eventually(served, 15, what="the adapter answered with the limited key")
+        assert [m.id for m in (await api.models.list()).data] == ["ad-a"]
+        for other in ("ad-b", "base"):
+            with pytest.raises(openai.NotFoundError):
+                await api.chat.completions.create(model=other, messages=CHAT, max_tokens=2)
     await api.close()
 
 

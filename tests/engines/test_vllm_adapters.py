@@ -21,6 +21,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from tests.engines.fleet import READY_WITHIN_S, Fleet, engine_env, engines_dir
@@ -113,3 +114,19 @@ def test_two_adapters_answer_differently_from_their_base_at_temperature_0(
     assert first[ADAPTERS[0]] != first[ADAPTERS[1]]
     (replica,) = lora_fleet.replicas("gemma-vllm-lora")
     assert sorted(replica["adapters"]) == sorted(ADAPTERS) and not replica["adapter_errors"]
+
+
+def test_the_runtime_adapter_routes_answer_nobody_without_the_engine_key(
+    lora_fleet: Fleet,
+) -> None:
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING mounts them; the replica's advertised
+    # port is its guard's, which refuses every caller without the key.
+    (replica,) = lora_fleet.replicas("gemma-vllm-lora")
+    base = f"http://127.0.0.1:{replica['port']}"
+    body = {"lora_name": "intruder", "lora_path": "/tmp"}
+    for headers in ({}, {"Authorization": "Bearer not-the-engine-key-0123456789"}):
+        for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            answer = httpx.post(base + path, json=body, headers=headers, timeout=30)
+            assert answer.status_code == 401, (path, answer.status_code, answer.text)
+    listed = {m.id for m in lora_fleet.client().models.list().data}
+    assert "intruder" not in listed
