@@ -130,3 +130,21 @@ def test_a_new_leader_keeps_a_sleeper_asleep_and_takes_the_loaded_adapters_as_th
     assert told.asleep  # not woken by a leader that never decided it
     assert state.replicas["r0"].adapters == ("ad-1",)
     assert plan_sleep(state, NOW).wake == []  # nobody asked since
+
+
+def test_an_adapter_whose_replicas_are_all_busy_is_loaded_on_one_more() -> None:
+    from llmgw.control.adapters import adapter_load_demand
+
+    state = fleet(slots=2, replicas=2)
+    adapter = state.models["ad-0"]
+    adapter.spec = adapter.spec.model_copy(update={"max_replicas": 2})
+    asked(state, "ad-0", NOW - 1)
+    assert list(settle(state).values()).count(("ad-0",)) == 1
+    holder = next(r for r in state.replicas.values() if r.adapters)
+    assert adapter_load_demand(state, adapter, busy=8) == 0
+    holder.in_flight = 9
+    adapter.load_demand = adapter_load_demand(state, adapter, busy=8)
+    assert adapter.load_demand == 1
+    assert settle(state) == {"r0": ("ad-0",), "r1": ("ad-0",)}
+    asked(state, "ad-0", NOW - 10_000)  # unused since: load no longer keeps it anywhere
+    assert settle(state) == {"r0": (), "r1": ()}

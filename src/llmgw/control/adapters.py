@@ -123,11 +123,23 @@ def _plan_base(
             plan.changes[replica.id] = ordered
 
 
+def adapter_load_demand(state: FleetState, adapter: ModelRecord, busy: float) -> int:
+    """1 when every replica holding the adapter (and in use now) has more than ``busy``
+    requests in flight: it is then loaded on one more replica of its base (bounded by
+    its max_replicas), which the gateway shares its requests with. Per replica, not per
+    adapter: the gateways count requests by engine, and an adapter used now on an
+    engine that is full is worth a slot elsewhere."""
+    holders = [r for r in state.replicas_of(adapter.spec.base or "")
+               if adapter.name in r.loaded_adapters]  # fmt: skip
+    return int(bool(holders) and all(r.in_flight > busy for r in holders))
+
+
 def _wanted_count(adapter: ModelRecord, now: float) -> int:
     """On how many base replicas it should be loaded: clamp(min, demand, max)."""
     spec = adapter.spec
-    demand = 1 if asked_for(adapter, now) else 0
-    return max(spec.min_replicas, min(demand + max(0, adapter.load_demand), spec.max_replicas))
+    # Load asks for more only while the adapter is in use: an idle one is unloaded.
+    demand = 1 + max(0, adapter.load_demand) if asked_for(adapter, now) else 0
+    return max(spec.min_replicas, min(demand, spec.max_replicas))
 
 
 def _soonest(

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 
 from llmgw.control import external
+from llmgw.control.adapters import adapter_load_demand
 from llmgw.control.gateway_count import GatewayCount, LastReport
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.services.catalog import Catalog
@@ -253,6 +254,10 @@ class Gateways:
             used = self.core.state.resolve_model(name)
             if used is not None and used.spec.base is not None:
                 used.demand_at = max(used.demand_at or 0.0, min(at, now))
+                wanted = adapter_load_demand(self.core.state, used, SCALE_UP_IN_FLIGHT)
+                if wanted != used.load_demand:
+                    used.load_demand = wanted
+                    self.core.wake_reconciler()
         for name, waiting in report.waiting.items():
             # A model deleted since the gateway's last config is no reason to
             # drop the rest of its report.
