@@ -123,6 +123,11 @@ async def test_viewer_signs_in_through_the_provider_and_reads_but_cannot_change(
     await expect(page.locator("#whoami")).to_have_text("victor@example.test (viewer)")
     await expect(page.locator("#status")).to_contain_text("Updated")
     await page.screenshot(path=shots / "sso-viewer.png", full_page=True)
+    for name in ("Nodes", "Replicas", "Plan", "Usage", "Events", "Overview"):
+        await page.get_by_role("link", name=name, exact=True).click()
+        await expect(page.get_by_role("heading", level=1)).to_have_text(
+            "Fleet overview" if name == "Overview" else name)
+        await expect(page.locator("#status")).to_contain_text("Updated")
 
     # The session is an HttpOnly, SameSite=Strict cookie the page's scripts cannot read.
     cookies = {c["name"]: c for c in await page.context.cookies(sso.url)}

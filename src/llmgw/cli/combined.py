@@ -221,12 +221,15 @@ class Parts:
     runtime: ControlPlaneRuntime
     gateway: Any
     server: uvicorn.Server
+    control: Any = None  # the control plane's app: its SSO client closes last
 
     async def stop(self) -> None:
         self.server.should_exit = True
         await self.gateway.stop()
         await self.runtime.stop()
         await self.store.close()
+        if self.control is not None:
+            await self.control.state.door.aclose()
 
 
 async def start_parts(
@@ -242,4 +245,4 @@ async def start_parts(
         PathDispatcher(control, getattr(gateway, "asgi", gateway)), options.host, options.port,
         tls,
     )
-    return Parts(store, runtime, gateway, server)
+    return Parts(store, runtime, gateway, server, control)

@@ -25,7 +25,7 @@ from llmgw.control.access.rolemap import principal_from_claims
 from llmgw.control.access.roles import ADMIN_TOKEN, Principal
 from llmgw.control.access.sessions import SessionStore
 from llmgw.control.access.settings import OidcSettings
-from llmgw.errors import AuthError, ForbiddenError
+from llmgw.errors import AuthError, ForbiddenError, LlmgwError
 
 CSRF_HEADER = "x-llmgw-csrf"
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -86,5 +86,11 @@ class Door:
             return ADMIN_TOKEN
         if self.client is None or self.sso is None or not _looks_like_jwt(token):
             raise AuthError("this token is not the admin token")
-        claims = await self.client.verify_access_token(token)
+        try:
+            claims = await self.client.verify_access_token(token)
+        except AuthError:
+            raise
+        except LlmgwError as exc:
+            # The provider's discovery went wrong (a ConfigError): still no one is let in.
+            raise AuthError(f"the token cannot be checked: {exc}") from None
         return principal_from_claims(claims, self.sso, via="bearer")

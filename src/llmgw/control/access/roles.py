@@ -17,7 +17,8 @@ admin route class checks the pair before the route runs.
     usage.read      usage, usage report                        x      x       x       own team
     teams.read      teams list/get                             x      x       x       own team
     teams.write     teams create/update/delete                 x
-    keys.read       keys list                                  x      x               own team
+    keys.read       keys list (no secrets: names, teams,       x      x       x       own team
+                    models, limits)
     keys.write      keys create/update/revoke                  x                      own team
     trust           join tokens, token rotations, node         x
                     approval, address release
@@ -64,7 +65,7 @@ GRANTS: dict[Role, frozenset[Action]] = {
                               Action.FLEET_OPERATE, Action.USAGE_READ, Action.TEAMS_READ,
                               Action.KEYS_READ}),
     Role.VIEWER: frozenset({Action.SELF, Action.CATALOG_READ, Action.FLEET_READ,
-                            Action.USAGE_READ, Action.TEAMS_READ}),
+                            Action.USAGE_READ, Action.TEAMS_READ, Action.KEYS_READ}),
     Role.TEAM_ADMIN: frozenset({Action.SELF, Action.CATALOG_READ, Action.USAGE_READ,
                                 Action.TEAMS_READ, Action.KEYS_READ, Action.KEYS_WRITE}),
 }
@@ -144,18 +145,6 @@ class Principal:
         raise ForbiddenError(
             f"{what} needs {action.value}, which roles {_HOLDERS[action]} have;"
             f" {self.name or self.subject} has role {held}"
-        )
-
-    def require_team(self, action: Action, team: str | None, what: str) -> None:
-        """Refuse a team-scoped action on another team's (or the operator's own) things."""
-        self.require(action, what)
-        scope = self.team_scope(action)
-        if scope is None or (team is not None and team in scope):
-            return
-        owner = f"team {team!r}" if team else "the operator (no team)"
-        raise ForbiddenError(
-            f"{what}: it belongs to {owner}; {self.name or self.subject} is team admin of "
-            f"{', '.join(sorted(scope)) or 'no team'} only"
         )
 
 
