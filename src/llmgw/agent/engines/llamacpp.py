@@ -18,8 +18,10 @@ as the template's text). For such a file of a family llmgw knows (by its
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
+from pathlib import Path
 
 from llmgw import memory
 from llmgw.agent.engines.base import (
@@ -41,7 +43,7 @@ from llmgw.engine_env import (
     LLAMA_SERVER_DROP,
 )
 from llmgw.errors import EngineError
-from llmgw.wire import EngineDialect, EngineKind, ExtraRoute, ReplicaAssignment
+from llmgw.wire import ChatTemplate, EngineDialect, EngineKind, ExtraRoute, ReplicaAssignment
 
 SERVER_BINARY = "llama-server"
 
@@ -239,7 +241,22 @@ def _python_sets(extra: list[str], setting: str) -> bool:
     return setting in python_settings(extra)
 
 
-def _dialect(server: bool, extra: list[str]) -> EngineDialect:
+def declared_template(template: SuppliedTemplate | None, extra: list[str]) -> ChatTemplate | None:
+    """What llama_cpp.server renders chats with, for the gateway to render them alike:
+    the supplied template in its hf-tokenizer-config shape, unless the catalog chose a
+    format. None otherwise (a model's own template may map to one of the engine's
+    Python formats, which only the engine knows)."""
+    if template is None or _python_sets(extra, "chat_format"):
+        return None
+    config = json.loads(Path(template.tokenizer_config).read_text(encoding="utf-8"))
+    return ChatTemplate(
+        jinja=config["chat_template"], bos_token=config["bos_token"], eos_token=config["eos_token"]
+    )
+
+
+def _dialect(
+    server: bool, extra: list[str], template: SuppliedTemplate | None = None
+) -> EngineDialect:
     """The launch's dialect, with the OpenAI routes and fields its flags give it.
 
     llama-server serves /v1/responses always (server.cpp), /v1/rerank only
@@ -249,10 +266,13 @@ def _dialect(server: bool, extra: list[str]) -> EngineDialect:
     (``--embedding``; llama_cpp.server answers 500 otherwise, llama-server
     501). llama_cpp.server returns logprobs only with ``--logits_all true``,
     which the agent turns off unless the catalog sets it (_python_memory_flags).
+    llama_cpp.server reports no stream usage: the template it was given goes with
+    its dialect (declared_template).
     """
     if not server:
         return PYTHON_DIALECT.model_copy(
             update={
+                "chat_template": declared_template(template, extra),
                 "extra_routes": [],
                 "embeddings": _python_true(extra, "embedding"),
                 "logprobs": _python_true(extra, "logits_all"),
@@ -444,7 +464,7 @@ class LlamaCppAdapter:
             env["LLAMA_API_KEY" if self.server_binary else "API_KEY"] = key
         if self.server_binary:
             env["XDG_CONFIG_HOME"] = NO_CONFIG_HOME
-        dialect = _dialect(bool(self.server_binary), extra)
+        dialect = _dialect(bool(self.server_binary), extra, template)
         return EngineLaunch(
             argv=argv,
             env=env,

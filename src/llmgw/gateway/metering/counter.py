@@ -2,11 +2,15 @@
 
 Counts are never estimated from the number of events: the completion is
 the text the client received, tokenized by the engine (less what its
-tokenizer adds to an empty text, e.g. BOS); a chat prompt is what the
-engine itself reports for a one-token, non-streamed copy of the request,
-since only the engine knows the chat template it applied (a completion
-prompt given as one string is simply tokenized, as the engine does before
-generating). The calls themselves are :mod:`llmgw.gateway.metering.tokenizer`.
+tokenizer adds to an empty text, e.g. BOS); a completion prompt given as one
+string is simply tokenized, as the engine does before generating. A chat
+prompt is rendered with the chat template the engine declared
+(:mod:`llmgw.gateway.metering.template`) and tokenized: nothing generates
+for a count, so the engine's time and its prompt cache are the clients'.
+Only where the engine declared no template, or the request is one the
+rendering is not certain for (tools, content parts), is it what the engine
+reports for a one-token, non-streamed copy of the request. The calls
+themselves are :mod:`llmgw.gateway.metering.tokenizer`.
 """
 
 from __future__ import annotations
@@ -75,11 +79,11 @@ class StreamCounter:
         """Ask for the prompt's count now, while the stream still runs.
 
         An engine that serves one request at a time (llama_cpp.server) then
-        takes it right after this stream, while its state still holds this
-        prompt: asked after the stream, it would queue behind every request
-        that arrived meanwhile and evaluate the whole prompt again. (The
-        agent starts llama_cpp.server with interrupt_requests off, so a
-        request that waits does not cut the running stream short.)
+        takes it right after this stream: asked after the stream, it would
+        queue behind every request that arrived meanwhile (and a one-token
+        copy would evaluate the whole prompt again). (The agent starts
+        llama_cpp.server with interrupt_requests off, so a request that
+        waits does not cut the running stream short.)
         """
         self._early = asyncio.get_running_loop().create_task(self._prompt())
 
@@ -87,7 +91,26 @@ class StreamCounter:
         prompt = self._payload.get("prompt")
         if self._path == COMPLETIONS and isinstance(prompt, str) and "suffix" not in self._payload:
             return self._tokenizer.count(prompt)
+        template = self._tokenizer.mending.chat_prompt
+        if self._path == CHAT and template is not None:
+            rendered = template.render(self._payload)
+            if rendered is not None:
+                return self._rendered(rendered)
         return self._tokenizer.prompt_tokens()
+
+    async def _rendered(self, text: str) -> int:
+        """A chat prompt rendered as the engine renders it, counted by its tokenize route.
+
+        The template writes the BOS text itself and the engine tokenizes the
+        rendering without adding its tokenizer's own; the tokenize route adds
+        it (what it counts for an empty text), so that is taken off.
+        """
+        known = _bases.get(self._key)
+        count = self._tokenizer.count
+        total, base = await asyncio.gather(
+            count(text), count("") if known is None else _known(known)
+        )
+        return max(0, total - base)
 
     async def usage(
         self, tally: StreamTally, timeout_s: float | None = None

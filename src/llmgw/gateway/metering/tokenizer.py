@@ -1,10 +1,12 @@
 """An engine's tokenizer, reached over HTTP: the gateway has none of its own.
 
 Two questions are asked of it: how many tokens a text is (the engine's
-tokenize route, as its dialect names it), and how many tokens a chat
-prompt is once the engine applied its chat template, which only the engine
-knows: asked as a one-token, non-streamed copy of the request, whose usage
-says it.
+tokenize route, as its dialect names it), and, only where the engine
+declared no chat template the gateway can render (metering.template), how
+many tokens a chat prompt is once the engine applied its template: asked as
+a one-token, non-streamed copy of the request, whose usage says it. That
+copy is a generation (engine time, and a state in a bounded prompt cache),
+which is why a declared template is rendered and tokenized instead.
 """
 
 from __future__ import annotations
