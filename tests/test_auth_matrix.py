@@ -124,7 +124,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
         control = CaRoute(create_app(cp), ca.ca_pem() or b"")
         agent: Agent | None = None
         try:
-            async with (serve_asgi(control) as url, serve_asgi(gateway) as gateway_url,
+            async with (serve_asgi(control) as url, serve_asgi(gateway.asgi) as gateway_url,
                         httpx.AsyncClient() as client):
                 assert creds.join_token and creds.admin_token and creds.gateway_token
                 assert creds.api_key

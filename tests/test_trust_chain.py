@@ -24,6 +24,7 @@ from tests.control.planekit import inventory, signing_plane
 from tests.servers import serve_asgi
 
 from llmgw.agent.app import Agent, AgentConfig
+from llmgw.http.server import Plain
 from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
 from llmgw.servertls import CaRoute, ServerTls, ensure_server_tls, write_ca
 from llmgw.tls import TrustError, fingerprint
@@ -90,7 +91,7 @@ async def test_a_bundle_behind_the_pinned_ca_gets_no_registration(tmp_path: Path
     bundle = real.ca_file.read_bytes() + attacker.ca_file.read_bytes()
     pin = fingerprint(real.ca_file.read_bytes())
     recorder = Recorder()
-    async with serve_asgi(CaRoute(recorder, bundle), tls=attacker) as url:
+    async with serve_asgi(CaRoute(Plain(recorder), bundle), tls=attacker) as url:
         agent = await asyncio.create_subprocess_exec(
             *LLMGW, "agent", "--control-plane", url, "--join-token", f"llmgw-join-secret.{pin}",
             "--name", "victim", "--data-dir", str(tmp_path / "victim"),
@@ -126,7 +127,8 @@ async def test_a_node_certificate_does_not_pass_for_the_control_plane(tmp_path: 
     rogue_tls = ServerTls(tmp_path / "node.pem", tmp_path / "node.key", None)
     pin = fingerprint(real.ca_file.read_bytes())
     recorder = Recorder()
-    async with serve_asgi(CaRoute(recorder, real.ca_file.read_bytes()), tls=rogue_tls) as url:
+    served = CaRoute(Plain(recorder), real.ca_file.read_bytes())
+    async with serve_asgi(served, tls=rogue_tls) as url:
         agent = await asyncio.create_subprocess_exec(
             *LLMGW, "agent", "--control-plane", url, "--join-token", f"llmgw-join-secret.{pin}",
             "--name", "victim", "--data-dir", str(tmp_path / "victim"),

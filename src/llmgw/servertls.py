@@ -29,6 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from llmgw.errors import ConfigError
+from llmgw.http.contract import App, Receive, Reply, Scope
 from llmgw.tls import CA_CERT, CA_PATH, fingerprint
 
 CA_KEY = "ca.key"
@@ -239,18 +240,21 @@ def _write_server_cert(cert_path: Path, key_path: Path, names: Sequence[str],
 
 
 class CaRoute:
-    """``GET /tls/v1/ca.pem`` in front of an ASGI app: the CA certificate, to anyone.
+    """``GET /tls/v1/ca.pem`` in front of an app: the CA certificate, to anyone.
 
     A client that has only the fingerprint fetches it here (without checking
     the server, since it cannot yet) and keeps it only if the fingerprint
-    matches. One string comparison per request on the hot path.
+    matches. The app's endpoints stay its own (llmgw.http.contract.App): the
+    server runs them without this frame; other requests pay one string
+    comparison.
     """
 
-    def __init__(self, app: Any, ca_pem: bytes) -> None:
+    def __init__(self, app: App, ca_pem: bytes) -> None:
         self.app = app
+        self.endpoints = app.endpoints
         self.ca_pem = ca_pem
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Reply) -> None:
         if scope["type"] == "http" and scope["path"] == CA_PATH:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"application/x-pem-file"),

@@ -91,7 +91,7 @@ async def _serves_with_token_files(process: Process) -> None:
         assert first.status_code == 401
         assert (await client.get(metrics, headers={"Authorization": "Bearer m-secret"})
                 ).status_code == 200
-    # The standalone gateway runs with llmgw's server limits (cli/httpserver.py).
+    # The standalone gateway runs with llmgw's server limits (llmgw.http.server).
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000
                  + b"\r\n\r\n")

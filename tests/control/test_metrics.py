@@ -37,6 +37,7 @@ from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.store.repo import Store
 from llmgw.errors import NotLeaderError, StoreError
+from llmgw.http.connection import LeanHttpProtocol
 from llmgw.sim.fleetgen import generate
 from llmgw.wire import EngineKind, ModelSpec, NodeState, ReplicaState
 
@@ -241,7 +242,9 @@ async def test_up_and_serve_carry_both_parts_on_one_metrics(
     gateway = build_gateway(plane.cp)
     await gateway.start()
     try:
-        async with serve_asgi(PathDispatcher(create_app(plane.cp), gateway.asgi)) as url:
+        # On llmgw's server, as serve runs the two.
+        dispatcher = PathDispatcher(create_app(plane.cp), gateway)
+        async with serve_asgi(dispatcher, http=LeanHttpProtocol) as url:
             async with httpx.AsyncClient(timeout=10) as client:
                 refused = await client.get(url + "/metrics")
             assert refused.status_code == 401
@@ -273,7 +276,8 @@ async def test_serve_and_up_metrics_want_the_admin_token_unless_opened(
         gateway = build_gateway(plane.cp, open_metrics=opened)
         await gateway.start()
         try:
-            async with serve_asgi(PathDispatcher(create_app(plane.cp), gateway.asgi)) as url:
+            dispatcher = PathDispatcher(create_app(plane.cp), gateway)
+            async with serve_asgi(dispatcher, http=LeanHttpProtocol) as url:
                 async with httpx.AsyncClient(timeout=10) as client:
                     bare = await client.get(url + "/metrics")
                     by_node = await client.get(url + "/metrics",

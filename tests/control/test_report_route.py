@@ -295,5 +295,7 @@ async def _served_as_serve_serves(app: Any) -> AsyncIterator[str]:
 class _Nothing:
     """A gateway with no endpoints (the dispatcher sends it nothing here)."""
 
+    endpoints: dict[tuple[str, str], Any] = {}
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         raise AssertionError(f"the gateway got {scope['path']}")

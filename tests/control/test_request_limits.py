@@ -19,7 +19,7 @@ from tests.control.planekit import opened_plane
 from llmgw.control.app import create_app
 from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.http.connection import LeanHttpProtocol
-from llmgw.http.server import server_config
+from llmgw.http.server import Plain, server_config
 from llmgw.serving import start_server
 
 MiB = 1024 * 1024
@@ -194,7 +194,7 @@ async def test_connections_past_the_limit_get_503() -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
         await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
 
-    async with _served(app, limit_concurrency=2) as port:
+    async with _served(Plain(app), limit_concurrency=2) as port:
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
         await asyncio.sleep(0.1)
         answer = await _exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -222,7 +222,7 @@ async def test_an_answers_head_goes_out_with_its_body_or_at_once() -> None:
             await asyncio.sleep(2.0)
         await send({"type": "http.response.body", "body": b"hello"})  # type: ignore[operator]
 
-    async with _served(app) as port:
+    async with _served(Plain(app)) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /now HTTP/1.1\r\nHost: x\r\n\r\n")
         first = await asyncio.wait_for(reader.read(65536), 3.0)

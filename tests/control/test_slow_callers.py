@@ -23,6 +23,7 @@ from llmgw.control.app import create_app
 from llmgw.control.limits import BodyLimit
 from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.http.connection import LeanHttpProtocol
+from llmgw.http.server import Plain
 
 
 @pytest.fixture
@@ -159,7 +160,7 @@ async def test_one_address_cannot_take_every_connection(monkeypatch: pytest.Monk
         finally:
             sock.close()
 
-    async with _served(app) as port:
+    async with _served(Plain(app)) as port:
         held = [await connect("127.0.0.2") for _ in range(3)]
         await asyncio.sleep(0.1)
         # The fourth from the same address is refused before anything is read...

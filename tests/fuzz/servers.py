@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import uvicorn
 
-from llmgw.http.server import server_config
+from llmgw.http.server import Plain, server_config
 from llmgw.serving import start_server
 
 
@@ -44,7 +44,7 @@ def threaded_server(app: Any, **settings: Any) -> Iterator[tuple[str, int]]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     loop = asyncio.new_event_loop()
-    server = uvicorn.Server(server_config(app, log_level="critical", **settings))
+    server = uvicorn.Server(server_config(Plain(app), log_level="critical", **settings))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     ready = threading.Event()
     task: list[asyncio.Task[None]] = []

@@ -46,7 +46,7 @@ from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.secrets import bearer
 from llmgw.wire import NUDGE_PATH
 
-# As the head timeout of llmgw's uvicorn servers (cli/httpserver.py); here it
+# As the head timeout of llmgw's own HTTP servers (llmgw.http.server); here it
 # is the idle timeout too, which peers' connection pools shrug off.
 IDLE_TIMEOUT_S = 10.0
 # Peers copying, a scrape, a nudge: a node sees a few dozen at once; well

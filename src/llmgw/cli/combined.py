@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import uvicorn
@@ -19,7 +19,7 @@ import uvicorn
 from llmgw.cli.secretfile import metrics_token_from
 from llmgw.config import sqlite_url
 from llmgw.control.access.settings import OidcSettings
-from llmgw.control.app import create_app
+from llmgw.control.app import ControlApp, create_app
 from llmgw.control.gateway_link import InProcessLink
 from llmgw.control.jointokens import DEFAULT_TTL_S as DEFAULT_JOIN_TTL_S
 from llmgw.control.metrics import ControlCollector
@@ -29,6 +29,7 @@ from llmgw.control.runtime import ControlPlaneRuntime
 from llmgw.control.store.db import normalise_url
 from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError
+from llmgw.http.contract import App, Endpoint, Receive, Reply, Scope
 from llmgw.http.server import server_config
 from llmgw.nodetls import NodeIssuer
 from llmgw.servertls import (
@@ -41,6 +42,9 @@ from llmgw.servertls import (
 )
 from llmgw.serving import ServerNotStarted, start_server
 from llmgw.tls import wants_tls
+
+if TYPE_CHECKING:
+    from llmgw.gateway.app import Gateway
 
 
 @dataclass
@@ -147,20 +151,20 @@ class PathDispatcher:
     the control plane. Chosen per request by a prefix test, nothing more, so
     the gateway's hot path pays one string comparison for sharing the port."""
 
-    def __init__(self, control: Any, gateway: Any) -> None:
+    def __init__(self, control: App, gateway: App) -> None:
         self.control = control
         self.gateway = gateway
-        # The gateway's endpoints on the paths it is sent here (llmgw.http.connection
+        # The gateway's endpoints on the paths it is sent here (llmgw's server
         # runs them without this dispatcher's frame); its /health is the control plane's.
-        self.endpoints = {
+        self.endpoints: dict[tuple[str, str], Endpoint] = {
             (method, path): endpoint
-            for (method, path), endpoint in getattr(gateway, "endpoints", {}).items()
+            for (method, path), endpoint in gateway.endpoints.items()
             if path.startswith("/v1/") or path == "/metrics"
         }
         # The control plane's too (agent reports: control/app.py).
-        self.endpoints.update(getattr(control, "endpoints", None) or {})
+        self.endpoints.update(control.endpoints)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Reply) -> None:
         if scope["type"] in ("http", "websocket"):
             path: str = scope["path"]
             if path.startswith("/v1/") or path == "/v1" or path == "/metrics":
@@ -177,7 +181,7 @@ def freeze_startup_objects() -> None:
 
 def build_gateway(
     cp: ControlPlane, allow_key_env: frozenset[str] = frozenset(), *, open_metrics: bool = False
-) -> Any:
+) -> Gateway:
     from llmgw.gateway.app import Gateway
     from llmgw.gateway.settings import GatewaySettings
 
@@ -195,7 +199,7 @@ def build_gateway(
 
 
 async def serve_http(
-    app: Any, host: str, port: int, tls: ServerTls | None = None
+    app: App, host: str, port: int, tls: ServerTls | None = None
 ) -> uvicorn.Server:
     if tls is not None and tls.ca_file is not None:
         # Clients with only the fingerprint (a join token) fetch the CA here.
@@ -219,9 +223,9 @@ class Parts:
 
     store: Store
     runtime: ControlPlaneRuntime
-    gateway: Any
+    gateway: Gateway
     server: uvicorn.Server
-    control: Any = None  # the control plane's app: its SSO client closes last
+    control: ControlApp | None = None  # the control plane's app: its SSO client closes last
 
     async def stop(self) -> None:
         self.server.should_exit = True
@@ -242,7 +246,6 @@ async def start_parts(
     await gateway.start()
     control = create_app(cp, sso=options.sso)
     server = await serve_http(
-        PathDispatcher(control, getattr(gateway, "asgi", gateway)), options.host, options.port,
-        tls,
+        PathDispatcher(control, gateway), options.host, options.port, tls,
     )
     return Parts(store, runtime, gateway, server, control)

@@ -37,6 +37,7 @@ from llmgw.control.metrics import control_registry
 from llmgw.control.plane import ControlPlane
 from llmgw.control.reportroute import REPORT_PATH, CountReports, ReportEndpoint, ReportRoute
 from llmgw.errors import AuthError, ValidationError
+from llmgw.http.contract import Endpoint
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.wire import (
     AgentRegistration,
@@ -65,15 +66,19 @@ async def _body(request: Request) -> Any:
 
 
 class ControlApp(FastAPI):
-    """The control plane's app, and the routes it answers without its middleware stack."""
+    """The control plane's app, and the routes it answers without its middleware stack.
 
-    endpoints: dict[tuple[str, str], Any]
+    An app for llmgw's server (llmgw.http.contract.App): ``endpoints`` run there
+    without FastAPI's own layers.
+    """
+
+    endpoints: dict[tuple[str, str], Endpoint]
 
 
 def create_app(
     cp: ControlPlane, *, title: str = "llmgw control plane", metrics_token: str | None = None,
     sso: OidcSettings | None = None,
-) -> FastAPI:
+) -> ControlApp:
     # No /admin/docs or /redoc: FastAPI's pages load their scripts from a CDN
     # into the console's origin, where the admin token lives, and answered
     # without any token. The schema itself stays at /admin/v1/openapi.json.

@@ -1,11 +1,13 @@
-"""The gateway: an ASGI callable plus the background work that keeps it current.
+"""The gateway: an ASGI app plus the background work that keeps it current.
 
-``Gateway(link, settings)`` is served either alone (uvicorn, ``llmgw gateway``)
-or next to the control plane's app behind a path dispatcher; either way the
-caller runs ``await gateway.start()`` / ``await gateway.stop()`` (or lets the
-ASGI lifespan protocol do it). Per request there is no framework: a dict
-lookup on the path, :func:`llmgw.gateway.handler.handle` and the route
-objects of :mod:`llmgw.gateway.routes`.
+``Gateway(link, settings)`` is an app for llmgw's server (llmgw.http.contract),
+served either alone (``llmgw gateway``) or next to the control plane's app
+behind a path dispatcher (``gateway.asgi`` is the same app for any other
+ASGI server); either way the caller runs ``await gateway.start()`` /
+``await gateway.stop()`` (or lets the ASGI lifespan protocol do it). Per
+request there is no framework: a dict lookup on the path,
+:func:`llmgw.gateway.handler.handle` and the route objects of
+:mod:`llmgw.gateway.routes`.
 
 Background tasks, each guarded so that one failure never stops the others:
 
@@ -25,7 +27,6 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -43,17 +44,16 @@ from llmgw.gateway.replies import JSON, ApiError, send_bytes, send_error, send_j
 from llmgw.gateway.routes.table import ROUTES
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
-from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.types import Receive, Reply, Scope
 from llmgw.gateway.upstream import Upstream
+from llmgw.http.asgi import as_asgi
+from llmgw.http.contract import Asgi, Endpoint
 from llmgw.promkit import scrape_allowed
 
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 10.0
 _MODEL_PATH = "/v1/models/{model}"  # any path under /v1/models/
-
-Endpoint = Callable[[Scope, Receive, Send], Awaitable[None]]
-
 
 # Allocations (net of frees) between young-generation collections: 10x
 # Python's 700. A request's objects are freed by reference counting; what
@@ -98,11 +98,14 @@ class Gateway:
         self._configured = asyncio.Event()
         self._started = False
         self._routes = self._route_table()
-        # (method, path) -> endpoint, for llmgw's server (llmgw.http.connection):
+        # (method, path) -> endpoint, for llmgw's server (llmgw.http.contract.App):
         # the request's task runs the endpoint itself, with no frame of this
         # app's dispatch on its stack. Any other request comes to __call__.
-        self.endpoints = {(method, path): endpoint
-                          for path, (method, endpoint) in self._routes.items()}  # fmt: skip
+        self.endpoints: dict[tuple[str, str], Endpoint] = {
+            (method, path): endpoint for path, (method, endpoint) in self._routes.items()
+        }
+        # The same app for any other ASGI server (tests run it under uvicorn's own).
+        self.asgi: Asgi = as_asgi(self)
         # External models' URLs, probed by this gateway (llmgw.gateway.health).
         self.health = HealthProber(self.settings, lambda: self.runtime.snapshot)
 
@@ -291,10 +294,6 @@ class Gateway:
 
     # -- ASGI ------------------------------------------------------------------
 
-    @property
-    def asgi(self) -> Gateway:
-        return self
-
     def routes(self) -> list[tuple[str, str]]:
         """Every route this gateway answers, as (method, path template).
 
@@ -322,7 +321,7 @@ class Gateway:
         routes["/health"] = routes["/healthz"] = ("GET", self._health_route)
         return routes
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Reply) -> None:
         kind = scope["type"]
         if kind == "http":
             path = scope["path"]
@@ -340,10 +339,10 @@ class Gateway:
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
-    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _models(self, scope: Scope, receive: Receive, send: Reply) -> None:
         await front.list_models(self.runtime, scope, send)
 
-    async def _scrape(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _scrape(self, scope: Scope, receive: Receive, send: Reply) -> None:
         if self._metrics_allowed(scope):
             await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE, self._id())
             return
@@ -357,10 +356,10 @@ class Gateway:
                            "--metrics-token-file (or LLMGW_METRICS_TOKEN) for scrapes "
                            "that send it, or --open-metrics.")
 
-    async def _openapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _openapi(self, scope: Scope, receive: Receive, send: Reply) -> None:
         await send_bytes(send, 200, openapi.DOCUMENT_BYTES, JSON, self._id())
 
-    async def _health_route(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _health_route(self, scope: Scope, receive: Receive, send: Reply) -> None:
         await self._health(send)
 
     def _metrics_allowed(self, scope: Scope) -> bool:
@@ -380,10 +379,10 @@ class Gateway:
     def _id() -> list[tuple[bytes, bytes]]:
         return [(b"x-request-id", front.new_request_id().encode())]
 
-    async def _refuse(self, send: Send, status: int, message: str) -> None:
+    async def _refuse(self, send: Reply, status: int, message: str) -> None:
         await send_error(send, ApiError(status, message), self._id())
 
-    async def _health(self, send: Send) -> None:
+    async def _health(self, send: Reply) -> None:
         snapshot = self.runtime.snapshot
         if snapshot is None:
             retry = [*self._id(), (b"retry-after", b"1")]
@@ -392,7 +391,7 @@ class Gateway:
         body = {"status": "ok", "version": snapshot.version, "time": time.time()}
         await send_json(send, 200, body, self._id())
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
+    async def _lifespan(self, receive: Receive, send: Reply) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmgw.gateway.checks.auth import KeyRecord
-from llmgw.gateway.external import renaming_send
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.replies import overhead_header
 from llmgw.gateway.routing.prefill import Prefill
-from llmgw.gateway.types import Send
+from llmgw.gateway.types import Reply
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -27,7 +26,7 @@ class Call:
 
     def __init__(
         self, rt: Runtime, record: KeyRecord, model: str, started: float, request_id: str,
-        id_header: tuple[bytes, bytes], send: Send, rename: Callable[[bytes], bytes] | None,
+        id_header: tuple[bytes, bytes], send: Reply, rename: Callable[[bytes], bytes] | None,
     ) -> None:  # fmt: skip
         self.rt = rt
         self.record = record
@@ -43,10 +42,6 @@ class Call:
         self.counters = rt.metrics.model(model)  # its model's metrics, updated in place
         # The last replica's charge: what the answer's usage teaches its router.
         self.prefill: Prefill | None = None
-
-    def stream_send(self) -> Send:
-        """Where a stream's messages go (renamed chunk by chunk where the model is external)."""
-        return self.send if self.rename is None else renaming_send(self.send, self.rename)
 
     def stream_headers(self, before: float) -> list[tuple[bytes, bytes]]:
         """A streamed answer's headers; ``before``, the overhead so far, is metered."""

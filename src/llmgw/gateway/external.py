@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import orjson
 
-from llmgw.gateway.types import Message, Send
+from llmgw.gateway.types import Message, Reply
 
 # What may go into "Authorization: Bearer <key>": visible ASCII, no spaces.
 # Anything else (a newline above all) would split the header or be refused.
@@ -87,18 +87,41 @@ def renamer(name: str) -> Callable[[bytes], bytes]:
     return rename
 
 
-def renaming_send(send: Send, rename: Callable[[bytes], bytes]) -> Send:
-    """``send`` for a stream, with the model's name put back in every body chunk.
+class RenamingReply:
+    """``reply`` for a stream, with the model's name put back in every piece it sends.
 
     Only for answers without a Content-Length (SSE): the length of a renamed
-    body differs, so a whole answer is renamed before it is sent instead.
+    body differs, so a whole answer is renamed by its caller before it goes
+    to :meth:`answer`, which passes it on as it is.
     """
 
-    async def wrapped(message: Message) -> None:
+    __slots__ = ("rename", "reply")
+
+    def __init__(self, reply: Reply, rename: Callable[[bytes], bytes]) -> None:
+        self.reply = reply
+        self.rename = rename
+
+    @property
+    def disconnected(self) -> bool:
+        return self.reply.disconnected
+
+    def __call__(self, message: Message) -> Awaitable[None]:
         if message.get("type") == "http.response.body":
             body = message.get("body")
             if body:
-                message = {**message, "body": rename(body)}
-        await send(message)
+                message = {**message, "body": self.rename(body)}
+        return self.reply(message)
 
-    return wrapped
+    def answer(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Awaitable[None]:
+        return self.reply.answer(status, headers, body)
+
+    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.reply.start(status, headers)
+
+    def stream(self, body: bytes, more: bool = True) -> Awaitable[None]:
+        return self.reply.stream(self.rename(body) if body else body, more)
+
+    def cancel_if_gone(self) -> None:
+        self.reply.cancel_if_gone()

@@ -8,7 +8,6 @@ through :mod:`llmgw.gateway.forward`.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,12 +24,9 @@ from llmgw.gateway.replies import REQUEST_ID, ApiError, send_error, send_json, u
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView, model_entry
-from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.types import Receive, Reply, Scope
 from llmgw.gateway.upstream import Upstream
-
-# The key under scope["extensions"] of a dict of the request's headers, first
-# value of each name (llmgw.http.connection sets it; the gateway does not import it).
-HEADERS_EXTENSION = "llmgw.headers"
+from llmgw.http.contract import request_headers
 
 _ID_PREFIX = os.urandom(8).hex()
 _ids = count(1)
@@ -57,61 +53,13 @@ class Runtime:
     snapshot: ConfigView | None = None
 
 
-# A request answered faster than this never pays for a disconnect watcher
-# (a task per request was ~5 % of the gateway's CPU); a client that leaves a
-# long generation is noticed at most this late.
-WATCH_AFTER_S = 0.05
-
-
 class ClientGone(Exception):
     """The client hung up before its request was complete."""
 
 
-class Watch:
-    """Shared between a request and its disconnect watcher."""
-
-    __slots__ = ("done", "gone", "task")
-
-    def __init__(self) -> None:
-        self.done = False
-        self.gone = False
-        self.task: asyncio.Task[None] | None = None
-
-
-def start_watch(receive: Receive, request: asyncio.Task[Any], watch: Watch) -> None:
-    if not watch.done:
-        watch.task = asyncio.get_running_loop().create_task(
-            _watch_disconnect(receive, request, watch)
-        )
-
-
-async def _watch_disconnect(receive: Receive, request: asyncio.Task[Any], watch: Watch) -> None:
-    # After the body, the next ASGI message is http.disconnect: either the
-    # client left (cancel the upstream request, it is wasted GPU time) or the
-    # server finished the response (``done`` is already set then).
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-    if not watch.done:
-        watch.gone = True
-        request.cancel()
-
-
-def headers_of(scope: Scope) -> dict[bytes, bytes]:
-    """The request's headers by (lower-case) name, the first value of each."""
-    extensions = scope.get("extensions")
-    if extensions is not None:
-        # llmgw's server (llmgw.http.connection) indexes them once per request.
-        index = extensions.get(HEADERS_EXTENSION)
-        if index is not None:
-            return index  # type: ignore[no-any-return]
-    return dict(reversed(scope["headers"]))
-
-
 def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header ``name`` (lower-case), or None."""
-    return headers_of(scope).get(name)
+    return request_headers(scope).get(name)
 
 
 def configured_snapshot(rt: Runtime) -> ConfigView:
@@ -184,7 +132,7 @@ def resolve(snapshot: ConfigView, record: KeyRecord, payload: dict[str, Any]) ->
     return usable_router(snapshot, record, model)
 
 
-async def list_models(rt: Runtime, scope: Scope, send: Send) -> None:
+async def list_models(rt: Runtime, scope: Scope, send: Reply) -> None:
     extra = [(REQUEST_ID, new_request_id().encode())]
     try:
         snapshot = configured_snapshot(rt)

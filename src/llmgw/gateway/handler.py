@@ -22,20 +22,17 @@ from llmgw.gateway.call import Call
 from llmgw.gateway.checks.auth import KeyRecord, authenticate, limit
 from llmgw.gateway.checks.validation import check_request
 from llmgw.gateway.front import (
-    WATCH_AFTER_S,
     ClientGone,
     Runtime,
-    Watch,
     configured_snapshot,
-    headers_of,
     new_request_id,
     read_body,
     resolve,
-    start_watch,
 )
 from llmgw.gateway.replies import REQUEST_ID, ApiError, overhead_header, send_error
 from llmgw.gateway.routes.table import Route
-from llmgw.gateway.types import Receive, Scope, Send
+from llmgw.gateway.types import Receive, Reply, Scope
+from llmgw.http.contract import request_headers
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +42,18 @@ _FAILED = ApiError(
 )
 
 
-async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send: Reply) -> None:
     """Serve one POST to ``route``."""
     started = time.perf_counter()
     request_id = new_request_id()
     id_header = (REQUEST_ID, request_id.encode())
     model = "-"
     record: KeyRecord | None = None
-    watch: Watch | None = None
-    timer: asyncio.TimerHandle | None = None
     status = 500
     try:
         snapshot = configured_snapshot(rt)
         settings = rt.settings
-        headers = headers_of(scope)
+        headers = request_headers(scope)
         given = headers.get(b"authorization")
         record = authenticate(snapshot.keys, settings.allow_anonymous, given)
         body = await read_body(receive, settings.max_body_bytes, headers.get(b"content-length"))
@@ -69,18 +64,9 @@ async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send
         refusal = limit(record, time.monotonic())
         if refusal is not None:
             raise refusal.error()
-        cancel_if_gone = getattr(send, "cancel_if_gone", None)
-        if cancel_if_gone is not None:
-            # llmgw's server cancels this task itself when the client leaves
-            # (llmgw.http.cycle): no timer, no watcher task, no delay.
-            cancel_if_gone()
-        else:
-            task = asyncio.current_task()
-            if task is not None:
-                watch = Watch()
-                timer = asyncio.get_running_loop().call_later(
-                    WATCH_AFTER_S, start_watch, receive, task, watch
-                )
+        # A client that leaves cancels this task: the engine's work for it
+        # is wasted GPU time.
+        send.cancel_if_gone()
         current = rt.snapshot
         rename = current.renames.get(model) if current is not None else None
         call = Call(rt, record, model, started, request_id, id_header, send, rename)
@@ -96,7 +82,7 @@ async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send
     except ClientGone:
         status = 499  # nginx's "client closed request": nobody to answer
     except asyncio.CancelledError:
-        if not (watch.gone if watch is not None else getattr(send, "disconnected", False)):
+        if not send.disconnected:
             raise
         task = asyncio.current_task()
         if task is not None:
@@ -108,16 +94,4 @@ async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send
         # If the answer had already started, there is no status left to send.
         with contextlib.suppress(Exception):
             await send_error(send, _FAILED, [id_header])
-    finally:
-        if watch is not None:
-            _unwatch(watch, timer)
     rt.metrics.finished(model, status, time.perf_counter() - started)
-
-
-def _unwatch(watch: Watch, timer: asyncio.TimerHandle | None) -> None:
-    """The request is over: its disconnect watcher (or the timer that would start it) goes."""
-    watch.done = True
-    if timer is not None:
-        timer.cancel()
-    if watch.task is not None:
-        watch.task.cancel()

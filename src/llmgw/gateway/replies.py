@@ -1,34 +1,25 @@
 """What the gateway itself sends a client: OpenAI-shaped errors, small JSON bodies, their headers.
 
-The request path writes ASGI messages directly (no framework objects per
-request); this module keeps the header lists and error bodies in one place so
-every answer carries ``x-request-id`` and the overhead header the same way.
+The request path answers through the server's Reply (llmgw.http.contract:
+no framework objects, no ASGI messages per request); this module keeps the
+header lists and error bodies in one place so every answer carries
+``x-request-id`` and the overhead header the same way.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
-from llmgw.gateway.types import Send
+from llmgw.gateway.types import Reply
 
 JSON = b"application/json"
 REQUEST_ID = b"x-request-id"
 OVERHEAD = b"x-llmgw-overhead-ms"
 
 log = logging.getLogger(__name__)
-
-
-class Streamer(Protocol):
-    """What llmgw's server offers besides ASGI's send for a streamed answer
-    (llmgw.http.cycle.RequestCycle): no message dicts per event."""
-
-    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
-
-    def stream(self, body: bytes, more: bool = True) -> Awaitable[None]: ...
 
 
 class ApiError(Exception):
@@ -107,33 +98,23 @@ def overhead_header(seconds: float) -> tuple[bytes, bytes]:
 
 
 async def send_bytes(
-    send: Send,
+    send: Reply,
     status: int,
     body: bytes,
     content_type: bytes,
     extra: list[tuple[bytes, bytes]],
 ) -> None:
-    answer = getattr(send, "answer", None)
-    if answer is not None:
-        # llmgw's server (llmgw.http.connection): head and body in one write, no
-        # ASGI messages. The headers are the gateway's own (the content type
-        # of an engine's answer passed httptools' checks of header values).
-        answer(status, [(b"content-type", content_type), *extra], body)
-        return
-    headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        *extra,
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    # Head and body in one write, no ASGI messages. The headers are the
+    # gateway's own (the content type of an engine's answer passed
+    # httptools' checks of header values).
+    await send.answer(status, [(b"content-type", content_type), *extra], body)
 
 
 async def send_json(
-    send: Send, status: int, payload: Any, extra: list[tuple[bytes, bytes]]
+    send: Reply, status: int, payload: Any, extra: list[tuple[bytes, bytes]]
 ) -> None:
     await send_bytes(send, status, orjson.dumps(payload), JSON, extra)
 
 
-async def send_error(send: Send, error: ApiError, extra: list[tuple[bytes, bytes]]) -> None:
+async def send_error(send: Reply, error: ApiError, extra: list[tuple[bytes, bytes]]) -> None:
     await send_bytes(send, error.status, error.body(), JSON, [*extra, *error.headers()])

@@ -1,11 +1,7 @@
-"""ASGI callable types, spelled out once (the gateway uses no framework on its hot path)."""
+"""ASGI callable types and the server's Reply, as the gateway names them (llmgw.http.contract)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from llmgw.http.contract import Message, Receive, Reply, Scope, Send
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+__all__ = ["Message", "Receive", "Reply", "Scope", "Send"]

@@ -23,7 +23,7 @@ signals, graceful shutdown, the date header, the connection limit), with:
 A request's side (receive, send, the answer's checks) is
 :mod:`llmgw.http.cycle`; this module is the connection's.
 
-Kept from uvicorn (tests/gateway/test_server_protocol.py compares the bytes):
+Kept from uvicorn (tests/http/test_server_protocol.py compares the bytes):
 keep-alive and pipelining, chunked request bodies, streamed answers with
 backpressure, ``http.disconnect`` for a client that leaves, 100-continue,
 HEAD, HTTP/1.0, 400 for a malformed request, 500 for an app that fails, the
@@ -52,7 +52,6 @@ import logging
 import operator
 import urllib.parse
 from collections import deque
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import httptools
@@ -67,11 +66,9 @@ from uvicorn.protocols.utils import (
 
 from llmgw.addresscap import AddressCounts, max_per_address_from_env
 from llmgw.http.answerhead import DefaultHead
+from llmgw.http.contract import HEADERS_EXTENSION, App, Endpoint
 from llmgw.http.cycle import RequestCycle
 
-Asgi = Callable[[Any, Any, Any], Awaitable[None]]
-
-HEADERS_EXTENSION = "llmgw.headers"
 _TASK_NAME = "llmgw-request"
 # A request's head must be complete this long after its first byte (or the
 # connection's opening): a client trickling a byte a minute holds no
@@ -97,6 +94,9 @@ _STRIP_OWS = operator.methodcaller("rstrip", b" \t")
 # not grow it without end.
 _PLAIN_PATHS: dict[bytes, str] = {}
 _PLAIN_PATHS_KEPT = 1024
+# uvicorn's 503 past the connection limit, an ASGI app as any other (its
+# own types spell ASGI's messages out).
+_UNAVAILABLE = cast(Endpoint, service_unavailable)
 _OVER_PER_ADDRESS = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"retry-after: 1\r\nconnection: close\r\ncontent-length: 41\r\n\r\n"
@@ -160,11 +160,11 @@ class LeanHttpProtocol(asyncio.Protocol):
         if not config.loaded:
             config.load()
         self.config = config
-        self.app: Asgi = config.loaded_app
-        # An app that names its endpoints by (method, path) (the gateway) is
-        # skipped for those: the task runs the endpoint, a frame less on its
-        # stack at every resume.
-        self.endpoints: dict[tuple[str, str], Asgi] = getattr(self.app, "endpoints", None) or {}
+        self.app: Endpoint = config.loaded_app
+        # The app's endpoints are run without its dispatch: the task runs the
+        # endpoint, a frame less on its stack at every resume. server_config
+        # takes nothing but an App, whose endpoints these are.
+        self.endpoints = cast(App, config.app).endpoints
         self.loop = _loop or asyncio.get_event_loop()
         self.logger = logging.getLogger("uvicorn.error")
         self.access_logger = logging.getLogger("uvicorn.access")
@@ -197,7 +197,7 @@ class LeanHttpProtocol(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self._writable: asyncio.Future[None] | None = None
-        self.pipeline: deque[tuple[RequestCycle, Asgi]] = deque()
+        self.pipeline: deque[tuple[RequestCycle, Endpoint]] = deque()
         self.closing = False  # a graceful shutdown: no request after the one in progress
 
         # The request being parsed, and the one being answered.
@@ -434,10 +434,10 @@ class LeanHttpProtocol(asyncio.Protocol):
         )  # fmt: skip
         self.parsing = exchange
         limit = self.limit
-        app: Asgi | None
+        app: Endpoint
         if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
             self.logger.warning("Exceeded concurrency limit.")
-            app = service_unavailable
+            app = _UNAVAILABLE
         else:
             app = self.endpoints.get((method, path)) or self.app
         if self.active is None:
@@ -476,7 +476,7 @@ class LeanHttpProtocol(asyncio.Protocol):
 
     # -- requests ----------------------------------------------------------------
 
-    def _start(self, exchange: RequestCycle, app: Asgi) -> None:
+    def _start(self, exchange: RequestCycle, app: Endpoint) -> None:
         self.active = exchange
         coro: Any = app(exchange.scope, exchange.receive, exchange)
         context = contextvars.Context() if self.fresh_context else None

@@ -15,6 +15,7 @@ from uvicorn.protocols.http.httptools_impl import HEADER_RE, HEADER_VALUE_RE, ST
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 from llmgw.http.answerhead import NAMES_SEEN, UNFIT, names_fit
+from llmgw.http.contract import Message
 
 if TYPE_CHECKING:
     from llmgw.http.connection import LeanHttpProtocol
@@ -122,7 +123,7 @@ class RequestCycle:
             await self._wait()
         return {"type": "http.disconnect"}
 
-    def send(self, message: dict[str, Any]) -> Awaitable[None]:
+    def send(self, message: Message) -> Awaitable[None]:
         proto = self.proto
         if proto.write_paused and not self.disconnected:
             return self._send_later(message)
@@ -136,20 +137,23 @@ class RequestCycle:
     # The app's ``send`` is the exchange itself: :meth:`answer` rides along.
     __call__ = send
 
-    def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    def answer(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Awaitable[None]:
         """A whole answer in one write, with no ASGI message: the gateway's usual answer.
 
         ``headers`` are the caller's own, trusted as they are: lower-case
         names, values without control characters, and none of
         content-length, transfer-encoding or connection (this adds them).
+        Awaitable as ``send`` (already done: the write never waits).
         """
+        proto = self.proto
         if self.disconnected:
-            return
+            return proto.done
         if self.started:
             raise RuntimeError("answer() after the answer started")
         if status in CLOSE_AFTER:
             self.keep_alive = False
-        proto = self.proto
         defaults = proto.default_head.of(proto.server_state.default_headers)
         if defaults is None or proto.access_log:
             self.write_start(
@@ -160,7 +164,7 @@ class RequestCycle:
                 }
             )
             self.write_body({"type": "http.response.body", "body": body})
-            return
+            return proto.done
         self.started = True
         self.continue_ = False
         parts = [STATUS_LINE[status], defaults]
@@ -183,8 +187,9 @@ class RequestCycle:
         if not keep_alive:
             proto.close_after_answer()
         proto.answered(self)
+        return proto.done
 
-    async def _send_later(self, message: dict[str, Any]) -> None:
+    async def _send_later(self, message: Message) -> None:
         await self.proto.drain()
         if not self.disconnected:
             if self.started:
@@ -194,7 +199,7 @@ class RequestCycle:
 
     # -- the answer ----------------------------------------------------------
 
-    def write_start(self, message: dict[str, Any]) -> None:
+    def write_start(self, message: Message) -> None:
         if message["type"] != "http.response.start":
             raise RuntimeError(
                 f"Expected ASGI message 'http.response.start', but got '{message['type']}'."
@@ -220,7 +225,7 @@ class RequestCycle:
         else:
             proto.transport.write(head)
 
-    def write_body(self, message: dict[str, Any]) -> None:
+    def write_body(self, message: Message) -> None:
         if self.complete:
             raise RuntimeError(
                 f"Unexpected ASGI message '{message['type']}' sent, after response already"

@@ -14,20 +14,25 @@ idle keep-alive connections close after ``KEEP_ALIVE_S``; one client
 address holds at most ``LLMGW_MAX_CONNECTIONS_PER_ADDRESS`` connections
 (llmgw.addresscap) and a request's body must be complete within
 ``BODY_TIMEOUT_S`` of its head.
+
+The app served is an :class:`~llmgw.http.contract.App` (its endpoints run
+without its dispatch); :class:`Plain` makes one of an ASGI app without any.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import uvicorn
 
 from llmgw.addresscap import max_per_address_from_env
 from llmgw.http.connection import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_HEAD_BYTES, LeanHttpProtocol
+from llmgw.http.contract import App, Asgi, Endpoint, Receive, Reply, Scope
 
 __all__ = [
     "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "MAX_HEAD_BYTES",
-    "server_config",
+    "Plain", "server_config",
 ]
 
 # Longer than uvicorn's 5 s: OpenAI clients keep pooled connections for a
@@ -39,7 +44,19 @@ KEEP_ALIVE_S = 30
 MAX_CONNECTIONS = 4096
 
 
-def server_config(app: Any, **kwargs: Any) -> uvicorn.Config:
+class Plain:
+    """An ASGI app with no endpoints of its own, as an :class:`~llmgw.http.contract.App`."""
+
+    endpoints: Mapping[tuple[str, str], Endpoint] = {}
+
+    def __init__(self, app: Asgi) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Reply) -> None:
+        await self.app(scope, receive, send)
+
+
+def server_config(app: App, **kwargs: Any) -> uvicorn.Config:
     """A uvicorn.Config with llmgw's protocol and limits; ``kwargs`` add to or override them."""
     max_per_address_from_env()  # a bad LLMGW_MAX_CONNECTIONS_PER_ADDRESS stops the start here
     settings: dict[str, Any] = {

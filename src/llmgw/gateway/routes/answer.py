@@ -3,8 +3,8 @@
 A stream's first chunk is read before anything goes to the client (so a
 replica that fails during prefill is still retried elsewhere); an
 unstreamed answer is passed on whole, renamed for an external model and
-metered; a stream goes out through one :class:`~llmgw.gateway.replies.Streamer`,
-llmgw's own server's or one made of ASGI messages.
+metered; a stream goes out through the server's Reply
+(llmgw.http.contract), with no ASGI messages.
 """
 
 from __future__ import annotations
@@ -13,47 +13,24 @@ import time
 from collections.abc import Callable
 
 from llmgw.gateway.call import Call
+from llmgw.gateway.external import RenamingReply
 from llmgw.gateway.metering.account import account
 from llmgw.gateway.metering.usage import Usage
-from llmgw.gateway.replies import JSON, Streamer, engine_failed, overhead_header, send_bytes
+from llmgw.gateway.replies import JSON, engine_failed, overhead_header, send_bytes
 from llmgw.gateway.routing.prefill import Prefill
-from llmgw.gateway.types import Message, Send
+from llmgw.gateway.types import Reply
 from llmgw.http.upstream import Response
 
 
-class _AsgiStream:
-    """A :class:`Streamer` made of ASGI messages: the start goes out with the first body."""
+def stream_out(call: Call) -> Reply:
+    """Where ``call``'s streamed answer goes, one ``stream`` call per event block.
 
-    __slots__ = ("_send", "_start")
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self._start: Message | None = None
-
-    def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self._start = {"type": "http.response.start", "status": status, "headers": headers}
-
-    async def stream(self, body: bytes, more: bool = True) -> None:
-        start = self._start
-        if start is not None:
-            self._start = None
-            await self._send(start)
-        if body or not more:
-            await self._send({"type": "http.response.body", "body": body, "more_body": more})
-
-
-def stream_out(call: Call) -> Streamer:
-    """Where ``call``'s streamed answer goes, one call per event block.
-
-    llmgw's server streams without ASGI messages (llmgw.http.connection); its
-    head waits for the first events, so a relay sends on each turn before it
-    waits. An external model's stream is renamed chunk by chunk, as ASGI
-    messages.
+    The head waits for the first events (Reply.start), so a relay sends on
+    each turn before it waits. An external model's stream is renamed piece
+    by piece.
     """
-    send = call.send
-    if call.rename is None and hasattr(send, "stream"):
-        return send  # type: ignore[return-value]
-    return _AsgiStream(call.stream_send())
+    rename = call.rename
+    return call.send if rename is None else RenamingReply(call.send, rename)
 
 
 async def first_chunk(call: Call, response: Response, prefill: Prefill, ttft: bool = True) -> bytes:

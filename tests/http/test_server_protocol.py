@@ -19,9 +19,9 @@ from typing import Any
 
 import uvicorn
 
-from llmgw.gateway.types import Receive, Scope, Send
 from llmgw.http.connection import LeanHttpProtocol
-from llmgw.http.server import server_config
+from llmgw.http.contract import Receive, Scope, Send
+from llmgw.http.server import Plain, server_config
 from llmgw.serving import start_server
 
 
@@ -51,7 +51,7 @@ async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
 async def _served(**settings: Any) -> AsyncIterator[int]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = server_config(_echo, log_level="warning", loop="none", **settings)
+    config = server_config(Plain(_echo), log_level="warning", loop="none", **settings)
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     task = await start_server(server, [sock])
@@ -203,7 +203,7 @@ async def test_each_answer_is_written_as_uvicorn_writes_it() -> None:
         written[name] = []
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        config = server_config(_shapes, log_level="critical", loop="none", http=http)
+        config = server_config(Plain(_shapes), log_level="critical", loop="none", http=http)
         server = uvicorn.Server(config)
         server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
         task = await start_server(server, [sock])

@@ -1,6 +1,6 @@
 """llmgw's own HTTP/1.1 server protocol (llmgw.http.connection) on real loopback sockets.
 
-tests/gateway/test_server_protocol.py compares its scopes and answer bytes
+tests/http/test_server_protocol.py compares its scopes and answer bytes
 with uvicorn's; these check what a byte comparison cannot: the limits
 (head size and deadline, connections), request bodies in pieces, a client
 that leaves, backpressure, graceful shutdown, TLS and the access log.
@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 import uvicorn
 
-from llmgw.gateway import front
-from llmgw.gateway.types import Receive, Scope, Send
-from llmgw.http.connection import HEADERS_EXTENSION, LeanHttpProtocol
-from llmgw.http.server import server_config
+from llmgw.http.connection import LeanHttpProtocol
+from llmgw.http.contract import HEADERS_EXTENSION, Receive, Scope, Send
+from llmgw.http.server import Plain, server_config
 from llmgw.servertls import ensure_server_tls
 from llmgw.serving import start_server
 
@@ -34,7 +33,7 @@ from llmgw.serving import start_server
 async def _served(app: Any, **settings: Any) -> AsyncIterator[tuple[int, uvicorn.Server]]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = server_config(app, **{"log_level": "warning", "loop": "none", **settings})
+    config = server_config(Plain(app), **{"log_level": "warning", "loop": "none", **settings})
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
     task = await start_server(server, [sock])
@@ -65,18 +64,6 @@ async def _read_answer(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
     return head, await asyncio.wait_for(reader.readexactly(length), 5)
-
-
-def test_the_gateway_reads_the_same_header_key() -> None:
-    # The gateway does not import the server: the two constants must agree.
-    assert front.HEADERS_EXTENSION == HEADERS_EXTENSION
-
-
-async def test_the_header_index_keeps_the_first_value_of_a_name() -> None:
-    scope: dict[str, Any] = {"headers": [(b"a", b"1"), (b"a", b"2")]}
-    assert front.header(scope, b"a") == b"1"
-    scope["extensions"] = {HEADERS_EXTENSION: dict(reversed(scope["headers"]))}
-    assert front.header(scope, b"a") == b"1" and front.header(scope, b"b") is None
 
 
 async def test_a_chunked_body_in_pieces_arrives_whole() -> None:
@@ -341,7 +328,7 @@ async def test_answers_and_streams_without_asgi_messages_read_as_uvicorns_would(
 
 
 def test_the_gateway_and_serve_listen_with_it_and_llmgws_limits() -> None:
-    config = server_config(object())
+    config = server_config(Plain(_echo))
     assert config.http is LeanHttpProtocol
     assert config.limit_concurrency == 4096 and config.timeout_keep_alive == 30
     for module in ("llmgw.cli.gateway", "llmgw.cli.combined"):
