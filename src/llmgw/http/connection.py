@@ -1,43 +1,37 @@
 """The gateway's HTTP/1.1 server protocol: httptools and the event loop, without uvicorn's cycle.
 
-uvicorn's protocol (even trimmed, as llmgw once ran it) was about a
-quarter of the gateway's Python work per request: ~47 interpreter steps per
-request header, a ``RequestResponseCycle`` and an ``asyncio.Event`` per
-request, a wrapper coroutine on the request's stack at every resume, a
-coroutine per ``send``, a per-header loop for each answer's head. This one
-serves the same ASGI apps under the same ``uvicorn.Server`` (sockets, TLS,
-signals, graceful shutdown, the date header, the connection limit), with:
+uvicorn's own protocol costs about a quarter of the gateway's Python work
+per request: ~47 interpreter steps per request header, a
+``RequestResponseCycle`` and an ``asyncio.Event`` per request, a wrapper
+coroutine on the request's stack at every resume, a coroutine per ``send``,
+a per-header loop for each answer's head. This one serves the same ASGI apps
+under the same ``uvicorn.Server`` (sockets, TLS, signals, graceful
+shutdown, the date header, the connection limit), with:
 
-* headers collected by a three-step callback and looked at once per request,
-  into a dict the gateway reads (``scope["extensions"]["llmgw.headers"]``);
+* headers collected by a three-step callback and indexed once per request
+  (llmgw.http.contract.request_headers);
 * a request body that arrived with its head handed to ``receive`` at once,
   with no event to wait on (a future only when the app must wait);
-* the app's task running the endpoint itself: an app with ``route_for``
-  (the gateway) names it before the task starts, and what uvicorn's wrapper
-  coroutine did around the app happens in the task's done callback;
-* ``send`` a plain call returning a finished future, a plain answer's head
-  rendered without a per-header loop and written with its body; ``send``
-  also offers ``answer(status, headers, body)``, a whole answer in one write
-  with no ASGI message (the gateway's usual answer, llmgw.gateway.replies).
-
-A request's side (receive, send, the answer's checks) is
-:mod:`llmgw.http.cycle`; this module is the connection's.
+* the app's task running the endpoint itself (llmgw.http.contract.App), and
+  what uvicorn's wrapper coroutine did around the app in the task's done
+  callback;
+* the request's Reply (:mod:`llmgw.http.cycle`: receive, send, the answer's
+  checks) writing an answer's head without a per-header loop, with its body.
 
 Kept from uvicorn (tests/http/test_server_protocol.py compares the bytes):
 keep-alive and pipelining, chunked request bodies, streamed answers with
 backpressure, ``http.disconnect`` for a client that leaves, 100-continue,
 HEAD, HTTP/1.0, 400 for a malformed request, 500 for an app that fails, the
-access log. Added: the head's deadline and size cap (uvicorn bounds
-neither; :mod:`llmgw.http.server` has the settings every llmgw server
-runs this protocol with), the body's deadline, a cap on connections per
-client address, a connection closed after an answer that refuses its
-request (401, 408, 413), and the keep-alive timer armed once per idle
-stretch.
+access log. Added: the head's size cap, the deadlines of
+:mod:`llmgw.http.guards` (uvicorn bounds neither a head's time nor its
+size; :mod:`llmgw.http.server` has the settings every llmgw server runs
+this protocol with), a cap on connections per client address, and a
+connection closed after an answer that refuses its request (401, 408, 413).
 
 Why per address (llmgw.addresscap): uvicorn's ``limit_concurrency`` counts
 all connections together, so one address that keeps a few thousand slow
 connections open (each a byte every few seconds, never finishing its head)
-made every other client's request a 503, ``/healthz`` included. Past
+makes every other client's request a 503, ``/healthz`` included. Past
 ``max_per_address`` open connections from one address, a new connection
 from it is answered 503 and closed at once, before anything is read, so
 the rest of the connection limit stays for everyone else.
@@ -50,14 +44,13 @@ import contextlib
 import contextvars
 import logging
 import operator
-import urllib.parse
+import weakref
 from collections import deque
 from typing import Any, cast
 
 import httptools
 import uvicorn
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, service_unavailable
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.protocols.utils import (
     get_local_addr,
     get_remote_addr,
@@ -68,18 +61,10 @@ from llmgw.addresscap import AddressCounts, max_per_address_from_env
 from llmgw.http.answerhead import DefaultHead
 from llmgw.http.contract import HEADERS_EXTENSION, App, Endpoint
 from llmgw.http.cycle import RequestCycle
+from llmgw.http.guards import ConnectionGuards
+from llmgw.http.target import PLAIN_PATHS, parse_target
 
 _TASK_NAME = "llmgw-request"
-# A request's head must be complete this long after its first byte (or the
-# connection's opening): a client trickling a byte a minute holds no
-# connection for long.
-HEAD_TIMEOUT_S = 10.0
-# A request's body must be complete this long after its head: a client
-# trickling its body holds its connection (and, on the control plane, a
-# route waiting for the body) no longer. Generous for the largest bodies
-# llmgw takes (a 48 MiB usage batch, a transcription's audio upload) over a
-# slow link.
-BODY_TIMEOUT_S = 120.0
 # Large enough for any OpenAI client's headers (a long bearer token, tracing
 # headers), small enough that a head never matters for memory.
 MAX_HEAD_BYTES = 64 * 1024
@@ -88,12 +73,6 @@ MAX_HEAD_BYTES = 64 * 1024
 LINGER_S = 2.0
 LINGER_BYTES = 1024 * 1024
 _STRIP_OWS = operator.methodcaller("rstrip", b" \t")
-# Request targets that are a plain path (no query, escape or fragment), as
-# their str: httptools.parse_url was ~4 % of the gateway's CPU, for the same
-# "/v1/chat/completions" every time. Bounded: a client choosing paths must
-# not grow it without end.
-_PLAIN_PATHS: dict[bytes, str] = {}
-_PLAIN_PATHS_KEPT = 1024
 # uvicorn's 503 past the connection limit, an ASGI app as any other (its
 # own types spell ASGI's messages out).
 _UNAVAILABLE = cast(Endpoint, service_unavailable)
@@ -103,46 +82,21 @@ _OVER_PER_ADDRESS = (
     b"Too many connections from this address.\r\n"
 )
 
+# The open connections per client address of each server, shared by its
+# connections (keyed by uvicorn's state of the server).
+_PER_ADDRESS: weakref.WeakKeyDictionary[Any, AddressCounts] = weakref.WeakKeyDictionary()
 
 
 def _per_address(server_state: Any, cap: int) -> AddressCounts:
-    """The open connections per client address of one server (shared by its connections)."""
-    counts: AddressCounts | None = getattr(server_state, "llmgw_per_address", None)
+    counts = _PER_ADDRESS.get(server_state)
     if counts is None or counts.cap != cap:
-        counts = AddressCounts(cap)
-        server_state.llmgw_per_address = counts
+        counts = _PER_ADDRESS[server_state] = AddressCounts(cap)
     return counts
 
-def _parse_target(url: bytes, root: str) -> tuple[str, bytes, bytes]:
-    """(path, raw path, query) of a request target, as uvicorn makes them."""
-    if (
-        url[:1] == b"/"
-        and url.isascii()
-        and b"?" not in url
-        and b"%" not in url
-        and b"#" not in url
-    ):
-        raw_path, path, query = url, url.decode("ascii"), b""
-        if len(_PLAIN_PATHS) < _PLAIN_PATHS_KEPT:
-            _PLAIN_PATHS[url] = path
-    else:
-        parsed = httptools.parse_url(url)
-        raw_path = parsed.path
-        path = raw_path.decode("ascii")
-        if "%" in path:
-            path = urllib.parse.unquote(path)
-        query = parsed.query or b""
-    if root:
-        path = root + path
-        raw_path = root.encode("ascii") + raw_path
-    return path, raw_path, query
 
-
-class LeanHttpProtocol(asyncio.Protocol):
+class LeanHttpProtocol(ConnectionGuards, asyncio.Protocol):
     """An HTTP/1.1 connection serving an ASGI app (see the module's docstring)."""
 
-    head_timeout_s = HEAD_TIMEOUT_S
-    body_timeout_s = BODY_TIMEOUT_S
     max_head_bytes = MAX_HEAD_BYTES
     # None: LLMGW_MAX_CONNECTIONS_PER_ADDRESS or its default (llmgw.addresscap);
     # tests set a number here.
@@ -212,13 +166,6 @@ class LeanHttpProtocol(asyncio.Protocol):
         # progress began after one, mid-read (its first bytes went uncounted).
         self._completed_in_read = False
         self._head_mid_read = False
-        self._head_since: float | None = None
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._idle_since: float | None = None
-        self._keep_alive_timer: asyncio.TimerHandle | None = None
-        # When the body in progress began (None: no body being read).
-        self._body_since: float | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
         cap = self.max_per_address
         self.per_address = _per_address(
             server_state, max_per_address_from_env() if cap is None else cap)
@@ -254,10 +201,7 @@ class LeanHttpProtocol(asyncio.Protocol):
             if exchange is not None and not exchange.complete:
                 exchange.gone()
         self._writable_again()
-        for timer in (self._head_timer, self._keep_alive_timer, self._body_timer):
-            if timer is not None:
-                timer.cancel()
-        self._head_timer = self._keep_alive_timer = self._body_timer = None
+        self.cancel_deadlines()
         if exc is None:
             self.transport.close()
 
@@ -307,32 +251,13 @@ class LeanHttpProtocol(asyncio.Protocol):
         except httptools.HttpParserError:
             msg = "Invalid HTTP request received."
             self.logger.warning(msg)
-            self._answer_400(msg)
+            self.refuse(400, msg)
             return
         counted = self._head_bytes
         if counted is not None and counted > self.max_head_bytes:
             # Still in a head: every byte counted since it began was head.
             self.logger.warning("Request head over %d bytes.", self.max_head_bytes)
-            self._answer_400("Invalid HTTP request received.")
-
-    def _answer_400(self, msg: str) -> None:
-        # Requests of this connection still running write nothing more: the
-        # connection is closed under them (as if their client had left).
-        for exchange in {self.active, self.parsing, *(e for e, _ in self.pipeline)}:
-            if exchange is not None and not exchange.complete:
-                exchange.gone()
-        content = [STATUS_LINE[400]]
-        for name, value in self.server_state.default_headers:
-            content.extend([name, b": ", value, b"\r\n"])
-        content.extend([
-            b"content-type: text/plain; charset=utf-8\r\n",
-            b"content-length: " + str(len(msg)).encode("ascii") + b"\r\n",
-            b"connection: close\r\n",
-            b"\r\n",
-            msg.encode("ascii"),
-        ])  # fmt: skip
-        self.transport.write(b"".join(content))
-        self.transport.close()
+            self.refuse(400, "Invalid HTTP request received.")
 
     # -- flow control ------------------------------------------------------------
 
@@ -402,17 +327,17 @@ class LeanHttpProtocol(asyncio.Protocol):
         # request without a body completes in this same read and clears it).
         self._body_since = self.loop.time()
         if self._body_timer is None:
-            self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
+            self._arm_body_timer(self.body_timeout_s)
         parser = self.parser
         version = parser.get_http_version()
         method = parser.get_method().decode("ascii")
         url = self._url
         root = self.root_path
-        path = _PLAIN_PATHS.get(url)
+        path = PLAIN_PATHS.get(url)
         if path is not None and not root:
             raw_path, query = url, b""
         else:
-            path, raw_path, query = _parse_target(url, root)
+            path, raw_path, query = parse_target(url, root)
         raw = self._raw
         # llhttp keeps trailing whitespace, which RFC 9110 5.5 excludes from the value.
         names, values = map(bytes.lower, raw[::2]), map(_STRIP_OWS, raw[1::2])
@@ -519,72 +444,3 @@ class LeanHttpProtocol(asyncio.Protocol):
         active.keep_alive = False
         for exchange, _ in self.pipeline:
             exchange.keep_alive = False
-
-    # -- timers ------------------------------------------------------------------
-
-    def _arm_keep_alive(self, delay_s: float) -> None:
-        self._keep_alive_timer = self.loop.call_later(delay_s, self._keep_alive_ended)
-
-    def _keep_alive_ended(self) -> None:
-        self._keep_alive_timer = None
-        since = self._idle_since
-        if since is None:
-            return  # a request in progress: its answer arms the timer again
-        left = since + self.keep_alive_s - self.loop.time()
-        if left > 0:
-            self._arm_keep_alive(left)
-        elif not self.transport.is_closing():
-            self.transport.close()
-
-    def _body_timed_out(self) -> None:
-        self._body_timer = None
-        since = self._body_since
-        if since is None or self.transport.is_closing():
-            return  # between bodies: the next head arms a timer again
-        left = since + self.body_timeout_s - self.loop.time()
-        if left <= 0 and self.read_paused:
-            # Reading is paused by this server (a pipelined request waiting
-            # its turn, or a body the app has not taken yet): not the
-            # client's slowness. The deadline starts over once it reads again.
-            self._body_since = since = self.loop.time()
-            left = self.body_timeout_s
-        if left > 0:
-            self._body_timer = self.loop.call_later(left, self._body_timed_out)
-            return
-        self.logger.info("Request body not complete within %g s; closing.", self.body_timeout_s)
-        exchange = self.parsing
-        answer = (exchange is not None and exchange is self.active and not exchange.started)
-        for pending in {self.active, self.parsing, *(e for e, _ in self.pipeline)}:
-            if pending is not None and not pending.complete:
-                pending.gone()
-        if answer:
-            msg = f"The request body was not complete within {self.body_timeout_s:g} s."
-            self.transport.write(b"".join([
-                STATUS_LINE[408],
-                *(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers),
-                b"content-type: text/plain; charset=utf-8\r\n",
-                b"content-length: %d\r\n" % len(msg),
-                b"connection: close\r\n\r\n",
-                msg.encode("ascii"),
-            ]))  # fmt: skip
-        self.transport.close()
-
-    def _arm_head_timer(self, delay_s: float) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-        self._head_timer = self.loop.call_later(max(0.0, delay_s), self._head_timed_out)
-
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        since = self._head_since
-        if since is None:
-            return  # between requests: the next head arms a timer again
-        left = since + self.head_timeout_s - self.loop.time()
-        if left > 0:
-            self._arm_head_timer(left)
-            return
-        # Only a connection waiting for a head: an answer in progress (a long
-        # stream) is never cut by this timer.
-        if self.active is None and not self.transport.is_closing():
-            self.transport.close()
-

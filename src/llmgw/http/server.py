@@ -27,8 +27,9 @@ from typing import Any
 import uvicorn
 
 from llmgw.addresscap import max_per_address_from_env
-from llmgw.http.connection import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, MAX_HEAD_BYTES, LeanHttpProtocol
+from llmgw.http.connection import MAX_HEAD_BYTES, LeanHttpProtocol
 from llmgw.http.contract import App, Asgi, Endpoint, Receive, Reply, Scope
+from llmgw.http.guards import BODY_TIMEOUT_S, HEAD_TIMEOUT_S
 
 __all__ = [
     "BODY_TIMEOUT_S", "HEAD_TIMEOUT_S", "KEEP_ALIVE_S", "MAX_CONNECTIONS", "MAX_HEAD_BYTES",
