@@ -131,6 +131,8 @@ class LeanHttpProtocol(ConnectionGuards, asyncio.Protocol):
         self.root_path: str = config.root_path
         self.asgi = {"version": config.asgi_version, "spec_version": "2.3"}
         self.limit = config.limit_concurrency
+        # uvicorn's own setting, which the older uvicorns pyproject.toml
+        # allows do not have.
         self.fresh_context = bool(getattr(config, "reset_contextvars", False))
         # Tasks made as the loop would make them, but named: unnamed, each
         # task formats a "Task-<n>" of its own (Python 3.11; ~10 % of a
