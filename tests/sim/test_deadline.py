@@ -32,7 +32,9 @@ def test_uvloop_wakes_within_a_fraction_of_a_millisecond() -> None:
     late = uvloop.run(_lateness(100))
     assert min(late) >= 0.0, sorted(late)  # never early
     close = sum(1 for x in late if x < 0.0003) / len(late)
-    assert close >= 0.8, sorted(late)  # ~0.05 ms is usual; a busy machine delays a few
+    # ~0.05 ms is usual, but a loaded 2-core machine delays a quarter of them (0.76 seen
+    # beside a running suite); twice uvloop's own third still tells the two paths apart.
+    assert close >= 0.66, sorted(late)
 
 
 async def test_sleepers_wake_in_deadline_order_and_a_cancelled_one_is_skipped() -> None:
