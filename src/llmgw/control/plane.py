@@ -24,6 +24,7 @@ from llmgw.control.services.gateways import Gateways
 from llmgw.control.services.keys import ApiKeys
 from llmgw.control.services.nodes import Nodes
 from llmgw.control.services.replicas import Replicas
+from llmgw.control.services.teams import Teams
 from llmgw.control.state import FleetState
 from llmgw.control.store.repo import Store
 from llmgw.control.weightdigests import SETTING as WEIGHT_DIGESTS
@@ -47,13 +48,14 @@ class ControlPlane(Core):
         # reconciler and the admin plan read this one object, so a plan
         # parks and backs off as the passes it predicts do.
         self.policy = Policy()
-        self.keys = ApiKeys(self)
+        self.teams = Teams(self)
+        self.keys = ApiKeys(self, self.teams)
         self.credentials = Credentials(self, self.keys)
         self.catalog = Catalog(self)
         self.nodes = Nodes(self, self.credentials)
         self.replicas = Replicas(self)
         self.agents = Agents(self)
-        self.gateways = Gateways(self, self.keys, self.catalog)
+        self.gateways = Gateways(self, self.keys, self.catalog, self.teams)
 
     async def load(self, *, leading: bool = False) -> None:
         """Read the durable state into memory (at start and on becoming leader).
@@ -91,6 +93,7 @@ class ControlPlane(Core):
             began = time.time()
             for node in state.nodes.values():
                 node.listening_since = began
+        await self.teams.load()
         await self.keys.load()
         await self.credentials.load()
         await self.nodes.load()

@@ -307,7 +307,9 @@ def test_keys_secret_shown_once(served: Served) -> None:
         revoked = c.delete(f"/keys/{body['key']['key_id']}").json()
         missing = c.delete("/keys/nope")
         bad = c.post("/keys", json={"rpm": 0})
-    assert all(set(k) == {"key_id", "name", "models", "expires_at", "rpm", "tpm", "revoked"}
+    assert all(set(k) == {"key_id", "name", "models", "expires_at", "rpm", "tpm", "revoked",
+                          "team_id", "tokens_per_day", "tokens_per_month", "budget_usd",
+                          "budget_period"}
                for k in listed)
     assert body["secret"] not in str(listed)
     assert revoked["revoked"] is True

@@ -1,0 +1,47 @@
+"""``/teams``: tenants made, listed, changed and deleted (their keys under ``/keys?team=``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from fastapi.routing import APIRoute
+
+from llmgw.control.adminapi.routing import NOT_FOUND, json_response
+from llmgw.control.adminapi.tenancy_schemas import TeamCreate, TeamUpdate, TeamView, team_view
+from llmgw.control.service import ControlPlane
+from llmgw.wire import TeamInfo
+
+
+def teams_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
+    router = APIRouter(route_class=route_class)
+
+    def view(team: TeamInfo) -> TeamView:
+        return team_view(team, cp.keys.live_in_team(team.team_id))
+
+    @router.post("/teams", response_model=TeamView, status_code=201, tags=["teams"])
+    async def create_team(body: TeamCreate) -> Response:
+        team = await cp.teams.create(TeamInfo(team_id="-", **body.model_dump()))
+        return json_response(view(team), status=201)
+
+    @router.get("/teams", response_model=list[TeamView], tags=["teams"])
+    async def list_teams() -> Response:
+        return json_response([view(t) for t in cp.teams.all()])
+
+    @router.get("/teams/{team}", response_model=TeamView, responses=NOT_FOUND, tags=["teams"])
+    async def get_team(team: str) -> Response:
+        """One team, by id or name."""
+        return json_response(view(cp.teams.get(team)))
+
+    @router.patch("/teams/{team}", response_model=TeamView, responses=NOT_FOUND, tags=["teams"])
+    async def update_team(team: str, body: TeamUpdate) -> Response:
+        """Change the fields sent; null clears a limit."""
+        return json_response(view(await cp.teams.update(team, body.model_dump(exclude_unset=True))))
+
+    @router.delete("/teams/{team}", response_model=TeamView, responses=NOT_FOUND, tags=["teams"])
+    async def delete_team(team: str) -> Response:
+        """Delete a team; refused (422) while live keys belong to it."""
+        found = cp.teams.get(team)
+        return json_response(view(await cp.teams.delete(found.team_id,
+                                                        cp.keys.live_in_team(found.team_id))))
+
+    return router
