@@ -17,6 +17,7 @@ from llmgw.control.leader import Leadership
 from llmgw.control.rows import model_from_row, node_from_row, replica_from_row
 from llmgw.control.scheduler.decisions import Policy
 from llmgw.control.services.agents import Agents
+from llmgw.control.services.allowances import Allowances
 from llmgw.control.services.catalog import Catalog
 from llmgw.control.services.core import Core
 from llmgw.control.services.credentials import Credentials, NewCredentials
@@ -56,6 +57,8 @@ class ControlPlane(Core):
         self.replicas = Replicas(self)
         self.agents = Agents(self)
         self.gateways = Gateways(self, self.keys, self.catalog, self.teams)
+        # Each gateway worker's share of every key's and team's limits.
+        self.allowances = Allowances(self, self.keys, self.teams)
 
     async def load(self, *, leading: bool = False) -> None:
         """Read the durable state into memory (at start and on becoming leader).
@@ -95,6 +98,8 @@ class ControlPlane(Core):
                 node.listening_since = began
         await self.teams.load()
         await self.keys.load()
+        # This leadership's shares start settling now, not at the first report.
+        _ = self.allowances.book
         await self.credentials.load()
         await self.nodes.load()
         await self.node_certs.load_claims(self.store)

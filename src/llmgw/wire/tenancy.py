@@ -4,7 +4,7 @@ A key belongs to at most one team (none: the operator's). Both carry the same
 set of limits: requests and tokens per minute, tokens per UTC day and month,
 and a budget in US dollars over a period. The limits hold fleet-wide: each
 gateway worker enforces a share of every limit that the control plane lends
-it (llmgw.control.allowance), which is what the allowance messages carry.
+it (llmgw.allowance), which is what the allowance messages carry.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pydantic import Field
 from llmgw.wire.base import Wire
 
 BudgetPeriod = Literal["day", "week", "month"]
-# What one share is of: a limit over a window (llmgw.control.allowance).
+# What one share is of: a limit over a window (llmgw.allowance).
 LimitKind = Literal["rpm", "tpm", "tokens_day", "tokens_month", "budget"]
 LIMIT_KINDS: tuple[LimitKind, ...] = ("rpm", "tpm", "tokens_day", "tokens_month", "budget")
 
@@ -66,6 +66,9 @@ class AllowanceUse(Wire):
     window: int  # the window's start (unix s): a minute bucket's or a period's
     used: float = 0.0
     wanted: float = 0.0
+    # The share it enforces now (0: none yet), which may be one it was sent
+    # before its last report was answered.
+    enforced: float = 0.0
 
 
 class AllowanceReport(Wire):
@@ -81,9 +84,14 @@ class AllowanceShare(Wire):
     window: int
     share: float  # what this point may count in the window (rpm/tpm: per sliding minute)
     limit: float  # the whole limit, for messages
+    # The points together have used all of it: a refusal is the fleet's.
+    exhausted: bool = False
 
 
 class AllowanceAnswer(Wire):
     shares: list[AllowanceShare] = Field(default_factory=list)
     # How often the point should report (s), so the control plane paces its load.
     report_every_s: float = 1.0
+    # A leader that has just taken over lends no more than points say they
+    # enforce for this long (s): a point refused meanwhile asks again then.
+    settling_s: float = 0.0

@@ -82,6 +82,9 @@ class ApiKeys:
             raise NotFoundError(f"API key {key_id!r} does not exist")
         return info
 
+    def find(self, key_id: str) -> ApiKeyInfo | None:
+        return self._keys.get(key_id)
+
     def live_in_team(self, team_id: str) -> int:
         return sum(1 for k in self._keys.values() if k.team_id == team_id and not k.revoked)
 

@@ -39,8 +39,9 @@ class Teams:
             raise NotFoundError(f"team {team_id!r} does not exist")
         return team
 
-    def exists(self, team_id: str) -> bool:
-        return team_id in self._teams
+    def find(self, team_id: str) -> TeamInfo | None:
+        """By id only, None when there is none (the request path's lookups)."""
+        return self._teams.get(team_id)
 
     async def create(self, team: TeamInfo) -> TeamInfo:
         core = self.core

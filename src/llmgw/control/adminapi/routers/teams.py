@@ -6,9 +6,9 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
-from llmgw.control.adminapi.routing import NOT_FOUND, json_response
+from llmgw.control.adminapi.adminroute import NOT_FOUND, json_response
 from llmgw.control.adminapi.tenancy_schemas import TeamCreate, TeamUpdate, TeamView, team_view
-from llmgw.control.service import ControlPlane
+from llmgw.control.plane import ControlPlane
 from llmgw.wire import TeamInfo
 
 
