@@ -45,6 +45,11 @@ class Allowances:
             self._book_epoch = epoch
         return self._book
 
+    @property
+    def current_book(self) -> AllowanceBook | None:
+        """The book as it is, never a new one (metrics; a standby has none)."""
+        return self._book if self.core.is_leader else None
+
     async def exchange(self, report: AllowanceReport) -> AllowanceAnswer:
         self.core.require_leader()
         return await self.book.exchange(report, self.clock(), self._limit_of, self._base_of)
