@@ -158,8 +158,10 @@ class AllowanceBook:
             reported.add(key)
             held.add(key)
             share = self._grant(ledger, point, use, now)
-            exhausted = sum(e.used_since_joined() for e in ledger.entries.values()
-                            ) >= ledger.limit - ledger.base
+            # Less than one request left counts as none (requests count whole).
+            left = ledger.limit - ledger.base - sum(
+                e.used_since_joined() for e in ledger.entries.values())
+            exhausted = left < 1.0 if use.kind == "rpm" else left <= 0.0
             shares.append(AllowanceShare(subject=use.subject, kind=use.kind, window=use.window,
                                          share=share, limit=limit, exhausted=exhausted))
         for key in held - reported:  # dropped by the point: it holds no share there now

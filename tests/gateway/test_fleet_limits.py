@@ -16,13 +16,22 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 from tests.control.planekit import opened_plane
-from tests.gateway.conftest import async_client, fast_settings, running_gateway
+from tests.gateway.conftest import (
+    SECRET,
+    api_key,
+    async_client,
+    fast_settings,
+    make_config,
+    route,
+    running_gateway,
+)
+from tests.gateway.test_keys_usage import OTHER
 from tests.servers import serve_asgi
 
 from llmgw.control.app import create_app
 from llmgw.control.plane import ControlPlane
 from llmgw.gateway.app import Gateway
-from llmgw.gateway.link import HttpControlPlaneLink
+from llmgw.gateway.link import HttpControlPlaneLink, MemoryLink
 from llmgw.wire import ExternalSpec, ModelPrice, ModelSpec, TeamInfo, TenantLimits
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi " * 20}]
@@ -110,3 +119,24 @@ async def test_a_teams_token_quota_and_a_keys_budget_hold_across_two_gateways(
         await gateways[1][0].flush_usage()
         _, spend = await cp.store.consumed(since=0, key_id=cp.keys.all()[-1].key_id)
         assert 0.30 <= spend <= 0.30 + 2 * spend / spent
+
+
+async def test_gateways_cut_off_from_the_control_plane_keep_their_last_shares(
+    upstreams: Any,
+) -> None:
+    engine = await upstreams("e1")
+    link = MemoryLink(make_config(1, [route("m", [engine])], [
+        api_key(rpm=10), api_key(secret=OTHER, key_id="k2", rpm=10)]))
+    async with running_gateway(link) as (_, first), running_gateway(link) as (_, second):
+        # k1 is used on both gateways: each holds a share of its 10.
+        answers = [await ask(url, SECRET) for url in (first, second) * 3]
+        assert [status for status, _ in answers] == [200] * 6
+        link.fail = True
+        more = await asyncio.gather(*(ask(url, SECRET) for url in (first, second) * 10))
+        served = [status for status, _ in more].count(200)
+        # Never unlimited: together still within the key's 10 a minute.
+        assert served <= 4, more
+        assert {status for status, _ in more} <= {200, 429}
+        # k2 was never seen: no share, no guess.
+        status, message = await ask(first, OTHER)
+        assert status == 503 and "cannot be checked" in message

@@ -27,6 +27,10 @@ from llmgw.gateway.tenancy.windows import period_bounds, period_name
 UNAVAILABLE_RETRY_S = 2.0
 # A request waits this long at most for a new leader to settle (llmgw.allowance.SETTLE_S).
 SETTLE_WAIT_S = 3.0
+# ...and this long for room another worker holds while the fleet has some.
+MOVE_WAIT_S = 2.5
+# Exchanges one request may wait for, whatever the answers say.
+MAX_ASKS = 6
 
 
 def subjects(record: KeyRecord) -> Iterator[tuple[str, str, wire.TenantLimits]]:
@@ -66,7 +70,12 @@ class TenantCheck:
         for counter, _, _ in counters:
             counter.wanted.add(1.0, now)
             counter.last_attempt = now
-        for attempt in range(3):
+        # Room the fleet has but another worker holds comes back within
+        # two reports (the holder's cut share, then its confirmation): worth
+        # waiting for rather than refusing. A leader settling lends more only
+        # once it has heard every point.
+        wait_until = now + MOVE_WAIT_S
+        for _ in range(MAX_ASKS):
             blocked = self._first_blocked(counters, now)
             if blocked is None:
                 for counter, _, _ in counters:
@@ -75,29 +84,25 @@ class TenantCheck:
                 return None
             counter, who, limits, unknown = blocked
             settling = self.point.settling_until - now
-            # Ask for a share (or a larger one) before refusing, unless the
-            # last answer is fresh: another worker may have left room. A
-            # leader settling lends more only once it has heard every point.
-            fresh = now - counter.synced_at < RESYNC_S
-            wait_settle = 0 < settling <= SETTLE_WAIT_S
-            # Room the fleet has but another worker holds comes back within
-            # about a report: worth one wait rather than a refusal.
-            wait_move = attempt == 1 and not unknown and not counter.exhausted
-            if attempt == 2 or (not unknown and fresh and not wait_settle and not wait_move):
-                return self._refusal(counter, who, limits, unknown, now)
-            if wait_settle:
+            if unknown:
+                pass  # ask for a first share below
+            elif 0 < settling <= SETTLE_WAIT_S:
                 await asyncio.sleep(settling + 0.01)
-            elif wait_move:
-                await asyncio.sleep(self.point.report_every_s)
+            elif not counter.exhausted and now < wait_until:
+                await asyncio.sleep(min(self.point.report_every_s, wait_until - now))
+            elif now - counter.synced_at >= RESYNC_S:
+                pass  # a stale answer: ask once more before refusing
+            else:
+                return self._refusal(counter, who, limits, unknown, now)
             try:
                 async with asyncio.timeout(SYNC_WAIT_S):
                     answered = await self.point.sync()
             except TimeoutError:
                 answered = False
             if not answered:
-                return self._refusal(counter, who, limits, unknown, now)
+                return self._refusal(counter, who, limits, counter.share is None, now)
             now = time.monotonic()
-        return None  # not reached: the last attempt returns
+        return self._refusal(counter, who, limits, counter.share is None, now)
 
     @staticmethod
     def _first_blocked(counters: list[tuple[Counter, str, wire.TenantLimits]], now: float

@@ -156,5 +156,5 @@ class EnforcementPoint:
         """Report every ``report_every_s`` (the control plane sets it), with no
         counter too: a live point is kept a part of every limit (llmgw.allowance)."""
         while True:
+            await self.sync()  # at once at the start: the leader counts this point in
             await asyncio.sleep(self.report_every_s)
-            await self.sync()
