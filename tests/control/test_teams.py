@@ -36,6 +36,9 @@ async def test_teams_and_their_keys_live_in_the_store(store_url: str) -> None:
             unknown = await client.post("/keys", json={"team": "nobody"})
             assert unknown.status_code == 404
 
+            same = await client.patch(f"/teams/{team['team_id']}", json={})
+            assert same.status_code == 200 and same.json()["rpm"] == 60
+            assert (await client.patch(f"/keys/{key_id}", json={})).status_code == 200
             changed = await client.patch(f"/teams/{team['team_id']}",
                                          json={"rpm": None, "budget_usd": 30.0,
                                                "budget_period": "week"})

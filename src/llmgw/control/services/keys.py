@@ -98,6 +98,8 @@ class ApiKeys:
             changes["team_id"] = self.teams.get(str(changes["team_id"])).team_id
         updated = ApiKeyInfo.model_validate({**current.model_dump(), **changes})
         values = {name: getattr(updated, name) for name in changes}
+        if not values:
+            return current  # nothing to change
         if not await core.writes.update_api_key(key_id, values):
             raise NotFoundError(f"API key {key_id!r} does not exist")
         self._keys[key_id] = updated

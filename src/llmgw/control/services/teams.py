@@ -64,6 +64,8 @@ class Teams:
         updated = TeamInfo.model_validate({**current.model_dump(), **changes})
         values = {name: getattr(updated, name) for name in changes
                   if name in LIMIT_FIELDS or name in ("name", "models")}
+        if not values:
+            return current  # nothing to change
         if not await core.writes.update_team(current.team_id, values):
             raise NotFoundError(f"team {team_id!r} does not exist")
         self._teams[current.team_id] = updated
