@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
+from llmgw.control.access.roles import Action
+from llmgw.control.adminapi import teamscope
 from llmgw.control.adminapi.adminroute import NOT_FOUND, json_response
 from llmgw.control.adminapi.tenancy_schemas import TeamCreate, TeamUpdate, TeamView, team_view
 from llmgw.control.plane import ControlPlane
@@ -24,13 +26,18 @@ def teams_router(cp: ControlPlane, route_class: type[APIRoute]) -> APIRouter:
         return json_response(view(team), status=201)
 
     @router.get("/teams", response_model=list[TeamView], tags=["teams"])
-    async def list_teams() -> Response:
-        return json_response([view(t) for t in cp.teams.all()])
+    async def list_teams(request: Request) -> Response:
+        """Every team; a team admin sees its own."""
+        allowed = teamscope.scope(request, Action.TEAMS_READ)
+        return json_response([view(t) for t in cp.teams.all()
+                              if teamscope.in_scope(cp, allowed, t.team_id)])
 
     @router.get("/teams/{team}", response_model=TeamView, responses=NOT_FOUND, tags=["teams"])
-    async def get_team(team: str) -> Response:
+    async def get_team(team: str, request: Request) -> Response:
         """One team, by id or name."""
-        return json_response(view(cp.teams.get(team)))
+        found = cp.teams.get(team)
+        teamscope.require(request, cp, Action.TEAMS_READ, found.team_id, f"GET /teams/{team}")
+        return json_response(view(found))
 
     @router.patch("/teams/{team}", response_model=TeamView, responses=NOT_FOUND, tags=["teams"])
     async def update_team(team: str, body: TeamUpdate) -> Response:
