@@ -58,6 +58,7 @@ store's count of the window so far (llmgw.control.services.allowances).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -200,7 +201,12 @@ class AllowanceBook:
             live = max(1, len(self.points_seen))
             headroom = min(headroom, max(unused / live, HORIZON_S * entry.rate))
         own = entry.used_since_joined()
-        grant = min(own + headroom, pool - others)
+        if use.kind == "rpm":
+            # Whole requests: fractions of a share admit nothing and would
+            # leave the fleet short of its limit by up to one per point.
+            grant = min(math.ceil(own + headroom - 1e-9), math.floor(pool - others + 1e-9))
+        else:
+            grant = min(own + headroom, pool - others)
         if now < self.settled_at:
             grant = min(grant, entry.enforced - entry.joined_at)
         grant = max(0.0, grant)
