@@ -12,8 +12,13 @@ What runs, all on loopback, each a real process:
   between the gateways, at up to ``--rate`` requests a second in all.
 
 A key with ``rpm: 60`` is made through the admin API; its admitted requests
-(HTTP 200) are timed as they are sent, and the worst sliding minute of
-them, over 60, is ``over_admission_ratio`` (admitted over allowed). The
+(HTTP 200) are timed when their answer arrives (the gateway admitted them
+just before: the simulated engine answers in milliseconds), and the worst
+sliding minute of them, over 60, is ``over_admission_ratio`` (admitted over
+allowed). ``worst_minute_by_send_time`` counts the same requests by when
+they were sent, which over-counts: a refused request may wait inside the
+gateway (up to 2.5 s) for a share another worker is giving up, so a
+request sent before a minute's edge can be admitted after it. The
 limit's window is a real minute (the code has no scaled windows), so the
 full run lasts ``--seconds`` (150 by default: 90 windows' starts); with
 ``--quick`` 40 s, all inside one minute, where the ratio is everything
@@ -125,7 +130,8 @@ async def chat(session: aiohttp.ClientSession, url: str, key: str) -> int:
 
 async def drive(urls: list[str], key: str, seconds: float, rate: float, concurrency: int
                 ) -> dict[str, Any]:
-    admitted: list[float] = []
+    admitted: list[float] = []  # when the answer came (admitted just before)
+    sent: list[float] = []  # when the admitted request was sent
     statuses: dict[int, int] = {}
     per_gateway = [0] * len(urls)
     began = time.monotonic()
@@ -147,7 +153,8 @@ async def drive(urls: list[str], key: str, seconds: float, rate: float, concurre
                 status = 0
             statuses[status] = statuses.get(status, 0) + 1
             if status == 200:
-                admitted.append(now - began)
+                admitted.append(time.monotonic() - began)
+                sent.append(now - began)
                 per_gateway[gateway] += 1
             if time.monotonic() >= next_report:
                 next_report += 10.0
@@ -157,7 +164,8 @@ async def drive(urls: list[str], key: str, seconds: float, rate: float, concurre
 
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         await asyncio.gather(*(sender(i) for i in range(concurrency)))
-    return {"admitted_times": admitted, "statuses": statuses, "per_gateway": per_gateway,
+    return {"admitted_times": admitted, "sent_times": sent, "statuses": statuses,
+            "per_gateway": per_gateway,
             "seconds": time.monotonic() - began}
 
 
@@ -219,7 +227,9 @@ async def run(args: argparse.Namespace) -> int:
          offered=offered, offered_per_s=round(offered / result["seconds"], 1),
          admitted=len(result["admitted_times"]), admitted_per_gateway=result["per_gateway"],
          statuses={str(k): v for k, v in sorted(result["statuses"].items())},
-         worst_minute_admitted=worst, over_admission_ratio=round(ratio, 3),
+         worst_minute_admitted=worst,
+         worst_minute_by_send_time=worst_minute(result["sent_times"]),
+         over_admission_ratio=round(ratio, 3),
          over_admission_bound=BOUND, verdict="pass" if ok else "fail",
          isolation_ttft_p90_ratio=None, isolation_verdict="not measured (issue 33 item 4)")
     return 0 if ok else 1
