@@ -204,7 +204,8 @@ class AllowanceBook:
         if use.kind == "rpm":
             # Whole requests: fractions of a share admit nothing and would
             # leave the fleet short of its limit by up to one per point.
-            grant = min(math.ceil(own + headroom - 1e-9), math.floor(pool - others + 1e-9))
+            grant: float = min(math.ceil(own + headroom - 1e-9),
+                               math.floor(pool - others + 1e-9))
         else:
             grant = min(own + headroom, pool - others)
         if now < self.settled_at:
