@@ -189,6 +189,23 @@ def test_keys_create_list_revoke(served: Served) -> None:
     assert "does not exist" in one_line_error(run(served, "keys", "revoke", "nope"))
 
 
+def test_teams_and_keys_in_them(served: Served) -> None:
+    made = ok(run(served, "teams", "create", "research", "--model", "llama", "--rpm", "60",
+                  "--tokens-per-day", "100000", "--budget", "25"))
+    assert "team research" in made and "rpm 60" in made and "$25.00/month" in made
+    listed = ok(run(served, "teams"))
+    assert "research" in listed and "100,000 tok/day" in listed
+    key = json.loads(ok(run(served, "keys", "create", "--name", "r1", "--team", "research",
+                            "--budget", "5", "--budget-period", "week", "--json")))["key"]
+    assert key["team_id"] and key["budget_usd"] == 5.0 and key["budget_period"] == "week"
+    changed = ok(run(served, "teams", "set", "research", "--rpm", "0", "--tpm", "5000"))
+    assert "rpm" not in changed and "tpm 5000" in changed
+    assert "live key" in one_line_error(run(served, "teams", "delete", "research"))
+    moved = ok(run(served, "keys", "set", key["key_id"], "--team", "none"))
+    assert "(team -)" in moved
+    assert "deleted" in ok(run(served, "teams", "delete", "research"))
+
+
 def test_usage(served: Served) -> None:
     minute = int(time.time()) // 60 * 60
     served.call(lambda: served.cp.gateways.record_usage([

@@ -122,9 +122,9 @@ def test_csv_by_day_from_the_real_command_is_the_consoles_download(serve: Serve)
         env={**os.environ, "LLMGW_ADMIN_TOKEN": serve.token, "COLUMNS": "40"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.decode() == (
-        "day,requests,prompt_tokens,completion_tokens,cached_tokens,errors\r\n"
-        "2026-11-01,5,50,20,5,1\r\n"
-        "2026-11-02,5,50,20,10,2\r\n")
+        "day,requests,prompt_tokens,completion_tokens,cached_tokens,errors,spend_usd\r\n"
+        "2026-11-01,5,50,20,5,1,0.0\r\n"
+        "2026-11-02,5,50,20,10,2,0.0\r\n")
     download = httpx.get(
         f"{serve.url}/admin/v1/usage/report",
         params={"since": at("2026-11-01T00:00"), "until": at("2026-11-04T00:00"), "by": "day",
@@ -150,8 +150,8 @@ def test_csv_by_key_names_keys_and_defuses_formulas(serve: Serve) -> None:
 def test_table_by_day_and_model_with_a_total(serve: Serve) -> None:
     out = ok(ctl(serve, *WINDOW, "--by", "day,model"))
     lines = [line.split() for line in out.splitlines()]
-    assert ["2026-11-02", "m2", "4", "40", "16", "10", "2"] in lines
-    assert ["total", "10", "100", "40", "15", "3"] in lines
+    assert ["2026-11-02", "m2", "4", "40", "16", "10", "2", "0.0000"] in lines
+    assert ["total", "10", "100", "40", "15", "3", "0.0000"] in lines
     only = json.loads(ok(ctl(serve, *WINDOW, "--by", "model", "--model", "m1", "--json")))
     assert [(r["model"], r["requests"]) for r in only["rows"]] == [("m1", 4)]
 
@@ -166,7 +166,7 @@ def test_ages_and_unix_seconds(serve: Serve) -> None:
 
 
 @pytest.mark.parametrize("args, says", [
-    (("--by", "week"), "'week' is not one of key, model, day"),
+    (("--by", "week"), "'week' is not one of team, key, model, day"),
     (("--since", "last tuesday"), "--since 'last tuesday': give a date"),
     (("--since", "2026-11-04", "--until", "2026-11-01"), "until must be after since"),
     (("--by", "day", "--per-minute"), "--per-minute is for the recent view"),

@@ -343,6 +343,12 @@ async def test_usage_page(console: Console, watched: Watched, shots: Path) -> No
         cells = await page.locator(f'#usage-by-model tr[data-name="{model}"] td').all_inner_texts()
         assert cells[1:4] == [f"{requests:,}", f"{prompt:,}", f"{completion:,}"]
     await expect(page.locator("#usage-by-key tbody tr")).to_have_count(2)
+    # Neither key is in a team: all of it is the operator's.
+    await expect(page.locator("#usage-by-team tbody tr")).to_have_count(1)
+    operator = page.locator('#usage-by-team tr[data-name="(operator)"] td')
+    team_cells = await operator.all_inner_texts()
+    total = sum(t[0] for t in per_model.values())
+    assert team_cells[1] == f"{total:,}"
     # Four charts, each with one line per model or key.
     await expect(page.locator("#usage-charts figure")).to_have_count(4)
     await expect(page.locator("#usage-charts figure").first.locator("path.series")).to_have_count(2)
@@ -387,7 +393,7 @@ async def test_download_csv_of_the_range_by_model_and_by_day(
     by_all = list(csv.DictReader(io.StringIO(read(await (await info.value).path()).decode())))
     assert by_all and set(by_all[0]) == {"day", "key_id", "key_name", "model", "requests",
                                          "prompt_tokens", "completion_tokens", "cached_tokens",
-                                         "errors"}
+                                         "errors", "spend_usd"}
     assert sum(int(r["requests"]) for r in by_all) == sum(int(r["requests"])
                                                           for r in rows.values())
     await expect(page.locator("#usage-csv-error")).to_be_empty()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from llmgw import wire
+from llmgw.allowance import AllowanceBook
+from llmgw.gateway.link import lend_from_config
 
 TOKEN = "llmgw-gw-test-token"
 
@@ -22,6 +25,7 @@ class FakeControlPlane:
         self.demands: list[str] = []
         self.polls: list[int] = []
         self._changed = asyncio.Event()
+        self.allowances = AllowanceBook(settle_s=0.0, now=time.monotonic())
         self._runner: web.AppRunner | None = None
 
     def publish(self, config: wire.GatewayConfig) -> None:
@@ -35,6 +39,7 @@ class FakeControlPlane:
         app.router.add_post("/gateway/v1/load", self._load)
         app.router.add_post("/gateway/v1/demand", self._demand)
         app.router.add_post("/gateway/v1/usage", self._usage)
+        app.router.add_post("/gateway/v1/allowance", self._allowance)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -68,6 +73,11 @@ class FakeControlPlane:
             except TimeoutError:
                 pass
         return web.Response(body=self.config.model_dump_json(), content_type="application/json")
+
+    async def _allowance(self, request: web.Request) -> web.Response:
+        report = wire.AllowanceReport.model_validate_json(await request.read())
+        answer = await lend_from_config(self.allowances, self.config, report)
+        return web.Response(body=answer.model_dump_json(), content_type="application/json")
 
     async def _load(self, request: web.Request) -> web.Response:
         self.loads.append(wire.GatewayLoadReport.model_validate_json(await request.read()))

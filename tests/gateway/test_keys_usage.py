@@ -19,9 +19,9 @@ from tests.gateway.conftest import (
 from tests.waiting import eventually
 
 from llmgw import wire
-from llmgw.gateway.checks.auth import Bucket
 from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.metering.batcher import UsageBatcher
+from llmgw.gateway.tenancy.windows import SlidingCount
 
 OTHER = "sk-llmgw-other-key-abcdefghijklmnopqrstuvwxyz"
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -161,11 +161,12 @@ def test_usage_batcher_bounds_and_restores() -> None:
     assert batcher.dropped == 1
 
 
-def test_bucket_refills_at_its_rate() -> None:
-    bucket = Bucket(60)  # one per second
-    now = bucket.stamp
-    assert all(bucket.take(1, now) == 0 for _ in range(60))
-    assert bucket.take(1, now) == pytest.approx(1.0)
-    assert bucket.take(1, now + 1.0) == 0
-    bucket.charge(120)
-    assert bucket.admit(now + 1.0) == pytest.approx(121.0)
+def test_the_sliding_minute_never_counts_less_than_the_last_60_s() -> None:
+    count = SlidingCount()
+    count.add(1, 100.2)
+    count.add(2, 130.0)
+    assert count.count(160.1) == 3  # 100.2 is still within (100.1, 160.1]
+    assert count.count(160.4) == 3  # out of the window, but its half-second slot is not yet
+    assert count.count(160.6) == 2
+    assert count.frees_in(161.0) == pytest.approx(29.5)
+    assert count.count(191.0) == 0

@@ -41,6 +41,7 @@ from llmgw.http.contract import Endpoint
 from llmgw.promkit import CONTENT_TYPE, scrape_allowed
 from llmgw.wire import (
     AgentRegistration,
+    AllowanceReport,
     DemandRequest,
     GatewayLoadReport,
     UsageRecord,
@@ -207,6 +208,14 @@ def _gateway_link(app: ControlApp, cp: ControlPlane) -> None:
         demand = DemandRequest.model_validate(await _body(request))
         await cp.catalog.demand(demand.model)
         return Response(status_code=202)
+
+    @app.post("/gateway/v1/allowance", include_in_schema=False)
+    async def gateway_allowance(request: Request) -> Response:
+        # The leader's alone (_gateway refuses a standby): shares are lent
+        # out of one book, in its memory (llmgw.allowance).
+        _gateway(request)
+        report = AllowanceReport.model_validate(await _body(request))
+        return _json(await cp.allowances.exchange(report))
 
     @app.post("/gateway/v1/usage", include_in_schema=False, status_code=204)
     async def gateway_usage(request: Request) -> Response:

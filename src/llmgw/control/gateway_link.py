@@ -15,7 +15,13 @@ docs/install.md: send /v1 traffic to the leader (GET /healthz/leader).
 from __future__ import annotations
 
 from llmgw.control.plane import ControlPlane
-from llmgw.wire import GatewayConfig, GatewayLoadReport, UsageRecord
+from llmgw.wire import (
+    AllowanceAnswer,
+    AllowanceReport,
+    GatewayConfig,
+    GatewayLoadReport,
+    UsageRecord,
+)
 
 
 class InProcessLink:
@@ -36,3 +42,8 @@ class InProcessLink:
 
     async def report_usage(self, records: list[UsageRecord]) -> None:
         await self.cp.gateways.record_usage(records)
+
+    async def exchange_allowance(self, report: AllowanceReport) -> AllowanceAnswer:
+        # A standby lends nothing (StandbyError): the gateway keeps its last
+        # shares, as it would with the leader out of reach.
+        return await self.cp.allowances.exchange(report)

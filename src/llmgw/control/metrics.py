@@ -40,6 +40,7 @@ from llmgw.control.adminapi.views.models import ModelView
 from llmgw.control.counters import ControlMetrics
 from llmgw.control.gcpause import paused_gc
 from llmgw.control.store.stats import WriteStats
+from llmgw.control.tenancymetrics import tenancy_families
 from llmgw.promkit import filled
 
 if TYPE_CHECKING:
@@ -80,6 +81,9 @@ class ControlCollector(Collector):
         )
         yield from fleet_families(cp)
         yield from store_member_families(self._patroni.cached())
+        names = {f"key:{k.key_id}": k.name for k in cp.keys.all()}
+        names.update({f"team:{t.team_id}": t.name for t in cp.teams.all()})
+        yield from tenancy_families(cp.allowances.current_book, names)
 
 
 def _work_families(m: ControlMetrics) -> Iterator[Metric]:

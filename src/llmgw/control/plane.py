@@ -17,6 +17,7 @@ from llmgw.control.leader import Leadership
 from llmgw.control.rows import model_from_row, node_from_row, replica_from_row
 from llmgw.control.scheduler.decisions import Policy
 from llmgw.control.services.agents import Agents
+from llmgw.control.services.allowances import Allowances
 from llmgw.control.services.catalog import Catalog
 from llmgw.control.services.core import Core
 from llmgw.control.services.credentials import Credentials, NewCredentials
@@ -24,6 +25,7 @@ from llmgw.control.services.gateways import Gateways
 from llmgw.control.services.keys import ApiKeys
 from llmgw.control.services.nodes import Nodes
 from llmgw.control.services.replicas import Replicas
+from llmgw.control.services.teams import Teams
 from llmgw.control.state import FleetState
 from llmgw.control.store.repo import Store
 from llmgw.control.weightdigests import SETTING as WEIGHT_DIGESTS
@@ -47,13 +49,16 @@ class ControlPlane(Core):
         # reconciler and the admin plan read this one object, so a plan
         # parks and backs off as the passes it predicts do.
         self.policy = Policy()
-        self.keys = ApiKeys(self)
+        self.teams = Teams(self)
+        self.keys = ApiKeys(self, self.teams)
         self.credentials = Credentials(self, self.keys)
         self.catalog = Catalog(self)
         self.nodes = Nodes(self, self.credentials)
         self.replicas = Replicas(self)
         self.agents = Agents(self)
-        self.gateways = Gateways(self, self.keys, self.catalog)
+        self.gateways = Gateways(self, self.keys, self.catalog, self.teams)
+        # Each gateway worker's share of every key's and team's limits.
+        self.allowances = Allowances(self, self.keys, self.teams)
 
     async def load(self, *, leading: bool = False) -> None:
         """Read the durable state into memory (at start and on becoming leader).
@@ -91,7 +96,10 @@ class ControlPlane(Core):
             began = time.time()
             for node in state.nodes.values():
                 node.listening_since = began
+        await self.teams.load()
         await self.keys.load()
+        # This leadership's shares start settling now, not at the first report.
+        _ = self.allowances.book
         await self.credentials.load()
         await self.nodes.load()
         await self.node_certs.load_claims(self.store)

@@ -21,6 +21,8 @@ from llmgw.wire import (
     NodeState,
     ReplicaState,
     ShardAssignment,
+    TeamInfo,
+    TenantLimits,
     WeightsEntry,
 )
 
@@ -164,6 +166,20 @@ def replica_from_row(row: Row) -> ReplicaRecord:
     )
 
 
+LIMIT_FIELDS = ("rpm", "tpm", "tokens_per_day", "tokens_per_month", "budget_usd",
+                "budget_period")
+
+
+def limits_row(limits: TenantLimits) -> Row:
+    return {name: getattr(limits, name) for name in LIMIT_FIELDS}
+
+
+def _limits_of(row: Row) -> Row:
+    out = {name: row.get(name) for name in LIMIT_FIELDS}
+    out["budget_period"] = out["budget_period"] or "month"
+    return out
+
+
 def key_from_row(row: Row) -> ApiKeyInfo:
     return ApiKeyInfo(
         key_id=row["id"],
@@ -171,10 +187,20 @@ def key_from_row(row: Row) -> ApiKeyInfo:
         secret_hash=row["secret_hash"],
         models=list(row["models"] or []),
         expires_at=row["expires_at"],
-        rpm=row["rpm"],
-        tpm=row["tpm"],
         revoked=bool(row["revoked"]),
+        team_id=row.get("team_id"),
+        **_limits_of(row),
     )
+
+
+def team_row(team: TeamInfo, created_at: float) -> Row:
+    return {"id": team.team_id, "name": team.name, "models": list(team.models),
+            **limits_row(team), "created_at": created_at}
+
+
+def team_from_row(row: Row) -> TeamInfo:
+    return TeamInfo(team_id=row["id"], name=row["name"], models=list(row["models"] or []),
+                    **_limits_of(row))
 
 
 def event_row(event: Event) -> Row:

@@ -92,6 +92,20 @@ class FencedWrites:
     async def add_api_key(self, row: Row) -> None:
         await self._fenced(lambda epoch: self.store.add_api_key(row, epoch=epoch))
 
+    async def update_api_key(self, key_id: str, values: Row) -> bool:
+        return await self._fenced(
+            lambda epoch: self.store.update_api_key(key_id, values, epoch=epoch))
+
+    async def add_team(self, row: Row) -> None:
+        await self._fenced(lambda epoch: self.store.add_team(row, epoch=epoch))
+
+    async def update_team(self, team_id: str, values: Row) -> bool:
+        return await self._fenced(
+            lambda epoch: self.store.update_team(team_id, values, epoch=epoch))
+
+    async def delete_team(self, team_id: str) -> bool:
+        return await self._fenced(lambda epoch: self.store.delete_team(team_id, epoch=epoch))
+
     async def revoke_api_key(self, key_id: str) -> bool:
         return await self._fenced(lambda epoch: self.store.revoke_api_key(key_id, epoch=epoch))
 

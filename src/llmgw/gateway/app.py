@@ -44,6 +44,8 @@ from llmgw.gateway.replies import JSON, ApiError, send_bytes, send_error, send_j
 from llmgw.gateway.routes.table import ROUTES
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
+from llmgw.gateway.tenancy.check import TenantCheck
+from llmgw.gateway.tenancy.point import EnforcementPoint
 from llmgw.gateway.types import Receive, Reply, Scope
 from llmgw.gateway.upstream import Upstream
 from llmgw.http.asgi import as_asgi
@@ -92,6 +94,7 @@ class Gateway:
             usage=UsageBatcher(self.settings.usage_max_rows),
             room=room,
             demand=self._demand,
+            tenancy=TenantCheck(EnforcementPoint(link.exchange_allowance)),
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[Any]] = set()
@@ -125,6 +128,7 @@ class Gateway:
             loop.create_task(self._load_loop(), name="gateway-load-report"),
             loop.create_task(self._usage_loop(), name="gateway-usage-flush"),
             loop.create_task(self.health.run(), name="gateway-external-health"),
+            loop.create_task(self.runtime.tenancy.point.run(), name="gateway-limit-shares"),
         ]
 
     async def stop(self) -> None:

@@ -24,6 +24,7 @@ from llmgw.gateway.replies import REQUEST_ID, ApiError, send_error, send_json, u
 from llmgw.gateway.routing.router import ModelRouter
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView, model_entry
+from llmgw.gateway.tenancy.check import TenantCheck
 from llmgw.gateway.types import Receive, Reply, Scope
 from llmgw.gateway.upstream import Upstream
 from llmgw.http.contract import request_headers
@@ -50,6 +51,8 @@ class Runtime:
     usage: UsageBatcher
     room: WaitRoom
     demand: Callable[[str], None]
+    # Keys' and teams' limits, held fleet-wide (llmgw.gateway.tenancy).
+    tenancy: TenantCheck
     snapshot: ConfigView | None = None
 
 

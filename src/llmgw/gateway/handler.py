@@ -19,7 +19,7 @@ import logging
 import time
 
 from llmgw.gateway.call import Call
-from llmgw.gateway.checks.auth import KeyRecord, authenticate, limit
+from llmgw.gateway.checks.auth import KeyRecord, authenticate
 from llmgw.gateway.checks.validation import check_request
 from llmgw.gateway.front import (
     ClientGone,
@@ -61,7 +61,7 @@ async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send
         check_request(route.path, payload)  # before anything is routed or woken
         router = resolve(snapshot, record, payload)
         model = router.route.name
-        refusal = limit(record, time.monotonic())
+        refusal = await rt.tenancy.admit(record)
         if refusal is not None:
             raise refusal.error()
         # A client that leaves cancels this task: the engine's work for it

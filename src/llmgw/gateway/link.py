@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -17,6 +18,7 @@ import aiohttp
 import orjson
 
 from llmgw import wire
+from llmgw.allowance import AllowanceBook
 from llmgw.cpclient import ControlPlaneCaller, NewerAnswers
 from llmgw.errors import ControlPlaneUnavailable
 from llmgw.failover import LeaderFinder
@@ -26,6 +28,7 @@ CONFIG_PATH = "/gateway/v1/config"
 LOAD_PATH = "/gateway/v1/load"
 DEMAND_PATH = "/gateway/v1/demand"
 USAGE_PATH = "/gateway/v1/usage"
+ALLOWANCE_PATH = "/gateway/v1/allowance"
 
 log = logging.getLogger("llmgw.gateway.link")
 
@@ -41,6 +44,11 @@ class ControlPlaneLink(Protocol):
     async def report_load(self, report: wire.GatewayLoadReport) -> None: ...
 
     async def report_usage(self, records: list[wire.UsageRecord]) -> None: ...
+
+    async def exchange_allowance(self, report: wire.AllowanceReport) -> wire.AllowanceAnswer:
+        """This worker's use of every limit it enforces, for its shares of them
+        (llmgw.allowance)."""
+        ...
 
 
 class HttpControlPlaneLink:
@@ -119,6 +127,12 @@ class HttpControlPlaneLink:
         payload = orjson.dumps([r.model_dump() for r in records])
         await self._call("POST", USAGE_PATH, payload, self._timeout)
 
+    async def exchange_allowance(self, report: wire.AllowanceReport) -> wire.AllowanceAnswer:
+        _, body = await self._call("POST", ALLOWANCE_PATH, report.model_dump_json().encode(),
+                                   self._timeout)
+        answer, _ = wire.read_from_newer(wire.AllowanceAnswer, body)
+        return answer
+
     async def _call(
         self,
         method: str,
@@ -157,6 +171,9 @@ class MemoryLink:
         self.usage: list[wire.UsageRecord] = []
         self.fail = False  # when True every call raises, as if the control plane were down
         self._changed = asyncio.Event()
+        # Shares of the config's limits, lent as a control plane would (no
+        # store: calendar windows start from nothing).
+        self.allowances = AllowanceBook(settle_s=0.0, now=time.monotonic())
 
     def publish(self, config: wire.GatewayConfig) -> None:
         self.config = config
@@ -192,3 +209,24 @@ class MemoryLink:
     async def report_usage(self, records: list[wire.UsageRecord]) -> None:
         self._check()
         self.usage.extend(records)
+
+    async def exchange_allowance(self, report: wire.AllowanceReport) -> wire.AllowanceAnswer:
+        self._check()
+        return await lend_from_config(self.allowances, self.config, report)
+
+
+async def lend_from_config(book: AllowanceBook, config: wire.GatewayConfig,
+                           report: wire.AllowanceReport) -> wire.AllowanceAnswer:
+    """Shares of the limits ``config``'s keys and teams carry, with no store behind them
+    (calendar windows start from nothing): for tests and embedding."""
+    holders: dict[str, wire.TenantLimits] = {f"key:{k.key_id}": k for k in config.keys}
+    holders.update({f"team:{t.team_id}": t for t in config.teams})
+
+    def limit_of(subject: str, kind: wire.LimitKind) -> float | None:
+        holder = holders.get(subject)
+        return holder.limit_of(kind) if holder is not None else None
+
+    async def nothing_yet(subject: str, kind: wire.LimitKind, window: int) -> float:
+        return 0.0
+
+    return await book.exchange(report, time.monotonic(), limit_of, nothing_yet)

@@ -23,9 +23,10 @@ def _default_gateway_id() -> str:
 class GatewaySettings:
     gateway_id: str = field(default_factory=_default_gateway_id)
     # How many worker processes serve this gateway's port (``llmgw gateway
-    # --workers N``; 1: this process alone). Each enforces 1/workers of every
-    # key's RPM/TPM (llmgw.gateway.checks.auth), so the workers together never let
-    # a key past its limit.
+    # --workers N``; 1: this process alone). Each is an enforcement point of
+    # its own, lent a share of every key's and team's limits by the control
+    # plane (llmgw.allowance), so the workers together never let a key past
+    # its limit.
     workers: int = 1
 
     # Requests: 32 MiB leaves room for base64 images in chat messages while

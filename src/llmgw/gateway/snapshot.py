@@ -56,8 +56,7 @@ class ConfigView:
         self.indexes: dict[str, PrefixIndex] = {}
         self.speeds: dict[str, PrefillSpeed] = {}
         self.routes: dict[str, ModelRouter] = {}
-        self.keys: KeyTable = KeyTable(config.keys, previous.keys if previous else None,
-                                       settings.workers)
+        self.keys: KeyTable = KeyTable(config.keys, config.teams)
         # External models' URLs by replica id, and what puts the catalog's
         # name back into their answers (llmgw.gateway.external).
         self.external: dict[str, ExternalEndpoint] = {}

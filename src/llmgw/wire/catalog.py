@@ -267,6 +267,17 @@ class AdapterSpec(Wire):
     size_mib: int | None = Field(None, ge=1, le=1024 * 1024)
 
 
+class ModelPrice(Wire):
+    """What a model's tokens cost, in US dollars per million: what budgets are spent at."""
+
+    input_per_million: float = Field(0.0, ge=0)
+    output_per_million: float = Field(0.0, ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input_per_million
+                + completion_tokens * self.output_per_million) / 1e6
+
+
 class ModelSpec(Wire):
     """One catalog entry (DESIGN.md §3). Field-level shape is checked here;
     cross-field rules (MIG limits, gpus = tp x pp, ...) in control.catalog."""
@@ -301,6 +312,8 @@ class ModelSpec(Wire):
     # max_tokens when the client gave no limit, lowers a larger one). None: no
     # cap, and a client that sets no limit lets the engine run to its context.
     max_output_tokens: int | None = Field(None, ge=1)
+    # What its tokens cost; None: free (budgets are not spent on it).
+    price: ModelPrice | None = None
     sim: SimParams | None = None
     # Existing servers to route to instead of an engine to run (engine
     # ``external``, which is also what an entry with this and no engine gets).

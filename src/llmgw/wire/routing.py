@@ -5,8 +5,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from llmgw.wire.base import Wire
-from llmgw.wire.catalog import ENV_NAME_PATTERN, EngineDialect, RoutingPolicy
+from llmgw.wire.catalog import ENV_NAME_PATTERN, EngineDialect, ModelPrice, RoutingPolicy
 from llmgw.wire.replicas import EngineKey
+from llmgw.wire.tenancy import TeamInfo, TenantLimits
 
 
 class Endpoint(Wire):
@@ -43,6 +44,8 @@ class ModelRoute(Wire):
     # A LoRA adapter's base model (ModelSpec.base), listed as vLLM lists
     # one; its endpoints are the base's replicas that have it loaded.
     parent: str | None = None
+    # The catalog's price (ModelSpec.price): what budgets are spent at.
+    price: ModelPrice | None = None
 
 
 class RoutingTable(Wire):
@@ -109,17 +112,21 @@ class UsageRecord(Wire):
     errors: int = 0
 
 
-class ApiKeyInfo(Wire):
-    """An API key as the gateway needs it: the hash, never the secret."""
+class ApiKeyInfo(TenantLimits):
+    """An API key as the gateway needs it: the hash, never the secret.
+
+    Its limits (TenantLimits) hold beside its team's: a request needs room
+    under both.
+    """
 
     key_id: str
     name: str = ""
     secret_hash: str
     models: list[str] = Field(default_factory=list)  # empty: all models
     expires_at: float | None = None
-    rpm: int | None = None
-    tpm: int | None = None
     revoked: bool = False
+    # None: the operator's key, under no team's models or limits.
+    team_id: str | None = None
 
 
 class GatewayConfig(Wire):
@@ -127,4 +134,5 @@ class GatewayConfig(Wire):
 
     routing: RoutingTable
     keys: list[ApiKeyInfo] = Field(default_factory=list)
+    teams: list[TeamInfo] = Field(default_factory=list)
 

@@ -60,7 +60,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("post", "/plan"): {"models": [{"name": "new", "engine": "sim"}]},
     ("post", "/keys"): {"name": "k"},
 }
-PARAMS = {"name": "n1", "replica_id": "r0001", "key_id": "nope", "token_id": "nope",
+PARAMS = {"name": "n1", "replica_id": "r0001", "key_id": "nope", "token_id": "nope", "team": "nope",
           "address": "10.0.0.99"}
 
 
@@ -307,7 +307,9 @@ def test_keys_secret_shown_once(served: Served) -> None:
         revoked = c.delete(f"/keys/{body['key']['key_id']}").json()
         missing = c.delete("/keys/nope")
         bad = c.post("/keys", json={"rpm": 0})
-    assert all(set(k) == {"key_id", "name", "models", "expires_at", "rpm", "tpm", "revoked"}
+    assert all(set(k) == {"key_id", "name", "models", "expires_at", "rpm", "tpm", "revoked",
+                          "team_id", "tokens_per_day", "tokens_per_month", "budget_usd",
+                          "budget_period"}
                for k in listed)
     assert body["secret"] not in str(listed)
     assert revoked["revoked"] is True
@@ -331,7 +333,7 @@ def test_usage_per_key_and_model(served: Served) -> None:
     assert hour["total"]["requests"] == 7 and len(hour["rows"]) == 3
     assert hour["by_key_model"][0] == {"key_id": "k2", "model": "qwen", "requests": 4,
                                        "prompt_tokens": 0, "completion_tokens": 0,
-                                       "cached_tokens": 0, "errors": 1}
+                                       "cached_tokens": 0, "errors": 1, "spend_usd": 0.0}
     assert k1["total"]["requests"] == 103
     assert qwen["total"]["requests"] == 4
 

@@ -28,6 +28,7 @@ from llmgw.cli.ctl import (
     nodes,
     replicas,
     status,
+    teams,
     usage,
 )
 from llmgw.cli.ctl.client import Settings
@@ -97,6 +98,7 @@ app.add_typer(replicas.replicas_app, name="replicas")
 app.command()(events.events)
 app.command()(gateways.gateways)
 app.add_typer(access.keys_app, name="keys")
+app.add_typer(teams.teams_app, name="teams")
 app.command()(usage.usage)
 app.command("join-token")(access.join_token)
 app.add_typer(access.join_tokens_app, name="join-tokens")

@@ -1,4 +1,4 @@
-"""Who may use the fleet: ``llmgw ctl keys`` (list, create, revoke), ``join-token``,
+"""Who may use the fleet: ``llmgw ctl keys`` (list, create, set, revoke), ``join-token``,
 ``admin-token`` and ``gateway-token`` (rotation)."""
 
 from __future__ import annotations
@@ -9,6 +9,16 @@ from typing import Annotated
 import typer
 
 from llmgw.cli.ctl.client import CtlError, admin_client, follow_admin_token, guarded
+from llmgw.cli.ctl.limits import (
+    BudgetOpt,
+    DayOpt,
+    MonthOpt,
+    PeriodOpt,
+    RpmOpt,
+    TpmOpt,
+    limits_body,
+    limits_cell,
+)
 from llmgw.cli.ctl.listing import list_by_default
 from llmgw.cli.ctl.render import (
     JsonOpt,
@@ -16,15 +26,14 @@ from llmgw.cli.ctl.render import (
     print_json,
 )
 
-keys_app = typer.Typer(help="API keys: list (default), create, revoke.")
+keys_app = typer.Typer(help="API keys: list (default), create, set, revoke.")
 
 
 list_by_default(
     keys_app, "/keys",
-    ("KEY", "NAME", "MODELS", "RPM", "TPM", "EXPIRES", "REVOKED"),
-    lambda k: (k["key_id"], k["name"], ",".join(k["models"]) or "all",
-               str(k["rpm"] or "-"), str(k["tpm"] or "-"), local_time(k["expires_at"]),
-               "yes" if k["revoked"] else ""),
+    ("KEY", "NAME", "TEAM", "MODELS", "LIMITS", "EXPIRES", "REVOKED"),
+    lambda k: (k["key_id"], k["name"], k.get("team_id") or "-", ",".join(k["models"]) or "all",
+               limits_cell(k), local_time(k["expires_at"]), "yes" if k["revoked"] else ""),
     "No API keys.",
     "API keys (never their secrets).",
 )
@@ -37,14 +46,17 @@ def key_create(
     name: Annotated[str, typer.Option(help="A label for people.")] = "",
     model: Annotated[list[str] | None, typer.Option(
         "--model", help="A model it may use (repeat; default all).")] = None,
-    rpm: Annotated[int | None, typer.Option(help="Requests per minute.", min=1)] = None,
-    tpm: Annotated[int | None, typer.Option(help="Tokens per minute.", min=1)] = None,
+    rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
+    tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
+    team: Annotated[str | None, typer.Option(help="The team (id or name) it belongs to.")
+                    ] = None,
     expires_in_days: Annotated[float | None, typer.Option(help="Expire after N days.",
                                                           min=0)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create an API key; its secret is shown now and never again."""
-    body = {"name": name, "models": model or [], "rpm": rpm, "tpm": tpm,
+    body = {"name": name, "models": model or [], "team": team,
+            **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period),
             "expires_at": None if expires_in_days is None
             else time.time() + expires_in_days * 86400}
     created = admin_client(ctx).call("POST", "/keys", body=body)
@@ -53,6 +65,29 @@ def key_create(
         return
     typer.echo(f"key {created['key']['key_id']} created. Its secret, shown only this once:")
     typer.echo(created["secret"])
+
+
+@keys_app.command("set")
+@guarded
+def key_set(
+    ctx: typer.Context,
+    key_id: str,
+    team: Annotated[str | None, typer.Option(
+        help="Move it to this team (id or name); 'none': the operator's.")] = None,
+    rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
+    tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a key's team or limits (those given; 0 clears a limit)."""
+    body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period)
+    if team is not None:
+        body["team"] = None if team == "none" else team
+    changed = admin_client(ctx).call("PATCH", f"/keys/{key_id}", body=body)
+    if as_json:
+        print_json(changed)
+        return
+    typer.echo(f"key {changed['key_id']} (team {changed.get('team_id') or '-'}):"
+               f" {limits_cell(changed)}")
 
 
 @keys_app.command("revoke")

@@ -1,4 +1,5 @@
-"""``llmgw ctl usage``: requests and tokens per key, model or day, as a table, JSON or CSV.
+"""``llmgw ctl usage``: requests, tokens and spend per team, key, model or day, as a table,
+JSON or CSV.
 
 Two views. Without ``--since``, ``--until``, ``--by`` or ``--csv`` it is the
 last ``--minutes`` per key and model from ``GET /admin/v1/usage`` (with
@@ -26,8 +27,14 @@ from llmgw.cli.ctl.render import JsonOpt, local_time, make_console, new_table, p
 
 _AGO = re.compile(r"(\d+)([smhdw])")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
-_COUNTER_HEADS = ("REQUESTS", "PROMPT", "COMPLETION", "CACHED", "ERRORS")
+_COUNTERS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors",
+             "spend_usd")
+_COUNTER_HEADS = ("REQUESTS", "PROMPT", "COMPLETION", "CACHED", "ERRORS", "SPEND $")
+
+
+def _cell(row: dict[str, Any], counter: str) -> str:
+    value = row.get(counter, 0)
+    return f"{value:.4f}" if counter == "spend_usd" else str(value)
 
 
 def parse_when(text: str, option: str, now: float | None = None) -> int:
@@ -61,19 +68,21 @@ def usage(
              "30 days with --by or --csv.")] = None,
     until: Annotated[str | None, typer.Option(help="Until, exclusive; default: now.")] = None,
     by: Annotated[str | None, typer.Option(
-        help="key, model or day (UTC); several comma-separated: day,model. "
+        help="team, key, model or day (UTC); several comma-separated: day,model. "
              "Default: key,model.")] = None,
     csv: Annotated[bool, typer.Option("--csv", help="CSV on stdout (as the console's "
                                                     "download).")] = False,
     key: Annotated[str | None, typer.Option(help="Only this key id.")] = None,
+    team: Annotated[str | None, typer.Option(help="Only this team's keys (id or name).")
+                    ] = None,
     model: Annotated[str | None, typer.Option(help="Only this model.")] = None,
     per_minute: Annotated[bool, typer.Option(help="One row per minute.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Requests and tokens per key, model or day; --csv for a spreadsheet."""
+    """Requests, tokens and spend per team, key, model or day; --csv for a spreadsheet."""
     report = since is not None or until is not None or by is not None or csv
     if not report:
-        _recent(ctx, minutes, key, model, per_minute, as_json)
+        _recent(ctx, minutes, key, model, per_minute, as_json, team)
         return
     if per_minute:
         raise CtlError("--per-minute is for the recent view; a report's finest grain is "
@@ -84,7 +93,7 @@ def usage(
     params: dict[str, Any] = {
         "since": parse_when(since, "--since", now) if since is not None else None,
         "until": parse_when(until, "--until", now) if until is not None else None,
-        "by": by or "key,model", "key_id": key, "model": model,
+        "by": by or "key,model", "key_id": key, "model": model, "team": team,
     }
     client = admin_client(ctx)
     if csv:
@@ -101,25 +110,27 @@ def usage(
 
 
 def _print_report(data: dict[str, Any]) -> None:
-    heads = {"day": ("DAY",), "key": ("KEY", "NAME"), "model": ("MODEL",)}
-    cells = {"day": ("day",), "key": ("key_id", "key_name"), "model": ("model",)}
+    heads = {"day": ("DAY",), "team": ("TEAM", "TEAM NAME"), "key": ("KEY", "NAME"),
+             "model": ("MODEL",)}
+    cells = {"day": ("day",), "team": ("team_id", "team_name"), "key": ("key_id", "key_name"),
+             "model": ("model",)}
     table = new_table(*(h for d in data["by"] for h in heads[d]), *_COUNTER_HEADS)
     width = sum(len(cells[d]) for d in data["by"])
     for row in data["rows"]:
         table.add_row(*(str(row[c] or "") for d in data["by"] for c in cells[d]),
-                      *(str(row[c]) for c in _COUNTERS))
+                      *(_cell(row, c) for c in _COUNTERS))
     total = data["total"]
-    table.add_row("total", *([""] * (width - 1)), *(str(total[c]) for c in _COUNTERS))
+    table.add_row("total", *([""] * (width - 1)), *(_cell(total, c) for c in _COUNTERS))
     console = make_console()
     console.print(f"{local_time(data['since'])} to {local_time(data['until'])} (local time)")
     console.print(table)
 
 
 def _recent(ctx: typer.Context, minutes: int, key: str | None, model: str | None,
-            per_minute: bool, as_json: bool) -> None:
+            per_minute: bool, as_json: bool, team: str | None = None) -> None:
     since = int(time.time()) - minutes * 60
     data = admin_client(ctx).call("GET", "/usage", params={"since": since, "key_id": key,
-                                                           "model": model})
+                                                           "model": model, "team": team})
     if as_json:
         print_json(data)
         return
@@ -129,5 +140,5 @@ def _recent(ctx: typer.Context, minutes: int, key: str | None, model: str | None
     for row in [*rows, {**data["total"], "key_id": "total", "model": ""}]:
         minute = (local_time(row["minute"]) if "minute" in row else "",) if per_minute else ()
         table.add_row(*minute, row["key_id"] or "", row["model"] or "",
-                      *(str(row[c]) for c in _COUNTERS))
+                      *(_cell(row, c) for c in _COUNTERS))
     make_console().print(table)

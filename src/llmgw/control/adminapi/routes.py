@@ -1,4 +1,4 @@
-"""The admin API (``/admin/v1``): fleet views, catalog, nodes, gateways, keys, usage, events.
+"""The admin API (``/admin/v1``): fleet views, catalog, nodes, gateways, keys, teams, usage, events.
 
 One router per resource (adminapi.routers), mounted here in one order: the
 name convertor takes slashes, so where two paths could match one URL the
@@ -28,6 +28,7 @@ from llmgw.control.adminapi.routers.keys import keys_router
 from llmgw.control.adminapi.routers.models import models_router
 from llmgw.control.adminapi.routers.nodes import nodes_router
 from llmgw.control.adminapi.routers.replicas import replicas_router
+from llmgw.control.adminapi.routers.teams import teams_router
 from llmgw.control.adminapi.routers.usage import usage_router
 from llmgw.control.plane import ControlPlane
 from llmgw.wire import ErrorBody
@@ -58,7 +59,7 @@ def build_admin_router(
     )
     router.include_router(fleet_router(cp, route_class, patroni))
     for resource in (nodes_router, replicas_router, models_router, gateways_router,
-                     events_router, keys_router, usage_router, credentials_router,
-                     access_router):
+                     events_router, keys_router, teams_router, usage_router,
+                     credentials_router, access_router):
         router.include_router(resource(cp, route_class))
     return router

@@ -12,9 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmgw.control.adminapi.tenancy_schemas import LimitsBody
 from llmgw.control.gateway_count import LastReport, Placement, placement
 from llmgw.control.store.repo import Row
-from llmgw.wire import ApiKeyInfo, ModelSpec, UsageRecord, check_node_name
+from llmgw.wire import ApiKeyInfo, BudgetPeriod, ModelSpec, UsageRecord, check_node_name
 
 
 class _Body(BaseModel):
@@ -105,28 +106,41 @@ def gateways_answer(count: int, leader: bool, reports: Mapping[str, LastReport],
     )
 
 
-class KeyCreate(_Body):
+class KeyCreate(LimitsBody):
     name: str = Field("", max_length=200)
-    # Models the key may use; empty: all.
+    # Models the key may use; empty: all (within its team's).
     models: list[str] = Field(default_factory=list, max_length=1000)
     expires_at: float | None = Field(None, ge=0)
+    # The team (id or name) the key belongs to; none: the operator's.
+    team: str | None = Field(None, max_length=200)
+
+
+class KeyUpdate(_Body):
+    """What may change on a key; fields left out stay (null clears a limit or the team)."""
+
+    team: str | None = Field(None, max_length=200)
+    models: list[str] | None = Field(None, max_length=1000)
     rpm: int | None = Field(None, ge=1, le=10**9)
     tpm: int | None = Field(None, ge=1, le=10**12)
+    tokens_per_day: int | None = Field(None, ge=1, le=10**15)
+    tokens_per_month: int | None = Field(None, ge=1, le=10**15)
+    budget_usd: float | None = Field(None, gt=0, le=10**12)
+    budget_period: BudgetPeriod | None = None
 
 
-class KeyView(BaseModel):
+class KeyView(LimitsBody):
+    model_config = ConfigDict(extra="ignore")
+
     key_id: str
     name: str
     models: list[str]
     expires_at: float | None
-    rpm: int | None
-    tpm: int | None
     revoked: bool
+    team_id: str | None = None
 
 
 def key_view(info: ApiKeyInfo) -> KeyView:
-    return KeyView(key_id=info.key_id, name=info.name, models=list(info.models),
-                   expires_at=info.expires_at, rpm=info.rpm, tpm=info.tpm, revoked=info.revoked)
+    return KeyView.model_validate(info.model_dump(exclude={"secret_hash"}))
 
 
 class KeyCreated(BaseModel):
@@ -143,11 +157,13 @@ class UsageCounts(BaseModel):
     completion_tokens: int = 0
     cached_tokens: int = 0
     errors: int = 0
+    # At the catalog's prices when the usage was recorded (ModelSpec.price).
+    spend_usd: float = 0.0
 
     def add(self, row: Mapping[str, Any]) -> None:
         """Add one row's counters (a store row, or a record dumped as one)."""
         for counter in USAGE_COUNTERS:
-            setattr(self, counter, getattr(self, counter) + row[counter])
+            setattr(self, counter, getattr(self, counter) + row.get(counter, 0))
 
 
 # In the order of the API's answers and the CSV's columns.

@@ -25,8 +25,8 @@ from pydantic import BaseModel, Field
 from llmgw.control.adminapi.schemas import USAGE_COUNTERS, UsageCounts
 from llmgw.errors import ValidationError
 
-Dimension = Literal["day", "key", "model"]
-DIMENSIONS: tuple[Dimension, ...] = ("day", "key", "model")
+Dimension = Literal["day", "team", "key", "model"]
+DIMENSIONS: tuple[Dimension, ...] = ("day", "team", "key", "model")
 # Without ``since``: the last 30 days, a billing period. Grouped by day that
 # is 30 rows per key and model, however busy the fleet.
 DEFAULT_WINDOW_S = 30 * 86400
@@ -36,6 +36,9 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 class UsageReportRow(UsageCounts):
     day: str | None = None  # YYYY-MM-DD, UTC
+    # The key's team when the usage happened; "" for the operator's keys.
+    team_id: str | None = None
+    team_name: str | None = None
     key_id: str | None = None
     key_name: str | None = None
     model: str | None = None
@@ -50,23 +53,27 @@ class UsageReport(BaseModel):
 
 
 def parse_by(text: str) -> list[Dimension]:
-    """``key``, ``model``, ``day`` or several comma-separated (``day,model``), in that order."""
+    """``team``, ``key``, ``model``, ``day`` or several comma-separated (``day,model``)."""
     wanted: list[Dimension] = []
     for part in (p.strip() for p in text.split(",")):
         if part not in DIMENSIONS:
-            raise ValidationError(f"by: {part!r} is not one of key, model, day", field="by")
+            raise ValidationError(f"by: {part!r} is not one of team, key, model, day", field="by")
         if part not in wanted:
             wanted.append(part)
     return wanted
 
 
 def build_report(since: int, until: int, by: list[Dimension], rows: Iterable[dict[str, Any]],
-                 key_names: dict[str, str]) -> UsageReport:
+                 key_names: dict[str, str], team_names: dict[str, str] | None = None
+                 ) -> UsageReport:
     report = UsageReport(since=since, until=until, by=by)
     for row in rows:
-        item = UsageReportRow(**{c: row[c] for c in USAGE_COUNTERS})
+        item = UsageReportRow(**{c: row.get(c, 0) for c in USAGE_COUNTERS})
         if "day" in by:
             item.day = datetime.fromtimestamp(row["day_start"], UTC).strftime("%Y-%m-%d")
+        if "team" in by:
+            item.team_id = row["team_id"] or ""
+            item.team_name = (team_names or {}).get(row["team_id"] or "", "")
         if "key" in by:
             item.key_id = row["key_id"]
             item.key_name = key_names.get(row["key_id"], "")
@@ -78,7 +85,8 @@ def build_report(since: int, until: int, by: list[Dimension], rows: Iterable[dic
 
 
 def columns(by: Sequence[Dimension]) -> list[str]:
-    named = {"day": ["day"], "key": ["key_id", "key_name"], "model": ["model"]}
+    named = {"day": ["day"], "team": ["team_id", "team_name"], "key": ["key_id", "key_name"],
+             "model": ["model"]}
     return [c for d in by for c in named[d]] + list(USAGE_COUNTERS)
 
 

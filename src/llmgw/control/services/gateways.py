@@ -20,6 +20,7 @@ from llmgw.control.inflight import InFlightBook
 from llmgw.control.services.catalog import Catalog
 from llmgw.control.services.core import Core
 from llmgw.control.services.keys import ApiKeys
+from llmgw.control.services.teams import Teams
 from llmgw.control.state import ReplicaRecord
 from llmgw.wire import (
     Endpoint,
@@ -59,9 +60,10 @@ def served_name(spec: ModelSpec) -> str:
 
 
 class Gateways:
-    def __init__(self, core: Core, keys: ApiKeys, catalog: Catalog) -> None:
+    def __init__(self, core: Core, keys: ApiKeys, catalog: Catalog, teams: Teams) -> None:
         self.core = core
         self.keys = keys
+        self.teams = teams
         self.catalog = catalog
         self._gateway_config: GatewayConfig | None = None
         self._gateway_config_version = -1
@@ -111,7 +113,8 @@ class Gateways:
             # worth of validated objects per change was most of a busy control
             # plane's CPU (bench/reports.py, py-spy).
             key = (tuple(spec.aliases), spec.on_demand, spec.routing, served_name(spec),
-                   spec.max_output_tokens, model.parked, model.last_error, spec.base)
+                   spec.max_output_tokens, spec.price, model.parked, model.last_error,
+                   spec.base)
             kept = routes_before.get(model.name)
             if kept is not None and kept[0] == key and _same(kept[1].endpoints, endpoints):
                 route = kept[1]
@@ -127,6 +130,7 @@ class Gateways:
                     parked_reason=model.last_error if model.parked else None,
                     max_output_tokens=spec.max_output_tokens,
                     parent=spec.base,
+                    price=spec.price,
                 )
             self._routes[model.name] = (key, route)
             routes.append(route)
@@ -139,6 +143,7 @@ class Gateways:
                 gateways=self._gateway_count.count,
             ),
             keys=self.keys.all(),
+            teams=self.teams.all(),
         )
         self._gateway_config, self._gateway_config_version = config, version
         took = time.monotonic() - began
@@ -282,4 +287,15 @@ class Gateways:
         external.record(model.endpoint_health, found[1], gateway_id, probe)
 
     async def record_usage(self, records: Iterable[UsageRecord]) -> None:
-        await self.core.writes.add_usage([r.model_dump() for r in records])
+        """Store usage with the key's team and the spend at the catalog's prices now."""
+        keys = {k.key_id: k for k in self.keys.all()}
+        models = self.core.state.models
+        rows = []
+        for record in records:
+            key = keys.get(record.key_id)
+            model = models.get(record.model)
+            price = model.spec.price if model is not None else None
+            spend = price.cost(record.prompt_tokens, record.completion_tokens) if price else 0.0
+            rows.append({**record.model_dump(), "team_id": key.team_id if key else None,
+                         "spend_usd": spend})
+        await self.core.writes.add_usage(rows)

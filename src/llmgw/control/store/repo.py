@@ -34,6 +34,8 @@ LEADER_URL_KEY = "leader_url"
 # The counters usage_report sums, returned as ints whatever type the driver gives a SUM.
 _USAGE_COUNTERS = frozenset(
     {"requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors"})
+# Summed beside them, as a float: dollars at the catalog's prices.
+_SPEND = "spend_usd"
 
 
 class Store:
@@ -397,6 +399,34 @@ class Store:
     async def list_api_keys(self) -> list[Row]:
         return await self._read(select(schema.api_keys).order_by(schema.api_keys.c.created_at))
 
+    async def update_api_key(self, key_id: str, values: Row, *, epoch: int | None = None
+                             ) -> bool:
+        """Change a key's team or limits (``values``: columns to set); False: no such key."""
+        async with self._write(epoch) as conn:
+            result = await conn.execute(
+                update(schema.api_keys).where(schema.api_keys.c.id == key_id).values(**values))
+            return bool(result.rowcount)
+
+    # -- teams -------------------------------------------------------------------
+
+    async def add_team(self, row: Row, *, epoch: int | None = None) -> None:
+        async with self._write(epoch) as conn:
+            await conn.execute(schema.teams.insert().values(**row))
+
+    async def update_team(self, team_id: str, values: Row, *, epoch: int | None = None) -> bool:
+        async with self._write(epoch) as conn:
+            result = await conn.execute(
+                update(schema.teams).where(schema.teams.c.id == team_id).values(**values))
+            return bool(result.rowcount)
+
+    async def delete_team(self, team_id: str, *, epoch: int | None = None) -> bool:
+        async with self._write(epoch) as conn:
+            result = await conn.execute(delete(schema.teams).where(schema.teams.c.id == team_id))
+            return bool(result.rowcount)
+
+    async def list_teams(self) -> list[Row]:
+        return await self._read(select(schema.teams).order_by(schema.teams.c.name))
+
     async def revoke_api_key(self, key_id: str, *, epoch: int | None = None) -> bool:
         async with self._write(epoch) as conn:
             result = await conn.execute(
@@ -410,7 +440,8 @@ class Store:
         """Add counts to the per-minute rows, creating them as needed."""
         if not rows:
             return
-        counters = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors")
+        counters = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens", "errors",
+                    _SPEND)
         dialect_insert = sqlite.insert if self.is_sqlite else postgresql.insert
         async with self._write(epoch) as conn:
             for row in rows:
@@ -422,20 +453,23 @@ class Store:
                 await conn.execute(stmt)
 
     async def query_usage(
-        self, *, since: int = 0, key_id: str | None = None, model: str | None = None
+        self, *, since: int = 0, key_id: str | None = None, model: str | None = None,
+        team_id: str | None = None,
     ) -> list[Row]:
         stmt = select(schema.usage).where(schema.usage.c.minute >= since)
         if key_id:
             stmt = stmt.where(schema.usage.c.key_id == key_id)
+        if team_id:
+            stmt = stmt.where(schema.usage.c.team_id == team_id)
         if model:
             stmt = stmt.where(schema.usage.c.model == model)
         return await self._read(stmt.order_by(schema.usage.c.minute))
 
     async def usage_report(
         self, *, since: int, until: int, by: Sequence[str], key_id: str | None = None,
-        model: str | None = None,
+        model: str | None = None, team_id: str | None = None,
     ) -> list[Row]:
-        """Usage summed per ``by`` (``key``, ``model``, ``day``: UTC days) over [since, until).
+        """Usage summed per ``by`` (``key``, ``team``, ``model``, ``day``) over [since, until).
 
         Summed by the database: a month of per-minute rows of a busy fleet
         is millions of rows, too many to ship to Python to add up. A day is
@@ -450,19 +484,36 @@ class Store:
                 groups.append((usage.minute - usage.minute % 86400).label("day_start"))
             elif dimension == "key":
                 groups.append(usage.key_id)
+            elif dimension == "team":
+                groups.append(usage.team_id)
             elif dimension == "model":
                 groups.append(usage.model)
             else:
                 raise ValueError(f"cannot group usage by {dimension!r}")
         counters = [func.sum(getattr(usage, c)).label(c) for c in sorted(_USAGE_COUNTERS)]
+        counters.append(func.sum(usage.spend_usd).label(_SPEND))
         stmt = select(*groups, *counters).where(usage.minute >= since, usage.minute < until)
         if key_id:
             stmt = stmt.where(usage.key_id == key_id)
+        if team_id:
+            stmt = stmt.where(usage.team_id == team_id)
         if model:
             stmt = stmt.where(usage.model == model)
         stmt = stmt.group_by(*groups).order_by(*groups)
-        return [{k: (int(v) if k in _USAGE_COUNTERS else v) for k, v in row.items()}
+        return [{k: (int(v) if k in _USAGE_COUNTERS else float(v or 0) if k == _SPEND else v)
+                 for k, v in row.items()}
                 for row in await self._read(stmt)]
+
+    async def consumed(self, *, since: int, key_id: str | None = None,
+                       team_id: str | None = None) -> tuple[int, float]:
+        """Tokens and dollars a key or a team used from minute ``since`` on (quotas, budgets)."""
+        usage = schema.usage.c
+        stmt = select(func.sum(usage.prompt_tokens + usage.completion_tokens).label("tokens"),
+                      func.sum(usage.spend_usd).label("spend")).where(usage.minute >= since)
+        stmt = stmt.where(usage.key_id == key_id) if key_id else stmt.where(
+            usage.team_id == team_id)
+        row = (await self._read(stmt))[0]
+        return int(row["tokens"] or 0), float(row["spend"] or 0.0)
 
     async def prune_usage(self, *, before_minute: int, epoch: int | None = None) -> int:
         """Delete usage rows of minutes before ``before_minute`` (retention)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -120,6 +121,31 @@ replicas = Table(
 )
 Index("ix_replicas_model", replicas.c.model)
 
+
+def _limit_columns() -> list[Column[object]]:
+    """The limits keys and teams both carry (wire.TenantLimits); null: none."""
+    return [
+        Column("rpm", Integer, nullable=True),
+        Column("tpm", Integer, nullable=True),
+        Column("tokens_per_day", BigInteger, nullable=True),
+        Column("tokens_per_month", BigInteger, nullable=True),
+        Column("budget_usd", Float, nullable=True),
+        Column("budget_period", String(8), nullable=False, default="month"),
+    ]
+
+
+# Tenants: a key with a team is under the team's models and limits as well
+# as its own; deleting a team that still has live keys is refused.
+teams = Table(
+    "teams",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("models", JSON, nullable=False, default=list),
+    *_limit_columns(),
+    Column("created_at", Float, nullable=False),
+)
+
 api_keys = Table(
     "api_keys",
     metadata,
@@ -128,11 +154,12 @@ api_keys = Table(
     Column("secret_hash", String(128), nullable=False, unique=True),
     Column("models", JSON, nullable=False, default=list),
     Column("expires_at", Float, nullable=True),
-    Column("rpm", Integer, nullable=True),
-    Column("tpm", Integer, nullable=True),
+    *_limit_columns(),
     Column("revoked", Boolean, nullable=False, default=False),
     Column("created_at", Float, nullable=False),
+    Column("team_id", String(32), nullable=True),
 )
+Index("ix_api_keys_team", api_keys.c.team_id)
 
 usage = Table(
     "usage",
@@ -145,7 +172,13 @@ usage = Table(
     Column("completion_tokens", Integer, nullable=False, default=0),
     Column("cached_tokens", Integer, nullable=False, default=0),
     Column("errors", Integer, nullable=False, default=0),
+    # The key's team when the row was written (None: the operator's), so a
+    # team's usage stays its own after a key moves; and what the tokens cost
+    # at the catalog's prices then (US dollars).
+    Column("team_id", String(32), nullable=True),
+    Column("spend_usd", Float, nullable=False, default=0.0),
 )
+Index("ix_usage_team_minute", usage.c.team_id, usage.c.minute)
 
 events = Table(
     "events",

@@ -1,106 +1,51 @@
-"""API keys on the request path: lookup by hash, allowed models, expiry, rpm/tpm.
+"""API keys on the request path: lookup by hash, allowed models (the key's and its team's), expiry.
 
-The key table is rebuilt once per config version; the limiter state of a key
-(its buckets) is carried from one table to the next by key id, so a config
-update does not hand every key a fresh minute of requests.
-
-Limits are token buckets rather than per-minute windows: a fixed window lets a
-client send twice its rpm across a minute boundary, and a bucket costs the same
-two float operations. Tokens are only known after the answer, so the tpm bucket
-admits a request while it is not in debt and is charged afterwards; a large
-answer can push it negative, which delays the next requests accordingly.
-
-A gateway served by N worker processes (``llmgw gateway --workers N``) gives
-each worker 1/N of every key's limits (``share``): the workers hold no state
-in common, and a client's connections land on any of them, so a key's
-requests across all of them stay within its limit, whatever the spread. The
-price is that a client whose connections all land on one worker gets 1/N of
-its limit; refusals still name the key's whole limit.
+The key table is rebuilt once per config version. Limits (RPM, TPM, quotas,
+budgets) are the key's and its team's, counted fleet-wide by
+llmgw.gateway.tenancy from this table's records.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llmgw import wire
 from llmgw.gateway.replies import ApiError
 
 
-class Bucket:
-    """A token bucket holding at most ``capacity``, refilled at capacity per minute.
-
-    ``share``: the bucket holds 1/share of ``per_minute`` (one of that many
-    gateway workers); ``limit`` stays the key's whole limit, for messages.
-    """
-
-    __slots__ = ("capacity", "level", "limit", "rate", "stamp")
-
-    def __init__(self, per_minute: int, share: int = 1) -> None:
-        self.limit = per_minute
-        self.capacity = per_minute / share
-        self.rate = self.capacity / 60.0
-        self.level = self.capacity
-        self.stamp = time.monotonic()
-
-    def resize(self, per_minute: int, share: int = 1) -> None:
-        self.limit = per_minute
-        self.capacity = per_minute / share
-        self.rate = self.capacity / 60.0
-        self.level = min(self.level, self.capacity)
-
-    def _refill(self, now: float) -> None:
-        level = self.level + (now - self.stamp) * self.rate
-        self.level = level if level < self.capacity else self.capacity
-        self.stamp = now
-
-    def take(self, amount: float, now: float) -> float:
-        """Take ``amount`` if available: 0.0, else the seconds until it would be."""
-        self._refill(now)
-        if self.level >= amount:
-            self.level -= amount
-            return 0.0
-        return (amount - self.level) / self.rate if self.rate > 0 else 60.0
-
-    def admit(self, now: float) -> float:
-        """0.0 while not in debt (the charge comes later), else seconds until out of debt."""
-        self._refill(now)
-        if self.level > 0:
-            return 0.0
-        return (1.0 - self.level) / self.rate if self.rate > 0 else 60.0
-
-    def charge(self, amount: float) -> None:
-        self.level -= amount
+def _has_limits(limits: wire.TenantLimits) -> bool:
+    return any(limits.limit_of(kind) is not None for kind in wire.LIMIT_KINDS)
 
 
 class KeyRecord:
     """One key as the request path needs it."""
 
-    __slots__ = ("allowed", "expires_at", "key_id", "revoked", "rpm", "tpm")
+    __slots__ = ("allowed", "expires_at", "key_id", "limits", "revoked", "team", "team_allowed",
+                 "team_limited")
 
-    def __init__(self, info: wire.ApiKeyInfo, previous: KeyRecord | None, share: int = 1) -> None:
+    def __init__(self, info: wire.ApiKeyInfo, team: wire.TeamInfo | None = None) -> None:
         self.key_id = info.key_id
         self.revoked = info.revoked
         self.expires_at = info.expires_at
         self.allowed: frozenset[str] | None = frozenset(info.models) if info.models else None
-        self.rpm: Bucket | None = _carry(info.rpm, previous.rpm if previous else None, share)
-        self.tpm: Bucket | None = _carry(info.tpm, previous.tpm if previous else None, share)
+        # None: no limit of its own (the team's may still hold).
+        self.limits: wire.TenantLimits | None = info if _has_limits(info) else None
+        self.team = team
+        self.team_allowed: frozenset[str] | None = (
+            frozenset(team.models) if team is not None and team.models else None)
+        self.team_limited = team is not None and _has_limits(team)
 
     def may_use(self, route: wire.ModelRoute) -> bool:
-        allowed = self.allowed
-        if allowed is None or route.name in allowed:
-            return True
-        return any(alias in allowed for alias in route.aliases)
+        return _allows(self.allowed, route) and _allows(self.team_allowed, route)
 
 
-def _carry(limit: int | None, previous: Bucket | None, share: int) -> Bucket | None:
-    if limit is None or limit <= 0:
-        return None
-    if previous is None:
-        return Bucket(limit, share)
-    previous.resize(limit, share)
-    return previous
+def _allows(allowed: frozenset[str] | None, route: wire.ModelRoute) -> bool:
+    if allowed is None or route.name in allowed:
+        return True
+    return any(alias in allowed for alias in route.aliases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,19 +68,23 @@ ANONYMOUS = wire.ApiKeyInfo(key_id="anonymous", name="anonymous", secret_hash=""
 
 
 class KeyTable:
-    """Keys of one config version, by secret hash (limits: 1/``share`` each, see above)."""
+    """Keys of one config version, by secret hash, each with its team."""
 
-    def __init__(
-        self, keys: list[wire.ApiKeyInfo], previous: KeyTable | None, share: int = 1
-    ) -> None:
-        before = previous.by_id if previous else {}
+    def __init__(self, keys: Sequence[wire.ApiKeyInfo],
+                 teams: Sequence[wire.TeamInfo] = ()) -> None:
+        by_team = {team.team_id: team for team in teams}
         self.by_id: dict[str, KeyRecord] = {}
         self.by_hash: dict[str, KeyRecord] = {}
         for info in keys:
-            record = KeyRecord(info, before.get(info.key_id), share)
+            # A key whose team is gone is refused every model rather than
+            # let out from under the team's limits.
+            team = by_team.get(info.team_id) if info.team_id else None
+            record = KeyRecord(info, team)
+            if info.team_id and team is None:
+                record.allowed = frozenset()
             self.by_id[info.key_id] = record
             self.by_hash[info.secret_hash] = record
-        self.anonymous = KeyRecord(ANONYMOUS, before.get(ANONYMOUS.key_id), share)
+        self.anonymous = KeyRecord(ANONYMOUS)
         self.by_id[ANONYMOUS.key_id] = self.anonymous
         # Raw Authorization header -> key, for keys already seen in this
         # version: skips decoding and hashing on every request. Only valid keys
@@ -182,33 +131,4 @@ def authorize(record: KeyRecord) -> Refusal | None:
         return Refusal(401, "invalid_api_key", "invalid_request_error", "This API key was revoked.")
     if record.expires_at is not None and record.expires_at <= time.time():
         return Refusal(401, "invalid_api_key", "invalid_request_error", "This API key has expired.")
-    return None
-
-
-def limit(record: KeyRecord, now: float) -> Refusal | None:
-    """Per-minute limits; takes one request from the rpm bucket when admitted."""
-    tpm = record.tpm
-    if tpm is not None:
-        wait = tpm.admit(now)
-        if wait:
-            return Refusal(
-                429,
-                "rate_limit_exceeded",
-                "tokens",
-                f"Rate limit reached on tokens per minute (TPM): limit {tpm.limit}."
-                f" Please try again in {wait:.1f}s.",
-                wait,
-            )
-    rpm = record.rpm
-    if rpm is not None:
-        wait = rpm.take(1.0, now)
-        if wait:
-            return Refusal(
-                429,
-                "rate_limit_exceeded",
-                "requests",
-                f"Rate limit reached on requests per minute (RPM): limit {rpm.limit}."
-                f" Please try again in {wait:.1f}s.",
-                wait,
-            )
     return None

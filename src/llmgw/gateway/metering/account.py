@@ -1,4 +1,4 @@
-"""Metering one answer: the key's tokens per minute, the usage rows, the model's token counters.
+"""Metering one answer: the key's and team's limits, the usage rows, the model's token counters.
 
 Every answer is metered exactly once, whatever its route and however it
 ended (a stream that broke or was cut is metered with what the client
@@ -20,12 +20,14 @@ from llmgw.gateway.metering.usage import Usage
 
 
 def account(call: Call, usage: Usage | None, error: bool) -> None:
-    """Meter an answer: the key's tokens per minute, the usage rows, the token counters."""
+    """Meter an answer: the key's and team's limits, the usage rows, the token counters."""
     usage = usage or Usage()
     record = call.record
-    total = usage.prompt + usage.completion
-    if total and record.tpm is not None:
-        record.tpm.charge(total)
+    if usage.prompt or usage.completion:
+        snapshot = call.rt.snapshot
+        router = snapshot.routes.get(call.model) if snapshot is not None else None
+        price = router.route.price if router is not None else None
+        call.rt.tenancy.charge(record, price, usage.prompt, usage.completion)
     minute = int(time.time()) // 60 * 60
     call.rt.usage.add(
         minute, record.key_id, call.model, usage.prompt, usage.completion, usage.cached, error

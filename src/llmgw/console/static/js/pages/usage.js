@@ -1,4 +1,4 @@
-// Usage: requests and tokens over time, per model and per API key.
+// Usage: requests and tokens over time, per model, per API key and per team.
 //
 // The store keeps one row per key, model and minute; the page sums them into
 // buckets sized to the range (a day of minutes is 1,440 points per line, more
@@ -21,10 +21,12 @@ const RANGES = [
 ];
 const MAX_SERIES = 7;
 const CSV_BY = [
+  { value: "team", label: "team" },
   { value: "key", label: "key" },
   { value: "model", label: "model" },
   { value: "day", label: "day (UTC)" },
   { value: "day,key,model", label: "day, key and model" },
+  { value: "day,team", label: "day and team (with spend)" },
 ];
 
 /** The file name the control plane gave (Content-Disposition), or a plain one. */
@@ -130,15 +132,21 @@ export default {
       const { bucket } = RANGES.find((r) => r.value === range.value);
       const to = Math.floor(Date.now() / 1000);
       const from = to - span;
-      const [answer, keys] = await Promise.all([api("/usage", { query: { since: Math.floor(from / 60) * 60 } }), api("/keys")]);
+      const [answer, keys, teams] = await Promise.all([api("/usage", { query: { since: Math.floor(from / 60) * 60 } }), api("/keys"), api("/teams")]);
       const rows = answer.rows;
       const keyName = new Map((keys || []).map((k) => [k.key_id, k.name ? `${k.name} (${k.key_id})` : k.key_id]));
+      // A key's team as it is now (the CSV by team counts each row under the
+      // team its key had when the row was written).
+      const teamName = new Map((teams || []).map((t) => [t.team_id, t.name]));
+      const keyTeam = new Map((keys || []).map((k) => [k.key_id, k.team_id ? teamName.get(k.team_id) || k.team_id : "(operator)"]));
+      const byTeam = (r) => keyTeam.get(r.key_id) || "(operator)";
       const byModel = (r) => r.model;
       const byKey = (r) => keyName.get(r.key_id) || r.key_id;
       const tokens = (r) => r.prompt_tokens + r.completion_tokens;
       const requests = (r) => r.requests;
       const modelTotals = totals(rows, byModel);
       const keyTotals = totals(rows, byKey);
+      const teamTotals = totals(rows, byTeam);
       const rank = (list) => {
         const index = new Map(list.map((t, i) => [t.name, i]));
         return (name) => index.get(name) ?? list.length;
@@ -169,6 +177,7 @@ export default {
           { class: "grid" },
           section("Totals per model", h("div", { id: "usage-by-model" }, table(columns("Model"), modelTotals, { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
           section("Totals per key", h("div", { id: "usage-by-key" }, table(columns("Key"), keyTotals, { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
+          section("Totals per team", h("div", { id: "usage-by-team" }, table(columns("Team"), teamTotals, { empty: "No requests in this range.", rowAttrs: (t) => ({ dataset: { name: t.name } }) }))),
         ),
       );
       ctx.setParams({ range: range.value === "3600" ? "" : range.value });
