@@ -720,3 +720,42 @@ def test_a_lone_gateway_sends_a_forgotten_prefix_back_where_it_was() -> None:
     # ...and by load when it is.
     lone.replicas[1].pending_prefill = 0.6 * PROMPT / 4
     assert lone.pick(first).replica.replica_id != "r1"  # type: ignore[union-attr]
+
+
+def serial(name: str, kv: int = 32768) -> Replica:
+    """A replica whose engine computes one request at a time (llama_cpp.server)."""
+    dialect = wire.EngineDialect(concurrent=False)
+    return Replica(wire.Endpoint(replica_id=name, url=f"http://{name}", kv_capacity_tokens=kv,
+                                 dialect=dialect))  # fmt: skip
+
+
+@pytest.mark.parametrize("lone", [False, True])
+def test_a_serial_engine_keeps_a_group_whose_first_prompt_it_is_computing(lone: bool) -> None:
+    # As test_router_records_a_prefix_once_its_answer_starts, on engines that
+    # compute one request at a time: the second prompt of the group would
+    # compute the whole prefix again elsewhere, and leave a copy evicting
+    # another prefix from that engine's few cached states. It waits for the
+    # first one's turn instead, and finds the prefix then.
+    prefix = router(["a", "b", "c"], lone=lone)
+    prefix.replicas[:] = [serial(name) for name in ("a", "b", "c")]
+    prefix_of(prefix)._sync_index()
+    system = "s" * PROMPT
+    first = prefix.pick(system + "question one")
+    assert first is not None and first.outcome == MISS
+    first.replica.in_flight += 1
+    first.replica.pending_prefill += first.uncached_tokens
+    second = prefix.pick(system + "question two")
+    assert second is not None and second.outcome == HIT
+    assert second.replica is first.replica
+    assert second.uncached_tokens < first.uncached_tokens
+
+
+def test_a_serial_holder_keeps_what_a_detour_would_compute_twice() -> None:
+    # test_a_holder_keeps_what_a_detour_would_compute_twice with copy_cost 0:
+    # for a serial holder the copy is always counted.
+    holder, idle = serial("holder"), serial("idle")
+    held = {"holder": 64}
+    holder.pending_prefill = 350.0
+    assert Policy(copy_cost=0.0).choose([holder, idle], held) == (holder, HIT, 0.0)
+    holder.pending_prefill = 600.0
+    assert Policy(copy_cost=0.0).choose([holder, idle], held)[:2] == (idle, OVERLOADED)

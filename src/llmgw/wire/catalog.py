@@ -205,6 +205,14 @@ class EngineDialect(Wire):
     # (llama_cpp.server ignores it); the gateway refuses n > 1 with 400
     # rather than answer with fewer choices than were asked for.
     choices: bool = True
+    # False: the engine computes one request at a time (llama_cpp.server: one
+    # lock around the model), and its prompt cache keeps a few whole states.
+    # A request sent there waits for every one in flight, its answer's decode
+    # included, and a copy of a prefix made elsewhere evicts another prefix
+    # there: the gateway's prefix routing claims a prefix for such a replica
+    # when it sends the prompt and keeps a holder while a detour would not
+    # save a whole prefill of what it holds (gateway/routing/prefix.py).
+    concurrent: bool = True
     # The chat template the engine applies, where the gateway can render it
     # as the engine does (ChatTemplate): it counts a stream's chat prompt
     # with the tokenize route instead of a one-token copy of the request.

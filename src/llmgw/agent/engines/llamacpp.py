@@ -136,12 +136,15 @@ SERVER_DIALECT = EngineDialect(
 # the connection (server/app.py: run_in_threadpool), so a client that leaves
 # one leaves the engine generating to its limit; a stream it stops between
 # two chunks. llama-server checks the connection either way.
+# It computes one request at a time (one lock around the model), and its
+# prompt cache holds whole states (concurrent false).
 # Its chat request model knows no "developer" role (a 500 carrying pydantic's
 # error and its traceback's paths), and it answers one choice whatever ``n``
 # asks (llama_chat_format passes no ``n`` on). As the agent starts it (no
 # --embedding, --logits_all false) it serves no embeddings and no logprobs;
 # the catalog's engine_args may turn either on (_dialect).
 PYTHON_DIALECT = EngineDialect(
+    concurrent=False,
     max_completion_tokens=False,
     stream_usage=False,
     tokenize_path="/extras/tokenize/count",

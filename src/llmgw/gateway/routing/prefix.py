@@ -39,6 +39,12 @@ CHARS_RESYNC = 0.1
 # CAPACITY_RANGE of the configured size either way.
 CAPACITY_STEP = 1.125
 CAPACITY_RANGE = 4.0
+# A holder that computes one request at a time (Replica.serial) keeps a
+# prompt while its queue exceeds the soonest start by less than this share
+# of the prefill it holds (SoonestStart.copy_cost, at least): such an
+# engine's prompt cache keeps a few whole states, so a copy of the prefix
+# elsewhere evicts another prefix there, a whole prefill again later.
+SERIAL_COPY_COST = 1.0
 
 
 def rendezvous(replicas: Sequence[Replica], key: int) -> Replica:
@@ -64,7 +70,9 @@ class SoonestStart:
     * A holder within ``slack_s`` of the soonest keeps the prompt (the
       longest holder first): a cache hit saves a whole prefill, and the
       slack is small so a hit never waits behind another prompt's cold one.
-      ``copy_cost`` widens it by a share of the prefill each holder saves.
+      ``copy_cost`` widens it by a share of the prefill each holder saves
+      (SERIAL_COPY_COST at least for a replica computing one request at a
+      time).
     * Otherwise (a new prefix, or every holder too busy) the prompt goes to
       the highest rendezvous score of its first block among the replicas
       holding none of it that are estimated within ``wait_ratio`` of the
@@ -163,13 +171,16 @@ class SoonestStart:
         limit: float, key: int,
     ) -> tuple[Replica | None, int]:  # fmt: skip
         """The longest holder within ``limit`` (ties by hash), and its blocks; None: none is."""
-        copy = self.copy_cost * self.block_chars / self.chars_per_token
+        block_tokens = self.block_chars / self.chars_per_token
+        copy = self.copy_cost * block_tokens
+        serial_copy = max(self.copy_cost, SERIAL_COPY_COST) * block_tokens
         best: Replica | None = None
         best_blocks = 0
         best_score = -1
         for replica, estimate in zip(replicas, estimates, strict=True):
             blocks = matched.get(replica.replica_id, 0)
-            if estimate > limit + blocks * copy or blocks < max(best_blocks, 1):
+            saved = blocks * (serial_copy if replica.serial else copy)
+            if estimate > limit + saved or blocks < max(best_blocks, 1):
                 continue
             score = mix(key ^ replica.seed)
             if blocks > best_blocks or score > best_score:
@@ -328,6 +339,8 @@ class PrefixPolicy(Policy):
             tokens = chars / soonest.chars_per_token
             home = index.home(first)
             replica = soonest.place_new(replicas, stable_key(prompt, block_chars), home, tokens)
+            if replica.serial:
+                return self._claimed(Pick(replica, MISS, [], tokens, prompt, chars))
             return Pick(replica, MISS, [], tokens, prompt, chars)
         hashes = block_hashes(prompt, block_chars)
         if len(replicas) == 1:
@@ -340,14 +353,31 @@ class PrefixPolicy(Policy):
             only = replicas[0]
             blocks = index.depth(hashes, only.replica_id)
             uncached = max(0, len(prompt) - blocks * block_chars) / soonest.chars_per_token
-            return Pick(only, HIT if blocks else MISS, hashes, uncached, None, len(prompt))
+            pick = Pick(only, HIT if blocks else MISS, hashes, uncached, None, len(prompt))
+            return self._claimed(pick) if only.serial else pick
         allowed = {r.replica_id: r for r in replicas}
         matched = index.matches(hashes, allowed)
         replica, outcome, uncached = soonest.choose(
             replicas, matched, len(prompt), stable_key(prompt, block_chars),
             self.speed.tokens_per_s, self._idle_share,
         )  # fmt: skip
-        return Pick(replica, outcome, hashes, uncached, None, len(prompt))
+        pick = Pick(replica, outcome, hashes, uncached, None, len(prompt))
+        return self._claimed(pick) if replica.serial else pick
+
+    def _claimed(self, pick: Pick) -> Pick:
+        """The pick's prefix recorded now, as it is sent, on a replica that computes one
+        request at a time.
+
+        Elsewhere a prefix is recorded when its answer starts (record): a
+        second prompt of the group sent meanwhile would wait behind the first
+        one's prefill, and starts at once on an idle replica instead. On such
+        a replica it waits behind every request in flight anyway, and finds
+        the prefix cached when its turn comes; sent elsewhere, it computes the
+        whole prefix again and its copy evicts another prefix from that
+        engine's few cached states (bench/routing_real.py).
+        """
+        self.record(pick)
+        return pick
 
     def metered(self, pick: Pick, prompt_tokens: int, cached_tokens: int) -> None:
         """What the engine's usage says of a prompt this policy placed.

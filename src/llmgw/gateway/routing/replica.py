@@ -42,6 +42,7 @@ class Replica:
         "reports_cached",
         "requests",
         "seed",
+        "serial",
         "url",
     )
 
@@ -50,6 +51,7 @@ class Replica:
         self.url = endpoint.url.rstrip("/")
         self.kv_capacity_tokens = endpoint.kv_capacity_tokens
         self.mending = mending_for(endpoint.dialect)
+        self.serial = _serial(endpoint)
         self.engine_key = endpoint.engine_key  # sent upstream, never to clients
         # Rendezvous seed from the id, so every gateway derives the same one.
         digest = hashlib.blake2b(self.replica_id.encode("utf-8"), digest_size=8).digest()
@@ -72,6 +74,7 @@ class Replica:
         self.url = endpoint.url.rstrip("/")
         self.kv_capacity_tokens = endpoint.kv_capacity_tokens
         self.mending = mending_for(endpoint.dialect)
+        self.serial = _serial(endpoint)
         self.engine_key = endpoint.engine_key
 
     def load(self, tokens_per_unit: float) -> float:
@@ -86,3 +89,8 @@ class Replica:
         if self.failures:
             self.failures = 0
             self.cooled_until = 0.0
+
+
+def _serial(endpoint: wire.Endpoint) -> bool:
+    """Whether the endpoint's engine computes one request at a time (EngineDialect.concurrent)."""
+    return endpoint.dialect is not None and not endpoint.dialect.concurrent
