@@ -197,17 +197,64 @@ async def test_admin_may_do_everything(sso: SsoPlane, watched: Watched) -> None:
     assert (await fetch(page, "GET", "/admin/v1/join-tokens"))["status"] == 200
 
 
-async def test_team_admin_sees_only_its_pages(sso: SsoPlane, watched: Watched) -> None:
+async def test_team_admin_manages_its_own_teams_keys_and_sees_its_usage_only(
+    sso: SsoPlane, watched: Watched, shots: Path
+) -> None:
+    admin = {"Authorization": f"Bearer {sso.admin_token}"}
+    async with httpx.AsyncClient(base_url=f"{sso.url}/admin/v1", headers=admin) as api:
+        teams = {}
+        for name in ("team-a", "team-b"):
+            made = await api.post("/teams", json={"name": name})
+            assert made.status_code == 201, made.text
+            teams[name] = made.json()["team_id"]
+        theirs = (await api.post("/keys", json={"name": "b-key", "team": "team-b"})).json()
+        operators = (await api.post("/keys", json={"name": "no-team-key"})).json()
     page = watched.page
     watched.allow(r"403 \(Forbidden\)")
     await sso_sign_in(sso, page, "tara", "tara-pw")
     await expect(page.locator("#whoami")).to_have_text("tara@example.test (team_admin)")
-    # No fleet pages for a team admin: the console opens on what it may read.
+    # No fleet pages for a team admin: the console opens on what it may read, and its usage
+    # page reads its own team's.
     await expect(page.get_by_role("link", name="Nodes", exact=True)).to_be_hidden()
     await expect(page.get_by_role("heading", level=1)).to_have_text("Models")
+    await page.get_by_role("link", name="Usage", exact=True).click()
+    await expect(page.get_by_role("heading", level=1)).to_have_text("Usage")
+    await expect(page.locator("#status")).to_contain_text("Updated")
+    await page.screenshot(path=shots / "sso-team-admin-usage.png", full_page=True)
     who = await fetch(page, "GET", "/admin/v1/whoami")
     assert who["body"]["teams"] == ["team-a"]  # type: ignore[index]
     assert (await fetch(page, "GET", "/admin/v1/summary"))["status"] == 403
+
+    # Its own team's keys: made, listed, revoked; its own team listed.
+    made = await fetch(page, "POST", "/admin/v1/keys",
+                       body='{"name": "a-key", "team": "team-a"}')
+    assert made["status"] == 201
+    mine = made["body"]["key"]  # type: ignore[index]
+    assert mine["team_id"] == teams["team-a"]
+    listed = await fetch(page, "GET", "/admin/v1/keys")
+    assert [k["name"] for k in listed["body"]] == ["a-key"]  # type: ignore[union-attr]
+    listed_teams = await fetch(page, "GET", "/admin/v1/teams")
+    assert [t["name"] for t in listed_teams["body"]] == ["team-a"]  # type: ignore[union-attr]
+
+    # Nothing of another team, nor the operator's own keys.
+    refused = await fetch(page, "POST", "/admin/v1/keys",
+                          body='{"name": "x", "team": "team-b"}')
+    assert refused["status"] == 403
+    assert "tara@example.test is team admin of team-a only" in \
+        refused["body"]["error"]["message"]  # type: ignore[index]
+    for key in (theirs["key"], operators["key"]):
+        assert (await fetch(page, "DELETE", f"/admin/v1/keys/{key['key_id']}"))["status"] == 403
+    moved = await fetch(page, "PATCH", f"/admin/v1/keys/{mine['key_id']}",
+                        body='{"team": "team-b"}')
+    assert moved["status"] == 403
+    for path in ("/usage?team=team-b", "/usage/report?team=team-b", "/teams/team-b",
+                 "/nodes", "/join-tokens"):
+        assert (await fetch(page, "GET", f"/admin/v1{path}"))["status"] == 403, path
+    for path in ("/usage?team=team-a", "/usage/report?team=team-a&by=key", "/teams/team-a",
+                 "/keys?team=team-a"):
+        assert (await fetch(page, "GET", f"/admin/v1{path}"))["status"] == 200, path
+    revoked = await fetch(page, "DELETE", f"/admin/v1/keys/{mine['key_id']}")
+    assert revoked["status"] == 200
 
 
 async def test_a_person_without_a_role_or_with_a_wrong_password_gets_no_session(

@@ -25,6 +25,15 @@ export function signedIn() {
   return Boolean(session || getToken());
 }
 
+/**
+ * The team a team admin's usage reads are for (the API wants one named: docs/sso.md); undefined
+ * for every other caller, whose reads cover the whole fleet.
+ */
+export function ownTeam() {
+  if (!session || session.roles.some((r) => r !== "team_admin")) return undefined;
+  return session.teams[0];
+}
+
 /** Whether the caller may perform an action (docs/sso.md); the admin token may do all. */
 export function may(action) {
   return !session || session.actions.includes(action);

@@ -9,7 +9,7 @@
 // /usage/report?format=csv, what `llmgw ctl usage --csv` prints) and saves
 // it from a blob: a plain link could not carry the admin token.
 
-import { api, apiWithHeaders } from "../api.js";
+import { api, apiWithHeaders, ownTeam } from "../api.js";
 import { h, numColumn, redraw, section, table, titled } from "../dom.js";
 import { lineChart } from "../charts.js";
 
@@ -118,7 +118,7 @@ export default {
       const until = Math.floor(Date.now() / 1000);
       const since = Math.floor((until - Number(range.value)) / 60) * 60;
       try {
-        const { body, headers } = await apiWithHeaders("/usage/report", { query: { since, until, by: csvBy.value, format: "csv" }, raw: true });
+        const { body, headers } = await apiWithHeaders("/usage/report", { query: { since, until, by: csvBy.value, format: "csv", team: ownTeam() }, raw: true });
         save(body, fileName(headers, "llmgw-usage.csv"));
       } catch (err) {
         csvError.textContent = `Download failed: ${err.message}`;
@@ -132,7 +132,7 @@ export default {
       const { bucket } = RANGES.find((r) => r.value === range.value);
       const to = Math.floor(Date.now() / 1000);
       const from = to - span;
-      const [answer, keys, teams] = await Promise.all([api("/usage", { query: { since: Math.floor(from / 60) * 60 } }), api("/keys"), api("/teams")]);
+      const [answer, keys, teams] = await Promise.all([api("/usage", { query: { since: Math.floor(from / 60) * 60, team: ownTeam() } }), api("/keys"), api("/teams")]);
       const rows = answer.rows;
       const keyName = new Map((keys || []).map((k) => [k.key_id, k.name ? `${k.name} (${k.key_id})` : k.key_id]));
       // A key's team as it is now (the CSV by team counts each row under the
