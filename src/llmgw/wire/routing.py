@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from llmgw.wire.base import Wire
+from llmgw.wire.base import PriorityClass, Wire
 from llmgw.wire.catalog import ENV_NAME_PATTERN, EngineDialect, ModelPrice, RoutingPolicy
 from llmgw.wire.replicas import EngineKey
 from llmgw.wire.tenancy import TeamInfo, TenantLimits
@@ -46,6 +46,9 @@ class ModelRoute(Wire):
     parent: str | None = None
     # The catalog's price (ModelSpec.price): what budgets are spent at.
     price: ModelPrice | None = None
+    # Requests one replica runs at once (ModelSpec.max_concurrency, or the
+    # engine's setting); None: no cap, the gateway holds nothing back.
+    max_concurrency: int | None = Field(None, ge=1)
 
 
 class RoutingTable(Wire):
@@ -127,6 +130,9 @@ class ApiKeyInfo(TenantLimits):
     revoked: bool = False
     # None: the operator's key, under no team's models or limits.
     team_id: str | None = None
+    # Its class in the hold queue (llmgw.gateway.admission); None: its
+    # team's, else "standard".
+    priority: PriorityClass | None = None
 
 
 class GatewayConfig(Wire):
