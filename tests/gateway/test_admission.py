@@ -1,4 +1,4 @@
-"""The hold queue of a saturated model (llmgw.gateway.admission): its order, its reserve, its bounds.
+"""The hold queue of a saturated model (llmgw.gateway.admission): order, reserve, bounds.
 
 The gate alone first (classes, fairness between teams, weights, the reserve,
 a waiter that leaves), then through a real gateway in front of a fake engine
@@ -9,7 +9,9 @@ and what a client past the queue's bounds is answered.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import openai
@@ -99,7 +101,7 @@ async def test_weights_share_a_class_in_proportion() -> None:
         for ticket in pair:
             gate.queue(ticket)
     gate.leave(blocker)
-    order = []
+    order: list[str] = []
     while gate.in_use and len(order) < 9:
         holder = next(t for t in heavy + light if t.granted)
         order.append(holder.team)
@@ -185,6 +187,12 @@ def _keys() -> list[Any]:
                          for name, (secret, cls) in _KEYS.items())]  # fmt: skip
 
 
+async def _until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(5.0):
+        while not condition():  # noqa: ASYNC110 - a gauge, not an event
+            await asyncio.sleep(0.01)
+
+
 async def _ask(url: str, key: str, text: str) -> float:
     client = async_client(url, key)
     await client.chat.completions.create(
@@ -208,7 +216,7 @@ async def test_a_saturated_model_serves_the_interactive_key_before_the_batch_bac
     assert order == ["batch 0", "urgent", "batch 1", "batch 2", "batch 3"]
     # The engine never ran two at once.
     starts = [s.at for s in engine.seen]
-    assert all(b - a >= 0.14 for a, b in zip(starts, starts[1:], strict=False))
+    assert all(b - a >= 0.14 for a, b in itertools.pairwise(starts))
 
 
 async def test_without_a_cap_the_engine_gets_everything_at_once(
@@ -231,11 +239,9 @@ async def test_past_the_bounds_the_client_is_told_when_to_come_back(
     settings = fast_settings(hold_wait_s=0.6, hold_queue_length=1, retry_after_s=7)
     async with running_gateway(link, settings) as (gateway, url):
         running = asyncio.create_task(_ask(url, SECRET, "runs"))
-        while not gateway.metrics.model("m").in_flight:
-            await asyncio.sleep(0.01)
+        await _until(lambda: gateway.metrics.model("m").in_flight == 1)
         waiting = asyncio.create_task(_ask(url, SECRET, "waits"))
-        while gateway.metrics.held() != {"m": 1}:
-            await asyncio.sleep(0.01)
+        await _until(lambda: gateway.metrics.held() == {"m": 1})
         with pytest.raises(openai.RateLimitError) as full:
             await _ask(url, SECRET, "no room")
         assert full.value.response.headers["retry-after"] == "7"

@@ -22,16 +22,15 @@ The order, when a slot frees:
   another team's backlog: with one flooding team and one occasional one,
   the occasional one's request is next. Requests of one team keep their
   order. The tags reset when the class has nobody waiting.
-* **A reserve of slots for teams with little in flight.** Without
-  preemption, fair order alone cannot help a newcomer when every slot is
-  held by one team: it still waits for one of them to finish (a whole
-  generation). So the last ``reserve`` free slots are taken only by a team
-  holding fewer requests than the slots it would leave: a team with ``k``
-  requests in flight takes a slot while more than ``min(k, reserve)`` are
-  free. A team flooding alone runs ``capacity - reserve`` at once (the
-  price: that share of the model's throughput while one team has it all);
-  another team's first requests start at once. ``batch`` never takes the
-  reserve.
+* **A reserve of slots for teams below their share.** Without preemption,
+  fair order alone cannot help a newcomer when every slot is held by one
+  team: it still waits for one of them to finish (a whole generation). So
+  the last ``reserve`` free slots go only to a team holding fewer than its
+  share, the slots it would hold if the teams active now (holding or
+  waiting) and one more split them evenly. A team flooding alone runs
+  ``capacity - reserve`` at once (the price: that part of the model's
+  throughput while one team has it all); another team's requests, up to its
+  share, start at once. ``batch`` never takes the reserve.
 
 Bounds: at most ``hold_queue_length`` requests wait per model (past it, 429
 with ``Retry-After``), none longer than ``hold_wait_s`` (then 503 with
@@ -122,9 +121,9 @@ class _Class:
         best: tuple[float, int, Ticket] | None = None
         for entry in self.heap:
             ticket = entry[2]
-            if ticket.team in teams and ticket.future is not None:
-                if best is None or entry[:2] < best[:2]:
-                    best = entry
+            live = ticket.team in teams and ticket.future is not None
+            if live and (best is None or entry[:2] < best[:2]):
+                best = entry
         return best[2] if best is not None else None
 
     def served(self, ticket: Ticket) -> None:
@@ -179,9 +178,24 @@ class Gate:
         return sum(c.live for c in self.classes)
 
     def _fits(self, ticket: Ticket, free: int) -> bool:
-        if ticket.rank >= BATCH:
-            return free > self.reserve
-        return free > min(self.held.get(ticket.team, 0), self.reserve)
+        if free > self.reserve:
+            return True
+        if free <= 0 or ticket.rank >= BATCH:
+            return False
+        return self.held.get(ticket.team, 0) < self._share(ticket.team)
+
+    def _share(self, team: str) -> float:
+        """The slots ``team`` would hold if the teams active now and one more shared them evenly.
+
+        The one more is the newcomer the reserve is kept for: a team alone
+        stays below the capacity by the reserve, and two teams busy at once
+        each still leave room for a third.
+        """
+        active = set(self.held)
+        for waiting in self.classes:
+            active.update(waiting.teams)
+        active.discard(team)
+        return self.capacity / (len(active) + 2)
 
     def _take(self, ticket: Ticket) -> None:
         ticket.granted = True
@@ -238,7 +252,8 @@ class Gate:
                     # holding fewer slots than are free, if any waits.
                     if chosen.rank >= BATCH:
                         continue
-                    few = {t for t in waiting.teams if self.held.get(t, 0) < free}
+                    few = {t for t in waiting.teams
+                           if self.held.get(t, 0) < self._share(t)}  # fmt: skip
                     chosen = waiting.first_of(few) if few else None
                     if chosen is None:
                         continue
