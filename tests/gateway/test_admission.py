@@ -16,7 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from llmgw.gateway.responses import ApiError
+from llmgw.gateway.replies import ApiError
 from tests.gateway.conftest import (
     SECRET,
     api_key,
