@@ -69,6 +69,7 @@ class Setup:
     phase_s: float = 30.0
     warm_s: float = 3.0  # A floods this long before B's measured phase starts
     hold_wait_s: float = 5.0
+    hold_reserve: float = 0.125  # GatewaySettings.hold_reserve, the gateway's default
     seed: int = 0
 
     def sim_params(self) -> SimParams:
@@ -141,7 +142,8 @@ async def _serve_gateways(spec: dict[str, Any]) -> None:
         config = wire.GatewayConfig(
             routing=wire.RoutingTable(version=1, models=[route], gateways=1), keys=keys
         )
-        settings = GatewaySettings(gateway_id=f"isolation-{i}", hold_wait_s=spec["hold_wait_s"])
+        settings = GatewaySettings(gateway_id=f"isolation-{i}", hold_wait_s=spec["hold_wait_s"],
+                                   hold_reserve=spec["hold_reserve"])  # fmt: skip
         gateway = Gateway(MemoryLink(config, poll_timeout_s=3600), settings)
         await gateway.start()
         if not await gateway.wait_configured(10.0):
@@ -243,6 +245,9 @@ async def flood_phase(url: str, setup: Setup, capacity_rps: float) -> dict[str, 
         "ttft_p90_s": _p90(b.results, b.ended_at),
         "b_outcomes": _outcomes(b.results),
         "a_rate_rps": round(len(flood) / length, 2),
+        # A's answers completed while it flooded: what the engine gave it.
+        "a_answered_rps": round(sum(1 for r in a.results if r.error is None and r.done_at
+                                    is not None and r.done_at <= length) / length, 2),
         "a_outcomes": _outcomes(a.results),
         "errors": _examples(a.results + b.results),
     }
@@ -280,6 +285,9 @@ async def measure(setup: Setup, gated_url: str, plain_url: str) -> dict[str, Any
         "control_flood_ttft_p90_s": _round(plain["ttft_p90_s"]),
         "capacity_rps": round(capacity, 2),
         "flood_factor": setup.flood,
+        "hold_reserve": setup.hold_reserve,
+        "a_answered_rps": gated["a_answered_rps"],
+        "control_a_answered_rps": plain["a_answered_rps"],
         "a_rate_rps": gated["a_rate_rps"],
         "a_outcomes": gated["a_outcomes"],
         "b_outcomes": gated["b_outcomes"],
@@ -302,7 +310,7 @@ def isolation(setup: Setup) -> dict[str, Any]:
     procs = [engines]
     try:
         urls = _read_urls(engines, "listening on", 2)
-        spec = {"hold_wait_s": setup.hold_wait_s, "gateways": [
+        spec = {"hold_wait_s": setup.hold_wait_s, "hold_reserve": setup.hold_reserve, "gateways": [
             {"engine": urls[0], "max_concurrency": setup.max_running},
             {"engine": urls[1], "max_concurrency": None},
         ]}  # fmt: skip
@@ -320,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood", type=float, help="tenant A's rate, times the capacity")
     parser.add_argument("--b-rate", type=float, help="tenant B's requests per second")
     parser.add_argument("--phase-s", type=float, help="seconds each measured phase lasts")
+    parser.add_argument("--reserve", type=float, help="the gateway's hold_reserve (0.125)")
+    parser.add_argument("--seed", type=int, help="the arrivals' seed (0)")
     parser.add_argument("--serve-gateways", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_gateways:
@@ -328,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.run(_serve_gateways(json.loads(args.serve_gateways)))
         return 0
     setup = QUICK if args.quick else Setup()
-    overrides = {"flood": args.flood, "b_rate": args.b_rate, "phase_s": args.phase_s}
+    overrides = {"flood": args.flood, "b_rate": args.b_rate, "phase_s": args.phase_s,
+                 "hold_reserve": args.reserve, "seed": args.seed}  # fmt: skip
     setup = Setup(**{**setup.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
     result = isolation(setup)
     print(json.dumps(result))
