@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from llmgw.wire.base import PriorityClass, Wire
+from llmgw.wire.base import Wire
 from llmgw.wire.catalog import ENV_NAME_PATTERN, EngineDialect, ModelPrice, RoutingPolicy
 from llmgw.wire.replicas import EngineKey
 from llmgw.wire.tenancy import TeamInfo, TenantLimits
@@ -130,9 +130,6 @@ class ApiKeyInfo(TenantLimits):
     revoked: bool = False
     # None: the operator's key, under no team's models or limits.
     team_id: str | None = None
-    # Its class in the hold queue (llmgw.gateway.admission); None: its
-    # team's, else "standard".
-    priority: PriorityClass | None = None
 
 
 class GatewayConfig(Wire):

@@ -40,7 +40,8 @@ class KeyRecord:
         # Its place in a saturated model's hold queue (llmgw.gateway.admission):
         # the class's rank (0 first), and who it shares its class with fairly
         # and at what weight: its team, or the key itself for a key of none.
-        self.rank = _RANKS[info.priority or "standard"]
+        self.rank = _RANKS[info.priority or (team.priority if team is not None else None)
+                           or "standard"]
         self.tenant = f"team:{team.team_id}" if team is not None else f"key:{info.key_id}"
         self.weight = 1.0
 
