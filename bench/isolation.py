@@ -23,9 +23,9 @@ answered, refused (429) and timed-out (503) requests are printed beside it:
 the hold queue sheds A's excess, which is what keeps B's answers fast.
 
 Processes: the engines (one process), the gateways (another, static config
-through a MemoryLink: no control plane in the measurement), and this one,
-the load generators. On this 2-core machine the three share the CPUs with
-whatever else runs; B's TTFTs include that.
+through a MemoryLink: no control plane in the measurement), tenant A's
+clients (a third) and this one, tenant B's clients. On this 2-core machine
+they share the CPUs with whatever else runs; B's TTFTs include that.
 
     python bench/isolation.py [--quick] [--flood 5] [--b-rate 2] [--phase-s 30]
 
@@ -44,7 +44,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from llmgw.sim import benchstats, loadgen
@@ -54,6 +54,12 @@ from llmgw.wire import SimParams
 MODEL = "sim"
 KEY_A = "sk-llmgw-bench-isolation-a-0123456789abcdefghijkl"
 KEY_B = "sk-llmgw-bench-isolation-b-0123456789abcdefghijkl"
+# Each tenant connects from a loopback address of its own, as tenants on
+# other machines do: the gateway's server caps open connections per address
+# (llmgw.addresscap), and one address for both would make A's flood refuse
+# B's connections before any queue saw them.
+HOST_A = "127.0.0.3"
+HOST_B = "127.0.0.2"
 RATIO_TARGET = 2.0
 READY_TIMEOUT_S = 60.0
 
@@ -220,36 +226,68 @@ async def idle_phase(url: str, setup: Setup) -> dict[str, Any]:
     """B alone: its TTFT p90, and the service time that sizes the flood."""
     rng = random.Random(setup.seed)
     requests = poisson(setup.b_rate, 0.5, setup.phase_s, setup, "b", rng)
-    run = await loadgen.run(requests, [url], api_key=KEY_B, drain_s=30.0)
+    run = await loadgen.run(requests, [url], api_key=KEY_B, drain_s=30.0, local_host=HOST_B)
     done = [r for r in run.results if r.error is None and r.done_at is not None]
     service = sorted(r.done_at - r.sent_at for r in done if r.done_at is not None)
     return {
         "ttft_p90_s": _p90(run.results, run.ended_at),
+        "ttft_p50_s": benchstats.percentile(benchstats.ttfts(run.results, run.ended_at), 50),
         "service_s": service[len(service) // 2] if service else None,
         "outcomes": _outcomes(run.results),
     }
 
 
 async def flood_phase(url: str, setup: Setup, capacity_rps: float) -> dict[str, Any]:
-    """A floods at ``setup.flood`` x capacity; B as in the idle phase, once A's queue is up."""
-    rng_a, rng_b = random.Random(setup.seed + 1), random.Random(setup.seed)
+    """A floods at ``setup.flood`` x capacity; B as in the idle phase, once A's queue is up.
+
+    A's clients run in a process of their own: on one event loop with B's,
+    A's thousands of connections would delay the reading of B's first
+    tokens, and B's TTFT would measure the load generator.
+    """
     length = setup.warm_s + setup.phase_s
-    flood = poisson(capacity_rps * setup.flood, 0.0, length, setup, "a", rng_a)
-    light = poisson(setup.b_rate, setup.warm_s + 0.5, setup.phase_s, setup, "b", rng_b)
-    drain = setup.hold_wait_s + 30.0
-    a, b = await asyncio.gather(
-        loadgen.run(flood, [url], api_key=KEY_A, drain_s=drain),
-        loadgen.run(light, [url], api_key=KEY_B, drain_s=drain),
-    )
+    spec = {"url": url, "rate": capacity_rps * setup.flood, "length": length,
+            "drain": setup.hold_wait_s + 30.0, "setup": asdict(setup)}  # fmt: skip
+    flooder = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--flood-client", json.dumps(spec),
+        stdout=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    assert flooder.stdout is not None
+    line = await flooder.stdout.readline()  # it floods from now on
+    if not line.startswith(b"flooding"):
+        raise RuntimeError(f"the flooding client did not start: {line!r}")
+    light = poisson(setup.b_rate, setup.warm_s + 0.5, setup.phase_s, setup, "b",
+                    random.Random(setup.seed))  # fmt: skip
+    b = await loadgen.run(light, [url], api_key=KEY_B, drain_s=setup.hold_wait_s + 30.0,
+                          local_host=HOST_B)  # fmt: skip
+    out, _ = await flooder.communicate()
+    a = json.loads(out)
     return {
         "ttft_p90_s": _p90(b.results, b.ended_at),
+        "ttft_p50_s": benchstats.percentile(benchstats.ttfts(b.results, b.ended_at), 50),
         "b_outcomes": _outcomes(b.results),
-        "a_rate_rps": round(len(flood) / length, 2),
+        "a_rate_rps": a["rate_rps"],
+        "a_answered_rps": a["answered_rps"],
+        "a_outcomes": a["outcomes"],
+        "errors": {**a["errors"], **_examples(b.results)},
+    }
+
+
+async def flood_client(spec: dict[str, Any]) -> dict[str, Any]:
+    """Tenant A's clients (in their own process): open-loop arrivals at ``spec["rate"]``/s."""
+    setup = Setup(**spec["setup"])
+    length = spec["length"]
+    flood = poisson(spec["rate"], 0.0, length, setup, "a", random.Random(setup.seed + 1))
+    print("flooding", flush=True)
+    a = await loadgen.run(flood, [spec["url"]], api_key=KEY_A, drain_s=spec["drain"],
+                          local_host=HOST_A)  # fmt: skip
+    answered = sum(1 for r in a.results
+                   if r.error is None and r.done_at is not None and r.done_at <= length)
+    return {
+        "rate_rps": round(len(flood) / length, 2),
         # A's answers completed while it flooded: what the engine gave it.
-        "a_answered_rps": round(sum(1 for r in a.results if r.error is None and r.done_at
-                                    is not None and r.done_at <= length) / length, 2),
-        "a_outcomes": _outcomes(a.results),
-        "errors": _examples(a.results + b.results),
+        "answered_rps": round(answered / length, 2),
+        "outcomes": _outcomes(a.results),
+        "errors": _examples(a.results),
     }
 
 
@@ -282,9 +320,12 @@ async def measure(setup: Setup, gated_url: str, plain_url: str) -> dict[str, Any
         "isolation_control_ratio": _ratio(plain["ttft_p90_s"], idle["ttft_p90_s"]),
         "idle_ttft_p90_s": _round(idle["ttft_p90_s"]),
         "flood_ttft_p90_s": _round(gated["ttft_p90_s"]),
+        "flood_ttft_p50_s": _round(gated["ttft_p50_s"]),
+        "idle_ttft_p50_s": _round(idle["ttft_p50_s"]),
         "control_flood_ttft_p90_s": _round(plain["ttft_p90_s"]),
         "capacity_rps": round(capacity, 2),
         "flood_factor": setup.flood,
+        "slots": setup.max_running,
         "hold_reserve": setup.hold_reserve,
         "a_answered_rps": gated["a_answered_rps"],
         "control_a_answered_rps": plain["a_answered_rps"],
@@ -328,10 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood", type=float, help="tenant A's rate, times the capacity")
     parser.add_argument("--b-rate", type=float, help="tenant B's requests per second")
     parser.add_argument("--phase-s", type=float, help="seconds each measured phase lasts")
+    parser.add_argument("--slots", type=int, help="requests the engine runs at once (4)")
     parser.add_argument("--reserve", type=float, help="the gateway's hold_reserve (0.125)")
     parser.add_argument("--seed", type=int, help="the arrivals' seed (0)")
     parser.add_argument("--serve-gateways", help=argparse.SUPPRESS)
+    parser.add_argument("--flood-client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.flood_client:
+        print(json.dumps(asyncio.run(flood_client(json.loads(args.flood_client)))))
+        return 0
     if args.serve_gateways:
         import uvloop
 
@@ -339,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     setup = QUICK if args.quick else Setup()
     overrides = {"flood": args.flood, "b_rate": args.b_rate, "phase_s": args.phase_s,
-                 "hold_reserve": args.reserve, "seed": args.seed}  # fmt: skip
+                 "hold_reserve": args.reserve, "seed": args.seed,
+                 "max_running": args.slots}  # fmt: skip
     setup = Setup(**{**setup.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
     result = isolation(setup)
     print(json.dumps(result))

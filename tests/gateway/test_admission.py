@@ -16,7 +16,6 @@ from typing import Any
 
 import openai
 import pytest
-from llmgw.gateway.replies import ApiError
 from tests.gateway.conftest import (
     SECRET,
     api_key,
@@ -27,8 +26,16 @@ from tests.gateway.conftest import (
     running_gateway,
 )
 
-from llmgw.gateway.admission import Admission, Gate, Ticket, reserve_of, slots_per_replica
+from llmgw.gateway.admission import (
+    RECENT_S,
+    Admission,
+    Gate,
+    Ticket,
+    reserve_of,
+    slots_per_replica,
+)
 from llmgw.gateway.link import MemoryLink
+from llmgw.gateway.replies import ApiError
 
 INTERACTIVE, STANDARD, BATCH = 0, 1, 2
 
@@ -120,7 +127,33 @@ async def test_the_reserve_lets_a_newcomer_start_while_another_team_holds_the_re
     gate.leave(newcomer)
     assert gate.in_use == 3, "and the slot is kept free again, not given to a's backlog"
     gate.leave(flood[0])
-    assert flood[3].granted and gate.in_use == 3
+    assert not flood[3].granted, "b asked lately: one more slot is kept for its next request"
+    gate.lately["team:b"] -= RECENT_S
+    gate.leave(flood[1])
+    assert flood[3].granted and flood[4].granted and gate.in_use == 3
+
+
+async def test_a_light_team_in_flight_finds_a_slot_for_its_next_request() -> None:
+    gate = _gate(8, reserve=1)
+    flood = [Ticket("team:a", STANDARD, 1.0) for _ in range(12)]
+    for ticket in flood:
+        if not gate.try_enter(ticket):
+            gate.queue(ticket)
+    assert gate.held == {"team:a": 7}
+    first = Ticket("team:b", STANDARD, 1.0)
+    gate.queue(first)
+    assert first.granted and gate.in_use == 8
+    gate.leave(flood[0])  # a's next one waits: the slot is kept for b's next request
+    assert gate.held == {"team:a": 6, "team:b": 1} and gate.in_use == 7
+    second = Ticket("team:b", STANDARD, 1.0)
+    gate.queue(second)
+    assert second.granted
+    gate.leave(first)
+    gate.leave(second)  # b is done, but may ask again soon: its slot stays kept a while
+    assert gate.held == {"team:a": 6}
+    gate.lately["team:b"] -= RECENT_S  # b has not asked for a while
+    gate.leave(flood[1])
+    assert gate.held == {"team:a": 7}, "a gets all but the reserve again"
 
 
 async def test_batch_never_takes_the_reserve() -> None:

@@ -22,15 +22,18 @@ The order, when a slot frees:
   another team's backlog: with one flooding team and one occasional one,
   the occasional one's request is next. Requests of one team keep their
   order. The tags reset when the class has nobody waiting.
-* **A reserve of slots for teams below their share.** Without preemption,
-  fair order alone cannot help a newcomer when every slot is held by one
-  team: it still waits for one of them to finish (a whole generation). So
-  the last ``reserve`` free slots go only to a team holding fewer than its
-  share, the slots it would hold if the teams active now (holding or
-  waiting) and one more split them evenly. A team flooding alone runs
+* **Free slots kept for teams below their share.** Without preemption,
+  fair order alone cannot help a request when every slot is held by one
+  team: it still waits for one of them to finish (a whole generation). A
+  team's share is the slots it would hold if the teams active now (holding
+  or waiting) and one more split them evenly. A team below its share takes
+  any free slot. A team at or above it leaves ``reserve`` slots free for a
+  newcomer, and one more for each other active team below its share, so
+  that team's next request starts at once too. A team flooding alone runs
   ``capacity - reserve`` at once (the price: that part of the model's
-  throughput while one team has it all); another team's requests, up to its
-  share, start at once. ``batch`` never takes the reserve.
+  throughput while one team has it all), one less per light team active
+  beside it. ``batch`` is never below its share in this sense: it always
+  leaves the kept slots.
 
 Bounds: at most ``hold_queue_length`` requests wait per model (past it, 429
 with ``Retry-After``), none longer than ``hold_wait_s`` (then 503 with
@@ -59,6 +62,15 @@ RANKS: dict[str, int] = {name: rank for rank, name in enumerate(wire.PRIORITY_CL
 DEFAULT_CLASS: wire.PriorityClass = "standard"
 BATCH = RANKS["batch"]
 _R = TypeVar("_R", bound="Busy")
+
+
+# A team whose last request ended less than this ago still has a slot kept
+# for its next one (while below its share): an interactive user reads an
+# answer and asks again within seconds, a service sends a steady trickle,
+# and without the kept slot that next request waits for one of a flooding
+# team's generations to end. Longer keeps slots idle for teams that have
+# left; each costs the flooding team one slot meanwhile.
+RECENT_S = 5.0
 
 
 def slots_per_replica(max_concurrency: int, gateways: int) -> int:
@@ -152,13 +164,16 @@ class _Class:
 class Gate:
     """The slots of one model on this gateway and the requests waiting for them."""
 
-    __slots__ = ("_seq", "_sized_for", "capacity", "classes", "held", "in_use", "reserve")
+    __slots__ = ("_seq", "_sized_for", "batch", "capacity", "classes", "held", "in_use",
+                 "lately", "reserve")  # fmt: skip
 
     def __init__(self) -> None:
         self.capacity = 0
         self.reserve = 0
         self.in_use = 0
         self.held: dict[str, int] = {}  # team -> slots it holds
+        self.batch: set[str] = set()  # teams holding slots whose last request was batch
+        self.lately: dict[str, float] = {}  # team -> when its last slot ended (monotonic)
         self.classes = [_Class() for _ in RANKS]
         self._seq = count()
         self._sized_for: object = None
@@ -178,29 +193,68 @@ class Gate:
         return sum(c.live for c in self.classes)
 
     def _fits(self, ticket: Ticket, free: int) -> bool:
-        if free > self.reserve:
-            return True
-        if free <= 0 or ticket.rank >= BATCH:
-            return False
-        return self.held.get(ticket.team, 0) < self._share(ticket.team)
+        """Whether ``ticket`` may take one of ``free`` slots now.
 
-    def _share(self, team: str) -> float:
-        """The slots ``team`` would hold if the teams active now and one more shared them evenly.
-
-        The one more is the newcomer the reserve is kept for: a team alone
-        stays below the capacity by the reserve, and two teams busy at once
-        each still leave room for a third.
+        A team below its share takes any free slot (not ``batch``). Any other
+        leaves ``reserve`` slots free for a newcomer, and one more for each
+        other team below its share that holds slots, or held one lately, and
+        waits for none (up to ``reserve`` more): that team's next request
+        starts at once instead of waiting for one of the big team's to end.
+        (A team that waits already is served in its turn.)
         """
-        active = set(self.held)
+        if free <= 0:
+            return False
+        team = ticket.team
+        held = self.held
+        waiting = self._waiting_teams()
+        served = held.keys() | self._lately()
+        active = waiting | served
+        others = len(active) - (team in active)
+        if ticket.rank < BATCH and held.get(team, 0) < self.capacity / (others + 2):
+            return True
+        if free <= self.reserve:
+            return False
+        # Every active team's share: the capacity over the active teams and one more.
+        share = self.capacity / (len(active) + 1)
+        light = sum(1 for t in served if held.get(t, 0) < share and t != team
+                    and t not in waiting and t not in self.batch)  # fmt: skip
+        # Bounded: at most the reserve again, and never the whole capacity
+        # (an empty gate admits anyone).
+        keep = self.reserve + min(light, self.reserve)
+        return free > min(keep, self.capacity - 1)
+
+    def _lately(self) -> set[str]:
+        """Teams holding no slot now whose last one ended less than RECENT_S ago."""
+        lately = self.lately
+        if not lately:
+            return set()
+        now = time.monotonic()
+        for team in [t for t, at in lately.items() if now - at >= RECENT_S]:
+            del lately[team]
+        return set(lately)
+
+    def _waiting_teams(self) -> set[str]:
+        teams: set[str] = set()
         for waiting in self.classes:
-            active.update(waiting.teams)
-        active.discard(team)
-        return self.capacity / (len(active) + 2)
+            teams.update(waiting.teams)
+        return teams
+
+    def _below_share(self, teams: dict[str, int]) -> set[str]:
+        """Those of ``teams`` holding fewer slots than their share (see _fits)."""
+        active = self._waiting_teams() | self.held.keys()
+        share = self.capacity / (len(active) + 1)
+        return {t for t in teams if self.held.get(t, 0) < share}
 
     def _take(self, ticket: Ticket) -> None:
         ticket.granted = True
         self.in_use += 1
-        self.held[ticket.team] = self.held.get(ticket.team, 0) + 1
+        team = ticket.team
+        self.held[team] = self.held.get(team, 0) + 1
+        self.lately.pop(team, None)
+        if ticket.rank >= BATCH:
+            self.batch.add(team)
+        else:
+            self.batch.discard(team)
 
     def try_enter(self, ticket: Ticket) -> bool:
         """Take a slot at once when nobody waits and one is free to this ticket."""
@@ -237,6 +291,10 @@ class Gate:
             self.held[ticket.team] = held
         else:
             del self.held[ticket.team]
+            if ticket.team in self.batch:
+                self.batch.discard(ticket.team)
+            else:
+                self.lately[ticket.team] = time.monotonic()
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -248,12 +306,11 @@ class Gate:
                 if chosen is None:
                     continue
                 if not self._fits(chosen, free):
-                    # Only the reserve is left: the first waiter of a team
-                    # holding fewer slots than are free, if any waits.
+                    # The first waiter of a team below its share may still
+                    # start, if any waits (the rare case: a scan).
                     if chosen.rank >= BATCH:
                         continue
-                    few = {t for t in waiting.teams
-                           if self.held.get(t, 0) < self._share(t)}  # fmt: skip
+                    few = self._below_share(waiting.teams)
                     chosen = waiting.first_of(few) if few else None
                     if chosen is None:
                         continue
