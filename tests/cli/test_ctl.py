@@ -184,6 +184,20 @@ def test_keys_create_list_revoke(served: Served) -> None:
     listed = ok(run(served, "keys"))
     assert created["key"]["key_id"] in listed and created["secret"] not in listed
     assert "revoked" in ok(run(served, "keys", "revoke", created["key"]["key_id"]))
+    batch = json.loads(ok(run(served, "keys", "create", "--name", "nightly", "--priority",
+                              "batch", "--json")))
+    assert batch["key"]["priority"] == "batch"
+    line = next(row for row in ok(run(served, "keys")).splitlines()
+                if row.startswith(batch["key"]["key_id"]))
+    assert "batch" in line
+    changed = json.loads(ok(run(served, "keys", "set", batch["key"]["key_id"], "--priority",
+                                "interactive", "--json")))
+    assert changed["priority"] == "interactive"
+    cleared = json.loads(ok(run(served, "keys", "set", batch["key"]["key_id"], "--priority",
+                                "none", "--json")))
+    assert cleared["priority"] is None
+    assert "--priority 'urgent'" in one_line_error(
+        run(served, "keys", "set", batch["key"]["key_id"], "--priority", "urgent"))
     people = ok(run(served, "keys", "create", "--name", "people"))
     assert "shown only this once" in people and "sk-llmgw-" in people
     assert "does not exist" in one_line_error(run(served, "keys", "revoke", "nope"))

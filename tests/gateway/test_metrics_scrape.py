@@ -37,7 +37,7 @@ def histogram(
 
 
 def test_a_scrape_after_a_mix_of_requests() -> None:
-    metrics = GatewayMetrics(waiting=lambda: {"sleepy": 2})
+    metrics = GatewayMetrics(waiting=lambda: {"sleepy": 2}, held=lambda: {"a": 3})
     metrics.config_version = 9
     # Model a: two answered (one streamed, one retried first), one refused
     # by its engine; model b: one answered without usage; an unknown model.
@@ -69,6 +69,7 @@ def test_a_scrape_after_a_mix_of_requests() -> None:
         "llmgw_gateway_prefix_routing": "counter",
         "llmgw_gateway_upstream_retries": "counter",
         "llmgw_gateway_waiting": "gauge",
+        "llmgw_gateway_held": "gauge",
         "llmgw_gateway_config_version": "gauge",
     }
     expected: dict[Sample, float] = {
@@ -86,6 +87,7 @@ def test_a_scrape_after_a_mix_of_requests() -> None:
         ("llmgw_gateway_prefix_routing_total", (("model", "b"), ("outcome", "none"))): 1,
         ("llmgw_gateway_upstream_retries_total", (("model", "a"),)): 1,
         ("llmgw_gateway_waiting", (("model", "sleepy"),)): 2,
+        ("llmgw_gateway_held", (("model", "a"),)): 3,
         ("llmgw_gateway_config_version", ()): 9,
     }
     name = "llmgw_gateway_request_seconds"

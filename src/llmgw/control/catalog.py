@@ -404,7 +404,7 @@ def diff_catalog(current: dict[str, ModelSpec], new: list[ModelSpec]) -> Catalog
 
 # Fields only the gateway reads, through the routing table: changing them
 # must not restart a model's engines (a new output cap is not worth a reload).
-GATEWAY_FIELDS = frozenset({"aliases", "routing", "max_output_tokens"})
+GATEWAY_FIELDS = frozenset({"aliases", "routing", "max_output_tokens", "max_concurrency"})
 
 
 def engine_changed(old: ModelSpec, new: ModelSpec) -> bool:

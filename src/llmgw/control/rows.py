@@ -167,7 +167,7 @@ def replica_from_row(row: Row) -> ReplicaRecord:
 
 
 LIMIT_FIELDS = ("rpm", "tpm", "tokens_per_day", "tokens_per_month", "budget_usd",
-                "budget_period")
+                "budget_period", "priority")
 
 
 def limits_row(limits: TenantLimits) -> Row:

@@ -33,6 +33,7 @@ from typing import Any
 from llmgw import secrets, wire
 from llmgw.backoff import Backoff
 from llmgw.gateway import front, handler, openapi
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
@@ -86,7 +87,9 @@ class Gateway:
         self.link = link
         self.settings = settings or GatewaySettings()
         room = WaitRoom(self.settings.queue_length)
-        self.metrics = GatewayMetrics(waiting=room.waiting)
+        admission = Admission(self.settings.hold_queue_length, self.settings.hold_wait_s,
+                              self.settings.hold_reserve, self.settings.retry_after_s)
+        self.metrics = GatewayMetrics(waiting=room.waiting, held=admission.waiting)
         self.runtime = Runtime(
             settings=self.settings,
             metrics=self.metrics,
@@ -95,6 +98,7 @@ class Gateway:
             room=room,
             demand=self._demand,
             tenancy=TenantCheck(EnforcementPoint(link.exchange_allowance)),
+            admission=admission,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[Any]] = set()

@@ -15,7 +15,9 @@ import time
 from collections.abc import Awaitable
 from typing import Protocol
 
+from llmgw.gateway.admission import Held
 from llmgw.gateway.call import Call
+from llmgw.gateway.checks.auth import KeyRecord
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.replies import (
     ApiError,
@@ -61,68 +63,105 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, attempt: 
     tried: list[Replica] = []
     wait_deadline = time.monotonic() + settings.queue_wait_s
     attempts = 0
-    while attempts <= settings.retries:
-        # A replica to offer at once is the usual case: picked here, without
-        # the coroutine that waits for one (a frame every request paid for).
-        on_demand = router.route.on_demand
-        pick = router.pick(prompt, tried, fallback=not on_demand)
-        wait = 0.0
-        if pick is None and not (tried and not on_demand):
-            router, pick, wait = await wait_for_replica(rt, router, prompt, tried, wait_deadline)
-            call.waited += wait
-        if pick is None:
-            break
-        # After a wait the retries start again: what failed before it is
-        # gone or back, and the wait itself is bounded by its deadline.
-        attempts = 1 if wait else attempts + 1
-        replica = pick.replica
-        if wait:
-            other = attempt.reroute(router, replica)
-            if other is not None:
-                router = other
-                continue
-        if not tried:
-            outcomes = counters.outcomes
-            outcomes[pick.outcome] = outcomes.get(pick.outcome, 0) + 1
-        replica.in_flight += 1
-        replica.requests += 1
-        replica.last_request_at = time.time()
-        prefill = call.prefill = Prefill(router, pick)
-        counters.in_flight += 1
-        before = time.perf_counter() - call.started - call.waited
-        response: Response | None = None
-        try:
-            response = await attempt.post(router, replica)
-            if response.status in (401, 403):
-                # The engine refused the gateway's engine key (a routing table
-                # older than the engine): no fault of the client's key, and
-                # another replica may take the request, as if unreachable.
-                raise ConnectFailed(f"engine refused the engine key ({response.status})")
-            replica.connect_succeeded()
-            return await attempt.answer(response, replica, prefill, before)
-        except (ConnectFailed, BodyBroken) as exc:
-            # Nothing reached the client yet: another replica may answer.
-            log.info("%s: replica %s unavailable: %s", call.request_id, replica.replica_id, exc)
-            replica.connect_failed(settings.cooldown_after, settings.cooldown_s)
-            tried.append(replica)
-            counters.retries += 1
-        except UpstreamTimeout:
-            raise ApiError(
-                504, f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
-                kind="server_error", code="upstream_timeout",
-            ) from None  # fmt: skip
-        finally:
-            # Released twice where a relay took it: the second time is a no-op.
-            if response is not None:
-                response.release()
-            replica.in_flight -= 1
-            prefill.done()
-            counters.in_flight -= 1
+    held: Held | None = None
+    try:
+        while attempts <= settings.retries:
+            # A replica to offer at once is the usual case: picked here,
+            # without the coroutine that waits for one (a frame every request
+            # paid for).
+            on_demand = router.route.on_demand
+            exclude = tried if held is None else held.passed_over(router.replicas, tried)
+            pick = router.pick(prompt, exclude, fallback=not on_demand)
+            wait = 0.0
+            if pick is None and not (tried and not on_demand):
+                router, pick, wait = await wait_for_replica(
+                    rt, router, prompt, tried, wait_deadline
+                )
+                call.waited += wait
+            if pick is None:
+                break
+            if held is None and router.route.max_concurrency is not None:
+                # A model whose replicas take a known number of requests at
+                # once: wait for a slot in its hold queue, then pick again
+                # (loads moved meanwhile).
+                held = await _hold(rt, call.record, router)
+                call.waited += held.waited
+                if held.waited or pick.replica.in_flight >= held.slots:
+                    router = _fresh(rt, router)
+                    continue
+            # After a wait the retries start again: what failed before it is
+            # gone or back, and the wait itself is bounded by its deadline.
+            attempts = 1 if wait else attempts + 1
+            replica = pick.replica
+            if wait:
+                other = attempt.reroute(router, replica)
+                if other is not None:
+                    router = other
+                    continue
+            if not tried:
+                outcomes = counters.outcomes
+                outcomes[pick.outcome] = outcomes.get(pick.outcome, 0) + 1
+            replica.in_flight += 1
+            replica.requests += 1
+            replica.last_request_at = time.time()
+            prefill = call.prefill = Prefill(router, pick)
+            counters.in_flight += 1
+            before = time.perf_counter() - call.started - call.waited
+            response: Response | None = None
+            try:
+                response = await attempt.post(router, replica)
+                if response.status in (401, 403):
+                    # The engine refused the gateway's engine key (a routing
+                    # table older than the engine): no fault of the client's
+                    # key, and another replica may take the request, as if
+                    # unreachable.
+                    raise ConnectFailed(f"engine refused the engine key ({response.status})")
+                replica.connect_succeeded()
+                return await attempt.answer(response, replica, prefill, before)
+            except (ConnectFailed, BodyBroken) as exc:
+                # Nothing reached the client yet: another replica may answer.
+                log.info("%s: replica %s unavailable: %s", call.request_id, replica.replica_id, exc)
+                replica.connect_failed(settings.cooldown_after, settings.cooldown_s)
+                tried.append(replica)
+                counters.retries += 1
+            except UpstreamTimeout:
+                raise ApiError(
+                    504,
+                    f"The model `{model}` did not answer within {settings.upstream_timeout_s} s.",
+                    kind="server_error", code="upstream_timeout",
+                ) from None  # fmt: skip
+            finally:
+                # Released twice where a relay took it: the second time is a no-op.
+                if response is not None:
+                    response.release()
+                replica.in_flight -= 1
+                prefill.done()
+                counters.in_flight -= 1
+    finally:
+        if held is not None:
+            held.release()
     raise unavailable(
         f"No replica of the model `{model}` could be reached.",
         "upstream_unavailable",
         settings.retry_after_s,
     )
+
+
+def _hold(rt: Runtime, record: KeyRecord, router: ModelRouter) -> Awaitable[Held]:
+    """A slot in the model's hold queue (llmgw.gateway.admission), when its turn comes."""
+    route = router.route
+    assert route.max_concurrency is not None  # the caller's test
+    snapshot = rt.snapshot
+    gateways = snapshot.config.routing.gateways if snapshot is not None else 1
+    return rt.admission.hold(record, route.name, route.max_concurrency, router.replicas,
+                             gateways, router)  # fmt: skip
+
+
+def _fresh(rt: Runtime, router: ModelRouter) -> ModelRouter:
+    """The model's router in the config now (a request that waited may hold an old one)."""
+    snapshot = rt.snapshot
+    fresh = snapshot.routes.get(router.route.name) if snapshot is not None else None
+    return fresh if fresh is not None and fresh.replicas else router
 
 
 async def wait_for_replica(

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from llmgw.gateway.admission import Admission
 from llmgw.gateway.checks.auth import KeyRecord, authenticate
 from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import GatewayMetrics
@@ -53,6 +54,8 @@ class Runtime:
     demand: Callable[[str], None]
     # Keys' and teams' limits, held fleet-wide (llmgw.gateway.tenancy).
     tenancy: TenantCheck
+    # The hold queues of models with a known number of slots per replica.
+    admission: Admission
     snapshot: ConfigView | None = None
 
 

@@ -52,7 +52,11 @@ class ModelCounters:
 
 
 class GatewayMetrics:
-    def __init__(self, waiting: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(
+        self,
+        waiting: Callable[[], dict[str, int]] | None = None,
+        held: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
         self.by_model: dict[str, ModelCounters] = {}
         self.overhead_hist = Histogram(OVERHEAD_BUCKETS)
         self.config_version = 0
@@ -60,6 +64,7 @@ class GatewayMetrics:
         # each worker counts only its own requests, and says which it is.
         self.worker: tuple[int, int] | None = None
         self._waiting = waiting or dict
+        self.held = held or dict  # requests in saturated models' hold queues
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Exporter(self))
 
@@ -159,6 +164,10 @@ class _Exporter(Collector):
         yield filled(GaugeMetricFamily(
             "llmgw_gateway_waiting", "Requests waiting for an on-demand replica.", labels=["model"]
         ), m.waiting())  # fmt: skip
+        yield filled(GaugeMetricFamily(
+            "llmgw_gateway_held", "Requests held while the model's replicas are at capacity.",
+            labels=["model"],
+        ), m.held())  # fmt: skip
         yield GaugeMetricFamily(
             "llmgw_gateway_config_version", "Routing version in use.", value=m.config_version
         )

@@ -55,6 +55,18 @@ class GatewaySettings:
     # from holding thousands of sockets while nothing can serve them.
     queue_length: int = 256
     queue_wait_s: float = 180.0
+    # Models whose replicas take a known number of requests at once
+    # (ModelRoute.max_concurrency): the rest wait in the gateway's hold queue
+    # (llmgw.gateway.admission), ordered by class and fair between teams.
+    # A queue is a latency promise: past a minute a client is better told
+    # to come back (503) than kept, and the bound on its length keeps a flood
+    # from holding thousands of sockets (429).
+    hold_queue_length: int = 1024
+    hold_wait_s: float = 60.0
+    # The share of a model's slots kept for teams with little in flight, so
+    # that one team holding every slot cannot make another's first request
+    # wait for a whole generation to end (0: none; at least 1 slot otherwise).
+    hold_reserve: float = 0.125
     # What a 503 tells a client to wait before trying again.
     retry_after_s: int = 5
 
@@ -139,7 +151,8 @@ class GatewaySettings:
 # Checked at start-up, in this order: a zero or negative one would stall or
 # disable the gateway (a zero wait, an empty queue) rather than fail loudly.
 _POSITIVE = (
-    "workers", "max_body_bytes", "queue_length", "queue_wait_s", "cooldown_s", "connect_timeout_s",
+    "workers", "max_body_bytes", "queue_length", "queue_wait_s", "hold_queue_length",
+    "hold_wait_s", "cooldown_s", "connect_timeout_s",
     "upstream_timeout_s", "health_interval_s", "health_failures", "health_timeout_s",
     "usage_flush_s", "load_report_s", "usage_max_rows", "prefix_block_chars",
     "chars_per_token", "prefill_tokens_per_unit", "prefill_tokens_per_s",
@@ -147,5 +160,5 @@ _POSITIVE = (
 # Zero means "none" or "off" for these (no retries, no slack).
 _NON_NEGATIVE = (
     "retries", "cooldown_after", "retry_after_s", "load_threshold", "ttft_slack_s",
-    "miss_wait_ratio", "prefix_copy_cost",
+    "miss_wait_ratio", "prefix_copy_cost", "hold_reserve",
 )  # fmt: skip

@@ -112,11 +112,14 @@ async def run(
     api_key: str | None = None,
     probes: Sequence[Probe] = (),
     drain_s: float = DEFAULT_DRAIN_S,
+    local_host: str | None = None,
 ) -> RunResult:
     """Send ``requests`` at their times; request k goes to ``urls[k % len(urls)]``.
 
     Alternating between several URLs is how two gateway instances share the
     traffic. Probes run at their times without delaying any request.
+    ``local_host``: the address to connect from (a loopback address of its
+    own per tenant, as clients on other machines have their own).
     """
     if not urls:
         raise ValueError("run needs at least one URL")
@@ -129,7 +132,8 @@ async def run(
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    local = (local_host, 0) if local_host is not None else None
+    connector = aiohttp.TCPConnector(limit=0, force_close=False, local_addr=local)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     sent: list[tuple[TimedRequest, asyncio.Task[RequestResult]]] = []
     probe_tasks = [loop.create_task(_probe_at(p, clock)) for p in probes]

@@ -20,9 +20,11 @@ The modules go by subject; import from ``llmgw.wire``, not from them:
 
 from llmgw.wire.base import (
     LLAMACPP_KINDS,
+    PRIORITY_CLASSES,
     PROTOCOL_VERSION,
     EngineKind,
     NodeState,
+    PriorityClass,
     ReplicaState,
     Wire,
     check_host,
@@ -107,6 +109,7 @@ __all__ = [
     "MIG_NUMBER_BASE",
     "NAME_PATTERN",
     "NUDGE_PATH",
+    "PRIORITY_CLASSES",
     "PROTOCOL_VERSION",
     "STANDBY_CODE",
     "AdapterSpec",
@@ -143,6 +146,7 @@ __all__ = [
     "ModelSpec",
     "NodeInventory",
     "NodeState",
+    "PriorityClass",
     "ReplicaAssignment",
     "ReplicaLoad",
     "ReplicaState",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from enum import StrEnum
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -36,6 +36,14 @@ class Wire(BaseModel):
 
 
 _W = TypeVar("_W", bound=Wire)
+
+# A key's (or its team's) place in the gateway's hold queue when a model's
+# replicas are saturated (llmgw.gateway.admission): every waiting request of
+# a higher class is served before any of a lower one. Three, not a number:
+# operators pick among meanings, and a free-form number per key turns into an
+# arms race between teams.
+PriorityClass = Literal["interactive", "standard", "batch"]
+PRIORITY_CLASSES: tuple[PriorityClass, ...] = ("interactive", "standard", "batch")
 
 
 def read_from_newer(kind: type[_W], body: bytes | str) -> tuple[_W, list[str]]:

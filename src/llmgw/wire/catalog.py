@@ -322,6 +322,12 @@ class ModelSpec(Wire):
     max_output_tokens: int | None = Field(None, ge=1)
     # What its tokens cost; None: free (budgets are not spent on it).
     price: ModelPrice | None = None
+    # Requests one replica runs at once; the gateway holds the rest in its
+    # queue, ordered by priority class and fair between teams
+    # (llmgw.gateway.admission). None: the engine's own setting where the
+    # catalog states one (llmgw.control.concurrency), else no cap, and the
+    # engine queues whatever it is sent, first come first served.
+    max_concurrency: int | None = Field(None, ge=1, le=1_000_000)
     sim: SimParams | None = None
     # Existing servers to route to instead of an engine to run (engine
     # ``external``, which is also what an entry with this and no engine gets).

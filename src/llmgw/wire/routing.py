@@ -46,6 +46,9 @@ class ModelRoute(Wire):
     parent: str | None = None
     # The catalog's price (ModelSpec.price): what budgets are spent at.
     price: ModelPrice | None = None
+    # Requests one replica runs at once (ModelSpec.max_concurrency, or the
+    # engine's setting); None: no cap, the gateway holds nothing back.
+    max_concurrency: int | None = Field(None, ge=1)
 
 
 class RoutingTable(Wire):

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmgw.wire.base import Wire
+from llmgw.wire.base import PriorityClass, Wire
 
 BudgetPeriod = Literal["day", "week", "month"]
 # What one share is of: a limit over a window (llmgw.allowance).
@@ -32,6 +32,10 @@ class TenantLimits(Wire):
     # spent at the catalog's prices (ModelSpec.price).
     budget_usd: float | None = Field(None, gt=0)
     budget_period: BudgetPeriod = "month"
+    # Not a limit but a term of service kept beside them: the class of the
+    # requests in a saturated model's hold queue (llmgw.gateway.admission).
+    # A key's wins over its team's; None on both: standard.
+    priority: PriorityClass | None = None
 
     def limit_of(self, kind: LimitKind) -> float | None:
         if kind == "rpm":

@@ -14,10 +14,12 @@ from llmgw.cli.ctl.limits import (
     DayOpt,
     MonthOpt,
     PeriodOpt,
+    PriorityOpt,
     RpmOpt,
     TpmOpt,
     limits_body,
     limits_cell,
+    priority_body,
 )
 from llmgw.cli.ctl.listing import list_by_default
 from llmgw.cli.ctl.render import (
@@ -48,6 +50,7 @@ def key_create(
         "--model", help="A model it may use (repeat; default all).")] = None,
     rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
     tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
+    priority: PriorityOpt = None,
     team: Annotated[str | None, typer.Option(help="The team (id or name) it belongs to.")
                     ] = None,
     expires_in_days: Annotated[float | None, typer.Option(help="Expire after N days.",
@@ -57,6 +60,7 @@ def key_create(
     """Create an API key; its secret is shown now and never again."""
     body = {"name": name, "models": model or [], "team": team,
             **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period),
+            **priority_body(priority),
             "expires_at": None if expires_in_days is None
             else time.time() + expires_in_days * 86400}
     created = admin_client(ctx).call("POST", "/keys", body=body)
@@ -76,10 +80,12 @@ def key_set(
         help="Move it to this team (id or name); 'none': the operator's.")] = None,
     rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
     tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
+    priority: PriorityOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Change a key's team or limits (those given; 0 clears a limit)."""
     body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period)
+    body.update(priority_body(priority))
     if team is not None:
         body["team"] = None if team == "none" else team
     changed = admin_client(ctx).call("PATCH", f"/keys/{key_id}", body=body)

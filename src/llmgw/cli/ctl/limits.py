@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from llmgw.cli.ctl.client import CtlError
+from llmgw.wire import PRIORITY_CLASSES
 
 RpmOpt = Annotated[int | None, typer.Option(help="Requests per minute (0: none).", min=0)]
 TpmOpt = Annotated[int | None, typer.Option(help="Tokens per minute (0: none).", min=0)]
@@ -18,6 +19,20 @@ BudgetOpt = Annotated[float | None, typer.Option(
     "--budget", help="Budget in US dollars per --budget-period (0: none).", min=0)]
 PeriodOpt = Annotated[str | None, typer.Option(
     "--budget-period", help="day, week or month (default month).")]
+PriorityOpt = Annotated[str | None, typer.Option(
+    "--priority", help="Class when a model is at capacity: interactive, standard or batch"
+    " ('none': a key's team's, else standard).")]
+
+
+def priority_body(priority: str | None) -> dict[str, Any]:
+    """``--priority`` as the admin API's field (absent when not given)."""
+    if priority is None:
+        return {}
+    if priority == "none":
+        return {"priority": None}
+    if priority not in PRIORITY_CLASSES:
+        raise CtlError(f"--priority {priority!r}: {', '.join(PRIORITY_CLASSES)} or none")
+    return {"priority": priority}
 
 
 def limits_body(rpm: int | None, tpm: int | None, day: int | None, month: int | None,
@@ -46,4 +61,6 @@ def limits_cell(item: dict[str, Any]) -> str:
         parts.append(f"{item['tokens_per_month']:,} tok/month")
     if item.get("budget_usd"):
         parts.append(f"${item['budget_usd']:,.2f}/{item.get('budget_period') or 'month'}")
+    if item.get("priority"):
+        parts.append(str(item["priority"]))
     return ", ".join(parts) or "-"

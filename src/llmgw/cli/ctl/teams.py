@@ -12,10 +12,12 @@ from llmgw.cli.ctl.limits import (
     DayOpt,
     MonthOpt,
     PeriodOpt,
+    PriorityOpt,
     RpmOpt,
     TpmOpt,
     limits_body,
     limits_cell,
+    priority_body,
 )
 from llmgw.cli.ctl.listing import list_by_default
 from llmgw.cli.ctl.render import JsonOpt, print_json
@@ -43,11 +45,13 @@ def team_create(
     model: ModelOpt = None,
     rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
     tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
+    priority: PriorityOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a team; its limits hold over all its keys together, on every gateway."""
     body = {"name": name, "models": model or [],
-            **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period)}
+            **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period),
+            **priority_body(priority)}
     team = admin_client(ctx).call("POST", "/teams", body=body)
     if as_json:
         print_json(team)
@@ -66,10 +70,12 @@ def team_set(
                           ] = False,
     rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
     tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
+    priority: PriorityOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Change a team's name, models or limits (those given; 0 clears a limit)."""
     body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period)
+    body.update(priority_body(priority))
     if name is not None:
         body["name"] = name
     if model or all_models:

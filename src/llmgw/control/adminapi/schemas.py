@@ -15,7 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from llmgw.control.adminapi.tenancy_schemas import LimitsBody
 from llmgw.control.gateway_count import LastReport, Placement, placement
 from llmgw.control.store.repo import Row
-from llmgw.wire import ApiKeyInfo, BudgetPeriod, ModelSpec, UsageRecord, check_node_name
+from llmgw.wire import (
+    ApiKeyInfo,
+    BudgetPeriod,
+    ModelSpec,
+    PriorityClass,
+    UsageRecord,
+    check_node_name,
+)
 
 
 class _Body(BaseModel):
@@ -126,6 +133,7 @@ class KeyUpdate(_Body):
     tokens_per_month: int | None = Field(None, ge=1, le=10**15)
     budget_usd: float | None = Field(None, gt=0, le=10**12)
     budget_period: BudgetPeriod | None = None
+    priority: PriorityClass | None = None
 
 
 class KeyView(LimitsBody):

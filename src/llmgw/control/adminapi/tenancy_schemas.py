@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmgw.wire import BudgetPeriod, TeamInfo
+from llmgw.wire import BudgetPeriod, PriorityClass, TeamInfo
 
 
 class LimitsBody(BaseModel):
@@ -18,6 +18,9 @@ class LimitsBody(BaseModel):
     tokens_per_month: int | None = Field(None, ge=1, le=10**15)
     budget_usd: float | None = Field(None, gt=0, le=10**12)
     budget_period: BudgetPeriod = "month"
+    # Its class when a model is at capacity (interactive, standard, batch);
+    # null: a key's team's, else standard.
+    priority: PriorityClass | None = None
 
 
 class TeamCreate(LimitsBody):
@@ -39,6 +42,7 @@ class TeamUpdate(BaseModel):
     tokens_per_month: int | None = Field(None, ge=1, le=10**15)
     budget_usd: float | None = Field(None, gt=0, le=10**12)
     budget_period: BudgetPeriod | None = None
+    priority: PriorityClass | None = None
 
 
 class TeamView(LimitsBody):

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from llmgw.control import external
 from llmgw.control.adapters import adapter_load_demand
+from llmgw.control.concurrency import replica_concurrency
 from llmgw.control.gateway_count import GatewayCount, LastReport
 from llmgw.control.inflight import InFlightBook
 from llmgw.control.services.catalog import Catalog
@@ -114,7 +115,7 @@ class Gateways:
             # plane's CPU (bench/reports.py, py-spy).
             key = (tuple(spec.aliases), spec.on_demand, spec.routing, served_name(spec),
                    spec.max_output_tokens, spec.price, model.parked, model.last_error,
-                   spec.base)
+                   spec.base, replica_concurrency(engine_spec))
             kept = routes_before.get(model.name)
             if kept is not None and kept[0] == key and _same(kept[1].endpoints, endpoints):
                 route = kept[1]
@@ -131,6 +132,8 @@ class Gateways:
                     max_output_tokens=spec.max_output_tokens,
                     parent=spec.base,
                     price=spec.price,
+                    # The replicas' engine's (an adapter's are its base's).
+                    max_concurrency=key[-1],
                 )
             self._routes[model.name] = (key, route)
             routes.append(route)

@@ -131,6 +131,8 @@ def _limit_columns() -> list[Column[object]]:
         Column("tokens_per_month", BigInteger, nullable=True),
         Column("budget_usd", Float, nullable=True),
         Column("budget_period", String(8), nullable=False, default="month"),
+        # The class in a saturated model's hold queue; null: the team's, or standard.
+        Column("priority", String(16), nullable=True),
     ]
 
 

@@ -23,8 +23,8 @@ def _has_limits(limits: wire.TenantLimits) -> bool:
 class KeyRecord:
     """One key as the request path needs it."""
 
-    __slots__ = ("allowed", "expires_at", "key_id", "limits", "revoked", "team", "team_allowed",
-                 "team_limited")
+    __slots__ = ("allowed", "expires_at", "key_id", "limits", "rank", "revoked", "team",
+                 "team_allowed", "team_limited", "tenant", "weight")  # fmt: skip
 
     def __init__(self, info: wire.ApiKeyInfo, team: wire.TeamInfo | None = None) -> None:
         self.key_id = info.key_id
@@ -37,6 +37,13 @@ class KeyRecord:
         self.team_allowed: frozenset[str] | None = (
             frozenset(team.models) if team is not None and team.models else None)
         self.team_limited = team is not None and _has_limits(team)
+        # Its place in a saturated model's hold queue (llmgw.gateway.admission):
+        # the class's rank (0 first), and who it shares its class with fairly
+        # and at what weight: its team, or the key itself for a key of none.
+        self.rank = _RANKS[info.priority or (team.priority if team is not None else None)
+                           or "standard"]
+        self.tenant = f"team:{team.team_id}" if team is not None else f"key:{info.key_id}"
+        self.weight = 1.0
 
     def may_use(self, route: wire.ModelRoute) -> bool:
         return _allows(self.allowed, route) and _allows(self.team_allowed, route)
@@ -63,6 +70,7 @@ class Refusal:
 
 
 _HEADER_CACHE = 10_000
+_RANKS = {name: rank for rank, name in enumerate(wire.PRIORITY_CLASSES)}
 
 ANONYMOUS = wire.ApiKeyInfo(key_id="anonymous", name="anonymous", secret_hash="")
 
