@@ -25,6 +25,16 @@ from llmgw.servertls import ServerTls
 from llmgw.serving import start_server
 
 
+async def read_body(receive: Any) -> bytes:
+    """The whole body of an ASGI request, however many messages it came in."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

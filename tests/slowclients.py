@@ -147,3 +147,26 @@ if __name__ == "__main__":
 
     host, port, token, seconds = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
     print(json.dumps(asyncio.run(probe(host, port, token, seconds))))
+
+
+async def assert_slow_heads_cut_off(port: int, path: str) -> None:
+    """A server whose head deadline is about half a second closes a connection whose head
+    comes a header every 0.2 s, answering nothing, well before the head ends; and one that
+    never sends a byte too."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    try:
+        with contextlib.suppress(ConnectionResetError):
+            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode())
+            for _ in range(10):
+                await asyncio.sleep(0.2)
+                if reader.at_eof():
+                    break
+                writer.write(b"X-Slow: 1\r\n")
+            assert await asyncio.wait_for(reader.read(), 3.0) == b""
+    finally:
+        writer.close()
+    assert time.monotonic() - started < 2.5
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert await asyncio.wait_for(reader.read(), 3.0) == b""
+    writer.close()

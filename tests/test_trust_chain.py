@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from tests.control.planekit import inventory, signing_plane
-from tests.servers import serve_asgi
+from tests.servers import read_body, serve_asgi
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.http.server import Plain
@@ -73,12 +73,7 @@ class Recorder:
         self.seen: list[tuple[str, str, bytes]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.seen.append((scope["method"], scope["path"], body))
         await send({"type": "http.response.start", "status": 503, "headers": []})
         await send({"type": "http.response.body", "body": b""})

@@ -15,6 +15,7 @@ import httpx
 import pytest
 import uvicorn
 from tests.control.planekit import opened_plane
+from tests.slowclients import assert_slow_heads_cut_off
 
 from llmgw.control.app import create_app
 from llmgw.control.plane import ControlPlane, NewCredentials
@@ -155,25 +156,7 @@ async def test_a_request_head_trickled_slowly_is_cut_off(
 ) -> None:
     monkeypatch.setattr(LeanHttpProtocol, "head_timeout_s", 0.5)
     _, _, port = control
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    started = time.monotonic()
-    try:
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-        for _ in range(10):
-            await asyncio.sleep(0.2)
-            if reader.at_eof():
-                break
-            writer.write(b"X-Slow: 1\r\n")
-        assert await asyncio.wait_for(reader.read(), 3.0) == b""
-    except ConnectionResetError:
-        pass
-    finally:
-        writer.close()
-    assert time.monotonic() - started < 2.5
-    # An idle connection that never sends a byte is closed too.
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    assert await asyncio.wait_for(reader.read(), 3.0) == b""
-    writer.close()
+    await assert_slow_heads_cut_off(port, "/healthz")
     # Other clients were not disturbed.
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import socket
 import ssl
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 
 import pytest
 import uvicorn
+from tests.servers import read_body
+from tests.slowclients import assert_slow_heads_cut_off
 
 from llmgw.http.connection import LeanHttpProtocol
 from llmgw.http.contract import HEADERS_EXTENSION, Receive, Scope, Send
@@ -47,12 +48,7 @@ async def _served(app: Any, **settings: Any) -> AsyncIterator[tuple[int, uvicorn
 
 async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
     """Answers with the request's body (all of it) and its headers' index."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     index = scope["extensions"][HEADERS_EXTENSION]
     answer = body + b"|" + b",".join(sorted(index))
     headers = [(b"content-length", str(len(answer)).encode())]
@@ -113,21 +109,7 @@ async def test_a_head_over_the_cap_is_refused_and_one_under_it_with_a_large_body
 async def test_a_slow_head_and_an_idle_connection_are_cut(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LeanHttpProtocol, "head_timeout_s", 0.5)
     async with _served(_echo) as (port, _):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        started = time.monotonic()
-        with contextlib.suppress(ConnectionResetError):
-            writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n")
-            for _ in range(10):
-                await asyncio.sleep(0.2)
-                if reader.at_eof():
-                    break
-                writer.write(b"X-Slow: 1\r\n")
-            assert await asyncio.wait_for(reader.read(), 3.0) == b""
-        writer.close()
-        assert time.monotonic() - started < 2.5
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        assert await asyncio.wait_for(reader.read(), 3.0) == b""
-        writer.close()
+        await assert_slow_heads_cut_off(port, "/x")
 
 
 async def test_a_long_answer_is_not_cut_by_the_head_deadline(

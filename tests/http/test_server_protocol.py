@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
+from tests.servers import read_body
 
 from llmgw.http.connection import LeanHttpProtocol
 from llmgw.http.contract import Receive, Scope, Send
@@ -27,12 +28,7 @@ from llmgw.serving import start_server
 
 async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
     """Answers with the parts of its scope a URL decides."""
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await read_body(receive)
     seen = {
         "method": scope["method"],
         "path": scope["path"],
