@@ -23,7 +23,8 @@ import dataclasses
 from collections.abc import Collection, Iterable
 
 from llmgw.agent.engines import sglang, vllm
-from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, FlagRules, LaunchContext
+from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, FlagRules
+from llmgw.agent.engines.nodeallowed import NodeAllowed
 from llmgw.errors import ConfigError
 from llmgw.wire import EngineKind, ReplicaAssignment
 
@@ -55,14 +56,13 @@ def parse_allowed(items: Iterable[str]) -> frozenset[str]:
     return frozenset(flags)
 
 
-class NodeFlagsAllowed:
+class NodeFlagsAllowed(NodeAllowed[list[str]]):
     """``inner``, with the catalog's ``engine_args`` that set a flag in ``allowed``
     passed on unchecked by it (appended to its launch)."""
 
     def __init__(self, inner: EngineAdapter, allowed: Collection[str]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.allowed = frozenset(allowed) & NODE_ALLOWABLE
-        self.kind: EngineKind = inner.kind
         self._rules = _RULES.get(inner.kind)
 
     def _split(self, assignment: ReplicaAssignment) -> tuple[ReplicaAssignment, list[str]]:
@@ -77,13 +77,6 @@ class NodeFlagsAllowed:
         model = assignment.model.model_copy(update={"engine_args": kept})
         return assignment.model_copy(update={"model": model}), extra
 
-    def validate(self, assignment: ReplicaAssignment) -> None:
-        self.inner.validate(self._split(assignment)[0])
-
-    def build(self, ctx: LaunchContext) -> EngineLaunch:
-        assignment, extra = self._split(ctx.assignment)
-        launch = self.inner.build(dataclasses.replace(ctx, assignment=assignment))
-        if not extra:
-            return launch
+    def _add(self, launch: EngineLaunch, extra: list[str]) -> EngineLaunch:
         # After the adapter's own argv, where the catalog's args go anyway.
         return dataclasses.replace(launch, argv=[*launch.argv, *extra])

@@ -15,17 +15,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 
-from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, LaunchContext, validate_env
-from llmgw.wire import EngineKind, ReplicaAssignment
+from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, validate_env
+from llmgw.agent.engines.nodeallowed import NodeAllowed
+from llmgw.wire import ReplicaAssignment
 
 
-class NodeEnvAllowed:
+class NodeEnvAllowed(NodeAllowed[dict[str, str]]):
     """``inner``, with the catalog's ``env`` names in ``allowed`` passed on unchecked by it."""
 
     def __init__(self, inner: EngineAdapter, allowed: Collection[str]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.allowed = frozenset(allowed)
-        self.kind: EngineKind = inner.kind
 
     def _split(self, assignment: ReplicaAssignment) -> tuple[ReplicaAssignment, dict[str, str]]:
         env = assignment.model.env
@@ -37,13 +37,6 @@ class NodeEnvAllowed:
         model = assignment.model.model_copy(update={"env": kept})
         return assignment.model_copy(update={"model": model}), extra
 
-    def validate(self, assignment: ReplicaAssignment) -> None:
-        self.inner.validate(self._split(assignment)[0])
-
-    def build(self, ctx: LaunchContext) -> EngineLaunch:
-        assignment, extra = self._split(ctx.assignment)
-        launch = self.inner.build(dataclasses.replace(ctx, assignment=assignment))
-        if not extra:
-            return launch
+    def _add(self, launch: EngineLaunch, extra: dict[str, str]) -> EngineLaunch:
         # Under what the adapter set (device pinning, the engine key).
         return dataclasses.replace(launch, env={**extra, **launch.env})
