@@ -9,7 +9,6 @@ line, not surface as a failed login hours later.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from urllib.parse import urlsplit
 
 from llmgw.control.access.roles import Role
 from llmgw.errors import ConfigError
+from llmgw.tls import is_loopback
 
 SECRET_ENV = "LLMGW_OIDC_CLIENT_SECRET"
 # A working day: long enough not to interrupt an operator, short enough that
@@ -77,18 +77,9 @@ def parse_role_map(text: str) -> tuple[RoleRule, ...]:
     return tuple(rules)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _check_url(flag: str, url: str) -> str:
     parts = urlsplit(url)
-    if parts.scheme == "https" or (parts.scheme == "http" and _loopback(parts.hostname or "")):
+    if parts.scheme == "https" or (parts.scheme == "http" and is_loopback(parts.hostname or "")):
         return url.rstrip("/") if flag == "--oidc-issuer" else url
     raise ConfigError(f"{flag} {url!r} must be https:// (plain http only on loopback)")
 
