@@ -1,10 +1,15 @@
-"""Builders shared by the agent tests: devices, fake NVML cards, models, assignments."""
+"""Builders shared by the agent tests: devices, fake NVML cards, models, assignments,
+and an agent running for a test."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+from llmgw.agent.app import Agent
 from llmgw.agent.discovery.fake import FakeGpu, FakeMig, FakeNvml
 from llmgw.wire import (
     Device,
@@ -165,3 +170,15 @@ def write_gguf(path: Path, architecture: str, chat_template: str | None = None) 
         entries.append(text("tokenizer.chat_template") + struct.pack("<I", 8) + text(chat_template))
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(entries)) + b"".join(entries))
     return str(path)
+
+
+@contextlib.asynccontextmanager
+async def running(agent: Agent) -> AsyncIterator[Agent]:
+    """``agent`` running until the block ends; then shut down, its engines stopped."""
+    task = asyncio.create_task(agent.run())
+    try:
+        yield agent
+    finally:
+        await agent.shutdown(stop_engines=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

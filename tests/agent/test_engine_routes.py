@@ -25,6 +25,7 @@ import psutil
 import pytest
 from tests.agent.conftest import cpu_inventory
 from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import running
 from tests.agent.test_real_engines import REAL_GEMMA
 from tests.engineroutes import (
     ALL_METHODS,
@@ -59,13 +60,8 @@ async def agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator[Agen
         inventory_provider=lambda: cpu_inventory(2),
         adapters={EngineKind.LLAMACPP: LlamaCppAdapter(server_binary="")},
     )  # fmt: skip
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         yield agent
-    finally:
-        await agent.shutdown(stop_engines=True)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def status_of(

@@ -9,7 +9,6 @@ then ``kill -9`` and a restart decided by the control plane.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ import psutil
 import pytest
 from tests.agent.conftest import cpu_inventory
 from tests.agent.fakes import FakeControlPlane
+from tests.agent.helpers import running
 
 from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.engines import LlamaCppAdapter, SimAdapter
@@ -47,13 +47,8 @@ async def real_agent(fake_cp: FakeControlPlane, tmp_path: Path) -> AsyncIterator
             EngineKind.LLAMACPP: LlamaCppAdapter(server_binary=""),
         },
     )
-    task = asyncio.create_task(agent.run())
-    try:
+    async with running(agent):
         yield agent
-    finally:
-        await agent.shutdown(stop_engines=True)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def sim_spec(name: str, **sim: Any) -> ModelSpec:
