@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 from tests.gateway.conftest import (
     GATEWAY_COMMAND,
     SECRET,
@@ -89,14 +90,6 @@ async def _chats(port: int, count: int, key: str = SECRET) -> list[int]:
     return list(await asyncio.gather(*(one() for _ in range(count))))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 async def test_two_workers_serve_one_port_survive_a_kill_and_stop_together(
     upstreams: Any,
 ) -> None:
@@ -139,13 +132,13 @@ async def test_two_workers_serve_one_port_survive_a_kill_and_stop_together(
                              within_s=10, what="the parent to see worker 0 die")
             assert await _chats(port, 10) == [200] * 10
             await workers.until(lambda w: w.pids[0] != victim, within_s=30)
-            assert _alive(workers.pids[0]) and _alive(workers.pids[1])
+            assert psutil.pid_exists(workers.pids[0]) and psutil.pid_exists(workers.pids[1])
             assert await _chats(port, 10) == [200] * 10
 
             # SIGTERM stops the parent and every worker.
             parent.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(parent.wait(), 20) == 0
-            assert not any(_alive(pid) for pid in workers.pids.values())
+            assert not any(psutil.pid_exists(pid) for pid in workers.pids.values())
     finally:
         await plane.stop()
 
@@ -173,7 +166,7 @@ async def test_a_keys_rpm_holds_across_workers_and_workers_die_with_their_parent
             # see their lifeline close and stop on their own.
             parent.kill()
             await parent.wait()
-            await eventually(lambda: not any(_alive(p) for p in workers.pids.values()),
+            await eventually(lambda: not any(psutil.pid_exists(p) for p in workers.pids.values()),
                              within_s=20, what="the workers to stop with their parent")
     finally:
         await plane.stop()
