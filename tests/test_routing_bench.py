@@ -32,11 +32,18 @@ def _policy(p90s: dict[str, float | None]) -> dict[str, Any]:
     }
 
 
+def _simpler() -> dict[str, dict[str, Any]]:
+    """The simpler policies' TTFT p90s at rates 4 and 8 that prefix routing is judged by."""
+    return {
+        "round_robin": _policy({"4": 0.3590, "8": 0.3760}),
+        "least_loaded": _policy({"4": 0.3600, "8": 0.3750}),
+    }
+
+
 def test_prefix_above_the_lower_simpler_policy_at_one_rate_fails_with_its_margin() -> None:
     routing = _routing()
     results = {
-        "round_robin": _policy({"4": 0.3590, "8": 0.3760}),
-        "least_loaded": _policy({"4": 0.3600, "8": 0.3750}),
+        **_simpler(),
         "prefix": _policy({"4": 0.3593, "8": 0.3590}),
         "round_robin_again": _policy({"4": 0.3598, "8": 0.3755}),
     }
@@ -50,8 +57,7 @@ def test_prefix_above_the_lower_simpler_policy_at_one_rate_fails_with_its_margin
 def test_prefix_equal_or_below_everywhere_passes_and_a_rate_without_answers_does_not() -> None:
     routing = _routing()
     results = {
-        "round_robin": _policy({"4": 0.3590, "8": 0.3760}),
-        "least_loaded": _policy({"4": 0.3600, "8": 0.3750}),
+        **_simpler(),
         "prefix": _policy({"4": 0.3590, "8": 0.3590}),
     }
     verdict = routing.never_worse(results)

@@ -9,6 +9,7 @@ poll a condition instead and fail with what was awaited, so a timeout reads as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -47,6 +48,18 @@ def eventually_sync(check: Callable[[], T], within_s: float = 10.0,
         if time.monotonic() >= deadline:
             raise AssertionError(_timed_out(within_s, what, note))
         time.sleep(every_s)
+
+
+async def ends_with_cancel(task: asyncio.Task[T], within_s: float = 1.0) -> bool:
+    """Cancel ``task``: True when it ended, cancelled, within ``within_s``. One that
+    outlived the cancel is cancelled again and awaited, so it does not outlive the test."""
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=within_s)
+    if not done:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    return bool(done) and task.cancelled()
 
 
 def _timed_out(within_s: float, what: str, note: Callable[[], object] | None) -> str:

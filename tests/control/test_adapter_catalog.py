@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from tests.control.test_catalog import problems
 
 from llmgw.control.adaptercheck import lora_slots
 from llmgw.control.catalog import parse_models, validate_catalog
-from llmgw.errors import ValidationError
 from llmgw.wire import ModelSpec
 
 VLLM_BASE = {"name": "llama", "engine": "vllm", "gpu_classes": ["h100-80g"],
@@ -20,12 +20,6 @@ def spec(**fields: object) -> ModelSpec:
     if fields.get("engine") == "vllm" and "base" in fields:
         fields.setdefault("weights", LORA_DIR)
     return ModelSpec.model_validate(fields)
-
-
-def problems(specs: list[ModelSpec], existing: dict[str, ModelSpec] | None = None) -> list[str]:
-    with pytest.raises(ValidationError) as caught:
-        validate_catalog(specs, existing)
-    return str(caught.value).splitlines()
 
 
 def test_an_adapter_of_a_lora_base_is_accepted_with_its_weights() -> None:

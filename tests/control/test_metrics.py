@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,22 +236,28 @@ async def test_store_write_errors_are_counted(tmp_path: Path) -> None:
     assert sum(store.write_stats.seconds.counts) == 1
 
 
+@asynccontextmanager
+async def _served_with_gateway(plane: Plane, *, open_metrics: bool = False) -> AsyncIterator[str]:
+    """The control plane and a gateway on llmgw's server, as serve runs the two: its URL."""
+    gateway = build_gateway(plane.cp, open_metrics=open_metrics)
+    await gateway.start()
+    try:
+        dispatcher = PathDispatcher(create_app(plane.cp), gateway)
+        async with serve_asgi(dispatcher, http=LeanHttpProtocol) as url:
+            yield url
+    finally:
+        await gateway.stop()
+
+
 async def test_up_and_serve_carry_both_parts_on_one_metrics(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LLMGW_METRICS_TOKEN", "scrape-me")
-    gateway = build_gateway(plane.cp)
-    await gateway.start()
-    try:
-        # On llmgw's server, as serve runs the two.
-        dispatcher = PathDispatcher(create_app(plane.cp), gateway)
-        async with serve_asgi(dispatcher, http=LeanHttpProtocol) as url:
-            async with httpx.AsyncClient(timeout=10) as client:
-                refused = await client.get(url + "/metrics")
-            assert refused.status_code == 401
-            metrics = await scrape(url, "scrape-me")
-    finally:
-        await gateway.stop()
+    async with _served_with_gateway(plane) as url:
+        async with httpx.AsyncClient(timeout=10) as client:
+            refused = await client.get(url + "/metrics")
+        assert refused.status_code == 401
+        metrics = await scrape(url, "scrape-me")
     names = set(metrics.families)
     assert {
         "llmgw_gateway_requests",
@@ -273,24 +280,18 @@ async def test_serve_and_up_metrics_want_the_admin_token_unless_opened(
     admin = plane.admin.headers["authorization"].removeprefix("Bearer ")
     node_token = next(iter(plane.node_tokens.values()))
     for opened in (False, True):
-        gateway = build_gateway(plane.cp, open_metrics=opened)
-        await gateway.start()
-        try:
-            dispatcher = PathDispatcher(create_app(plane.cp), gateway)
-            async with serve_asgi(dispatcher, http=LeanHttpProtocol) as url:
-                async with httpx.AsyncClient(timeout=10) as client:
-                    bare = await client.get(url + "/metrics")
-                    by_node = await client.get(url + "/metrics",
-                                               headers={"Authorization": f"Bearer {node_token}"})
-                if opened:
-                    assert bare.status_code == 200
-                    continue
-                assert bare.status_code == by_node.status_code == 401, bare.text
-                assert "admin token" in bare.json()["error"]["message"]
-                metrics = await scrape(url, admin)
-                assert "llmgw_fleet_nodes" in metrics.families
-        finally:
-            await gateway.stop()
+        async with _served_with_gateway(plane, open_metrics=opened) as url:
+            async with httpx.AsyncClient(timeout=10) as client:
+                bare = await client.get(url + "/metrics")
+                by_node = await client.get(url + "/metrics",
+                                           headers={"Authorization": f"Bearer {node_token}"})
+            if opened:
+                assert bare.status_code == 200
+                continue
+            assert bare.status_code == by_node.status_code == 401, bare.text
+            assert "admin token" in bare.json()["error"]["message"]
+            metrics = await scrape(url, admin)
+            assert "llmgw_fleet_nodes" in metrics.families
 
 
 async def test_control_plane_metrics_alone_take_the_metrics_token(plane: Plane) -> None:

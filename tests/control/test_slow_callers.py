@@ -42,19 +42,26 @@ async def _read_all(reader: asyncio.StreamReader, within_s: float = 3.0) -> byte
     return data
 
 
-async def test_a_report_without_a_node_token_is_refused_before_its_body_arrives(
-    control: tuple[ControlPlane, NewCredentials, int],
-) -> None:
-    _, _, port = control
+async def _refused_at_once(port: int, request: bytes) -> bytes:
+    """Send ``request``: the server's whole answer, a 401 closing the connection within 2 s."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    # 1 MB declared, 10 bytes sent: the answer must not wait for the rest.
-    writer.write(b"POST /agent/v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 1000000\r\n\r\n{\"node\": \"")
+    writer.write(request)
     started = time.monotonic()
     answer = await _read_all(reader)
     writer.close()
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
     assert time.monotonic() - started < 2.0
+    return answer
+
+
+async def test_a_report_without_a_node_token_is_refused_before_its_body_arrives(
+    control: tuple[ControlPlane, NewCredentials, int],
+) -> None:
+    _, _, port = control
+    # 1 MB declared, 10 bytes sent: the answer must not wait for the rest.
+    answer = await _refused_at_once(port, (
+        b"POST /agent/v1/report HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000000\r\n\r\n{\"node\": \""))
     assert b"connection: close" in answer.lower()
 
 
@@ -200,11 +207,6 @@ async def test_the_gateway_closes_the_connection_after_a_401() -> None:
     link.publish(make_config(1, []))
     async with running_gateway(link) as (_, url):
         port = int(url.rsplit(":", 1)[1])
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Authorization: Bearer sk-wrong\r\nContent-Length: 2\r\n\r\n{}")
-        started = time.monotonic()
-        answer = await _read_all(reader)
-        writer.close()
-    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
-    assert time.monotonic() - started < 2.0
+        await _refused_at_once(port, (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer sk-wrong\r\nContent-Length: 2\r\n\r\n{}"))

@@ -9,7 +9,8 @@ ever (a full suite run hung 300 s in test_runtime_stepdown that way).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from tests.waiting import ends_with_cancel
 
 from llmgw.control.plane import ControlPlane
 
@@ -27,10 +28,4 @@ async def test_a_wake_up_in_the_same_turn_does_not_swallow_the_cancel(cp: Contro
     await asyncio.sleep(0.01)
     cp.wake_reconciler()
     await asyncio.sleep(0)  # the wait on the event completes in this turn
-    loop_task.cancel()
-    done, _ = await asyncio.wait({loop_task}, timeout=1.0)
-    if not done:
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
-    assert done and loop_task.cancelled(), f"the loop outlived its cancel ({turns} turns)"
+    assert await ends_with_cancel(loop_task), f"the loop outlived its cancel ({turns} turns)"

@@ -11,7 +11,8 @@ as tests/control/test_wakeup_cancel.py's, in the reconcile loop).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from tests.waiting import ends_with_cancel
 
 from llmgw.control.plane import ControlPlane
 
@@ -31,13 +32,7 @@ async def _cancel_as_the_table_moves(cp: ControlPlane, settle_turns: int) -> boo
     await cp.state.bump_routing()
     for _ in range(settle_turns):
         await asyncio.sleep(0)
-    task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=1.0)
-    if not done:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    return bool(done) and task.cancelled()
+    return await ends_with_cancel(task)
 
 
 async def test_a_new_table_in_the_same_turn_does_not_swallow_the_cancel(cp: ControlPlane) -> None:

@@ -125,21 +125,22 @@ class FakeUpstream:
             error = {"message": "top_k must be an integer", "type": "invalid_request_error",
                      "param": "top_k", "code": "engine_refused"}  # fmt: skip
             return web.json_response({"error": error}, status=400)
-        too_long = await self._too_long(request, body)
-        if too_long is not None:
-            return too_long
-        if body.get("stream"):
-            return await self._stream(request, body, chat=True)
-        return self._whole(body, chat=True)
+        return await self._answer(request, body, chat=True)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
+        return await self._answer(request, body, chat=False)
+
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], *, chat: bool
+    ) -> web.StreamResponse:
+        """A generation's answer: refused when too long, else streamed or whole as asked."""
         too_long = await self._too_long(request, body)
         if too_long is not None:
             return too_long
         if body.get("stream"):
-            return await self._stream(request, body, chat=False)
-        return self._whole(body, chat=False)
+            return await self._stream(request, body, chat=chat)
+        return self._whole(body, chat=chat)
 
     async def _too_long(
         self, request: web.Request, body: dict[str, Any]
