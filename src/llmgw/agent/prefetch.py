@@ -11,12 +11,12 @@ keeps them as it keeps any model's, evictable when room is needed).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from llmgw.agent.replicalaunch import fetch_weights
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.weights import Progress
+from llmgw.tasks import cancel_and_wait
 from llmgw.wire import ModelSpec
 
 log = logging.getLogger("llmgw.agent.prefetch")
@@ -54,7 +54,4 @@ class Prefetcher:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)

@@ -50,6 +50,7 @@ from llmgw.agent.state import EngineRecord
 from llmgw.agent.supervisor import EngineProcess, ExitStatus, describe_exit
 from llmgw.agent.weights import Progress
 from llmgw.errors import EngineError
+from llmgw.tasks import cancel_and_wait
 from llmgw.wire import (
     Device,
     EngineDialect,
@@ -202,10 +203,7 @@ class ReplicaRunner:
 
     async def _cancel_task(self) -> None:
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     # -- reporting -------------------------------------------------------------
 
