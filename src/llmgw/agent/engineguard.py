@@ -391,24 +391,25 @@ class _Inbound(asyncio.Protocol):
 
     def close(self) -> None:
         """Close both sides, each after what it was already given is sent."""
-        if self.closed:
-            return
-        self.closed = True
-        self._cancel_timer()
-        self.guard._open.discard(self)
-        if self.transport is not None:
-            self.transport.close()
-        if self.outbound is not None and self.outbound.transport is not None:
-            self.outbound.transport.close()
+        if not self.closed:
+            self._end(abort=False)
 
     def abort(self) -> None:
+        """Drop both sides now, whatever is still unsent."""
+        self._end(abort=True)
+
+    def _end(self, *, abort: bool) -> None:
         self.closed = True
         self._cancel_timer()
         self.guard._open.discard(self)
-        if self.transport is not None:
-            self.transport.abort()
-        if self.outbound is not None and self.outbound.transport is not None:
-            self.outbound.transport.abort()
+        outbound = self.outbound.transport if self.outbound is not None else None
+        for transport in (self.transport, outbound):
+            if transport is None:
+                continue
+            if abort:
+                transport.abort()
+            else:
+                transport.close()
 
 
 # -- the guard's process ------------------------------------------------------------
