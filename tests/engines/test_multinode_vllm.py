@@ -38,6 +38,7 @@ import httpx
 import pytest
 from openai import OpenAI
 from tests.engines.fleet import engines_dir
+from tests.servers import stop_group
 from tests.waiting import eventually_sync
 
 LLMGW = [sys.executable, "-m", "llmgw.cli.main"]
@@ -144,16 +145,6 @@ def spawn(argv: list[str], log: Path, env: dict[str, str] | None = None
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                                 start_new_session=True)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 def catalog(weights: Path) -> str:
@@ -263,4 +254,4 @@ def test_a_pp2_replica_over_two_namespaces_answers_through_the_gateway(
               f" {answer.choices[0].message.content!r}")
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            stop_group(proc, grace_s=20)

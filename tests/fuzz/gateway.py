@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -72,13 +71,8 @@ class _Running:
         self.thread.join(20)
 
 
-@contextlib.contextmanager
-def _setup() -> Iterator[_Running]:
-    running = _Running()
-    try:
-        yield running
-    finally:
-        running.close()
+def _setup() -> contextlib.closing[_Running]:
+    return contextlib.closing(_Running())
 
 
 @st.composite

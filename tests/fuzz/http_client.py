@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,13 +137,8 @@ class _Client:
         self.upstream.close()
 
 
-@contextlib.contextmanager
-def _setup() -> Iterator[_Client]:
-    client = _Client()
-    try:
-        yield client
-    finally:
-        client.close()
+def _setup() -> contextlib.closing[_Client]:
+    return contextlib.closing(_Client())
 
 
 async def _ask(pool: Pool, port: int, stream: bool) -> tuple[int, bytes]:

@@ -119,3 +119,12 @@ async def upstreams() -> AsyncIterator[Callable[..., Any]]:
 @pytest.fixture
 def link() -> MemoryLink:
     return MemoryLink(poll_timeout_s=1.0)
+
+
+def assert_route_not_served(refused: pytest.ExceptionInfo[openai.NotFoundError],
+                            route: str) -> None:
+    """The gateway's 404 for a model whose engine lacks ``route``: OpenAI's, naming it."""
+    error = refused.value.body
+    assert isinstance(error, dict)
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert f"does not serve {route}" in error["message"]

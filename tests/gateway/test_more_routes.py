@@ -20,7 +20,14 @@ import httpx
 import openai
 import pytest
 from aiohttp import web
-from tests.gateway.conftest import SECRET, async_client, fast_settings, make_config, running_gateway
+from tests.gateway.conftest import (
+    SECRET,
+    assert_route_not_served,
+    async_client,
+    fast_settings,
+    make_config,
+    running_gateway,
+)
 from tests.gateway.sims import stub_engine
 
 from llmgw import wire
@@ -177,10 +184,7 @@ async def test_routes_the_engine_lacks_get_404_and_mixed_models_use_only_fit_rep
         client = async_client(url)
         with pytest.raises(openai.NotFoundError) as refused:
             await client.responses.create(model="chat", input="hi")
-        error = refused.value.body
-        assert isinstance(error, dict)
-        assert error["code"] == "model_not_found" and error["param"] == "model"
-        assert "does not serve /v1/responses" in error["message"]
+        assert_route_not_served(refused, "/v1/responses")
         with pytest.raises(openai.NotFoundError):
             await client.audio.transcriptions.create(model="chat", file=("a.wav", WAV))
         # Chat itself is served there as ever.
