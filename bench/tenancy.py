@@ -26,10 +26,15 @@ admitted over 60. Verdict: pass when the ratio is at most 1.1 (the issue's
 66 in any minute).
 
     python bench/tenancy.py [--quick] [--seconds 150] [--rate 100] [--concurrency 16]
+                            [--no-isolation]
+
+Then it runs ``bench/isolation.py`` (issue 33 item 4: one tenant floods a
+model at 5x its capacity, another's TTFT p90 must stay within 2x of idle;
+``--quick`` passes on) and puts its ``isolation_ttft_p90_ratio`` and verdict
+on the same last line; ``verdict`` passes only if both do
+(``--no-isolation`` skips it).
 
 Output: JSON lines, progress every 10 s, the result last.
-``isolation_ttft_p90_ratio`` is left null until priorities and fair
-queueing (issue 33 item 4) measure it.
 """
 
 from __future__ import annotations
@@ -221,7 +226,12 @@ async def run(args: argparse.Namespace) -> int:
     worst = worst_minute(result["admitted_times"])
     ratio = worst / LIMIT_RPM
     offered = sum(result["statuses"].values())
-    ok = ratio <= BOUND and worst > 0
+    bounded = ratio <= BOUND and worst > 0
+    isolation = None if args.no_isolation else isolation_result(args.quick)
+    if isolation is not None:
+        emit(phase="isolation", **isolation)
+    isolated = isolation is not None and isolation.get("isolation_verdict") == "pass"
+    ok = bounded and (isolated or args.no_isolation)
     emit(bench="tenancy", mode="quick" if args.quick else "full", gateways=2,
          workers_per_gateway=2, limit_rpm=LIMIT_RPM, seconds=round(result["seconds"], 1),
          offered=offered, offered_per_s=round(offered / result["seconds"], 1),
@@ -230,9 +240,32 @@ async def run(args: argparse.Namespace) -> int:
          worst_minute_admitted=worst,
          worst_minute_by_send_time=worst_minute(result["sent_times"]),
          over_admission_ratio=round(ratio, 3),
-         over_admission_bound=BOUND, verdict="pass" if ok else "fail",
-         isolation_ttft_p90_ratio=None, isolation_verdict="not measured (issue 33 item 4)")
+         over_admission_bound=BOUND,
+         over_admission_verdict="pass" if bounded else "fail",
+         isolation_ttft_p90_ratio=isolation.get("isolation_ttft_p90_ratio") if isolation else None,
+         isolation_verdict=(isolation.get("isolation_verdict", "fail") if isolation
+                            else "not measured (--no-isolation)"),
+         verdict="pass" if ok else "fail")
     return 0 if ok else 1
+
+
+def isolation_result(quick: bool) -> dict[str, Any]:
+    """bench/isolation.py's last line (issue 33 item 4): a flooding tenant beside a light one.
+
+    Its own processes and gateway; its progress lines go to stderr here, so
+    this bench's stdout stays JSON lines.
+    """
+    argv = [sys.executable, str(ROOT / "bench" / "isolation.py"), *(["--quick"] if quick else [])]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env)
+    lines = done.stdout.strip().splitlines()
+    for line in lines[:-1]:
+        print(line, file=sys.stderr, flush=True)
+    try:
+        found: dict[str, Any] = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        return {"isolation_verdict": "fail", "isolation_error": done.stderr[-500:]}
+    return found
 
 
 def main() -> None:
@@ -241,6 +274,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="how long to drive the key")
     parser.add_argument("--rate", type=float, default=100.0, help="requests/s offered in all")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="skip bench/isolation.py (the TTFT ratio is then null)")
     sys.exit(asyncio.run(run(parser.parse_args())))
 
 
