@@ -309,7 +309,7 @@ def test_keys_secret_shown_once(served: Served) -> None:
         bad = c.post("/keys", json={"rpm": 0})
     assert all(set(k) == {"key_id", "name", "models", "expires_at", "rpm", "tpm", "revoked",
                           "team_id", "tokens_per_day", "tokens_per_month", "budget_usd",
-                          "budget_period"}
+                          "budget_period", "priority"}
                for k in listed)
     assert body["secret"] not in str(listed)
     assert revoked["revoked"] is True
