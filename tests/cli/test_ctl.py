@@ -214,6 +214,8 @@ def test_teams_and_keys_in_them(served: Served) -> None:
     assert key["team_id"] and key["budget_usd"] == 5.0 and key["budget_period"] == "week"
     changed = ok(run(served, "teams", "set", "research", "--rpm", "0", "--tpm", "5000"))
     assert "rpm" not in changed and "tpm 5000" in changed
+    queued = ok(run(served, "teams", "set", "research", "--priority", "batch", "--weight", "2"))
+    assert "batch" in queued and "weight 2" in queued
     assert "live key" in one_line_error(run(served, "teams", "delete", "research"))
     moved = ok(run(served, "keys", "set", key["key_id"], "--team", "none"))
     assert "(team -)" in moved

@@ -1,5 +1,6 @@
-"""Priority classes through the admin API on SQLite and PostgreSQL: on teams and keys, a
-key's over its team's, kept across a restart, and as the gateway reads them."""
+"""Priority classes and teams' weights through the admin API on SQLite and PostgreSQL: on
+teams and keys, a key's class over its team's, kept across a restart, and as the gateway
+reads them."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ async def test_classes_of_teams_and_keys(store_url: str) -> None:
             moved = await client.patch(f"/keys/{alone['key_id']}", json={"priority": "batch"})
             assert moved.json()["priority"] == "batch"
             await client.patch(f"/teams/{team.json()['team_id']}", json={"priority": "batch"})
+            weighed = await client.patch(f"/teams/{team.json()['team_id']}", json={"weight": 3})
+            assert weighed.json()["weight"] == 3 and weighed.json()["priority"] == "batch"
+            assert (await client.patch(f"/teams/{team.json()['team_id']}",
+                                       json={"weight": None})).status_code == 422
+            assert (await client.post("/teams", json={"name": "x", "weight": 0})
+                    ).status_code == 422
         config = cp.gateways.config()
     # As the gateway ranks them: a key's own class, else its team's, else standard.
     table = KeyTable(config.keys, config.teams)
@@ -40,8 +47,10 @@ async def test_classes_of_teams_and_keys(store_url: str) -> None:
     assert ranks == {inherits["key_id"]: 2, own["key_id"]: 0, alone["key_id"]: 2}
     tenants = {table.by_id[k].tenant for k in (inherits["key_id"], own["key_id"])}
     assert tenants == {f"team:{team.json()['team_id']}"}, "a team shares its class as one"
+    weights = {table.by_id[k].weight for k in (inherits["key_id"], own["key_id"])}
+    assert weights == {3.0} and table.by_id[alone["key_id"]].weight == 1.0
     # Kept in the store: a control plane started again reads the same classes.
     async with opened_plane(store_url) as (again, _):
         classes = {k.key_id: k.priority for k in again.keys.all()}
         assert classes[own["key_id"]] == "interactive" and classes[alone["key_id"]] == "batch"
-        assert [t.priority for t in again.teams.all()] == ["batch"]
+        assert [(t.priority, t.weight) for t in again.teams.all()] == [("batch", 3.0)]

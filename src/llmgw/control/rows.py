@@ -195,12 +195,12 @@ def key_from_row(row: Row) -> ApiKeyInfo:
 
 def team_row(team: TeamInfo, created_at: float) -> Row:
     return {"id": team.team_id, "name": team.name, "models": list(team.models),
-            **limits_row(team), "created_at": created_at}
+            **limits_row(team), "weight": team.weight, "created_at": created_at}
 
 
 def team_from_row(row: Row) -> TeamInfo:
     return TeamInfo(team_id=row["id"], name=row["name"], models=list(row["models"] or []),
-                    **_limits_of(row))
+                    weight=row.get("weight") or 1.0, **_limits_of(row))
 
 
 def event_row(event: Event) -> Row:

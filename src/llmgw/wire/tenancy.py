@@ -55,6 +55,10 @@ class TeamInfo(TenantLimits):
     team_id: str
     name: str = ""
     models: list[str] = Field(default_factory=list)  # empty: all models
+    # Its weight against the other teams of its priority class when a model
+    # is saturated (llmgw.gateway.admission): a team of weight 2 is served
+    # twice as often as one of weight 1 while both wait.
+    weight: float = Field(1.0, gt=0, le=1000)
 
 
 class AllowanceUse(Wire):

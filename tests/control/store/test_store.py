@@ -27,7 +27,7 @@ from llmgw.control.store.repo import Store
 from llmgw.errors import ConfigError, NotLeaderError, ValidationError
 from llmgw.wire import AgentRegistration
 
-HEAD = "0007"
+HEAD = "0008"
 
 
 async def test_migrates_from_empty_to_head(store: Store) -> None:

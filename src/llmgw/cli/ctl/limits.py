@@ -63,4 +63,6 @@ def limits_cell(item: dict[str, Any]) -> str:
         parts.append(f"${item['budget_usd']:,.2f}/{item.get('budget_period') or 'month'}")
     if item.get("priority"):
         parts.append(str(item["priority"]))
+    if item.get("weight") not in (None, 1, 1.0):
+        parts.append(f"weight {item['weight']:g}")
     return ", ".join(parts) or "-"

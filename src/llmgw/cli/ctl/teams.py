@@ -33,6 +33,9 @@ list_by_default(
     "Teams: their models, limits and live keys.",
 )
 
+WeightOpt = Annotated[float | None, typer.Option(
+    help="Its weight against the other teams of its class when a model is at capacity"
+    " (default 1).", min=0.001, max=1000)]
 ModelOpt = Annotated[list[str] | None, typer.Option(
     "--model", help="A model its keys may use (repeat; default all).")]
 
@@ -45,13 +48,13 @@ def team_create(
     model: ModelOpt = None,
     rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
     tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
-    priority: PriorityOpt = None,
+    priority: PriorityOpt = None, weight: WeightOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a team; its limits hold over all its keys together, on every gateway."""
     body = {"name": name, "models": model or [],
             **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period),
-            **priority_body(priority)}
+            **priority_body(priority), **({"weight": weight} if weight else {})}
     team = admin_client(ctx).call("POST", "/teams", body=body)
     if as_json:
         print_json(team)
@@ -70,12 +73,14 @@ def team_set(
                           ] = False,
     rpm: RpmOpt = None, tpm: TpmOpt = None, tokens_per_day: DayOpt = None,
     tokens_per_month: MonthOpt = None, budget: BudgetOpt = None, budget_period: PeriodOpt = None,
-    priority: PriorityOpt = None,
+    priority: PriorityOpt = None, weight: WeightOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Change a team's name, models or limits (those given; 0 clears a limit)."""
     body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period)
     body.update(priority_body(priority))
+    if weight:
+        body["weight"] = weight
     if name is not None:
         body["name"] = name
     if model or all_models:

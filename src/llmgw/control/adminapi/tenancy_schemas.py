@@ -27,6 +27,8 @@ class TeamCreate(LimitsBody):
     name: str = Field(min_length=1, max_length=200)
     # Models the team's keys may use; empty: all.
     models: list[str] = Field(default_factory=list, max_length=1000)
+    # Its weight against the other teams of its class when a model is saturated.
+    weight: float = Field(1.0, gt=0, le=1000)
 
 
 class TeamUpdate(BaseModel):
@@ -36,6 +38,7 @@ class TeamUpdate(BaseModel):
 
     name: str | None = Field(None, min_length=1, max_length=200)
     models: list[str] | None = Field(None, max_length=1000)
+    weight: float = Field(1.0, gt=0, le=1000)  # left out: unchanged (never null)
     rpm: int | None = Field(None, ge=1, le=10**9)
     tpm: int | None = Field(None, ge=1, le=10**12)
     tokens_per_day: int | None = Field(None, ge=1, le=10**15)
@@ -51,6 +54,7 @@ class TeamView(LimitsBody):
     team_id: str
     name: str
     models: list[str]
+    weight: float = 1.0
     # Live (unrevoked) keys in the team.
     keys: int = 0
 

@@ -63,7 +63,7 @@ class Teams:
             self._check_name(str(changes["name"]), current.team_id)
         updated = TeamInfo.model_validate({**current.model_dump(), **changes})
         values = {name: getattr(updated, name) for name in changes
-                  if name in LIMIT_FIELDS or name in ("name", "models")}
+                  if name in LIMIT_FIELDS or name in ("name", "models", "weight")}
         if not values:
             return current  # nothing to change
         if not await core.writes.update_team(current.team_id, values):

@@ -146,6 +146,8 @@ teams = Table(
     Column("models", JSON, nullable=False, default=list),
     *_limit_columns(),
     Column("created_at", Float, nullable=False),
+    # Its weight in its priority class's fair queue (wire.TeamInfo.weight).
+    Column("weight", Float, nullable=False, default=1.0),
 )
 
 api_keys = Table(

@@ -43,7 +43,7 @@ class KeyRecord:
         self.rank = _RANKS[info.priority or (team.priority if team is not None else None)
                            or "standard"]
         self.tenant = f"team:{team.team_id}" if team is not None else f"key:{info.key_id}"
-        self.weight = 1.0
+        self.weight = team.weight if team is not None else 1.0
 
     def may_use(self, route: wire.ModelRoute) -> bool:
         return _allows(self.allowed, route) and _allows(self.team_allowed, route)
