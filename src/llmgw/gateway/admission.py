@@ -204,6 +204,8 @@ class Gate:
         """
         if free <= 0:
             return False
+        if free > 2 * self.reserve:
+            return True  # more than anyone keeps (below): the usual case, without the sets
         team = ticket.team
         held = self.held
         waiting = self._waiting_teams()
