@@ -49,6 +49,28 @@ def test_a_node_is_told_the_adapters_of_the_bases_it_runs_most_recent_first() ->
     assert prefetch_for(state, "n1", index) == []
 
 
+async def test_the_adapter_index_follows_the_catalog_and_not_routing() -> None:
+    state, index = fleet(), AdapterIndex()
+    built = index.of(state)
+    # A node turning unreachable or back moves the routing version: the
+    # catalog did not change, so the index is not walked again.
+    await state.bump_routing()
+    assert index.of(state) is built
+    added = ModelSpec(name="ad-added", engine="sim", base="base", weights=HF)
+    state.models[added.name] = ModelRecord(spec=added, created_at=0, updated_at=0)
+    assert [s.name for s in prefetch_for(state, "n1", index)] == ["ad-new", "ad-old", "ad-added"]
+    # A spec replaced with its record written again (services.catalog).
+    record = state.models["ad-old"]
+    record.spec = record.spec.model_copy(update={"weights": WeightsSource()})
+    state.models["ad-old"] = record
+    assert [s.name for s in prefetch_for(state, "n1", index)] == ["ad-new", "ad-added"]
+    del state.models["ad-new"]
+    assert [s.name for s in prefetch_for(state, "n1", index)] == ["ad-added"]
+    # A whole catalog put in the table's place (a plain dict): read afresh.
+    state.models = {"base": state.models["base"]}
+    assert prefetch_for(state, "n1", index) == []
+
+
 def deps_with(cache: WeightsCache, session: aiohttp.ClientSession) -> RunnerDeps:
     # fetch_weights reads only the cache, the peers, the peer token and the sessions.
     fields: dict[str, Any] = {"weights": cache, "session": session, "peer_session": None,

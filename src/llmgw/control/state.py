@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmgw.control.external import HealthReports
+from llmgw.control.modeltable import ModelTable
 from llmgw.control.nodetable import NodeTable
 from llmgw.control.replicatable import ReplicaTable
 from llmgw.control.telemetry import Readings
@@ -311,7 +312,9 @@ class FleetState:
     # A dict that counts its writes (nodetable.py); a plain dict given here
     # is kept as it is (readers then list it to see what came or went).
     nodes: dict[str, NodeRecord] = field(default_factory=NodeTable)
-    models: dict[str, ModelRecord] = field(default_factory=dict)
+    # A dict that counts its writes (modeltable.py); a plain dict given
+    # here is copied into one.
+    models: dict[str, ModelRecord] = field(default_factory=ModelTable)
     # A dict that also keeps replicas by model and by node (replicatable.py);
     # a plain dict given here is copied into one.
     replicas: ReplicaTable[ReplicaRecord] = field(default_factory=ReplicaTable)
@@ -323,6 +326,8 @@ class FleetState:
     def __post_init__(self) -> None:
         if not isinstance(self.replicas, ReplicaTable):
             self.replicas = ReplicaTable(self.replicas)
+        if not isinstance(self.models, ModelTable):
+            self.models = ModelTable(self.models)
 
     def changed(self) -> asyncio.Condition:
         if self._changed is None:
