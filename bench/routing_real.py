@@ -68,8 +68,9 @@ MODEL = simbench.MODEL  # what bench/routing.py's gateways serve; the engines an
 API_KEY = simbench.API_KEY
 GATEWAY_POLICIES = {"prefix": "prefix", "round_robin": "round-robin", "prefix_unmetered": "prefix"}
 # Measured only when named: prefix routing with endpoints that declare no
-# dialect, so the gateway sends no one-token copy of each stream to count
-# its prompt (see summarize): what the copies cost the engines' caches.
+# dialect, so the gateway counts nothing on the engines and routes them as
+# engines that batch (a tree whose gateway counts a stream's prompt with a
+# one-token copy: what the copies cost the engines' caches, see summarize).
 UNMETERED = "prefix_unmetered"
 SGLANG = simbench.SGLANG
 ROUTERS = (*GATEWAY_POLICIES, SGLANG)
@@ -520,10 +521,12 @@ def summarize(
     elapsed: float,
 ) -> dict[str, Any]:  # fmt: skip
     values = benchstats.ttfts(run.results, censor_at=run.ended_at)
-    # A generation of one token (one decode run) is llmgw's one-token copy
-    # of a stream, sent to count its prompt where the engine's stream reports
-    # no usage (gateway/metering/tokenizer.py): not a request, but engine time, and a
-    # state in its prompt cache. Every request asks for more tokens.
+    # A generation of one token (one decode run) is a one-token copy of a
+    # stream, which a gateway sends to count its prompt where the engine's
+    # stream reports no usage and it cannot render the engine's template
+    # (gateway/metering/tokenizer.py; a --gateway-tree before templates were
+    # declared): not a request, but engine time, and a state in its prompt
+    # cache. Every request asks for more tokens.
     copies = sum(1 for g in generations if g.decoded <= 1)
     generations = [g for g in generations if g.decoded > 1]
     hits = sum(1 for g in generations if g.hit)
