@@ -12,14 +12,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmgw.control.adminapi.tenancy_schemas import LimitsBody
+from llmgw.control.adminapi.tenancy_schemas import LimitsBody, LimitsUpdate
 from llmgw.control.gateway_count import LastReport, Placement, placement
 from llmgw.control.store.repo import Row
 from llmgw.wire import (
     ApiKeyInfo,
-    BudgetPeriod,
     ModelSpec,
-    PriorityClass,
     UsageRecord,
     check_node_name,
 )
@@ -122,18 +120,10 @@ class KeyCreate(LimitsBody):
     team: str | None = Field(None, max_length=200)
 
 
-class KeyUpdate(_Body):
+class KeyUpdate(LimitsUpdate):
     """What may change on a key; fields left out stay (null clears a limit or the team)."""
 
     team: str | None = Field(None, max_length=200)
-    models: list[str] | None = Field(None, max_length=1000)
-    rpm: int | None = Field(None, ge=1, le=10**9)
-    tpm: int | None = Field(None, ge=1, le=10**12)
-    tokens_per_day: int | None = Field(None, ge=1, le=10**15)
-    tokens_per_month: int | None = Field(None, ge=1, le=10**15)
-    budget_usd: float | None = Field(None, gt=0, le=10**12)
-    budget_period: BudgetPeriod | None = None
-    priority: PriorityClass | None = None
 
 
 class KeyView(LimitsBody):

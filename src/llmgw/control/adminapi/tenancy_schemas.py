@@ -31,14 +31,12 @@ class TeamCreate(LimitsBody):
     weight: float = Field(1.0, gt=0, le=1000)
 
 
-class TeamUpdate(BaseModel):
-    """The fields to change; those left out stay as they are (null clears a limit)."""
+class LimitsUpdate(BaseModel):
+    """Limits to change on a key or a team; those left out stay as they are (null clears one)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, min_length=1, max_length=200)
     models: list[str] | None = Field(None, max_length=1000)
-    weight: float = Field(1.0, gt=0, le=1000)  # left out: unchanged (never null)
     rpm: int | None = Field(None, ge=1, le=10**9)
     tpm: int | None = Field(None, ge=1, le=10**12)
     tokens_per_day: int | None = Field(None, ge=1, le=10**15)
@@ -46,6 +44,13 @@ class TeamUpdate(BaseModel):
     budget_usd: float | None = Field(None, gt=0, le=10**12)
     budget_period: BudgetPeriod | None = None
     priority: PriorityClass | None = None
+
+
+class TeamUpdate(LimitsUpdate):
+    """The fields to change; those left out stay as they are (null clears a limit)."""
+
+    name: str | None = Field(None, min_length=1, max_length=200)
+    weight: float = Field(1.0, gt=0, le=1000)  # left out: unchanged (never null)
 
 
 class TeamView(LimitsBody):
