@@ -210,8 +210,8 @@ def gateway(
     workers: Annotated[
         int,
         typer.Option(min=1, help="Serve the port from this many processes (SO_REUSEPORT; one"
-                     " per core is the most that helps). Each worker counts as a gateway and"
-                     " enforces 1/N of every key's RPM/TPM; see docs/gateway.md."),
+                     " per core is the most that helps). Each worker counts as a gateway; a key's"
+                     " limits hold across all of them (docs/tenancy.md)."),
     ] = 1,
     worker_index: Annotated[int | None, typer.Option(hidden=True)] = None,
     listen_fd: Annotated[int | None, typer.Option(hidden=True)] = None,

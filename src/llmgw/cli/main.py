@@ -98,8 +98,8 @@ def up(
     gateway_workers: Annotated[
         int,
         typer.Option(min=0, help="Also serve the OpenAI API from this many gateway processes"
-                     " on --gateway-port (one per core; each enforces 1/N of a key's limits;"
-                     " docs/gateway.md)."),
+                     " on --gateway-port (one per core; a key's limits hold across all of them:"
+                     " docs/tenancy.md)."),
     ] = 0,
     gateway_port: Annotated[
         int | None, typer.Option(help="Port of the gateway workers (default: --port + 1).")
