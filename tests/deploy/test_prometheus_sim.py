@@ -224,6 +224,11 @@ async def expected(s: Setup, lost: bool) -> dict[str, dict[Any, float]]:
         "LlmgwStoreUnreadable": {(): 1} if summary["store_error"] else {},
         # All of sim-broken's requests were 503 (parked); sim-chat's were 200.
         "LlmgwGatewayErrorRate": {"sim-broken": 1.0},
+        # No key or team of this fleet has a budget or a token quota, so nothing is spent
+        # toward one (the rules firing is promtool's test in test_rules_and_dashboard).
+        "LlmgwBudgetNearlySpent": {},
+        "LlmgwBudgetRunsOutSoon": {},
+        "LlmgwTokenQuotaNearlyUsed": {},
     }
 
 
@@ -240,6 +245,8 @@ def key(alert: str, labels: dict[str, str]) -> Any:
         return labels["instance"], labels["device"]
     if alert == "LlmgwTargetDown":
         return labels["job"], labels["instance"]
+    if alert in ("LlmgwBudgetNearlySpent", "LlmgwBudgetRunsOutSoon", "LlmgwTokenQuotaNearlyUsed"):
+        return labels["tenant"], labels["name"], labels.get("limit")
     assert not labels, f"{alert}: unexpected labels {labels}"
     return ()
 
