@@ -135,7 +135,7 @@ class SglangCacheAware:
     run of this size, so none is modelled.
     """
 
-    policy = "prefix"  # the replay renders the prompt for it
+    wants_prompt = True  # the replay renders the prompt for it, as for ModelRouter
     block_chars = 16
 
     def __init__(
@@ -218,7 +218,7 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
         if kind == "arrive":
             request = what
             router = routers[request.index % len(routers)]
-            prompt = render_chat(request.messages) if router.policy == "prefix" else None
+            prompt = render_chat(request.messages) if router.wants_prompt else None
             pick = router.pick(prompt)
             assert pick is not None
             replica = pick.replica
