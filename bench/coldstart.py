@@ -116,7 +116,7 @@ def serve(data_dir: Path, port: int, catalog: Path, timeline: Path) -> int:
 
     wrap(Gateway, "_demand", before=lambda self, model: record("gateway_demand", model=model))
 
-    def request_in(runtime: Any, scope: Any, *args: Any, **kwargs: Any) -> None:
+    def request_in(runtime: Any, route: Any, scope: Any, *args: Any, **kwargs: Any) -> None:
         if scope.get("path", "").endswith("/chat/completions"):
             record("gateway_request")
 
