@@ -593,3 +593,38 @@ def test_only_a_nodes_admin_lets_other_env_reach_an_engine() -> None:
     keyed = model("vllm", env={"VLLM_API_KEY": "mine"})
     with pytest.raises(EngineError, match="API key"):
         allowed.validate(assign(keyed, d))
+
+
+def test_llama_server_starts_with_its_adapters_at_scale_0_numbered_for_the_gateway() -> None:
+    d = [cpu_slot()]
+    adapter_specs = [
+        ModelSpec(name=n, engine="llama-server", base="g", weights=WeightsSource(
+            kind="local", path=f"/w/{n}.gguf")) for n in ("g-a", "g-b")
+    ]  # fmt: skip
+    a = assign(gemma(), d).model_copy(update={"adapters": adapter_specs})
+    server = LlamaCppAdapter(server_binary="/usr/local/bin/llama-server")
+    assert server.adapters_at_start
+    launch = server.build(LaunchContext(
+        assignment=a, weights_path=GGUF, host="h", port=1, devices=d,
+        adapters=(("g-a", "/c/a.gguf"), ("g-b", "/c/b.gguf")), memory_budget_mib=8192,
+    ))  # fmt: skip
+    argv = launch.argv
+    loras = [argv[i + 1] for i, item in enumerate(argv) if item == "--lora"]
+    assert loras == ["/c/a.gguf", "/c/b.gguf"]  # one flag each, in the numbered order
+    assert "--lora-init-without-apply" in argv
+    # Its RAM prompt cache keeps states without the adapter they were made under.
+    assert flag(argv, "--cache-ram") == "0"
+    assert launch.dialect.lora_ids == {"g-a": 0, "g-b": 1}
+    plain = server.build(ctx(assign(gemma(), d), d, weights=GGUF))
+    assert plain.dialect.lora_ids == {} and "--lora" not in plain.argv
+    with pytest.raises(EngineError, match="splits --lora at commas"):
+        server.build(LaunchContext(assignment=a, weights_path=GGUF, host="h", port=1,
+                                   devices=d, adapters=(("g-a", "/c/a,b.gguf"),)))  # fmt: skip
+    # The catalog's own --lora would shift every number after it.
+    for args in (["--lora", "/x.gguf"], ["--lora-scaled", "/x.gguf:1"]):
+        with pytest.raises(EngineError, match="catalog entry with `base:`"):
+            server.validate(assign(gemma().model_copy(update={"engine_args": args}), d))
+    python = LlamaCppAdapter(server_binary="")
+    assert not python.adapters_at_start
+    with pytest.raises(EngineError, match="need llama-server"):
+        python.validate(a)

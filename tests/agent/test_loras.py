@@ -12,7 +12,14 @@ import pytest
 from llmgw.agent.engineprobe import EngineEndpoint
 from llmgw.agent.loras import EngineControl
 from llmgw.sim.engine import SimEngine
-from llmgw.wire import ModelSpec, ReplicaAssignment, ShardAssignment, SimParams
+from llmgw.wire import (
+    ModelSpec,
+    ReplicaAssignment,
+    ReplicaState,
+    ReplicaStatus,
+    ShardAssignment,
+    SimParams,
+)
 
 BASE = ModelSpec(name="base", engine="sim", sim={"max_loras": 2, "max_lora_rank": 8,
                                                  "lora_load_s": 0, "sleep_s": 0})  # fmt: skip
@@ -71,3 +78,28 @@ async def test_loads_unloads_refusals_and_sleep_through_the_engines_routes(
         await converge(assignment(adapter("a")))
         assert not control.sleeping and not engine.lora.sleeping
         assert set(engine.lora.loaded) == {"a"}  # adapters stay loaded through a sleep
+
+
+async def test_an_engine_started_with_its_adapters_keeps_them_and_reports_later_ones() -> None:
+    # llama-server takes adapters only at its start: nothing is called on it.
+    released: list[str] = []
+
+    async def fetch(spec: ModelSpec) -> tuple[str | None, str | None]:
+        raise AssertionError("an engine with a fixed set loads nothing")
+
+    control = EngineControl("r1")
+    control.started_with({"a": "hold-a", "b": None})
+    unreachable = EngineEndpoint(None, "127.0.0.1", 9, key=None)  # type: ignore[arg-type]
+    assert await control.converge(assignment(adapter("a"), adapter("c")), unreachable, fetch,
+                                  released.append)  # fmt: skip
+    status = control.report(ReplicaStatus(replica_id="r1", state=ReplicaState.READY))
+    assert status.adapters == ["a", "b"]
+    assert list(status.adapter_errors) == ["c"]
+    assert "only at its start" in status.adapter_errors["c"]
+    # Settled: a second pass changes nothing; c leaves the catalog, its error goes.
+    assert not await control.converge(assignment(adapter("a"), adapter("c")), unreachable,
+                                      fetch, released.append)  # fmt: skip
+    assert await control.converge(assignment(adapter("a")), unreachable, fetch, released.append)
+    assert control.reported_errors() == {}
+    control.release_all(released.append)
+    assert released == ["hold-a"] and control.loaded == {}

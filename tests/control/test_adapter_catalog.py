@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tests.control.test_catalog import problems
 
-from llmgw.control.adaptercheck import lora_slots
+from llmgw.control.adaptercheck import LLAMA_SERVER_MAX_ADAPTERS, LLAMA_SERVER_MAX_RANK, lora_slots
 from llmgw.control.catalog import parse_models, validate_catalog
 from llmgw.wire import ModelSpec
 
@@ -58,7 +58,8 @@ def test_a_base_without_enable_lora_or_missing_or_another_engine_is_refused() ->
     assert "no model 'nobody'" in problems([spec(name="x", engine="vllm", base="nobody")])[0]
     llama_cpp = spec(name="g", engine="llamacpp")
     found = problems([llama_cpp, spec(name="x", engine="llamacpp", base="g")])
-    assert "cannot load adapters into at runtime" in found[0]
+    assert "cannot load adapters into" in found[0]
+    assert "llama_cpp.server, which applies one adapter to every request" in found[0]
     wrong = problems([spec(**VLLM_BASE), spec(name="x", engine="sim", base="llama")])
     assert "must be its base's engine, vllm" in wrong[0]
 
@@ -102,3 +103,18 @@ def test_sim_bases_take_adapters_by_their_params() -> None:
     assert "sim.max_loras above 0" in problems(
         [spec(name="t", engine="sim"), spec(name="t-a", engine="sim", base="t")]
     )[0]
+
+
+def test_llama_server_takes_gguf_adapters_of_any_rank_and_at_most_its_cap() -> None:
+    base = spec(name="g", engine="llama-server", weights={"kind": "local", "path": "/m/g.gguf"})
+    adapter = spec(name="g-sql", engine="llama-server", base="g", adapter={"rank": 64},
+                   weights={"kind": "local", "path": "/m/sql.gguf"})  # fmt: skip
+    validate_catalog([base, adapter], None)
+    assert lora_slots(base) == (LLAMA_SERVER_MAX_ADAPTERS, LLAMA_SERVER_MAX_RANK)
+    bare = spec(name="g-none", engine="llama-server", base="g")
+    assert "llama-server loads an adapter from a GGUF file" in problems([base, bare])[0]
+    many = [spec(name=f"g-{i}", engine="llama-server", base="g",
+                 weights={"kind": "local", "path": f"/m/{i}.gguf"})
+            for i in range(LLAMA_SERVER_MAX_ADAPTERS + 1)]  # fmt: skip
+    found = problems([base, *many])
+    assert found and "starts with every adapter of its base: 65 is above 64" in found[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmgw.control.adapters import plan_adapters
+from llmgw.control.reports import assignments_for
 from llmgw.control.sleep import plan_sleep
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, ShardAssignment
@@ -148,3 +149,38 @@ def test_an_adapter_whose_replicas_are_all_busy_is_loaded_on_one_more() -> None:
     assert settle(state) == {"r0": ("ad-0",), "r1": ("ad-0",)}
     asked(state, "ad-0", NOW - 10_000)  # unused since: load no longer keeps it anywhere
     assert settle(state) == {"r0": (), "r1": ()}
+
+
+def test_a_llama_server_base_serves_the_adapters_it_started_with_and_says_why_not_others() -> None:
+    state = fleet(replicas=2, adapters=3)
+    base = ModelSpec(name="base", engine="llama-server",
+                     weights={"kind": "local", "path": "/m/base.gguf"})  # fmt: skip
+    state.models["base"] = ModelRecord(spec=base, created_at=0, updated_at=0)
+    for i in range(3):
+        spec = ModelSpec(name=f"ad-{i}", engine="llama-server", base="base",
+                         weights={"kind": "local", "path": f"/m/{i}.gguf"})  # fmt: skip
+        state.models[spec.name] = ModelRecord(spec=spec, created_at=0, updated_at=0)
+    # r0 started before ad-2 was added; r1 after. Nobody asked for any:
+    # each is served anyway, since the engine holds it whatever is asked.
+    state.replicas["r0"].loaded_adapters = frozenset({"ad-0", "ad-1"})
+    state.replicas["r0"].adapter_errors = {"ad-2": "llama-server takes adapters only at its start"}
+    state.replicas["r1"].loaded_adapters = frozenset({"ad-0", "ad-1", "ad-2"})
+    plan = plan_adapters(state, NOW)
+    assert plan.changes == {"r0": ("ad-0", "ad-1"), "r1": ("ad-0", "ad-1", "ad-2")}
+    assert plan.bases["base"].slots_per_replica == 3 and not plan.bases["base"].not_loaded
+    state.replicas["r1"].loaded_adapters = frozenset()
+    why = plan_adapters(state, NOW).bases["base"].not_loaded
+    assert list(why) == ["ad-2"] and "takes adapters only at its start" in why["ad-2"]
+
+
+def test_a_llama_server_replica_is_assigned_every_adapter_of_its_base_by_name() -> None:
+    state = fleet(replicas=1, adapters=0)
+    state.models["base"] = ModelRecord(spec=ModelSpec(
+        name="base", engine="llama-server", weights={"kind": "local", "path": "/m/b.gguf"},
+    ), created_at=0, updated_at=0)  # fmt: skip
+    for name in ("zz", "aa"):
+        spec = ModelSpec(name=name, engine="llama-server", base="base",
+                         weights={"kind": "local", "path": f"/m/{name}.gguf"})  # fmt: skip
+        state.models[name] = ModelRecord(spec=spec, created_at=0, updated_at=0)
+    (only,) = assignments_for(state, "n1")
+    assert [a.name for a in only.adapters] == ["aa", "zz"]  # the engine's numbering

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from tests.gateway.conftest import async_client, make_config, running_gateway
+
 from llmgw import wire
+from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 
@@ -42,3 +48,37 @@ def test_models_listing_names_each_adapters_parent() -> None:
     listing = {m["id"]: m for m in view().listing(None)["data"]}
     assert listing["ad-a"]["parent"] == "base" and listing["ad-b"]["parent"] == "base"
     assert "parent" not in listing["base"]
+
+
+async def test_an_engine_that_numbers_its_adapters_is_told_which_one_per_request(
+    upstreams: Callable[..., Any], link: MemoryLink
+) -> None:
+    # llama-server: adapters applied per request by number; a request without
+    # the field would run on the KV cache another adapter left in its slot.
+    engine = await upstreams("llama-server")
+    dialect = wire.EngineDialect(lora_ids={"ad-a": 0, "ad-b": 1})
+    shared = wire.Endpoint(replica_id="r1", url=engine.url, dialect=dialect)
+    routes = [wire.ModelRoute(name="base", served_name="base", endpoints=[shared])] + [
+        wire.ModelRoute(name=n, served_name=n, endpoints=[shared], parent="base")
+        for n in ("ad-a", "ad-b")
+    ]
+    link.publish(make_config(1, routes))
+    async with running_gateway(link) as (_, url):
+        client = async_client(url)
+        for model in ("ad-b", "base", "ad-a"):
+            await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}],
+                # A client naming an adapter by number gets the one its model says.
+                extra_body={"lora": [{"id": 1, "scale": 1.0}]},
+            )  # fmt: skip
+        stream = await client.chat.completions.create(
+            model="ad-a", messages=[{"role": "user", "content": "hi"}], stream=True)
+        async for _ in stream:
+            pass
+    sent = [(s.body["model"], s.body["lora"]) for s in engine.seen]
+    assert sent == [
+        ("ad-b", [{"id": 1, "scale": 1.0}]),
+        ("base", [{"id": 0, "scale": 0.0}]),  # every adapter at 0
+        ("ad-a", [{"id": 0, "scale": 1.0}]),
+        ("ad-a", [{"id": 0, "scale": 1.0}]),
+    ]

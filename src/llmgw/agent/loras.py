@@ -13,6 +13,12 @@ to them through its runtime routes, as vLLM names them:
   ``VLLM_SERVER_DEV_MODE=1``, outside its API key's scope: only the guard,
   agent.engineguard, keeps the network off them).
 
+llama-server takes adapters only when it starts (``--lora``) and applies
+them per request: its replica is started with the adapters its assignment
+lists then (agent.replicas), which stay loaded while it runs; one asked for
+later is reported as not loadable there, so the control plane serves it
+from replicas started after it.
+
 An adapter's weights are fetched and verified as a model's are
 (agent.weights, the adapter's own catalog entry) and held in the cache while
 it is loaded. A load the engine refuses is reported with its reason
@@ -38,7 +44,8 @@ from llmgw.agent.memguard import EngineMemory
 from llmgw.agent.replicalaunch import fetch_weights
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.weights import Progress
-from llmgw.wire import ModelSpec, ReplicaAssignment, ReplicaStatus
+from llmgw.errors import EngineError
+from llmgw.wire import EngineDialect, ModelSpec, ReplicaAssignment, ReplicaStatus
 
 log = logging.getLogger("llmgw.agent.loras")
 
@@ -50,6 +57,8 @@ WAKE_PATH = "/wake_up"
 CALL_TIMEOUT_S = 120.0
 RETRY_AFTER_S = 60.0
 _ALREADY = "already been loaded"
+ADDED_AFTER_START = ("llama-server takes adapters only at its start, and this replica started"
+                     " before the adapter was in the catalog: replicas started from now take it")
 
 # Where an adapter's weights are on this node (None: it has none, the
 # simulator's), fetched and verified; and the cache hold to release.
@@ -70,6 +79,36 @@ class EngineControl:
         # Set when its assignment changes (agent.replicaset): converge now.
         self.poke = asyncio.Event()
         self.weights_bytes: int | None = None  # the engine's, once launched
+        # The adapters an engine that takes them only at its start (llama-server)
+        # was started with; None: it loads and unloads them at runtime (vLLM).
+        self.fixed: frozenset[str] | None = None
+
+    def started_with(self, adapters: dict[str, str | None]) -> None:
+        """The engine took these adapters at its start (name -> cache hold): they stay
+        loaded while it runs, and no other joins them."""
+        self.fixed = frozenset(adapters)
+        self.loaded = dict(adapters)
+        self.errors.clear()
+
+    def adopted(
+        self, dialect: EngineDialect | None, specs: list[ModelSpec],
+        hold: Callable[[ModelSpec], str | None],
+    ) -> None:
+        """An engine the agent before this one started: the adapters it took, held again."""
+        started = dialect.lora_ids if dialect is not None else None
+        if started is None:
+            return
+        by_name = {spec.name: spec for spec in specs}
+        self.started_with({
+            name: hold(by_name[name]) if name in by_name else None for name in started
+        })
+
+    def release_all(self, release: Release) -> None:
+        """Let go of every adapter's weights: the engine is gone."""
+        for hold in self.loaded.values():
+            if hold is not None:
+                release(hold)
+        self.loaded.clear()
 
     def report(self, status: ReplicaStatus) -> ReplicaStatus:
         """``status`` with what this engine has loaded, refused, and whether it sleeps."""
@@ -86,6 +125,8 @@ class EngineControl:
         release: Release,
     ) -> bool:
         """One step towards the assignment; True when anything changed."""
+        if self.fixed is not None:
+            return self._note_missing({spec.name for spec in assignment.adapters})
         if assignment.asleep and not self.sleeping:
             # Adapters stay loaded through a sleep (vLLM keeps its LoRA manager).
             return await self._call(engine, SLEEP_PATH, None, "sleep", asleep=True)
@@ -115,6 +156,19 @@ class EngineControl:
             if name in self.loaded or name in self.errors:
                 continue
             changed = await self._load(engine, spec, fetch, release) or changed
+        return changed
+
+    def _note_missing(self, wanted: set[str]) -> bool:
+        """An engine with a fixed set: report each wanted adapter it was not started with."""
+        fixed = self.fixed or frozenset()
+        missing = wanted - fixed
+        changed = False
+        for name in missing - self.errors.keys():
+            self.errors[name] = (ADDED_AFTER_START, time.monotonic())
+            changed = True
+        for name in self.errors.keys() - missing:
+            del self.errors[name]
+            changed = True
         return changed
 
     async def _load(
@@ -156,6 +210,32 @@ class EngineControl:
         self.sleeping = asleep
         log.info("replica %s: engine %s", self.replica_id, "asleep" if asleep else "awake")
         return True
+
+
+async def start_adapters(
+    deps: RunnerDeps, control: EngineControl, specs: list[ModelSpec], at_start: bool
+) -> tuple[tuple[str, str], ...]:
+    """The adapters an engine that takes them only at its start (``at_start``) is
+    started with: ``specs`` fetched and held, as (name, weights path) in the engine's
+    order; none for an engine that loads them at runtime."""
+    if not at_start:
+        return ()
+    holds: dict[str, str | None] = {}
+    paths: list[tuple[str, str]] = []
+    try:
+        for spec in specs:
+            holds[spec.name] = deps.weights.hold(spec)
+            path = await fetch_weights(deps, spec, Progress())
+            if path is None:
+                raise EngineError(f"adapter {spec.name!r} has no weights to start with")
+            paths.append((spec.name, path))
+    except BaseException:
+        for hold in holds.values():
+            if hold is not None:
+                deps.weights.release(hold)
+        raise
+    control.started_with(holds)
+    return tuple(paths)
 
 
 class ControlledRunner(Protocol):

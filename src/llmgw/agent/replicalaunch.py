@@ -46,6 +46,7 @@ async def launch_context(
     deps: RunnerDeps,
     weights_path: str | None,
     port: int,
+    adapters: tuple[tuple[str, str], ...] = (),
 ) -> tuple[LaunchContext, int]:
     """What the adapter builds a launch from, once the weights are fetched and the
     port allocated; and the engine's memory budget (MiB), which it sizes to."""
@@ -61,6 +62,7 @@ async def launch_context(
         memory_budget_mib=budget,
         weights_bytes=weights_bytes,
         tls=deps.engine_tls(),
+        adapters=adapters,
     )
     return ctx, budget
 

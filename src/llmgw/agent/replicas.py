@@ -34,7 +34,7 @@ import aiohttp
 from llmgw import memory
 from llmgw.agent.engineprobe import EngineEndpoint
 from llmgw.agent.engines.base import EngineAdapter
-from llmgw.agent.loras import EngineControl, engine_control
+from llmgw.agent.loras import EngineControl, engine_control, start_adapters
 from llmgw.agent.memguard import EngineMemory
 from llmgw.agent.progress import MetricsError, ProgressMetrics
 from llmgw.agent.replicalaunch import (
@@ -128,6 +128,7 @@ class ReplicaRunner:
         self.liveness_path = record.liveness_path
         self.metrics = record.progress
         self.dialect = record.dialect
+        self.control.adopted(record.dialect, self.assignment.adapters, self.deps.weights.hold)
         self.tls = record.tls
         self.deps.ports.restore(self.replica_id, record.port)
         self.engine_port = record.engine_port
@@ -200,6 +201,7 @@ class ReplicaRunner:
         key, self._weights_key = self._weights_key, None
         if key is not None:
             self.deps.weights.release(key)
+        self.control.release_all(self.deps.weights.release)
 
     async def _cancel_task(self) -> None:
         task, self._task = self._task, None
@@ -259,8 +261,11 @@ class ReplicaRunner:
                 self.progress = None
         else:
             path = None
+        at_start = getattr(self.adapter, "adapters_at_start", False)  # llama-server's
+        adapters = await start_adapters(deps, self.control, self.assignment.adapters, at_start)
         self.port = deps.ports.allocate(self.replica_id)
-        ctx, budget = await launch_context(self.assignment, self.devices, deps, path, self.port)
+        ctx, budget = await launch_context(self.assignment, self.devices, deps, path, self.port,
+                                           adapters)  # fmt: skip
         self.control.weights_bytes = ctx.weights_bytes  # in RAM while it sleeps
         launch, self.engine_port = engine_launch(
             self.adapter, ctx, lambda: deps.ports.allocate(engine_port_id(self.replica_id))

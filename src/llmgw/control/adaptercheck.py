@@ -19,8 +19,16 @@ from llmgw.wire import EngineKind, ModelSpec
 # and no --max-lora-rank takes adapters up to rank 16, two at a time.
 VLLM_DEFAULT_MAX_LORA_RANK = 16
 VLLM_DEFAULT_MAX_LORAS = 1
-# Engines whose replicas load adapters at runtime (llmgw.agent.loras).
-ADAPTER_ENGINES = frozenset({EngineKind.VLLM, EngineKind.SIM})
+# Engines whose replicas serve adapters (llmgw.agent.loras): vLLM and the
+# simulator load them at runtime; llama-server takes them at its start, all
+# of its base's at once, and applies one per request. llama_cpp.server (and
+# so "llamacpp", which may run it) applies one adapter to every request.
+ADAPTER_ENGINES = frozenset({EngineKind.VLLM, EngineKind.SIM, EngineKind.LLAMA_SERVER})
+# llama-server starts with every adapter of its base (control.reports):
+# each costs its size in memory on every replica, whether asked for or not.
+LLAMA_SERVER_MAX_ADAPTERS = 64
+# llama-server takes any rank its GGUF adapter file says.
+LLAMA_SERVER_MAX_RANK = 1024
 # What an adapter entry must leave alone: it runs no engine of its own, so
 # each of these would read as a setting that is not one.
 _ENGINE_ONLY = ("gpu_classes", "gpus", "tp", "pp", "nodes", "engine_args", "env",
@@ -46,6 +54,8 @@ def lora_slots(base: ModelSpec) -> LoraSlots | None:
         if sim is None or sim.max_loras < 1:
             return None
         return LoraSlots(sim.max_loras, sim.max_lora_rank)
+    if base.engine is EngineKind.LLAMA_SERVER:
+        return LoraSlots(LLAMA_SERVER_MAX_ADAPTERS, LLAMA_SERVER_MAX_RANK)
     if base.engine is EngineKind.VLLM:
         args = [a.replace("_", "-") if a.startswith("--") else a for a in base.engine_args]
         if not any(a == "--enable-lora" or a.startswith("--enable-lora=") for a in args):
@@ -87,11 +97,14 @@ def adapter_problems(spec: ModelSpec, catalog: Mapping[str, ModelSpec]) -> list[
     if base.engine not in ADAPTER_ENGINES:
         problems.append(AdapterProblem(
             "base", f"{base_name!r} runs on {base.engine.value}, which llmgw cannot load"
-            " adapters into at runtime (vllm and sim can)"))
+            " adapters into (vllm, llama-server and sim can; llamacpp may run"
+            " llama_cpp.server, which applies one adapter to every request)"))
         return problems
     if base.engine is EngineKind.VLLM and spec.weights.kind == "none":
         problems.append(AdapterProblem(
             "weights", "vLLM loads an adapter from a directory: give its weights (hf, local)"))
+    if base.engine is EngineKind.LLAMA_SERVER:
+        problems.extend(_llama_server_problems(spec, base_name, catalog))
     slots = lora_slots(base)
     if slots is None:
         hint = ("add --enable-lora (and --max-lora-rank, --max-loras) to its engine_args"
@@ -113,6 +126,22 @@ def adapter_problems(spec: ModelSpec, catalog: Mapping[str, ModelSpec]) -> list[
         problems.append(AdapterProblem(
             "min_replicas", f"asks to be loaded on {spec.min_replicas} replicas; its base"
             f" runs at most {base.max_replicas}"))
+    return problems
+
+
+def _llama_server_problems(
+    spec: ModelSpec, base_name: str, catalog: Mapping[str, ModelSpec]
+) -> list[AdapterProblem]:
+    problems: list[AdapterProblem] = []
+    if spec.weights.kind == "none":
+        problems.append(AdapterProblem(
+            "weights", "llama-server loads an adapter from a GGUF file (llama.cpp's"
+            " convert_lora_to_gguf.py makes one from a PEFT adapter): give its weights"))
+    siblings = [n for n, s in catalog.items() if s.base == base_name]
+    if len(siblings) > LLAMA_SERVER_MAX_ADAPTERS:
+        problems.append(AdapterProblem(
+            "base", f"{base_name!r} runs on llama-server, which starts with every adapter of"
+            f" its base: {len(siblings)} is above {LLAMA_SERVER_MAX_ADAPTERS}"))
     return problems
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from llmgw.control.adaptercheck import lora_slots
 from llmgw.control.scheduler.demand import asked_for
 from llmgw.control.state import FleetState, ModelRecord, ReplicaRecord
-from llmgw.wire import ModelSpec, ReplicaState
+from llmgw.wire import EngineKind, ModelSpec, ReplicaState
 
 
 class AdapterPlacement(BaseModel):
@@ -76,12 +76,15 @@ def _plan_base(
 ) -> None:
     slots_info = lora_slots(base.spec)
     slots = slots_info.max_loras if slots_info is not None else 0
-    placement = plan.bases[base.name] = AdapterPlacement(
-        base=base.name, adapters=len(adapters), slots_per_replica=slots
-    )
     known = {a.name: a for a in adapters}
     replicas = sorted(
         (r for r in state.replicas_of(base.name) if _serving(state, r, now)), key=lambda r: r.id
+    )
+    if base.spec.engine is EngineKind.LLAMA_SERVER:
+        _plan_started(base, adapters, replicas, plan)
+        return
+    placement = plan.bases[base.name] = AdapterPlacement(
+        base=base.name, adapters=len(adapters), slots_per_replica=slots
     )
     wanted = {a.name: _wanted_count(a, now) for a in adapters}
 
@@ -121,6 +124,26 @@ def _plan_base(
         placement.loaded[replica.id] = list(ordered)
         if replica.adapters is None or set(ordered) != set(replica.adapters):
             plan.changes[replica.id] = ordered
+
+
+def _plan_started(
+    base: ModelRecord, adapters: list[ModelRecord], replicas: list[ReplicaRecord],
+    plan: AdapterPlan,
+) -> None:
+    """A base whose engine takes its adapters at its start (llama-server): each replica
+    serves those it started with, all of them at once, and loads no other."""
+    placement = plan.bases[base.name] = AdapterPlacement(
+        base=base.name, adapters=len(adapters), slots_per_replica=len(adapters)
+    )
+    known = {a.name for a in adapters}
+    for replica in replicas:
+        served = tuple(sorted(known & replica.loaded_adapters))
+        placement.loaded[replica.id] = list(served)
+        if replica.adapters is None or set(served) != set(replica.adapters):
+            plan.changes[replica.id] = served
+    for adapter in adapters:
+        if not any(adapter.name in served for served in placement.loaded.values()):
+            placement.not_loaded[adapter.name] = _why_not(base, adapter, replicas, len(adapters))
 
 
 def adapter_load_demand(state: FleetState, adapter: ModelRecord, busy: float) -> int:
@@ -202,8 +225,19 @@ class AdapterIndex:
         # The table the index was built from and its write count then.
         self._built: tuple[object, int] | None = None
         self._by_base: dict[str, list[ModelRecord]] = {}
+        self._every: dict[str, tuple[ModelSpec, ...]] = {}
 
     def of(self, state: FleetState) -> dict[str, list[ModelRecord]]:
+        """Each base's adapters whose weights a node fetches (not local, not none)."""
+        self._build(state)
+        return self._by_base
+
+    def every(self, state: FleetState, base: str) -> tuple[ModelSpec, ...]:
+        """All of ``base``'s adapters in the catalog, by name."""
+        self._build(state)
+        return self._every.get(base, ())
+
+    def _build(self, state: FleetState) -> None:
         models = state.models
         # FleetState makes every catalog a ModelTable; -1 (rebuilt each
         # time) for a plain dict put in its place afterwards.
@@ -212,11 +246,15 @@ class AdapterIndex:
         if built is None or built[0] is not models or built[1] != key[1] or key[1] < 0:
             self._built = key
             self._by_base = {}
-            for record in models.values():
+            every: dict[str, list[ModelSpec]] = {}
+            for record in sorted(models.values(), key=lambda r: r.name):
                 spec = record.spec
-                if spec.base is not None and spec.weights.kind not in ("none", "local"):
+                if spec.base is None:
+                    continue
+                every.setdefault(spec.base, []).append(spec)
+                if spec.weights.kind not in ("none", "local"):
                     self._by_base.setdefault(spec.base, []).append(record)
-        return self._by_base
+            self._every = {base: tuple(specs) for base, specs in every.items()}
 
 
 def prefetch_for(state: FleetState, node: str, index: AdapterIndex) -> list[ModelSpec]:

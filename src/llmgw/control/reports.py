@@ -14,10 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmgw.control import weightdigests
+from llmgw.control.adapters import AdapterIndex
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
 from llmgw.control.telemetry import Reading, Readings
 from llmgw.wire import (
     AgentReport,
+    EngineKind,
     ModelSpec,
     NodeInventory,
     NodeState,
@@ -288,13 +290,26 @@ def _assignment_inputs(
         leader.address if leader is not None else None,
         replica.draining,
         engine_key(replica.id) if engine_key is not None else None,
-        _adapter_specs(state, replica),
+        _adapter_specs(state, replica, model.spec),
         bool(replica.asleep),
     )
 
 
-def _adapter_specs(state: FleetState, replica: ReplicaRecord) -> tuple[ModelSpec, ...]:
-    """The catalog entries of the adapters the replica should have loaded."""
+# Each base's adapters in the catalog, for engines started with all of them.
+_CATALOG_ADAPTERS = AdapterIndex()
+
+
+def _adapter_specs(
+    state: FleetState, replica: ReplicaRecord, spec: ModelSpec
+) -> tuple[ModelSpec, ...]:
+    """The catalog entries of the adapters the replica should have loaded.
+
+    llama-server takes its adapters only at its start: a replica of it gets
+    every adapter of its base the catalog holds (by name, the order it
+    numbers them in), and starts with those it is given then.
+    """
+    if spec.engine is EngineKind.LLAMA_SERVER:
+        return _CATALOG_ADAPTERS.every(state, spec.name)
     if not replica.adapters:
         return ()
     found = (state.models.get(name) for name in replica.adapters)

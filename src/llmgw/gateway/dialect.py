@@ -5,7 +5,7 @@ the control plane passes it with every endpoint. Here it is compiled once per
 endpoint into a :class:`Mending` (shared between endpoints that speak alike),
 so the request path reads two booleans instead of interpreting a dialect.
 
-Four things are mended:
+Five things are mended:
 
 * a limit in ``max_completion_tokens`` (what current OpenAI clients send) is
   sent as ``max_tokens`` to an engine that ignores the former, which would
@@ -18,7 +18,11 @@ Four things are mended:
   it (llmgw.gateway.routes.assemble), with the usage the engine reports in streams
   or, where it reports none, counted as above;
 * a chat message of the ``developer`` role (OpenAI's new name for
-  ``system``) is sent as ``system`` to an engine that knows no such role.
+  ``system``) is sent as ``system`` to an engine that knows no such role;
+* an engine that applies LoRA adapters per request by number (llama-server)
+  is told which one, at scale 1, for a request that names an adapter, and
+  all of them at 0 for every other request (:func:`mend_lora`): a client's
+  own ``lora`` field would reach adapters its key may not use.
 
 A request the engine would answer wrongly or fail on is refused with 400
 naming the field (:func:`refusal`): ``n`` > 1 where the engine returns one
@@ -69,6 +73,9 @@ class Mending:
     # The engine's chat template, where it declares one: a counted stream's
     # chat prompt is rendered and tokenized, never generated from.
     chat_prompt: ChatPrompt | None = None
+    # The adapters the engine applies per request, by served name -> number
+    # (EngineDialect.lora_ids); None: none, or loaded by name (vLLM).
+    lora_ids: dict[str, int] | None = None
 
 
 LEGACY = Mending(False, False, None, "input", legacy=True)
@@ -90,6 +97,7 @@ def mending_for(dialect: wire.EngineDialect | None) -> Mending:
         dialect.developer_role,
         dialect.logprobs,
         dialect.choices,
+        tuple(sorted(dialect.lora_ids.items())) if dialect.lora_ids else None,
     )
     mending = _compiled.get(key)
     if mending is None:
@@ -106,6 +114,7 @@ def mending_for(dialect: wire.EngineDialect | None) -> Mending:
             logprobs=dialect.logprobs,
             choices=dialect.choices,
             chat_prompt=prompt,
+            lora_ids=dict(dialect.lora_ids) if dialect.lora_ids else None,
         )
         _compiled[key] = mending
     return mending
@@ -117,6 +126,28 @@ def mend_request(path: str, payload: dict[str, Any], mending: Mending) -> bool:
     if path == CHAT and mending.developer_as_system and _developer_as_system(payload):
         changed = True
     return changed
+
+
+def mend_lora(payload: dict[str, Any], served: str, mending: Mending) -> bool:
+    """Set the request's ``lora`` field for an engine that applies adapters by number;
+    True when ``payload`` changed.
+
+    ``served`` is the name the request is sent under: an adapter's own name
+    picks that adapter, any other name (the base) runs with every adapter at
+    scale 0. llama-server reads an adapter left out of the list as scale 0.
+    """
+    ids = mending.lora_ids
+    if ids is None:
+        return False
+    chosen = ids.get(served)
+    if chosen is None:
+        wanted: list[dict[str, float]] = [{"id": min(ids.values()), "scale": 0.0}]
+    else:
+        wanted = [{"id": chosen, "scale": 1.0}]
+    if payload.get("lora") == wanted:
+        return False
+    payload["lora"] = wanted
+    return True
 
 
 def _developer_as_system(payload: dict[str, Any]) -> bool:

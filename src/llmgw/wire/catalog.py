@@ -219,6 +219,15 @@ class EngineDialect(Wire):
     # None: not declared (the catalog chose the engine's format, or the
     # engine reports usage itself).
     chat_template: ChatTemplate | None = None
+    # The LoRA adapters the engine took at its start and applies per request
+    # by number (llama-server: ``--lora`` in this order, each request's
+    # ``lora: [{"id", "scale"}]``), by catalog name. The gateway sends a
+    # request for one of them with that adapter at scale 1 and every other
+    # request with all at 0: a request without the field runs at the start
+    # scales on the KV cache its slot kept, made under whichever adapter ran
+    # there last (server-context.cpp, launch_slot_with_task). None: the
+    # engine loads adapters by name at runtime (vLLM) or serves none.
+    lora_ids: dict[str, int] | None = None
 
 
 

@@ -102,6 +102,10 @@ class LaunchContext:
     # Listen with TLS under the node's certificate where the engine can;
     # None: the fleet issues none (or this node has none yet), plain http.
     tls: EngineTls | None = None
+    # The LoRA adapters an engine that takes them only at its start is
+    # started with (EngineAdapter.adapters_at_start): (catalog name, weights
+    # path), in the order the engine numbers them.
+    adapters: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

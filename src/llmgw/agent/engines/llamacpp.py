@@ -50,6 +50,8 @@ SERVER_BINARY = "llama-server"
 # The context is the model's kv_capacity_tokens, so that the gateway's
 # prefix index and the engine's cache agree on what one replica holds.
 _CONTEXT_HINT = "set the model's kv_capacity_tokens instead"
+_LORA_HINT = ("make each adapter a catalog entry with `base:` this model; clients then name"
+              " the adapter as a model")
 # llama-server (common/arg.cpp of the llama.cpp that llama-cpp-python 0.3.36
 # bundles): exact names only, with "_" read as "-" in a long flag. Every
 # spelling of the model source is managed: -hf, -dr or --models-dir would
@@ -88,6 +90,12 @@ BINARY_RULES = FlagRules(
             # would make it https while its endpoint says http.
             "--ssl-key-file",
             "--ssl-cert-file",
+            # The catalog's adapters (base: this model) are started here, in
+            # the order the gateway numbers them (EngineDialect.lora_ids): one
+            # more from the catalog's args would shift every number after it.
+            "--lora",
+            "--lora-scaled",
+            "--lora-init-without-apply",
         ]
     ),
     dashes=True,
@@ -96,6 +104,9 @@ BINARY_RULES = FlagRules(
         "--ctx-size": _CONTEXT_HINT,
         "--chat-template": "llama-server reads its value as the template's Jinja text, not a"
         " name; give a file with --chat-template-file, or leave the model's own",
+        "--lora": _LORA_HINT,
+        "--lora-scaled": _LORA_HINT,
+        "--lora-init-without-apply": _LORA_HINT,
     },
 )
 # llama_cpp.server: Python argparse over its settings' names (underscores
@@ -258,7 +269,8 @@ def declared_template(template: SuppliedTemplate | None, extra: list[str]) -> Ch
 
 
 def _dialect(
-    server: bool, extra: list[str], template: SuppliedTemplate | None = None
+    server: bool, extra: list[str], template: SuppliedTemplate | None = None,
+    adapters: tuple[tuple[str, str], ...] = (),
 ) -> EngineDialect:
     """The launch's dialect, with the OpenAI routes and fields its flags give it.
 
@@ -287,7 +299,10 @@ def _dialect(
     if _server_sets(extra, "-mm", "--mmproj", "-mmu", "--mmproj-url"):
         routes.append("/v1/audio/transcriptions")
     embeds = _server_sets(extra, "--embedding", "--embeddings")
-    return SERVER_DIALECT.model_copy(update={"extra_routes": routes, "embeddings": embeds})
+    return SERVER_DIALECT.model_copy(update={
+        "extra_routes": routes, "embeddings": embeds,
+        "lora_ids": {name: number for number, (name, _) in enumerate(adapters)},
+    })
 
 
 def _dashed(item: str) -> str:
@@ -301,6 +316,12 @@ def _dashed(item: str) -> str:
 def _server_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
     """Flags that keep llama-server's RSS within the replica's memory budget."""
     budget = ctx.memory_budget_mib
+    if ctx.adapters:
+        # Its RAM prompt cache keeps a saved state with its tokens only, not
+        # the adapters it was computed under, and a slot loads one by tokens
+        # alone (server-context.cpp, get_available_slot): a request for one
+        # adapter would continue another's KV cache. Off, whatever is asked.
+        return ["--cache-ram", "0"]
     if budget is None or _server_sets(extra, "-cram", "--cache-ram"):
         return []
     spec = ctx.assignment.model
@@ -352,6 +373,12 @@ def _server_argv(
     # every batch computed, the agent's sign of progress.
     if not _server_sets(extra, "--metrics"):
         argv.append("--metrics")
+    for _, adapter_path in ctx.adapters:
+        # One flag each: llama-server splits a --lora value at commas.
+        argv += ["--lora", adapter_path]
+    if ctx.adapters:
+        # Loaded at scale 0: each request says which one it runs with.
+        argv.append("--lora-init-without-apply")
     argv += _server_memory_flags(ctx, extra)
     health = "/health"
     return argv, health, None
@@ -435,10 +462,21 @@ class LlamaCppAdapter:
     def managed_flags(self) -> FlagRules:
         return BINARY_RULES if self.server_binary else PYTHON_RULES
 
+    @property
+    def adapters_at_start(self) -> bool:
+        """llama-server loads LoRA adapters only when it starts (``--lora``) and applies
+        them per request; llama_cpp.server applies one to every request, so it takes none."""
+        return bool(self.server_binary)
+
     def validate(self, assignment: ReplicaAssignment) -> None:
         check_common(assignment, self.managed_flags)
         if assignment.nodes > 1:
             raise EngineError("llama.cpp replicas run on one node; nodes must be 1")
+        if assignment.adapters and not self.server_binary:
+            raise EngineError(
+                f"model {assignment.model.name!r}: LoRA adapters need llama-server, which this"
+                " node does not have (llama_cpp.server applies one adapter to every request)"
+            )
         if assignment.model.weights.kind == "none":
             raise EngineError(f"model {assignment.model.name!r}: llama.cpp needs a GGUF file")
 
@@ -467,7 +505,11 @@ class LlamaCppAdapter:
             env["LLAMA_API_KEY" if self.server_binary else "API_KEY"] = key
         if self.server_binary:
             env["XDG_CONFIG_HOME"] = NO_CONFIG_HOME
-        dialect = _dialect(bool(self.server_binary), extra, template)
+        for name, adapter_path in ctx.adapters:
+            if "," in adapter_path:
+                raise EngineError(f"adapter {name!r}: llama-server splits --lora at commas,"
+                                  f" and its weights path has one: {adapter_path}")
+        dialect = _dialect(bool(self.server_binary), extra, template, ctx.adapters)
         return EngineLaunch(
             argv=argv,
             env=env,

@@ -22,7 +22,7 @@ import orjson
 from llmgw.gateway.call import Call
 from llmgw.gateway.checks.limits import cap_output_tokens
 from llmgw.gateway.checks.validation import CHAT_PATH, COMPLETIONS_PATH, EMBEDDINGS_PATH
-from llmgw.gateway.dialect import Mending, mend_request, refusal
+from llmgw.gateway.dialect import Mending, mend_lora, mend_request, refusal
 from llmgw.gateway.forward import forward
 from llmgw.gateway.front import parse
 from llmgw.gateway.metering.counter import StreamCounter
@@ -215,6 +215,8 @@ def _upstream_body(
     if changed:
         payload["model"] = served
     if mend_request(path, payload, mending):
+        changed = True
+    if mend_lora(payload, served, mending):
         changed = True
     injected = False
     if stream and inject_usage:

@@ -48,6 +48,7 @@ from llmgw.gateway.checks.validation import (
     SCORE_PATH,
     TRANSCRIPTIONS_PATH,
 )
+from llmgw.gateway.dialect import mend_lora
 from llmgw.gateway.forward import forward
 from llmgw.gateway.front import header, parse
 from llmgw.gateway.metering.account import account
@@ -125,6 +126,8 @@ class PassThrough:
         )
         prompt = self.prompt(payload) if self.prompt and router.wants_prompt else None
         passing = _Passing(call, self, upstream_body, headers, self.wants_stream(payload))
+        if not self.form:
+            passing.lora = (payload, router.route.served_name)
         return forward(call, router, prompt, passing)
 
     def wants_stream(self, payload: dict[str, Any]) -> bool:
@@ -177,7 +180,7 @@ def _upstream_body(
 class _Passing:
     """One request of a passed-through route, on its way to replicas that serve the route."""
 
-    __slots__ = ("body", "call", "headers", "route", "stream")
+    __slots__ = ("body", "call", "headers", "lora", "route", "stream")
 
     def __init__(self, call: Call, route: PassThrough, body: bytes, headers: bytes, stream: bool):
         self.call = call
@@ -185,6 +188,9 @@ class _Passing:
         self.body = body
         self.headers = headers
         self.stream = stream
+        # A JSON body and its served name, for an engine that applies
+        # adapters by number (dialect.mend_lora): mended per replica.
+        self.lora: tuple[dict[str, Any], str] | None = None
 
     def reroute(self, router: ModelRouter, replica: Replica) -> ModelRouter | None:
         # The replica that came while the request waited may run an engine
@@ -198,7 +204,12 @@ class _Passing:
         upstream = self.call.rt.upstream
         target = upstream.target(replica.url, self.route.path, replica.engine_key,
                                  json=not self.route.form)  # fmt: skip
-        return upstream.post(target, self.body, self.call.request_id, self.headers)
+        body = self.body
+        if replica.mending.lora_ids is not None and self.lora is not None:
+            payload, served = self.lora
+            if mend_lora(payload, served, replica.mending):
+                body = self.body = orjson.dumps(payload)
+        return upstream.post(target, body, self.call.request_id, self.headers)
 
     async def answer(
         self, response: Response, replica: Replica, prefill: Prefill, before: float
