@@ -10,7 +10,10 @@
 #                                              model directory, for vLLM
 #   $LLMGW_ENGINES_DIR/models/gemma-3-270m-loras/{lora-a,lora-b}/
 #                                              two LoRA adapters of it (PEFT, rank 8),
-#                                              made with peft in vLLM's venv
+#                                              made with peft in vLLM's venv, for vLLM
+#   $LLMGW_ENGINES_DIR/models/gemma-3-270m-loras/{lora-a,lora-b}.gguf
+#                                              the same two as GGUF, for llama-server
+#                                              (llama.cpp's convert_lora_to_gguf.py)
 #
 # Safe to run again: each part writes a stamp naming its version when it is
 # complete and is skipped while that stamp is there (a second run takes
@@ -126,10 +129,37 @@ make_model() {
   say "model: done in $((SECONDS - started)) s"
 }
 
+# llama.cpp's converters (convert_lora_to_gguf.py and what it imports), from
+# the same llama-cpp-python sdist llama-server is built from.
+llama_cpp_converters() {
+  local version dir stamp
+  version=$(llama_cpp_python_version)
+  dir=$ENGINES_DIR/llama-cpp-convert/$version
+  stamp=$dir/.llmgw-stamp
+  if stamped "$stamp" "$version"; then
+    echo "$dir"
+    return 0
+  fi
+  local work
+  work=$(mktemp -d)
+  "$PYTHON" -m pip download -q --no-binary :all: --no-deps \
+    -d "$work" "llama-cpp-python==$version" >&2
+  tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
+  local src
+  src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cp -r "$src/convert_lora_to_gguf.py" "$src/convert_hf_to_gguf.py" "$src/conversion" \
+    "$src/gguf-py" "$dir/"
+  rm -rf "$work"
+  echo "$version" > "$stamp"
+  echo "$dir"
+}
+
 make_loras() {
   local dir=$ENGINES_DIR/models/gemma-3-270m-loras stamp
   stamp=$dir/.llmgw-stamp
-  local want="peft==$PEFT_VERSION lora-a lora-b"
+  local want="peft==$PEFT_VERSION lora-a lora-b gguf-$(llama_cpp_python_version)"
   if stamped "$stamp" "$want"; then
     say "loras: $dir already made"
     return 0
@@ -141,6 +171,15 @@ make_loras() {
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     "$ENGINES_DIR/vllm/bin/python" "$(dirname "$0")/make_loras.py" \
     "$ENGINES_DIR/models/gemma-3-270m-hf" "$dir" lora-a lora-b
+  local convert name
+  convert=$(llama_cpp_converters)
+  for name in lora-a lora-b; do
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$convert/gguf-py:$convert" \
+      "$ENGINES_DIR/vllm/bin/python" "$convert/convert_lora_to_gguf.py" \
+      --base "$ENGINES_DIR/models/gemma-3-270m-hf" --outtype f16 \
+      --outfile "$dir/$name.gguf" "$dir/$name" >"$dir/$name.convert.log" 2>&1 ||
+      { cat "$dir/$name.convert.log" >&2; return 1; }
+  done
   echo "$want" > "$stamp"
   say "loras: done in $((SECONDS - started)) s"
 }

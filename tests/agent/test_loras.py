@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from llmgw.agent.engineprobe import EngineEndpoint
 from llmgw.agent.loras import EngineControl
@@ -81,7 +82,21 @@ async def test_loads_unloads_refusals_and_sleep_through_the_engines_routes(
 
 
 async def test_an_engine_started_with_its_adapters_keeps_them_and_reports_later_ones() -> None:
-    # llama-server takes adapters only at its start: nothing is called on it.
+    # llama-server takes adapters only at its start: no load or unload is
+    # called on it, only its default scales are set to 0 once.
+    posted: list[tuple[str, object]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        posted.append((request.path, await request.json()))
+        return web.json_response({"success": True})
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     released: list[str] = []
 
     async def fetch(spec: ModelSpec) -> tuple[str | None, str | None]:
@@ -89,17 +104,24 @@ async def test_an_engine_started_with_its_adapters_keeps_them_and_reports_later_
 
     control = EngineControl("r1")
     control.started_with({"a": "hold-a", "b": None})
-    unreachable = EngineEndpoint(None, "127.0.0.1", 9, key=None)  # type: ignore[arg-type]
-    assert await control.converge(assignment(adapter("a"), adapter("c")), unreachable, fetch,
-                                  released.append)  # fmt: skip
-    status = control.report(ReplicaStatus(replica_id="r1", state=ReplicaState.READY))
-    assert status.adapters == ["a", "b"]
-    assert list(status.adapter_errors) == ["c"]
-    assert "only at its start" in status.adapter_errors["c"]
-    # Settled: a second pass changes nothing; c leaves the catalog, its error goes.
-    assert not await control.converge(assignment(adapter("a"), adapter("c")), unreachable,
-                                      fetch, released.append)  # fmt: skip
-    assert await control.converge(assignment(adapter("a")), unreachable, fetch, released.append)
-    assert control.reported_errors() == {}
+    try:
+        async with aiohttp.ClientSession() as session:
+            engine = EngineEndpoint(session, "127.0.0.1", port, key="k" * 32)
+
+            async def step(*names: str) -> bool:
+                wanted = assignment(*(adapter(n) for n in names))
+                return await control.converge(wanted, engine, fetch, released.append)
+
+            assert await step("a", "c")
+            status = control.report(ReplicaStatus(replica_id="r1", state=ReplicaState.READY))
+            assert status.adapters == ["a", "b"]
+            assert list(status.adapter_errors) == ["c"]
+            assert "only at its start" in status.adapter_errors["c"]
+            assert not await step("a", "c")  # settled
+            assert await step("a")  # c left the catalog: its error goes
+            assert control.reported_errors() == {}
+    finally:
+        await runner.cleanup()
+    assert posted == [("/lora-adapters", [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}])]
     control.release_all(released.append)
     assert released == ["hold-a"] and control.loaded == {}

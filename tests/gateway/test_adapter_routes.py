@@ -66,15 +66,16 @@ async def test_an_engine_that_numbers_its_adapters_is_told_which_one_per_request
     async with running_gateway(link) as (_, url):
         client = async_client(url)
         for model in ("ad-b", "base", "ad-a"):
-            await client.chat.completions.create(
+            reply = await client.chat.completions.create(
                 model=model, messages=[{"role": "user", "content": "hi"}],
                 # A client naming an adapter by number gets the one its model says.
                 extra_body={"lora": [{"id": 1, "scale": 1.0}]},
             )  # fmt: skip
+            assert reply.model == model  # the engine answers under its own name
         stream = await client.chat.completions.create(
             model="ad-a", messages=[{"role": "user", "content": "hi"}], stream=True)
-        async for _ in stream:
-            pass
+        async for chunk in stream:
+            assert chunk.model == "ad-a"
     sent = [(s.body["model"], s.body["lora"]) for s in engine.seen]
     assert sent == [
         ("ad-b", [{"id": 1, "scale": 1.0}]),

@@ -58,7 +58,8 @@ class EngineEndpoint:
         return read_progress(body.decode("utf-8", errors="replace"), metrics)
 
     async def post(
-        self, path: str, body: dict[str, str] | None, timeout_s: float
+        self, path: str, body: dict[str, str] | list[dict[str, int | float]] | None,
+        timeout_s: float,
     ) -> tuple[int, str]:
         """POST ``body`` (JSON) to ``path``: the status and the answer's first 2,000 characters."""
         headers = {"Authorization": f"Bearer {self.key}"} if self.key else None

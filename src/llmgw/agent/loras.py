@@ -17,7 +17,10 @@ llama-server takes adapters only when it starts (``--lora``) and applies
 them per request: its replica is started with the adapters its assignment
 lists then (agent.replicas), which stay loaded while it runs; one asked for
 later is reported as not loadable there, so the control plane serves it
-from replicas started after it.
+from replicas started after it. Once it is up, ``POST /lora-adapters`` sets
+every adapter's default scale to 0: ``--lora-init-without-apply`` leaves
+them at 1, and a request without a ``lora`` field runs with the defaults
+(the gateway sends the field with every request; this covers the rest).
 
 An adapter's weights are fetched and verified as a model's are
 (agent.weights, the adapter's own catalog entry) and held in the cache while
@@ -53,6 +56,7 @@ LOAD_PATH = "/v1/load_lora_adapter"
 UNLOAD_PATH = "/v1/unload_lora_adapter"
 SLEEP_PATH = "/sleep?level=1"
 WAKE_PATH = "/wake_up"
+SCALES_PATH = "/lora-adapters"
 # A load can read an adapter of hundreds of MB; a wake copies the weights back.
 CALL_TIMEOUT_S = 120.0
 RETRY_AFTER_S = 60.0
@@ -82,6 +86,7 @@ class EngineControl:
         # The adapters an engine that takes them only at its start (llama-server)
         # was started with; None: it loads and unloads them at runtime (vLLM).
         self.fixed: frozenset[str] | None = None
+        self.defaults_zeroed = False  # its adapters' default scales set to 0
 
     def started_with(self, adapters: dict[str, str | None]) -> None:
         """The engine took these adapters at its start (name -> cache hold): they stay
@@ -89,6 +94,7 @@ class EngineControl:
         self.fixed = frozenset(adapters)
         self.loaded = dict(adapters)
         self.errors.clear()
+        self.defaults_zeroed = not adapters
 
     def adopted(
         self, dialect: EngineDialect | None, specs: list[ModelSpec],
@@ -126,6 +132,8 @@ class EngineControl:
     ) -> bool:
         """One step towards the assignment; True when anything changed."""
         if self.fixed is not None:
+            if not self.defaults_zeroed:
+                await self._zero_defaults(engine)
             return self._note_missing({spec.name for spec in assignment.adapters})
         if assignment.asleep and not self.sleeping:
             # Adapters stay loaded through a sleep (vLLM keeps its LoRA manager).
@@ -157,6 +165,20 @@ class EngineControl:
                 continue
             changed = await self._load(engine, spec, fetch, release) or changed
         return changed
+
+    async def _zero_defaults(self, engine: EngineEndpoint) -> None:
+        scales: list[dict[str, int | float]] = [
+            {"id": number, "scale": 0.0} for number in range(len(self.fixed or ()))
+        ]
+        try:
+            status, text = await engine.post(SCALES_PATH, scales, CALL_TIMEOUT_S)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("replica %s: adapter scales: %s", self.replica_id, exc)
+            return
+        if status == 200:
+            self.defaults_zeroed = True
+        else:
+            log.warning("replica %s: adapter scales: HTTP %d %s", self.replica_id, status, text)
 
     def _note_missing(self, wanted: set[str]) -> bool:
         """An engine with a fixed set: report each wanted adapter it was not started with."""

@@ -80,6 +80,9 @@ class ConfigView:
                         route.name, endpoint.url, replica, problem
                     )
                     self.renames[route.name] = renamer(route.name)
+                elif route.parent is not None and _names_adapters_by_number(endpoint):
+                    # llama-server answers under its own name, the base's.
+                    self.renames[route.name] = renamer(route.name)
                 self.replicas[endpoint.replica_id] = replica
                 replicas.append(replica)
             index = old_indexes.get(route.name) or PrefixIndex()
@@ -128,6 +131,11 @@ class ConfigView:
         if router is None:
             return False
         return name in allowed or any(a in allowed for a in router.route.aliases)
+
+
+def _names_adapters_by_number(endpoint: wire.Endpoint) -> bool:
+    dialect = endpoint.dialect
+    return dialect is not None and dialect.lora_ids is not None
 
 
 def model_entry(route: wire.ModelRoute) -> dict[str, str | int]:
