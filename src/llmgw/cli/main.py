@@ -15,6 +15,7 @@ import typer
 
 from llmgw import __version__
 from llmgw.cli import ssoflags
+from llmgw.cli.commonopts import ALLOW_KEY_ENV_OPTION
 from llmgw.cli.engineopts import ENGINE_OPTION
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.errors import ConfigError
@@ -55,9 +56,6 @@ TLS_CERT_OPTION = typer.Option(help="Listen with this certificate (PEM, chain in
 TLS_KEY_OPTION = typer.Option(help="The private key of --tls-cert.")
 TLS_CA_OPTION = typer.Option(help="The CA that signed --tls-cert: its fingerprint goes into"
                              " join tokens and its path into up.json.")
-ALLOW_KEY_ENV_OPTION = typer.Option(
-    "--allow-key-env", help="An environment variable an external model's api_key_env may name"
-    " besides LLMGW_EXTERNAL_* (repeatable): its value goes to that model's URLs.")
 OPEN_METRICS_OPTION = typer.Option(
     "--open-metrics", help="Answer /metrics without a token (by default it wants the admin token,"
     " or the metrics token of LLMGW_METRICS_TOKEN_FILE): metrics name every model and node and"
