@@ -244,15 +244,19 @@ class EnoughMemory:
         )
 
 
-class WholeNode:
+class MultiNodeFilter:
+    """A check that only a multi-node replica's placement needs."""
+
+    def applies(self, request: Request) -> bool:
+        return request.multi_node
+
+
+class WholeNode(MultiNodeFilter):
     """A multi-node replica takes nodes nothing else runs on: its shards talk
     over the fabric at full rate, and a neighbour's traffic or memory
     pressure on a shared node slows every shard to the slowest one."""
 
     name = "whole-node"
-
-    def applies(self, request: Request) -> bool:
-        return request.multi_node
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.multi_node or node.entirely_free:
@@ -267,14 +271,11 @@ class WholeNode:
         )
 
 
-class InFabric:
+class InFabric(MultiNodeFilter):
     """A multi-node replica needs nodes on a high-speed fabric at all; which
     fabric (one for all shards) is the placement's choice, not a filter's."""
 
     name = "in-fabric"
-
-    def applies(self, request: Request) -> bool:
-        return request.multi_node
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.multi_node or node.fabrics:
