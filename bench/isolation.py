@@ -38,18 +38,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from simfleet import children
 
 from llmgw.sim import benchstats, loadgen
 from llmgw.sim.workloads import TimedRequest
 from llmgw.wire import SimParams
+
+if TYPE_CHECKING:
+    from simfleet.gateways import GatewaySpec
 
 MODEL = "sim"
 KEY_A = "sk-llmgw-bench-isolation-a-0123456789abcdefghijkl"
@@ -61,7 +66,6 @@ KEY_B = "sk-llmgw-bench-isolation-b-0123456789abcdefghijkl"
 HOST_A = "127.0.0.3"
 HOST_B = "127.0.0.2"
 RATIO_TARGET = 2.0
-READY_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -87,58 +91,18 @@ QUICK = Setup(phase_s=12.0, warm_s=2.0)
 
 
 # ---------------------------------------------------------------------------
-# Child processes
+# The gateways' process
 # ---------------------------------------------------------------------------
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True,
-                            start_new_session=True)  # fmt: skip
-
-
-def _read_urls(proc: subprocess.Popen[str], marker: str, count: int) -> list[str]:
-    urls: list[str] = []
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    assert proc.stdout is not None
-    while len(urls) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{marker!r}: only {len(urls)} of {count} came up")
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child exited ({proc.poll()}) before announcing {marker!r}")
-        if marker in line:
-            urls.append(line.strip().rsplit(" ", 1)[-1])
-    return urls
-
-
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-async def _serve_gateways(spec: dict[str, Any]) -> None:
+def _gateway_specs(spec: dict[str, Any]) -> list[GatewaySpec]:
     """One gateway per entry of ``spec["gateways"]``, each on its own engine."""
-    import socket
-
-    import uvicorn
-
     from llmgw import secrets, wire
-    from llmgw.gateway.app import Gateway, freeze_startup_objects
-    from llmgw.gateway.link import MemoryLink
     from llmgw.gateway.settings import GatewaySettings
-    from llmgw.http.server import server_config
-    from llmgw.serving import start_server
 
     keys = [wire.ApiKeyInfo(key_id=name, secret_hash=secrets.hash_secret(secret))
             for name, secret in (("tenant-a", KEY_A), ("tenant-b", KEY_B))]  # fmt: skip
-    configs, gateways = [], []
+    specs = []
     for i, item in enumerate(spec["gateways"]):
         route = wire.ModelRoute(
             name=MODEL, served_name=MODEL, routing="least-loaded",
@@ -150,33 +114,8 @@ async def _serve_gateways(spec: dict[str, Any]) -> None:
         )
         settings = GatewaySettings(gateway_id=f"isolation-{i}", hold_wait_s=spec["hold_wait_s"],
                                    hold_reserve=spec["hold_reserve"])  # fmt: skip
-        gateway = Gateway(MemoryLink(config, poll_timeout_s=3600), settings)
-        await gateway.start()
-        if not await gateway.wait_configured(10.0):
-            raise RuntimeError("gateway got no config")
-        served = server_config(gateway, log_level="warning", timeout_keep_alive=75)
-        served.load()
-        configs.append(served)
-        gateways.append(gateway)
-    freeze_startup_objects()
-    servers = []
-    for served in configs:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(served)
-        servers.append((server, await start_server(server, [sock])))
-        print(f"gateway listening on http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
-    stopped = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()
-    for server, _ in servers:
-        server.should_exit = True
-    await asyncio.gather(*(t for _, t in servers), return_exceptions=True)
-    for gateway in gateways:
-        await gateway.stop()
+        specs.append((config, settings))
+    return specs
 
 
 # ---------------------------------------------------------------------------
@@ -354,23 +293,20 @@ def _round(value: float | None) -> float | None:
 
 def isolation(setup: Setup) -> dict[str, Any]:
     """Start the engines and gateways, measure, stop them: the result's fields."""
-    engines = _spawn([
-        sys.executable, "-m", "llmgw.sim.engine", "--model", MODEL, "--count", "2",
-        "--port", "0", "--params-json", setup.sim_params().model_dump_json(),
-    ])  # fmt: skip
-    procs = [engines]
+    procs: list[subprocess.Popen[str]] = []
     try:
-        urls = _read_urls(engines, "listening on", 2)
+        engines, urls = children.start_sim_engines(MODEL, setup.sim_params(), 2)
+        procs.append(engines)
         spec = {"hold_wait_s": setup.hold_wait_s, "hold_reserve": setup.hold_reserve, "gateways": [
             {"engine": urls[0], "max_concurrency": setup.max_running},
             {"engine": urls[1], "max_concurrency": None},
         ]}  # fmt: skip
-        gateways = _spawn([sys.executable, __file__, "--serve-gateways", json.dumps(spec)])
+        gateways = children.spawn([sys.executable, __file__, "--serve-gateways", json.dumps(spec)])
         procs.append(gateways)
-        gated, plain = _read_urls(gateways, "gateway listening on", 2)
+        gated, plain = children.read_urls(gateways, children.GATEWAY_MARKER, 2)
         return asyncio.run(measure(setup, gated, plain))
     finally:
-        _stop(procs)
+        children.stop(procs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,10 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asyncio.run(flood_client(json.loads(args.flood_client)))))
         return 0
     if args.serve_gateways:
-        import uvloop
+        from simfleet import gateways
 
-        uvloop.run(_serve_gateways(json.loads(args.serve_gateways)))
-        return 0
+        return gateways.run(_gateway_specs(json.loads(args.serve_gateways)))
     setup = QUICK if args.quick else Setup()
     overrides = {"flood": args.flood, "b_rate": args.b_rate, "phase_s": args.phase_s,
                  "hold_reserve": args.reserve, "seed": args.seed,

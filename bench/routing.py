@@ -57,13 +57,21 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from simfleet import children
 
 from llmgw.sim import benchstats, loadgen
 from llmgw.sim.workloads import RateStage, SharedPrefixSpec, TimedRequest, shared_prefix
 from llmgw.wire import SimParams
+
+if TYPE_CHECKING:
+    from simfleet.gateways import GatewaySpec
 
 API_KEY = "sk-llmgw-bench-routing-0123456789abcdefghijklmnop"
 MODEL = "sim"
@@ -92,7 +100,6 @@ def gateway_count(policy: str) -> int:
 # Measured, not served by a gateway: sglang-router's cache_aware policy, with
 # its own defaults, on its own engines (only when sglang-router is installed).
 SGLANG = "sglang_ca"
-READY_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -170,44 +177,13 @@ QUICK = replace(FULL, engines=4, groups=20, rates=(3, 9, 15), stage_s=3.5, drain
 # ---------------------------------------------------------------------------
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=sys.stderr,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _read_urls(proc: subprocess.Popen[str], marker: str, count: int) -> list[str]:
-    urls: list[str] = []
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    if proc.stdout is None:
-        raise RuntimeError("child started without a stdout pipe")
-    while len(urls) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{marker!r}: only {len(urls)} of {count} came up")
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child exited ({proc.poll()}) before announcing {marker!r}")
-        if marker in line:
-            urls.append(line.strip().rsplit(" ", 1)[-1])
-    return urls
-
-
 def start_engines(setup: Setup, count: int, port: int) -> tuple[subprocess.Popen[str], list[str]]:
-    argv = [
-        sys.executable, "-m", "llmgw.sim.engine", "--model", MODEL, "--count", str(count),
-        "--port", str(port), "--params-json", setup.sim_params().model_dump_json(),
-    ]  # fmt: skip
-    proc = _spawn(argv)
-    return proc, _read_urls(proc, "listening on", count)
+    return children.start_sim_engines(MODEL, setup.sim_params(), count, port)
 
 
 def start_gateways(routes: list[dict[str, Any]]) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = _spawn([sys.executable, __file__, "--serve-gateways", json.dumps(routes)])
-    return proc, _read_urls(proc, "gateway listening on", len(routes))
+    proc = children.spawn([sys.executable, __file__, "--serve-gateways", json.dumps(routes)])
+    return proc, children.read_urls(proc, children.GATEWAY_MARKER, len(routes))
 
 
 def sglang_installed() -> bool:
@@ -241,37 +217,18 @@ def start_sglang(
     return proc, f"http://127.0.0.1:{port}/v1", log_path
 
 
-def stop(procs: list[subprocess.Popen[Any]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 # ---------------------------------------------------------------------------
 # The gateway process
 # ---------------------------------------------------------------------------
 
 
-async def _serve_gateways(routes: list[dict[str, Any]]) -> None:
-    import socket
-
-    import uvicorn
-
+def _gateway_specs(routes: list[dict[str, Any]]) -> list[GatewaySpec]:
+    """One gateway per route (its policy, endpoints and the gateways sharing its traffic)."""
     from llmgw import secrets, wire
-    from llmgw.gateway.app import Gateway, freeze_startup_objects
-    from llmgw.gateway.link import MemoryLink
     from llmgw.gateway.settings import GatewaySettings
-    from llmgw.http.server import server_config
-    from llmgw.serving import start_server
 
-    configs = []
-    gateways = []
+    key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(API_KEY))
+    specs = []
     for i, item in enumerate(routes):
         route = wire.ModelRoute(
             name=MODEL,
@@ -279,51 +236,19 @@ async def _serve_gateways(routes: list[dict[str, Any]]) -> None:
             routing=item["routing"],
             endpoints=[wire.Endpoint(**e) for e in item["endpoints"]],
         )
-        key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(API_KEY))
         config = wire.GatewayConfig(
             routing=wire.RoutingTable(version=1, models=[route], gateways=item["gateways"]),
             keys=[key],
         )
-        link = MemoryLink(config, poll_timeout_s=3600)  # the config never changes
-        gateway = Gateway(link, GatewaySettings(gateway_id=f"bench-{i}"))
-        await gateway.start()
-        if not await gateway.wait_configured(10.0):
-            raise RuntimeError("gateway got no config")
-        # What `llmgw gateway` serves with: llmgw's own HTTP protocol, and
-        # its modules loaded before the freeze below. With plain uvicorn and
-        # Python's collector settings, this process measured another server
-        # than users run, with collections of 0.2-1.7 ms a few times a
-        # stage where llmgw's settings make them rare.
-        served = server_config(gateway, log_level="warning", timeout_keep_alive=75)
-        served.load()
-        configs.append(served)
-        gateways.append(gateway)
-    freeze_startup_objects()  # once every gateway is up: what start-up made lives on
-    servers = []
-    for served in configs:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(served)
-        servers.append((server, await start_server(server, [sock])))
-        print(f"gateway listening on http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
-    stopped = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopped.set)
-    await stopped.wait()
-    for server, _ in servers:
-        server.should_exit = True
-    await asyncio.gather(*(t for _, t in servers), return_exceptions=True)
-    for gateway in gateways:
-        await gateway.stop()
+        specs.append((config, GatewaySettings(gateway_id=f"bench-{i}")))
+    return specs
 
 
 def serve_gateways(raw: str) -> int:
-    import uvloop
+    """The gateways' process (``--serve-gateways``, also started by bench/routing_real.py)."""
+    from simfleet import gateways
 
-    uvloop.run(_serve_gateways(json.loads(raw)))
-    return 0
+    return gateways.run(_gateway_specs(json.loads(raw)))
 
 
 # ---------------------------------------------------------------------------
@@ -632,7 +557,7 @@ async def bench(args: argparse.Namespace, setup: Setup) -> dict[str, Any]:
             )
             print_table(f"{policy} ({time.monotonic() - t0:.0f} s)", results[policy])
     finally:
-        stop(procs)
+        children.stop(procs)
     out = results_json({"bench": "routing", "quick": bool(args.quick)}, results)
     out["prefix_minus_simpler_paired"] = paired(results, setup.rates)
     print_paired(out["prefix_minus_simpler_paired"])

@@ -60,6 +60,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import routing as simbench  # bench/routing.py: its gateway process and sglang-router
+from simfleet import children
 
 from llmgw.sim import benchstats, loadgen
 from llmgw.sim.workloads import TimedRequest
@@ -354,7 +355,7 @@ class Engine:
             return parse_generations(f.read().decode("utf-8", errors="replace"))
 
     def stop(self) -> None:
-        simbench.stop([self.proc])
+        children.stop([self.proc])
 
 
 @dataclass(frozen=True)
@@ -436,7 +437,7 @@ def start_gateway(
         [sys.executable, str(script), "--serve-gateways", json.dumps([route])],
         stdout=subprocess.PIPE, stderr=sys.stderr, text=True, start_new_session=True, env=env,
     )  # fmt: skip
-    return proc, simbench._read_urls(proc, "gateway listening on", 1)[0]
+    return proc, children.read_urls(proc, children.GATEWAY_MARKER, 1)[0]
 
 
 async def ping(session: aiohttp.ClientSession, url: str) -> None:
@@ -480,7 +481,7 @@ async def run_router(
             elapsed = time.monotonic() - t0
             outcomes = None if router == SGLANG else await gateway_outcomes(url)
         finally:
-            simbench.stop(procs)
+            children.stop(procs)
         generations = [g for e in pair for g in e.generations()]
         per_engine = [len(e.generations()) for e in pair]
     row = summarize(run, generations, per_engine, elapsed)

@@ -112,21 +112,47 @@ build_llama_server() {
   say "llama-server: done in $((SECONDS - started)) s"
 }
 
-make_model() {
-  local dir=$ENGINES_DIR/models/gemma-3-270m-hf stamp
-  stamp=$dir/.llmgw-stamp
-  local want="$GGUF_PACKAGE==$GGUF_VERSION"
+# Makes a directory of models with vLLM's venv (its transformers, offline:
+# nothing from a model hub), unless the directory's stamp names $want already.
+#   made LABEL DIR WANT WHAT COMMAND...   WHAT: what it says it does
+made() {
+  local label=$1 dir=$2 want=$3 what=$4
+  shift 4
+  local stamp=$dir/.llmgw-stamp
   if stamped "$stamp" "$want"; then
-    say "model: $dir already made"
+    say "$label: $dir already made"
     return 0
   fi
-  say "model: converting $GGUF_PACKAGE's GGUF to a Hugging Face model in $dir"
+  say "$label: $what in $dir"
   local started=$SECONDS
   rm -rf "$dir"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    "$ENGINES_DIR/vllm/bin/python" "$(dirname "$0")/gguf_to_hf.py" "$dir"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$@"
   echo "$want" > "$stamp"
-  say "model: done in $((SECONDS - started)) s"
+  say "$label: done in $((SECONDS - started)) s"
+}
+
+make_model() {
+  local dir=$ENGINES_DIR/models/gemma-3-270m-hf
+  made model "$dir" "$GGUF_PACKAGE==$GGUF_VERSION" \
+    "converting $GGUF_PACKAGE's GGUF to a Hugging Face model" \
+    "$ENGINES_DIR/vllm/bin/python" "$(dirname "$0")/gguf_to_hf.py" "$dir"
+}
+
+# Two LoRA adapters of the starter model, made with peft in vLLM's venv (for
+# vLLM), and each converted to GGUF by llama.cpp's own converter (for llama-server).
+lora_adapters() {
+  local dir=$1 convert name
+  "$ENGINES_DIR/vllm/bin/python" -m pip install -q "peft==$PEFT_VERSION"
+  "$ENGINES_DIR/vllm/bin/python" "$(dirname "$0")/make_loras.py" \
+    "$ENGINES_DIR/models/gemma-3-270m-hf" "$dir" lora-a lora-b
+  convert=$(llama_cpp_converters)
+  for name in lora-a lora-b; do
+    PYTHONPATH="$convert/gguf-py:$convert" \
+      "$ENGINES_DIR/vllm/bin/python" "$convert/convert_lora_to_gguf.py" \
+      --base "$ENGINES_DIR/models/gemma-3-270m-hf" --outtype f16 \
+      --outfile "$dir/$name.gguf" "$dir/$name" >"$dir/$name.convert.log" 2>&1 ||
+      { cat "$dir/$name.convert.log" >&2; return 1; }
+  done
 }
 
 # llama.cpp's converters (convert_lora_to_gguf.py and what it imports), from
@@ -157,31 +183,9 @@ llama_cpp_converters() {
 }
 
 make_loras() {
-  local dir=$ENGINES_DIR/models/gemma-3-270m-loras stamp
-  stamp=$dir/.llmgw-stamp
-  local want="peft==$PEFT_VERSION lora-a lora-b gguf-$(llama_cpp_python_version)"
-  if stamped "$stamp" "$want"; then
-    say "loras: $dir already made"
-    return 0
-  fi
-  say "loras: making two LoRA adapters of the starter model in $dir"
-  local started=$SECONDS
-  "$ENGINES_DIR/vllm/bin/python" -m pip install -q "peft==$PEFT_VERSION"
-  rm -rf "$dir"
-  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-    "$ENGINES_DIR/vllm/bin/python" "$(dirname "$0")/make_loras.py" \
-    "$ENGINES_DIR/models/gemma-3-270m-hf" "$dir" lora-a lora-b
-  local convert name
-  convert=$(llama_cpp_converters)
-  for name in lora-a lora-b; do
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH="$convert/gguf-py:$convert" \
-      "$ENGINES_DIR/vllm/bin/python" "$convert/convert_lora_to_gguf.py" \
-      --base "$ENGINES_DIR/models/gemma-3-270m-hf" --outtype f16 \
-      --outfile "$dir/$name.gguf" "$dir/$name" >"$dir/$name.convert.log" 2>&1 ||
-      { cat "$dir/$name.convert.log" >&2; return 1; }
-  done
-  echo "$want" > "$stamp"
-  say "loras: done in $((SECONDS - started)) s"
+  local dir=$ENGINES_DIR/models/gemma-3-270m-loras
+  made loras "$dir" "peft==$PEFT_VERSION lora-a lora-b gguf-$(llama_cpp_python_version)" \
+    "making two LoRA adapters of the starter model (PEFT and GGUF)" lora_adapters "$dir"
 }
 
 print_env() {

@@ -141,6 +141,15 @@ def llama_cpp_server(workdir: Path) -> Iterator[EngineParser]:
     yield from _parser("llama_cpp.server", workdir)
 
 
+ENGINES = ["sglang", "vllm", "llama_cpp.server"]
+
+
+def parser_for(request: pytest.FixtureRequest, engine: str) -> EngineParser:
+    """The module's parser of ``engine`` (one of ENGINES), its fixture by the engine's name."""
+    parser: EngineParser = request.getfixturevalue(engine.replace(".", "_"))
+    return parser
+
+
 # -- catalog entries ------------------------------------------------------------------
 
 # Settings a catalog might give each engine (flags and values the engine takes).
@@ -276,32 +285,21 @@ def check_entry(parser: EngineParser, entry: Entry, workdir: Path, tls: EngineTl
         assert env.get("VLLM_API_KEY") == (KEY if entry.keyed else None)
 
 
-PROPERTY = settings(max_examples=25, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+PROPERTY = settings(max_examples=25, deadline=None, derandomize=True)
 
 
-@PROPERTY
-@given(entry=entries("sglang"))
-def test_sglang_reads_every_launch_as_the_agent_means_it(
-    sglang: EngineParser, workdir: Path, tls_files: EngineTls, entry: Entry
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_engine_reads_every_launch_as_the_agent_means_it(
+    engine: str, request: pytest.FixtureRequest, workdir: Path, tls_files: EngineTls
 ) -> None:
-    check_entry(sglang, entry, workdir, tls_files)
+    parser = parser_for(request, engine)
 
+    @PROPERTY
+    @given(entry=entries(engine))
+    def run(entry: Entry) -> None:
+        check_entry(parser, entry, workdir, tls_files)
 
-@PROPERTY
-@given(entry=entries("vllm"))
-def test_vllm_reads_every_launch_as_the_agent_means_it(
-    vllm: EngineParser, workdir: Path, tls_files: EngineTls, entry: Entry
-) -> None:
-    check_entry(vllm, entry, workdir, tls_files)
-
-
-@PROPERTY
-@given(entry=entries("llama_cpp.server"))
-def test_llama_cpp_server_reads_every_launch_as_the_agent_means_it(
-    llama_cpp_server: EngineParser, workdir: Path, tls_files: EngineTls, entry: Entry
-) -> None:
-    check_entry(llama_cpp_server, entry, workdir, tls_files)
+    run()
 
 
 # -- no catalog flag moves what the agent manages -----------------------------------------
@@ -344,11 +342,11 @@ def check_no_flag_moves_managed(
         )
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm", "llama_cpp.server"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_no_catalog_flag_moves_what_the_agent_manages(
     engine: str, request: pytest.FixtureRequest, workdir: Path, tls_files: EngineTls
 ) -> None:
-    parser: EngineParser = request.getfixturevalue(engine.replace(".", "_"))
+    parser = parser_for(request, engine)
     options = parser.options()
     assert len(options) > 20, options
 
@@ -390,11 +388,11 @@ def _written(option: str, parser_options: set[str]) -> list[str]:
     return forms
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm", "llama_cpp.server"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_every_option_that_sets_a_managed_field_is_refused(
     engine: str, request: pytest.FixtureRequest
 ) -> None:
-    parser: EngineParser = request.getfixturevalue(engine.replace(".", "_"))
+    parser = parser_for(request, engine)
     options = parser.options()
     names = {option for option, _, _ in options}
     adapter = adapter_for(engine)

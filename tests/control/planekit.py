@@ -18,10 +18,11 @@ from llmgw.control.app import create_app
 from llmgw.control.nodecerts import NodeCertificates
 from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.runtime import ControlPlaneRuntime
+from llmgw.control.state import ReplicaRecord
 from llmgw.control.store.repo import Store
 from llmgw.nodetls import NodeIssuer
 from llmgw.servertls import ServerTls, ensure_server_tls
-from llmgw.wire import AgentReport, Device, NodeInventory
+from llmgw.wire import AgentReport, Device, NodeInventory, ReplicaState, ShardAssignment
 
 KEY = "llmgw-agent-key-" + "k" * 43
 OTHER_KEY = "llmgw-agent-key-" + "o" * 43
@@ -75,6 +76,17 @@ async def served_plane(tmp_path: Path, *, tls: ServerTls | None = None) -> Async
     """`opened_plane` served over HTTP (or with ``tls``) on loopback."""
     async with opened_plane(tmp_path) as (cp, creds), serve_asgi(create_app(cp), tls=tls) as url:
         yield Plane(cp, creds, url)
+
+
+def ready_replica(cp: ControlPlane, model: str) -> ReplicaRecord:
+    """A ready replica ``r1`` of ``model`` on node n1, put in ``cp``'s fleet state alone (no
+    agent runs it, the store never hears of it): what a catalog change may restart or not."""
+    shard = ShardAssignment(node="n1", device_numbers=[0])
+    replica = ReplicaRecord(
+        id="r1", model=model, created_at=0.0, state=ReplicaState.READY, shards=[shard]
+    )
+    cp.state.replicas[replica.id] = replica
+    return replica
 
 
 def fleet_ca(directory: Path) -> tuple[ServerTls, NodeCertificates]:

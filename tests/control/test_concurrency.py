@@ -5,12 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.control.planekit import opened_plane, ready_replica
 
 from llmgw.control.concurrency import replica_concurrency
-from llmgw.control.plane import ControlPlane
-from llmgw.control.state import ReplicaRecord
-from llmgw.control.store.repo import Store
-from llmgw.wire import GatewayConfig, ModelSpec, ReplicaState, ShardAssignment, SimParams
+from llmgw.wire import GatewayConfig, ModelSpec, ReplicaState, SimParams
 
 
 @pytest.mark.parametrize(
@@ -34,26 +32,17 @@ def test_what_the_catalog_says(spec: ModelSpec, expected: int | None) -> None:
 
 
 async def test_it_reaches_the_gateways_and_a_change_restarts_no_engine(tmp_path: Path) -> None:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    try:
-        cp = ControlPlane(store)
-        await cp.load()
+    async with opened_plane(tmp_path, credentials=False) as (cp, _):
         spec = ModelSpec(name="m", engine="sim", max_concurrency=4)
         await cp.catalog.put([spec, ModelSpec(name="free", engine="sim")])
         received = GatewayConfig.model_validate_json(cp.gateways.config().model_dump_json())
         assert {r.name: r.max_concurrency for r in received.routing.models} == {
             "m": 4, "free": None,
         }  # fmt: skip
-        shard = ShardAssignment(node="n1", device_numbers=[0])
-        replica = ReplicaRecord(
-            id="r1", model="m", created_at=0.0, state=ReplicaState.READY, shards=[shard]
-        )
-        cp.state.replicas["r1"] = replica
+        replica = ready_replica(cp, "m")
         version = cp.state.routing_version
         await cp.catalog.put([spec.model_copy(update={"max_concurrency": 2})])
         assert (replica.generation, replica.state) == (1, ReplicaState.READY)
         assert cp.state.routing_version > version
         routes = {r.name: r for r in cp.gateways.config().routing.models}
         assert routes["m"].max_concurrency == 2
-    finally:
-        await store.close()

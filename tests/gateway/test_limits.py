@@ -6,16 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.control.planekit import opened_plane, ready_replica
 from tests.gateway.conftest import async_client, make_config, route, running_gateway
 
 from llmgw.control.catalog import validate_catalog
-from llmgw.control.plane import ControlPlane
-from llmgw.control.state import ReplicaRecord
-from llmgw.control.store.repo import Store
 from llmgw.errors import ValidationError
 from llmgw.gateway.checks.limits import cap_output_tokens
 from llmgw.gateway.link import MemoryLink
-from llmgw.wire import GatewayConfig, ModelSpec, ReplicaState, ShardAssignment
+from llmgw.wire import GatewayConfig, ModelSpec, ReplicaState
 
 CASES: list[tuple[dict[str, Any], int | None, dict[str, Any], bool]] = [
     # (client's limits, cap, limits sent upstream, re-encoded)
@@ -93,17 +91,12 @@ def test_catalog_refuses_a_cap_the_context_cannot_hold() -> None:
 
 
 async def test_the_cap_reaches_the_gateway_in_the_routing_table(tmp_path: Path) -> None:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    try:
-        cp = ControlPlane(store)
-        await cp.load()
+    async with opened_plane(tmp_path, credentials=False) as (cp, _):
         await cp.catalog.put([
             ModelSpec(name="capped", engine="sim", max_output_tokens=256),
             ModelSpec(name="free", engine="sim"),
         ])  # fmt: skip
         config = cp.gateways.config()
-    finally:
-        await store.close()
     # As a standalone gateway receives it: JSON over the watch stream.
     received = GatewayConfig.model_validate_json(config.model_dump_json())
     caps = {r.name: r.max_output_tokens for r in received.routing.models}
@@ -111,17 +104,10 @@ async def test_the_cap_reaches_the_gateway_in_the_routing_table(tmp_path: Path) 
 
 
 async def test_a_new_cap_restarts_no_engine(tmp_path: Path) -> None:
-    store = await Store.open(f"sqlite:///{tmp_path / 'cp.db'}")
-    try:
-        cp = ControlPlane(store)
-        await cp.load()
+    async with opened_plane(tmp_path, credentials=False) as (cp, _):
         spec = ModelSpec(name="m", engine="sim", max_output_tokens=256)
         await cp.catalog.put([spec])
-        shard = ShardAssignment(node="n1", device_numbers=[0])
-        replica = ReplicaRecord(
-            id="r1", model="m", created_at=0.0, state=ReplicaState.READY, shards=[shard]
-        )
-        cp.state.replicas["r1"] = replica
+        replica = ready_replica(cp, "m")
         version = cp.state.routing_version
         gateway_only = spec.model_copy(
             update={"max_output_tokens": 64, "aliases": ["small"], "routing": "least-loaded"}
@@ -133,5 +119,3 @@ async def test_a_new_cap_restarts_no_engine(tmp_path: Path) -> None:
         engine_side = gateway_only.model_copy(update={"engine_args": ["--flag"]})
         await cp.catalog.put([engine_side])
         assert (replica.generation, replica.state) == (2, ReplicaState.STARTING)
-    finally:
-        await store.close()

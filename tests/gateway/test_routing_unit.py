@@ -33,6 +33,7 @@ TPS = 1000.0  # prefill tokens/s of the made-up replicas: 4,000 characters a sec
 # A prompt of 64 blocks (1,024 characters, 256 tokens: 0.256 s of prefill at
 # TPS); a "system prompt" holder has its first 48 blocks.
 PROMPT = 64 * BLOCK
+SYSTEM = "s" * PROMPT  # the system prompt one group of prompts shares
 
 
 def replica(name: str, kv: int = 32768) -> Replica:
@@ -66,6 +67,17 @@ def router(
         spread=kw.get("spread", 4.0),
         lone=lone,
     )
+
+
+def second_while_first_prefills(prefix: ModelRouter) -> tuple[Pick, Pick | None]:
+    """The first two prompts of one group (one system prompt, SYSTEM): the first picked (a
+    miss) and left prefilling on its replica (nothing recorded, its tokens queued there),
+    then where the second goes meanwhile."""
+    first = prefix.pick(SYSTEM + "question one")
+    assert first is not None and first.outcome == MISS
+    first.replica.in_flight += 1
+    first.replica.pending_prefill += first.uncached_tokens
+    return first, prefix.pick(SYSTEM + "question two")
 
 
 class Policy:
@@ -403,21 +415,15 @@ def test_prefill_speed_measurement() -> None:
 
 def test_router_records_a_prefix_once_its_answer_starts() -> None:
     prefix = router(["a", "b", "c"])
-    system = "s" * PROMPT
-    first = prefix.pick(system + "question one")
-    assert first is not None and first.outcome == MISS
-    # The first prompt is still being prefilled (nothing recorded yet, its
-    # tokens queued there): the second prompt of the group starts elsewhere
-    # at once instead of waiting behind it.
-    first.replica.in_flight += 1
-    first.replica.pending_prefill += first.uncached_tokens
-    second = prefix.pick(system + "question two")
+    # While the first prompt is still being prefilled, the second prompt of
+    # the group starts elsewhere at once instead of waiting behind it.
+    first, second = second_while_first_prefills(prefix)
     assert second is not None and second.outcome == MISS
     assert second.replica is not first.replica
     # Once the first answer started, the group is held there.
     first.replica.pending_prefill -= first.uncached_tokens
     prefix.record(first)
-    third = prefix.pick(system + "question three")
+    third = prefix.pick(SYSTEM + "question three")
     assert third is not None and third.outcome == HIT and third.replica is first.replica
     assert third.uncached_tokens < first.uncached_tokens
 
@@ -739,12 +745,7 @@ def test_a_serial_engine_keeps_a_group_whose_first_prompt_it_is_computing(lone: 
     prefix = router(["a", "b", "c"], lone=lone)
     prefix.replicas[:] = [serial(name) for name in ("a", "b", "c")]
     prefix_of(prefix)._sync_index()
-    system = "s" * PROMPT
-    first = prefix.pick(system + "question one")
-    assert first is not None and first.outcome == MISS
-    first.replica.in_flight += 1
-    first.replica.pending_prefill += first.uncached_tokens
-    second = prefix.pick(system + "question two")
+    first, second = second_while_first_prefills(prefix)
     assert second is not None and second.outcome == HIT
     assert second.replica is first.replica
     assert second.uncached_tokens < first.uncached_tokens

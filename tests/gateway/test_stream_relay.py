@@ -8,6 +8,7 @@ block gives (the reference below: StreamRelay._take_events before the change).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from llmgw.gateway.routes.sse import StreamRelay
 
@@ -34,31 +35,36 @@ def _state(relay: StreamRelay) -> tuple[object, ...]:
     return (relay.usage, relay.done, relay.finished, relay.events, relay.flush())
 
 
-def test_a_block_is_relayed_as_splitting_and_joining_it_gives() -> None:
-    rng = random.Random(16)
+def relayed_as_the_reference(seed: int, make_block: Callable[[random.Random], bytes]) -> None:
+    """3,000 relays (usage stripped or not, [DONE] held or not), each fed one to three
+    blocks from ``make_block``: each block answered, and the relay left, as the reference's."""
+    rng = random.Random(seed)
     for _ in range(3000):
         strip, hold = rng.random() < 0.5, rng.random() < 0.3
         new, old = StreamRelay(strip, hold_done=hold), _Reference(strip, hold_done=hold)
         for _ in range(rng.randrange(1, 4)):
-            parts = [rng.choice(SEPARATORS) if rng.random() < 0.1 else b""]
-            for _ in range(rng.randrange(1, 9)):
-                parts += [rng.choice(EVENTS), rng.choice(SEPARATORS)]
-            block = b"".join(parts)
+            block = make_block(rng)
             assert new.feed(block) == old.feed(block), block
         assert _state(new) == _state(old)
+
+
+def test_a_block_is_relayed_as_splitting_and_joining_it_gives() -> None:
+    def any_block(rng: random.Random) -> bytes:
+        parts = [rng.choice(SEPARATORS) if rng.random() < 0.1 else b""]
+        for _ in range(rng.randrange(1, 9)):
+            parts += [rng.choice(EVENTS), rng.choice(SEPARATORS)]
+        return b"".join(parts)
+
+    relayed_as_the_reference(16, any_block)
 
 
 def test_an_engines_last_read_is_relayed_as_looking_at_each_event_gives() -> None:
     # Blocks as engines write them (one blank line apart, [DONE] last if at
     # all): the usual end of a stream is taken without splitting the block.
-    rng = random.Random(17)
-    for _ in range(3000):
-        strip, hold = rng.random() < 0.5, rng.random() < 0.3
-        new, old = StreamRelay(strip, hold_done=hold), _Reference(strip, hold_done=hold)
-        for _ in range(rng.randrange(1, 4)):
-            events = [rng.choice(EVENTS[:2] * 3 + EVENTS) for _ in range(rng.randrange(1, 5))]
-            if rng.random() < 0.5:
-                events.append(b"data: [DONE]")
-            block = b"\n\n".join(events) + b"\n\n"
-            assert new.feed(block) == old.feed(block), block
-        assert _state(new) == _state(old)
+    def engine_block(rng: random.Random) -> bytes:
+        events = [rng.choice(EVENTS[:2] * 3 + EVENTS) for _ in range(rng.randrange(1, 5))]
+        if rng.random() < 0.5:
+            events.append(b"data: [DONE]")
+        return b"\n\n".join(events) + b"\n\n"
+
+    relayed_as_the_reference(17, engine_block)

@@ -25,6 +25,7 @@ from llmgw.agent.app import Agent, AgentConfig
 from llmgw.agent.diskroom import DiskReserve
 from llmgw.agent.engines.nodeargs import parse_allowed
 from llmgw.agent.memguard import GuardMode
+from llmgw.cli.commonopts import CONTROL_PLANE_OPTION
 from llmgw.cli.engineopts import ENGINE_OPTION, engine_commands
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
@@ -85,13 +86,7 @@ def _check_identity(name: str, address: str, fabrics: list[str]) -> None:
 
 @app.callback(invoke_without_command=True)
 def agent(
-    control_plane: Annotated[
-        str,
-        typer.Option(
-            envvar="LLMGW_CONTROL_PLANE",
-            help="Control plane URL, or several comma-separated (leader and standbys).",
-        ),
-    ],
+    control_plane: Annotated[str, CONTROL_PLANE_OPTION],
     data_dir: Annotated[
         Path, typer.Option(envvar="LLMGW_DATA_DIR", help="Node token, engine state, weights, logs.")
     ],

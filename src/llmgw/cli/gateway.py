@@ -23,6 +23,7 @@ from typing import Annotated
 import typer
 
 from llmgw import procstats
+from llmgw.cli.commonopts import ALLOW_KEY_ENV_OPTION, CONTROL_PLANE_OPTION
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.cli.secretfile import metrics_token_from, pick_secret
 from llmgw.cli.workers import WorkerPool, watch_lifeline
@@ -134,13 +135,7 @@ async def serve_gateway(
 
 @app.callback(invoke_without_command=True)
 def gateway(
-    control_plane: Annotated[
-        str,
-        typer.Option(
-            envvar="LLMGW_CONTROL_PLANE",
-            help="Control plane URL, or several comma-separated (leader and standbys).",
-        ),
-    ],
+    control_plane: Annotated[str, CONTROL_PLANE_OPTION],
     token: Annotated[
         str | None,
         typer.Option(envvar="LLMGW_GATEWAY_TOKEN",
@@ -170,13 +165,7 @@ def gateway(
                      " (also LLMGW_METRICS_TOKEN; without one /metrics is closed unless"
                      " --open-metrics)."),
     ] = None,
-    allow_key_env: Annotated[
-        list[str] | None,
-        typer.Option("--allow-key-env",
-                     help="An environment variable an external model's api_key_env may name"
-                     " besides LLMGW_EXTERNAL_* (repeatable): its value goes to that"
-                     " model's URLs."),
-    ] = None,
+    allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
     open_metrics: Annotated[
         bool, typer.Option(help="Answer /metrics to anyone when no metrics token is set"
                            " (metrics name every model and show the traffic).")

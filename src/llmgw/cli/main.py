@@ -14,9 +14,10 @@ from typing import Annotated
 import typer
 
 from llmgw import __version__
-from llmgw.cli import ssoflags
+from llmgw.cli.commonopts import ALLOW_KEY_ENV_OPTION
 from llmgw.cli.engineopts import ENGINE_OPTION
 from llmgw.cli.logs import LogLevel, setup_logging
+from llmgw.cli.ssoflags import SsoFlags, with_sso_flags
 from llmgw.errors import ConfigError
 
 app = typer.Typer(
@@ -55,9 +56,6 @@ TLS_CERT_OPTION = typer.Option(help="Listen with this certificate (PEM, chain in
 TLS_KEY_OPTION = typer.Option(help="The private key of --tls-cert.")
 TLS_CA_OPTION = typer.Option(help="The CA that signed --tls-cert: its fingerprint goes into"
                              " join tokens and its path into up.json.")
-ALLOW_KEY_ENV_OPTION = typer.Option(
-    "--allow-key-env", help="An environment variable an external model's api_key_env may name"
-    " besides LLMGW_EXTERNAL_* (repeatable): its value goes to that model's URLs.")
 OPEN_METRICS_OPTION = typer.Option(
     "--open-metrics", help="Answer /metrics without a token (by default it wants the admin token,"
     " or the metrics token of LLMGW_METRICS_TOKEN_FILE): metrics name every model and node and"
@@ -67,6 +65,7 @@ TLS_CA_KEY_OPTION = typer.Option(help="The private key of --tls-ca, to sign the 
 
 
 @app.command()
+@with_sso_flags
 def up(
     data_dir: Annotated[
         Path | None, typer.Option(help="Where the store, weights and logs live.")
@@ -104,16 +103,9 @@ def up(
     gateway_port: Annotated[
         int | None, typer.Option(help="Port of the gateway workers (default: --port + 1).")
     ] = None,
-    oidc_issuer: ssoflags.Issuer = None,
-    oidc_client_id: ssoflags.ClientId = None,
-    oidc_client_secret_file: ssoflags.SecretFile = None,
-    oidc_redirect_url: ssoflags.RedirectUrl = None,
-    oidc_roles_claim: ssoflags.RolesClaim = "groups",
-    oidc_team_claim: ssoflags.TeamClaim = None,
-    oidc_role_map: ssoflags.RoleMap = "",
-    oidc_audience: ssoflags.Audience = None,
-    session_hours: ssoflags.SessionHours = ssoflags.DEFAULT_SESSION_HOURS,
     log_level: LogLevel = "warning",
+    *,
+    sso: SsoFlags,
 ) -> None:
     """Run everything on this machine: control plane, gateway and a local agent."""
     from llmgw.cli.combined import TlsOptions
@@ -121,9 +113,7 @@ def up(
 
     setup_logging(log_level)
     try:
-        sso = ssoflags.settings_from_flags(
-        oidc_issuer, oidc_client_id, oidc_client_secret_file, oidc_redirect_url,
-        oidc_roles_claim, oidc_team_claim, oidc_role_map, oidc_audience, session_hours)
+        sso_settings = sso.settings()
     except ConfigError as exc:
         fail(str(exc))
     options = UpOptions(
@@ -132,7 +122,7 @@ def up(
         allow_key_env=frozenset(allow_key_env or ()), open_metrics=open_metrics,
         tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                        key=tls_key, ca=tls_ca),
-        gateway_workers=gateway_workers, gateway_port=gateway_port, sso=sso,
+        gateway_workers=gateway_workers, gateway_port=gateway_port, sso=sso_settings,
     )
     try:
         code = run_up(options)
@@ -142,6 +132,7 @@ def up(
 
 
 @app.command()
+@with_sso_flags
 def serve(
     data_dir: Annotated[Path | None, typer.Option(help="Where the embedded store lives.")] = None,
     host: Annotated[str, HOST_OPTION] = "0.0.0.0",
@@ -197,16 +188,9 @@ def serve(
     ] = None,
     allow_key_env: Annotated[list[str] | None, ALLOW_KEY_ENV_OPTION] = None,
     open_metrics: Annotated[bool, OPEN_METRICS_OPTION] = False,
-    oidc_issuer: ssoflags.Issuer = None,
-    oidc_client_id: ssoflags.ClientId = None,
-    oidc_client_secret_file: ssoflags.SecretFile = None,
-    oidc_redirect_url: ssoflags.RedirectUrl = None,
-    oidc_roles_claim: ssoflags.RolesClaim = "groups",
-    oidc_team_claim: ssoflags.TeamClaim = None,
-    oidc_role_map: ssoflags.RoleMap = "",
-    oidc_audience: ssoflags.Audience = None,
-    session_hours: ssoflags.SessionHours = ssoflags.DEFAULT_SESSION_HOURS,
     log_level: LogLevel = "info",
+    *,
+    sso: SsoFlags,
 ) -> None:
     """Run the control plane and the gateway (agents run on the GPU nodes)."""
     from llmgw.cli.combined import TlsOptions
@@ -228,9 +212,7 @@ def serve(
                 tls=TlsOptions(tls=tls or None, insecure_http=insecure_http, cert=tls_cert,
                                key=tls_key, ca=tls_ca, ca_key=tls_ca_key,
                                names=list(tls_name or [])),
-                sso=ssoflags.settings_from_flags(
-                    oidc_issuer, oidc_client_id, oidc_client_secret_file, oidc_redirect_url,
-                    oidc_roles_claim, oidc_team_claim, oidc_role_map, oidc_audience, session_hours),
+                sso=sso.settings(),
             )
         )
     except ConfigError as exc:

@@ -18,6 +18,7 @@ import pydantic
 import typer
 
 from llmgw import procstats
+from llmgw.cli.commonopts import CONTROL_PLANE_OPTION
 from llmgw.cli.logs import LogLevel, setup_logging
 from llmgw.errors import AuthError, ConfigError, ValidationError
 from llmgw.serving import run, stop_signals
@@ -104,13 +105,7 @@ def fleet_command(
     spec: Annotated[
         Path, typer.Argument(help="The fleet spec (YAML), e.g. examples/fleet-demo.yaml.")
     ],
-    control_plane: Annotated[
-        str,
-        typer.Option(
-            envvar="LLMGW_CONTROL_PLANE",
-            help="Control plane base URL; several comma-separated (leader and standbys).",
-        ),
-    ],
+    control_plane: Annotated[str, CONTROL_PLANE_OPTION],
     join_token: Annotated[
         str | None, typer.Option(envvar="LLMGW_JOIN_TOKEN", help="Join token (first start).")
     ] = None,

@@ -4,7 +4,7 @@
 ``static/`` holds every file the browser loads (no build step, no CDN):
 ``index.html``, ``console.css``, ``js/main.js`` (sign-in, router, polling),
 ``js/api.js`` (the only module that calls the admin API), ``js/dom.js`` and
-``js/charts.js`` (DOM and SVG helpers), and one module per page under
-``js/pages/``. Everything shown comes from ``/admin/v1``, the same answers
-``llmgw ctl`` prints.
+``js/charts.js`` (DOM and SVG helpers), ``js/actions.js`` (the buttons that
+change the fleet), and one module per page under ``js/pages/``. Everything
+shown comes from ``/admin/v1``, the same answers ``llmgw ctl`` prints.
 """

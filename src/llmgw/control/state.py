@@ -15,14 +15,13 @@ import asyncio
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from llmgw.control.external import HealthReports
 from llmgw.control.modeltable import ModelTable
 from llmgw.control.nodetable import NodeTable
 from llmgw.control.replicatable import ReplicaTable
 from llmgw.control.telemetry import Readings
-from llmgw.control.writelog import WriteLog
+from llmgw.control.writelog import Logged
 from llmgw.errors import TransitionError
 from llmgw.wire import (
     EngineDialect,
@@ -52,12 +51,7 @@ REPLACE_AFTER_S = 120.0
 TAKEOVER_ALLOWANCE_S = 30.0
 
 @dataclass(slots=True)
-class NodeRecord:
-    # The log of the table this record is in (writelog.py): first, so that
-    # it is set before any other field is assigned.
-    _writes: WriteLog[NodeRecord] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
+class NodeRecord(Logged):
     name: str
     registered_at: float
     admin_state: NodeState = NodeState.READY  # ready, cordoned or draining
@@ -93,12 +87,6 @@ class NodeRecord:
     # came in, and an outage longer than REPLACE_AFTER_S would have replaced
     # every replica.
     listening_since: float | None = None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        writes = self._writes
-        if writes is not None:
-            writes.note(self)
 
     def silent_for(self, now: float) -> float:
         """Seconds without a report that count: since it last reported, or since
@@ -203,11 +191,7 @@ REPLICA_TRANSITIONS: Mapping[ReplicaState, frozenset[ReplicaState]] = {
 
 
 @dataclass(slots=True)
-class ReplicaRecord:
-    # As NodeRecord's: the log of the table this record is in.
-    _writes: WriteLog[ReplicaRecord] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
+class ReplicaRecord(Logged):
     id: str
     model: str
     created_at: float
@@ -244,12 +228,6 @@ class ReplicaRecord:
     asleep: bool | None = None
     sleeping: bool = False
     asleep_since: float | None = None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-        writes = self._writes
-        if writes is not None:
-            writes.note(self)
 
     @property
     def awake(self) -> bool:

@@ -3,7 +3,7 @@
 Readers that keep something derived from the fleet (the admin summary's
 keeper, adminapi/summary_keeper.py) read again only the records written
 since their last look. Every assignment to a record's field is logged by
-the record itself (its ``__setattr__``, state.py), into the log of the
+the record itself (``Logged.__setattr__``, below), into the log of the
 table it was last put in (``adopt``), so no code that writes to the fleet
 has to remember to say so, and two fleets in one process keep apart. Edits
 inside a field's value (a list appended to) are not assignments and are
@@ -14,7 +14,8 @@ memo rule, adminapi/views/memo.py).
 from __future__ import annotations
 
 import contextlib
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 _R = TypeVar("_R")
 
@@ -62,4 +63,22 @@ class WriteLog(Generic[_R]):
             object.__setattr__(record, "_writes", self)
 
 
-__all__ = ["WriteLog"]
+@dataclass(slots=True)
+class Logged:
+    """A record (a dataclass deriving from this one) that notes each assignment to
+    one of its fields in the log of the table it was last put in.
+
+    ``_writes`` is the first field of every such record, so it is set before
+    any other field is assigned.
+    """
+
+    _writes: WriteLog[Any] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        writes = self._writes
+        if writes is not None:
+            writes.note(self)
+
+
+__all__ = ["Logged", "WriteLog"]

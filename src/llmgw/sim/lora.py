@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -41,6 +42,16 @@ def adapter_rank(path: str) -> int | None:
         return None
     rank = config.get("r") if isinstance(config, dict) else None
     return rank if isinstance(rank, int) else None
+
+
+async def adapter_fields(request: web.Request) -> dict[str, Any] | web.Response:
+    """The load and unload routes' body: its fields (none when it is not a JSON object,
+    whose fields are then missing), or the 400 answer to a body that is not JSON."""
+    try:
+        body = await read_json(request)
+    except ValidationError as exc:
+        return error(400, str(exc), "invalid_request_error", None)
+    return body if isinstance(body, dict) else {}
 
 
 class LoraRoutes:
@@ -78,12 +89,10 @@ class LoraRoutes:
         await asyncio.sleep(seconds * self.params.time_factor)
 
     async def _load(self, request: web.Request) -> web.Response:
-        try:
-            body = await read_json(request)
-        except ValidationError as exc:
-            return error(400, str(exc), "invalid_request_error", None)
-        name = body.get("lora_name") if isinstance(body, dict) else None
-        path = body.get("lora_path") if isinstance(body, dict) else None
+        body = await adapter_fields(request)
+        if isinstance(body, web.Response):
+            return body
+        name, path = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or not isinstance(path, str):
             return error(400, "lora_name and lora_path are required", "invalid_request_error",
                          None)  # fmt: skip
@@ -104,11 +113,10 @@ class LoraRoutes:
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def _unload(self, request: web.Request) -> web.Response:
-        try:
-            body = await read_json(request)
-        except ValidationError as exc:
-            return error(400, str(exc), "invalid_request_error", None)
-        name = body.get("lora_name") if isinstance(body, dict) else None
+        body = await adapter_fields(request)
+        if isinstance(body, web.Response):
+            return body
+        name = body.get("lora_name")
         async with self._lock:
             if not isinstance(name, str) or name not in self.loaded:
                 return error(404, f"The lora adapter '{name}' cannot be found.",

@@ -297,31 +297,6 @@ def test_fleet_records_log_their_writes_in_their_own_tables() -> None:
     assert other.state.nodes.writes.since(other_at[0]) == [node]
 
 
-def test_the_node_table_counts_every_write() -> None:
-    table: NodeTable[int] = NodeTable({"a": 1})
-    counts = [table.version]
-    table["b"] = 2
-    counts.append(table.version)
-    del table["a"]
-    counts.append(table.version)
-    assert table.pop("b") == 2
-    counts.append(table.version)
-    assert table.pop("x", 0) == 0
-    counts.append(table.version)  # nothing written
-    table.setdefault("c", 3)
-    counts.append(table.version)
-    table.update(d=4)
-    counts.append(table.version)
-    table |= {"e": 5}
-    counts.append(table.version)
-    table.popitem()
-    counts.append(table.version)
-    table.clear()
-    counts.append(table.version)
-    assert counts == [0, 1, 2, 3, 3, 4, 5, 6, 7, 8]
-    assert table == {}
-
-
 def test_tables_replaced_with_the_same_write_counts_are_read_again() -> None:
     fleet = start()
     state, now = fleet.state, fleet.now

@@ -310,30 +310,19 @@ class VllmAdapter:
     def validate(self, assignment: ReplicaAssignment) -> None:
         check_serve(assignment, MANAGED_FLAGS, engine=self.kind, leader_port=False)
         if assignment.nodes > 1:
-            self._check_multi_node()
-        self._check_key_safe()
+            self._require(MULTI_NODE_SINCE, "cannot span nodes: its --nnodes, --node-rank and"
+                          " --master-addr came in vLLM {since}; upgrade vLLM, or set nodes: 1")
+        self._require(KEY_SAFE_SINCE, "has a known way past its API key (a crafted Host header,"
+                      " fixed in vLLM {since}); upgrade vLLM to {since} or later")
 
-    def _older_than(self, since: tuple[int, int, int]) -> bool:
-        """Whether the node's vLLM is known to be older than ``since`` (unknown: no)."""
+    def _require(self, since: tuple[int, int, int], refusal: str) -> None:
+        """Refuse (EngineError, ``refusal`` with ``{since}`` filled in) a vLLM known to be
+        older than ``since``; one whose version cannot be told is let through."""
         version = self.version
         found = version_tuple(version) if version is not None else None
-        return found is not None and found < since
-
-    def _check_key_safe(self) -> None:
-        if self._older_than(KEY_SAFE_SINCE):
-            since = ".".join(map(str, KEY_SAFE_SINCE))
-            raise EngineError(
-                f"vLLM {self.version} on this node has a known way past its API key (a"
-                f" crafted Host header, fixed in vLLM {since}); upgrade vLLM to {since} or later"
-            )
-
-    def _check_multi_node(self) -> None:
-        if self._older_than(MULTI_NODE_SINCE):
-            since = ".".join(map(str, MULTI_NODE_SINCE))
-            raise EngineError(
-                f"vLLM {self.version} on this node cannot span nodes: its --nnodes, --node-rank"
-                f" and --master-addr came in vLLM {since}; upgrade vLLM, or set nodes: 1"
-            )
+        if found is not None and found < since:
+            text = refusal.format(since=".".join(map(str, since)))
+            raise EngineError(f"vLLM {version} on this node {text}")
 
     def build(self, ctx: LaunchContext) -> EngineLaunch:
         assignment = ctx.assignment

@@ -121,14 +121,21 @@ class Filter(Protocol):
     def check(self, node: PlacementNode, request: Request) -> Rejection | None: ...
 
 
-class NodeReady:
-    """Cordoned, draining and unreachable nodes take nothing new (DESIGN §3)."""
+class IndexedFilter:
+    """A check every request needs (it applies to all of them) and that the snapshot's
+    buckets already hold (``indexed``): the placer runs it only on candidates found
+    outside them."""
 
-    name = "node-ready"
     indexed = True
 
     def applies(self, request: Request) -> bool:
         return True
+
+
+class NodeReady(IndexedFilter):
+    """Cordoned, draining and unreachable nodes take nothing new (DESIGN §3)."""
+
+    name = "node-ready"
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if node.state is NodeState.READY:
@@ -141,14 +148,10 @@ class NodeReady:
         return Rejection(self.name, reason, "node state")
 
 
-class ClassAccepted:
+class ClassAccepted(IndexedFilter):
     """The node has at least one device of a class the model accepts."""
 
     name = "class-accepted"
-    indexed = True
-
-    def applies(self, request: Request) -> bool:
-        return True
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         for gpu_class in request.all_classes:
@@ -183,14 +186,10 @@ class MigSingleInstance:
         return None
 
 
-class EnoughFreeDevices:
+class EnoughFreeDevices(IndexedFilter):
     """Enough free, healthy, placeable devices of one accepted class."""
 
     name = "enough-free-devices"
-    indexed = True
-
-    def applies(self, request: Request) -> bool:
-        return True
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         need = request.per_node
@@ -245,15 +244,19 @@ class EnoughMemory:
         )
 
 
-class WholeNode:
+class MultiNodeFilter:
+    """A check that only a multi-node replica's placement needs."""
+
+    def applies(self, request: Request) -> bool:
+        return request.multi_node
+
+
+class WholeNode(MultiNodeFilter):
     """A multi-node replica takes nodes nothing else runs on: its shards talk
     over the fabric at full rate, and a neighbour's traffic or memory
     pressure on a shared node slows every shard to the slowest one."""
 
     name = "whole-node"
-
-    def applies(self, request: Request) -> bool:
-        return request.multi_node
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.multi_node or node.entirely_free:
@@ -268,14 +271,11 @@ class WholeNode:
         )
 
 
-class InFabric:
+class InFabric(MultiNodeFilter):
     """A multi-node replica needs nodes on a high-speed fabric at all; which
     fabric (one for all shards) is the placement's choice, not a filter's."""
 
     name = "in-fabric"
-
-    def applies(self, request: Request) -> bool:
-        return request.multi_node
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
         if not request.multi_node or node.fabrics:

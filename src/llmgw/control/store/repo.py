@@ -135,6 +135,15 @@ class Store:
         # serves the whole list and an update never resets a column it skipped.
         await conn.execute(self._upsert_statement(table, keys), list(rows))
 
+    async def _update_by_id(
+        self, table: Table, row_id: str, values: Row, epoch: int | None
+    ) -> bool:
+        """Set ``values`` (columns) on ``table``'s row ``row_id``; False: no such row."""
+        async with self._write(epoch) as conn:
+            result = await conn.execute(
+                update(table).where(table.c.id == row_id).values(**values))
+            return bool(result.rowcount)
+
     # -- settings and leader epoch -------------------------------------------
 
     async def get_setting(self, key: str) -> str | None:
@@ -402,10 +411,7 @@ class Store:
     async def update_api_key(self, key_id: str, values: Row, *, epoch: int | None = None
                              ) -> bool:
         """Change a key's team or limits (``values``: columns to set); False: no such key."""
-        async with self._write(epoch) as conn:
-            result = await conn.execute(
-                update(schema.api_keys).where(schema.api_keys.c.id == key_id).values(**values))
-            return bool(result.rowcount)
+        return await self._update_by_id(schema.api_keys, key_id, values, epoch)
 
     # -- teams -------------------------------------------------------------------
 
@@ -414,10 +420,7 @@ class Store:
             await conn.execute(schema.teams.insert().values(**row))
 
     async def update_team(self, team_id: str, values: Row, *, epoch: int | None = None) -> bool:
-        async with self._write(epoch) as conn:
-            result = await conn.execute(
-                update(schema.teams).where(schema.teams.c.id == team_id).values(**values))
-            return bool(result.rowcount)
+        return await self._update_by_id(schema.teams, team_id, values, epoch)
 
     async def delete_team(self, team_id: str, *, epoch: int | None = None) -> bool:
         async with self._write(epoch) as conn:
@@ -428,11 +431,7 @@ class Store:
         return await self._read(select(schema.teams).order_by(schema.teams.c.name))
 
     async def revoke_api_key(self, key_id: str, *, epoch: int | None = None) -> bool:
-        async with self._write(epoch) as conn:
-            result = await conn.execute(
-                update(schema.api_keys).where(schema.api_keys.c.id == key_id).values(revoked=True)
-            )
-            return bool(result.rowcount)
+        return await self._update_by_id(schema.api_keys, key_id, {"revoked": True}, epoch)
 
     # -- usage -----------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 
 import { api, ApiError } from "../api.js";
 import { badge, errorText, fmtInt, h, numColumn, redraw, section, table, titled } from "../dom.js";
+import { postAction } from "../actions.js";
 import { modelTable } from "./plan.js";
 
 const EXAMPLE = `name: my-model
@@ -158,15 +159,8 @@ export default {
     dryRun.addEventListener("click", () => send(true));
     apply.addEventListener("click", () => send(false));
 
-    async function unpark(name, button) {
-      button.disabled = true;
-      flash.textContent = "";
-      try {
-        await api(`/models/${encodeURIComponent(name)}/unpark`, { method: "POST" });
-      } catch (err) {
-        flash.textContent = `Unpark ${name} failed: ${errorText(err)}`;
-      }
-      await ctx.refreshNow();
+    function unpark(name, button) {
+      return postAction(ctx, flash, button, `/models/${encodeURIComponent(name)}/unpark`, `Unpark ${name}`);
     }
 
     async function refresh() {

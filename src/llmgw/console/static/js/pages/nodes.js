@@ -11,8 +11,9 @@
 // answers X-Total-Count for ?name=&offset=&limit=), only the shown page is
 // fetched; otherwise the page filters and pages the full list here.
 
-import { api, apiWithHeaders } from "../api.js";
-import { badge, choice, errorText, filterForm, fmtAgo, fmtInt, h, redraw, searchBox, titled } from "../dom.js";
+import { apiWithHeaders } from "../api.js";
+import { postAction } from "../actions.js";
+import { badge, choice, filterForm, fmtAgo, fmtInt, h, redraw, searchBox, titled } from "../dom.js";
 
 const PAGE_SIZE = 40;
 const STATES = ["ready", "cordoned", "draining", "unreachable"];
@@ -165,15 +166,8 @@ export default {
       );
     }
 
-    async function act(node, verb, button) {
-      flash.textContent = "";
-      button.disabled = true;
-      try {
-        await api(`/nodes/${encodeURIComponent(node)}/${verb}`, { method: "POST" });
-      } catch (err) {
-        flash.textContent = `${verb} ${node} failed: ${errorText(err)}`;
-      }
-      await ctx.refreshNow();
+    function act(node, verb, button) {
+      return postAction(ctx, flash, button, `/nodes/${encodeURIComponent(node)}/${verb}`, `${verb} ${node}`);
     }
 
     function actions(n) {

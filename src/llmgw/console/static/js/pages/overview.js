@@ -5,7 +5,8 @@
 // for what the summary names without explaining (why a model is unplaceable).
 
 import { api } from "../api.js";
-import { errorText, fmtDuration, fmtInt, h, numColumn, redraw, section, statCard, table, titled } from "../dom.js";
+import { postAction } from "../actions.js";
+import { fmtDuration, fmtInt, h, numColumn, redraw, section, statCard, table, titled } from "../dom.js";
 import { stackedBar } from "../charts.js";
 
 function classBars(gpus) {
@@ -83,17 +84,8 @@ export default {
     const flash = h("p", { class: "error", role: "alert" });
     const el = titled("Fleet overview", flash, body);
 
-    async function unpark(model, button) {
-      button.disabled = true;
-      flash.textContent = "";
-      try {
-        await api(`/models/${encodeURIComponent(model)}/unpark`, { method: "POST" });
-      } catch (err) {
-        flash.textContent = `Unpark ${model} failed: ${errorText(err)}`;
-        button.disabled = false;
-        return;
-      }
-      await ctx.refreshNow();
+    function unpark(model, button) {
+      return postAction(ctx, flash, button, `/models/${encodeURIComponent(model)}/unpark`, `Unpark ${model}`);
     }
 
     async function refresh() {
