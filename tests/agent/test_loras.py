@@ -9,6 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from tests.agent.fakes import serve_app
 
 from llmgw.agent.engineprobe import EngineEndpoint
 from llmgw.agent.loras import EngineControl
@@ -92,11 +93,6 @@ async def test_an_engine_started_with_its_adapters_keeps_them_and_reports_later_
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", record)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     released: list[str] = []
 
     async def fetch(spec: ModelSpec) -> tuple[str | None, str | None]:
@@ -104,24 +100,21 @@ async def test_an_engine_started_with_its_adapters_keeps_them_and_reports_later_
 
     control = EngineControl("r1")
     control.started_with({"a": "hold-a", "b": None})
-    try:
-        async with aiohttp.ClientSession() as session:
-            engine = EngineEndpoint(session, "127.0.0.1", port, key="k" * 32)
+    async with serve_app(app) as url, aiohttp.ClientSession() as session:
+        engine = EngineEndpoint(session, "127.0.0.1", int(url.rsplit(":", 1)[1]), key="k" * 32)
 
-            async def step(*names: str) -> bool:
-                wanted = assignment(*(adapter(n) for n in names))
-                return await control.converge(wanted, engine, fetch, released.append)
+        async def step(*names: str) -> bool:
+            wanted = assignment(*(adapter(n) for n in names))
+            return await control.converge(wanted, engine, fetch, released.append)
 
-            assert await step("a", "c")
-            status = control.report(ReplicaStatus(replica_id="r1", state=ReplicaState.READY))
-            assert status.adapters == ["a", "b"]
-            assert list(status.adapter_errors) == ["c"]
-            assert "only at its start" in status.adapter_errors["c"]
-            assert not await step("a", "c")  # settled
-            assert await step("a")  # c left the catalog: its error goes
-            assert control.reported_errors() == {}
-    finally:
-        await runner.cleanup()
+        assert await step("a", "c")
+        status = control.report(ReplicaStatus(replica_id="r1", state=ReplicaState.READY))
+        assert status.adapters == ["a", "b"]
+        assert list(status.adapter_errors) == ["c"]
+        assert "only at its start" in status.adapter_errors["c"]
+        assert not await step("a", "c")  # settled
+        assert await step("a")  # c left the catalog: its error goes
+        assert control.reported_errors() == {}
     assert posted == [("/lora-adapters", [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}])]
     control.release_all(released.append)
     assert released == ["hold-a"] and control.loaded == {}

@@ -197,3 +197,68 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             with contextlib.suppress(psutil.Error):
                 for proc in [*psutil.Process(pid).children(recursive=True), psutil.Process(pid)]:
                     proc.kill()
+
+
+@contextlib.contextmanager
+def catalog_fleet(tmp: Path, catalog: str, ready: tuple[str, ...]) -> Iterator[Fleet]:
+    """`llmgw up` on one CPU slot with ``catalog`` (YAML), once ``ready`` models serve;
+    stopped (and every engine it ran) when the block ends."""
+    env = engine_env()
+    (tmp / "catalog.yaml").write_text(catalog)
+    out = Path(os.environ.get("LLMGW_TEST_OUTPUT", "test-output"))
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"engines-{tmp.name}.log"
+    data, port = tmp / "data", free_port()
+    proc = spawn_up(data, port, log, "--catalog", str(tmp / "catalog.yaml"), "--cpu-slots", "1",
+                    env={**os.environ, **env})  # fmt: skip
+    fleet = Fleet(proc, data, port, log, env, {})
+    try:
+        fleet.info = wait_up_json(proc, data, log)
+        fleet.wait_ready(ready, READY_WITHIN_S)
+        yield fleet
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                stop_group(proc, signal.SIGKILL, 5)
+        for pid in fleet.engine_pids:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+
+
+def greedy_answer(fleet: Fleet, model: str, prompt: list[dict[str, str]],
+                  stream: bool = False) -> str:  # fmt: skip
+    """``model``'s answer to ``prompt`` at temperature 0 (16 tokens), named as asked."""
+    client = fleet.client(timeout=300)
+    if stream:
+        chunks = client.chat.completions.create(
+            model=model, messages=prompt, temperature=0, max_tokens=16,  # type: ignore[arg-type]
+            stream=True,
+        )  # fmt: skip
+        pieces = []
+        for chunk in chunks:
+            assert chunk.model == model
+            pieces += [choice.delta.content or "" for choice in chunk.choices]
+        return "".join(pieces)
+    reply = client.chat.completions.create(
+        model=model, messages=prompt, temperature=0, max_tokens=16  # type: ignore[arg-type]
+    )
+    assert reply.model == model
+    return reply.choices[0].message.content or ""
+
+
+def adapter_entries(engine: str, base: str, weights: dict[str, Path]) -> list[str]:
+    """Catalog lines (YAML) for adapters of ``base``: name -> its weights (rank 8)."""
+    lines: list[str] = []
+    for name, path in weights.items():
+        lines += [
+            f"  - name: {name}",
+            f"    engine: {engine}",
+            f"    base: {base}",
+            "    min_replicas: 0",
+            "    adapter: {rank: 8}",
+            f"    weights: {{kind: local, path: '{path}'}}",
+        ]
+    return lines

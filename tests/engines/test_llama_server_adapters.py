@@ -15,18 +15,18 @@ adapter left there, or run with every adapter applied).
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
-from tests.engines.fleet import READY_WITHIN_S, Fleet, engine_env, engines_dir
-from tests.servers import free_port, spawn_up, stop_group, wait_up_json
+from tests.engines.fleet import (
+    Fleet,
+    adapter_entries,
+    catalog_fleet,
+    engines_dir,
+    greedy_answer,
+)
 
 BASE = "gemma-ls-lora"
 ADAPTERS = ("gemma-ls-lora-a", "gemma-ls-lora-b")
@@ -47,64 +47,21 @@ def catalog(dir_: Path) -> str:
         # One slot: every request runs where the one before it left its cache.
         "    engine_args: [--parallel, '1']",
     ]
-    for name, sub in zip(ADAPTERS, ("lora-a", "lora-b"), strict=True):
-        lines += [
-            f"  - name: {name}",
-            "    engine: llama-server",
-            f"    base: {BASE}",
-            "    min_replicas: 0",
-            "    adapter: {rank: 8}",
-            f"    weights: {{kind: local, path: '{loras / sub}.gguf'}}",
-        ]
+    paths = [loras / f"{sub}.gguf" for sub in ("lora-a", "lora-b")]
+    lines += adapter_entries("llama-server", BASE, dict(zip(ADAPTERS, paths, strict=True)))
     return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
 def lora_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    env = engine_env()
     made = engines_dir() / "models" / "gemma-3-270m-loras"
     missing = [a for a in ("lora-a.gguf", "lora-b.gguf") if not (made / a).exists()]
     if missing:
         pytest.fail(f"no GGUF adapters in {made} ({missing}): run `make engines`"
                     " (scripts/engines.sh loras converts them)", pytrace=False)  # fmt: skip
     tmp = tmp_path_factory.mktemp("llama-server-lora")
-    (tmp / "catalog.yaml").write_text(catalog(engines_dir()))
-    out = Path(os.environ.get("LLMGW_TEST_OUTPUT", "test-output"))
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / f"engines-ls-lora-{tmp.name}.log"
-    data, port = tmp / "data", free_port()
-    proc = spawn_up(data, port, log, "--catalog", str(tmp / "catalog.yaml"), "--cpu-slots", "1",
-                    env={**os.environ, **env})  # fmt: skip
-    fleet = Fleet(proc, data, port, log, env, {})
-    try:
-        fleet.info = wait_up_json(proc, data, log)
-        fleet.wait_ready((BASE,), READY_WITHIN_S)
+    with catalog_fleet(tmp, catalog(engines_dir()), (BASE,)) as fleet:
         yield fleet
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                stop_group(proc, signal.SIGKILL, 5)
-        for pid in fleet.engine_pids:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
-
-
-def answer(fleet: Fleet, model: str, stream: bool = False) -> str:
-    client = fleet.client(timeout=300)
-    if stream:
-        chunks = client.chat.completions.create(
-            model=model, messages=PROMPT, temperature=0, max_tokens=16,  # type: ignore[arg-type]
-            stream=True,
-        )  # fmt: skip
-        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    reply = client.chat.completions.create(
-        model=model, messages=PROMPT, temperature=0, max_tokens=16  # type: ignore[arg-type]
-    )
-    assert reply.model == model
-    return reply.choices[0].message.content or ""
 
 
 def test_two_adapters_answer_differently_from_their_base_at_temperature_0(
@@ -112,10 +69,11 @@ def test_two_adapters_answer_differently_from_their_base_at_temperature_0(
 ) -> None:
     listed = {m.id: m for m in lora_fleet.client().models.list().data}
     assert all(getattr(listed[name], "parent", None) == BASE for name in ADAPTERS)
-    base = answer(lora_fleet, BASE)
-    first = {name: answer(lora_fleet, name) for name in ADAPTERS}
-    base_after = answer(lora_fleet, BASE)  # the same slot, after an adapter ran there
-    again = {name: answer(lora_fleet, name, stream=True) for name in ADAPTERS}
+    base = greedy_answer(lora_fleet, BASE, PROMPT)
+    first = {name: greedy_answer(lora_fleet, name, PROMPT) for name in ADAPTERS}
+    # The same slot, after an adapter ran there.
+    base_after = greedy_answer(lora_fleet, BASE, PROMPT)
+    again = {name: greedy_answer(lora_fleet, name, PROMPT, stream=True) for name in ADAPTERS}
     print(f"llama-server adapters: base {base!r}, {first}", file=sys.stderr)
     assert base_after == base
     assert first == again  # temperature 0: each adapter answers as itself every time

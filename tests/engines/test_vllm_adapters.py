@@ -13,19 +13,19 @@ other's, so each request reached its own adapter.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
-from tests.engines.fleet import READY_WITHIN_S, Fleet, engine_env, engines_dir
-from tests.servers import free_port, spawn_up, stop_group, wait_up_json
+from tests.engines.fleet import (
+    Fleet,
+    adapter_entries,
+    catalog_fleet,
+    engines_dir,
+    greedy_answer,
+)
 
 ADAPTERS = ("gemma-lora-a", "gemma-lora-b")
 PROMPT = [{"role": "user", "content": "Write one sentence about the sea."}]
@@ -47,57 +47,21 @@ def catalog(dir_: Path) -> str:
         "                  --enable-lora, --max-lora-rank, '8', --max-loras, '2']",
         "    env: {VLLM_CPU_KVCACHE_SPACE: '1'}",
     ]
-    for name, sub in zip(ADAPTERS, ("lora-a", "lora-b"), strict=True):
-        lines += [
-            f"  - name: {name}",
-            "    engine: vllm",
-            "    base: gemma-vllm-lora",
-            "    min_replicas: 0",
-            "    adapter: {rank: 8}",
-            f"    weights: {{kind: local, path: '{loras / sub}'}}",
-        ]
+    paths = [loras / sub for sub in ("lora-a", "lora-b")]
+    lines += adapter_entries("vllm", "gemma-vllm-lora", dict(zip(ADAPTERS, paths, strict=True)))
     return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
 def lora_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    env = engine_env()
     made = engines_dir() / "models" / "gemma-3-270m-loras"
     missing = [a for a in ("lora-a", "lora-b") if not (made / a / "adapter_config.json").exists()]
     if missing:
         pytest.fail(f"no adapters in {made} ({missing}): run `make engines` (scripts/engines.sh"
                     " loras makes them with peft, seconds)", pytrace=False)  # fmt: skip
     tmp = tmp_path_factory.mktemp("vllm-lora")
-    (tmp / "catalog.yaml").write_text(catalog(engines_dir()))
-    out = Path(os.environ.get("LLMGW_TEST_OUTPUT", "test-output"))
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / f"engines-lora-{tmp.name}.log"
-    data, port = tmp / "data", free_port()
-    proc = spawn_up(data, port, log, "--catalog", str(tmp / "catalog.yaml"), "--cpu-slots", "1",
-                    env={**os.environ, **env})  # fmt: skip
-    fleet = Fleet(proc, data, port, log, env, {})
-    try:
-        fleet.info = wait_up_json(proc, data, log)
-        fleet.wait_ready(("gemma-vllm-lora",), READY_WITHIN_S)
+    with catalog_fleet(tmp, catalog(engines_dir()), ("gemma-vllm-lora",)) as fleet:
         yield fleet
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                stop_group(proc, signal.SIGKILL, 5)
-        for pid in fleet.engine_pids:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).kill()
-
-
-def answer(fleet: Fleet, model: str) -> str:
-    reply = fleet.client(timeout=300).chat.completions.create(
-        model=model, messages=PROMPT, temperature=0, max_tokens=16  # type: ignore[arg-type]
-    )
-    assert reply.model == model
-    return reply.choices[0].message.content or ""
 
 
 def test_two_adapters_answer_differently_from_their_base_at_temperature_0(
@@ -105,9 +69,10 @@ def test_two_adapters_answer_differently_from_their_base_at_temperature_0(
 ) -> None:
     listed = {m.id: m for m in lora_fleet.client().models.list().data}
     assert all(getattr(listed[name], "parent", None) == "gemma-vllm-lora" for name in ADAPTERS)
-    base = answer(lora_fleet, "gemma-vllm-lora")
-    first = {name: answer(lora_fleet, name) for name in ADAPTERS}  # each loaded on demand
-    again = {name: answer(lora_fleet, name) for name in ADAPTERS}  # loaded: served at once
+    base = greedy_answer(lora_fleet, "gemma-vllm-lora", PROMPT)
+    # Each loaded on demand, then served at once.
+    first = {name: greedy_answer(lora_fleet, name, PROMPT) for name in ADAPTERS}
+    again = {name: greedy_answer(lora_fleet, name, PROMPT) for name in ADAPTERS}
     print(f"vllm adapters: base {base!r}, {first}", file=sys.stderr)
     assert first == again  # temperature 0: each adapter answers as itself every time
     assert base not in first.values()
