@@ -5,6 +5,7 @@ from __future__ import annotations
 from llmgw.control.adapters import plan_adapters
 from llmgw.control.reports import assignments_for
 from llmgw.control.sleep import plan_sleep
+from llmgw.sleepmode import can_sleep, sleeps_by_itself
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
 from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, ShardAssignment
 
@@ -184,3 +185,22 @@ def test_a_llama_server_replica_is_assigned_every_adapter_of_its_base_by_name() 
         state.models[name] = ModelRecord(spec=spec, created_at=0, updated_at=0)
     (only,) = assignments_for(state, "n1")
     assert [a.name for a in only.adapters] == ["aa", "zz"]  # the engine's numbering
+
+
+def test_a_llama_server_that_sleeps_by_itself_sleeps_in_no_extra_ram() -> None:
+    # It frees its weights as it falls asleep: a node whose RAM could not
+    # hold a vLLM's weights a second time still lets it sleep.
+    state = sleepy_fleet(memory_total_mib=16 * 1024, weights_mib=1024)
+    spec = ModelSpec(name="s", engine="llama-server", min_replicas=0, idle_timeout_s=60,
+                     weights={"kind": "local", "path": "/m/s.gguf"}, gpu_classes=["h100-80g"],
+                     engine_args=["--sleep_idle_seconds", "30"])  # fmt: skip
+    state.models["s"].spec = spec
+    assert can_sleep(spec) and sleeps_by_itself(spec)
+    assert [r.id for r in plan_sleep(state, NOW).sleep] == ["s1"]
+    vllm = ModelSpec.model_validate({**spec.model_dump(), "engine": "vllm",
+                                     "engine_args": ["--enable-sleep-mode"],
+                                     "memory_mib": 64 * 1024})  # fmt: skip
+    state.models["s"].spec = vllm  # its 64 GiB of weights would move to the node's RAM
+    assert "do not fit" in plan_sleep(state, NOW).no_room["s1"]
+    off = spec.model_copy(update={"engine_args": ["--sleep-idle-seconds", "-1"]})
+    assert not can_sleep(off) and not can_sleep(spec.model_copy(update={"engine_args": []}))

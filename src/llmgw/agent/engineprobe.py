@@ -10,6 +10,7 @@ TLS against the fleet's CA (agent.nodecert).
 from __future__ import annotations
 
 import contextlib
+import json
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -56,6 +57,19 @@ class EngineEndpoint:
                 if len(body) > MAX_METRICS_BYTES:
                     raise MetricsError(f"metrics larger than {MAX_METRICS_BYTES} bytes")
         return read_progress(body.decode("utf-8", errors="replace"), metrics)
+
+    async def asleep(self, timeout_s: float) -> bool | None:
+        """llama-server's own sleep (``GET /props``, answered asleep too); None: no answer."""
+        async with self._get("/props", timeout_s) as resp:
+            if resp.status != 200:
+                return None
+            body = await resp.content.read(MAX_METRICS_BYTES)
+        try:
+            props = json.loads(body)
+        except ValueError:
+            return None
+        found = props.get("is_sleeping") if isinstance(props, dict) else None
+        return found if isinstance(found, bool) else None
 
     async def post(
         self, path: str, body: dict[str, str] | list[dict[str, int | float]] | None,

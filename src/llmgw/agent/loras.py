@@ -48,6 +48,7 @@ from llmgw.agent.replicalaunch import fetch_weights
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.weights import Progress
 from llmgw.errors import EngineError
+from llmgw.sleepmode import sleeps_by_itself
 from llmgw.wire import EngineDialect, ModelSpec, ReplicaAssignment, ReplicaStatus
 
 log = logging.getLogger("llmgw.agent.loras")
@@ -57,6 +58,8 @@ UNLOAD_PATH = "/v1/unload_lora_adapter"
 SLEEP_PATH = "/sleep?level=1"
 WAKE_PATH = "/wake_up"
 SCALES_PATH = "/lora-adapters"
+# llama-server: tokenizing nothing needs the model, so it wakes the engine.
+WAKE_BY_REQUEST = "/tokenize"
 # A load can read an adapter of hundreds of MB; a wake copies the weights back.
 CALL_TIMEOUT_S = 120.0
 RETRY_AFTER_S = 60.0
@@ -134,7 +137,8 @@ class EngineControl:
         if self.fixed is not None:
             if not self.defaults_zeroed:
                 await self._zero_defaults(engine)
-            return self._note_missing({spec.name for spec in assignment.adapters})
+            slept = await self._follow_own_sleep(assignment, engine)
+            return self._note_missing({spec.name for spec in assignment.adapters}) or slept
         if assignment.asleep and not self.sleeping:
             # Adapters stay loaded through a sleep (vLLM keeps its LoRA manager).
             return await self._call(engine, SLEEP_PATH, None, "sleep", asleep=True)
@@ -165,6 +169,26 @@ class EngineControl:
                 continue
             changed = await self._load(engine, spec, fetch, release) or changed
         return changed
+
+    async def _follow_own_sleep(self, assignment: ReplicaAssignment,
+                                engine: EngineEndpoint) -> bool:  # fmt: skip
+        """llama-server sleeps by itself when idle (llmgw.sleepmode): told to sleep, report
+        it asleep once it is; told to wake, wake it with a request that computes nothing."""
+        if not sleeps_by_itself(assignment.model):
+            return False
+        if assignment.asleep and not self.sleeping:
+            try:
+                asleep = await engine.asleep(CALL_TIMEOUT_S)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                log.warning("replica %s: sleep state: %s", self.replica_id, exc)
+                return False
+            self.sleeping = asleep is True
+            return self.sleeping
+        if not assignment.asleep and self.sleeping:
+            # Any route that needs the model waits for it to be loaded again.
+            return await self._call(engine, WAKE_BY_REQUEST, {"content": ""}, "wake",
+                                    asleep=False)  # fmt: skip
+        return False
 
     async def _zero_defaults(self, engine: EngineEndpoint) -> None:
         scales: list[dict[str, int | float]] = [
@@ -272,9 +296,11 @@ class ControlledRunner(Protocol):
 
 
 def sleeping_mib(spec: ModelSpec, weights_bytes: int | None) -> int:
-    """Host RAM the engine's weights take while it sleeps."""
+    """Host RAM the engine's weights take while it sleeps (llama-server frees them)."""
     if spec.sim is not None:
         return spec.sim.weights_mib
+    if sleeps_by_itself(spec):
+        return 0
     return -(-(weights_bytes or 0) // memory.MIB)
 
 

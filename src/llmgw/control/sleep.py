@@ -4,7 +4,8 @@ Stopping an idle on-demand replica gives its devices back, and its next
 request pays a cold start: seconds on the simulator, minutes for a large
 model on vLLM. An engine that can sleep (vLLM's sleep mode) instead moves
 its weights to host RAM and frees the device memory, and wakes 18-200x
-faster than it loads. The price is the node's RAM, which the weights then
+faster than it loads; llama-server frees its model when idle and reloads it
+at the next request (llmgw.sleepmode). The price is the node's RAM, which the weights then
 occupy: a replica sleeps only where the node's RAM not already charged
 (CPU replicas' budgets, other sleepers' weights) holds its weights, and
 otherwise is stopped as before. A sleeping replica keeps its devices in
@@ -23,24 +24,18 @@ from dataclasses import dataclass, field
 from llmgw import memory
 from llmgw.control.scheduler.demand import asked_for, idle_for
 from llmgw.control.state import FleetState, ReplicaRecord
+from llmgw.sleepmode import can_sleep, sleeps_by_itself
 from llmgw.wire import EngineKind, ModelSpec, ReplicaState
-
-
-def can_sleep(spec: ModelSpec) -> bool:
-    """Whether the model's engine is started able to sleep."""
-    if spec.engine is EngineKind.SIM:
-        return spec.sim is not None and spec.sim.sleep_s is not None
-    if spec.engine is EngineKind.VLLM:
-        args = [a.replace("_", "-") for a in spec.engine_args]
-        return "--enable-sleep-mode" in args
-    return False
 
 
 def sleeping_mib(state: FleetState, replica: ReplicaRecord, spec: ModelSpec) -> int:
     """Host RAM its weights take while it sleeps: the node's copy of the weights
-    as its agent reported it, else the catalog's word."""
+    as its agent reported it, else the catalog's word. Nothing for llama-server: it
+    frees its weights as it falls asleep and reads them from the file at wake."""
     if spec.engine is EngineKind.SIM and spec.sim is not None:
         return spec.sim.weights_mib
+    if sleeps_by_itself(spec):
+        return 0
     node = state.nodes.get(replica.leader_node)
     if node is not None:
         for entry in node.weights:

@@ -23,6 +23,7 @@ from llmgw.control.services.core import Core
 from llmgw.control.services.keys import ApiKeys
 from llmgw.control.services.teams import Teams
 from llmgw.control.state import ReplicaRecord
+from llmgw.sleepmode import sleeps_by_itself
 from llmgw.wire import (
     Endpoint,
     EngineKind,
@@ -100,13 +101,16 @@ class Gateways:
             # An adapter is served by its base's replicas that have it loaded.
             serving = self.core.state.models.get(spec.base) if spec.base else model
             engine_spec = serving.spec if serving is not None else spec
+            # llama-server wakes itself for a request: asleep, it is still sent
+            # them, and the first pays a reload instead of a round trip here.
+            wakes = sleeps_by_itself(engine_spec)
             endpoints = external.endpoints(spec) or [
                 self._endpoint(endpoints_before, r, engine_spec)
                 for r in sorted(
                     self.core.state.replicas_of(engine_spec.name), key=lambda r: r.id
                 )
                 # FleetState.routable, with the down nodes looked up once.
-                if r.state is ReplicaState.READY and r.port is not None and r.awake
+                if r.state is ReplicaState.READY and r.port is not None and (r.awake or wakes)
                 and all(s.node in nodes and s.node not in down for s in r.shards)
                 and (spec.base is None or adapter_routable(r, spec.name))
             ]
@@ -240,6 +244,14 @@ class Gateways:
                 model = self.core.state.models.get(replica.model)
                 if model is not None:
                     model.demand_at = max(model.demand_at or 0.0, load.last_request_at)
+            used_at = replica.last_request_at or 0.0
+            if replica.asleep and used_at > (replica.asleep_since or 0.0):
+                # Used while asleep (an engine that wakes for a request, which
+                # was sent it): the next pass marks it awake (control.sleep).
+                model = self.core.state.models.get(replica.model)
+                if model is not None and (model.demand_at or 0.0) < used_at:
+                    model.demand_at = used_at
+                    self.core.wake_reconciler()
             per_model.setdefault(replica.model, []).append(replica.in_flight)
         if self._gateway_count.heard(report.gateway_id, time.monotonic(),
                                      in_flight=gateway_in_flight, waiting=report.waiting):
