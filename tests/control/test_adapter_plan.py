@@ -5,8 +5,8 @@ from __future__ import annotations
 from llmgw.control.adapters import plan_adapters
 from llmgw.control.reports import assignments_for
 from llmgw.control.sleep import plan_sleep
-from llmgw.sleepmode import can_sleep, sleeps_by_itself
 from llmgw.control.state import FleetState, ModelRecord, NodeRecord, ReplicaRecord
+from llmgw.sleepmode import can_sleep, sleeps_by_itself
 from llmgw.wire import ModelSpec, NodeInventory, ReplicaState, ShardAssignment
 
 NOW = 1_000_000.0

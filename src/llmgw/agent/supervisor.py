@@ -38,9 +38,12 @@ LOG_MAX_BYTES = 8 * 1024 * 1024
 LOG_BACKUPS = 2
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 400
-# Names the replica in each engine's environment. The agent records an
-# engine's pid only once the spawn returns; an agent killed in between would
-# otherwise leave an engine nobody knows of holding its GPUs for good.
+# Names the replica in each engine's environment, with the agent's logs
+# folder: two agents on one host (a test machine, nodes in network
+# namespaces) may both run a replica of one id, and neither may take the
+# other's. The agent records an engine's pid only once the spawn returns; an
+# agent killed in between would otherwise leave an engine nobody knows of
+# holding its GPUs for good.
 REPLICA_ENV = "LLMGW_ENGINE_REPLICA"
 
 
@@ -135,7 +138,8 @@ class Supervisor:
         argv = self.command(replica_id, launch)
         path = self.log_path(replica_id)
         self._shift_logs(path)
-        env = engine_environment(launch.env, launch.drop_env) | {REPLICA_ENV: replica_id}
+        env = engine_environment(launch.env, launch.drop_env)
+        env[REPLICA_ENV] = self._mark(replica_id)
         user: dict[str, Any] = {}
         if self.engine_user is not None:
             env |= self.engine_user.env()
@@ -207,20 +211,24 @@ class Supervisor:
             return None
         return EngineProcess(pid=pid, birth=birth)
 
-    @staticmethod
-    def find(replica_id: str) -> EngineProcess | None:
-        """The engine started for ``replica_id`` whose pid was never recorded, if it runs.
+    def _mark(self, replica_id: str) -> str:
+        return f"{replica_id} {self.logs_dir.resolve()}"
+
+    def find(self, replica_id: str) -> EngineProcess | None:
+        """The engine this agent started for ``replica_id`` whose pid was never recorded,
+        if it runs.
 
         Only a session leader of this user counts: an engine's own workers
         inherit its environment, and the group is stopped through its leader.
         """
+        mark = self._mark(replica_id)
         uid = os.getuid()
         for candidate in psutil.process_iter(["uids"]):
             try:
                 uids = candidate.info["uids"]
                 if uids is None or uids.real != uid or os.getsid(candidate.pid) != candidate.pid:
                     continue
-                if candidate.environ().get(REPLICA_ENV) != replica_id:
+                if candidate.environ().get(REPLICA_ENV) != mark:
                     continue
             except (psutil.Error, OSError):
                 continue  # gone meanwhile, or not ours to read
