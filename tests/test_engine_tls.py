@@ -37,9 +37,9 @@ from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.control.state import ReplicaRecord
 from llmgw.errors import EngineError
 from llmgw.gateway.app import Gateway
+from llmgw.gateway.engineclient import Upstream
 from llmgw.gateway.link import HttpControlPlaneLink
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.upstream import Upstream
 from llmgw.http.upstream import ConnectFailed
 from llmgw.nodetls import NodeIssuer, load_or_make_key, make_csr
 from llmgw.servertls import ServerTls, ensure_server_tls

@@ -14,9 +14,9 @@ from tests.gateway.conftest import SECRET, async_client, make_config, running_ga
 from tests.gateway.sims import LLAMA_DIALECT, running_sim
 
 from llmgw import wire
+from llmgw.gateway.engineclient import Upstream
 from llmgw.gateway.link import MemoryLink
 from llmgw.gateway.settings import GatewaySettings
-from llmgw.gateway.upstream import Upstream
 from llmgw.http.client import request_head
 from llmgw.sim.engine import SimEngine
 

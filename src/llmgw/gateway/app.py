@@ -34,6 +34,7 @@ from llmgw import secrets, wire
 from llmgw.backoff import Backoff
 from llmgw.gateway import front, handler, openapi
 from llmgw.gateway.admission import Admission
+from llmgw.gateway.engineclient import Upstream
 from llmgw.gateway.front import Runtime
 from llmgw.gateway.health import HealthProber
 from llmgw.gateway.link import ControlPlaneLink
@@ -48,7 +49,6 @@ from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.tenancy.check import TenantCheck
 from llmgw.gateway.tenancy.point import EnforcementPoint
 from llmgw.gateway.types import Receive, Reply, Scope
-from llmgw.gateway.upstream import Upstream
 from llmgw.http.asgi import as_asgi
 from llmgw.http.contract import Asgi, Endpoint
 from llmgw.promkit import scrape_allowed

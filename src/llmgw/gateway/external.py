@@ -6,7 +6,7 @@ Two things, both decided once per config version, never per request:
   gateway's process, read here when a config arrives. The control plane only
   ever holds the name, so the key is in no store, no admin read and no
   routing table; it lives in this process' memory and in the request head
-  rendered for the endpoint (llmgw.gateway.upstream.Upstream.target);
+  rendered for the endpoint (llmgw.gateway.engineclient.Upstream.target);
 * the model's name in answers: the request body carries the upstream's name
   (``ModelRoute.served_name``), and the answer's ``model`` field is put back
   to the catalog's name, so a client sees the name it asked for, whatever the

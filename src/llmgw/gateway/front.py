@@ -18,6 +18,7 @@ import orjson
 
 from llmgw.gateway.admission import Admission
 from llmgw.gateway.checks.auth import KeyRecord, authenticate
+from llmgw.gateway.engineclient import Upstream
 from llmgw.gateway.metering.batcher import UsageBatcher
 from llmgw.gateway.metrics import GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
@@ -27,7 +28,6 @@ from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView, model_entry
 from llmgw.gateway.tenancy.check import TenantCheck
 from llmgw.gateway.types import Receive, Reply, Scope
-from llmgw.gateway.upstream import Upstream
 from llmgw.http.contract import request_headers
 
 _ID_PREFIX = os.urandom(8).hex()

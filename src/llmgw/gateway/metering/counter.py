@@ -20,11 +20,11 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from llmgw.gateway.engineclient import Upstream
 from llmgw.gateway.metering.tally import StreamTally
 from llmgw.gateway.metering.tokenizer import CountFailed, EngineTokenizer
 from llmgw.gateway.metering.usage import Usage
 from llmgw.gateway.routing.replica import Replica
-from llmgw.gateway.upstream import Upstream
 from llmgw.http.upstream import BodyBroken, ConnectFailed, UpstreamTimeout
 
 log = logging.getLogger(__name__)

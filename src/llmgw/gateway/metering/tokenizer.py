@@ -17,9 +17,9 @@ from typing import Any
 import orjson
 
 from llmgw.gateway.dialect import Mending
+from llmgw.gateway.engineclient import Upstream
 from llmgw.gateway.metering.usage import find_usage
 from llmgw.gateway.routing.replica import Replica
-from llmgw.gateway.upstream import Upstream
 
 
 class CountFailed(Exception):

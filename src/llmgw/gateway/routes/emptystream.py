@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from llmgw.gateway.upstream import Upstream
+from llmgw.gateway.engineclient import Upstream
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 if TYPE_CHECKING:
