@@ -161,6 +161,19 @@ def wait_up_json(
     )
 
 
+def interrupt_up(proc: subprocess.Popen[bytes], grace_s: float = 60.0) -> bool:
+    """Ctrl-C to a spawned `llmgw up`, its process alone (it stops what it started itself);
+    False when it had not exited within ``grace_s`` and its whole session was killed."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return False
+    return True
+
+
 # -- other llmgw commands as child processes ----------------------------------------------
 
 

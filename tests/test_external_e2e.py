@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ import pytest
 from openai import OpenAI
 from tests.gateway.test_external import KEY as HOSTED_KEY
 from tests.gateway.test_external import HostedApi
-from tests.servers import free_port, spawn_up, wait_up_json
+from tests.servers import free_port, interrupt_up, spawn_up, wait_up_json
 from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.slow
@@ -169,12 +168,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
         _until(lambda: set(world.urls("team-llama").values()) == {"up"}, "both URLs up")
         yield world
     finally:
-        if proc is not None and proc.poll() is None:
-            os.kill(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        if proc is not None:
+            interrupt_up(proc)
         for engine in engines:
             engine.kill()
         background.run(hosted.stop())

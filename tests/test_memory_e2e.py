@@ -14,10 +14,7 @@ under 3 GB. The figures are written to test-output/memory-e2e.json.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +26,7 @@ import psutil
 import pytest
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
-from tests.servers import free_port, spawn_up, wait_up_json
+from tests.servers import free_port, interrupt_up, spawn_up, wait_up_json
 from tests.test_up_e2e import descendants, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -161,12 +158,7 @@ def test_the_engine_stays_within_its_budget_under_mixed_traffic(
         states = httpx.get(f"{info['admin_url']}/admin/v1/replicas", headers=admin).json()
         assert [r["state"] for r in states] == ["ready"], states
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        interrupt_up(proc)
 
 
 def _engine_record(data_dir: Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 from openai import OpenAI
-from tests.servers import free_port, spawn_up, wait_up_json
+from tests.servers import free_port, interrupt_up, spawn_up, wait_up_json
 from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.slow
@@ -193,11 +193,7 @@ def test_up_serves_the_real_model(tmp_path: Path, test_output: Path) -> None:
         children = []
         if proc.poll() is None:
             children = descendants(proc.pid)
-            os.kill(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            if not interrupt_up(proc):
                 pytest.fail("llmgw up did not stop within 60 s of SIGINT")
     assert proc.returncode == 0, log.read_text()[-3000:]
 

@@ -28,6 +28,10 @@ KEY = "llmgw-agent-key-" + "k" * 43
 OTHER_KEY = "llmgw-agent-key-" + "o" * 43
 
 
+# A client calling a control plane's app in-process, the plane, its first credentials.
+Api = tuple[httpx.AsyncClient, ControlPlane, NewCredentials]
+
+
 class Plane(NamedTuple):
     cp: ControlPlane
     creds: NewCredentials

@@ -7,27 +7,14 @@ Retry-After on one side only, a 401 WWW-Authenticate on the other only.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.control.planekit import bearer, opened_plane
+from tests.control.planekit import Api, bearer
 
-from llmgw.control.app import create_app
-from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.errors import StoreError
 from llmgw.wire import ErrorBody
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ControlPlane,
-                                                     NewCredentials]]:
-    async with opened_plane(tmp_path) as (cp, creds):
-        transport = httpx.ASGITransport(app=create_app(cp))
-        async with httpx.AsyncClient(transport=transport, base_url="http://cp") as client:
-            yield client, cp, creds
 
 
 def _error(answer: httpx.Response) -> tuple[int, str | None, str | int | None]:
@@ -41,7 +28,7 @@ def _away(*_: Any, **__: Any) -> Any:
 
 
 async def test_a_store_error_is_503_with_retry_after_on_every_api(
-    api: tuple[httpx.AsyncClient, ControlPlane, NewCredentials],
+    api: Api,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client, cp, creds = api
@@ -57,7 +44,7 @@ async def test_a_store_error_is_503_with_retry_after_on_every_api(
 
 
 async def test_a_refused_credential_is_401_naming_bearer_on_every_api(
-    api: tuple[httpx.AsyncClient, ControlPlane, NewCredentials],
+    api: Api,
 ) -> None:
     client, _, _ = api
     wrong = bearer("llmgw-admin-wrong")
@@ -69,7 +56,7 @@ async def test_a_refused_credential_is_401_naming_bearer_on_every_api(
 
 
 async def test_an_invalid_body_is_422_naming_the_problem_on_every_api(
-    api: tuple[httpx.AsyncClient, ControlPlane, NewCredentials],
+    api: Api,
 ) -> None:
     client, _, creds = api
     assert creds.admin_token

@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -114,20 +114,14 @@ def engine_environment(added: dict[str, str], drop: frozenset[str] = frozenset()
     return env
 
 
+@dataclass(eq=False)
 class Supervisor:
-    def __init__(
-        self,
-        logs_dir: Path,
-        *,
-        log_max_bytes: int = LOG_MAX_BYTES,
-        log_backups: int = LOG_BACKUPS,
-        engine_user: EngineUser | None = None,
-    ) -> None:
-        self.logs_dir = logs_dir
-        self.log_max_bytes = log_max_bytes
-        self.log_backups = log_backups
-        # Engines run under this user (agent.engineuser); None: the agent's own.
-        self.engine_user = engine_user
+    logs_dir: Path
+    _: KW_ONLY
+    log_max_bytes: int = LOG_MAX_BYTES
+    log_backups: int = LOG_BACKUPS
+    # Engines run under this user (agent.engineuser); None: the agent's own.
+    engine_user: EngineUser | None = None
 
     def log_path(self, replica_id: str) -> Path:
         return self.logs_dir / f"{replica_id}.log"

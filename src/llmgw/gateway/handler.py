@@ -69,7 +69,8 @@ async def handle(rt: Runtime, route: Route, scope: Scope, receive: Receive, send
         send.cancel_if_gone()
         current = rt.snapshot
         rename = current.renames.get(model) if current is not None else None
-        call = Call(rt, record, model, started, request_id, id_header, send, rename)
+        call = Call(rt, record, model, started, request_id, id_header, send, rename,
+                    rt.metrics.model(model))
         # The route's steps are plain calls returning what to await: this
         # frame waits in forward's own.
         status = await route.serve(call, payload, body, router)

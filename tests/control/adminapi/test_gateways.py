@@ -3,28 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import httpx
-import pytest
-from tests.control.planekit import bearer, opened_plane
+from tests.control.planekit import Api, bearer
 
-from llmgw.control.app import create_app
 from llmgw.control.gateway_count import GatewayCount
-from llmgw.control.plane import ControlPlane, NewCredentials
 from llmgw.wire import GatewayLoadReport, ReplicaLoad
-
-Api = tuple[httpx.AsyncClient, ControlPlane, NewCredentials]
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[Api]:
-    async with opened_plane(tmp_path) as (cp, creds):
-        transport = httpx.ASGITransport(app=create_app(cp))
-        async with httpx.AsyncClient(transport=transport, base_url="http://cp") as client:
-            yield client, cp, creds
 
 
 async def _load(api: Api, gateway: str, in_flight: list[int],

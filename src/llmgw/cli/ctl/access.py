@@ -19,14 +19,9 @@ from llmgw.cli.ctl.limits import (
     TpmOpt,
     limits_body,
     limits_cell,
-    priority_body,
 )
 from llmgw.cli.ctl.listing import list_by_default
-from llmgw.cli.ctl.render import (
-    JsonOpt,
-    local_time,
-    print_json,
-)
+from llmgw.cli.ctl.render import JsonOpt, local_time, print_answer, print_json
 
 keys_app = typer.Typer(help="API keys: list (default), create, set, revoke.")
 
@@ -59,8 +54,8 @@ def key_create(
 ) -> None:
     """Create an API key; its secret is shown now and never again."""
     body = {"name": name, "models": model or [], "team": team,
-            **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period),
-            **priority_body(priority),
+            **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period,
+                           priority),
             "expires_at": None if expires_in_days is None
             else time.time() + expires_in_days * 86400}
     created = admin_client(ctx).call("POST", "/keys", body=body)
@@ -84,16 +79,13 @@ def key_set(
     as_json: JsonOpt = False,
 ) -> None:
     """Change a key's team or limits (those given; 0 clears a limit)."""
-    body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period)
-    body.update(priority_body(priority))
+    body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period,
+                       priority)
     if team is not None:
         body["team"] = None if team == "none" else team
     changed = admin_client(ctx).call("PATCH", f"/keys/{key_id}", body=body)
-    if as_json:
-        print_json(changed)
-        return
-    typer.echo(f"key {changed['key_id']} (team {changed.get('team_id') or '-'}):"
-               f" {limits_cell(changed)}")
+    print_answer(changed, as_json, f"key {changed['key_id']} (team"
+                 f" {changed.get('team_id') or '-'}): {limits_cell(changed)}")
 
 
 @keys_app.command("revoke")

@@ -24,20 +24,11 @@ PriorityOpt = Annotated[str | None, typer.Option(
     " ('none': a key's team's, else standard).")]
 
 
-def priority_body(priority: str | None) -> dict[str, Any]:
-    """``--priority`` as the admin API's field (absent when not given)."""
-    if priority is None:
-        return {}
-    if priority == "none":
-        return {"priority": None}
-    if priority not in PRIORITY_CLASSES:
-        raise CtlError(f"--priority {priority!r}: {', '.join(PRIORITY_CLASSES)} or none")
-    return {"priority": priority}
-
-
 def limits_body(rpm: int | None, tpm: int | None, day: int | None, month: int | None,
-                budget: float | None, period: str | None) -> dict[str, Any]:
-    """The options given, as the admin API's fields; 0 clears a limit (null)."""
+                budget: float | None, period: str | None, priority: str | None,
+                ) -> dict[str, Any]:
+    """The options given, as the admin API's fields; 0 clears a limit (null), and
+    ``--priority none`` the key's or team's class."""
     if period is not None and period not in ("day", "week", "month"):
         raise CtlError(f"--budget-period {period!r}: day, week or month")
     given = {"rpm": rpm, "tpm": tpm, "tokens_per_day": day, "tokens_per_month": month,
@@ -45,6 +36,12 @@ def limits_body(rpm: int | None, tpm: int | None, day: int | None, month: int | 
     body: dict[str, Any] = {k: (v or None) for k, v in given.items() if v is not None}
     if period is not None:
         body["budget_period"] = period
+    if priority == "none":
+        body["priority"] = None
+    elif priority is not None:
+        if priority not in PRIORITY_CLASSES:
+            raise CtlError(f"--priority {priority!r}: {', '.join(PRIORITY_CLASSES)} or none")
+        body["priority"] = priority
     return body
 
 

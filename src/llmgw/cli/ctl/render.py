@@ -66,6 +66,14 @@ def print_json(data: Any) -> None:
     typer.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
+def print_answer(answer: Any, as_json: bool, line: str) -> None:
+    """An admin API answer to a change: its JSON with --json, else ``line`` for people."""
+    if as_json:
+        print_json(answer)
+    else:
+        typer.echo(line)
+
+
 def show_view(
     fetch: Callable[[], Any], render: Callable[[Any], Any], every: float | None
 ) -> None:

@@ -17,10 +17,9 @@ from llmgw.cli.ctl.limits import (
     TpmOpt,
     limits_body,
     limits_cell,
-    priority_body,
 )
 from llmgw.cli.ctl.listing import list_by_default
-from llmgw.cli.ctl.render import JsonOpt, print_json
+from llmgw.cli.ctl.render import JsonOpt, print_answer
 
 teams_app = typer.Typer(help="Teams: list (default), create, set, delete.")
 
@@ -53,13 +52,11 @@ def team_create(
 ) -> None:
     """Create a team; its limits hold over all its keys together, on every gateway."""
     body = {"name": name, "models": model or [],
-            **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period),
-            **priority_body(priority), **({"weight": weight} if weight else {})}
+            **limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period,
+                           priority), **({"weight": weight} if weight else {})}
     team = admin_client(ctx).call("POST", "/teams", body=body)
-    if as_json:
-        print_json(team)
-        return
-    typer.echo(f"team {team['name']} ({team['team_id']}) created: {limits_cell(team)}")
+    print_answer(team, as_json,
+                 f"team {team['name']} ({team['team_id']}) created: {limits_cell(team)}")
 
 
 @teams_app.command("set")
@@ -77,8 +74,8 @@ def team_set(
     as_json: JsonOpt = False,
 ) -> None:
     """Change a team's name, models or limits (those given; 0 clears a limit)."""
-    body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period)
-    body.update(priority_body(priority))
+    body = limits_body(rpm, tpm, tokens_per_day, tokens_per_month, budget, budget_period,
+                       priority)
     if weight:
         body["weight"] = weight
     if name is not None:
@@ -86,10 +83,8 @@ def team_set(
     if model or all_models:
         body["models"] = [] if all_models else model
     changed = admin_client(ctx).call("PATCH", f"/teams/{team}", body=body)
-    if as_json:
-        print_json(changed)
-        return
-    typer.echo(f"team {changed['name']} ({changed['team_id']}): {limits_cell(changed)}")
+    print_answer(changed, as_json,
+                 f"team {changed['name']} ({changed['team_id']}): {limits_cell(changed)}")
 
 
 @teams_app.command("delete")
