@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
@@ -12,7 +13,7 @@ from aiohttp import web
 from tests.agent.fakes import serve_app
 
 from llmgw.agent.engineprobe import EngineEndpoint
-from llmgw.agent.loras import EngineControl
+from llmgw.agent.loras import EngineControl, start_adapters
 from llmgw.sim.engine import SimEngine
 from llmgw.wire import (
     ModelSpec,
@@ -118,3 +119,31 @@ async def test_an_engine_started_with_its_adapters_keeps_them_and_reports_later_
     assert posted == [("/lora-adapters", [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}])]
     control.release_all(released.append)
     assert released == ["hold-a"] and control.loaded == {}
+
+
+async def test_an_adapter_whose_weights_cannot_be_had_is_left_out_of_the_start() -> None:
+    # One broken catalog entry must not keep the base (and the other adapters) from serving.
+    class Weights:
+        released: list[str] = []
+
+        def hold(self, spec: ModelSpec) -> str:
+            return f"hold-{spec.name}"
+
+        def release(self, key: str) -> None:
+            self.released.append(key)
+
+        async def ensure(self, spec: ModelSpec, **_: object) -> str:
+            if spec.name == "broken":
+                raise ValueError("digest mismatch")
+            return f"/cache/{spec.name}.gguf"
+
+    weights = Weights()
+    deps = SimpleNamespace(weights=weights, peers=lambda _: [], peer_token=lambda: None,
+                           peer_session=None, session=None)  # fmt: skip
+    control = EngineControl("r1")
+    started = await start_adapters(deps, control, [adapter("a"), adapter("broken")],  # type: ignore[arg-type]
+                                   at_start=True)  # fmt: skip
+    assert started == (("a", "/cache/a.gguf"),)
+    assert control.fixed == frozenset({"a"}) and weights.released == ["hold-broken"]
+    assert "digest mismatch" in control.reported_errors()["broken"]
+    assert await start_adapters(deps, EngineControl("r2"), [adapter("a")], at_start=False) == ()  # type: ignore[arg-type]

@@ -47,7 +47,6 @@ from llmgw.agent.memguard import EngineMemory
 from llmgw.agent.replicalaunch import fetch_weights
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.weights import Progress
-from llmgw.errors import EngineError
 from llmgw.sleepmode import sleeps_by_itself
 from llmgw.wire import EngineDialect, ModelSpec, ReplicaAssignment, ReplicaStatus
 
@@ -263,17 +262,29 @@ async def start_adapters(
 ) -> tuple[tuple[str, str], ...]:
     """The adapters an engine that takes them only at its start (``at_start``) is
     started with: ``specs`` fetched and held, as (name, weights path) in the engine's
-    order; none for an engine that loads them at runtime."""
+    order; none for an engine that loads them at runtime.
+
+    One whose weights cannot be had is left out and reported with why: the base
+    and the other adapters serve without it.
+    """
     if not at_start:
         return ()
     holds: dict[str, str | None] = {}
     paths: list[tuple[str, str]] = []
+    failed: dict[str, str] = {}
     try:
         for spec in specs:
-            holds[spec.name] = deps.weights.hold(spec)
-            path = await fetch_weights(deps, spec, Progress())
+            hold = deps.weights.hold(spec)
+            try:
+                path = await fetch_weights(deps, spec, Progress())
+            except Exception as exc:  # a download or a digest that did not match
+                path, failed[spec.name] = None, f"weights: {exc}"
             if path is None:
-                raise EngineError(f"adapter {spec.name!r} has no weights to start with")
+                failed.setdefault(spec.name, "weights: none to start with")
+                if hold is not None:
+                    deps.weights.release(hold)
+                continue
+            holds[spec.name] = hold
             paths.append((spec.name, path))
     except BaseException:
         for hold in holds.values():
@@ -281,6 +292,10 @@ async def start_adapters(
                 deps.weights.release(hold)
         raise
     control.started_with(holds)
+    now = time.monotonic()
+    control.errors.update({name: (why, now) for name, why in failed.items()})
+    for name, why in failed.items():
+        log.warning("replica %s: adapter %s left out: %s", control.replica_id, name, why)
     return tuple(paths)
 
 
