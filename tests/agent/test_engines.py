@@ -628,3 +628,29 @@ def test_llama_server_starts_with_its_adapters_at_scale_0_numbered_for_the_gatew
     assert not python.adapters_at_start
     with pytest.raises(EngineError, match="need llama-server"):
         python.validate(a)
+
+
+def test_llama_servers_idle_sleep_takes_its_own_values_only() -> None:
+    d = [cpu_slot()]
+    server = LlamaCppAdapter(server_binary="/usr/local/bin/llama-server")
+    for good in (["--sleep-idle-seconds", "30"], ["--sleep_idle_seconds=-1"]):
+        server.validate(assign(gemma().model_copy(update={"engine_args": good}), d))
+    for bad in (["--sleep-idle-seconds", "0"], ["--sleep-idle-seconds", "-5"],
+                ["--sleep-idle-seconds=soon"]):  # fmt: skip
+        with pytest.raises(EngineError, match="whole number of seconds above 0, or -1"):
+            server.validate(assign(gemma().model_copy(update={"engine_args": bad}), d))
+
+
+def test_a_gguf_is_read_once_while_unchanged(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # A guarded engine's launch is built twice, each time on a cold start's path.
+    from llmgw.agent.engines import gguf
+
+    path = write_gguf(tmp_path / "m.gguf", "gemma3")
+    reads: list[str] = []
+    real = gguf._read
+    monkeypatch.setattr(gguf, "_read", lambda p: reads.append(p) or real(p))
+    assert gguf.read_info(path) == gguf.read_info(path)
+    assert reads == [path]
+    write_gguf(tmp_path / "m.gguf", "qwen2", chat_template="{{ messages }}")  # changed
+    assert gguf.read_info(path).architecture == "qwen2" and reads == [path, path]

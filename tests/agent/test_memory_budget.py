@@ -218,7 +218,7 @@ def llamacpp_argv(
 
 
 def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
-    from llmgw.agent.engines.llamacpp import PROMPT_CACHE_SHARE
+    from llmgw.agent.engines.llamacpppython import PROMPT_CACHE_SHARE
 
     budget = GEMMA_BUDGET_MIB
     assert budget == 768 + 242 + 256 + 512  # runtime, GGUF, KV of 8192 tokens, headroom

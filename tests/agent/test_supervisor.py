@@ -171,3 +171,18 @@ def test_ports_never_collide_and_skip_busy_ones() -> None:
         restarted.restore(rid, port)  # as the agent does from its engine records
     assert restarted.allocate("new") not in alloc.taken().values()
     assert port_is_free("127.0.0.1", busy_port)
+
+
+async def test_an_agent_finds_only_the_engines_it_started(tmp_path: Path) -> None:
+    # Two agents on one host, each with a replica "r1": the one looking for an
+    # engine it started but never recorded must not take the other's.
+    mine, theirs = Supervisor(tmp_path / "a" / "logs"), Supervisor(tmp_path / "b" / "logs")
+    ports = PortAllocator("127.0.0.1")
+    proc = theirs.spawn("r1", stub_launch(ports.allocate("r1")))
+    try:
+        await wait_for_log(theirs, "r1", "ready to serve")
+        assert mine.find("r1") is None
+        found = theirs.find("r1")
+        assert found is not None and found.pid == proc.pid
+    finally:
+        await theirs.stop(proc, 5.0)

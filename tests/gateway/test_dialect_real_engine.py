@@ -34,7 +34,7 @@ from tests.gateway.test_real_engine import (  # noqa: F401 (fixture)
 from tests.waiting import eventually
 
 from llmgw import wire
-from llmgw.agent.engines.llamacpp import PYTHON_DIALECT
+from llmgw.agent.engines.llamacpppython import PYTHON_DIALECT
 from llmgw.gateway.link import MemoryLink
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,7 @@ from tests.gateway.test_real_engine import SERVED, Engine, llama_server
 from tests.waiting import eventually
 
 from llmgw import wire
-from llmgw.agent.engines.llamacpp import PYTHON_DIALECT, declared_template
+from llmgw.agent.engines.llamacpppython import PYTHON_DIALECT, declared_template
 from llmgw.agent.engines.templates import template_files
 from llmgw.gateway.link import MemoryLink
 

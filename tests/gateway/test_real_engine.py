@@ -237,7 +237,7 @@ async def test_system_and_developer_messages_reach_the_starter_model(
     # adapter declares (the gateway sends "developer" as "system", a role
     # llama_cpp.server refuses). Its gemma format dropped both: the same
     # prompt_tokens with or without them.
-    from llmgw.agent.engines.llamacpp import PYTHON_DIALECT
+    from llmgw.agent.engines.llamacpppython import PYTHON_DIALECT
     from llmgw.agent.engines.templates import template_files
 
     config = template_files("gemma3").tokenizer_config

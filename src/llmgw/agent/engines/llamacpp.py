@@ -18,10 +18,8 @@ as the template's text). For such a file of a family llmgw knows (by its
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
-from pathlib import Path
 
 from llmgw import memory
 from llmgw.agent.engines.base import (
@@ -34,22 +32,23 @@ from llmgw.agent.engines.base import (
     require_weights,
     uses_gpus,
 )
+from llmgw.agent.engines.llamacpppython import (
+    CONTEXT_HINT,
+    PYTHON_DIALECT,
+    PYTHON_RULES,
+    declared_template,
+    python_argv,
+    python_true,
+)
 from llmgw.agent.engines.templates import SuppliedTemplate, supplied_for
 from llmgw.agent.progress import LLAMA_SERVER_METRICS
-from llmgw.engine_env import (
-    LLAMA_CPP_PYTHON_DROP,
-    LLAMA_CPP_PYTHON_MANAGED,
-    LLAMA_CPP_PYTHON_SETTINGS,
-    LLAMA_SERVER_DROP,
-)
+from llmgw.engine_env import LLAMA_CPP_PYTHON_DROP, LLAMA_SERVER_DROP
 from llmgw.errors import EngineError
-from llmgw.wire import ChatTemplate, EngineDialect, EngineKind, ExtraRoute, ReplicaAssignment
+from llmgw.sleepmode import LLAMA_SERVER_IDLE_FLAG
+from llmgw.wire import EngineDialect, EngineKind, ExtraRoute, ReplicaAssignment
 
 SERVER_BINARY = "llama-server"
 
-# The context is the model's kv_capacity_tokens, so that the gateway's
-# prefix index and the engine's cache agree on what one replica holds.
-_CONTEXT_HINT = "set the model's kv_capacity_tokens instead"
 _LORA_HINT = ("make each adapter a catalog entry with `base:` this model; clients then name"
               " the adapter as a model")
 # llama-server (common/arg.cpp of the llama.cpp that llama-cpp-python 0.3.36
@@ -100,8 +99,8 @@ BINARY_RULES = FlagRules(
     ),
     dashes=True,
     hints={
-        "-c": _CONTEXT_HINT,
-        "--ctx-size": _CONTEXT_HINT,
+        "-c": CONTEXT_HINT,
+        "--ctx-size": CONTEXT_HINT,
         "--chat-template": "llama-server reads its value as the template's Jinja text, not a"
         " name; give a file with --chat-template-file, or leave the model's own",
         "--lora": _LORA_HINT,
@@ -109,21 +108,6 @@ BINARY_RULES = FlagRules(
         "--lora-init-without-apply": _LORA_HINT,
     },
 )
-# llama_cpp.server: Python argparse over its settings' names (underscores
-# kept), so a unique prefix counts; its own flags (--cache of --cache_size)
-# are read as themselves.
-PYTHON_RULES = FlagRules(
-    managed=frozenset(f"--{name}" for name in LLAMA_CPP_PYTHON_MANAGED),
-    abbreviations=True,
-    flags=frozenset(f"--{name}" for name in LLAMA_CPP_PYTHON_SETTINGS),
-    hints={
-        "--n_ctx": _CONTEXT_HINT,
-        "--interrupt_requests": "the agent starts it with false: with true a second request"
-        " cuts a running stream short",
-    },
-)
-
-
 # llama-server sends stream usage when asked (server-task.cpp, an empty-choices
 # chunk). It reads max_completion_tokens only since early 2026
 # (server-schema.cpp, an alias of n_predict); builds before it generate to
@@ -140,65 +124,6 @@ SERVER_DIALECT = EngineDialect(
     tokenize_field="content",
     embeddings=False,
 )
-# llama_cpp.server's request models drop both max_completion_tokens and
-# stream_options (llama_cpp/server/types.py): no limit, no stream usage. Its
-# /extras/tokenize/count tokenizes as generation does (BOS, special tokens).
-# It runs a non-streamed completion in a threadpool worker with no check of
-# the connection (server/app.py: run_in_threadpool), so a client that leaves
-# one leaves the engine generating to its limit; a stream it stops between
-# two chunks. llama-server checks the connection either way.
-# It computes one request at a time (one lock around the model), and its
-# prompt cache holds whole states (concurrent false).
-# Its chat request model knows no "developer" role (a 500 carrying pydantic's
-# error and its traceback's paths), and it answers one choice whatever ``n``
-# asks (llama_chat_format passes no ``n`` on). As the agent starts it (no
-# --embedding, --logits_all false) it serves no embeddings and no logprobs;
-# the catalog's engine_args may turn either on (_dialect).
-PYTHON_DIALECT = EngineDialect(
-    concurrent=False,
-    max_completion_tokens=False,
-    stream_usage=False,
-    tokenize_path="/extras/tokenize/count",
-    tokenize_field="input",
-    stops_unstreamed=False,
-    developer_role=False,
-    choices=False,
-    embeddings=False,
-    logprobs=False,
-)
-
-
-# llama_cpp.server's RAM prompt cache counts only llama.cpp's own state
-# against --cache_size, not the copy of up to n_batch rows of logits
-# (n_vocab floats each: 1 MiB a row for Gemma) kept beside every cached
-# prompt. Measured on gemma-3-270m: 40 small requests took the engine from
-# 0.5 GB to 2.5 GB of RSS with --cache_size 32 MiB, to 3 GB and still growing
-# with 256 MiB; without the cache it stayed near 0.6 GB. So the cache is off
-# unless the catalog turns it on (the engine still reuses the longest prefix
-# of its last prompt), and then --cache_size is this fraction of the room the
-# budget leaves, so that the uncounted copies fit as well.
-PROMPT_CACHE_SHARE = 64
-
-
-def _python_memory_flags(ctx: LaunchContext, extra: list[str]) -> list[str]:
-    """Flags that keep llama_cpp.server's RSS within the replica's memory budget."""
-    flags: list[str] = []
-    # The server's default (unlike the library's) keeps logits for every
-    # token of the context: n_ctx x n_vocab floats, about 1 MB per token for
-    # Gemma. Only logprobs need them, and the gateway sends none it cannot serve.
-    if not _python_sets(extra, "logits_all"):
-        flags += ["--logits_all", "false"]
-    cache_on = _python_true(extra, "cache")
-    budget = ctx.memory_budget_mib
-    if cache_on and budget is not None and not _python_sets(extra, "cache_size"):
-        spec = ctx.assignment.model
-        weights_mib = -(-(ctx.weights_bytes or 0) // memory.MIB)
-        room = budget - memory.LLAMACPP_RUNTIME_MIB - memory.kv_cache_mib(spec) - weights_mib
-        cache_bytes = max(0, room) * memory.MIB // PROMPT_CACHE_SHARE
-        flags += ["--cache_size", str(cache_bytes)]
-    return flags
-
-
 # llama-server (since llama.cpp b6700-ish, PR 16391, and so in the one
 # llama-cpp-python 0.3.36 bundles) keeps a prompt cache of saved slot states
 # in host RAM, 8 GiB by default (-cram/--cache-ram, in MiB; 0 turns it off,
@@ -215,59 +140,6 @@ def _server_sets(extra: list[str], *flags: str) -> bool:
     return has_flag([_dashed(item) for item in extra], *flags)
 
 
-# llama_cpp.server's boolean values (server/cli.py _parse_bool_arg), in any case.
-_PYTHON_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-
-
-def python_settings(extra: list[str]) -> dict[str, str]:
-    """The settings a catalog arg list gives llama_cpp.server, read as its argparse reads
-    them: ``--name value`` or ``--name=value``, a unique prefix of a name (``--embed``)
-    for the name, the last one given winning."""
-    found: dict[str, str] = {}
-    for index, item in enumerate(extra):
-        if not item.startswith("--"):
-            continue
-        flag, sep, value = item.partition("=")
-        name = _python_setting(flag[2:])
-        if name is None:
-            continue
-        if sep:
-            found[name] = value
-        elif index + 1 < len(extra):
-            found[name] = extra[index + 1]
-    return found
-
-
-def _python_setting(given: str) -> str | None:
-    if given in LLAMA_CPP_PYTHON_SETTINGS:
-        return given
-    matches = [name for name in LLAMA_CPP_PYTHON_SETTINGS if given and name.startswith(given)]
-    return matches[0] if len(matches) == 1 else None
-
-
-def _python_true(extra: list[str], setting: str) -> bool:
-    """Whether a catalog arg list turns one of llama_cpp.server's boolean settings on."""
-    value = python_settings(extra).get(setting)
-    return value is not None and value.strip().lower() in _PYTHON_TRUE
-
-
-def _python_sets(extra: list[str], setting: str) -> bool:
-    return setting in python_settings(extra)
-
-
-def declared_template(template: SuppliedTemplate | None, extra: list[str]) -> ChatTemplate | None:
-    """What llama_cpp.server renders chats with, for the gateway to render them alike:
-    the supplied template in its hf-tokenizer-config shape, unless the catalog chose a
-    format. None otherwise (a model's own template may map to one of the engine's
-    Python formats, which only the engine knows)."""
-    if template is None or _python_sets(extra, "chat_format"):
-        return None
-    config = json.loads(Path(template.tokenizer_config).read_text(encoding="utf-8"))
-    return ChatTemplate(
-        jinja=config["chat_template"], bos_token=config["bos_token"], eos_token=config["eos_token"]
-    )
-
-
 def _dialect(
     server: bool, extra: list[str], template: SuppliedTemplate | None = None,
     adapters: tuple[tuple[str, str], ...] = (),
@@ -280,7 +152,7 @@ def _dialect(
     serves none of them. Both compute embeddings only when started for them
     (``--embedding``; llama_cpp.server answers 500 otherwise, llama-server
     501). llama_cpp.server returns logprobs only with ``--logits_all true``,
-    which the agent turns off unless the catalog sets it (_python_memory_flags).
+    which the agent turns off unless the catalog sets it (llamacpppython.python_memory_flags).
     llama_cpp.server reports no stream usage: the template it was given goes with
     its dialect (declared_template).
     """
@@ -289,8 +161,8 @@ def _dialect(
             update={
                 "chat_template": declared_template(template, extra),
                 "extra_routes": [],
-                "embeddings": _python_true(extra, "embedding"),
-                "logprobs": _python_true(extra, "logits_all"),
+                "embeddings": python_true(extra, "embedding"),
+                "logprobs": python_true(extra, "logits_all"),
             }
         )
     routes: list[ExtraRoute] = ["/v1/responses"]
@@ -384,58 +256,13 @@ def _server_argv(
     return argv, health, None
 
 
-def _python_argv(
-    python: str,
-    ctx: LaunchContext,
-    path: str,
-    template: SuppliedTemplate | None,
-    gpu: bool,
-    extra: list[str],
-) -> tuple[list[str], str, str | None]:
-    """llama_cpp.server's command line before the catalog's own flags; its health path
-    and the path probed while serving."""
-    spec = ctx.assignment.model
-    argv = [
-        python,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        path,
-        "--host",
-        ctx.host,
-        "--port",
-        str(ctx.port),
-        "--model_alias",
-        spec.name,
-        "--n_ctx",
-        str(spec.kv_capacity_tokens),
-        # Its default, true, ends a running stream (as if complete:
-        # "[DONE]", no finish_reason) whenever another request waits
-        # for the model; with false the second one waits its turn.
-        "--interrupt_requests",
-        "false",
-    ]
-    if gpu and not _python_sets(extra, "n_gpu_layers"):
-        argv += ["--n_gpu_layers", "-1"]
-    if template is not None and not _python_sets(extra, "chat_format"):
-        # A Jinja template from a tokenizer_config.json: its gemma
-        # format would drop every system message.
-        argv += [
-            "--chat_format", "hf-tokenizer-config",
-            "--hf_tokenizer_config_path", template.tokenizer_config,
-        ]  # fmt: skip
-    if ctx.tls is not None:
-        # Paths only: the key stays in its owner-only file.
-        argv += ["--ssl_keyfile", ctx.tls.key_file, "--ssl_certfile", ctx.tls.cert_file]
-    argv += _python_memory_flags(ctx, extra)
-    health = "/v1/models"
-    # Every model route of llama_cpp.server waits for the model lock,
-    # so a probe of one would wait for a whole completion. While
-    # serving, probe the FastAPI app's own docs page instead: it needs
-    # no lock, so it proves the server answers, though not that the
-    # model still computes.
-    liveness = "/docs"
-    return argv, health, liveness
+def _sleep_seconds(value: str) -> bool:
+    """Whether llama-server takes ``value`` for --sleep-idle-seconds (common/arg.cpp)."""
+    try:
+        seconds = int(value)
+    except ValueError:
+        return False
+    return seconds > 0 or seconds == -1
 
 
 class LlamaCppAdapter:
@@ -472,6 +299,11 @@ class LlamaCppAdapter:
         check_common(assignment, self.managed_flags)
         if assignment.nodes > 1:
             raise EngineError("llama.cpp replicas run on one node; nodes must be 1")
+        idle = memory.flag_value([_dashed(a) for a in assignment.model.engine_args],
+                                 (LLAMA_SERVER_IDLE_FLAG,))  # fmt: skip
+        if self.server_binary and idle is not None and not _sleep_seconds(idle):
+            raise EngineError(f"{LLAMA_SERVER_IDLE_FLAG} {idle!r}: llama-server takes a whole"
+                              " number of seconds above 0, or -1 to never sleep")
         if assignment.adapters and not self.server_binary:
             raise EngineError(
                 f"model {assignment.model.name!r}: LoRA adapters need llama-server, which this"
@@ -493,7 +325,7 @@ class LlamaCppAdapter:
                 self.server_binary, ctx, path, template, gpu, extra
             )
         else:
-            argv, health, liveness = _python_argv(self.python, ctx, path, template, gpu, extra)
+            argv, health, liveness = python_argv(self.python, ctx, path, template, gpu, extra)
         argv += extra
         env = launch_env(spec, ctx.devices, vulkan=self.vulkan)
         key = ctx.assignment.engine_key
