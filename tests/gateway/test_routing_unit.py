@@ -760,3 +760,47 @@ def test_a_serial_holder_keeps_what_a_detour_would_compute_twice() -> None:
     assert Policy(copy_cost=0.0).choose([holder, idle], held) == (holder, HIT, 0.0)
     holder.pending_prefill = 600.0
     assert Policy(copy_cost=0.0).choose([holder, idle], held)[:2] == (idle, OVERLOADED)
+
+
+def test_the_index_counts_the_prefixes_each_replica_is_home_to() -> None:
+    index = PrefixIndex()
+    index.sync({"a": 1000, "b": 1000})
+    prompts = [f"{n}" * PROMPT for n in range(3)]
+    for prompt in prompts:
+        index.record("a", block_hashes(prompt, BLOCK))
+    index.record("a", block_hashes(prompts[0] + " again", BLOCK))  # the same first block
+    assert (index.homed("a"), index.homed("b")) == (3, 0)
+    index.record("b", block_hashes(prompts[1], BLOCK))  # last recorded elsewhere: moves
+    assert (index.homed("a"), index.homed("b")) == (2, 1)
+
+
+def test_a_lone_gateway_spreads_new_prefixes_over_serial_engines_by_how_many_each_serves() -> None:
+    # Such an engine keeps a few whole prompt states: six groups on two
+    # engines hit most often three and three, whatever the hashes say
+    # (bench/routing_real_replay.py: splits of 4 and 2 on 5 of 12 seeds
+    # before, each costing hits and queueing on the engine with four).
+    lone = router(["a", "b"], lone=True)
+    lone.replicas[:] = [serial("a"), serial("b")]
+    prefix_of(lone)._sync_index()
+    homes = []
+    for group in range(6):
+        pick = lone.pick(f"group {group} " + "x" * PROMPT)
+        assert pick is not None and pick.outcome == MISS
+        lone.record(pick)
+        homes.append(pick.replica.replica_id)
+    assert sorted(homes) == ["a", "a", "a", "b", "b", "b"]
+    # Not at any price: the engine home to fewer prefixes is skipped while
+    # its queue exceeds the other's by more than this prompt's own prefill.
+    index = prefix_of(lone).index
+    more, fewer = lone.replicas
+    more.pending_prefill = 0.0
+    lone.record(Pick(more, MISS, block_hashes("group 6 " + "x" * PROMPT, BLOCK), 0.0))
+    assert index.homed(more.replica_id) == index.homed(fewer.replica_id) + 1
+    fewer.pending_prefill = 1.5 * PROMPT / 4
+    pick = lone.pick("group 7 " + "x" * PROMPT)
+    assert pick is not None and pick.replica is more
+    # A group it serves stays there.
+    fewer.pending_prefill = 0.0
+    again = lone.pick("group 0 " + "x" * PROMPT + " and a question")
+    assert again is not None and again.outcome == HIT
+    assert again.replica.replica_id == homes[0]

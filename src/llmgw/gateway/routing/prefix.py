@@ -28,7 +28,6 @@ from llmgw.gateway.routing.replica import Replica, mix
 # The index's capacities follow the measured characters per token once the
 # estimate has moved by this share since they were last set.
 CHARS_RESYNC = 0.1
-CHARS_RESYNC = 0.1
 # What an engine's report of the prompt tokens it found cached tells the
 # index about its size (the KV capacity it was given is only what the engine
 # was started with: a prompt cache beside the context holds more, a pool
@@ -45,6 +44,10 @@ CAPACITY_RANGE = 4.0
 # engine's prompt cache keeps a few whole states, so a copy of the prefix
 # elsewhere evicts another prefix there, a whole prefill again later.
 SERIAL_COPY_COST = 1.0
+# A new prefix on such engines goes to the replica home to the fewest
+# prefixes among those whose queued prefill exceeds the least queued by at
+# most this share of the prompt's own prefill (SoonestStart.spread_new).
+SPREAD_WAIT = 1.0
 
 
 def rendezvous(replicas: Sequence[Replica], key: int) -> Replica:
@@ -272,6 +275,38 @@ class SoonestStart:
                     break
         return best
 
+    def spread_new(
+        self, replicas: Sequence[Replica], key: int, index: PrefixIndex, home: str | None,
+        tokens: float,
+    ) -> Replica:  # fmt: skip
+        """A lone gateway's replica for a new prompt, on engines that compute one at a time.
+
+        Such an engine keeps a few whole prompt states, so how many distinct
+        prefixes it serves decides its hit rate more than which one starts
+        first: the replica home to the fewest prefixes takes a new one,
+        among those whose queued prefill is within SPREAD_WAIT of this
+        prompt's own of the least queued (then the least queued, then by
+        hash). A prefix the index forgot goes back home within the same
+        bound: the engine may hold it still, and a copy elsewhere would
+        unbalance the split for good.
+        """
+        ceiling = min(r.in_flight for r in replicas) + self.spread
+        least = min(r.pending_prefill for r in replicas if r.in_flight <= ceiling)
+        bound = least + SPREAD_WAIT * tokens
+        best: Replica | None = None
+        best_rank: tuple[int, int, int] = (0, 0, 0)
+        for replica in replicas:
+            if replica.in_flight > ceiling or replica.pending_prefill > bound:
+                continue
+            if replica.replica_id == home:
+                return replica
+            rank = (index.homed(replica.replica_id), index.blocks(replica.replica_id),
+                    -mix(key ^ replica.seed))  # fmt: skip
+            if best is None or rank < best_rank:
+                best, best_rank = replica, rank
+        assert best is not None  # the least queued is within the bound
+        return best
+
 
 def _rescale(replica: Replica, factor: float) -> bool:
     """Scale the replica's index capacity by ``factor`` within CAPACITY_RANGE; whether it moved."""
@@ -338,7 +373,11 @@ class PrefixPolicy(Policy):
             chars = len(prompt)
             tokens = chars / soonest.chars_per_token
             home = index.home(first)
-            replica = soonest.place_new(replicas, stable_key(prompt, block_chars), home, tokens)
+            key = stable_key(prompt, block_chars)
+            if replicas[0].serial:
+                replica = soonest.spread_new(replicas, key, index, home, tokens)
+            else:
+                replica = soonest.place_new(replicas, key, home, tokens)
             if replica.serial:
                 return self._claimed(Pick(replica, MISS, [], tokens, prompt, chars))
             return Pick(replica, MISS, [], tokens, prompt, chars)

@@ -142,10 +142,18 @@ class PrefixIndex:
         # LRU forgets the block (bounded by HOMES): the index's capacity is an
         # estimate, and an engine often still holds a prefix it forgot.
         self._homes: OrderedDict[int, str] = OrderedDict()
+        # How many remembered first blocks each replica is home to: how many
+        # distinct prefixes it was given, what new ones are spread by on
+        # engines that keep only a few (SoonestStart.place_new).
+        self._homed: dict[str, int] = {}
 
     def home(self, first_block: int) -> str | None:
         """The replica a prompt with this first block was last recorded on, if remembered."""
         return self._homes.get(first_block)
+
+    def homed(self, replica_id: str) -> int:
+        """How many remembered first blocks were last recorded on ``replica_id``."""
+        return self._homed.get(replica_id, 0)
 
     def sync(self, capacities: dict[str, int]) -> None:
         """Track exactly these replicas with these capacities (in blocks)."""
@@ -227,13 +235,19 @@ class PrefixIndex:
             self._evict(replica_id)
         homes = self._homes
         first = hashes[0]
-        if homes.get(first) == replica_id:
+        before = homes.get(first)
+        if before == replica_id:
             homes.move_to_end(first)
-        else:
-            homes[first] = replica_id
-            homes.move_to_end(first)
-            if len(homes) > HOMES:
-                homes.popitem(last=False)
+            return
+        homed = self._homed
+        if before is not None:
+            homed[before] -= 1
+        homed[replica_id] = homed.get(replica_id, 0) + 1
+        homes[first] = replica_id
+        homes.move_to_end(first)
+        if len(homes) > HOMES:
+            _, gone = homes.popitem(last=False)
+            homed[gone] -= 1
 
     def blocks(self, replica_id: str) -> int:
         return len(self._lru.get(replica_id, ()))
