@@ -53,6 +53,7 @@ from routing_replay import SglangCacheAware
 from llmgw import secrets, wire
 from llmgw.gateway.routing.prefill import LEARN_AFTER_S
 from llmgw.gateway.routing.prefixindex import render_chat
+from llmgw.gateway.routing.turns import next_turn
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.sim import benchstats
@@ -78,6 +79,8 @@ class Generation:
     flight: Flight
     tokens: tuple[Any, ...]
     found: int = 0
+    cost: float = 0.0  # the router's estimate of its uncached tokens
+    passed: int = 0
 
 
 @dataclass
@@ -180,7 +183,10 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
         engine = engines[engine_id]
         if engine.busy or not engine.queue:
             return
-        gen = engine.queue.pop(0)
+        # llmgw's gateway holds a serial engine's queue and orders it (its
+        # turns); sglang-router sends at once, and the engine serves in order.
+        turns = router_name != live.SGLANG
+        gen = engine.queue.pop(next_turn(engine.queue) if turns else 0)
         engine.busy = True
         first, whole = engine.begin(gen)
         heapq.heappush(events, (now + first, next(order), "first", gen))
@@ -207,7 +213,7 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
             replica.in_flight += 1
             replica.pending_prefill += pick.uncached_tokens
             flights.append(flight)
-            submit = Generation(flight, tokens)
+            submit = Generation(flight, tokens, cost=pick.uncached_tokens)
             heapq.heappush(events, (now + NETWORK_S, next(order), "submit", submit))
         elif kind == "submit":
             gen = what

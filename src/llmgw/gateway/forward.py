@@ -27,6 +27,7 @@ from llmgw.gateway.routing.policy import Pick
 from llmgw.gateway.routing.prefill import Prefill
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
+from llmgw.gateway.routing.turns import Turns
 from llmgw.http.upstream import BodyBroken, ConnectFailed, Response, UpstreamTimeout
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,15 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, attempt: 
             replica.last_request_at = time.time()
             prefill = call.prefill = Prefill(router, pick)
             counters.in_flight += 1
-            before = time.perf_counter() - call.started - call.waited
             response: Response | None = None
+            turns: Turns | None = None
             try:
+                if replica.serial:
+                    # Its engine computes one request at a time: this
+                    # gateway sends it one, cheapest first (routing/turns.py).
+                    call.waited += await replica.turns.take(pick.uncached_tokens)
+                    turns = replica.turns
+                before = time.perf_counter() - call.started - call.waited
                 response = await attempt.post(router, replica)
                 if response.status in (401, 403):
                     # The engine refused the gateway's engine key (a routing
@@ -134,6 +141,8 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, attempt: 
                 # Released twice where a relay took it: the second time is a no-op.
                 if response is not None:
                     response.release()
+                if turns is not None:
+                    turns.release()
                 replica.in_flight -= 1
                 prefill.done()
                 counters.in_flight -= 1

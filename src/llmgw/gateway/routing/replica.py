@@ -14,6 +14,7 @@ import time
 
 from llmgw import wire
 from llmgw.gateway.dialect import mending_for
+from llmgw.gateway.routing.turns import Turns
 
 _M64 = (1 << 64) - 1
 
@@ -43,6 +44,7 @@ class Replica:
         "requests",
         "seed",
         "serial",
+        "turns",
         "url",
     )
 
@@ -52,6 +54,7 @@ class Replica:
         self.kv_capacity_tokens = endpoint.kv_capacity_tokens
         self.mending = mending_for(endpoint.dialect)
         self.serial = _serial(endpoint)
+        self.turns = Turns()  # taken only while serial
         self.engine_key = endpoint.engine_key  # sent upstream, never to clients
         # Rendezvous seed from the id, so every gateway derives the same one.
         digest = hashlib.blake2b(self.replica_id.encode("utf-8"), digest_size=8).digest()

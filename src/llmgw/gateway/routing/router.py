@@ -72,7 +72,11 @@ class ModelRouter:
         # settles within a few samples once there is a choice. Zero
         # replicas (an on-demand model asleep) still render: the router
         # built after the wake-up decides.
-        self.wants_prompt = self.policy.reads_prompt and len(replicas) != 1
+        # The exception: an engine that computes one request at a time,
+        # where the policy's estimate of each prompt's uncached part is what
+        # its turns are ordered by (routing/turns.py), and its engine's time
+        # dwarfs the gateway's.
+        self.wants_prompt = self.policy.reads_prompt and (len(replicas) != 1 or replicas[0].serial)
         self._counter = 0
 
     def candidates(
@@ -109,7 +113,7 @@ class ModelRouter:
     def pick(
         self, prompt: str | None, exclude: Sequence[Replica] = (), *, fallback: bool = True
     ) -> Pick | None:
-        if not exclude and len(self.replicas) == 1:
+        if not exclude and len(self.replicas) == 1 and not self.wants_prompt:
             # The usual first try at a one-replica model, without candidates'
             # list: the replica unless it cools down and there is no fallback.
             only = self.replicas[0]

@@ -1,0 +1,81 @@
+"""Turns at the real llama_cpp.server: the gateway sends it one request at a time, cheapest first.
+
+The engine runs with the agent's flags and the gateway routes to it with the
+dialect the adapter declares (one generation at a time). While a cold
+prompt computes, another cold prompt and then a short one arrive: the
+engine alone would compute them in that order, so the short one would wait
+for both cold prefills. Through the gateway the short one goes first, and
+the engine never has two of the gateway's requests at once (its log shows
+each generation whole before the next one's prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.gateway.conftest import async_client, make_config, running_gateway
+from tests.gateway.test_llamacpp_gaps_real_engine import _dialect
+from tests.gateway.test_real_engine import SERVED, Engine, llama_server
+
+from llmgw import wire
+from llmgw.gateway.link import MemoryLink
+
+pytestmark = pytest.mark.slow
+
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+         "lambda", "omicron", "sigma"]  # fmt: skip
+
+
+def _long(seed: int) -> str:
+    """A prompt of ~400 tokens that shares nothing with another seed's."""
+    words = [WORDS[(seed * 7 + i * i) % len(WORDS)] for i in range(400)]
+    return f"Record {seed}: " + " ".join(words) + "\n\nWhat does the record say?"
+
+
+@pytest.fixture(scope="module")
+def agents_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    folder = tmp_path_factory.mktemp("engine")
+    with llama_server(folder, "--interrupt_requests", "false", "--logits_all", "false",
+                      "--n_threads", "1", "--n_threads_batch", "1") as run:  # fmt: skip
+        yield run
+
+
+async def test_a_short_prompt_goes_before_a_cold_one_sent_earlier(agents_engine: Engine) -> None:
+    endpoint = wire.Endpoint(replica_id="llama", url=agents_engine.url, dialect=_dialect())
+    route = wire.ModelRoute(name="gemma", served_name=SERVED, endpoints=[endpoint])
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(make_config(1, [route]))
+    async with running_gateway(link) as (_, url):
+        client = async_client(url, timeout=120.0)
+        first_token: dict[str, float] = {}
+
+        async def ask(name: str, content: str) -> None:
+            stream = await client.chat.completions.create(
+                model="gemma", messages=[{"role": "user", "content": content}],
+                max_tokens=4, stream=True, temperature=0.0,
+            )  # fmt: skip
+            chunk: Any
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content and name not in first_token:
+                    first_token[name] = time.monotonic()
+
+        busy = asyncio.create_task(ask("cold-first", _long(1)))
+        await asyncio.sleep(0.5)  # at the engine, computing
+        cold = asyncio.create_task(ask("cold-second", _long(2)))
+        await asyncio.sleep(0.1)
+        short = asyncio.create_task(ask("short", "Say hi."))
+        await asyncio.gather(busy, cold, short)
+    assert first_token["short"] < first_token["cold-second"], first_token
+    # One generation at a time from the gateway: each prompt's evaluation is
+    # followed by its own answer before the next prompt's starts.
+    log = agents_engine.log.read_text(errors="replace")
+    kinds = [
+        "prompt" if "prompt eval" in line else "decode"
+        for line in log.splitlines()
+        if " eval time" in line
+    ]
+    assert kinds[-6:] == ["prompt", "decode"] * 3, kinds
