@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+from llmgw.control.adapters import AdapterIndex
 from llmgw.control.reports import AssignmentJson, assignments_for
 from llmgw.control.scheduler.decide import decide
 from llmgw.control.state import FleetState
@@ -33,7 +34,7 @@ def test_the_kept_json_follows_every_change() -> None:
     state = _fleet()
     rng = random.Random(1)
     keys = {rid: f"key-{rid}-{'x' * 16}" for rid in state.replicas}
-    book = AssignmentJson()
+    book = AssignmentJson(AdapterIndex())
     _check(book, state, keys)
     for step in range(60):
         replica = rng.choice(list(state.replicas.values()))

@@ -245,17 +245,24 @@ def _mirror_engine_state(
 
 
 def assignments_for(
-    state: FleetState, node_name: str, engine_key: Callable[[str], str] | None = None
+    state: FleetState,
+    node_name: str,
+    engine_key: Callable[[str], str] | None = None,
+    adapters: AdapterIndex | None = None,
 ) -> list[ReplicaAssignment]:
     """Every replica shard the node must run: the answer to each report.
 
     ``engine_key``: each replica's engine key by id (control.enginekeys);
     every shard gets it, since every rank may serve or be probed.
+    ``adapters``: the catalog's adapters by base (the agents service keeps
+    one; a fresh one otherwise).
     """
+    index = adapters if adapters is not None else AdapterIndex()
     return [
         _assignment(replica, inputs)
         for replica in state.replicas.on_node(node_name)
-        if (inputs := _assignment_inputs(state, node_name, replica, engine_key)) is not None
+        if (inputs := _assignment_inputs(state, node_name, replica, engine_key, index))
+        is not None
     ]
 
 
@@ -273,6 +280,7 @@ def _assignment_inputs(
     node_name: str,
     replica: ReplicaRecord,
     engine_key: Callable[[str], str] | None,
+    adapters: AdapterIndex,
 ) -> _Inputs | None:
     if replica.state == ReplicaState.FAILED:
         return None
@@ -290,17 +298,13 @@ def _assignment_inputs(
         leader.address if leader is not None else None,
         replica.draining,
         engine_key(replica.id) if engine_key is not None else None,
-        _adapter_specs(state, replica, model.spec),
+        _adapter_specs(state, replica, model.spec, adapters),
         bool(replica.asleep),
     )
 
 
-# Each base's adapters in the catalog, for engines started with all of them.
-_CATALOG_ADAPTERS = AdapterIndex()
-
-
 def _adapter_specs(
-    state: FleetState, replica: ReplicaRecord, spec: ModelSpec
+    state: FleetState, replica: ReplicaRecord, spec: ModelSpec, adapters: AdapterIndex
 ) -> tuple[ModelSpec, ...]:
     """The catalog entries of the adapters the replica should have loaded.
 
@@ -309,7 +313,7 @@ def _adapter_specs(
     numbers them in), and starts with those it is given then.
     """
     if spec.engine is EngineKind.LLAMA_SERVER:
-        return _CATALOG_ADAPTERS.every(state, spec.name)
+        return adapters.every(state, spec.name)
     if not replica.adapters:
         return ()
     found = (state.models.get(name) for name in replica.adapters)
@@ -342,9 +346,11 @@ class AssignmentJson:
     only when the replica or its model does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, adapters: AdapterIndex) -> None:
         # (replica id, node) -> (its inputs, its JSON)
         self._kept: dict[tuple[str, str], tuple[_Inputs, bytes]] = {}
+        # The catalog's adapters by base: the one index its owner keeps.
+        self._adapters = adapters
 
     def for_node(
         self, state: FleetState, node_name: str, engine_key: Callable[[str], str] | None = None
@@ -357,7 +363,7 @@ class AssignmentJson:
                 del kept[gone]
         out: list[bytes] = []
         for replica in state.replicas.on_node(node_name):
-            inputs = _assignment_inputs(state, node_name, replica, engine_key)
+            inputs = _assignment_inputs(state, node_name, replica, engine_key, self._adapters)
             if inputs is None:
                 continue
             entry = kept.get((replica.id, node_name))

@@ -43,8 +43,10 @@ class Agents:
         self._foreign_reported: dict[str, list[str]] = {}
         # The last refusal of a certificate per node, so each is an event once.
         self._certificate_refused: dict[str, str] = {}
-        self._assignment_json = AssignmentJson()
+        # The catalog's adapters by base, rebuilt on catalog writes: what
+        # prefetch and llama-server assignments both read.
         self._adapters = AdapterIndex()
+        self._assignment_json = AssignmentJson(self._adapters)
 
     async def report(
         self,
