@@ -41,6 +41,8 @@ class StubAdapter:
     """Runs ``stub_engine.py``; catalog engine_args pass through (e.g. ``--exit-after 1``)."""
 
     kind = EngineKind.SIM
+    guards_every_route = False
+    adapters_at_start = False
 
     def validate(self, assignment: ReplicaAssignment) -> None:
         check_common(assignment, ("--host", "--port"))

@@ -61,3 +61,19 @@ def test_a_node_may_allow_only_remote_code() -> None:
     for other in ("worker-cls", "port", "middleware"):
         with pytest.raises(ConfigError, match="may allow only trust-remote-code"):
             parse_allowed([other])
+
+
+def test_what_a_node_allows_hides_nothing_the_agent_asks_of_the_engine() -> None:
+    # Wrapped for a node's allowed flags and environment, llama-server still
+    # takes its adapters at its start, and the simulated engine still guards
+    # its own routes: read as False, the one started without its adapters
+    # and the other behind a guard it does not need.
+    from llmgw.agent.engines.llamacpp import LlamaCppAdapter
+    from llmgw.agent.engines.sim import SimAdapter
+
+    for inner in (LlamaCppAdapter(server_binary="/usr/bin/llama-server"), SimAdapter()):
+        wrapped = NodeFlagsAllowed(NodeEnvAllowed(inner, {"HF_HOME"}), {"--trust-remote-code"})
+        assert wrapped.adapters_at_start == inner.adapters_at_start
+        assert wrapped.guards_every_route == inner.guards_every_route
+    assert LlamaCppAdapter(server_binary="/usr/bin/llama-server").adapters_at_start
+    assert SimAdapter().guards_every_route

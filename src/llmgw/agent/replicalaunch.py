@@ -89,7 +89,7 @@ def _wants_guard(adapter: EngineAdapter, launch: EngineLaunch) -> bool:
     """Whether this engine serves HTTP that it does not hold every route of to its key."""
     if launch.health_path is None:
         return False
-    return not getattr(adapter, "guards_every_route", False)
+    return not adapter.guards_every_route
 
 
 def engine_endpoint(

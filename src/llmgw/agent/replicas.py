@@ -261,8 +261,8 @@ class ReplicaRunner:
                 self.progress = None
         else:
             path = None
-        at_start = getattr(self.adapter, "adapters_at_start", False)  # llama-server's
-        adapters = await start_adapters(deps, self.control, self.assignment.adapters, at_start)
+        adapters = await start_adapters(deps, self.control, self.assignment.adapters,
+                                        self.adapter.adapters_at_start)  # fmt: skip
         self.port = deps.ports.allocate(self.replica_id)
         ctx, budget = await launch_context(self.assignment, self.devices, deps, path, self.port,
                                            adapters)  # fmt: skip

@@ -164,6 +164,18 @@ class EngineLaunch:
 class EngineAdapter(Protocol):
     kind: EngineKind
 
+    @property
+    def guards_every_route(self) -> bool:
+        """The engine refuses every route but a bare health check without its key itself,
+        so the agent puts no guard in front of it (agent.engineguard)."""
+        ...
+
+    @property
+    def adapters_at_start(self) -> bool:
+        """The engine takes its LoRA adapters only when it starts (llama-server's
+        ``--lora``): a replica starts with every adapter it is assigned."""
+        ...
+
     def validate(self, assignment: ReplicaAssignment) -> None:
         """Raise EngineError when the assignment cannot be launched by this engine."""
 

@@ -289,6 +289,8 @@ class LlamaCppAdapter:
     def managed_flags(self) -> FlagRules:
         return BINARY_RULES if self.server_binary else PYTHON_RULES
 
+    guards_every_route = False
+
     @property
     def adapters_at_start(self) -> bool:
         """llama-server loads LoRA adapters only when it starts (``--lora``) and applies

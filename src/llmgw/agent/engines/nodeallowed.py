@@ -25,6 +25,16 @@ class NodeAllowed(Generic[Extra]):
         self.inner = inner
         self.kind: EngineKind = inner.kind
 
+    # What the wrapped engine is, the wrapper is: read through, never copied
+    # (llama-server's depends on the binary the adapter found).
+    @property
+    def guards_every_route(self) -> bool:
+        return self.inner.guards_every_route
+
+    @property
+    def adapters_at_start(self) -> bool:
+        return self.inner.adapters_at_start
+
     def _split(self, assignment: ReplicaAssignment) -> tuple[ReplicaAssignment, Extra]:
         """The assignment without what the node allows, and that (checked here)."""
         raise NotImplementedError

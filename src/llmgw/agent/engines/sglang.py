@@ -134,6 +134,8 @@ def template_knows_developer(weights_path: str | None) -> bool:
 
 class SglangAdapter:
     kind = EngineKind.SGLANG
+    guards_every_route = False
+    adapters_at_start = False
 
     def __init__(self, executable: str | None = None) -> None:
         self.executable = executable or console_script("sglang")

@@ -24,6 +24,7 @@ class SimAdapter:
     # (llmgw.sim.engine), so the agent puts no guard in front of it
     # (agent.engineguard): a simulated fleet runs hundreds in one process.
     guards_every_route = True
+    adapters_at_start = False  # it loads them at any time, as vLLM does
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python or sys.executable

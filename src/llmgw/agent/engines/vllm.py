@@ -292,6 +292,8 @@ def runtime_env(engine_args: list[str]) -> dict[str, str]:
 
 class VllmAdapter:
     kind = EngineKind.VLLM
+    guards_every_route = False
+    adapters_at_start = False
 
     def __init__(self, executable: str | None = None, *, version: str | None = None) -> None:
         self.executable = executable or console_script("vllm")
