@@ -204,3 +204,24 @@ def test_a_llama_server_that_sleeps_by_itself_sleeps_in_no_extra_ram() -> None:
     assert "do not fit" in plan_sleep(state, NOW).no_room["s1"]
     off = spec.model_copy(update={"engine_args": ["--sleep-idle-seconds", "-1"]})
     assert not can_sleep(off) and not can_sleep(spec.model_copy(update={"engine_args": []}))
+
+
+def test_an_asleep_llama_server_stays_routable_where_an_asleep_vllm_does_not() -> None:
+    # One rule for the gateways' table, the scheduler's "is this model
+    # stranded" and the summary: llama-server wakes itself for a request, so
+    # its dozing replica serves; vLLM's waits for the control plane to wake it.
+    state = sleepy_fleet(memory_total_mib=64 * 1024, weights_mib=1024)
+    replica = state.replicas["s1"]
+    assert state.routable(replica, NOW)
+    replica.sleeping = True  # reported asleep
+    dozing = ModelSpec(name="s", engine="llama-server", min_replicas=0, idle_timeout_s=60,
+                       weights={"kind": "local", "path": "/m/s.gguf"},
+                       engine_args=["--sleep-idle-seconds", "30"])  # fmt: skip
+    state.models["s"].spec = dozing
+    assert state.routable(replica, NOW)
+    state.models["s"].spec = dozing.model_copy(update={"engine_args": []})
+    assert not state.routable(replica, NOW)
+    state.models["s"].spec = ModelSpec(name="s", engine="vllm", min_replicas=0,
+                                       engine_args=["--enable-sleep-mode"],
+                                       weights={"kind": "local", "path": "/m/s"})  # fmt: skip
+    assert not state.routable(replica, NOW)

@@ -23,6 +23,7 @@ from llmgw.control.replicatable import ReplicaTable
 from llmgw.control.telemetry import Readings
 from llmgw.control.writelog import Logged
 from llmgw.errors import TransitionError
+from llmgw.sleepmode import sleeps_by_itself
 from llmgw.wire import (
     EngineDialect,
     ModelSpec,
@@ -334,13 +335,17 @@ class FleetState:
 
         The one rule behind the gateway's routing table, the scheduler's
         "does this model still have a replica" and the summary's ready count.
+        Asleep counts as serving on an engine that wakes itself for a request
+        (llama-server's idle sleep): the gateway's table keeps it, and a
+        model whose only replica dozes is not stranded.
         """
-        return (
-            replica.state is ReplicaState.READY
-            and not replica.draining
-            and replica.awake
-            and self.reachable(replica, now)
-        )
+        if replica.state is not ReplicaState.READY or replica.draining:
+            return False
+        if not replica.awake:
+            model = self.models.get(replica.model)
+            if model is None or not sleeps_by_itself(model.spec):
+                return False
+        return self.reachable(replica, now)
 
     def resolve_model(self, name: str) -> ModelRecord | None:
         record = self.models.get(name)
