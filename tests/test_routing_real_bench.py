@@ -73,3 +73,45 @@ def test_a_tiny_run_on_real_engines() -> None:
     # engines declare and tokenizing it: nothing generates for a count.
     assert row["metering_copies"] == 0
     assert row["ttft_p50_s"] is not None and out["verdict"] is None
+
+
+replay = load("routing_real_replay")
+
+
+def test_the_replays_engine_keeps_prompt_states_as_llama_cpp_python_does() -> None:
+    # llama_cache.py: the lookup marks the longest-prefix state used (any
+    # shared first token counts), a save drops the oldest past the budget;
+    # llama.py: a cached state is loaded only when longer than the context's.
+    engine = replay.LlamaCppServer(cache_states=2, timing=replay.Timing())
+
+    def run(tenant: int, index: int) -> int:
+        tokens = (("h", 0), *(("c", tenant, i) for i in range(10)), ("q", index, 0))
+        flight = replay.Flight(index, tenant, 0.0, 0, None, None, 0.0, len(tokens), 2)
+        generation = replay.Generation(flight, tokens)
+        engine.begin(generation)
+        engine.end(generation)
+        return generation.found
+
+    assert run(0, 0) == 0  # cold
+    assert run(0, 1) == 11  # the context holds it: head and context
+    assert run(1, 2) == 1  # only the template's head in common
+    # Tenant 0's state, loaded from the cache; its save drops tenant 1's, the
+    # oldest once tenant 1's miss had marked tenant 0's first state used.
+    assert run(0, 3) == 11
+    assert run(2, 4) == 1
+    assert run(1, 5) == 1
+
+
+def test_the_replay_runs_every_router_on_a_seed() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "routing_real_replay.py"), "--seeds", "0", "--quick"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    result = json.loads(out.stdout.splitlines()[-1])
+    for router in ("prefix", "round_robin", "sglang_ca"):
+        row = result[router]["seeds"]["0"]
+        assert 0.0 <= row["hit_rate"] <= 1.0 and row["ttft_p50_s"] > 0
+        assert sum(row["generations_per_engine"]) == 24
+    # Six tenants, cached contexts: prefix routing finds far more than round-robin.
+    hits = {name: result[name]["seeds"]["0"]["hit_rate"] for name in ("prefix", "round_robin")}
+    assert hits["prefix"] > hits["round_robin"]
