@@ -285,8 +285,8 @@ class SoonestStart:
         prefixes it serves decides its hit rate more than which one starts
         first: the replica home to the fewest prefixes takes a new one,
         among those whose queued prefill is within SPREAD_WAIT of this
-        prompt's own of the least queued (then the least queued, then by
-        hash). A prefix the index forgot goes back home within the same
+        prompt's own of the least queued (then the fewest blocks held, then
+        by hash). A prefix the index forgot goes back home within the same
         bound: the engine may hold it still, and a copy elsewhere would
         unbalance the split for good.
         """
