@@ -24,6 +24,7 @@ and the ramp then does not run (``ramp_stopped_by`` says what failed).
 
     python bench/gateway.py [--quick] [--seconds 8] [--pin] [--nice -5]
                             [--stream] [--rates 1000 --no-ramp] [--workers 1,2]
+                            [--peer vllm-router,sglang-router]
 
 ``--workers 1,2``: the whole measurement once per worker count, the gateway
 served by that many processes on one port (``llmgw gateway --workers``'s
@@ -36,6 +37,16 @@ upstream answers an SSE stream (chunked, as engines do): the role and first
 token at once, then after 1 ms five more tokens, the finish, the usage event
 and ``[DONE]``. Latency is then to the end of the stream, and TTFT (to the
 first body byte) is measured too.
+
+``--peer vllm-router,sglang-router``: after llmgw, the same rates (no ramp)
+through vLLM's and SGLang's Rust routers (PyPI), each started on the same
+upstream, round robin, without API keys, pinned to one core
+(bench/gateway_peers.py; scripts/bench-peers.sh installs them when they are
+missing, a peer that cannot be had is reported as skipped). The last line
+then also holds ``systems``: per system and rate ``cpu_ms_per_request``,
+``added_p50_ms``, ``added_p99_ms``; and ``cpu_ratio_to_best_peer_at_1000``
+and ``_at_2000``: llmgw's CPU per request over the lowest peer's (at or
+below 1: llmgw spends no more than any peer).
 
 Last line: JSON with added_p50_ms_at_1000, added_p99_ms_at_1000,
 cpu_ms_per_request_at_1000 (the gateway process's CPU time over the
@@ -62,6 +73,9 @@ import psutil
 import uvloop
 
 from llmgw.sim.benchstats import percentile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gateway_peers  # bench/, beside this file (tests load this one by path)
 
 MODEL = "bench"
 KEY = "sk-llmgw-bench-0123456789abcdefghijklmnopqrstuv"
@@ -525,7 +539,8 @@ def _row(rate: int, direct: Phase, through: Phase) -> dict[str, Any]:
 
 
 async def _measure(
-    args: argparse.Namespace, upstream_port: int, gateway_port: int, gateway_pid: int
+    args: argparse.Namespace, upstream_port: int, gateway_port: int, gateway_pid: int,
+    ramp: bool = True,
 ) -> dict[str, Any]:
     gateway_process = psutil.Process(gateway_pid)
     direct = LoadGenerator(upstream_port, auth=False, stream=args.stream)
@@ -565,7 +580,7 @@ async def _measure(
     best, limited_by = max_rate_held(rows)
     # The ramp goes on only from rates that all held: a failed lower rate
     # caps the figure, whatever a higher one did.
-    for rate in args.ramp if limited_by == NOT_REACHED else []:
+    for rate in args.ramp if ramp and limited_by == NOT_REACHED else []:
         row = await both(rate)
         if not _holds(row) and row["achieved_rps"] >= 0.97 * rate:
             # One retry: on a shared machine a single stall of another job
@@ -665,6 +680,13 @@ def main() -> None:
         "--workers", help="comma-separated gateway worker counts to measure in turn (e.g. 1,2:"
         " llmgw gateway --workers N's pool); max_rps_p99_under_50ms for each"
     )
+    parser.add_argument(
+        "--peer", help="comma-separated routers measured after llmgw on the same upstream:"
+        " vllm-router, sglang-router (installed by scripts/bench-peers.sh when missing)"
+    )
+    parser.add_argument(
+        "--no-install", action="store_true", help="--peer: skip a router not installed"
+    )
     parser.add_argument("--role", choices=["upstream", "gateway"], help=argparse.SUPPRESS)
     parser.add_argument("--gateway-workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)
@@ -690,6 +712,12 @@ def main() -> None:
         [2500, 3000, 3500, 4000, 5000] if args.quick else
         [2500, 3000, 3500, 4000, 4500, 5000, 6000, 7000, 8000]
     )  # fmt: skip
+    args.peer = [p.strip() for p in args.peer.split(",") if p.strip()] if args.peer else []
+    unknown = [p for p in args.peer if p not in gateway_peers.KINDS]
+    if unknown:
+        parser.error(f"--peer: unknown {unknown}; known: {', '.join(gateway_peers.KINDS)}")
+    if args.peer and args.workers:
+        parser.error("--peer measures one gateway process: not with --workers")
     if args.nice:
         os.nice(args.nice)  # inherited by the upstream and gateway processes
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -725,10 +753,14 @@ def main() -> None:
                     _measure(args, upstream_port, gateway_port, gateway.pid))
             finally:
                 _stop(gateway)
+        peers = _measure_peers(args, upstream_port, gateway_cpus) if args.peer else {}
     finally:
         _stop(upstream)
     if not args.workers:
-        print(json.dumps(results[1]))
+        result = results[1]
+        if args.peer:
+            result.update(compare(result, peers))
+        print(json.dumps(result))
         return
     held = {str(n): r["max_rps_p99_under_50ms"] for n, r in results.items()}
     first = results[counts[0]]["max_rps_p99_under_50ms"]
@@ -741,6 +773,73 @@ def main() -> None:
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "workers": {str(n): r for n, r in results.items()},
     }))
+
+
+def _measure_peers(
+    args: argparse.Namespace, upstream_port: int, gateway_cpus: set[int] | None
+) -> dict[str, dict[str, Any]]:
+    """Each of ``--peer``'s routers measured as the gateway was (no ramp), or why it was not."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    # One core, as llmgw's one process: the gateway's when pinned, else the last.
+    peer_cpus = gateway_cpus or ({cpus[-1]} if cpus else None)
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    measured: dict[str, dict[str, Any]] = {}
+    for name in args.peer:
+        kind = gateway_peers.KINDS[name]
+        python = gateway_peers.find_python(kind)
+        if python is None and not args.no_install:
+            why = gateway_peers.install()
+            python = gateway_peers.find_python(kind) if why is None else None
+        if python is None:
+            why = f"{name} is not installed (scripts/bench-peers.sh installs it)"
+            print(f"--peer: {name} skipped: {why}", flush=True)
+            measured[name] = {"skipped": why}
+            continue
+        try:
+            probe = LoadGenerator(upstream_port, auth=False, stream=args.stream).request
+            peer = gateway_peers.start(kind, python, upstream_url, peer_cpus, probe)
+        except RuntimeError as exc:
+            print(f"--peer: {name} skipped: {exc}", flush=True)
+            measured[name] = {"skipped": str(exc)}
+            continue
+        try:
+            print(f"{name} :{peer.port} (round robin, no keys) on cpu {peer_cpus}", flush=True)
+            measured[name] = uvloop.run(
+                _measure(args, upstream_port, peer.port, peer.process.pid, ramp=False))
+        finally:
+            gateway_peers.stop(peer)
+    return measured
+
+
+def compare(llmgw: dict[str, Any], peers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per system and rate the CPU per request and added latency; llmgw's CPU over the best peer's.
+
+    ``cpu_ratio_to_best_peer_at_<rate>``: llmgw's CPU per request over the
+    lowest of the peers' at that rate (at or below 1: no peer spends less);
+    None where no peer was measured at it.
+    """
+    figures = ("cpu_ms_per_request", "added_p50_ms", "added_p99_ms", "errors", "achieved_rps")
+    systems: dict[str, Any] = {}
+    for name, result in {"llmgw": llmgw, **peers}.items():
+        if "skipped" in result:
+            systems[name] = {"skipped": result["skipped"]}
+            continue
+        systems[name] = {
+            str(row["rate"]): {figure: row[figure] for figure in figures}
+            for row in result["rows"]
+        }
+    out: dict[str, Any] = {"systems": systems, "peer_results": peers}
+    for rate in ("1000", "2000"):
+        mine = systems["llmgw"].get(rate, {}).get("cpu_ms_per_request")
+        theirs = [
+            system[rate]["cpu_ms_per_request"]
+            for name, system in systems.items()
+            if name != "llmgw" and rate in system
+        ]
+        out[f"cpu_ratio_to_best_peer_at_{rate}"] = (
+            round(mine / min(theirs), 3) if mine is not None and theirs and min(theirs) else None
+        )
+    return out
 
 
 def _stop(process: subprocess.Popen[str]) -> None:

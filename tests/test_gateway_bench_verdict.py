@@ -33,3 +33,30 @@ def test_rows_are_judged_in_rate_order() -> None:
     bench = benchscripts.load("gateway")
     rows = [_row(2500), _row(100), _row(2000, p99=70.0), _row(1000)]
     assert bench.max_rate_held(rows) == (1000, "p99 added >= 50 ms")
+
+
+def _result(*rows: tuple[int, float]) -> dict[str, Any]:
+    return {"rows": [{"rate": rate, "cpu_ms_per_request": cpu, "added_p50_ms": 0.2,
+                      "added_p99_ms": 1.0, "errors": 0, "achieved_rps": rate}
+                     for rate, cpu in rows]}
+
+
+def test_peer_comparison_takes_the_lowest_peer_and_reports_a_skipped_one() -> None:
+    bench = benchscripts.load("gateway")
+    mine = _result((1000, 0.15), (2000, 0.12))
+    peers = {"vllm-router": _result((1000, 0.14), (2000, 0.08)),
+             "sglang-router": _result((1000, 0.10), (2000, 0.10)),
+             "other": {"skipped": "not installed"}}
+    out = bench.compare(mine, peers)
+    assert out["cpu_ratio_to_best_peer_at_1000"] == 1.5
+    assert out["cpu_ratio_to_best_peer_at_2000"] == 1.5
+    assert out["systems"]["llmgw"]["1000"]["cpu_ms_per_request"] == 0.15
+    assert out["systems"]["sglang-router"]["2000"]["added_p99_ms"] == 1.0
+    assert out["systems"]["other"] == {"skipped": "not installed"}
+
+
+def test_no_ratio_without_a_measured_peer() -> None:
+    bench = benchscripts.load("gateway")
+    out = bench.compare(_result((1000, 0.15)), {"vllm-router": {"skipped": "no"}})
+    assert out["cpu_ratio_to_best_peer_at_1000"] is None
+    assert out["cpu_ratio_to_best_peer_at_2000"] is None
