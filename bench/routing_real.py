@@ -25,6 +25,11 @@ a time, so its lines count the requests it served. TTFT is client side
 run stopped waiting.
 
     python bench/routing_real.py [--seed 0] [--quick] [--routers prefix,round_robin,sglang_ca]
+    python bench/routing_real.py --engine vllm [--quick]   # routers prefix, prefix_exact
+
+``--engine vllm`` runs two vLLM CPU engines instead and compares the
+gateway's estimated cache state with the exact one its engines' KV-cache
+events give (bench/routing_real_vllm.py).
 
 Last line: one JSON object: per router ``hit_rate``, ``ttft_p50_s``,
 ``ttft_mean_s``, ``ttft_p90_s`` (and requests, errors, hits); ``verdict``:
@@ -664,6 +669,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup
         help="NAME=DIR,...: other checkouts, measured as routers POLICY@NAME (bisecting)",
     )
     parser.add_argument("--n-ctx", type=int, help="each engine's context (kv_capacity_tokens)")
+    parser.add_argument(
+        "--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+        help="vllm: two vLLM CPU engines, routers prefix and prefix_exact (routing_real_vllm.py)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     setup = QUICK if args.quick else FULL
     names = ("seed", "tenants", "requests", "rate", "context_tokens", "output_tokens",
@@ -681,6 +690,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # A plain kill stops the run through the engines' and routers' cleanup.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if args.engine == "vllm":
+        import routing_real_vllm
+
+        routers = args.routers.split(",") if args.routers else list(routing_real_vllm.ROUTERS)
+        result = uvloop.run(routing_real_vllm.bench(setup, routers, args.port, bool(args.quick)))
+        print(json.dumps(result))
+        return 0 if result["verdict"] is None or result["verdict"]["ok"] else 1
     tree = Path(args.gateway_tree).resolve() if args.gateway_tree else None
     pairs = [item.split("=", 1) for item in args.trees.split(",")] if args.trees else []
     args.tree_paths = {name: Path(path).resolve() for name, path in pairs}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import sys
@@ -58,6 +59,20 @@ def test_vllm_single_gpu() -> None:
     assert launch.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert "GGML_VK_VISIBLE_DEVICES" not in launch.env
     assert launch.health_path == "/health"
+
+
+def test_vllm_publishes_kv_events_on_the_port_allocated() -> None:
+    d = [gpu(3)]
+    spec = model("vllm").model_copy(update={"kv_events": True})
+    plain = VllmAdapter().build(ctx(assign(spec, d), d))
+    assert "--kv-events-config" not in plain.argv and plain.dialect.kv_events_port is None
+    with_port = dataclasses.replace(ctx(assign(spec, d), d), kv_events_port=21001)
+    launch = VllmAdapter().build(with_port)
+    config = json.loads(flag(launch.argv, "--kv-events-config"))
+    # vLLM binds only a wildcard endpoint (any other it connects to).
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq",
+                      "endpoint": "tcp://*:21001"}  # fmt: skip
+    assert launch.dialect.kv_events_port == 21001
 
 
 def test_vllm_tp4_with_catalog_args_last() -> None:
@@ -373,6 +388,8 @@ SLIPPED = [
     (VllmAdapter(), ["-t", "2"], "-tp"),
     (VllmAdapter(), ["--master_ad", "h"], "--master-addr"),
     (VllmAdapter(), ["--headl"], "--headless"),
+    (VllmAdapter(), ["--kv_events_config", "{}"], "--kv-events-config"),
+    (VllmAdapter(), ["--kv-events-config.endpoint", "tcp://*:1"], "--kv-events-config"),
     # SGLang: argparse prefixes, an alias of --dist-init-addr, a config file.
     (SglangAdapter(), ["--nccl-init-addr", "h:5000"], "--nccl-init-addr"),
     (SglangAdapter(), ["--config", "serve.yaml"], "--config"),

@@ -46,3 +46,20 @@ async def test_the_routing_table_carries_each_endpoints_dialect(plane: Plane) ->
         assert cp.gateways.config().routing.version > version
         (endpoint,) = cp.gateways.config().routing.models[0].endpoints
         assert endpoint.dialect is None
+
+
+async def test_a_replica_that_publishes_kv_events_gets_their_url(plane: Plane) -> None:
+    cp, _, url = plane
+    await cp.catalog.put([ModelSpec(name="m", engine="sim")])
+    cp.state.replicas["r1"] = ReplicaRecord(
+        id="r1", model="m", created_at=0.0, shards=[ShardAssignment(node="n1", device_numbers=[0])]
+    )
+    status = ReplicaStatus(replica_id="r1", state=ReplicaState.READY, port=4000,
+                           dialect=EngineDialect(kv_events_port=4100))  # fmt: skip
+    async with httpx.AsyncClient() as client:
+        token = await register(client, url, plane.join, "n1")
+        await report_ok(client, url, token,
+                        AgentReport(node="n1", inventory=inventory("h"), replicas=[status]))
+    (endpoint,) = cp.gateways.config().routing.models[0].endpoints
+    host = endpoint.url.split("://", 1)[1].rsplit(":", 1)[0]
+    assert endpoint.kv_events == f"tcp://{host}:4100"

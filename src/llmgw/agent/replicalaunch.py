@@ -16,9 +16,10 @@ from llmgw import memory
 from llmgw.agent.engineprobe import EngineEndpoint
 from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, LaunchContext
 from llmgw.agent.guardlaunch import guarded_launch
+from llmgw.agent.ports import PortAllocator
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.weights import Progress, weights_size
-from llmgw.wire import CPU_CLASS, Device, ModelSpec, ReplicaAssignment
+from llmgw.wire import CPU_CLASS, Device, EngineDialect, EngineKind, ModelSpec, ReplicaAssignment
 
 # Where an engine behind a guard listens: reachable from this node only.
 LOOPBACK = "127.0.0.1"
@@ -27,6 +28,34 @@ LOOPBACK = "127.0.0.1"
 def engine_port_id(replica_id: str) -> str:
     """The port allocator's name for the loopback port of a guarded engine."""
     return f"{replica_id}@engine"
+
+
+def kv_events_port_id(replica_id: str) -> str:
+    """The port allocator's name for the port an engine publishes its KV-cache events on."""
+    return f"{replica_id}@kv-events"
+
+
+def publishes_kv_events(assignment: ReplicaAssignment) -> bool:
+    """Whether the replica's engine is started publishing its KV-cache events: the
+    catalog asked (ModelSpec.kv_events), the engine is vLLM, and this is the rank
+    that serves the API (its scheduler is the one that publishes)."""
+    spec = assignment.model
+    return spec.kv_events and spec.engine == EngineKind.VLLM and assignment.shard.rank == 0
+
+
+def restore_ports(ports: PortAllocator, replica_id: str, engine: int | None,
+                  dialect: EngineDialect | None) -> None:  # fmt: skip
+    """An adopted engine's own ports taken again: its guarded loopback one and its events'."""
+    if engine is not None:
+        ports.restore(engine_port_id(replica_id), engine)
+    if dialect is not None and dialect.kv_events_port is not None:
+        ports.restore(kv_events_port_id(replica_id), dialect.kv_events_port)
+
+
+def release_ports(ports: PortAllocator, replica_id: str) -> None:
+    """A stopped engine's ports given back: the advertised one and its own."""
+    for name in (replica_id, engine_port_id(replica_id), kv_events_port_id(replica_id)):
+        ports.release(name)
 
 
 async def fetch_weights(deps: RunnerDeps, spec: ModelSpec, progress: Progress) -> str | None:
@@ -63,7 +92,11 @@ async def launch_context(
         weights_bytes=weights_bytes,
         tls=deps.engine_tls(),
         adapters=adapters,
-    )
+        kv_events_port=(
+            deps.ports.allocate(kv_events_port_id(assignment.replica_id))
+            if publishes_kv_events(assignment) else None
+        ),
+    )  # fmt: skip
     return ctx, budget
 
 

@@ -43,6 +43,8 @@ from llmgw.agent.replicalaunch import (
     engine_port_id,
     fetch_weights,
     launch_context,
+    release_ports,
+    restore_ports,
 )
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.servingwatch import ServingWatch, Verdict
@@ -132,8 +134,7 @@ class ReplicaRunner:
         self.tls = record.tls
         self.deps.ports.restore(self.replica_id, record.port)
         self.engine_port = record.engine_port
-        if record.engine_port is not None:
-            self.deps.ports.restore(engine_port_id(self.replica_id), record.engine_port)
+        restore_ports(self.deps.ports, self.replica_id, record.engine_port, record.dialect)
         if record.failed:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
             return
@@ -183,8 +184,7 @@ class ReplicaRunner:
             status = await self.deps.supervisor.stop(self.proc, self.deps.stop_grace_s)
             log.info("stopped %s: %s", self.replica_id, describe_exit(status.code))
         self.deps.state.remove(self.replica_id)
-        self.deps.ports.release(self.replica_id)
-        self.deps.ports.release(engine_port_id(self.replica_id))
+        release_ports(self.deps.ports, self.replica_id)
         self._release_weights()
         self._release_memory()
 

@@ -44,6 +44,7 @@ from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.replies import JSON, ApiError, send_bytes, send_error, send_json
 from llmgw.gateway.routes.table import ROUTES
+from llmgw.gateway.routing.kvfollow import KvFollowers
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.tenancy.check import TenantCheck
@@ -115,6 +116,8 @@ class Gateway:
         self.asgi: Asgi = as_asgi(self)
         # External models' URLs, probed by this gateway (llmgw.gateway.health).
         self.health = HealthProber(self.settings, lambda: self.runtime.snapshot)
+        # Replicas' KV-cache events, followed while the gateway runs.
+        self.kv_followers = KvFollowers()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -126,6 +129,7 @@ class Gateway:
         await self.runtime.upstream.start()
         if self.runtime.snapshot is not None:  # applied before the start (llmgw gateway does)
             self._warm(self.runtime.snapshot, None)
+            self.kv_followers.sync(self.runtime.snapshot.replicas.values())
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._watch_loop(), name="gateway-config-watch"),
@@ -143,6 +147,7 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._side_tasks, return_exceptions=True)
         self._tasks = []
+        await self.kv_followers.close()
         # A clean stop loses no usage: streams still being counted first
         # (gateway.metering.account), then one last flush, each bounded in time.
         await settle_counts(2.0)
@@ -183,6 +188,7 @@ class Gateway:
         self.runtime.room.wake(snapshot.served_models())
         if self._started:
             self._warm(snapshot, current)
+            self.kv_followers.sync(snapshot.replicas.values())
         return True
 
     def _warm(self, snapshot: ConfigView, previous: ConfigView | None) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from llmgw.gateway.admission import Held
@@ -55,8 +55,14 @@ class Attempt(Protocol):
         ...
 
 
-async def forward(call: Call, router: ModelRouter, prompt: str | None, attempt: Attempt) -> int:
-    """Send the request to replicas of the model until one answers; the status sent."""
+async def forward(
+    call: Call, router: ModelRouter, prompt: str | None, attempt: Attempt,
+    tokens: Sequence[int] | None = None,
+) -> int:  # fmt: skip
+    """Send the request to replicas of the model until one answers; the status sent.
+
+    ``tokens``: the prompt's, where replicas publish their caches (gateway.kvtokens).
+    """
     rt = call.rt
     settings = rt.settings
     counters = call.counters
@@ -72,7 +78,7 @@ async def forward(call: Call, router: ModelRouter, prompt: str | None, attempt: 
             # paid for).
             on_demand = router.route.on_demand
             exclude = tried if held is None else held.passed_over(router.replicas, tried)
-            pick = router.pick(prompt, exclude, fallback=not on_demand)
+            pick = router.pick(prompt, exclude, fallback=not on_demand, tokens=tokens)
             wait = 0.0
             if pick is None and not (tried and not on_demand):
                 router, pick, wait = await wait_for_replica(

@@ -27,6 +27,11 @@ class Endpoint(Wire):
     # The environment variable, on the gateway, that holds the key to send
     # (ExternalSpec.api_key_env): the name travels, never the key.
     api_key_env: str | None = Field(None, pattern=ENV_NAME_PATTERN)
+    # Where the engine publishes its KV-cache block events (vLLM's
+    # --kv-events-config, ZeroMQ PUB): the gateway follows them and routes
+    # on what the replica really holds. None: it publishes none, and the
+    # gateway's estimate of its cache is used (gateway.routing.kvcache).
+    kv_events: str | None = Field(None, pattern=r"^tcp://[^\s/]{1,300}:[0-9]{1,5}$")
 
 
 class ModelRoute(Wire):

@@ -170,6 +170,8 @@ MANAGED_FLAGS = FlagRules(
             # Imports the model repository's own code; only a node's admin
             # may allow it there (agent.engines.nodeargs).
             "--trust-remote-code",
+            # The agent's, on a port it allocates, when the catalog sets kv_events.
+            "--kv-events-config",
         ]
     ),
     dashes=True,
@@ -180,6 +182,7 @@ MANAGED_FLAGS = FlagRules(
         "--trust-remote-code": REMOTE_CODE,
         "--grpc": "its gRPC server does not check the engine key",
         "--grpc-port": "its gRPC services do not check the engine key",
+        "--kv-events-config": "set kv_events: true in the model's catalog entry instead",
     },
 )
 SERVE_FLAGS = ServeFlags(
@@ -290,6 +293,19 @@ def runtime_env(engine_args: list[str]) -> dict[str, str]:
     return env
 
 
+def kv_events_config(port: int) -> str:
+    """``--kv-events-config``: block events published on ``port`` (vllm/config/kv_events.py).
+
+    ZeroMQ's PUB on ``tcp://*:PORT``: vLLM binds an endpoint only when it is
+    a wildcard (ZmqEventPublisher; any other address it connects to), so it
+    listens on every interface, and the gateway subscribes to the node's
+    address. Prefix caching, which the events report on, is on by default.
+    """
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://*:{port}"}  # fmt: skip
+    return json.dumps(config, separators=(",", ":"))
+
+
 class VllmAdapter:
     kind = EngineKind.VLLM
     guards_every_route = False
@@ -359,6 +375,9 @@ class VllmAdapter:
         key = assignment.engine_key
         task = model_task(ctx.weights_path, assignment.model.engine_args)
         dialect = TASK_DIALECTS.get(task, DIALECT) if task is not None else DIALECT
+        if ctx.kv_events_port is not None and not headless:
+            argv += ["--kv-events-config", kv_events_config(ctx.kv_events_port)]
+            dialect = dialect.model_copy(update={"kv_events_port": ctx.kv_events_port})
         env = {key_env: key, **runtime_env(assignment.model.engine_args)} if key else None
         return serve_launch(
             ctx, argv, health=health, metrics=VLLM_METRICS, dialect=dialect,

@@ -26,6 +26,7 @@ from llmgw.control.state import ReplicaRecord
 from llmgw.sleepmode import sleeps_by_itself
 from llmgw.wire import (
     Endpoint,
+    EngineDialect,
     EngineKind,
     GatewayConfig,
     GatewayLoadReport,
@@ -163,8 +164,8 @@ class Gateways:
         spec: ModelSpec,
     ) -> Endpoint:
         """The replica's endpoint: the last table's object while nothing in it changed."""
-        url = (f"{self._engine_scheme(replica, spec)}://"
-               f"{host_in_url(self.core.state.nodes[replica.leader_node].address)}:{replica.port}")
+        host = host_in_url(self.core.state.nodes[replica.leader_node].address)
+        url = f"{self._engine_scheme(replica, spec)}://{host}:{replica.port}"
         key = (url, spec.kv_capacity_tokens, replica.dialect)
         kept = before.get(replica.id)
         if kept is not None and kept[0] == key:
@@ -173,7 +174,8 @@ class Gateways:
             endpoint = Endpoint(replica_id=replica.id, url=url,
                                 kv_capacity_tokens=spec.kv_capacity_tokens,
                                 dialect=replica.dialect,
-                                engine_key=self.core.engine_keys.key(replica.id))
+                                engine_key=self.core.engine_keys.key(replica.id),
+                                kv_events=_kv_events(host, replica.dialect))
         self._endpoints[replica.id] = (key, endpoint)
         return endpoint
 
@@ -314,3 +316,10 @@ class Gateways:
             rows.append({**record.model_dump(), "team_id": key.team_id if key else None,
                          "spend_usd": spend})
         await self.core.writes.add_usage(rows)
+
+
+def _kv_events(host: str, dialect: EngineDialect | None) -> str | None:
+    """Where the replica's engine publishes its KV-cache events, as the gateway reaches it."""
+    if dialect is None or dialect.kv_events_port is None:
+        return None
+    return f"tcp://{host}:{dialect.kv_events_port}"

@@ -25,6 +25,7 @@ from llmgw.gateway.checks.validation import CHAT_PATH, COMPLETIONS_PATH, EMBEDDI
 from llmgw.gateway.dialect import Mending, mend_lora, mend_request, refusal
 from llmgw.gateway.forward import forward
 from llmgw.gateway.front import parse
+from llmgw.gateway.kvtokens import prompt_tokens
 from llmgw.gateway.metering.counter import StreamCounter
 from llmgw.gateway.metering.usage import find_usage
 from llmgw.gateway.routes.answer import answer_whole, first_chunk
@@ -75,12 +76,26 @@ class CompletionRoute:
             if cap is not None and cap_output_tokens(payload, cap):
                 body = orjson.dumps(payload)
             prompt = _prompt_text(path, payload) if router.wants_prompt else None
+            if router.publishing and prompt is not None:
+                asked = router.exact_live()
+                if asked is not None:
+                    return _exact_forward(call, router, prompt, payload, body, self, asked)
         else:
             prompt = None
             snapshot = call.rt.snapshot
             if snapshot is not None:
                 router = snapshot.support.router(router, path)
         return forward(call, router, prompt, _Completion(call, self, payload, body))
+
+
+async def _exact_forward(
+    call: Call, router: ModelRouter, prompt: str, payload: dict[str, Any], body: bytes,
+    route: CompletionRoute, asked: Replica,
+) -> int:  # fmt: skip
+    """forward, with the prompt tokenised first by ``asked`` (a replica whose cache is followed)."""
+    tokens = await prompt_tokens(call.rt.upstream, asked, route.path, payload,
+                                 router.route.served_name)  # fmt: skip
+    return await forward(call, router, prompt, _Completion(call, route, payload, body), tokens)
 
 
 def _prompt_text(path: str, payload: dict[str, Any]) -> str | None:

@@ -35,5 +35,8 @@ class LeastLoaded(Policy):
     def __init__(self, tokens_per_unit: float) -> None:
         self._units = tokens_per_unit
 
-    def choose(self, replicas: Sequence[Replica], prompt: str | None, turn: int) -> Pick:
+    def choose(
+        self, replicas: Sequence[Replica], prompt: str | None, turn: int,
+        tokens: Sequence[int] | None = None,
+    ) -> Pick:  # fmt: skip
         return Pick(least_loaded(replicas, self._units, turn), UNROUTED, [], 0.0)

@@ -59,10 +59,15 @@ class Policy:
     # Whether choose looks at the prompt: callers render it only then.
     reads_prompt = False
 
-    def choose(self, replicas: Sequence[Replica], prompt: str | None, turn: int) -> Pick:
+    def choose(
+        self, replicas: Sequence[Replica], prompt: str | None, turn: int,
+        tokens: Sequence[int] | None = None,
+    ) -> Pick:  # fmt: skip
         """A replica among ``replicas`` (at least one) for a request with ``prompt``.
 
-        ``turn`` counts the model's picks, for a policy that rotates.
+        ``turn`` counts the model's picks, for a policy that rotates;
+        ``tokens``: the prompt as the engines tokenise it, where replicas
+        publish their caches (Replica.exact) and it could be had.
         """
         raise NotImplementedError
 

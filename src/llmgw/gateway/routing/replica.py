@@ -14,6 +14,7 @@ import time
 
 from llmgw import wire
 from llmgw.gateway.dialect import mending_for
+from llmgw.gateway.routing.kvcache import ExactCache
 from llmgw.gateway.routing.turns import Turns
 
 _M64 = (1 << 64) - 1
@@ -33,9 +34,11 @@ class Replica:
         "capacity_scale",
         "cooled_until",
         "engine_key",
+        "exact",
         "failures",
         "in_flight",
         "kv_capacity_tokens",
+        "kv_events",
         "last_request_at",
         "mending",
         "pending_prefill",
@@ -56,6 +59,11 @@ class Replica:
         self.serial = _serial(endpoint)
         self.turns = Turns()  # taken only while serial
         self.engine_key = endpoint.engine_key  # sent upstream, never to clients
+        # Where its engine publishes its KV-cache events, and what they tell
+        # of its cache (set by routing.kvfollow once followed; None: routed
+        # by the prefix index's estimate).
+        self.kv_events = endpoint.kv_events
+        self.exact: ExactCache | None = None
         # Rendezvous seed from the id, so every gateway derives the same one.
         digest = hashlib.blake2b(self.replica_id.encode("utf-8"), digest_size=8).digest()
         self.seed = int.from_bytes(digest, "little")
@@ -79,6 +87,7 @@ class Replica:
         self.mending = mending_for(endpoint.dialect)
         self.serial = _serial(endpoint)
         self.engine_key = endpoint.engine_key
+        self.kv_events = endpoint.kv_events
 
     def load(self, tokens_per_unit: float) -> float:
         return self.in_flight + self.pending_prefill / tokens_per_unit

@@ -16,5 +16,8 @@ from llmgw.gateway.routing.replica import Replica
 class RoundRobin(Policy):
     __slots__ = ()
 
-    def choose(self, replicas: Sequence[Replica], prompt: str | None, turn: int) -> Pick:
+    def choose(
+        self, replicas: Sequence[Replica], prompt: str | None, turn: int,
+        tokens: Sequence[int] | None = None,
+    ) -> Pick:  # fmt: skip
         return Pick(replicas[turn % len(replicas)], UNROUTED, [], 0.0)

@@ -25,7 +25,7 @@ from llmgw.gateway.routing.roundrobin import RoundRobin
 class ModelRouter:
     """Routing state of one model for one config version."""
 
-    __slots__ = ("_counter", "policy", "replicas", "route", "wants_prompt")
+    __slots__ = ("_counter", "policy", "publishing", "replicas", "route", "wants_prompt")
 
     def __init__(
         self,
@@ -77,6 +77,10 @@ class ModelRouter:
         # its turns are ordered by (routing/turns.py), and its engine's time
         # dwarfs the gateway's.
         self.wants_prompt = self.policy.reads_prompt and (len(replicas) != 1 or replicas[0].serial)
+        # Replicas that publish their KV-cache events (routing.kvfollow):
+        # where one of them is followed, a prompt is tokenised before the
+        # pick (gateway.kvtokens) and routed on what they really hold.
+        self.publishing = [r for r in replicas if r.kv_events] if self.wants_prompt else []
         self._counter = 0
 
     def candidates(
@@ -111,7 +115,8 @@ class ModelRouter:
         return min(ends) if ends else None
 
     def pick(
-        self, prompt: str | None, exclude: Sequence[Replica] = (), *, fallback: bool = True
+        self, prompt: str | None, exclude: Sequence[Replica] = (), *, fallback: bool = True,
+        tokens: Sequence[int] | None = None,
     ) -> Pick | None:
         if not exclude and len(self.replicas) == 1 and not self.wants_prompt:
             # The usual first try at a one-replica model, without candidates'
@@ -127,7 +132,18 @@ class ModelRouter:
         self._counter += 1
         if len(replicas) == 1 and not self.wants_prompt:
             return Pick(replicas[0], UNROUTED, [], 0.0)
-        return self.policy.choose(replicas, prompt, self._counter)
+        return self.policy.choose(replicas, prompt, self._counter, tokens)
+
+    def exact_live(self) -> Replica | None:
+        """A publishing replica whose events are followed now, the least busy; None: none."""
+        best: Replica | None = None
+        for replica in self.publishing:
+            exact = replica.exact
+            if exact is None or not exact.live:
+                continue
+            if best is None or replica.in_flight < best.in_flight:
+                best = replica
+        return best
 
     def metered(self, pick: Pick, prompt_tokens: int, cached_tokens: int) -> None:
         """What the engine's usage says of a prompt this router placed by prefix."""
