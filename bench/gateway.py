@@ -41,7 +41,7 @@ first body byte) is measured too.
 ``--peer vllm-router,sglang-router``: after llmgw, the same rates (no ramp)
 through vLLM's and SGLang's Rust routers (PyPI), each started on the same
 upstream, round robin, without API keys, pinned to one core
-(bench/gateway_peers.py; scripts/bench-peers.sh installs them when they are
+(bench/realkit/peers.py; scripts/bench-peers.sh installs them when they are
 missing, a peer that cannot be had is reported as skipped). The last line
 then also holds ``systems``: per system and rate ``cpu_ms_per_request``,
 ``added_p50_ms``, ``added_p99_ms``; and ``cpu_ratio_to_best_peer_at_1000``
@@ -75,7 +75,7 @@ import uvloop
 from llmgw.sim.benchstats import percentile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gateway_peers  # bench/, beside this file (tests load this one by path)
+from realkit import peers as gateway_peers  # bench/realkit (tests load this file by path)
 
 MODEL = "bench"
 KEY = "sk-llmgw-bench-0123456789abcdefghijklmnopqrstuv"

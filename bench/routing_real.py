@@ -29,7 +29,7 @@ run stopped waiting.
 
 ``--engine vllm`` runs two vLLM CPU engines instead and compares the
 gateway's estimated cache state with the exact one its engines' KV-cache
-events give (bench/routing_real_vllm.py).
+events give (bench/realkit/vllmrouting.py).
 
 Last line: one JSON object: per router ``hit_rate``, ``ttft_p50_s``,
 ``ttft_mean_s``, ``ttft_p90_s`` (and requests, errors, hits); ``verdict``:
@@ -671,7 +671,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup
     parser.add_argument("--n-ctx", type=int, help="each engine's context (kv_capacity_tokens)")
     parser.add_argument(
         "--engine", choices=("llamacpp", "vllm"), default="llamacpp",
-        help="vllm: two vLLM CPU engines, routers prefix and prefix_exact (routing_real_vllm.py)",
+        help="vllm: two vLLM CPU engines, routers prefix and prefix_exact (realkit/vllmrouting.py)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     setup = QUICK if args.quick else FULL
@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     # A plain kill stops the run through the engines' and routers' cleanup.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     if args.engine == "vllm":
-        import routing_real_vllm
+        from realkit import vllmrouting as routing_real_vllm
 
         routers = args.routers.split(",") if args.routers else list(routing_real_vllm.ROUTERS)
         result = uvloop.run(routing_real_vllm.bench(setup, routers, args.port, bool(args.quick)))
