@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: bench/realkit/peers.py
 PEERS_DIR = Path(
     os.environ.get("LLMGW_BENCH_PEERS_DIR", Path.home() / ".cache" / "llmgw" / "bench-peers")
 )

@@ -178,7 +178,7 @@ def start_gateway(router: str, engines: list[Engine]) -> tuple[subprocess.Popen[
             endpoint["kv_events"] = engine.events
         endpoints.append(endpoint)
     route = {"routing": "prefix", "endpoints": endpoints, "gateways": 1}
-    script = Path(__file__).resolve().parent / "routing.py"
+    script = Path(__file__).resolve().parents[1] / "routing.py"  # bench/routing.py
     proc = subprocess.Popen(
         [sys.executable, str(script), "--serve-gateways", json.dumps([route])],
         stdout=subprocess.PIPE, stderr=sys.stderr, text=True, start_new_session=True,
