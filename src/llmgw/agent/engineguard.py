@@ -55,10 +55,8 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from llmgw.agent.guardchild import engine_start
 from llmgw.agent.guardhead import (
@@ -69,6 +67,7 @@ from llmgw.agent.guardhead import (
     Answer,
     authorized,
 )
+from llmgw.agent.guardtls import CertFiles, ServerTls, TlsFiles
 
 # What the guard process imports is kept to the standard library and llmgw
 # modules that import only it (its resident memory is counted in the
@@ -81,8 +80,6 @@ log = logging.getLogger("llmgw.agent.engineguard")
 HEAD_LIMIT = 16 * 1024
 HEAD_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
-# How often a new connection may look whether the certificate was renewed.
-TLS_RELOAD_EVERY_S = 30.0
 # How long a refused connection is kept to drain (see _Inbound._answer_and_close).
 LINGER_S = 1.0
 
@@ -98,55 +95,6 @@ class GuardStats:
 
 GUARD_MODULE = "llmgw.agent.engineguard"
 GUARD_KEY_ENV = "LLMGW_GUARD_KEY"
-
-
-class TlsFiles(Protocol):
-    """The node's certificate and key files (agent.engines.base.EngineTls)."""
-
-    @property
-    def cert_file(self) -> str: ...
-
-    @property
-    def key_file(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class CertFiles:
-    cert_file: str
-    key_file: str
-
-
-class _ServerTls:
-    """The node certificate as a server context, reloaded when its file changes."""
-
-    def __init__(self, files: TlsFiles) -> None:
-        self.files = files
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._mtime = self._stat()
-        self.context.load_cert_chain(files.cert_file, files.key_file)
-        self._checked = time.monotonic()
-
-    def _stat(self) -> float:
-        try:
-            return os.stat(self.files.cert_file).st_mtime
-        except OSError:
-            return 0.0
-
-    def maybe_reload(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < TLS_RELOAD_EVERY_S:
-            return
-        self._checked = now
-        mtime = self._stat()
-        if mtime == self._mtime:
-            return
-        try:
-            # The same context: the listening server keeps it, and the next
-            # handshake uses the renewed certificate.
-            self.context.load_cert_chain(self.files.cert_file, self.files.key_file)
-            self._mtime = mtime
-        except (OSError, ssl.SSLError) as exc:
-            log.warning("engine guard: cannot load the renewed certificate: %s", exc)
 
 
 class EngineGuard:
@@ -171,7 +119,7 @@ class EngineGuard:
         self.head_timeout_s = head_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.stats = GuardStats()
-        self._tls = _ServerTls(tls) if tls is not None else None
+        self._tls = ServerTls(tls) if tls is not None else None
         self._server: asyncio.Server | None = None
         self._open: set[_Inbound] = set()
 
