@@ -78,7 +78,8 @@ from llmgw.agent.kvrelay import KvRelay, private_dir, remove_dir
 
 # What the guard process imports is kept to the standard library and llmgw
 # modules that import only it (its resident memory is counted in the
-# engine's budget).
+# engine's budget); pyzmq too where the engine publishes its KV-cache
+# events, imported by the relay only then.
 
 log = logging.getLogger("llmgw.agent.engineguard")
 
