@@ -3,14 +3,16 @@
 The same tenants, contexts and Poisson arrivals as the llama.cpp run
 (routing_real.Setup), served by two ``vllm`` engines (vLLM's CPU build and the
 starter model that ``make engines`` installs, started as the agent starts them:
-VllmAdapter, with its KV-cache events on a port of each) behind a real llmgw
-gateway, once per router:
+VllmAdapter behind its engine guard, with an engine key, its KV-cache events on
+an ipc socket that the guard relays) behind a real llmgw gateway, once per
+router:
 
 * ``prefix``: the endpoints carry no events URL, so the gateway routes on its
   estimated index (character blocks, sized from kv_capacity_tokens);
-* ``prefix_exact``: the endpoints name each engine's events, so the gateway
-  follows them and routes on the blocks each engine really holds, tokenising
-  the prompt with the engine's /tokenize.
+* ``prefix_exact``: the endpoints name each engine's events relay, so the
+  gateway follows them (through the guard, with the key) and routes on the
+  blocks each engine really holds, tokenising the prompt with the engine's
+  /tokenize.
 
 Each engine's KV cache is cut to a few tenants' contexts
 (``--num-gpu-blocks-override``), so that where a prefix lives matters. The
@@ -59,6 +61,9 @@ CACHE_BLOCKS = 360
 # What the estimated index is told a replica holds: those three contexts' tokens.
 KV_CAPACITY_TOKENS = 2048
 MAX_MODEL_LEN = 1024
+# The engines' key: the bench, the gateway and the guards share it.
+ENGINE_KEY = "bench-engine-key-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {ENGINE_KEY}"}
 _COUNTER = re.compile(r"^vllm:prefix_cache_(hits|queries)_total\{[^}]*\} (\S+)$", re.M)
 
 
@@ -76,10 +81,13 @@ def model_dir() -> Path:
     return root / "models" / "gemma-3-270m-hf"
 
 
-def launch(port: int, events_port: int, cpu: int) -> tuple[list[str], dict[str, str], Any]:
-    """The agent's launch of one engine (VllmAdapter), events on ``events_port``."""
+def launch(port: int, engine_port: int, cpu: int) -> tuple[list[str], dict[str, str], Any]:
+    """The agent's launch of one engine (VllmAdapter behind its guard on ``port``, the
+    engine itself on loopback ``engine_port``), publishing its events for the guard."""
     from llmgw.agent.engines.base import LaunchContext
     from llmgw.agent.engines.vllm import VllmAdapter
+    from llmgw.agent.replicalaunch import engine_launch, kv_events_endpoint
+    from llmgw.agent.supervisor import engine_environment
     from llmgw.wire import EngineKind, ModelSpec, ReplicaAssignment, ShardAssignment, WeightsSource
 
     weights = model_dir()
@@ -93,13 +101,14 @@ def launch(port: int, events_port: int, cpu: int) -> tuple[list[str], dict[str, 
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu)},
     )  # fmt: skip
     assignment = ReplicaAssignment(
-        replica_id=f"engine-{port}", model=spec, shard=ShardAssignment(node="bench")
+        replica_id=f"engine-{port}", model=spec, shard=ShardAssignment(node="bench"),
+        engine_key=ENGINE_KEY,
     )
     ctx = LaunchContext(assignment=assignment, weights_path=str(weights), host="127.0.0.1",
-                        port=port, kv_events_port=events_port)  # fmt: skip
-    built = VllmAdapter(vllm_python(), version="0.32.0").build(ctx)
-    env = {k: v for k, v in os.environ.items() if k.upper() not in built.drop_env}
-    env.update(built.env)
+                        port=port, kv_events=kv_events_endpoint(assignment.replica_id))
+    adapter = VllmAdapter(vllm_python(), version="0.32.0")
+    built, _ = engine_launch(adapter, ctx, lambda: engine_port)
+    env = engine_environment(built.env, built.drop_env)
     # /reset_prefix_cache between routers (a development route, which no
     # catalog may turn on: the bench runs the engine itself).
     env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -107,11 +116,13 @@ def launch(port: int, events_port: int, cpu: int) -> tuple[list[str], dict[str, 
 
 
 class Engine:
-    def __init__(self, port: int, events_port: int, cpu: int, log: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.events = f"tcp://127.0.0.1:{events_port}"
+    def __init__(self, port: int, engine_port: int, cpu: int, log: Path) -> None:
+        from llmgw.wire import kv_events_url
+
+        self.url = f"http://127.0.0.1:{port}"  # its guard's
+        self.events = kv_events_url(self.url)
         self.log = log
-        argv, env, self.dialect = launch(port, events_port, cpu)
+        argv, env, self.dialect = launch(port, engine_port, cpu)
         with log.open("wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)  # fmt: skip
@@ -123,7 +134,7 @@ class Engine:
                 tail = self.log.read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{tail}")
             with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with session.get(f"{self.url}/health") as resp:
+                async with session.get(f"{self.url}/health", headers=AUTH) as resp:
                     if resp.status == 200:
                         return
             if time.monotonic() > deadline:
@@ -131,7 +142,7 @@ class Engine:
             await asyncio.sleep(1.0)
 
     async def counters(self, session: aiohttp.ClientSession) -> dict[str, float]:
-        async with session.get(f"{self.url}/metrics") as resp:
+        async with session.get(f"{self.url}/metrics", headers=AUTH) as resp:
             text = await resp.text()
         out = {"hits": 0.0, "queries": 0.0}
         for name, value in _COUNTER.findall(text):
@@ -139,7 +150,7 @@ class Engine:
         return out
 
     async def reset(self, session: aiohttp.ClientSession) -> None:
-        async with session.post(f"{self.url}/reset_prefix_cache") as resp:
+        async with session.post(f"{self.url}/reset_prefix_cache", headers=AUTH) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"{self.url}/reset_prefix_cache: HTTP {resp.status}")
 
@@ -155,7 +166,7 @@ async def tokenize_ms(
     took = []
     for _ in range(7):
         t0 = time.perf_counter()
-        async with session.post(f"{engine.url}/tokenize", json=body) as resp:
+        async with session.post(f"{engine.url}/tokenize", json=body, headers=AUTH) as resp:
             await resp.read()
         took.append((time.perf_counter() - t0) * 1000)
     return round(statistics.median(took), 2)
@@ -171,7 +182,7 @@ def start_gateway(router: str, engines: list[Engine]) -> tuple[subprocess.Popen[
             # router, the estimate's run got 3 + 3 tenants and the exact
             # one's 2 + 4, whose engine of 4 then evicted).
             "replica_id": f"vllm-{i}", "url": engine.url,
-            "kv_capacity_tokens": KV_CAPACITY_TOKENS,
+            "kv_capacity_tokens": KV_CAPACITY_TOKENS, "engine_key": ENGINE_KEY,
             "dialect": engine.dialect.model_dump(mode="json"),
         }  # fmt: skip
         if router == "prefix_exact":
@@ -186,9 +197,10 @@ def start_gateway(router: str, engines: list[Engine]) -> tuple[subprocess.Popen[
     return proc, children.read_urls(proc, children.GATEWAY_MARKER, 1)[0]
 
 
-async def ping(session: aiohttp.ClientSession, url: str) -> None:
+async def ping(session: aiohttp.ClientSession, url: str, key: str = simbench.API_KEY) -> None:
+    """One chat on ``url`` (a gateway's, with its API key, or an engine's, with its key)."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
-    headers = {"Authorization": f"Bearer {simbench.API_KEY}"}
+    headers = {"Authorization": f"Bearer {key}"}
     async with session.post(f"{url}/chat/completions", json=body, headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:300]}")
@@ -264,7 +276,7 @@ async def bench(setup: Setup, routers: list[str], port: int, quick: bool) -> dic
         async with aiohttp.ClientSession() as session:
             await asyncio.gather(*(e.ready(session) for e in engines))
             for engine in engines:  # the first request's warm-up is not routing
-                await ping(session, f"{engine.url}/v1")
+                await ping(session, f"{engine.url}/v1", ENGINE_KEY)
             out["tokenize_ms"] = await tokenize_ms(session, engines[0], requests[0])
         for router in routers:
             row = out[router] = await run_router(router, engines, requests, setup)

@@ -22,6 +22,7 @@ from llmgw.agent.engines import LlamaCppAdapter, SglangAdapter, SimAdapter, Vllm
 from llmgw.agent.engines.base import LaunchContext, split_host_port, validate_engine_args
 from llmgw.agent.engines.nodeenv import NodeEnvAllowed
 from llmgw.agent.engines.vllm import installed_version
+from llmgw.agent.replicalaunch import engine_launch, kv_events_endpoint, publishes_kv_events
 from llmgw.agent.supervisor import engine_environment
 from llmgw.engine_env import LLAMA_CPP_PYTHON_SETTINGS
 from llmgw.errors import EngineError
@@ -61,18 +62,31 @@ def test_vllm_single_gpu() -> None:
     assert launch.health_path == "/health"
 
 
-def test_vllm_publishes_kv_events_on_the_port_allocated() -> None:
+def test_vllm_publishes_kv_events_on_the_node_for_its_guard_to_relay() -> None:
     d = [gpu(3)]
     spec = model("vllm").model_copy(update={"kv_events": True})
     plain = VllmAdapter().build(ctx(assign(spec, d), d))
-    assert "--kv-events-config" not in plain.argv and plain.dialect.kv_events_port is None
-    with_port = dataclasses.replace(ctx(assign(spec, d), d), kv_events_port=21001)
-    launch = VllmAdapter().build(with_port)
+    assert "--kv-events-config" not in plain.argv and not plain.dialect.kv_events
+    # Without a key no guard stands in front of the engine: nobody would relay them.
+    assert not publishes_kv_events(assign(spec, d))
+    keyed = assign(spec, d).model_copy(update={"engine_key": "k" * 32})
+    assert publishes_kv_events(keyed)
+    endpoint = kv_events_endpoint("r1")
+    assert endpoint.startswith("ipc:///") and endpoint.endswith("/events")
+    assert kv_events_endpoint("r1") != endpoint  # a name nobody can make first
+    with_events = dataclasses.replace(ctx(keyed, d), kv_events=endpoint)
+    launch, engine_port = engine_launch(VllmAdapter(), with_events, lambda: 21005)
     config = json.loads(flag(launch.argv, "--kv-events-config"))
-    # vLLM binds only a wildcard endpoint (any other it connects to).
-    assert config == {"enable_kv_cache_events": True, "publisher": "zmq",
-                      "endpoint": "tcp://*:21001"}  # fmt: skip
-    assert launch.dialect.kv_events_port == 21001
+    # An ipc endpoint, which vLLM binds (a non-wildcard tcp one it would connect to).
+    assert config == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
+    assert launch.dialect.kv_events and launch.guarded and engine_port == 21005
+    # The guard gets the same endpoint, before the engine's own command.
+    guard_argv = launch.argv[: launch.argv.index("--")]
+    assert flag(guard_argv, "--kv-events") == endpoint
+    for dp in (["--data-parallel-size", "2"], ["-dp=4"], ["--data_parallel_size", "2"]):
+        parallel = keyed.model_copy(update={"model": spec.model_copy(update={"engine_args": dp})})
+        with pytest.raises(EngineError, match="data-parallel"):
+            VllmAdapter().build(dataclasses.replace(ctx(parallel, d), kv_events=endpoint))
 
 
 def test_vllm_tp4_with_catalog_args_last() -> None:

@@ -55,11 +55,11 @@ async def test_a_replica_that_publishes_kv_events_gets_their_url(plane: Plane) -
         id="r1", model="m", created_at=0.0, shards=[ShardAssignment(node="n1", device_numbers=[0])]
     )
     status = ReplicaStatus(replica_id="r1", state=ReplicaState.READY, port=4000,
-                           dialect=EngineDialect(kv_events_port=4100))  # fmt: skip
+                           dialect=EngineDialect(kv_events=True))  # fmt: skip
     async with httpx.AsyncClient() as client:
         token = await register(client, url, plane.join, "n1")
         await report_ok(client, url, token,
                         AgentReport(node="n1", inventory=inventory("h"), replicas=[status]))
     (endpoint,) = cp.gateways.config().routing.models[0].endpoints
-    host = endpoint.url.split("://", 1)[1].rsplit(":", 1)[0]
-    assert endpoint.kv_events == f"tcp://{host}:4100"
+    # The replica's own guard relays them, behind its engine key.
+    assert endpoint.kv_events == f"{endpoint.url}/llmgw/kv-events"

@@ -10,14 +10,27 @@ versions wrote.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+import zmq
+import zmq.asyncio
+from pydantic import ValidationError
+from tests.waiting import eventually
 
-from llmgw import wire
+from llmgw import kvstream, wire
+from llmgw.agent.engineguard import EngineGuard
+from llmgw.agent.guardtls import CertFiles
+from llmgw.agent.kvrelay import KvRelay
+from llmgw.gateway.engineclient import Upstream
+from llmgw.gateway.routing import kvfollow
 from llmgw.gateway.routing.kvcache import (
     BadEvent,
     Cleared,
@@ -27,15 +40,18 @@ from llmgw.gateway.routing.kvcache import (
     decode_batch,
     token_block_hashes,
 )
-from llmgw.gateway.routing.kvfollow import KvFollowers, apply_frames
+from llmgw.gateway.routing.kvfollow import KvFollowers, apply_frames, stream_connect
 from llmgw.gateway.routing.measured import PrefillSpeed
 from llmgw.gateway.routing.policy import HIT, MISS
 from llmgw.gateway.routing.prefixindex import PrefixIndex
 from llmgw.gateway.routing.replica import Replica
 from llmgw.gateway.routing.router import ModelRouter
+from llmgw.gateway.settings import GatewaySettings
+from llmgw.servertls import ensure_server_tls
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "vllm-kv-events"
 BS = 4  # tokens per block in the hand-made batches
+KEY = "engine-key-0123456789abcdefghijklmnopqrstu"
 
 
 def batch(*events: dict[str, Any], ts: float = 1.0) -> bytes:
@@ -163,7 +179,7 @@ def _router(names: list[str], events: bool) -> ModelRouter:
     route = wire.ModelRoute(name="m", served_name="m")
     replicas = [
         Replica(wire.Endpoint(replica_id=n, url=f"http://{n}",
-                              kv_events=f"tcp://{n}:5557" if events else None))
+                              kv_events=wire.kv_events_url(f"http://{n}") if events else None))
         for n in names
     ]  # fmt: skip
     return ModelRouter(route, replicas, PrefixIndex(), PrefillSpeed(1000.0, 4.0), block_chars=16,
@@ -220,7 +236,7 @@ class _FakeSub:
 async def test_followers_feed_each_publishing_replica() -> None:
     subs: dict[str, _FakeSub] = {}
 
-    def connect(url: str) -> _FakeSub:
+    async def connect(url: str, key: str | None) -> _FakeSub:
         sub = subs[url] = _FakeSub([frames(0, batch(stored([b"e"], None, [1, 2, 3, 4])))])
         return sub
 
@@ -228,7 +244,7 @@ async def test_followers_feed_each_publishing_replica() -> None:
     followers = KvFollowers(connect)
     followers.sync(router.replicas)
     await asyncio.sleep(0.01)
-    assert sorted(subs) == ["tcp://a:5557", "tcp://b:5557"]
+    assert sorted(subs) == ["http://a/llmgw/kv-events", "http://b/llmgw/kv-events"]
     assert router.exact_live() is not None
     for r in router.replicas:
         assert r.exact is not None and r.exact.live and len(r.exact.blocks) == 1
@@ -265,3 +281,118 @@ def test_captured_vllm_events_hold_the_prompts_blocks() -> None:
     # block 0 on, which the window groups never stored (outside this prompt's
     # window): vLLM finds nothing of it, and neither does the cache.
     assert cache.depth(keys[:10]) == 0
+
+
+def test_the_relays_path_is_one_on_both_sides() -> None:
+    assert wire.KV_EVENTS_PATH == kvstream.PATH
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        "tcp://10.0.0.5:5557",  # the engine's own publisher: no key, never reachable now
+        "https://10.0.0.6:8000/llmgw/kv-events",  # another host would be sent the key
+        "https://10.0.0.5:8001/llmgw/kv-events",
+        "https://10.0.0.5:8000/metrics",
+    ],
+)
+def test_an_endpoint_takes_events_only_from_its_own_relay(events: str) -> None:
+    url = "https://10.0.0.5:8000"
+    assert wire.Endpoint(replica_id="r", url=url, kv_events=f"{url}/llmgw/kv-events").kv_events
+    with pytest.raises(ValidationError, match="kv_events must be the replica's own relay"):
+        wire.Endpoint(replica_id="r", url=url, kv_events=events)
+
+
+@contextlib.asynccontextmanager
+async def relayed(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[zmq.asyncio.Socket, EngineGuard, int, Upstream]]:
+    """A PUB standing in for vLLM's, behind a real engine guard with TLS and its relay,
+    and the gateway's engine client trusting the fleet's CA."""
+    folder = Path(tempfile.mkdtemp(prefix="kv-"))  # a socket path must stay short
+    endpoint = f"ipc://{folder}/events"
+    pub = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind(endpoint)
+    server = ensure_server_tls(tmp_path, ["127.0.0.1"])
+    assert server.ca_file is not None
+    files = CertFiles(str(server.cert_file), str(server.key_file))
+    guard = EngineGuard(KEY, "127.0.0.1", 9, tls=files, relay=KvRelay(endpoint))
+    port = await guard.start("127.0.0.1", 0)
+    upstream = Upstream(GatewaySettings(gateway_id="t"))
+    upstream.trust_engines(server.ca_file.read_text(), [])
+    await upstream.start()
+    try:
+        yield pub, guard, port, upstream
+    finally:
+        guard.close()
+        pub.close(0)
+        await upstream.close()
+        shutil.rmtree(folder)
+
+
+async def test_events_reach_the_gateway_through_the_guard_with_the_key_and_tls(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with relayed(tmp_path) as (pub, guard, port, upstream):
+        url = f"https://127.0.0.1:{port}"
+        keyed = Replica(wire.Endpoint(replica_id="keyed", url=url, engine_key=KEY,
+                                      kv_events=wire.kv_events_url(url)))  # fmt: skip
+        wrong = Replica(wire.Endpoint(replica_id="wrong", url=url, engine_key="w" * 40,
+                                      kv_events=wire.kv_events_url(url)))  # fmt: skip
+        followers = KvFollowers(stream_connect(upstream.tls_for))
+        followers.sync([keyed, wrong])
+        tokens = list(range(BS * 3))
+        try:
+            seq = 0
+            async with asyncio.timeout(10):
+                # Sent until it shows: ZeroMQ's subscription takes a moment to
+                # reach the publisher, and a SUB misses what came before.
+                while keyed.exact is None or not keyed.exact.live:
+                    await pub.send_multipart(frames(seq, batch()))
+                    seq += 1
+                    await asyncio.sleep(0.02)
+            blocks = stored([b"e1", b"e2", b"e3"], None, tokens)
+            await pub.send_multipart(frames(seq, batch(blocks)))
+            keys = token_block_hashes(tokens, BS)
+            cache = keyed.exact
+            await eventually(lambda: cache.depth(keys) == 3, 5, "the blocks through the relay")
+            # The wrong key got a 401 and nothing of the stream.
+            assert wrong.exact is not None and not wrong.exact.live and not wrong.exact.blocks
+            assert "the engine key was refused" in caplog.text
+            assert guard.relay is not None and len(guard.relay.followers) == 1
+            # The guard gone (its engine ended): the stream breaks, the cache is dropped.
+            guard.close()
+            await eventually(lambda: not cache.live, 5, "the broken stream noticed")
+            assert not cache.blocks and cache.seq == -1
+        finally:
+            await followers.close()
+
+
+async def test_a_relay_that_falls_silent_is_left_and_followed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No heartbeat for kvstream.SILENCE_S: a stream that died without a word (a node
+    gone off the network sends no FIN) is dropped, with its cache, and dialled again."""
+    monkeypatch.setattr(kvstream, "SILENCE_S", 0.2)
+    monkeypatch.setattr(kvfollow, "RETRY_S", (0.05, 0.05))
+    dialled = 0
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal dialled
+        dialled += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(kvstream.ANSWER_HEAD + kvstream.encode(frames(0, batch())))
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    replica = Replica(wire.Endpoint(replica_id="r", url=url, engine_key=KEY,
+                                    kv_events=wire.kv_events_url(url)))  # fmt: skip
+    followers = KvFollowers(stream_connect(lambda _: None))
+    followers.sync([replica])
+    try:
+        await eventually(lambda: dialled >= 3, 5, "the silent relay dialled again")
+    finally:
+        await followers.close()
+        server.close()

@@ -22,6 +22,12 @@ port). The guard also terminates TLS under the node's certificate, so every
 engine is https where the fleet runs TLS, those without TLS flags included;
 a renewed certificate is taken up by the next connection.
 
+One request the guard answers itself: where the engine publishes its
+KV-cache events (``--kv-events``), a checked connection whose first request
+is exactly ``GET /llmgw/kv-events`` gets the events stream
+(agent.kvrelay, llmgw.kvstream); any other path, that one's look-alikes
+included, is the engine's. The key check comes first, as for every route.
+
 The guard is a process of its own that starts the engine as its child
 (``python -m llmgw.agent.engineguard --host H --port P --engine-port E --
 ENGINE ARGV``; agent.guardlaunch builds the command), not a part of the agent:
@@ -55,10 +61,8 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from llmgw.agent.guardchild import engine_start
 from llmgw.agent.guardhead import (
@@ -69,10 +73,13 @@ from llmgw.agent.guardhead import (
     Answer,
     authorized,
 )
+from llmgw.agent.guardtls import CertFiles, ServerTls, TlsFiles
+from llmgw.agent.kvrelay import KvRelay, private_dir, remove_dir
 
 # What the guard process imports is kept to the standard library and llmgw
 # modules that import only it (its resident memory is counted in the
-# engine's budget).
+# engine's budget); pyzmq too where the engine publishes its KV-cache
+# events, imported by the relay only then.
 
 log = logging.getLogger("llmgw.agent.engineguard")
 
@@ -81,8 +88,6 @@ log = logging.getLogger("llmgw.agent.engineguard")
 HEAD_LIMIT = 16 * 1024
 HEAD_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
-# How often a new connection may look whether the certificate was renewed.
-TLS_RELOAD_EVERY_S = 30.0
 # How long a refused connection is kept to drain (see _Inbound._answer_and_close).
 LINGER_S = 1.0
 
@@ -100,55 +105,6 @@ GUARD_MODULE = "llmgw.agent.engineguard"
 GUARD_KEY_ENV = "LLMGW_GUARD_KEY"
 
 
-class TlsFiles(Protocol):
-    """The node's certificate and key files (agent.engines.base.EngineTls)."""
-
-    @property
-    def cert_file(self) -> str: ...
-
-    @property
-    def key_file(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class CertFiles:
-    cert_file: str
-    key_file: str
-
-
-class _ServerTls:
-    """The node certificate as a server context, reloaded when its file changes."""
-
-    def __init__(self, files: TlsFiles) -> None:
-        self.files = files
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self._mtime = self._stat()
-        self.context.load_cert_chain(files.cert_file, files.key_file)
-        self._checked = time.monotonic()
-
-    def _stat(self) -> float:
-        try:
-            return os.stat(self.files.cert_file).st_mtime
-        except OSError:
-            return 0.0
-
-    def maybe_reload(self) -> None:
-        now = time.monotonic()
-        if now - self._checked < TLS_RELOAD_EVERY_S:
-            return
-        self._checked = now
-        mtime = self._stat()
-        if mtime == self._mtime:
-            return
-        try:
-            # The same context: the listening server keeps it, and the next
-            # handshake uses the renewed certificate.
-            self.context.load_cert_chain(self.files.cert_file, self.files.key_file)
-            self._mtime = mtime
-        except (OSError, ssl.SSLError) as exc:
-            log.warning("engine guard: cannot load the renewed certificate: %s", exc)
-
-
 class EngineGuard:
     """One replica's guard: listens on the advertised address, forwards to ``upstream``."""
 
@@ -162,6 +118,7 @@ class EngineGuard:
         head_limit: int = HEAD_LIMIT,
         head_timeout_s: float = HEAD_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        relay: KvRelay | None = None,
     ) -> None:
         if not key:
             raise ValueError("an engine guard needs a key")
@@ -171,9 +128,11 @@ class EngineGuard:
         self.head_timeout_s = head_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.stats = GuardStats()
-        self._tls = _ServerTls(tls) if tls is not None else None
+        self._tls = ServerTls(tls) if tls is not None else None
         self._server: asyncio.Server | None = None
         self._open: set[_Inbound] = set()
+        # The engine's KV-cache events (agent.kvrelay), answered past the key check.
+        self.relay = relay
 
     @property
     def tls(self) -> bool:
@@ -187,6 +146,8 @@ class EngineGuard:
             ssl=self._tls.context if self._tls is not None else None,
             reuse_address=True,
         )
+        if self.relay is not None:
+            self.relay.start()
         sockets = self._server.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port
 
@@ -195,6 +156,8 @@ class EngineGuard:
         server, self._server = self._server, None
         if server is not None:
             server.close()
+        if self.relay is not None:
+            self.relay.close()
         for conn in list(self._open):
             conn.abort()
 
@@ -282,6 +245,12 @@ class _Inbound(asyncio.Protocol):
         self.checked = True
         self._cancel_timer()
         self.guard.stats.accepted += 1
+        relay = self.guard.relay
+        if relay is not None and relay.wants(self.head):
+            self.draining = True  # what the follower sends after its request is dropped
+            self.head = bytearray()
+            relay.follow(self)
+            return
         # Nothing more is read until the engine's side is open: what came
         # already waits in ``head``, and the client's next bytes wait in its socket.
         self.pause_reading()
@@ -426,6 +395,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine-port", type=int, required=True, help="the engine's, on loopback")
     parser.add_argument("--tls-cert", default=None)
     parser.add_argument("--tls-key", default=None)
+    parser.add_argument("--kv-events", default=None, metavar="ipc:///DIR/SOCKET",
+                        help="relay the engine's KV-cache events from here (DIR is created 0700)")
     parser.add_argument("--engine-user", default=None,
                         help="start the engine under this user (the guard stays as it is)")
     parser.add_argument("engine", nargs=argparse.REMAINDER, help="-- the engine's command")
@@ -435,10 +406,11 @@ def _parser() -> argparse.ArgumentParser:
 async def _serve(args: argparse.Namespace, key: str, engine: list[str]) -> int:
     tls = CertFiles(args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None
     try:
-        guard = EngineGuard(key, "127.0.0.1", args.engine_port, tls=tls)
+        relay = KvRelay(args.kv_events) if args.kv_events else None
+        guard = EngineGuard(key, "127.0.0.1", args.engine_port, tls=tls, relay=relay)
         await guard.start(args.host, args.port)
-    except (OSError, ssl.SSLError) as exc:
-        print(f"engine guard: cannot listen on {args.host}:{args.port}: {exc}", flush=True)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        print(f"engine guard: cannot start on {args.host}:{args.port}: {exc}", flush=True)
         return 1
     loop = asyncio.get_running_loop()
     # The agent stops the engine by signalling the whole group: the guard
@@ -453,22 +425,36 @@ async def _serve(args: argparse.Namespace, key: str, engine: list[str]) -> int:
         guard.close()
         return 126
     try:
+        events_dir = private_dir(relay.endpoint, user) if relay is not None else None
+    except OSError as exc:
+        print(f"engine guard: no private directory for the engine's events: {exc}", flush=True)
+        guard.close()
+        return 1
+    try:
+        return await _run_engine(args, engine, user)
+    finally:
+        guard.close()
+        if events_dir is not None:
+            remove_dir(events_dir)
+
+
+async def _run_engine(
+    args: argparse.Namespace, engine: list[str], user: pwd.struct_passwd | None
+) -> int:
+    """Start the engine and wait for its end: its exit code (127, 126: it never started)."""
+    try:
         child = await asyncio.create_subprocess_exec(
             *engine, stdin=subprocess.DEVNULL, preexec_fn=engine_start(user)
         )
     except FileNotFoundError:
         print(f"{engine[0]} not found: is this engine installed on the node?", flush=True)
-        guard.close()
         return 127
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"cannot start {engine[0]}: {exc}", flush=True)
-        guard.close()
         return 126
     print(f"engine guard: {args.host}:{args.port} -> 127.0.0.1:{args.engine_port}"
           f" (engine pid {child.pid})", flush=True)
-    code = await child.wait()
-    guard.close()
-    return code
+    return await child.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

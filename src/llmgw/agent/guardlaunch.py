@@ -5,7 +5,8 @@ The engine's own launch is built for loopback (``LaunchContext.host``
 listening where the replica is advertised, with the node's certificate
 where the fleet issues one. Everything the agent watches stays the
 engine's: health and liveness paths, metrics, dialect (probed on the
-engine's loopback port, past the guard).
+engine's loopback port, past the guard). The engine's KV-cache events, where
+it publishes them, are the guard's to relay (agent.kvrelay).
 """
 
 from __future__ import annotations
@@ -26,10 +27,17 @@ def guarded_launch(
     tls: EngineTls | None,
     *,
     python: str | None = None,
+    kv_events: str | None = None,
 ) -> EngineLaunch:
-    """``engine`` started by its guard on ``host:port``, which wants ``key`` first."""
+    """``engine`` started by its guard on ``host:port``, which wants ``key`` first.
+
+    ``kv_events``: the ``ipc://`` endpoint the engine publishes its KV-cache
+    events on, which the guard relays behind the key (agent.kvrelay).
+    """
     argv = [python or sys.executable, "-m", GUARD_MODULE, "--host", host, "--port", str(port),
             "--engine-port", str(engine_port)]
+    if kv_events is not None:
+        argv += ["--kv-events", kv_events]
     if tls is not None:
         argv += ["--tls-cert", tls.cert_file, "--tls-key", tls.key_file]
     return dataclasses.replace(

@@ -3,13 +3,17 @@
 An engine with a key that serves HTTP listens on loopback only, started by
 its guard on the replica's advertised port (:mod:`llmgw.agent.engineguard`):
 engines guard only some of their routes with their key. The agent's own
-probes go past the guard, to the engine on loopback.
+probes go past the guard, to the engine on loopback. An engine that publishes
+its KV-cache events does so on the node only, for its guard to relay.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import secrets
+import tempfile
 from collections.abc import Callable, Sequence
 
 from llmgw import memory
@@ -19,7 +23,7 @@ from llmgw.agent.guardlaunch import guarded_launch
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.runnerdeps import RunnerDeps
 from llmgw.agent.weights import Progress, weights_size
-from llmgw.wire import CPU_CLASS, Device, EngineDialect, EngineKind, ModelSpec, ReplicaAssignment
+from llmgw.wire import CPU_CLASS, Device, EngineKind, ModelSpec, ReplicaAssignment
 
 # Where an engine behind a guard listens: reachable from this node only.
 LOOPBACK = "127.0.0.1"
@@ -30,31 +34,38 @@ def engine_port_id(replica_id: str) -> str:
     return f"{replica_id}@engine"
 
 
-def kv_events_port_id(replica_id: str) -> str:
-    """The port allocator's name for the port an engine publishes its KV-cache events on."""
-    return f"{replica_id}@kv-events"
+def kv_events_endpoint(replica_id: str) -> str:
+    """Where a replica's engine publishes its KV-cache events: an ``ipc://`` socket
+    in a directory its guard creates owner-only (agent.kvrelay).
+
+    Under the temporary directory, not the data dir: a socket's path must fit
+    in 107 bytes. The random part is what makes the guard's exclusive mkdir
+    meaningful: nobody can make the directory first, for a name they cannot
+    guess, to read the socket inside it.
+    """
+    name = f"llmgw-kv-{replica_id}-{secrets.token_hex(4)}"
+    return f"ipc://{os.path.join(tempfile.gettempdir(), name, 'events')}"
 
 
 def publishes_kv_events(assignment: ReplicaAssignment) -> bool:
     """Whether the replica's engine is started publishing its KV-cache events: the
-    catalog asked (ModelSpec.kv_events), the engine is vLLM, and this is the rank
-    that serves the API (its scheduler is the one that publishes)."""
+    catalog asked (ModelSpec.kv_events), the engine is vLLM, this is the rank that
+    serves the API (its scheduler is the one that publishes), and it has a key, so a
+    guard stands in front of it to relay them (without one they would reach nobody)."""
     spec = assignment.model
-    return spec.kv_events and spec.engine == EngineKind.VLLM and assignment.shard.rank == 0
+    return (spec.kv_events and spec.engine == EngineKind.VLLM and assignment.shard.rank == 0
+            and assignment.engine_key is not None)  # fmt: skip
 
 
-def restore_ports(ports: PortAllocator, replica_id: str, engine: int | None,
-                  dialect: EngineDialect | None) -> None:  # fmt: skip
-    """An adopted engine's own ports taken again: its guarded loopback one and its events'."""
+def restore_ports(ports: PortAllocator, replica_id: str, engine: int | None) -> None:
+    """An adopted engine's own port taken again: its guarded loopback one."""
     if engine is not None:
         ports.restore(engine_port_id(replica_id), engine)
-    if dialect is not None and dialect.kv_events_port is not None:
-        ports.restore(kv_events_port_id(replica_id), dialect.kv_events_port)
 
 
 def release_ports(ports: PortAllocator, replica_id: str) -> None:
     """A stopped engine's ports given back: the advertised one and its own."""
-    for name in (replica_id, engine_port_id(replica_id), kv_events_port_id(replica_id)):
+    for name in (replica_id, engine_port_id(replica_id)):
         ports.release(name)
 
 
@@ -92,9 +103,8 @@ async def launch_context(
         weights_bytes=weights_bytes,
         tls=deps.engine_tls(),
         adapters=adapters,
-        kv_events_port=(
-            deps.ports.allocate(kv_events_port_id(assignment.replica_id))
-            if publishes_kv_events(assignment) else None
+        kv_events=(
+            kv_events_endpoint(assignment.replica_id) if publishes_kv_events(assignment) else None
         ),
     )  # fmt: skip
     return ctx, budget
@@ -115,7 +125,8 @@ def engine_launch(
     # which takes the advertised port, and TLS with it.
     port = engine_port()
     inner = adapter.build(dataclasses.replace(ctx, host=LOOPBACK, port=port, tls=None))
-    return guarded_launch(inner, key, ctx.host, ctx.port, port, ctx.tls), port
+    launch = guarded_launch(inner, key, ctx.host, ctx.port, port, ctx.tls, kv_events=ctx.kv_events)
+    return launch, port
 
 
 def _wants_guard(adapter: EngineAdapter, launch: EngineLaunch) -> bool:

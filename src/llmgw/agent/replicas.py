@@ -134,7 +134,7 @@ class ReplicaRunner:
         self.tls = record.tls
         self.deps.ports.restore(self.replica_id, record.port)
         self.engine_port = record.engine_port
-        restore_ports(self.deps.ports, self.replica_id, record.engine_port, record.dialect)
+        restore_ports(self.deps.ports, self.replica_id, record.engine_port)
         if record.failed:
             self._mark_failed(record.reason or "failed", record.exit_code, persist=False)
             return

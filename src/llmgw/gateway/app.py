@@ -44,7 +44,7 @@ from llmgw.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from llmgw.gateway.ondemand import WaitRoom
 from llmgw.gateway.replies import JSON, ApiError, send_bytes, send_error, send_json
 from llmgw.gateway.routes.table import ROUTES
-from llmgw.gateway.routing.kvfollow import KvFollowers
+from llmgw.gateway.routing.kvfollow import KvFollowers, stream_connect
 from llmgw.gateway.settings import GatewaySettings
 from llmgw.gateway.snapshot import ConfigView
 from llmgw.gateway.tenancy.check import TenantCheck
@@ -117,7 +117,7 @@ class Gateway:
         # External models' URLs, probed by this gateway (llmgw.gateway.health).
         self.health = HealthProber(self.settings, lambda: self.runtime.snapshot)
         # Replicas' KV-cache events, followed while the gateway runs.
-        self.kv_followers = KvFollowers()
+        self.kv_followers = KvFollowers(stream_connect(self.runtime.upstream.tls_for))
 
     # -- lifecycle -------------------------------------------------------------
 

@@ -78,6 +78,11 @@ class Upstream:
             self._system_tls = ssl.create_default_context()
         return self._system_tls
 
+    def tls_for(self, url: str) -> ssl.SSLContext | None:
+        """How a connection of its own to an engine at ``url`` is verified: as requests to
+        it are (trust_engines); None for http."""
+        return self._tls_for(url) if urlsplit(url).scheme == "https" else None
+
     async def start(self) -> None:
         self._pool = Pool(self._settings.connect_timeout_s, self._settings.upstream_timeout_s)
 

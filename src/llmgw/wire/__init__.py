@@ -75,6 +75,7 @@ from llmgw.wire.replicas import (
     ShardAssignment,
 )
 from llmgw.wire.routing import (
+    KV_EVENTS_PATH,
     ApiKeyInfo,
     DemandRequest,
     Endpoint,
@@ -84,6 +85,7 @@ from llmgw.wire.routing import (
     ReplicaLoad,
     RoutingTable,
     UsageRecord,
+    kv_events_url,
 )
 from llmgw.wire.tenancy import (
     LIMIT_KINDS,
@@ -102,6 +104,7 @@ __all__ = [
     "CPU_CLASS",
     "ENV_NAME_PATTERN",
     "EXTRA_ROUTES",
+    "KV_EVENTS_PATH",
     "LEADER_HEADER",
     "LIMIT_KINDS",
     "LLAMACPP_KINDS",
@@ -170,6 +173,7 @@ __all__ = [
     "device_label_on",
     "host_in_url",
     "is_mig_class",
+    "kv_events_url",
     "mig_number",
     "read_from_newer",
 ]

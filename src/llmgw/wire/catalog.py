@@ -228,10 +228,10 @@ class EngineDialect(Wire):
     # there last (server-context.cpp, launch_slot_with_task). None: the
     # engine loads adapters by name at runtime (vLLM) or serves none.
     lora_ids: dict[str, int] | None = None
-    # The port the engine publishes its KV-cache block events on (ZeroMQ
-    # PUB, every interface: vLLM binds only a wildcard address), for the
-    # gateway to follow (wire.Endpoint.kv_events). None: it publishes none.
-    kv_events_port: int | None = Field(None, ge=1, le=65535)
+    # The engine publishes its KV-cache block events on its node, and its
+    # guard relays them behind the engine key on the replica's own address
+    # (wire.Endpoint.kv_events). False: it publishes none.
+    kv_events: bool = False
 
 
 
@@ -331,10 +331,11 @@ class ModelSpec(Wire):
     kv_capacity_tokens: int = Field(32768, ge=16)
     # vLLM replicas publish their KV-cache block events and the gateway
     # routes on what each really holds (gateway.routing.kvcache) rather than
-    # on its estimate. Off by default: vLLM's publisher listens on every
-    # interface of the node without a key, and its events carry the token
-    # ids of every prompt the replica caches; turn it on where only the
-    # gateways reach the nodes' ports.
+    # on its estimate. The events carry the token ids of every prompt the
+    # replica caches: they stay on the node (an ipc socket) and reach the
+    # gateway only through the replica's engine guard, with its engine key
+    # and TLS (agent.kvrelay). Off by default: following costs the gateway
+    # a /tokenize per request and the guard a relay.
     kv_events: bool = False
     # Most tokens one answer may generate; the gateway applies it (sets
     # max_tokens when the client gave no limit, lowers a larger one). None: no

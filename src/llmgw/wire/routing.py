@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from llmgw.wire.base import Wire
 from llmgw.wire.catalog import ENV_NAME_PATTERN, EngineDialect, ModelPrice, RoutingPolicy
 from llmgw.wire.replicas import EngineKey
 from llmgw.wire.tenancy import TeamInfo, TenantLimits
+
+# Where an engine guard relays its engine's KV-cache events (llmgw.kvstream.PATH,
+# spelt again here because wire imports nothing outside it; a test pins the two).
+KV_EVENTS_PATH = "/llmgw/kv-events"
+
+
+def kv_events_url(url: str) -> str:
+    """The events relay of the replica whose engine is at ``url``."""
+    return url.rstrip("/") + KV_EVENTS_PATH
 
 
 class Endpoint(Wire):
@@ -27,11 +36,23 @@ class Endpoint(Wire):
     # The environment variable, on the gateway, that holds the key to send
     # (ExternalSpec.api_key_env): the name travels, never the key.
     api_key_env: str | None = Field(None, pattern=ENV_NAME_PATTERN)
-    # Where the engine publishes its KV-cache block events (vLLM's
-    # --kv-events-config, ZeroMQ PUB): the gateway follows them and routes
-    # on what the replica really holds. None: it publishes none, and the
-    # gateway's estimate of its cache is used (gateway.routing.kvcache).
-    kv_events: str | None = Field(None, pattern=r"^tcp://[^\s/]{1,300}:[0-9]{1,5}$")
+    # Where the replica's engine guard relays its KV-cache block events
+    # (vLLM's, published on its node only): ``url`` + KV_EVENTS_PATH, and
+    # nowhere else, since the gateway sends it the engine key. The gateway
+    # follows them and routes on what the replica really holds. None: it
+    # publishes none, and the gateway's estimate of its cache is used
+    # (gateway.routing.kvcache).
+    kv_events: str | None = Field(None, max_length=2048)
+
+    @model_validator(mode="after")
+    def _kv_events_on_the_replica(self) -> Endpoint:
+        if self.kv_events is not None and self.kv_events != kv_events_url(self.url):
+            raise ValueError(
+                f"kv_events must be the replica's own relay, {kv_events_url(self.url)!r}, "
+                f"not {self.kv_events!r}: the engine key goes there, and an engine's events "
+                "are reachable only through its guard"
+            )
+        return self
 
 
 class ModelRoute(Wire):

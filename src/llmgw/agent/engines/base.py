@@ -106,9 +106,10 @@ class LaunchContext:
     # started with (EngineAdapter.adapters_at_start): (catalog name, weights
     # path), in the order the engine numbers them.
     adapters: tuple[tuple[str, str], ...] = ()
-    # The port an engine that publishes its KV-cache events (ModelSpec.kv_events)
-    # publishes them on; None: it publishes none.
-    kv_events_port: int | None = None
+    # Where an engine that publishes its KV-cache events (ModelSpec.kv_events)
+    # publishes them: an ``ipc://`` socket its guard relays (agent.kvrelay);
+    # None: it publishes none.
+    kv_events: str | None = None
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ MANAGED_FLAGS = FlagRules(
             # Imports the model repository's own code; only a node's admin
             # may allow it there (agent.engines.nodeargs).
             "--trust-remote-code",
-            # The agent's, on a port it allocates, when the catalog sets kv_events.
+            # The agent's, on the node only, when the catalog sets kv_events.
             "--kv-events-config",
         ]
     ),
@@ -293,17 +293,28 @@ def runtime_env(engine_args: list[str]) -> dict[str, str]:
     return env
 
 
-def kv_events_config(port: int) -> str:
-    """``--kv-events-config``: block events published on ``port`` (vllm/config/kv_events.py).
+def kv_events_config(endpoint: str) -> str:
+    """``--kv-events-config``: block events published on ``endpoint`` (vllm/config/kv_events.py).
 
-    ZeroMQ's PUB on ``tcp://*:PORT``: vLLM binds an endpoint only when it is
-    a wildcard (ZmqEventPublisher; any other address it connects to), so it
-    listens on every interface, and the gateway subscribes to the node's
-    address. Prefix caching, which the events report on, is on by default.
+    ``endpoint`` is an ``ipc://`` socket in a directory only the agent's
+    and the engine's users can open, which the replica's guard relays
+    behind the engine key (agent.kvrelay says why not a port). vLLM binds an
+    ipc endpoint (ZmqEventPublisher._is_bind_endpoint). Prefix caching,
+    which the events report on, is on by default.
     """
-    config = {"enable_kv_cache_events": True, "publisher": "zmq",
-              "endpoint": f"tcp://*:{port}"}  # fmt: skip
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
     return json.dumps(config, separators=(",", ":"))
+
+
+def check_kv_events(engine_args: list[str]) -> None:
+    """Refuse kv_events with data parallelism: vLLM gives each data-parallel rank an
+    endpoint of its own by numbering a tcp port or an inproc name and refuses to number
+    an ipc one (ZmqEventPublisher.offset_endpoint_port), so such an engine never starts."""
+    args = [a.replace("_", "-") for a in engine_args]
+    size = memory.flag_value(args, ("--data-parallel-size", "-dp"))
+    if size is not None and size.strip() not in ("", "1"):
+        raise EngineError("kv_events and --data-parallel-size above 1 do not go together: "
+                          "vLLM cannot publish a data-parallel engine's events on the node only")
 
 
 class VllmAdapter:
@@ -375,9 +386,10 @@ class VllmAdapter:
         key = assignment.engine_key
         task = model_task(ctx.weights_path, assignment.model.engine_args)
         dialect = TASK_DIALECTS.get(task, DIALECT) if task is not None else DIALECT
-        if ctx.kv_events_port is not None and not headless:
-            argv += ["--kv-events-config", kv_events_config(ctx.kv_events_port)]
-            dialect = dialect.model_copy(update={"kv_events_port": ctx.kv_events_port})
+        if ctx.kv_events is not None and not headless:
+            check_kv_events(assignment.model.engine_args)
+            argv += ["--kv-events-config", kv_events_config(ctx.kv_events)]
+            dialect = dialect.model_copy(update={"kv_events": True})
         env = {key_env: key, **runtime_env(assignment.model.engine_args)} if key else None
         return serve_launch(
             ctx, argv, health=health, metrics=VLLM_METRICS, dialect=dialect,

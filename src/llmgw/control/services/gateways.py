@@ -38,6 +38,7 @@ from llmgw.wire import (
     RoutingTable,
     UsageRecord,
     host_in_url,
+    kv_events_url,
 )
 
 # Mean requests in flight per ready replica above which the gateway's load
@@ -175,7 +176,7 @@ class Gateways:
                                 kv_capacity_tokens=spec.kv_capacity_tokens,
                                 dialect=replica.dialect,
                                 engine_key=self.core.engine_keys.key(replica.id),
-                                kv_events=_kv_events(host, replica.dialect))
+                                kv_events=_kv_events(url, replica.dialect))
         self._endpoints[replica.id] = (key, endpoint)
         return endpoint
 
@@ -318,8 +319,9 @@ class Gateways:
         await self.core.writes.add_usage(rows)
 
 
-def _kv_events(host: str, dialect: EngineDialect | None) -> str | None:
-    """Where the replica's engine publishes its KV-cache events, as the gateway reaches it."""
-    if dialect is None or dialect.kv_events_port is None:
+def _kv_events(url: str, dialect: EngineDialect | None) -> str | None:
+    """Where the replica's guard relays its engine's KV-cache events: on the replica's
+    own address, behind its engine key (agent.kvrelay)."""
+    if dialect is None or not dialect.kv_events:
         return None
-    return f"tcp://{host}:{dialect.kv_events_port}"
+    return kv_events_url(url)
