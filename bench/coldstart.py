@@ -75,7 +75,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "name": "cold-vllm", "engine": "vllm", **ON_DEMAND,
         "weights": {"kind": "local", "path": str(ENGINES_DIR / "models" / "gemma-3-270m-hf")},
         "start_timeout_s": 900, "memory_mib": 8192, "kv_capacity_tokens": 32768,
-        "engine_args": ["--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager"],
+        "engine_args": ["--max-model-len", "1024", "--enforce-eager"],
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
     },
 }

@@ -26,6 +26,13 @@ from llmgw.wire import EngineKind, NodeInventory
 T = TypeVar("T")
 
 
+@pytest.fixture(autouse=True)
+def _bf16_native_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's argv on a CPU slot as on a CPU computing bfloat16 natively (no --dtype added),
+    whatever this machine's CPU: the tests of that choice set it themselves."""
+    monkeypatch.setattr("llmgw.agent.engines.vllm.native_bf16", lambda: True)
+
+
 def cpu_inventory(slots: int = 4, host: str = "h") -> NodeInventory:
     return NodeInventory(hostname=host, devices=[cpu_slot(i, host) for i in range(slots)])
 

@@ -154,8 +154,8 @@ def catalog(weights: Path) -> str:
         "min_replicas": 1, "max_replicas": 1, "start_timeout_s": READY_WITHIN_S,
         "kv_capacity_tokens": 512, "max_output_tokens": 64,
         # Each shard: torch in each of its processes (rank 0: API server, engine core and
-        # worker; measured 4.04 GB with the KV cache allocated), half the layers in bf16
-        # and the 1 GiB KV cache.
+        # worker; measured 4.04 GB with the KV cache allocated), half the layers (float32
+        # on a CPU without bfloat16 instructions: agent/engines/cpudtype.py) and the 1 GiB KV cache.
         "memory_mib": 6144,
         # Not --enforce-eager: with it vLLM's CPU worker (0.32, cpu_model_runner.py
         # warming_up_model) skips the warm-up pass that allocates a later pipeline stage's
@@ -163,7 +163,7 @@ def catalog(weights: Path) -> str:
         # sync_and_gather_intermediate_tensors: `assert self.intermediate_tensors is not
         # None`). Traced once by dynamo and run eagerly instead: the warm-up runs, and no
         # inductor C++ compile (minutes on 2 cores).
-        "engine_args": ["--max-model-len", "512", "--dtype", "bfloat16",
+        "engine_args": ["--max-model-len", "512",
                         "--compilation-config", '{"mode": 2, "backend": "eager"}'],
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
     }

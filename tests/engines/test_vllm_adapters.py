@@ -43,7 +43,7 @@ def catalog(dir_: Path) -> str:
         "    start_timeout_s: 900",
         "    memory_mib: 8192",
         "    kv_capacity_tokens: 32768",
-        "    engine_args: [--max-model-len, '1024', --dtype, bfloat16, --enforce-eager,",
+        "    engine_args: [--max-model-len, '1024', --enforce-eager,",
         "                  --enable-lora, --max-lora-rank, '8', --max-loras, '2']",
         "    env: {VLLM_CPU_KVCACHE_SPACE: '1'}",
     ]

@@ -85,7 +85,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Started]:
     spec = wire.ModelSpec(
         name=MODEL, engine=wire.EngineKind.VLLM, kv_events=True,
         weights=wire.WeightsSource(kind="local", path=str(weights)),
-        engine_args=["--max-model-len", "1024", "--dtype", "bfloat16", "--enforce-eager",
+        engine_args=["--max-model-len", "1024", "--enforce-eager",
                      "--block-size", str(BLOCK)],
         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
     )  # fmt: skip

@@ -54,6 +54,7 @@ from llmgw.agent.engines.base import (
     serve_launch,
     uvicorn_tls_flags,
 )
+from llmgw.agent.engines.cpudtype import cpu_dtype_args, native_bf16
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
 from llmgw.errors import EngineError
@@ -390,6 +391,7 @@ class VllmAdapter:
             check_kv_events(assignment.model.engine_args)
             argv += ["--kv-events-config", kv_events_config(ctx.kv_events)]
             dialect = dialect.model_copy(update={"kv_events": True})
+        argv += cpu_dtype_args(ctx.devices, assignment.model.engine_args, native_bf16())
         env = {key_env: key, **runtime_env(assignment.model.engine_args)} if key else None
         return serve_launch(
             ctx, argv, health=health, metrics=VLLM_METRICS, dialect=dialect,
