@@ -256,8 +256,10 @@ class SoonestStart:
         """A lone gateway's replica for a prompt nobody holds.
 
         Every replica would prefill all of it, so the soonest start is the
-        least prefill queued, then the fewest requests in flight, then the
-        highest rendezvous score: what the general path chooses then,
+        least prefill queued (counted whole: counted down as the general
+        path does, it changed none of the replay's figures on seeds 0 and
+        1, for a clock read per pick), then the fewest requests in flight,
+        then the highest rendezvous score: what the general path chooses then,
         without its estimates and tuples (ties by score, never by the
         prompt's place in the list). Its own path because it is what a lone
         gateway does for most prompts at low load, where the gateway's cold
