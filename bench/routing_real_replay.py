@@ -211,7 +211,9 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
                             replica.pending_prefill, len(tokens), output)  # fmt: skip
             flight.sent_at = now
             replica.in_flight += 1
-            replica.pending_prefill += pick.uncached_tokens
+            replica.charge(pick.uncached_tokens, now)
+            if getattr(pick, "by_prefix", False):
+                router.record(pick)  # right after the send (Prefill)
             flights.append(flight)
             submit = Generation(flight, tokens, cost=pick.uncached_tokens)
             heapq.heappush(events, (now + NETWORK_S, next(order), "submit", submit))
@@ -224,14 +226,15 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
             flight.first_at = now + NETWORK_S
             ttfts.append(flight.first_at - flight.at_s)
             pick = flight.pick
-            pick.replica.pending_prefill -= pick.uncached_tokens
+            pick.replica.answered(pick.uncached_tokens, now)
             heapq.heappush(events, (flight.first_at + LEARN_AFTER_S, next(order), "learn", flight))
         elif kind == "learn":
             flight = what
             pick = flight.pick
             if flight.ahead < 1.0:
                 flight.router.measured(pick.uncached_tokens, flight.first_at - flight.sent_at)
-            flight.router.record(pick)
+            if getattr(pick.replica, "serial", False):
+                flight.router.record(pick)  # again as its answer starts (Prefill._learn)
         else:
             engine_id, gen = what
             engine = engines[engine_id]

@@ -84,8 +84,8 @@ class InFlight:
     sim: SimRequest | None = field(default=None, repr=False)
 
 
-def _router(setup: live.Setup, policy: str) -> ModelRouter:
-    """A gateway's router for the model, built as the gateway builds it."""
+def _router(setup: live.Setup, policy: str, clock: Clock) -> ModelRouter:
+    """A gateway's router for the model, built as the gateway builds it, on the replay's clock."""
     endpoints = [
         wire.Endpoint(
             replica_id=f"r{i}", url=f"http://engine-{i}", kv_capacity_tokens=setup.kv_blocks * 16
@@ -98,7 +98,8 @@ def _router(setup: live.Setup, policy: str) -> ModelRouter:
     key = wire.ApiKeyInfo(key_id="bench", secret_hash=secrets.hash_secret(live.API_KEY))
     table = wire.RoutingTable(version=1, models=[route], gateways=live.gateway_count(policy))
     config = wire.GatewayConfig(routing=table, keys=[key])
-    return ConfigView(config, GatewaySettings(gateway_id="replay"), None).routes[live.MODEL]
+    view = ConfigView(config, GatewaySettings(gateway_id="replay"), None, clock)
+    return view.routes[live.MODEL]
 
 
 @dataclass
@@ -110,6 +111,12 @@ class Worker:
     pending_prefill: float = 0.0
     held: set[int] = field(default_factory=set)  # block hashes sent to it
     size: int = 0  # characters of them: the "tree size" new text goes by
+
+    def charge(self, tokens: float, now: float) -> None:
+        self.pending_prefill += tokens
+
+    def answered(self, tokens: float, now: float) -> None:
+        self.pending_prefill -= tokens
 
 
 @dataclass
@@ -193,7 +200,7 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
     routers: list[Any] = (
         [SglangCacheAware(setup.engines)]
         if policy == live.SGLANG
-        else [_router(setup, policy) for _ in range(2 if policy == "prefix_2gw" else 1)]
+        else [_router(setup, policy, clock) for _ in range(2 if policy == "prefix_2gw" else 1)]
     )
     steps: list[Step | None] = [None] * len(engines)
     order = itertools.count()  # ties in time are taken in the order they were queued
@@ -227,7 +234,9 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
                 int(replica.replica_id[1:]),
             )  # fmt: skip
             replica.in_flight += 1
-            replica.pending_prefill += pick.uncached_tokens
+            replica.charge(pick.uncached_tokens, clock.now)
+            if getattr(pick, "by_prefix", False):
+                router.record(pick)  # right after the send (Prefill)
             heapq.heappush(events, (clock.now + NETWORK_S, next(order), "submit", flight))
         elif kind == "learn":
             _learn(what)
@@ -249,7 +258,7 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
                     continue
                 flight = flight_or_none
                 if flight.first_at is None and sim.first_token_at is not None:
-                    _answer_started(flight, clock.now + NETWORK_S)
+                    _answer_started(flight, clock.now)
                     learn_at = clock.now + NETWORK_S + LEARN_AFTER_S
                     heapq.heappush(events, (learn_at, next(order), "learn", flight))
                 if sim.phase is Phase.DONE:
@@ -266,20 +275,22 @@ def replay(setup: live.Setup, policy: str) -> dict[str, Any]:
     return _summary(setup, done)
 
 
-def _answer_started(flight: InFlight, at: float) -> None:
-    """What the gateway does at a stream's first chunk (gateway/routing/prefill.py, started)."""
-    flight.first_at = at
+def _answer_started(flight: InFlight, now: float) -> None:
+    """What the gateway does at a stream's first chunk (gateway/routing/prefill.py, started).
+
+    ``now``: when the engine sent it, which is when its queue moves on.
+    """
+    flight.first_at = now + NETWORK_S
     pick = flight.pick
-    pick.replica.pending_prefill -= pick.uncached_tokens
+    pick.replica.answered(pick.uncached_tokens, now)
 
 
 def _learn(flight: InFlight) -> None:
-    """What it does LEARN_AFTER_S later (Prefill._learn): the prefix and the speed sample."""
+    """What it does LEARN_AFTER_S later (Prefill.started): the speed sample."""
     pick = flight.pick
     assert flight.first_at is not None
     if flight.ahead < 1.0:
         flight.router.measured(pick.uncached_tokens, flight.first_at - flight.sent_at)
-    flight.router.record(pick)
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ async def test_the_exact_cache_holds_a_chat_and_routes_its_repeat_there(
     route = wire.ModelRoute(name=MODEL, served_name=MODEL)
     router = ModelRouter(route, [other, real], PrefixIndex(), PrefillSpeed(1000.0, 4.0),
                          block_chars=64, chars_per_token=4.0, tokens_per_unit=2048.0,
-                         ttft_slack_s=0.05, wait_ratio=0.5, spread=4.0, lone=True)  # fmt: skip
+                         ttft_slack_s=0.05, wait_ratio=0.5, spread=4.0, gateways=1)  # fmt: skip
     upstream = Upstream(GatewaySettings(gateway_id="t"))
     followers = KvFollowers(stream_connect(upstream.tls_for))
     await upstream.start()

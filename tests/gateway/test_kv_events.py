@@ -184,7 +184,7 @@ def _router(names: list[str], events: bool) -> ModelRouter:
     ]  # fmt: skip
     return ModelRouter(route, replicas, PrefixIndex(), PrefillSpeed(1000.0, 4.0), block_chars=16,
                        chars_per_token=4.0, tokens_per_unit=2048.0, ttft_slack_s=0.05,
-                       wait_ratio=0.5, spread=4.0, lone=True)  # fmt: skip
+                       wait_ratio=0.5, spread=4.0, gateways=1)  # fmt: skip
 
 
 def test_routing_follows_the_exact_cache_over_the_estimate() -> None:

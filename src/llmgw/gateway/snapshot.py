@@ -13,6 +13,7 @@ reference and finish normally.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ class ConfigView:
         config: wire.GatewayConfig,
         settings: GatewaySettings,
         previous: ConfigView | None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.version = config.routing.version
         self.config = config
@@ -102,10 +104,9 @@ class ConfigView:
                 ttft_slack_s=settings.ttft_slack_s,
                 wait_ratio=settings.miss_wait_ratio,
                 spread=settings.load_threshold,
-                # The control plane counts the gateways; only a count of
-                # exactly this one lets it place new prefixes by load.
-                lone=config.routing.gateways == 1,
+                gateways=config.routing.gateways,  # counted by the control plane
                 copy_cost=settings.prefix_copy_cost,
+                clock=clock,
             )
             # The canonical name wins over another model's alias of the same spelling.
             for alias in route.aliases:

@@ -8,6 +8,8 @@ moves only a little.
 
 from __future__ import annotations
 
+import math
+
 # Prefill-speed measurement. A sample below this many tokens is mostly network
 # and a decode step, not prefill, and would read as a slow engine.
 MIN_SAMPLE_TOKENS = 256.0
@@ -42,6 +44,21 @@ CHARS_WINDOW_TOKENS = 262_144.0
 # points, 0.6 gives 4.0, the per-pick rule 3.2).
 IDLE_SHARE_WEIGHT = 1.0 / 32.0
 LOW_LOAD_IDLE_SHARE = 0.6
+
+
+def low_load_share(gateways: int) -> float:
+    """The average idle share at which a gateway among ``gateways`` deems the load low.
+
+    Each of N gateways sees only its own requests in flight, so about the
+    N-th root of the idle share a lone one would see: the test is on
+    (share) ** N, which is the share seen to the N-th root of the threshold.
+    Without it, two gateways on bench/routing.py read 0.6-0.68 of the
+    replicas idle at 8-12 req/s, detoured new prefixes there where each
+    placed them apart, and their hit-rate gap was over 5 points on 3 of the
+    replay's 12 seeds (at most 3.5 with it).
+    """
+    # 0: the control plane cannot tell yet, taken as several (as for placement).
+    return math.pow(LOW_LOAD_IDLE_SHARE, 1.0 / (gateways if gateways > 0 else 2))
 
 
 class PrefillSpeed:

@@ -9,8 +9,9 @@ that does not read the prompt.
 
 A policy that reads the prompt (:attr:`Policy.reads_prompt`) also learns
 from what happens after its choice: the forwarding loop tells it when the
-replica's answer started (:meth:`Policy.record`, :meth:`Policy.measured`)
-and what the engine's usage said of the prompt (:meth:`Policy.metered`).
+request was sent (:meth:`Policy.record`), how soon the replica's answer
+started (:meth:`Policy.measured`) and what the engine's usage said of the
+prompt (:meth:`Policy.metered`).
 The others learn nothing, and those calls never reach them.
 """
 
@@ -72,7 +73,7 @@ class Policy:
         raise NotImplementedError
 
     def record(self, pick: Pick) -> None:
-        """The pick's replica started answering: it holds the prompt's prefix from now on."""
+        """The pick was sent to its replica: the prompt's prefix is counted as its from now on."""
 
     def measured(self, tokens: float, seconds: float) -> None:
         """A replica answered a prefill of ``tokens`` uncached prompt tokens in ``seconds``."""

@@ -1,24 +1,24 @@
-"""A replica's charge for one request until its answer starts, and what the start teaches.
+"""A replica's charge for one request until its answer starts, and what the request teaches.
 
 Uncached prompt tokens sent to a replica are prefill work queued there,
 which request counts miss: they are charged to it (``pending_prefill``)
-from the send until the answer's first chunk, and the router reads them.
-The first chunk is also when the replica holds the prompt's prefix (the
-policy records it then) and, for a stream that queued behind none of this
-gateway's other prefills, a measurement of the model's prefill speed.
+from the send until the answer's first chunk, and the router reads them,
+counted down from when the engine began on them (``Replica.charge``,
+``Replica.answered``). The send is also when the policy records the
+prompt's prefix on the replica; the first chunk of a stream that queued
+behind none of this gateway's other prefills is a measurement of the
+model's prefill speed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 from llmgw.gateway.routing.policy import Pick
 from llmgw.gateway.routing.router import ModelRouter
 
-# How long after an answer's start the router records its prefix and prefill
-# speed (Prefill.started): past the first token's relay, well before a
-# second prompt of the same group usually comes.
+# How long after an answer's start the router takes its prefill-speed sample
+# (Prefill.started): past the first token's relay.
 LEARN_AFTER_S = 0.005
 
 
@@ -31,27 +31,41 @@ class Prefill:
         self.router = router
         self.pick = pick
         self.tokens = pick.uncached_tokens
-        self.ahead = pick.replica.pending_prefill
-        pick.replica.pending_prefill += self.tokens
-        self.sent_at = time.perf_counter()
+        replica = pick.replica
+        self.ahead = replica.pending_prefill
+        self.sent_at = router.clock()
+        replica.charge(self.tokens, self.sent_at)
+        if pick.by_prefix:
+            # The prefix is the replica's from the send on (docs/routing.md),
+            # recorded on the loop's next turn: after the request is written
+            # to a pooled connection, so hashing and the index's update
+            # (~50 us where the gateway's code runs cold) never delay it.
+            asyncio.get_running_loop().call_soon(router.record, pick)
 
     def started(self, streamed: bool) -> None:
-        if self.pick.by_prefix:  # else nothing to record or measure
-            # Learnt a little after the answer's first chunk is on its way:
-            # at low load this code runs cold, and learning before the first
-            # token (or between a chat stream's role chunk and its first
-            # token) delayed it (docs/routing.md). A prompt routed meanwhile
-            # misses only this one's blocks.
+        now = self.router.clock()
+        pick = self.pick
+        if pick.by_prefix:
             sample = self.tokens if streamed and self.ahead < 1.0 else 0.0
-            asyncio.get_running_loop().call_later(
-                LEARN_AFTER_S, self._learn, sample, time.perf_counter()
-            )
-        self.done()
+            if sample or pick.replica.serial:
+                # Learnt a little after the answer's first chunk is on its
+                # way: at low load this code runs cold, and work before the
+                # first token (or between a chat stream's role chunk and its
+                # first token) delayed it (docs/routing.md).
+                asyncio.get_running_loop().call_later(
+                    LEARN_AFTER_S, self._learn, sample, now - self.sent_at
+                )
+        pick.replica.answered(self.tokens, now)
+        self.tokens = 0.0
 
-    def _learn(self, sample: float, answered_at: float) -> None:
+    def _learn(self, sample: float, seconds: float) -> None:
         if sample:
-            self.router.measured(sample, answered_at - self.sent_at)
-        self.router.record(self.pick)
+            self.router.measured(sample, seconds)
+        if self.pick.replica.serial:
+            # Such an engine computes a prompt at its turn, maybe long after
+            # the send, and keeps the latest states: the index's order of
+            # recency follows, the prefix recorded again as its answer starts.
+            self.router.record(self.pick)
 
     def metered(self, prompt_tokens: int, cached_tokens: int) -> None:
         """The answer's usage, for what it tells the router of the prompt (Policy.metered)."""

@@ -11,7 +11,8 @@ docs/routing.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from llmgw.gateway.routing.kvmatch import exact_matches
@@ -67,8 +68,9 @@ class SoonestStart:
     """The choice: the replica estimated to start answering soonest.
 
     A replica's estimated time to first token is the prefill queued on it
-    (uncached prompt tokens of this gateway's requests not yet answered) plus
-    the part of this prompt it does not hold, over the measured prefill
+    (uncached prompt tokens of this gateway's requests not yet answered, less
+    what the engine computed of them since it began, at the measured speed)
+    plus the part of this prompt it does not hold, over the measured prefill
     speed: holding a prefix counts only as the tokens it saves.
 
     * A holder within ``slack_s`` of the soonest keeps the prompt (the
@@ -83,8 +85,9 @@ class SoonestStart:
       soonest: wide, so gateways that share no state still agree on where a
       prefix lives; below 1, so a prompt never waits a prefill of its size.
     * At low load (on average over the recent picks, at least
-      LOW_LOAD_IDLE_SHARE of the replicas idle), a new prefix whose replica
-      by hash is busy goes to the first idle one in hash order instead.
+      ``low_load_share`` of the replicas idle: LOW_LOAD_IDLE_SHARE for one
+      gateway, its N-th root for each of N), a new prefix whose replica by
+      hash is busy goes to the first idle one in hash order instead.
     * A ``lone`` gateway (the routing table counts it alone) has nobody to
       agree with: a prompt no close holder takes goes to the soonest start
       outright, then the fewest requests in flight, then by hash.
@@ -99,6 +102,7 @@ class SoonestStart:
     wait_ratio: float
     spread: float
     lone: bool = False
+    low_load_share: float = LOW_LOAD_IDLE_SHARE
     copy_cost: float = 0.0
 
     def choose(
@@ -109,6 +113,7 @@ class SoonestStart:
         key: int,
         tokens_per_s: float,
         idle_share: IdleShare,
+        now: float,
     ) -> tuple[Replica, str, float]:
         """(replica, outcome, its uncached prompt tokens).
 
@@ -116,14 +121,17 @@ class SoonestStart:
         ``tokens_per_s`` is the replicas' prefill speed. Estimates are kept
         in tokens of prefill, the tolerances turned into tokens at that speed.
         ``idle_share`` is this gateway's average for the model, updated here
-        with this pick.
+        with this pick; ``now``: the router's clock, which replicas' queues
+        are counted down to.
         """
         if self.lone and not matched:
             return self.place_new(replicas, key), MISS, prompt_chars / self.chars_per_token
-        estimates, soonest, idle = self._estimates(replicas, matched, prompt_chars)
+        estimates, soonest, idle = self._estimates(
+            replicas, matched, prompt_chars, now, tokens_per_s
+        )
         # Every pick counts toward the average, whatever this one needs (a lone
         # gateway's new prefixes never read it: place_new skips it).
-        low_load = idle_share.observe(idle, len(replicas)) >= LOW_LOAD_IDLE_SHARE
+        low_load = idle_share.observe(idle, len(replicas)) >= self.low_load_share
         slack = self.slack_s * tokens_per_s
         best: Replica | None = None
         best_blocks = 0
@@ -144,11 +152,20 @@ class SoonestStart:
         return best, outcome, max(0, prompt_chars - cached) / self.chars_per_token
 
     def _estimates(
-        self, replicas: Sequence[Replica], matched: dict[str, int], prompt_chars: int
-    ) -> tuple[list[float], float, int]:
+        self, replicas: Sequence[Replica], matched: dict[str, int], prompt_chars: int,
+        now: float, tokens_per_s: float,
+    ) -> tuple[list[float], float, int]:  # fmt: skip
         """(each replica's estimate in tokens, the soonest, how many are idle).
 
-        A replica above the spread ceiling is estimated at infinity.
+        A replica above the spread ceiling is estimated at infinity. Its
+        queue counts down from when the engine began on it
+        (Replica.prefill_since): counted whole until the first token, a
+        holder a few milliseconds from done with a cold prefill looked a
+        whole prefill busier than an idle replica, and its group's next
+        prompts went to a non-holder (bench/routing.py at 16 req/s: 19
+        of them). Not on a replica that computes one request at a time:
+        after an answer's first token its engine decodes that answer
+        before the next prompt's prefill begins.
         """
         ceiling = min(r.in_flight for r in replicas) + self.spread
         block_chars = self.block_chars
@@ -164,7 +181,10 @@ class SoonestStart:
                 continue
             cached = matched.get(replica.replica_id, 0) * block_chars
             uncached = max(0, prompt_chars - cached) / per_token
-            estimate = replica.pending_prefill + uncached
+            queued = replica.pending_prefill
+            if queued and not replica.serial:
+                queued = max(0.0, queued - (now - replica.prefill_since) * tokens_per_s)
+            estimate = queued + uncached
             estimates.append(estimate)
             if estimate < soonest:
                 soonest = estimate
@@ -236,8 +256,10 @@ class SoonestStart:
         """A lone gateway's replica for a prompt nobody holds.
 
         Every replica would prefill all of it, so the soonest start is the
-        least prefill queued, then the fewest requests in flight, then the
-        highest rendezvous score: what the general path chooses then,
+        least prefill queued (counted whole: counted down as the general
+        path does, it changed none of the replay's figures on seeds 0 and
+        1, for a clock read per pick), then the fewest requests in flight,
+        then the highest rendezvous score: what the general path chooses then,
         without its estimates and tuples (ties by score, never by the
         prompt's place in the list). Its own path because it is what a lone
         gateway does for most prompts at low load, where the gateway's cold
@@ -328,16 +350,18 @@ class PrefixPolicy(Policy):
     few dozen picks).
     """
 
-    __slots__ = ("_block_chars", "_idle_share", "_replicas", "_synced_chars", "_units", "index",
-                 "soonest", "speed")  # fmt: skip
+    __slots__ = ("_block_chars", "_clock", "_idle_share", "_replicas", "_synced_chars", "_units",
+                 "index", "soonest", "speed")  # fmt: skip
 
     reads_prompt = True
 
     def __init__(
         self, replicas: list[Replica], index: PrefixIndex, speed: PrefillSpeed,
         soonest: SoonestStart, tokens_per_unit: float,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:  # fmt: skip
         self._replicas = replicas
+        self._clock = clock
         self.index = index
         self.speed = speed
         self.soonest = soonest
@@ -384,16 +408,15 @@ class PrefixPolicy(Policy):
                 estimate = len(prompt) / soonest.chars_per_token
                 key = stable_key(prompt, block_chars)
                 replica = soonest.place_new(replicas, key, index.home(hashes[0]), estimate)
-                pick = Pick(replica, MISS, hashes, estimate, None, len(prompt))
-                return self._claimed(pick) if replica.serial else pick
+                return Pick(replica, MISS, hashes, estimate, None, len(prompt))
             return self._general(replicas, prompt, hashes, matched)
         if soonest.lone and not index.holds(first := first_block_hash(prompt, block_chars)):
             # Nobody holds even its first block, so a lone gateway places it
             # by load alone (what choose does for it, without the index's
-            # walk), and the prompt's hashes wait until its answer has
-            # started (record): at low load this is most prompts, the
-            # gateway's code runs cold there, and every microsecond before
-            # the send is one the client waits.
+            # walk), and the prompt's hashes wait until it is sent (record):
+            # at low load this is most prompts, the gateway's code runs cold
+            # there, and every microsecond before the send is one the client
+            # waits.
             chars = len(prompt)
             estimate = chars / soonest.chars_per_token
             home = index.home(first)
@@ -402,8 +425,6 @@ class PrefixPolicy(Policy):
                 replica = soonest.spread_new(replicas, key, index, home, estimate)
             else:
                 replica = soonest.place_new(replicas, key, home, estimate)
-            if replica.serial:
-                return self._claimed(Pick(replica, MISS, [], estimate, prompt, chars))
             return Pick(replica, MISS, [], estimate, prompt, chars)
         hashes = block_hashes(prompt, block_chars)
         if len(replicas) == 1:
@@ -416,8 +437,7 @@ class PrefixPolicy(Policy):
             only = replicas[0]
             blocks = index.depth(hashes, only.replica_id)
             uncached = max(0, len(prompt) - blocks * block_chars) / soonest.chars_per_token
-            pick = Pick(only, HIT if blocks else MISS, hashes, uncached, None, len(prompt))
-            return self._claimed(pick) if only.serial else pick
+            return Pick(only, HIT if blocks else MISS, hashes, uncached, None, len(prompt))
         allowed = {r.replica_id: r for r in replicas}
         return self._general(replicas, prompt, hashes, index.matches(hashes, allowed))
 
@@ -427,25 +447,9 @@ class PrefixPolicy(Policy):
         """SoonestStart.choose over ``matched`` (each replica's blocks of the prompt)."""
         replica, outcome, uncached = self.soonest.choose(
             replicas, matched, len(prompt), stable_key(prompt, self._block_chars),
-            self.speed.tokens_per_s, self._idle_share,
+            self.speed.tokens_per_s, self._idle_share, self._clock(),
         )  # fmt: skip
-        pick = Pick(replica, outcome, hashes, uncached, None, len(prompt))
-        return self._claimed(pick) if replica.serial else pick
-
-    def _claimed(self, pick: Pick) -> Pick:
-        """The pick's prefix recorded now, as it is sent, on a replica that computes one
-        request at a time.
-
-        Elsewhere a prefix is recorded when its answer starts (record): a
-        second prompt of the group sent meanwhile would wait behind the first
-        one's prefill, and starts at once on an idle replica instead. On such
-        a replica it waits behind every request in flight anyway, and finds
-        the prefix cached when its turn comes; sent elsewhere, it computes the
-        whole prefix again and its copy evicts another prefix from that
-        engine's few cached states (bench/routing_real.py).
-        """
-        self.record(pick)
-        return pick
+        return Pick(replica, outcome, hashes, uncached, None, len(prompt))
 
     def metered(self, pick: Pick, prompt_tokens: int, cached_tokens: int) -> None:
         """What the engine's usage says of a prompt this policy placed.
@@ -475,10 +479,13 @@ class PrefixPolicy(Policy):
         self.speed.observe(tokens, seconds)
 
     def record(self, pick: Pick) -> None:
-        """Recorded when the answer starts, not when the request is sent: until
-        then the engine holds nothing, and a second prompt of the same group
-        sent after the first would wait behind its prefill instead of
-        starting at once on an idle replica.
+        """Recorded as the request is sent (routing.prefill), not when its answer starts.
+
+        A second prompt of the group sent meanwhile then goes to the replica
+        computing the prefix, whose queue the estimate counts down as it is
+        computed (SoonestStart): it starts sooner there than computing the
+        whole prefix again elsewhere, and leaves no second copy to evict
+        other prefixes (docs/routing.md).
         """
         hashes = pick.hashes
         if not hashes and pick.prompt is not None:

@@ -42,6 +42,7 @@ class Replica:
         "last_request_at",
         "mending",
         "pending_prefill",
+        "prefill_since",
         "replica_id",
         "reports_cached",
         "requests",
@@ -71,6 +72,11 @@ class Replica:
         # Uncached prompt tokens of in-flight requests not yet answered: the
         # prefill work queued on this replica, which request counts miss.
         self.pending_prefill = 0.0
+        # When the engine began on that queue (the router's clock): its send
+        # onto an empty queue, or the last answer's start, when the engine
+        # moved on to the next prompt. The prefix policy counts the queue down
+        # from then at the measured speed (queued).
+        self.prefill_since = 0.0
         self.last_request_at: float | None = None
         self.requests = 0  # since the last load report
         self.failures = 0  # consecutive connection failures
@@ -88,6 +94,17 @@ class Replica:
         self.serial = _serial(endpoint)
         self.engine_key = endpoint.engine_key
         self.kv_events = endpoint.kv_events
+
+    def charge(self, tokens: float, now: float) -> None:
+        """``tokens`` of uncached prompt sent to it at ``now``, queued until its answer starts."""
+        if self.pending_prefill < 1.0:
+            self.prefill_since = now
+        self.pending_prefill += tokens
+
+    def answered(self, tokens: float, now: float) -> None:
+        """An answer charged ``tokens`` started at ``now``: its prefill is done, the next begins."""
+        self.pending_prefill -= tokens
+        self.prefill_since = now
 
     def load(self, tokens_per_unit: float) -> float:
         return self.in_flight + self.pending_prefill / tokens_per_unit

@@ -10,11 +10,11 @@ the answer later teaches the policy goes through here too.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from llmgw import wire
 from llmgw.gateway.routing.leastloaded import LeastLoaded
-from llmgw.gateway.routing.measured import PrefillSpeed
+from llmgw.gateway.routing.measured import PrefillSpeed, low_load_share
 from llmgw.gateway.routing.policy import UNROUTED, Pick, Policy
 from llmgw.gateway.routing.prefix import PrefixPolicy, SoonestStart
 from llmgw.gateway.routing.prefixindex import PrefixIndex
@@ -25,7 +25,7 @@ from llmgw.gateway.routing.roundrobin import RoundRobin
 class ModelRouter:
     """Routing state of one model for one config version."""
 
-    __slots__ = ("_counter", "policy", "publishing", "replicas", "route", "wants_prompt")
+    __slots__ = ("_counter", "clock", "policy", "publishing", "replicas", "route", "wants_prompt")
 
     def __init__(
         self,
@@ -40,11 +40,17 @@ class ModelRouter:
         ttft_slack_s: float,
         wait_ratio: float,
         spread: float,
-        lone: bool = False,
+        gateways: int = 0,
         copy_cost: float = 0.0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """``gateways``: how many route with this table (the control plane's
+        count, this one among them; 0: not known yet); ``clock``: what the queued prefill is
+        timed by (Prefill, the prefix policy's estimate), simulated time in
+        bench/routing_replay.py."""
         self.route = route
         self.replicas = replicas
+        self.clock = clock
         self.policy: Policy
         if route.routing == "round-robin":
             self.policy = RoundRobin()
@@ -57,10 +63,12 @@ class ModelRouter:
                 slack_s=ttft_slack_s,
                 wait_ratio=wait_ratio,
                 spread=spread,
-                lone=lone,
+                # Only a count of exactly this one lets it place new prefixes by load.
+                lone=gateways == 1,
+                low_load_share=low_load_share(gateways),
                 copy_cost=copy_cost,
             )
-            self.policy = PrefixPolicy(replicas, index, speed, soonest, tokens_per_unit)
+            self.policy = PrefixPolicy(replicas, index, speed, soonest, tokens_per_unit, clock)
         # Whether pick looks at the prompt, so callers render it only then. A
         # lone replica is no choice, and prefix work for it (render, hash,
         # index: ~200 opcodes a request) bought nothing until a second
@@ -154,5 +162,5 @@ class ModelRouter:
         self.policy.measured(tokens, seconds)
 
     def record(self, pick: Pick) -> None:
-        """The pick's replica has computed the prompt: it holds the prefix from now on."""
+        """The pick was sent: its replica is counted as holding the prefix from now on."""
         self.policy.record(pick)
