@@ -154,9 +154,10 @@ def catalog(weights: Path) -> str:
         "min_replicas": 1, "max_replicas": 1, "start_timeout_s": READY_WITHIN_S,
         "kv_capacity_tokens": 512, "max_output_tokens": 64,
         # Each shard: torch in each of its processes (rank 0: API server, engine core and
-        # worker; measured 4.04 GB with the KV cache allocated), half the layers (float32
-        # on a CPU without bfloat16 instructions: agent/engines/cpudtype.py) and the 1 GiB KV cache.
-        "memory_mib": 6144,
+        # worker; measured 4.04 GB with the KV cache allocated in bfloat16), half the
+        # layers and the 1 GiB KV cache. In float32 (a CPU without bfloat16 instructions:
+        # agent/engines/cpudtype.py) rank 0 passed 6 GB during its warm-up.
+        "memory_mib": 8192,
         # Not --enforce-eager: with it vLLM's CPU worker (0.32, cpu_model_runner.py
         # warming_up_model) skips the warm-up pass that allocates a later pipeline stage's
         # input buffers, and rank 1 fails the first request (gpu_model_runner.py
