@@ -25,7 +25,7 @@ a time, so its lines count the requests it served. TTFT is client side
 run stopped waiting.
 
     python bench/routing_real.py [--seed 0] [--quick] [--routers prefix,round_robin,sglang_ca]
-    python bench/routing_real.py --engine vllm [--quick]   # routers prefix, prefix_exact
+    python bench/routing_real.py --engine vllm [--quick] [--repeat 3]   # prefix, prefix_exact
 
 ``--engine vllm`` runs two vLLM CPU engines instead and compares the
 gateway's estimated cache state with the exact one its engines' KV-cache
@@ -670,10 +670,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup
     )
     parser.add_argument("--n-ctx", type=int, help="each engine's context (kv_capacity_tokens)")
     parser.add_argument(
+        "--repeat", type=int, default=1,
+        help="--engine vllm: run the routers this many times in turn on the same engines"
+             " (figures: the runs' means, with their ranges)",
+    )  # fmt: skip
+    parser.add_argument(
         "--engine", choices=("llamacpp", "vllm"), default="llamacpp",
         help="vllm: two vLLM CPU engines, routers prefix and prefix_exact (realkit/vllmrouting.py)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.repeat < 1 or (args.repeat != 1 and args.engine != "vllm"):
+        parser.error("--repeat takes a count of 1 or more, and only with --engine vllm")
     setup = QUICK if args.quick else FULL
     names = ("seed", "tenants", "requests", "rate", "context_tokens", "output_tokens",
              "cache_states", "drain_s", "n_ctx")  # fmt: skip
@@ -694,7 +701,9 @@ def main(argv: list[str] | None = None) -> int:
         from realkit import vllmrouting as routing_real_vllm
 
         routers = args.routers.split(",") if args.routers else list(routing_real_vllm.ROUTERS)
-        result = uvloop.run(routing_real_vllm.bench(setup, routers, args.port, bool(args.quick)))
+        result = uvloop.run(
+            routing_real_vllm.bench(setup, routers, args.port, bool(args.quick), args.repeat)
+        )
         print(json.dumps(result))
         return 0 if result["verdict"] is None or result["verdict"]["ok"] else 1
     tree = Path(args.gateway_tree).resolve() if args.gateway_tree else None

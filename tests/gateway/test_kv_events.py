@@ -205,6 +205,7 @@ def test_routing_follows_the_exact_cache_over_the_estimate() -> None:
     assert first is not None
     first.replica = router.replicas[0]
     policy.record(first)
+    first.replica.claims.clear()  # answered long ago: the events rule (test_kv_claims.py)
     pick = router.pick(prompt, tokens=tokens)
     assert pick is not None and pick.replica is holder and pick.outcome == HIT
     # Tokens nobody holds: a miss, whatever the estimate recorded.

@@ -20,6 +20,11 @@ from llmgw.gateway.routing.router import ModelRouter
 # How long after an answer's start the router takes its prefill-speed sample
 # (Prefill.started): past the first token's relay.
 LEARN_AFTER_S = 0.005
+# How long after an answer's start the prefix index's word on its prompt
+# stands beside the replica's KV-cache events (Replica.claims): the engine
+# publishes the blocks as the step that computed them ends, about when the
+# first token leaves, and the relay passes them on within milliseconds.
+CLAIM_AFTER_START_S = 1.0
 
 
 class Prefill:
@@ -55,8 +60,12 @@ class Prefill:
                 asyncio.get_running_loop().call_later(
                     LEARN_AFTER_S, self._learn, sample, now - self.sent_at
                 )
-        pick.replica.answered(self.tokens, now)
+        replica = pick.replica
+        replica.answered(self.tokens, now)
         self.tokens = 0.0
+        if replica.exact is not None and pick.hashes:
+            # Computed: its events follow within the relay's delay.
+            replica.claim(pick.hashes[0], now + CLAIM_AFTER_START_S, now)
 
     def _learn(self, sample: float, seconds: float) -> None:
         if sample:
@@ -74,5 +83,9 @@ class Prefill:
 
     def done(self) -> None:
         if self.tokens:
-            self.pick.replica.pending_prefill -= self.tokens
+            replica = self.pick.replica
+            replica.pending_prefill -= self.tokens
             self.tokens = 0.0
+            if replica.exact is not None and self.pick.hashes:
+                # Never answered: whether its engine computed any of it, its events tell.
+                replica.claims.pop(self.pick.hashes[0], None)

@@ -46,9 +46,10 @@ CAPACITY_RANGE = 4.0
 # engine's prompt cache keeps a few whole states, so a copy of the prefix
 # elsewhere evicts another prefix there, a whole prefill again later.
 SERIAL_COPY_COST = 1.0
-# A new prefix on such engines goes to the replica home to the fewest
-# prefixes among those whose queued prefill exceeds the least queued by at
-# most this share of the prompt's own prefill (SoonestStart.spread_new).
+# A new prefix on such engines (or one held nowhere, as events tell) goes to
+# the replica home to the fewest prefixes among those whose queued prefill
+# exceeds the least queued by at most this share of the prompt's own
+# prefill (SoonestStart.spread_new).
 SPREAD_WAIT = 1.0
 
 
@@ -302,7 +303,8 @@ class SoonestStart:
         self, replicas: Sequence[Replica], key: int, index: PrefixIndex, home: str | None,
         tokens: float,
     ) -> Replica:  # fmt: skip
-        """A lone gateway's replica for a new prompt, on engines that compute one at a time.
+        """A lone gateway's replica for a new prompt, on engines that compute one at a time,
+        and for a prompt held nowhere as replicas' events tell.
 
         Such an engine keeps a few whole prompt states, so how many distinct
         prefixes it serves decides its hit rate more than which one starts
@@ -397,17 +399,18 @@ class PrefixPolicy(Policy):
             hashes = block_hashes(prompt, block_chars)
             matched = exact_matches(
                 replicas, index.matches(hashes, {r.replica_id: r for r in replicas}), tokens,
-                self.speed.chars_per_token / block_chars,
+                self.speed.chars_per_token / block_chars, hashes[0], self._clock(),
             )
             if soonest.lone and not matched:
-                # Held nowhere now, as exactly known: still its home first (the
-                # replica its prefix was last recorded on), or each return of
-                # an evicted prefix lands by load, every replica ends up
-                # caching every prefix, and each holds half as many (the
-                # bench's hit rate: 0.59 without, against 0.71 estimated).
+                # Held nowhere now, as exactly known: home first (where it was
+                # last recorded) within a whole prefill's wait, as the estimate's
+                # holder rule keeps a prefix it still counts there, else the
+                # replica home to the fewest (spread_new). By load, each return
+                # of an evicted prefix made a copy that evicted another's (hit
+                # rate 0.41 against the estimate's 0.60: docs/routing.md).
                 estimate = len(prompt) / soonest.chars_per_token
                 key = stable_key(prompt, block_chars)
-                replica = soonest.place_new(replicas, key, index.home(hashes[0]), estimate)
+                replica = soonest.spread_new(replicas, key, index, index.home(hashes[0]), estimate)
                 return Pick(replica, MISS, hashes, estimate, None, len(prompt))
             return self._general(replicas, prompt, hashes, matched)
         if soonest.lone and not index.holds(first := first_block_hash(prompt, block_chars)):
@@ -491,4 +494,7 @@ class PrefixPolicy(Policy):
         if not hashes and pick.prompt is not None:
             hashes = pick.hashes = block_hashes(pick.prompt, self._block_chars)
         if hashes:
-            self.index.record(pick.replica.replica_id, hashes)
+            replica = pick.replica
+            self.index.record(replica.replica_id, hashes)
+            if replica.exact is not None:  # its events show the prompt once computed
+                replica.claim(hashes[0], math.inf, self._clock())

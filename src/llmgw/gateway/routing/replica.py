@@ -18,6 +18,9 @@ from llmgw.gateway.routing.kvcache import ExactCache
 from llmgw.gateway.routing.turns import Turns
 
 _M64 = (1 << 64) - 1
+# Claims a replica keeps (Replica.claims): far more prompts than one engine
+# computes at once.
+CLAIMS_KEPT = 256
 
 
 def mix(value: int) -> int:
@@ -32,6 +35,7 @@ class Replica:
 
     __slots__ = (
         "capacity_scale",
+        "claims",
         "cooled_until",
         "engine_key",
         "exact",
@@ -65,6 +69,11 @@ class Replica:
         # by the prefix index's estimate).
         self.kv_events = endpoint.kv_events
         self.exact: ExactCache | None = None
+        # Prompts sent to it whose blocks its events may not show yet (the
+        # engine publishes a block once computed): the prefix index's first
+        # block of each -> until when the index's word stands beside the
+        # events (kvmatch.exact_matches). Kept only while ``exact`` is.
+        self.claims: dict[int, float] = {}
         # Rendezvous seed from the id, so every gateway derives the same one.
         digest = hashlib.blake2b(self.replica_id.encode("utf-8"), digest_size=8).digest()
         self.seed = int.from_bytes(digest, "little")
@@ -105,6 +114,17 @@ class Replica:
         """An answer charged ``tokens`` started at ``now``: its prefill is done, the next begins."""
         self.pending_prefill -= tokens
         self.prefill_since = now
+
+    def claim(self, first_block: int, until: float, now: float) -> None:
+        """The prompt with ``first_block`` counts as held here until ``until`` (the router's
+        clock, which reads ``now``), whatever the events say (see ``claims``)."""
+        claims = self.claims
+        claims[first_block] = until
+        if len(claims) > CLAIMS_KEPT:
+            for block in [b for b, t in claims.items() if t < now]:
+                del claims[block]
+            if len(claims) > CLAIMS_KEPT:  # (that many prompts in prefill at once)
+                del claims[next(iter(claims))]
 
     def load(self, tokens_per_unit: float) -> float:
         return self.in_flight + self.pending_prefill / tokens_per_unit
