@@ -19,7 +19,7 @@ from llmgw.gateway.routing.measured import PrefillSpeed
 from llmgw.gateway.routing.policy import HIT, MISS, Pick
 from llmgw.gateway.routing.prefill import CLAIM_AFTER_START_S, Prefill
 from llmgw.gateway.routing.prefixindex import PrefixIndex
-from llmgw.gateway.routing.replica import CLAIMS_KEPT, Replica
+from llmgw.gateway.routing.replica import CLAIM_UNANSWERED_S, CLAIMS_KEPT, Replica
 from llmgw.gateway.routing.router import ModelRouter
 
 PROMPT = "tenant seven's record: " + "x" * 233  # 256 characters: 64 tokens at 4 a token
@@ -84,14 +84,26 @@ async def test_a_send_that_failed_claims_nothing() -> None:
     assert _pick(router).outcome == MISS
 
 
+async def test_a_claim_never_answered_ends_on_its_own() -> None:
+    now = [100.0]
+    router = _router(now)
+    first = _pick(router)
+    Prefill(router, first)  # sent; neither answered nor ended, as if its end were lost
+    await asyncio.sleep(0)
+    now[0] += CLAIM_UNANSWERED_S - 1.0
+    assert _pick(router).outcome == HIT
+    now[0] += 2.0
+    assert _pick(router).outcome == MISS
+
+
 def test_a_replica_keeps_a_bounded_number_of_claims() -> None:
     replica = _router([0.0]).replicas[0]
     for block in range(CLAIMS_KEPT):
         replica.claim(block, 1.0, 0.0)  # ended at 1.0
-    replica.claim(-1, float("inf"), 5.0)  # past the bound at 5.0: the ended ones go
-    assert replica.claims == {-1: float("inf")}
+    replica.claim(-1, 60.0, 5.0)  # past the bound at 5.0: the ended ones go
+    assert replica.claims == {-1: 65.0}
     for block in range(CLAIMS_KEPT + 10):
-        replica.claim(block, float("inf"), 5.0)  # all in prefill: the oldest go
+        replica.claim(block, 60.0, 5.0)  # all in prefill: the oldest go
     assert len(replica.claims) == CLAIMS_KEPT
     assert -1 not in replica.claims
 

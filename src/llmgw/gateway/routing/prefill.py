@@ -65,7 +65,7 @@ class Prefill:
         self.tokens = 0.0
         if replica.exact is not None and pick.hashes:
             # Computed: its events follow within the relay's delay.
-            replica.claim(pick.hashes[0], now + CLAIM_AFTER_START_S, now)
+            replica.claim(pick.hashes[0], CLAIM_AFTER_START_S, now)
 
     def _learn(self, sample: float, seconds: float) -> None:
         if sample:

@@ -25,7 +25,7 @@ from llmgw.gateway.routing.prefixindex import (
     first_block_hash,
     stable_key,
 )
-from llmgw.gateway.routing.replica import Replica, mix
+from llmgw.gateway.routing.replica import CLAIM_UNANSWERED_S, Replica, mix
 
 # The index's capacities follow the measured characters per token once the
 # estimate has moved by this share since they were last set.
@@ -497,4 +497,4 @@ class PrefixPolicy(Policy):
             replica = pick.replica
             self.index.record(replica.replica_id, hashes)
             if replica.exact is not None:  # its events show the prompt once computed
-                replica.claim(hashes[0], math.inf, self._clock())
+                replica.claim(hashes[0], CLAIM_UNANSWERED_S, self._clock())

@@ -21,6 +21,10 @@ _M64 = (1 << 64) - 1
 # Claims a replica keeps (Replica.claims): far more prompts than one engine
 # computes at once.
 CLAIMS_KEPT = 256
+# How long a prompt sent and not yet answered stays claimed (Replica.claims)
+# at most: far beyond any prefill's wait, so that a claim whose end was never
+# seen (a send that failed before it was recorded) cannot stand for good.
+CLAIM_UNANSWERED_S = 300.0
 
 
 def mix(value: int) -> int:
@@ -115,11 +119,11 @@ class Replica:
         self.pending_prefill -= tokens
         self.prefill_since = now
 
-    def claim(self, first_block: int, until: float, now: float) -> None:
-        """The prompt with ``first_block`` counts as held here until ``until`` (the router's
-        clock, which reads ``now``), whatever the events say (see ``claims``)."""
+    def claim(self, first_block: int, seconds: float, now: float) -> None:
+        """The prompt with ``first_block`` counts as held here for ``seconds`` from ``now``
+        (the router's clock), whatever the events say (see ``claims``)."""
         claims = self.claims
-        claims[first_block] = until
+        claims[first_block] = now + seconds
         if len(claims) > CLAIMS_KEPT:
             for block in [b for b, t in claims.items() if t < now]:
                 del claims[block]
