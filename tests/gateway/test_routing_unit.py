@@ -518,7 +518,7 @@ def test_router_measures_one_speed_per_model_and_keeps_it() -> None:
         return ModelRouter(
             route, [holder, other], PrefixIndex(), speed, block_chars=BLOCK,
             chars_per_token=4.0, tokens_per_unit=2048.0, ttft_slack_s=0.05, wait_ratio=0.5,
-            spread=4.0, clock=lambda: 0.0,
+            spread=4.0, gateways=0, clock=lambda: 0.0,
         )  # fmt: skip
 
     first = version()

@@ -40,7 +40,7 @@ class ModelRouter:
         ttft_slack_s: float,
         wait_ratio: float,
         spread: float,
-        gateways: int = 0,
+        gateways: int,
         copy_cost: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
