@@ -8,7 +8,8 @@ runtime route (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, which the agent sets
 because the engine runs behind its guard). Through the gateway, with the
 official openai client: /v1/models lists each adapter with its parent, and
 at temperature 0 each adapter's answer differs from the base's and from the
-other's, so each request reached its own adapter.
+other's, so each request reached its own adapter. The entry sizes no KV
+cache: the agent's default for vLLM on a CPU slot has to start it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ def catalog(dir_: Path) -> str:
         "    kv_capacity_tokens: 32768",
         "    engine_args: [--max-model-len, '1024', --enforce-eager,",
         "                  --enable-lora, --max-lora-rank, '8', --max-loras, '2']",
-        "    env: {VLLM_CPU_KVCACHE_SPACE: '1'}",
+        # No VLLM_CPU_KVCACHE_SPACE, as a user's entry may well say nothing of
+        # it: the agent sizes the KV cache to the budget (engines/cpukv.py),
+        # where vLLM alone would ask for 0.92 of the node's RAM and not start.
     ]
     paths = [loras / sub for sub in ("lora-a", "lora-b")]
     lines += adapter_entries("vllm", "gemma-vllm-lora", dict(zip(ADAPTERS, paths, strict=True)))
