@@ -84,6 +84,33 @@ async def test_a_send_that_failed_claims_nothing() -> None:
     assert _pick(router).outcome == MISS
 
 
+async def test_a_full_hit_that_failed_drops_its_claim() -> None:
+    now = [100.0]
+    router = _router(now)
+    first = _pick(router)
+    Prefill(router, first).started(streamed=True)
+    await asyncio.sleep(0)
+    again = _pick(router)  # within the claim: a full hit, no prefill charged
+    assert again.outcome == HIT and not again.uncached_tokens
+    prefill = Prefill(router, again)
+    await asyncio.sleep(0)
+    prefill.done()  # never answered
+    prefill.done()  # the relay's second call is a no-op
+    assert not again.replica.claims
+    assert _pick(router).outcome == MISS  # the events (which show nothing) rule
+
+
+async def test_an_answered_send_keeps_its_claim_past_its_end() -> None:
+    now = [100.0]
+    router = _router(now)
+    prefill = Prefill(router, first := _pick(router))
+    await asyncio.sleep(0)
+    prefill.started(streamed=True)
+    prefill.done()
+    assert first.replica.claims  # until a second past its start
+    assert _pick(router).outcome == HIT
+
+
 async def test_a_claim_never_answered_ends_on_its_own() -> None:
     now = [100.0]
     router = _router(now)

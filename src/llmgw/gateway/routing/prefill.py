@@ -30,7 +30,7 @@ CLAIM_AFTER_START_S = 1.0
 class Prefill:
     """Uncached prompt tokens charged to a replica until its answer starts."""
 
-    __slots__ = ("ahead", "pick", "router", "sent_at", "tokens")
+    __slots__ = ("ahead", "answered", "pick", "router", "sent_at", "tokens")
 
     def __init__(self, router: ModelRouter, pick: Pick) -> None:
         self.router = router
@@ -38,6 +38,7 @@ class Prefill:
         self.tokens = pick.uncached_tokens
         replica = pick.replica
         self.ahead = replica.pending_prefill
+        self.answered = False
         self.sent_at = router.clock()
         replica.charge(self.tokens, self.sent_at)
         if pick.by_prefix:
@@ -63,6 +64,7 @@ class Prefill:
         replica = pick.replica
         replica.answered(self.tokens, now)
         self.tokens = 0.0
+        self.answered = True
         if replica.exact is not None and pick.hashes:
             # Computed: its events follow within the relay's delay.
             replica.claim(pick.hashes[0], CLAIM_AFTER_START_S, now)
@@ -82,10 +84,15 @@ class Prefill:
             self.router.metered(self.pick, prompt_tokens, cached_tokens)
 
     def done(self) -> None:
+        if self.answered:
+            return
+        # Never answered (called again after the first time: a no-op).
+        self.answered = True
+        replica = self.pick.replica
         if self.tokens:
-            replica = self.pick.replica
             replica.pending_prefill -= self.tokens
             self.tokens = 0.0
-            if replica.exact is not None and self.pick.hashes:
-                # Never answered: whether its engine computed any of it, its events tell.
-                replica.claims.pop(self.pick.hashes[0], None)
+        if replica.exact is not None and self.pick.hashes:
+            # Whether its engine computed any of it, a full hit's included,
+            # its events tell: the claim would only stand in their way.
+            replica.claims.pop(self.pick.hashes[0], None)

@@ -397,9 +397,10 @@ class PrefixPolicy(Policy):
             # Some replicas publish what they hold: their holdings read from
             # their events (exact_matches), the rest as estimated.
             hashes = block_hashes(prompt, block_chars)
+            now = self._clock()  # one reading for the claims and the estimates
             matched = exact_matches(
                 replicas, index.matches(hashes, {r.replica_id: r for r in replicas}), tokens,
-                self.speed.chars_per_token / block_chars, hashes[0], self._clock(),
+                self.speed.chars_per_token / block_chars, hashes[0], now,
             )
             if soonest.lone and not matched:
                 # Held nowhere now, as exactly known: home first (where it was
@@ -412,7 +413,7 @@ class PrefixPolicy(Policy):
                 key = stable_key(prompt, block_chars)
                 replica = soonest.spread_new(replicas, key, index, index.home(hashes[0]), estimate)
                 return Pick(replica, MISS, hashes, estimate, None, len(prompt))
-            return self._general(replicas, prompt, hashes, matched)
+            return self._general(replicas, prompt, hashes, matched, now)
         if soonest.lone and not index.holds(first := first_block_hash(prompt, block_chars)):
             # Nobody holds even its first block, so a lone gateway places it
             # by load alone (what choose does for it, without the index's
@@ -442,15 +443,14 @@ class PrefixPolicy(Policy):
             uncached = max(0, len(prompt) - blocks * block_chars) / soonest.chars_per_token
             return Pick(only, HIT if blocks else MISS, hashes, uncached, None, len(prompt))
         allowed = {r.replica_id: r for r in replicas}
-        return self._general(replicas, prompt, hashes, index.matches(hashes, allowed))
+        return self._general(replicas, prompt, hashes, index.matches(hashes, allowed), None)
 
-    def _general(
-        self, replicas: Sequence[Replica], prompt: str, hashes: list[int], matched: dict[str, int]
-    ) -> Pick:
-        """SoonestStart.choose over ``matched`` (each replica's blocks of the prompt)."""
+    def _general(self, replicas: Sequence[Replica], prompt: str, hashes: list[int],
+                 matched: dict[str, int], now: float | None) -> Pick:  # fmt: skip
+        """SoonestStart.choose over ``matched`` (blocks per replica) at ``now`` or the clock."""
         replica, outcome, uncached = self.soonest.choose(
             replicas, matched, len(prompt), stable_key(prompt, self._block_chars),
-            self.speed.tokens_per_s, self._idle_share, self._clock(),
+            self.speed.tokens_per_s, self._idle_share, self._clock() if now is None else now,
         )  # fmt: skip
         return Pick(replica, outcome, hashes, uncached, None, len(prompt))
 
