@@ -68,15 +68,19 @@ def kv_cache_mib(spec: ModelSpec) -> int:
     return -(-context_tokens(spec) * LLAMACPP_KV_KIB_PER_TOKEN // 1024)
 
 
-def default_need_mib(spec: ModelSpec, weights_bytes: int | None, devices: int = 0) -> int:
+def default_need_mib(
+    spec: ModelSpec, weights_bytes: int | None, devices: int = 0, weights_copies: int = 1
+) -> int:  # fmt: skip
     """The estimated RAM of one engine of ``spec`` when its catalog entry states none.
 
     ``weights_bytes``: the size of the model's weights, None while no node
     has fetched them (the estimate then holds the fixed part only; the agent,
     which knows the file, enforces the full one). ``devices``: GPUs the
-    shard holds (0 on CPU slots).
+    shard holds (0 on CPU slots). ``weights_copies``: how many times that
+    size the engine holds (2 for vLLM computing a bfloat16 checkpoint in
+    float32 on a CPU: the agent's word, agent.engines.cpudtype).
     """
-    weights = -(-(weights_bytes or 0) // MIB)
+    weights = -(-(weights_bytes or 0) // MIB) * weights_copies
     if spec.engine in LLAMACPP_KINDS:
         # The GGUF is memory-mapped: its pages count in the engine's RSS.
         return LLAMACPP_RUNTIME_MIB + weights + kv_cache_mib(spec) + LLAMACPP_PROMPT_CACHE_MIB
@@ -85,11 +89,13 @@ def default_need_mib(spec: ModelSpec, weights_bytes: int | None, devices: int = 
     return GPU_ENGINE_HOST_MIB + weights + GPU_ENGINE_HOST_MIB_PER_DEVICE * devices
 
 
-def need_mib(spec: ModelSpec, weights_bytes: int | None, devices: int = 0) -> int:
+def need_mib(
+    spec: ModelSpec, weights_bytes: int | None, devices: int = 0, weights_copies: int = 1
+) -> int:  # fmt: skip
     """The RAM budget of one engine of ``spec``: its ``memory_mib``, else the estimate."""
     if spec.memory_mib is not None:
         return spec.memory_mib
-    return default_need_mib(spec, weights_bytes, devices)
+    return default_need_mib(spec, weights_bytes, devices, weights_copies)
 
 
 def usable_mib(total_mib: int) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from llmgw import memory
 from llmgw.agent.engineprobe import EngineEndpoint
 from llmgw.agent.engines.base import EngineAdapter, EngineLaunch, LaunchContext
+from llmgw.agent.engines.cpudtype import native_bf16, weights_copies
 from llmgw.agent.guardlaunch import guarded_launch
 from llmgw.agent.ports import PortAllocator
 from llmgw.agent.runnerdeps import RunnerDeps
@@ -92,7 +93,11 @@ async def launch_context(
     port allocated; and the engine's memory budget (MiB), which it sizes to."""
     weights_bytes = await asyncio.to_thread(weights_size, weights_path)
     gpus = sum(1 for d in devices if d.gpu_class != CPU_CLASS)
-    budget = memory.need_mib(assignment.model, weights_bytes, gpus)
+    # vLLM computing in float32 on this CPU holds a bfloat16 checkpoint twice
+    # over: counted once, a model past ~3.5 GiB outgrows its budget (the KV
+    # cache sized to it is at its floor already), and the agent stops it.
+    copies = weights_copies(assignment.model, devices, native_bf16())
+    budget = memory.need_mib(assignment.model, weights_bytes, gpus, copies)
     ctx = LaunchContext(
         assignment=assignment,
         weights_path=weights_path,

@@ -54,7 +54,7 @@ from llmgw.agent.engines.base import (
     serve_launch,
     uvicorn_tls_flags,
 )
-from llmgw.agent.engines.cpudtype import cpu_dtype_args, native_bf16, on_cpu
+from llmgw.agent.engines.cpudtype import computes_float32, cpu_dtype_args, native_bf16, on_cpu
 from llmgw.agent.engines.cpukv import cpu_kv_args, sizes_kv
 from llmgw.agent.progress import VLLM_METRICS
 from llmgw.engine_env import ENGINE_KEY_ENV
@@ -393,11 +393,10 @@ class VllmAdapter:
             argv += ["--kv-events-config", kv_events_config(ctx.kv_events)]
             dialect = dialect.model_copy(update={"kv_events": True})
         model = assignment.model
-        dtype = cpu_dtype_args(ctx.devices, model.engine_args, native_bf16())
-        argv += dtype
+        native = native_bf16()
+        argv += cpu_dtype_args(ctx.devices, model.engine_args, native)
         if on_cpu(ctx.devices) and not sizes_kv(model.engine_args, model.env):
-            named = memory.flag_value(model.engine_args, ("--dtype",))
-            float32 = bool(dtype) or named in ("float32", "float")
+            float32 = computes_float32(ctx.devices, model.engine_args, native)
             argv += cpu_kv_args(ctx.memory_budget_mib, ctx.weights_bytes, float32)
         env = {key_env: key, **runtime_env(assignment.model.engine_args)} if key else None
         return serve_launch(
