@@ -46,4 +46,7 @@ ensure_tool etcd etcd-server "the Patroni tests"
 # promtool (the prometheus package) lints every /metrics in the tests
 # (tests/metrics_check.py); those tests fail without it rather than skip.
 ensure_tool promtool prometheus "the metrics tests" --no-install-recommends
+# wrk and nginx: bench/gateway_native.py's load and upstream (its test runs it).
+ensure_tool wrk wrk "tests/test_gateway_native_bench.py"
+ensure_tool nginx nginx-light "tests/test_gateway_native_bench.py" --no-install-recommends
 echo "setup: done"
