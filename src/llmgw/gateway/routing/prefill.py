@@ -84,9 +84,9 @@ class Prefill:
             self.router.metered(self.pick, prompt_tokens, cached_tokens)
 
     def done(self) -> None:
+        """The request's end; nothing to do once its answer started, or on a second call."""
         if self.answered:
             return
-        # Never answered (called again after the first time: a no-op).
         self.answered = True
         replica = self.pick.replica
         if self.tokens:
