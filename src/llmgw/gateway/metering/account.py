@@ -54,7 +54,7 @@ def count_later(call: Call, counter: StreamCounter, tally: StreamTally, failed: 
     """Count a stream the client did not want usage for after its answer ended, and meter it."""
 
     async def count() -> None:
-        usage, _ = await counter.usage(tally, METER_TIMEOUT_S)
+        usage, _ = await counter.usage(tally, METER_TIMEOUT_S, waited_for=False)
         account(call, usage, failed)
 
     task = asyncio.get_running_loop().create_task(count())

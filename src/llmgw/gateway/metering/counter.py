@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Coroutine
 from typing import Any
 
@@ -25,6 +26,7 @@ from llmgw.gateway.metering.tally import StreamTally
 from llmgw.gateway.metering.tokenizer import CountFailed, EngineTokenizer
 from llmgw.gateway.metering.usage import Usage
 from llmgw.gateway.routing.replica import Replica
+from llmgw.gateway.routing.turns import Turns
 from llmgw.http.upstream import BodyBroken, ConnectFailed, UpstreamTimeout
 
 log = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ _MAX_BASES = 4096
 class StreamCounter:
     """Counts one finished stream on the endpoint that produced it."""
 
-    __slots__ = ("_early", "_key", "_path", "_payload", "_request_id", "_tokenizer")
+    __slots__ = ("_early", "_key", "_path", "_payload", "_request_id", "_tokenizer", "_turns")
 
     def __init__(
         self,
@@ -70,6 +72,7 @@ class StreamCounter:
         self._payload = payload
         self._request_id = request_id
         self._early: asyncio.Task[int] | None = None
+        self._turns = replica.turns if replica.serial else None
 
     @property
     def chat(self) -> bool:
@@ -113,13 +116,15 @@ class StreamCounter:
         return max(0, total - base)
 
     async def usage(
-        self, tally: StreamTally, timeout_s: float | None = None
+        self, tally: StreamTally, timeout_s: float | None = None, waited_for: bool = True
     ) -> tuple[Usage, bool]:
         """The stream's usage, and whether every part of it was counted.
 
         A part the engine could not count (logged) counts 0: what was counted
         is still exact, and metered; a usage chunk is sent only when complete.
-        ``timeout_s`` None: COUNT_TIMEOUT_S.
+        ``timeout_s`` None: COUNT_TIMEOUT_S. ``waited_for`` False: nobody
+        waits for the count (metering only), and on an engine that computes
+        one request at a time it takes the last turn (:meth:`_in_turn`).
         """
         if timeout_s is None:
             timeout_s = COUNT_TIMEOUT_S
@@ -127,11 +132,30 @@ class StreamCounter:
             # asyncio.timeout, not 3.11's wait_for, which can swallow a cancel
             # (a stop) landing as the count completes.
             async with asyncio.timeout(timeout_s):
+                if not waited_for and self._turns is not None and self._early is None:
+                    return await self._in_turn(tally, self._turns)
                 return await self._usage(tally)
         except TimeoutError:
             log.warning("request %s: could not count its stream on %s within %ss",
                         self._request_id, self._tokenizer.url, timeout_s)  # fmt: skip
             return Usage(), False
+
+    async def _in_turn(self, tally: StreamTally, turns: Turns) -> tuple[Usage, bool]:
+        """The counts in a turn at the engine that clients' requests all go before.
+
+        Such an engine takes each request under one lock: counts sent
+        beside the gateway's turns came before the next client's prompt,
+        ~10-50 ms each on llama_cpp.server, paid by that client's first
+        token (bench/routing_real.py: TTFT mean 12 % above sglang-router's,
+        which meters nothing, at the same hit rate). In the last turn they
+        use the engine's idle time; a count passed over MAX_PASSED times
+        goes next all the same, so metering keeps up with a busy engine.
+        """
+        await turns.take(math.inf)
+        try:
+            return await self._usage(tally)
+        finally:
+            turns.release()
 
     async def _usage(self, tally: StreamTally) -> tuple[Usage, bool]:
         known = _bases.get(self._key)
