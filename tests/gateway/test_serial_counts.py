@@ -13,7 +13,8 @@ clients.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import openai
 from aiohttp import web
@@ -33,10 +34,13 @@ MESSAGES = [{"role": "user", "content": "Which tenant holds the prefix cache now
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def _logged_sim(arrivals: list[str]) -> SimEngine:
-    """A sim that notes each request it receives, in order: "chat" for a client's
-    stream, "count" for the gateway's counts (its tokenize route, and the
-    one-token copy that counts a chat prompt where no template is declared)."""
+@asynccontextmanager
+async def serial_gateway() -> AsyncIterator[tuple[list[str], MemoryLink, openai.AsyncOpenAI]]:
+    """A gateway before a sim routed as one-request-at-a-time: (the requests the sim
+    received in order, the gateway's link, a client). A client's stream arrives as
+    "chat"; the gateway's counts (its tokenize route, and the one-token copy that
+    counts a chat prompt where no template is declared) as "count"."""
+    arrivals: list[str] = []
     engine = SimEngine("sim", PARAMS)
 
     def noted(handler: Handler) -> Handler:
@@ -51,7 +55,15 @@ async def _logged_sim(arrivals: list[str]) -> SimEngine:
     engine._tokenize = noted(engine._tokenize)  # type: ignore[method-assign]
     await engine.start("127.0.0.1", 0)
     assert await engine.wait_ready()
-    return engine
+    try:
+        link = MemoryLink(poll_timeout_s=1.0)
+        endpoint = wire.Endpoint(replica_id="sim-1", url=engine.url, dialect=SERIAL)
+        link.publish(make_config(1, [wire.ModelRoute(name="m", served_name="sim",
+                                                     endpoints=[endpoint])]))  # fmt: skip
+        async with running_gateway(link) as (_, url):
+            yield arrivals, link, async_client(url)
+    finally:
+        await engine.stop()
 
 
 async def _chat(client: openai.AsyncOpenAI, tokens: int) -> int:
@@ -62,47 +74,26 @@ async def _chat(client: openai.AsyncOpenAI, tokens: int) -> int:
 
 
 async def test_a_waiting_client_goes_before_the_counts_of_the_stream_before_it() -> None:
-    arrivals: list[str] = []
-    engine = await _logged_sim(arrivals)
-    try:
-        link = MemoryLink(poll_timeout_s=1.0)
-        endpoint = wire.Endpoint(replica_id="sim-1", url=engine.url, dialect=SERIAL)
-        link.publish(make_config(1, [wire.ModelRoute(name="m", served_name="sim",
-                                                     endpoints=[endpoint])]))  # fmt: skip
-        async with running_gateway(link) as (_, url):
-            client = async_client(url)
-            first = asyncio.create_task(_chat(client, 10))  # ~200 ms at the engine
-            await eventually(lambda: "chat" in arrivals, 5, what="the first chat sent")
-            second = asyncio.create_task(_chat(client, 2))  # waits for its turn
-            await asyncio.gather(first, second)
-            # Each stream is counted (its prompt, its completion, and once
-            # the tokenizer's empty text): none of it before the second chat.
-            await eventually(lambda: metered(link)[1] == 12, 5, what="both streams metered",
-                             note=lambda: metered(link))  # fmt: skip
-            assert arrivals[:2] == ["chat", "chat"], arrivals
-            assert set(arrivals[2:]) == {"count"}
-    finally:
-        await engine.stop()
+    async with serial_gateway() as (arrivals, link, client):
+        first = asyncio.create_task(_chat(client, 10))  # ~200 ms at the engine
+        await eventually(lambda: "chat" in arrivals, 5, what="the first chat sent")
+        second = asyncio.create_task(_chat(client, 2))  # waits for its turn
+        await asyncio.gather(first, second)
+        # Each stream is counted (its prompt, its completion, and once the
+        # tokenizer's empty text): none of it before the second chat.
+        await eventually(lambda: metered(link)[1] == 12, 5, what="both streams metered",
+                         note=lambda: metered(link))  # fmt: skip
+        assert arrivals[:2] == ["chat", "chat"], arrivals
+        assert set(arrivals[2:]) == {"count"}
 
 
-async def test_a_client_that_asked_for_usage_gets_it_before_the_next_client() -> None:
-    arrivals: list[str] = []
-    engine = await _logged_sim(arrivals)
-    try:
-        link = MemoryLink(poll_timeout_s=1.0)
-        endpoint = wire.Endpoint(replica_id="sim-1", url=engine.url, dialect=SERIAL)
-        link.publish(make_config(1, [wire.ModelRoute(name="m", served_name="sim",
-                                                     endpoints=[endpoint])]))  # fmt: skip
-        async with running_gateway(link) as (_, url):
-            client = async_client(url)
-            stream = await client.chat.completions.create(
-                model="m", messages=MESSAGES, stream=True, max_tokens=3, temperature=0,
-                stream_options={"include_usage": True},
-            )  # fmt: skip
-            chunks = [chunk async for chunk in stream]
-            usage = chunks[-1].usage
-            assert usage is not None and usage.completion_tokens == 3 and usage.prompt_tokens
-            # Its prompt was counted while the stream ran, as before.
-            assert arrivals[0] == "chat" and arrivals.count("count") >= 2
-    finally:
-        await engine.stop()
+async def test_a_client_that_waits_for_usage_has_its_prompt_counted_during_its_stream() -> None:
+    async with serial_gateway() as (arrivals, _, client):
+        stream = await client.chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, max_tokens=3, temperature=0,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = [chunk async for chunk in stream]
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens == 3 and usage.prompt_tokens
+        assert arrivals[0] == "chat" and arrivals.count("count") >= 2
