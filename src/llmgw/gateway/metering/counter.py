@@ -78,7 +78,7 @@ class StreamCounter:
     def chat(self) -> bool:
         return self._path == CHAT
 
-    def begin(self) -> None:
+    def begin(self, waited_for: bool = True) -> None:
         """Ask for the prompt's count now, while the stream still runs.
 
         An engine that serves one request at a time (llama_cpp.server) then
@@ -86,9 +86,13 @@ class StreamCounter:
         queue behind every request that arrived meanwhile (and a one-token
         copy would evaluate the whole prompt again). (The agent starts
         llama_cpp.server with interrupt_requests off, so a request that
-        waits does not cut the running stream short.)
+        waits does not cut the running stream short.) Not there where
+        nobody waits for the count (``waited_for`` False): it would go
+        before the next client's prompt; it takes the last turn after the
+        stream instead (usage).
         """
-        self._early = asyncio.get_running_loop().create_task(self._prompt())
+        if waited_for or self._turns is None:
+            self._early = asyncio.get_running_loop().create_task(self._prompt())
 
     def _prompt(self) -> Coroutine[Any, Any, int]:
         prompt = self._payload.get("prompt")

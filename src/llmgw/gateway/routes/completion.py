@@ -179,10 +179,7 @@ class _Completion:
             counter = StreamCounter(
                 call.rt.upstream, replica, self.path, self.payload, call.request_id
             )
-            if self.asked or not replica.serial:
-                # Counted after the stream, nobody waiting, it takes the last
-                # turn at an engine computing one request at a time (usage).
-                counter.begin()
+            counter.begin(waited_for=self.asked)
             ending = Counted(counter, self.asked)
         relay = StreamRelay(self.injected, hold_done=ending.hold_done, observe=ending.observe)
         return await relay_stream(call, response, first, before, relay, ending)

@@ -419,8 +419,7 @@ class PrefixPolicy(Policy):
             # by load alone (what choose does for it, without the index's
             # walk), and the prompt's hashes wait until it is sent (record):
             # at low load this is most prompts, the gateway's code runs cold
-            # there, and every microsecond before the send is one the client
-            # waits.
+            # there, and the client waits every microsecond before the send.
             chars = len(prompt)
             estimate = chars / soonest.chars_per_token
             home = index.home(first)
@@ -443,14 +442,15 @@ class PrefixPolicy(Policy):
             uncached = max(0, len(prompt) - blocks * block_chars) / soonest.chars_per_token
             return Pick(only, HIT if blocks else MISS, hashes, uncached, None, len(prompt))
         allowed = {r.replica_id: r for r in replicas}
-        return self._general(replicas, prompt, hashes, index.matches(hashes, allowed), None)
+        matched = index.matches(hashes, allowed)
+        return self._general(replicas, prompt, hashes, matched, self._clock())
 
     def _general(self, replicas: Sequence[Replica], prompt: str, hashes: list[int],
-                 matched: dict[str, int], now: float | None) -> Pick:  # fmt: skip
-        """SoonestStart.choose over ``matched`` (blocks per replica) at ``now`` or the clock."""
+                 matched: dict[str, int], now: float) -> Pick:  # fmt: skip
+        """SoonestStart.choose over ``matched`` (each replica's blocks of the prompt) at ``now``."""
         replica, outcome, uncached = self.soonest.choose(
             replicas, matched, len(prompt), stable_key(prompt, self._block_chars),
-            self.speed.tokens_per_s, self._idle_share, self._clock() if now is None else now,
+            self.speed.tokens_per_s, self._idle_share, now,
         )  # fmt: skip
         return Pick(replica, outcome, hashes, uncached, None, len(prompt))
 
