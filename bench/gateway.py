@@ -138,11 +138,6 @@ STREAM_REST = (
 )
 
 
-def _pin(cpus: set[int] | None) -> None:
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cpus)
-
-
 # ---------------------------------------------------------------------------
 # Upstream: the fastest OpenAI-shaped answer a Python process can give
 # ---------------------------------------------------------------------------
@@ -695,7 +690,7 @@ def main() -> None:
     parser.add_argument("--upstream-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
-        _pin({int(c) for c in args.cpus.split(",")} if args.cpus else None)
+        gateway_peers.pin({int(c) for c in args.cpus.split(",")} if args.cpus else None)
         if args.role == "upstream":
             uvloop.run(_run_upstream(args.stream))
         elif args.gateway_workers > 1 and args.listen_fd is None:
@@ -733,7 +728,7 @@ def main() -> None:
     upstream, upstream_port = _spawn(
         "upstream", *(["--stream"] if args.stream else []), cpus=others
     )
-    _pin(others)
+    gateway_peers.pin(others)
     results: dict[int, dict[str, Any]] = {}
     try:
         for count in counts:

@@ -155,7 +155,7 @@ def measure(
             url]  # fmt: skip
     before_router, before_upstream = _cpu_seconds(router), _cpu_seconds(upstream)
     load = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            preexec_fn=_pinner(load_cpus))  # fmt: skip
+                            preexec_fn=gateway_peers.pinner(load_cpus))  # fmt: skip
     assert load.stdout is not None
     output = load.stdout.read().decode(errors="replace")  # until wrk exits
     _, status, usage = os.wait4(load.pid, 0)  # its own CPU, to the last request
@@ -168,14 +168,6 @@ def measure(
         "upstream": (_cpu_seconds(upstream) - before_upstream) * per,
         "load": load_cpu * per,
     })  # fmt: skip
-
-
-def _pinner(cpus: set[int] | None) -> Any:
-    def pin() -> None:
-        if cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cpus)
-
-    return pin
 
 
 def start_llmgw(upstream_url: str, workers: int, cpus: set[int] | None) -> subprocess.Popen[str]:
@@ -221,12 +213,24 @@ def scaling_ceiling(one_worker: Point, cores: int) -> float:
     return cores * cost["router"] / whole if whole else 0.0
 
 
+def counts(text: str) -> list[int]:
+    """A comma-separated list of positive counts (an argparse type: a clear error otherwise)."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated whole numbers") from None
+    if any(value < 1 for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each count must be at least 1")
+    return values
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="two counts, 2 s each")
-    parser.add_argument("--workers", default="1", help="comma-separated llmgw worker counts")
+    parser.add_argument("--workers", type=counts, default=[1],
+                        help="comma-separated llmgw worker counts")  # fmt: skip
     parser.add_argument("--peer", help="comma-separated: vllm-router, sglang-router")
-    parser.add_argument("--connections", help="comma-separated wrk connection counts")
+    parser.add_argument("--connections", type=counts, help="comma-separated wrk connection counts")
     parser.add_argument("--seconds", type=float, help="per connection count (default 5)")
     args = parser.parse_args()
     missing = [tool for tool in ("wrk", "nginx") if shutil.which(tool) is None
@@ -234,9 +238,8 @@ def main() -> int:
     if missing:
         raise SystemExit(f"needs {' and '.join(missing)}: apt-get install wrk nginx-light")
     args.seconds = args.seconds or (2.0 if args.quick else 5.0)
-    args.connections = [int(c) for c in (args.connections or
-                                         ("1,32" if args.quick else "1,8,32,128")).split(",")]
-    workers = [int(n) for n in args.workers.split(",")]
+    args.connections = args.connections or ([1, 32] if args.quick else [1, 8, 32, 128])
+    workers: list[int] = args.workers
     kinds = [p.strip() for p in args.peer.split(",")] if args.peer else []
     unknown = [p for p in kinds if p not in gateway_peers.KINDS]
     if unknown:
@@ -250,7 +253,7 @@ def main() -> int:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     upstream_proc = psutil.Popen(
         [nginx, "-c", str(write_nginx(directory, upstream_port)), "-e", str(directory / "e.log")],
-        preexec_fn=_pinner(other_cpus), start_new_session=True,
+        preexec_fn=gateway_peers.pinner(other_cpus), start_new_session=True,
     )  # fmt: skip
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     results: dict[str, list[Point]] = {}

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +108,17 @@ class Peer:
     log_path: str
 
 
+def pin(cpus: set[int] | None) -> None:
+    """Keep this process on ``cpus`` (None: anywhere; a no-op where affinity is unknown)."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+def pinner(cpus: set[int] | None) -> Callable[[], None]:
+    """A child's ``preexec_fn`` that keeps it on ``cpus``."""
+    return lambda: pin(cpus)
+
+
 def start(
     kind: PeerKind, python: str, upstream_url: str, cpus: set[int] | None, probe: bytes
 ) -> Peer:
@@ -115,14 +127,10 @@ def start(
     port = free_port()
     log_path = os.path.join(tempfile.gettempdir(), f"bench-gateway-{kind.name}-{port}.log")
 
-    def pin() -> None:
-        if cpus and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(0, cpus)
-
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             kind.argv(python, port, upstream_url, free_port()), stdout=log,
-            stderr=subprocess.STDOUT, preexec_fn=pin, start_new_session=True,
+            stderr=subprocess.STDOUT, preexec_fn=pinner(cpus), start_new_session=True,
         )  # fmt: skip
     peer = Peer(kind, process, port, log_path)
     try:
