@@ -17,6 +17,7 @@ per engine (see ``default_need_mib``). Pure functions: no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from llmgw.wire import CPU_CLASS, LLAMACPP_KINDS, EngineKind, ModelSpec
 
@@ -87,6 +88,52 @@ def default_need_mib(
     if spec.engine is EngineKind.SIM:
         return SIM_ENGINE_MIB
     return GPU_ENGINE_HOST_MIB + weights + GPU_ENGINE_HOST_MIB_PER_DEVICE * devices
+
+
+def float32_on_cpu(engine_args: Sequence[str], native_bf16: bool | None) -> bool:
+    """Whether vLLM on a CPU slot computes in float32: named by the catalog
+    (``--dtype float32``), or chosen by the agent where the node's CPU is known
+    to lack bfloat16 instructions and the catalog names no type
+    (agent.engines.cpudtype: bfloat16 in software is several times slower)."""
+    dtype = flag_value(engine_args, ("--dtype",))
+    if dtype is None:
+        return native_bf16 is False
+    return dtype in ("float32", "float")
+
+
+def cpu_weights_copies(spec: ModelSpec, native_bf16: bool | None) -> int:
+    """How many times its checkpoint's size an engine of ``spec`` on a CPU slot
+    holds its weights in RAM: twice for vLLM computing in float32 (checkpoints
+    are most often bfloat16; a float32 one counted twice errs on the safe
+    side), once otherwise. ``native_bf16``: the node's CPU computes bfloat16
+    natively; None where it cannot be told."""
+    if spec.engine is EngineKind.VLLM and float32_on_cpu(spec.engine_args, native_bf16):
+        return 2
+    return 1
+
+
+@dataclass(frozen=True, slots=True)
+class RamNeed:
+    """What placement charges one CPU shard of a model, by its node's CPU.
+
+    ``float32`` where the node reports a CPU without bfloat16 instructions
+    (the agent runs vLLM there in float32, its weights twice over),
+    ``native`` elsewhere: a node that cannot tell gets what its agent, which
+    cannot tell either, budgets.
+    """
+
+    native: int
+    float32: int
+
+    def on(self, cpu_bf16: bool | None) -> int:
+        return self.float32 if cpu_bf16 is False else self.native
+
+    @classmethod
+    def of(cls, spec: ModelSpec, weights_bytes: int | None) -> RamNeed:
+        return cls(
+            need_mib(spec, weights_bytes, 0, cpu_weights_copies(spec, True)),
+            need_mib(spec, weights_bytes, 0, cpu_weights_copies(spec, False)),
+        )
 
 
 def need_mib(

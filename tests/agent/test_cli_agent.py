@@ -19,6 +19,19 @@ from llmgw.wire import EngineKind, ModelSpec, ReplicaState, SimParams
 LLMGW = [sys.executable, "-m", "llmgw.cli.main", "agent"]
 
 
+def cpu_bf16_here() -> bool | None:
+    """This machine's answer, read here from /proc/cpuinfo: x86 (AVX2) CPUs say."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    flags = next((set(line.split(":", 1)[1].split()) for line in text.splitlines()
+                  if line.startswith("flags")), set())  # fmt: skip
+    if "avx2" not in flags:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def agent_argv(control_plane: str, join_token: str, data_dir: Path, *more: str) -> list[str]:
     return [
         *LLMGW,
@@ -46,6 +59,8 @@ async def test_agent_command_reports_and_stops_on_sigterm(
         # Its RAM, for placing CPU replicas (the machine's, or its cgroup's limit).
         ram = report.inventory.memory_total_mib
         assert ram is not None and 0 < ram <= psutil.virtual_memory().total >> 20
+        # Whether its CPU computes bfloat16 (placement of vLLM on CPU slots).
+        assert report.inventory.cpu_bf16 == cpu_bf16_here()
         await terminates_cleanly(proc)
 
 

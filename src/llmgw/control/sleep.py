@@ -55,7 +55,7 @@ def node_free_mib(state: FleetState, node_name: str) -> int | None:
         if model is None or replica.state is ReplicaState.FAILED:
             continue
         if memory.places_on_ram(model.spec):
-            free -= memory.need_mib(model.spec, None)
+            free -= memory.RamNeed.of(model.spec, None).on(node.inventory.cpu_bf16)
         if replica.asleep:
             free -= sleeping_mib(state, replica, model.spec)
     return free

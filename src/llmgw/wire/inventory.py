@@ -124,6 +124,11 @@ class NodeInventory(Wire):
     # None from an agent that does not report it: placement then takes the
     # node's word that it fits, as it did before RAM was reported.
     memory_total_mib: Int64 | None = Field(None, ge=0)
+    # Whether the node's CPU computes bfloat16 natively (AVX-512 BF16, AMX);
+    # None where the agent cannot tell. Without them the agent runs vLLM on a
+    # CPU slot in float32, which holds the weights twice: placement charges
+    # that (llmgw.memory.RamNeed).
+    cpu_bf16: bool | None = None
     # Catalog env names this node's admin allows beyond each engine's own
     # settings (``llmgw agent --engine-env-allow``; llmgw.engine_env).
     engine_env_allow: list[str] = Field(default_factory=list, max_length=256)

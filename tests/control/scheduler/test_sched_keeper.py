@@ -27,7 +27,7 @@ def picture(snapshot: PlacementSnapshot) -> dict[str, object]:
             view.state, view.fabrics, view.weights, view.free, view.capacity, view.total,
             {c: n for c, n in view.used.items() if n}, view.unhealthy, view.out_of_placement,
             view.replicas, view.used_total, view.capacity_total, view.memory_total_mib,
-            view.memory_used_mib,
+            view.memory_used_mib, view.cpu_bf16,
         )
         for name, view in snapshot.nodes.items()
     }
@@ -58,7 +58,7 @@ def start() -> FleetState:
 step = st.tuples(
     st.sampled_from([
         "add", "add", "add", "remove", "replace-record", "cordon", "silence", "inventory",
-        "same-inventory", "weights", "fabrics", "new-node", "drop-node",
+        "same-inventory", "ram", "weights", "fabrics", "new-node", "drop-node",
     ]),
     st.integers(0, 1000),
 )
@@ -102,6 +102,12 @@ def test_the_kept_snapshot_is_the_built_one(
                     devices[roll % len(devices)] = devices[roll % len(devices)].model_copy(
                         update={"healthy": not devices[roll % len(devices)].healthy})
                 node.inventory = NodeInventory(hostname=name, source="fake", devices=devices)
+            elif kind == "ram" and node.inventory is not None:
+                # A node's RAM facts (what placement charges CPU shards by) move.
+                node.inventory = node.inventory.model_copy(update={
+                    "memory_total_mib": [None, 16384, 65536][roll % 3],
+                    "cpu_bf16": [None, True, False][(roll // 3) % 3],
+                })
             elif kind == "weights":
                 node.weights = [
                     WeightsEntry(model=m) for i, m in enumerate(MODELS) if (roll >> i) & 1

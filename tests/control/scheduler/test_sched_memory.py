@@ -35,9 +35,9 @@ def test_the_filter_names_need_free_and_capacity() -> None:
     node = placement_node(with_ram(cpu_node("n1", slots=4, seen_at=NOW), 16384), NOW)
     usable = memory.usable_mib(16384)  # an eighth (2 GiB) stays with the system
     assert usable == 14336
-    fits = f.Request.for_spec(cpu_model("m", 4096), memory_mib=4096)
+    fits = f.Request.for_spec(cpu_model("m", 4096), memory=memory.RamNeed(4096, 4096))
     assert check.check(node, fits) is None
-    big = f.Request.for_spec(cpu_model("m", 20000), memory_mib=20000)
+    big = f.Request.for_spec(cpu_model("m", 20000), memory=memory.RamNeed(20000, 20000))
     rejection = check.check(node, big)
     assert rejection is not None
     assert (rejection.reason, rejection.dimension) == (f.TOO_LITTLE_RAM, "ram")
@@ -92,7 +92,8 @@ def test_the_default_need_counts_the_weights_a_node_reports() -> None:
     )
     snapshot = build_snapshot(fleet([node], [spec], NOW), NOW)
     # runtime + weights + KV of 8192 tokens at 32 KiB + prompt-cache headroom
-    assert snapshot.ram_need == {"m": 768 + 3072 + 256 + 512}
+    need = 768 + 3072 + 256 + 512
+    assert snapshot.ram_need == {"m": memory.RamNeed(need, need)}
     assert memory.need_mib(spec, None) == 768 + 256 + 512  # before any node holds them
 
 

@@ -18,8 +18,8 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
-from llmgw.memory import flag_value
-from llmgw.wire import CPU_CLASS, Device, EngineKind, ModelSpec
+from llmgw.memory import cpu_weights_copies, float32_on_cpu
+from llmgw.wire import CPU_CLASS, Device, ModelSpec
 
 # /proc/cpuinfo's names for the instructions that compute bfloat16.
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
@@ -73,20 +73,10 @@ def computes_float32(
     """Whether an engine on ``devices`` computes in float32 on the CPU: chosen by the
     agent (cpu_dtype_args) or named by the catalog. A bfloat16 checkpoint then takes
     twice its size in RAM."""
-    if not on_cpu(devices):
-        return False
-    if cpu_dtype_args(devices, engine_args, native):
-        return True
-    return flag_value(engine_args, ("--dtype",)) in ("float32", "float")
+    return on_cpu(devices) and float32_on_cpu(engine_args, native)
 
 
 def weights_copies(spec: ModelSpec, devices: Sequence[Device], native: bool | None) -> int:
-    """How many times its checkpoint's size an engine of ``spec`` holds its weights in RAM.
-
-    Twice for vLLM computing in float32 on a CPU slot (the checkpoint is
-    most often bfloat16); once otherwise (a float32 checkpoint in float32
-    is counted twice too: the safe side of a budget).
-    """
-    if spec.engine is EngineKind.VLLM and computes_float32(devices, spec.engine_args, native):
-        return 2
-    return 1
+    """How many times its checkpoint's size an engine of ``spec`` holds its weights in RAM:
+    on a CPU slot as placement charges it (llmgw.memory.cpu_weights_copies), else once."""
+    return cpu_weights_copies(spec, native) if on_cpu(devices) else 1

@@ -30,6 +30,7 @@ from llmgw.control.scheduler.filters import (
     Request,
 )
 from llmgw.control.scheduler.snapshot import PlacementSnapshot
+from llmgw.memory import RamNeed
 
 if TYPE_CHECKING:
     from llmgw.control.scheduler.placement import Placer
@@ -91,12 +92,13 @@ def explain(
             f" (the largest has {largest})",
             keyed,
         )
-    most_ram = _most_ram(snapshot, request)
-    if most_ram is not None and most_ram < request.memory_mib:
+    short = _ram_short(snapshot, request)
+    if short is not None:
+        need, most = short
         return (
             CAN_NEVER_FIT,
-            f"needs {request.memory_mib} MiB of RAM per replica; the node with the most has"
-            f" {most_ram} MiB for engines: {_LESS_RAM}",
+            f"needs {need} MiB of RAM per replica; the node with the most has"
+            f" {most} MiB for engines: {_LESS_RAM}",
             keyed,
         )
     return (
@@ -110,16 +112,21 @@ def explain(
 _LESS_RAM = "lower the model's memory_mib or its context (kv_capacity_tokens), or add RAM"
 
 
-def _most_ram(snapshot: PlacementSnapshot, request: Request) -> int | None:
-    """The most RAM any node with an accepted class offers engines; None: not RAM-placed."""
-    if not request.memory_mib:
+def _ram_short(snapshot: PlacementSnapshot, request: Request) -> tuple[int, int] | None:
+    """(the need, the RAM for engines) on the node with the most RAM, when no node with an
+    accepted class has RAM enough for one shard; None when one may have."""
+    if request.memory is None:
         return None
-    totals = [
-        snapshot.nodes[n].memory_total_mib for c in request.classes for n in snapshot.class_nodes(c)
-    ]
-    known = [t for t in totals if t is not None]
-    # A node that does not report its RAM may have enough of it.
-    return max(known) if known and len(known) == len(totals) else None
+    views = [snapshot.nodes[n] for c in request.classes for n in snapshot.class_nodes(c)]
+    short: tuple[int, int] | None = None
+    for view in views:
+        total = view.memory_total_mib
+        need = request.memory.on(view.cpu_bf16)
+        if total is None or total >= need:
+            return None  # a node that does not report its RAM may have enough of it
+        if short is None or total > short[1]:
+            short = (need, total)
+    return short
 
 
 def _explain_multi(
@@ -232,7 +239,7 @@ _PHRASES = {
     TOO_SMALL: "fewer than {per_node} {dim} in all",
     TOO_FEW_HEALTHY: "too few healthy {dim}",
     TOO_FEW_FREE: "too few free {dim} (at most {most} free)",
-    TOO_LITTLE_RAM: "too little free RAM (needs {memory_mib} MiB, at most {most} MiB free)",
+    TOO_LITTLE_RAM: "too little free RAM (needs {memory_mib}, at most {most} MiB free)",
     NOT_ENTIRELY_FREE: "not entirely free",
     NO_FABRIC: "in no fabric",
     FAILED_HERE: "avoided after failures of {model} there",
@@ -246,7 +253,17 @@ def _phrase(key: tuple[str, str], n: int, request: Request, most_free: dict[str,
         dim=dim,
         most=most_free.get(dim, 0),
         per_node=request.per_node,
-        memory_mib=request.memory_mib,
+        memory_mib=_need_words(request.memory),
         model=request.model,
     )
     return f"{n} {words}"
+
+
+def _need_words(need: RamNeed | None) -> str:
+    """``3584 MiB`` or, where the node's CPU decides, ``3584 MiB (6656 MiB on CPUs without
+    bfloat16)``."""
+    if need is None:
+        return "0 MiB"
+    if need.float32 == need.native:
+        return f"{need.native} MiB"
+    return f"{need.native} MiB ({need.float32} MiB on CPUs without bfloat16)"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from llmgw.control.scheduler.placementnode import PlacementNode
+from llmgw.memory import RamNeed
 from llmgw.wire import CPU_CLASS, ModelSpec, NodeState, is_mig_class
 
 # Fixed reasons (the words of the unplaceable sentence; a test pins them).
@@ -49,15 +50,16 @@ class Request:
     nodes: int = 1
     mig_refused: tuple[str, ...] = ()
     avoid: frozenset[str] = frozenset()
-    # RAM one shard on CPU slots needs (llmgw.memory); 0: not placed on RAM.
-    memory_mib: int = 0
+    # RAM one shard on CPU slots needs, by its node's CPU (llmgw.memory);
+    # None: not placed on RAM.
+    memory: RamNeed | None = None
     # The parallelism a catalog edited around validation asks beyond one
     # device ("tp 2"): without it a refusal of tp 2 on one device could only
     # say "needs 1 device", which names nothing the operator can change.
     split: tuple[str, ...] = ()
 
     @classmethod
-    def for_spec(cls, spec: ModelSpec, memory_mib: int = 0) -> Request:
+    def for_spec(cls, spec: ModelSpec, memory: RamNeed | None = None) -> Request:
         per_node = max(1, spec.gpus // max(1, spec.nodes))
         sharded = spec.gpus > 1 or spec.tp > 1 or spec.pp > 1 or spec.nodes > 1
         usable = tuple(c for c in spec.gpu_classes if not (sharded and is_mig_class(c)))
@@ -68,7 +70,7 @@ class Request:
             if value > 1
         )
         return cls(
-            spec.name, usable, per_node, spec.nodes, refused, memory_mib=memory_mib, split=split
+            spec.name, usable, per_node, spec.nodes, refused, memory=memory, split=split
         )
 
     def relaxed(self) -> Request:
@@ -230,10 +232,10 @@ class EnoughMemory:
     name = "enough-memory"
 
     def applies(self, request: Request) -> bool:
-        return bool(request.memory_mib)
+        return request.memory is not None
 
     def check(self, node: PlacementNode, request: Request) -> Rejection | None:
-        need = request.memory_mib
+        need = request.memory.on(node.cpu_bf16) if request.memory is not None else 0
         free = node.memory_free_mib
         if not need or free is None or free >= need:
             return None

@@ -35,7 +35,8 @@ from llmgw.control.scheduler.placementnode import (
 )
 from llmgw.control.scheduler.snapshot import PlacementSnapshot, build_snapshot, ram_needs
 from llmgw.control.state import FleetState, NodeRecord, ReplicaRecord
-from llmgw.wire import NodeState, WeightsEntry
+from llmgw.memory import RamNeed
+from llmgw.wire import NodeInventory, NodeState, WeightsEntry
 
 
 @dataclass(slots=True)
@@ -47,7 +48,7 @@ class _Built:
     fabrics: list[str]
     weights_list: list[WeightsEntry]
     weights: frozenset[str]
-    memory_total_mib: int | None
+    ram: tuple[int | None, bool | None]  # (memory_total_mib, cpu_bf16): what RAM placement reads
 
 
 class SnapshotKeeper:
@@ -58,7 +59,7 @@ class SnapshotKeeper:
         # Replicas marked in the base, by id: the record itself, so a record
         # replaced under the same id counts as one gone and one new.
         self._held: dict[str, ReplicaRecord] = {}
-        self._ram_need: dict[str, int] = {}
+        self._ram_need: dict[str, RamNeed] = {}
         self._replicas_version = -1
         # Nodes whose views the last refresh built again (None: all of them).
         self.changed_nodes: set[str] | None = None
@@ -155,7 +156,7 @@ class SnapshotKeeper:
         self,
         state: FleetState,
         now: float,
-        ram_need: dict[str, int],
+        ram_need: dict[str, RamNeed],
         states: Mapping[str, NodeState] | None,
     ) -> PlacementSnapshot:
         base = build_snapshot(state, now, cache=self.devices, states=states)
@@ -176,7 +177,7 @@ class SnapshotKeeper:
                 fabrics=node.fabrics,
                 weights_list=node.weights,
                 weights=view.weights,
-                memory_total_mib=inventory.memory_total_mib if inventory is not None else None,
+                ram=_ram_facts(inventory),
             )
         self._built = built
         return base
@@ -201,9 +202,7 @@ class SnapshotKeeper:
             if devices is not seen.devices:
                 # A new inventory object (reports replace it whenever any
                 # figure moved): the same placement facts change nothing.
-                inventory = node.inventory
-                memory = inventory.memory_total_mib if inventory is not None else None
-                if devices != seen.devices or memory != seen.memory_total_mib:
+                if devices != seen.devices or _ram_facts(node.inventory) != seen.ram:
                     changed.add(name)
                     continue
                 seen.devices = devices
@@ -234,12 +233,17 @@ class SnapshotKeeper:
         return one.nodes[node.name]
 
     def _inputs(self, node: NodeRecord, now: float, weights: frozenset[str]) -> _Built:
-        inventory = node.inventory
         return _Built(
             devices=self.devices.get(node),
             state=node.state(now),
             fabrics=node.fabrics,
             weights_list=node.weights,
             weights=weights,
-            memory_total_mib=inventory.memory_total_mib if inventory is not None else None,
+            ram=_ram_facts(node.inventory),
         )
+
+
+def _ram_facts(inventory: NodeInventory | None) -> tuple[int | None, bool | None]:
+    if inventory is None:
+        return None, None
+    return inventory.memory_total_mib, inventory.cpu_bf16

@@ -190,7 +190,7 @@ class Placer:
             request.mig_refused,
             request.per_node,
             request.nodes,
-            request.memory_mib,
+            request.memory,
             len(snapshot.nodes),
             tuple(snapshot.version(c) for c in request.all_classes),
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 from llmgw import memory
 from llmgw.control.state import NodeRecord
+from llmgw.memory import RamNeed
 from llmgw.wire import CPU_CLASS, NodeInventory, NodeState
 
 
@@ -67,6 +68,9 @@ class PlacementNode(DeviceDigest):
     # replicas placed here are charged for it (llmgw.memory).
     memory_total_mib: int | None = None
     memory_used_mib: int = 0
+    # Whether the node's CPU computes bfloat16 natively (None: cannot tell):
+    # what a vLLM shard on its CPU slots is charged depends on it.
+    cpu_bf16: bool | None = None
     # The snapshot allowed to change this view in place (PlacementSnapshot._own).
     owner: object = None
 
@@ -84,9 +88,9 @@ class PlacementNode(DeviceDigest):
             return None
         return self.memory_total_mib - self.memory_used_mib
 
-    def hold(self, numbers: Collection[int], model: str, ram_mib: int | None) -> None:
-        """Mark these devices as held by a shard of ``model``; ``ram_mib``: what
-        a shard on CPU slots is charged in RAM (None: not placed against RAM).
+    def hold(self, numbers: Collection[int], model: str, ram: RamNeed | None) -> None:
+        """Mark these devices as held by a shard of ``model``; ``ram``: what a
+        shard on CPU slots is charged in RAM (None: not placed against RAM).
 
         A device already held stays held: two replicas claiming one device
         (a report racing a pass) must not make it count twice.
@@ -102,8 +106,13 @@ class PlacementNode(DeviceDigest):
                 used[gpu_class] = used.get(gpu_class, 0) + 1
                 self.used_total += 1
         self.replicas[model] = self.replicas.get(model, 0) + 1
-        if ram_mib is not None and self.on_cpu(numbers):
-            self.memory_used_mib += ram_mib
+        if ram is not None and self.on_cpu(numbers):
+            self.memory_used_mib += ram.on(self.cpu_bf16)
+
+    def release_ram(self, numbers: Collection[int], ram: RamNeed | None) -> None:
+        """Take back what ``hold`` charged a shard on these devices."""
+        if ram is not None and self.on_cpu(numbers):
+            self.memory_used_mib -= ram.on(self.cpu_bf16)
 
     def on_cpu(self, numbers: Iterable[int]) -> bool:
         """Whether a shard on these devices runs on CPU slots (and so in RAM)."""
@@ -123,6 +132,7 @@ def copy_node(view: PlacementNode, owner: object) -> PlacementNode:
         used_total=view.used_total,
         memory_total_mib=view.memory_total_mib,
         memory_used_mib=view.memory_used_mib,
+        cpu_bf16=view.cpu_bf16,
         owner=owner,
     )
 
@@ -225,6 +235,7 @@ def placement_node(
         fabrics=tuple(node.fabrics),
         weights=frozenset(w.model for w in node.weights),
         memory_total_mib=_usable_ram(node.inventory),
+        cpu_bf16=node.inventory.cpu_bf16 if node.inventory is not None else None,
     )
 
 

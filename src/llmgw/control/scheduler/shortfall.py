@@ -30,7 +30,7 @@ def place_shortfall(
 ) -> None:
     spec = item.record.spec
     outcome = item.outcome
-    request = Request.for_spec(spec, snapshot.ram_need.get(spec.name, 0))
+    request = Request.for_spec(spec, snapshot.ram_need.get(spec.name))
     # Shapes that failed are remembered without the model or its avoided
     # nodes: an Unplaceable is the answer with every node allowed anyway.
     shape = replace(request, model="")

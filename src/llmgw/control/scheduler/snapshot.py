@@ -54,7 +54,10 @@ class PlacementSnapshot:
     """
 
     def __init__(
-        self, now: float, nodes: dict[str, PlacementNode], ram_need: dict[str, int] | None = None
+        self,
+        now: float,
+        nodes: dict[str, PlacementNode],
+        ram_need: dict[str, memory.RamNeed] | None = None,
     ) -> None:
         self.now = now
         self.nodes = nodes
@@ -226,8 +229,7 @@ class PlacementSnapshot:
         self._unindex(view)
         self._touched(view)
         given = set(numbers)
-        if model in self.ram_need and view.on_cpu(given):
-            view.memory_used_mib -= self.ram_need[model]
+        view.release_ram(given, self.ram_need.get(model))
         for number in given:
             gpu_class = view.device_class.get(number)
             if gpu_class is None or number not in view.placeable:
@@ -342,8 +344,8 @@ def _discard(index: dict[str, OrderedSet], key: str, name: str) -> None:
             del index[key]
 
 
-def ram_needs(state: FleetState) -> dict[str, int]:
-    """What one CPU shard of each RAM-placed model is charged (llmgw.memory.need_mib).
+def ram_needs(state: FleetState) -> dict[str, memory.RamNeed]:
+    """What one CPU shard of each RAM-placed model is charged (llmgw.memory.RamNeed).
 
     The weights size is the largest any node reports for the model; before
     any node holds them the estimate has its fixed part only, and the agent,
@@ -357,7 +359,7 @@ def ram_needs(state: FleetState) -> dict[str, int]:
         for entry in node.weights:
             if entry.model in specs and entry.size_bytes > sizes.get(entry.model, 0):
                 sizes[entry.model] = entry.size_bytes
-    return {name: memory.need_mib(spec, sizes.get(name)) for name, spec in specs.items()}
+    return {name: memory.RamNeed.of(spec, sizes.get(name)) for name, spec in specs.items()}
 
 
 def build_snapshot(
