@@ -782,6 +782,37 @@ def test_engine_cached_reports_correct_the_index_capacity() -> None:
     other = one.replicas[1]
     one.metered(Pick(other, HIT, hashes, 0.0, None, PROMPT), 256, 0)
     assert other.capacity_scale == 1.0
+    # Found a little of what the index counted held: it still holds too much.
+    one.metered(Pick(target, HIT, hashes, 0.0, None, PROMPT), 256, 100)
+    assert target.capacity_scale == 1.0 / 1.125
+
+
+def test_a_lone_gateway_tells_a_hit_from_a_miss_by_the_engines_time() -> None:
+    # An engine computing one request at a time that says nothing cached
+    # (llama_cpp.server): from the gateway's turn to the first chunk it
+    # computed this prompt alone, at the measured speed (TPS).
+    one = router(["r0", "r1"], kv=256, lone=True)
+    target = one.replicas[0]
+    hashes = block_hashes("a" * PROMPT, BLOCK)
+    whole_s = 256 / TPS
+    # Routed as held, and it took the whole prompt's time: evicted.
+    one.metered(Pick(target, HIT, hashes, 0.0, None, PROMPT), 256, 0, whole_s)
+    assert target.reports_cached and target.capacity_scale == 1.0 / 1.125
+    # Routed as held and answered at once: held; nothing to correct.
+    one.metered(Pick(target, HIT, hashes, 0.0, None, PROMPT), 256, 0, whole_s / 20)
+    assert target.capacity_scale == 1.0 / 1.125
+    # Routed as new and answered at once: the index forgot too early.
+    one.metered(Pick(target, MISS, hashes, 256.0, None, PROMPT), 256, 0, whole_s / 20)
+    assert target.capacity_scale == 1.0
+    # Untimed (an answer given whole), or timed by a gateway among several
+    # (another's request may have been at the engine): nothing is inferred.
+    other = one.replicas[1]
+    one.metered(Pick(other, HIT, hashes, 0.0, None, PROMPT), 256, 0, None)
+    assert not other.reports_cached
+    several = router(["r0", "r1"], kv=256)
+    shared = several.replicas[0]
+    several.metered(Pick(shared, HIT, hashes, 0.0, None, PROMPT), 256, 0, whole_s)
+    assert not shared.reports_cached and shared.capacity_scale == 1.0
 
 
 def test_a_holder_keeps_what_a_detour_would_compute_twice() -> None:

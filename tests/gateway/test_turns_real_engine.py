@@ -20,6 +20,7 @@ import pytest
 from tests.gateway.conftest import async_client, make_config, running_gateway
 from tests.gateway.test_llamacpp_gaps_real_engine import _dialect
 from tests.gateway.test_real_engine import SERVED, Engine, llama_server
+from tests.waiting import eventually
 
 from llmgw import wire
 from llmgw.gateway.link import MemoryLink
@@ -79,3 +80,46 @@ async def test_a_short_prompt_goes_before_a_cold_one_sent_earlier(agents_engine:
         if " eval time" in line
     ]
     assert kinds[-6:] == ["prompt", "decode"] * 3, kinds
+
+
+
+async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
+    agents_engine: Engine,
+) -> None:
+    # Two replicas on the one engine, so the gateway routes by prefix; the
+    # engine (no prompt cache of its own) holds only the prompt it computed
+    # last. A prompt the index counts held there but that it computes whole
+    # shrinks the index's capacity for the replica (routing/cachesize.py).
+    endpoints = [wire.Endpoint(replica_id=name, url=agents_engine.url, dialect=_dialect())
+                 for name in ("x", "y")]  # fmt: skip
+    route = wire.ModelRoute(name="gemma", served_name=SERVED, endpoints=endpoints)
+    config = make_config(1, [route])
+    config.routing.gateways = 1  # alone: the engine computes only this gateway's requests
+    link = MemoryLink(poll_timeout_s=1.0)
+    link.publish(config)
+    async with running_gateway(link) as (gateway, url):
+        client = async_client(url, timeout=120.0)
+        snapshot = gateway.snapshot
+        assert snapshot is not None
+        replicas = snapshot.routes["gemma"].replicas
+
+        async def ask(content: str) -> None:
+            stream = await client.chat.completions.create(
+                model="gemma", messages=[{"role": "user", "content": content}],
+                max_tokens=2, stream=True, temperature=0.0,
+            )  # fmt: skip
+            async for _ in stream:
+                pass
+
+        def seen() -> list[tuple[str, bool, float]]:
+            return [(r.replica_id, r.reports_cached, r.capacity_scale) for r in replicas]
+
+        await ask(_long(1))  # cold
+        await ask(_long(1) + " Briefly.")  # held by the engine's context: a hit
+        await eventually(lambda: any(r.reports_cached for r in replicas), 30,
+                         "the hit timed", note=seen)  # fmt: skip
+        assert all(r.capacity_scale == 1.0 for r in replicas), seen()
+        await ask(_long(2))  # a new prefix: the engine's context is this one now
+        await ask(_long(1) + " Again.")  # routed as held, computed whole
+        await eventually(lambda: any(r.capacity_scale < 1.0 for r in replicas), 30,
+                         "the miss timed", note=seen)  # fmt: skip

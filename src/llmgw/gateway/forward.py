@@ -121,6 +121,7 @@ async def forward(
                     # gateway sends it one, cheapest first (routing/turns.py).
                     call.waited += await replica.turns.take(pick.uncached_tokens)
                     turns = replica.turns
+                    prefill.turn_taken()
                 before = time.perf_counter() - call.started - call.waited
                 response = await attempt.post(router, replica)
                 if response.status in (401, 403):

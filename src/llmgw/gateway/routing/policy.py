@@ -78,5 +78,8 @@ class Policy:
     def measured(self, tokens: float, seconds: float) -> None:
         """A replica answered a prefill of ``tokens`` uncached prompt tokens in ``seconds``."""
 
-    def metered(self, pick: Pick, prompt_tokens: int, cached_tokens: int) -> None:
-        """The engine's count of the pick's prompt tokens, and of those it found cached."""
+    def metered(
+        self, pick: Pick, prompt_tokens: int, cached_tokens: int, computed_s: float | None = None
+    ) -> None:
+        """The engine's count of the pick's prompt tokens, and of those it found cached;
+        ``computed_s``: how long its prefill took, where the gateway could time it alone."""

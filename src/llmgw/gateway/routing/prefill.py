@@ -7,7 +7,9 @@ counted down from when the engine began on them (``Replica.charge``,
 ``Replica.answered``). The send is also when the policy records the
 prompt's prefix on the replica; the first chunk of a stream that queued
 behind none of this gateway's other prefills is a measurement of the
-model's prefill speed.
+model's prefill speed. On an engine that computes one request at a time,
+the first chunk of a stream also tells how long its prompt took from the
+gateway's turn (the engine idle then), which is what it found cached.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ CLAIM_AFTER_START_S = 1.0
 class Prefill:
     """Uncached prompt tokens charged to a replica until its answer starts."""
 
-    __slots__ = ("ahead", "answered", "pick", "router", "sent_at", "tokens")
+    __slots__ = ("ahead", "answered", "computed_s", "pick", "router", "sent_at", "tokens",
+                 "turn_at")  # fmt: skip
 
     def __init__(self, router: ModelRouter, pick: Pick) -> None:
         self.router = router
@@ -39,6 +42,9 @@ class Prefill:
         replica = pick.replica
         self.ahead = replica.pending_prefill
         self.answered = False
+        self.turn_at = 0.0
+        # Seconds from the turn to a stream's first chunk (Turns): None where untimed.
+        self.computed_s: float | None = None
         self.sent_at = router.clock()
         replica.charge(self.tokens, self.sent_at)
         if pick.by_prefix:
@@ -48,9 +54,18 @@ class Prefill:
             # (~50 us where the gateway's code runs cold) never delay it.
             asyncio.get_running_loop().call_soon(router.record, pick)
 
+    def turn_taken(self) -> None:
+        """This gateway's turn at an engine computing one request at a time began."""
+        self.turn_at = self.router.clock()
+
     def started(self, streamed: bool) -> None:
         now = self.router.clock()
         pick = self.pick
+        if streamed and self.turn_at:
+            # The engine had nothing of this gateway's when the turn began: the
+            # time since is this prompt's prefill (and a token). An answer
+            # given whole took its decoding too, and tells nothing.
+            self.computed_s = now - self.turn_at
         if pick.by_prefix:
             sample = self.tokens if streamed and self.ahead < 1.0 else 0.0
             if sample or pick.replica.serial:
@@ -81,7 +96,7 @@ class Prefill:
     def metered(self, prompt_tokens: int, cached_tokens: int) -> None:
         """The answer's usage, for what it tells the router of the prompt (Policy.metered)."""
         if self.pick.prompt_chars:
-            self.router.metered(self.pick, prompt_tokens, cached_tokens)
+            self.router.metered(self.pick, prompt_tokens, cached_tokens, self.computed_s)
 
     def done(self) -> None:
         """The request's end; nothing to do once its answer started, or on a second call."""

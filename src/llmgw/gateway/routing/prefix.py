@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from llmgw.gateway.routing.cachesize import cached_by_time, correct
 from llmgw.gateway.routing.kvmatch import exact_matches
 from llmgw.gateway.routing.leastloaded import least_loaded
 from llmgw.gateway.routing.measured import LOW_LOAD_IDLE_SHARE, IdleShare, PrefillSpeed
@@ -30,16 +31,6 @@ from llmgw.gateway.routing.replica import CLAIM_UNANSWERED_S, Replica, mix
 # The index's capacities follow the measured characters per token once the
 # estimate has moved by this share since they were last set.
 CHARS_RESYNC = 0.1
-# What an engine's report of the prompt tokens it found cached tells the
-# index about its size (the KV capacity it was given is only what the engine
-# was started with: a prompt cache beside the context holds more, a pool
-# shared with long answers less). A prompt routed as new that the engine had
-# at least half cached: the index forgot too early, its capacity for that
-# replica grows by CAPACITY_STEP; a prompt routed as held that the engine
-# found nothing of (on an engine known to report): it shrinks. Kept within
-# CAPACITY_RANGE of the configured size either way.
-CAPACITY_STEP = 1.125
-CAPACITY_RANGE = 4.0
 # A holder that computes one request at a time (Replica.serial) keeps a
 # prompt while its queue exceeds the soonest start by less than this share
 # of the prefill it holds (SoonestStart.copy_cost, at least): such an
@@ -333,14 +324,6 @@ class SoonestStart:
         return best
 
 
-def _rescale(replica: Replica, factor: float) -> bool:
-    """Scale the replica's index capacity by ``factor`` within CAPACITY_RANGE; whether it moved."""
-    scale = min(max(replica.capacity_scale * factor, 1.0 / CAPACITY_RANGE), CAPACITY_RANGE)
-    moved = scale != replica.capacity_scale
-    replica.capacity_scale = scale
-    return moved
-
-
 class PrefixPolicy(Policy):
     """Routing by prompt prefix for one model and config version.
 
@@ -454,27 +437,27 @@ class PrefixPolicy(Policy):
         )  # fmt: skip
         return Pick(replica, outcome, hashes, uncached, None, len(prompt))
 
-    def metered(self, pick: Pick, prompt_tokens: int, cached_tokens: int) -> None:
+    def metered(
+        self, pick: Pick, prompt_tokens: int, cached_tokens: int, computed_s: float | None = None
+    ) -> None:
         """What the engine's usage says of a prompt this policy placed.
 
         ``prompt_tokens``: the engine's count of it, which is what the
         model's characters per token are learnt from (the index's
         capacities are tokens, its blocks characters). ``cached_tokens``:
-        the part the engine found cached (0 where it does not say): a prompt
-        routed as new that the engine had cached, or routed as held that it
-        had not, corrects the index's capacity for the replica. Called once
-        per answer with usage, off the client's path (after its end).
+        the part the engine found cached (0 where it does not say), else
+        what ``computed_s`` tells of it (cachesize.py: only a lone gateway
+        has the engine to itself): corrects the index's capacity for the
+        replica. Called once per answer with usage, off the client's path.
         """
         speed = self.speed
         speed.counted(pick.prompt_chars, prompt_tokens)
-        replica = pick.replica
         resync = abs(speed.chars_per_token / self._synced_chars - 1.0) > CHARS_RESYNC
-        if cached_tokens > 0:
-            replica.reports_cached = True
-            if pick.outcome == MISS and 2 * cached_tokens >= prompt_tokens:
-                resync |= _rescale(replica, CAPACITY_STEP)
-        elif pick.outcome == HIT and replica.reports_cached:
-            resync |= _rescale(replica, 1.0 / CAPACITY_STEP)
+        told = cached_tokens > 0
+        if not told and computed_s is not None and self.soonest.lone:
+            cached_tokens = cached_by_time(prompt_tokens, computed_s, speed.tokens_per_s)
+            told = True
+        resync |= correct(pick, prompt_tokens, cached_tokens, told, speed.chars_per_token)
         if resync:
             self._sync_index()
 

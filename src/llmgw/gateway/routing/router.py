@@ -153,9 +153,11 @@ class ModelRouter:
                 best = replica
         return best
 
-    def metered(self, pick: Pick, prompt_tokens: int, cached_tokens: int) -> None:
-        """What the engine's usage says of a prompt this router placed by prefix."""
-        self.policy.metered(pick, prompt_tokens, cached_tokens)
+    def metered(
+        self, pick: Pick, prompt_tokens: int, cached_tokens: int, computed_s: float | None = None
+    ) -> None:
+        """What the engine's usage (and its prefill's time) says of a prompt placed by prefix."""
+        self.policy.metered(pick, prompt_tokens, cached_tokens, computed_s)
 
     def measured(self, tokens: float, seconds: float) -> None:
         """A replica answered a prefill of ``tokens`` in ``seconds`` (see PrefillSpeed)."""
