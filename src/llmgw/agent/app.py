@@ -428,15 +428,13 @@ class Agent:
             log.error("%s", message)
             last = self.inventory or NodeInventory(hostname=socket.gethostname())
             return last.model_copy(update={"warnings": [message]})
-        # This machine's RAM and whether its CPU computes bfloat16, for placing
-        # CPU replicas (llmgw.memory); only with real discovery: a fake
-        # inventory describes another machine.
+        # This machine's RAM and CPU, for placing CPU replicas (llmgw.memory);
+        # only with real discovery: a fake inventory describes another machine.
         if inventory.memory_total_mib is None and self._discoverer is not None:
             if self._ram_mib is None:
                 self._ram_mib = await asyncio.to_thread(node_memory_mib)
-            inventory = inventory.model_copy(
-                update={"memory_total_mib": self._ram_mib, "cpu_bf16": native_bf16()}
-            )
+            ram = {"memory_total_mib": self._ram_mib, "cpu_bf16": native_bf16()}
+            inventory = inventory.model_copy(update=ram)
         if self.config.engine_env_allow:
             allowed = sorted(self.config.engine_env_allow)
             inventory = inventory.model_copy(update={"engine_env_allow": allowed})
