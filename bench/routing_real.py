@@ -35,8 +35,10 @@ Last line: one JSON object: per router ``hit_rate``, ``ttft_p50_s``,
 ``ttft_mean_s``, ``ttft_p90_s`` (and requests, errors, hits); ``verdict``:
 llmgw prefix's hit rate at or above sglang-router's and its TTFT p50 and
 mean at or below (None when sglang-router did not run), with the ratios.
-``--gateway-tree DIR`` serves the gateway from another checkout (its
-``bench/routing.py --serve-gateways`` and its ``src``), for bisecting.
+Each router's requests (tenant, send time, TTFT) are written beside the
+engines' logs (``requests-ROUTER.jsonl``). ``--gateway-tree DIR`` serves
+the gateway from another checkout (its ``bench/routing.py
+--serve-gateways`` and its ``src``), for bisecting.
 """
 
 from __future__ import annotations
@@ -489,10 +491,27 @@ async def run_router(
             children.stop(procs)
         generations = [g for e in pair for g in e.generations()]
         per_engine = [len(e.generations()) for e in pair]
+    write_requests(folder / f"requests-{tag.replace('@', '-')}.jsonl", requests, run)
     row = summarize(run, generations, per_engine, elapsed)
     if outcomes is not None:
         row["gateway_outcomes"] = outcomes
     return row
+
+
+def write_requests(path: Path, requests: list[TimedRequest], run: loadgen.RunResult) -> None:
+    """Each request as the client saw it, one JSON line each, beside the engines' logs: which
+    tenant, when it was sent and its TTFT (s), to compare routers request by request."""
+    by_index = {r.index: r for r in requests}
+    with path.open("w") as out:
+        for result in sorted(run.results, key=lambda r: r.index):
+            asked = by_index.get(result.index)
+            first = result.first_token_at
+            out.write(json.dumps({
+                "index": result.index, "tenant": asked.group if asked else None,
+                "sent_at": round(result.sent_at, 3),
+                "ttft_s": None if first is None else round(first - result.sent_at, 3),
+                "error": result.error,
+            }) + "\n")  # fmt: skip
 
 
 _OUTCOME = re.compile(r'llmgw_gateway_prefix_routing_total\{[^}]*outcome="(\w+)"[^}]*\} (\S+)')
