@@ -25,6 +25,7 @@ a time, so its lines count the requests it served. TTFT is client side
 run stopped waiting.
 
     python bench/routing_real.py [--seed 0] [--quick] [--routers prefix,round_robin,sglang_ca]
+                                 [--repeat 3]   # the routers 3 times in turn, judged on means
     python bench/routing_real.py --engine vllm [--quick] [--repeat 3]   # prefix, prefix_exact
 
 ``--engine vllm`` runs two vLLM CPU engines instead and compares the
@@ -637,26 +638,35 @@ async def bench(
         f" {setup.cache_bytes / 1e6:.0f} MB (~{setup.cache_states} states); logs in {folder}",
         file=sys.stderr,
     )
-    results: dict[str, Any] = {}
+    runs: dict[str, list[dict[str, Any]]] = {router: [] for router in routers}
     started = time.monotonic()
-    for router in routers:
-        policy, _, tree_name = router.partition("@")
-        where = trees[tree_name] if tree_name else tree
-        results[router] = await run_router(
-            policy, setup, requests, weights, args.port, folder, where, router
-        )
-        row = results[router]
-        print(
-            f"{router:12s} hit {row['hit_rate']}  p50 {row['ttft_p50_s']}  mean"
-            f" {row['ttft_mean_s']}  p90 {row['ttft_p90_s']}  errors {row['errors']}"
-            f"  per engine {row['generations_per_engine']}  ({row['elapsed_s']} s)",
-            file=sys.stderr,
-        )
+    for run in range(args.repeat):  # the routers take turns, so drift hits each alike
+        for router in routers:
+            policy, _, tree_name = router.partition("@")
+            where = trees[tree_name] if tree_name else tree
+            tag = router if args.repeat == 1 else f"{router}-run{run + 1}"
+            row = await run_router(policy, setup, requests, weights, args.port, folder, where, tag)
+            runs[router].append(row)
+            print(
+                f"{tag:12s} hit {row['hit_rate']}  p50 {row['ttft_p50_s']}  mean"
+                f" {row['ttft_mean_s']}  p90 {row['ttft_p90_s']}  errors {row['errors']}"
+                f"  per engine {row['generations_per_engine']}  ({row['elapsed_s']} s)",
+                file=sys.stderr,
+            )
+    # Repeated: each figure's mean over the runs (and its range), judged on the means.
+    from realkit.vllmrouting import pooled
+
+    results = {router: rows[0] if args.repeat == 1 else pooled(rows)
+               for router, rows in runs.items()}  # fmt: skip
     chars = sum(len(c) for c in setup.contexts()) / setup.tenants
     out: dict[str, Any] = {"bench": "routing_real", "quick": bool(args.quick), "seed": setup.seed,
                            "pace": round(pace, 2)}  # fmt: skip
     out.update(results)
     out["verdict"] = verdict(results)
+    if args.repeat > 1:
+        out["verdict_per_run"] = [
+            verdict({r: runs[r][i] for r in routers}) for i in range(args.repeat)
+        ]
     out["setup"] = setup.__dict__ | {"cache_bytes": setup.cache_bytes,
                                      "context_chars": round(chars)}  # fmt: skip
     if tree is not None:
@@ -690,16 +700,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setup
     parser.add_argument("--n-ctx", type=int, help="each engine's context (kv_capacity_tokens)")
     parser.add_argument(
         "--repeat", type=int, default=1,
-        help="--engine vllm: run the routers this many times in turn on the same engines"
-             " (figures: the runs' means, with their ranges)",
+        help="run the routers this many times in turn (figures: the runs' means, with their"
+             " ranges; the verdict on the means)",
     )  # fmt: skip
     parser.add_argument(
         "--engine", choices=("llamacpp", "vllm"), default="llamacpp",
         help="vllm: two vLLM CPU engines, routers prefix and prefix_exact (realkit/vllmrouting.py)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.repeat < 1 or (args.repeat != 1 and args.engine != "vllm"):
-        parser.error("--repeat takes a count of 1 or more, and only with --engine vllm")
+    if args.repeat < 1:
+        parser.error("--repeat takes a count of 1 or more")
     setup = QUICK if args.quick else FULL
     names = ("seed", "tenants", "requests", "rate", "context_tokens", "output_tokens",
              "cache_states", "drain_s", "n_ctx")  # fmt: skip

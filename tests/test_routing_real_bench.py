@@ -62,17 +62,23 @@ def test_a_tiny_run_on_real_engines() -> None:
     done = subprocess.run(
         [sys.executable, str(BENCH / "routing_real.py"), "--routers", "prefix", "--tenants", "2",
          "--requests", "3", "--rate", "1", "--context-tokens", "60", "--output-tokens", "3",
-         "--drain-s", "60", "--port", "26500"],
+         "--drain-s", "60", "--port", "26500", "--repeat", "2"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    row = out["prefix"]
+    # Two runs: the figures are their means, with their ranges and the runs themselves.
+    pooled = out["prefix"]
+    assert len(pooled["runs"]) == 2 and pooled["errors"] == 0
+    low, high = pooled["ttft_p50_s_range"]
+    assert low <= pooled["ttft_p50_s"] <= high
+    row = pooled["runs"][1]
     assert row["requests"] == 3 and row["errors"] == 0 and row["generations"] == 3
     # The gateway counts each stream's prompt by rendering the template the
     # engines declare and tokenizing it: nothing generates for a count.
     assert row["metering_copies"] == 0
     assert row["ttft_p50_s"] is not None and out["verdict"] is None
+    assert out["verdict_per_run"] == [None, None]  # no sglang-router to compare with
 
 
 replay = load("routing_real_replay")
@@ -148,8 +154,6 @@ def test_the_vllm_verdict_compares_runs_within_the_estimates_own_spread() -> Non
 
 
 def test_repeat_is_refused_where_it_means_nothing() -> None:
-    with pytest.raises(SystemExit):
-        real.parse_args(["--repeat", "3"])  # the llama.cpp run has no repeats
     with pytest.raises(SystemExit):
         real.parse_args(["--engine", "vllm", "--repeat", "0"])
     args, _ = real.parse_args(["--engine", "vllm", "--repeat", "3"])
