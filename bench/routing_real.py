@@ -36,10 +36,13 @@ Last line: one JSON object: per router ``hit_rate``, ``ttft_p50_s``,
 ``ttft_mean_s``, ``ttft_p90_s`` (and requests, errors, hits); ``verdict``:
 llmgw prefix's hit rate at or above sglang-router's and its TTFT p50 and
 mean at or below (None when sglang-router did not run), with the ratios.
-Each router's requests (tenant, send time, TTFT) are written beside the
-engines' logs (``requests-ROUTER.jsonl``). ``--gateway-tree DIR`` serves
-the gateway from another checkout (its ``bench/routing.py
---serve-gateways`` and its ``src``), for bisecting.
+``reachable_hits``: the hits a router keeping each tenant on one engine
+would get, and the most any router could, by a model of the engines' prompt
+cache replayed over the workload (bench/realkit/statecache.py): how far
+from the best a router's ``hits`` are. Each router's requests (tenant, send
+time, TTFT) are written beside the engines' logs (``requests-ROUTER.jsonl``).
+``--gateway-tree DIR`` serves the gateway from another checkout (its
+``bench/routing.py --serve-gateways`` and its ``src``), for bisecting.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import routing as simbench  # bench/routing.py: its gateway process and sglang-router
+from realkit import statecache
+from realkit.runs import pooled
 from simfleet import children
 
 from llmgw.sim import benchstats, loadgen
@@ -638,6 +643,10 @@ async def bench(
         f" {setup.cache_bytes / 1e6:.0f} MB (~{setup.cache_states} states); logs in {folder}",
         file=sys.stderr,
     )
+    # What any router could reach on these engines (a model of their cache).
+    reachable = statecache.reachable([int(r.group[1:]) for r in requests], setup.cache_states)
+    print(f"hits a sticky router would get: {reachable['sticky']}; the most any could:"
+          f" {reachable['best']} (of {len(requests)})", file=sys.stderr)  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {router: [] for router in routers}
     started = time.monotonic()
     for run in range(args.repeat):  # the routers take turns, so drift hits each alike
@@ -654,14 +663,13 @@ async def bench(
                 file=sys.stderr,
             )
     # Repeated: each figure's mean over the runs (and its range), judged on the means.
-    from realkit.vllmrouting import pooled
-
     results = {router: rows[0] if args.repeat == 1 else pooled(rows)
                for router, rows in runs.items()}  # fmt: skip
     chars = sum(len(c) for c in setup.contexts()) / setup.tenants
     out: dict[str, Any] = {"bench": "routing_real", "quick": bool(args.quick), "seed": setup.seed,
                            "pace": round(pace, 2)}  # fmt: skip
     out.update(results)
+    out["reachable_hits"] = reachable
     out["verdict"] = verdict(results)
     if args.repeat > 1:
         out["verdict_per_run"] = [

@@ -29,7 +29,8 @@ gateway's handler tells it: the send, the first token, the usage.
 Last line: one JSON object, per router and seed hit_rate (a request is a
 hit when at least half its prompt was found cached, as the live benchmark
 counts), ttft_p50_s, ttft_mean_s, ttft_p90_s, generations per engine; and
-per router the means over the seeds.
+per router the means over the seeds; per seed ``reachable_hits``, what a
+sticky router and the best of all would get (bench/realkit/statecache.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import routing_real as live  # the workload and the route the live benchmark serves
+from realkit import statecache
 from routing_replay import SglangCacheAware
 
 from llmgw import secrets, wire
@@ -272,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     timing = Timing(args.prefill_ms, args.decode_ms, args.overhead_ms)
     seeds = [int(s) for s in args.seeds.split(",")]
     out: dict[str, Any] = {"bench": "routing_real_replay", "seeds": seeds}
+    out["reachable_hits"] = {}
+    for seed in seeds:
+        setup = live.replace(base, seed=seed)
+        order = [int(r.group[1:]) for r in setup.workload()]
+        out["reachable_hits"][seed] = statecache.reachable(order, setup.cache_states)
+        print(f"seed {seed}: hits reachable {out['reachable_hits'][seed]}", file=sys.stderr)
     for name in args.routers.split(","):
         rows = {seed: replay(live.replace(base, seed=seed), name, timing) for seed in seeds}
         means = {

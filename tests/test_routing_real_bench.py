@@ -131,6 +131,7 @@ def _vllm_row(hit: float, p90: float) -> dict[str, object]:
 def test_the_vllm_verdict_compares_runs_within_the_estimates_own_spread() -> None:
     sys.path.insert(0, str(BENCH))
     from realkit import vllmrouting
+    from realkit.runs import pooled
 
     # One run each: compared as they are.
     single = {"prefix": _vllm_row(0.70, 0.50), "prefix_exact": _vllm_row(0.70, 0.51)}
@@ -140,21 +141,22 @@ def test_the_vllm_verdict_compares_runs_within_the_estimates_own_spread() -> Non
     }  # fmt: skip
     # Three runs each: means, within what the estimate moved by between its runs.
     runs = ((0.5, 0.9), (0.7, 0.5), (0.6, 0.7))
-    estimated = vllmrouting.pooled([_vllm_row(h, p) for h, p in runs])
+    estimated = pooled([_vllm_row(h, p) for h, p in runs])
     assert estimated["hit_rate"] == 0.6 and estimated["ttft_p90_s_range"] == [0.5, 0.9]
-    near = vllmrouting.pooled([_vllm_row(h, p) for h, p in ((0.45, 1.0), (0.5, 0.9), (0.4, 0.8))])
+    near = pooled([_vllm_row(h, p) for h, p in ((0.45, 1.0), (0.5, 0.9), (0.4, 0.8))])
     verdict = vllmrouting.verdict({"prefix": estimated, "prefix_exact": near})
     assert verdict is not None and verdict["ok"]
     assert verdict["control_spread"] == {"hit_rate": 0.2, "ttft_p90_s": 0.4}
     # Below the estimate by more than its spread: fails.
-    far = vllmrouting.pooled([_vllm_row(h, p) for h, p in ((0.3, 1.2), (0.35, 1.1), (0.3, 1.3))])
+    far = pooled([_vllm_row(h, p) for h, p in ((0.3, 1.2), (0.35, 1.1), (0.3, 1.3))])
     verdict = vllmrouting.verdict({"prefix": estimated, "prefix_exact": far})
     assert verdict is not None and not verdict["ok"]
     assert not verdict["hit_rate_at_or_above"] and not verdict["ttft_p90_at_or_below"]
 
 
-def test_repeat_is_refused_where_it_means_nothing() -> None:
-    with pytest.raises(SystemExit):
-        real.parse_args(["--engine", "vllm", "--repeat", "0"])
-    args, _ = real.parse_args(["--engine", "vllm", "--repeat", "3"])
-    assert args.repeat == 3
+def test_repeat_takes_one_run_or_more_on_either_engine() -> None:
+    for engine in ([], ["--engine", "vllm"]):
+        with pytest.raises(SystemExit):
+            real.parse_args([*engine, "--repeat", "0"])
+        args, _ = real.parse_args([*engine, "--repeat", "3"])
+        assert args.repeat == 3

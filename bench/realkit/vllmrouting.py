@@ -50,6 +50,7 @@ from simfleet import children
 
 from llmgw.sim import benchstats, loadgen
 from llmgw.sim.workloads import TimedRequest
+from realkit.runs import pooled, spread
 
 ROUTERS = ("prefix", "prefix_exact")
 BLOCK_SIZE = 32  # tokens per KV block (multiples of 32 are what vLLM's CPU backend prefers)
@@ -304,18 +305,6 @@ async def bench(
     return out
 
 
-def pooled(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Several runs of one router: the mean of each figure, its range, and the runs."""
-    out: dict[str, Any] = {}
-    for name in ("hit_rate", "ttft_p50_s", "ttft_mean_s", "ttft_p90_s"):
-        values = [row[name] for row in rows if row[name] is not None]
-        out[name] = _round(statistics.fmean(values)) if values else None
-        out[f"{name}_range"] = [min(values), max(values)] if values else None
-    out["errors"] = sum(row["errors"] for row in rows)
-    out["runs"] = rows
-    return out
-
-
 def verdict(out: dict[str, Any]) -> dict[str, Any] | None:
     """Exact cache state at least as good as the estimate: hit rate >=, TTFT p90 <=.
 
@@ -326,13 +315,10 @@ def verdict(out: dict[str, Any]) -> dict[str, Any] | None:
     exact, estimated = out.get("prefix_exact"), out.get("prefix")
     if exact is None or estimated is None:
         return None
-    hit_slack = _spread(estimated.get("hit_rate_range"))
-    p90_slack = _spread(estimated.get("ttft_p90_s_range"))
+    hit_slack = spread(estimated.get("hit_rate_range"))
+    p90_slack = spread(estimated.get("ttft_p90_s_range"))
     hit = (exact["hit_rate"] or 0) >= (estimated["hit_rate"] or 0) - hit_slack
     p90 = (exact["ttft_p90_s"] or 0) <= (estimated["ttft_p90_s"] or 0) + p90_slack
     return {"ok": hit and p90, "hit_rate_at_or_above": hit, "ttft_p90_at_or_below": p90,
             "control_spread": {"hit_rate": hit_slack, "ttft_p90_s": p90_slack}}  # fmt: skip
 
-
-def _spread(bounds: list[float] | None) -> float:
-    return round(bounds[1] - bounds[0], 4) if bounds else 0.0

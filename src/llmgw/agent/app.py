@@ -207,7 +207,7 @@ class Agent:
         self._deps: RunnerDeps | None = None
         self._opened = False
         self._run_task: asyncio.Task[None] | None = None
-        self._ram_mib: int | None = None  # read once: RAM does not change under us
+        self._host_facts: dict[str, object] | None = None  # read once: RAM and CPU stay
         self.node_cert = NodeCertificate(self.data_dir / "tls", config.name)
         fleet_tls = any(url.startswith("https://") for url in self._control_plane_urls)
         self.tls = TlsMode(
@@ -431,10 +431,10 @@ class Agent:
         # This machine's RAM and CPU, for placing CPU replicas (llmgw.memory);
         # only with real discovery: a fake inventory describes another machine.
         if inventory.memory_total_mib is None and self._discoverer is not None:
-            if self._ram_mib is None:
-                self._ram_mib = await asyncio.to_thread(node_memory_mib)
-            ram = {"memory_total_mib": self._ram_mib, "cpu_bf16": native_bf16()}
-            inventory = inventory.model_copy(update=ram)
+            if self._host_facts is None:
+                ram, bf16 = await asyncio.to_thread(lambda: (node_memory_mib(), native_bf16()))
+                self._host_facts = {"memory_total_mib": ram, "cpu_bf16": bf16}
+            inventory = inventory.model_copy(update=self._host_facts)
         if self.config.engine_env_allow:
             allowed = sorted(self.config.engine_env_allow)
             inventory = inventory.model_copy(update={"engine_env_allow": allowed})

@@ -36,12 +36,20 @@ def sleeping_mib(state: FleetState, replica: ReplicaRecord, spec: ModelSpec) -> 
         return spec.sim.weights_mib
     if sleeps_by_itself(spec):
         return 0
-    node = state.nodes.get(replica.leader_node)
+    size = weights_bytes(state, replica.leader_node, spec.name)
+    if size:
+        return -(-size // memory.MIB)
+    return spec.memory_mib or 0
+
+
+def weights_bytes(state: FleetState, node_name: str, model: str) -> int | None:
+    """The size of the model's weights as the node's agent reported them; None: not held."""
+    node = state.nodes.get(node_name)
     if node is not None:
         for entry in node.weights:
-            if entry.model == spec.name and entry.size_bytes:
-                return -(-entry.size_bytes // memory.MIB)
-    return spec.memory_mib or 0
+            if entry.model == model and entry.size_bytes:
+                return entry.size_bytes
+    return None
 
 
 def node_free_mib(state: FleetState, node_name: str) -> int | None:
@@ -55,7 +63,10 @@ def node_free_mib(state: FleetState, node_name: str) -> int | None:
         if model is None or replica.state is ReplicaState.FAILED:
             continue
         if memory.places_on_ram(model.spec):
-            free -= memory.RamNeed.of(model.spec, None).on(node.inventory.cpu_bf16)
+            # Charged as its agent budgets it: the weights it holds, twice
+            # over where vLLM computes float32 on a CPU without bfloat16.
+            need = memory.RamNeed.of(model.spec, weights_bytes(state, node_name, replica.model))
+            free -= need.on(node.inventory.cpu_bf16)
         if replica.asleep:
             free -= sleeping_mib(state, replica, model.spec)
     return free

@@ -11,9 +11,10 @@ from __future__ import annotations
 from llmgw import memory
 from llmgw.control.scheduler.planner import plan
 from llmgw.control.scheduler.snapshot import build_snapshot
-from llmgw.control.state import NodeRecord
+from llmgw.control.sleep import node_free_mib
+from llmgw.control.state import NodeRecord, ReplicaRecord
 from llmgw.sim.fleetgen import cpu_node, fleet, model
-from llmgw.wire import EngineKind, ModelSpec, WeightsEntry
+from llmgw.wire import EngineKind, ModelSpec, ReplicaState, ShardAssignment, WeightsEntry
 
 NOW = 100.0
 GIB = 1024
@@ -86,3 +87,15 @@ def test_each_replica_on_a_float32_node_is_charged_twice_the_weights() -> None:
         f" (needs {ONCE} MiB ({TWICE} MiB on CPUs without bfloat16), at most 10240 MiB free)"
         " (placed 2 of 3 missing)"
     )
+
+
+def test_sleep_counts_a_nodes_free_ram_as_placement_charges_it() -> None:
+    # What is left for sleepers' weights on a node running a vLLM CPU
+    # replica: the checkpoint it holds, twice over where the CPU lacks bfloat16.
+    for cpu_bf16, charged in ((True, ONCE), (False, TWICE)):
+        state = fleet([node("n", 64 * GIB, cpu_bf16)], [vllm()], NOW)
+        state.replicas["r"] = ReplicaRecord(
+            id="r", model="v", created_at=0, state=ReplicaState.READY, ready_at=1,
+            shards=[ShardAssignment(node="n", device_numbers=[0])],
+        )
+        assert node_free_mib(state, "n") == memory.usable_mib(64 * GIB) - charged
