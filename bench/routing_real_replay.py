@@ -83,6 +83,7 @@ class Generation:
     found: int = 0
     cost: float = 0.0  # the router's estimate of its uncached tokens
     passed: int = 0
+    began_at: float = 0.0  # when the engine began it (the gateway's turn)
 
 
 @dataclass
@@ -190,6 +191,7 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
         turns = router_name != live.SGLANG
         gen = engine.queue.pop(next_turn(engine.queue) if turns else 0)
         engine.busy = True
+        gen.began_at = now
         first, whole = engine.begin(gen)
         heapq.heappush(events, (now + first, next(order), "first", gen))
         heapq.heappush(events, (now + whole, next(order), "end", (engine_id, gen)))
@@ -247,7 +249,11 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
             if gen.found * 2 >= flight.prompt_tokens:
                 hits += 1
             if hasattr(router, "metered") and getattr(flight.pick, "prompt_chars", 0):
-                router.metered(flight.pick, flight.prompt_tokens, 0)
+                # The engine reports no cached tokens; its time to the first
+                # token since its turn began tells them (routing.cachesize).
+                assert flight.first_at is not None
+                computed_s = flight.first_at - NETWORK_S - gen.began_at
+                router.metered(flight.pick, flight.prompt_tokens, 0, computed_s)
             start_next(engine_id, now)
     return {
         "hit_rate": round(hits / len(flights), 4),

@@ -86,12 +86,13 @@ async def test_a_short_prompt_goes_before_a_cold_one_sent_earlier(agents_engine:
 async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
     agents_engine: Engine,
 ) -> None:
-    # Two replicas on the one engine, so the gateway routes by prefix; the
-    # engine (no prompt cache of its own) holds only the prompt it computed
-    # last. A prompt the index counts held there but that it computes whole
-    # shrinks the index's capacity for the replica (routing/cachesize.py).
-    endpoints = [wire.Endpoint(replica_id=name, url=agents_engine.url, dialect=_dialect())
-                 for name in ("x", "y")]  # fmt: skip
+    # Two replicas on the one engine, so the gateway routes by prefix, each
+    # declared too small for the index to keep a prompt: every prompt is
+    # routed as new. The engine (no prompt cache of its own) holds the prompt
+    # it computed last, so the same context again comes back at once: the
+    # index forgot too early, and its capacity grows (routing/cachesize.py).
+    endpoints = [wire.Endpoint(replica_id=name, url=agents_engine.url, dialect=_dialect(),
+                               kv_capacity_tokens=16) for name in ("x", "y")]  # fmt: skip
     route = wire.ModelRoute(name="gemma", served_name=SERVED, endpoints=endpoints)
     config = make_config(1, [route])
     config.routing.gateways = 1  # alone: the engine computes only this gateway's requests
@@ -114,12 +115,10 @@ async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
         def seen() -> list[tuple[str, bool, float]]:
             return [(r.replica_id, r.reports_cached, r.capacity_scale) for r in replicas]
 
-        await ask(_long(1))  # cold
-        await ask(_long(1) + " Briefly.")  # held by the engine's context: a hit
+        await ask(_long(1))  # cold: timed whole, nothing to correct
         await eventually(lambda: any(r.reports_cached for r in replicas), 30,
-                         "the hit timed", note=seen)  # fmt: skip
+                         "the cold prompt timed", note=seen)  # fmt: skip
         assert all(r.capacity_scale == 1.0 for r in replicas), seen()
-        await ask(_long(2))  # a new prefix: the engine's context is this one now
-        await ask(_long(1) + " Again.")  # routed as held, computed whole
-        await eventually(lambda: any(r.capacity_scale < 1.0 for r in replicas), 30,
-                         "the miss timed", note=seen)  # fmt: skip
+        await ask(_long(1) + " Briefly.")  # routed as new, found in the engine's context
+        await eventually(lambda: any(r.capacity_scale > 1.0 for r in replicas), 30,
+                         "the hit timed", note=seen)  # fmt: skip

@@ -16,7 +16,13 @@ and says nothing tells it by its time: the gateway sends it one request at
 a time (Turns), so from the turn to the stream's first chunk the engine
 computed this prompt alone, and at the measured prefill speed a hit (a
 question's few tokens, ~0.1 s on bench/routing_real.py's engines) and a
-miss (the whole context, ~2.8 s) are twenty-fold apart.
+miss (the whole context, ~2.8 s) are twenty-fold apart. From the time the
+capacity only grows: such an engine (llama_cpp.server) keeps whole prompt
+states, one per answer, and evicts the least recently used state, which is
+not the index's least recently used prefix; a smaller index forgets the
+prefixes the engine still holds, routes them as new and counts their
+queues a whole prefill long (bench/routing_real_replay.py over 20 seeds:
+hit rate 0.692 shrinking, 0.713 not).
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ def cached_by_time(prompt_tokens: int, computed_s: float, tokens_per_s: float) -
 
 
 def correct(pick: Pick, prompt_tokens: int, cached_tokens: int, told: bool,
-            chars_per_token: float) -> bool:  # fmt: skip
+            chars_per_token: float, *, shrink: bool = True) -> bool:  # fmt: skip
     """Correct the capacity of the pick's replica by what its engine found cached;
-    whether it moved. ``told``: the engine said (a 0 from one that never does means nothing)."""
+    whether it moved. ``told``: the engine said (a 0 from one that never does means nothing);
+    ``shrink``: whether a prompt found evicted may shrink it (not when timed)."""
     replica = pick.replica
     if told:
         replica.reports_cached = True
@@ -44,7 +51,7 @@ def correct(pick: Pick, prompt_tokens: int, cached_tokens: int, told: bool,
         return False
     if pick.outcome == MISS:
         return 2 * cached_tokens >= prompt_tokens and _rescale(replica, CAPACITY_STEP)
-    if pick.outcome == HIT:
+    if pick.outcome == HIT and shrink:
         held_share = 1.0 - pick.uncached_tokens * chars_per_token / max(pick.prompt_chars, 1)
         held = prompt_tokens * min(max(held_share, 0.0), 1.0)
         return 2 * cached_tokens < held and _rescale(replica, 1.0 / CAPACITY_STEP)

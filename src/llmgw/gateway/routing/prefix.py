@@ -447,17 +447,20 @@ class PrefixPolicy(Policy):
         capacities are tokens, its blocks characters). ``cached_tokens``:
         the part the engine found cached (0 where it does not say), else
         what ``computed_s`` tells of it (cachesize.py: only a lone gateway
-        has the engine to itself): corrects the index's capacity for the
-        replica. Called once per answer with usage, off the client's path.
+        has the engine to itself, and a time only grows it): corrects the
+        index's capacity for the replica. Called once per answer with
+        usage, off the client's path.
         """
         speed = self.speed
         speed.counted(pick.prompt_chars, prompt_tokens)
         resync = abs(speed.chars_per_token / self._synced_chars - 1.0) > CHARS_RESYNC
         told = cached_tokens > 0
+        timed = False
         if not told and computed_s is not None and self.soonest.lone:
             cached_tokens = cached_by_time(prompt_tokens, computed_s, speed.tokens_per_s)
-            told = True
-        resync |= correct(pick, prompt_tokens, cached_tokens, told, speed.chars_per_token)
+            told = timed = True
+        resync |= correct(pick, prompt_tokens, cached_tokens, told, speed.chars_per_token,
+                          shrink=not timed)  # fmt: skip
         if resync:
             self._sync_index()
 
