@@ -86,23 +86,28 @@ async def test_a_short_prompt_goes_before_a_cold_one_sent_earlier(agents_engine:
 async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
     agents_engine: Engine,
 ) -> None:
-    # Two replicas on the one engine, so the gateway routes by prefix, each
-    # declared too small for the index to keep a prompt: every prompt is
-    # routed as new. The engine (no prompt cache of its own) holds the prompt
-    # it computed last, so the same context again comes back at once: the
-    # index forgot too early, and its capacity grows (routing/cachesize.py).
-    endpoints = [wire.Endpoint(replica_id=name, url=agents_engine.url, dialect=_dialect(),
-                               kv_capacity_tokens=16) for name in ("x", "y")]  # fmt: skip
-    route = wire.ModelRoute(name="gemma", served_name=SERVED, endpoints=endpoints)
-    config = make_config(1, [route])
-    config.routing.gateways = 1  # alone: the engine computes only this gateway's requests
+    # The engine keeps the context it computed last. Its replica is replaced
+    # by a new one at the same engine (a new routing table), whose index
+    # holds nothing: the same context again is routed as new, and comes back
+    # at once. The index forgot too early, and the capacity grows
+    # (routing/cachesize.py).
+    def config(version: int, replica_id: str) -> wire.GatewayConfig:
+        endpoint = wire.Endpoint(replica_id=replica_id, url=agents_engine.url,
+                                 dialect=_dialect())  # fmt: skip
+        route = wire.ModelRoute(name="gemma", served_name=SERVED, endpoints=[endpoint])
+        made = make_config(version, [route])
+        made.routing.gateways = 1  # alone: the engine computes only this gateway's requests
+        return made
+
     link = MemoryLink(poll_timeout_s=1.0)
-    link.publish(config)
+    link.publish(config(1, "x"))
     async with running_gateway(link) as (gateway, url):
         client = async_client(url, timeout=120.0)
-        snapshot = gateway.snapshot
-        assert snapshot is not None
-        replicas = snapshot.routes["gemma"].replicas
+
+        def replica() -> Any:
+            snapshot = gateway.snapshot
+            assert snapshot is not None
+            return snapshot.routes["gemma"].replicas[0]
 
         async def ask(content: str) -> None:
             stream = await client.chat.completions.create(
@@ -112,13 +117,16 @@ async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
             async for _ in stream:
                 pass
 
-        def seen() -> list[tuple[str, bool, float]]:
-            return [(r.replica_id, r.reports_cached, r.capacity_scale) for r in replicas]
+        def seen() -> tuple[str, bool, float]:
+            r = replica()
+            return r.replica_id, r.reports_cached, r.capacity_scale
 
-        await ask(_long(1))  # cold: timed whole, nothing to correct
-        await eventually(lambda: any(r.reports_cached for r in replicas), 30,
-                         "the cold prompt timed", note=seen)  # fmt: skip
-        assert all(r.capacity_scale == 1.0 for r in replicas), seen()
-        await ask(_long(1) + " Briefly.")  # routed as new, found in the engine's context
-        await eventually(lambda: any(r.capacity_scale > 1.0 for r in replicas), 30,
-                         "the hit timed", note=seen)  # fmt: skip
+        await ask(_long(3))  # cold: timed whole, nothing to correct
+        await eventually(lambda: replica().reports_cached, 30, "the cold prompt timed",
+                         note=seen)  # fmt: skip
+        assert replica().capacity_scale == 1.0
+        link.publish(config(2, "y"))
+        await eventually(lambda: replica().replica_id == "y", 30, "the new table", note=seen)
+        await ask(_long(3) + " Briefly.")  # routed as new, found in the engine's context
+        await eventually(lambda: replica().capacity_scale > 1.0, 30, "the hit timed",
+                         note=seen)  # fmt: skip
