@@ -218,7 +218,7 @@ def llamacpp_argv(
 
 
 def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
-    from llmgw.agent.engines.llamacpppython import PROMPT_CACHE_SHARE
+    from llmgw.agent.engines.llamacpppython import PROMPT_CACHE_N_BATCH, PROMPT_CACHE_SHARE
 
     budget = GEMMA_BUDGET_MIB
     assert budget == 768 + 242 + 256 + 512  # runtime, GGUF, KV of 8192 tokens, headroom
@@ -234,9 +234,15 @@ def test_llamacpp_is_started_to_stay_within_its_budget() -> None:
     cached = argv(["--cache", "true"])
     room = budget - NOT_CACHE_MIB
     assert cached[cached.index("--cache_size") + 1] == str(room * memory.MIB // PROMPT_CACHE_SHARE)
-    # What the catalog says wins.
+    # Its states carry n_batch rows of logits each: fewer of them, and
+    # none where no cache saves states.
+    assert cached[cached.index("--n_batch") + 1] == str(PROMPT_CACHE_N_BATCH)
+    assert "--n_batch" not in plain
+    # What the catalog says wins (and with logits_all, n_ctx rows are kept whatever n_batch).
     mine = argv(["--cache", "true", "--cache_size", "1000", "--logits_all", "true"])
     assert mine.count("--cache_size") == 1 and mine.count("--logits_all") == 1
+    assert "--n_batch" not in mine
+    assert argv(["--cache", "true", "--n_batch", "512"]).count("--n_batch") == 1
 
 
 def test_llama_server_prompt_cache_is_sized_from_the_budget() -> None:
