@@ -78,9 +78,9 @@ PROMPT_CACHE_SHARE = 64
 # logits rows too (min(prompt, n_batch) of them), though nothing reads them
 # without logits_all: at the default n_batch of 512, Gemma's are 537 MB, and
 # a cached prompt's load took 2.45 s against its 541 tokens' prefill of 2.1 s
-# (gemma-3-270m, one thread), so a cache hit saved nothing. At 128 rows the
-# load took 0.04 s and the save 0.03 s (1.15 s), the prefill unchanged (prompts
-# are evaluated n_batch tokens a call; 64 cost 4 % of prefill speed).
+# (gemma-3-270m, one thread), so a cache hit saved nothing. At 128 rows a
+# load took 0.04 s and a save 0.03 s (1.15 s at 512), the prefill unchanged
+# (prompts are evaluated n_batch tokens a call; 64 rows cost 4 % of its speed).
 PROMPT_CACHE_N_BATCH = 128
 
 
