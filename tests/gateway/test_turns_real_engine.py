@@ -84,6 +84,15 @@ async def test_a_short_prompt_goes_before_a_cold_one_sent_earlier(agents_engine:
     assert kinds[-6:] == ["prompt", "decode"] * 3, kinds
 
 
+async def _ask(client: Any, content: str) -> None:
+    """One streamed chat through the gateway, read to its end."""
+    stream = await client.chat.completions.create(
+        model="gemma", messages=[{"role": "user", "content": content}],
+        max_tokens=2, stream=True, temperature=0.0,
+    )  # fmt: skip
+    async for _ in stream:
+        pass
+
 
 async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
     agents_engine: Engine,
@@ -111,25 +120,17 @@ async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
             assert snapshot is not None
             return snapshot.routes["gemma"].replicas[0]
 
-        async def ask(content: str) -> None:
-            stream = await client.chat.completions.create(
-                model="gemma", messages=[{"role": "user", "content": content}],
-                max_tokens=2, stream=True, temperature=0.0,
-            )  # fmt: skip
-            async for _ in stream:
-                pass
-
         def seen() -> tuple[str, bool, float]:
             r = replica()
             return r.replica_id, r.reports_cached, r.capacity_scale
 
-        await ask(_long(3))  # cold: timed whole, nothing to correct
+        await _ask(client, _long(3))  # cold: timed whole, nothing to correct
         await eventually(lambda: replica().reports_cached, 30, "the cold prompt timed",
                          note=seen)  # fmt: skip
         assert replica().capacity_scale == 1.0
         link.publish(config(2, "y"))
         await eventually(lambda: replica().replica_id == "y", 30, "the new table", note=seen)
-        await ask(_long(3) + " Briefly.")  # routed as new, found in the engine's context
+        await _ask(client, _long(3) + " Briefly.")  # routed as new, found in the engine's context
         await eventually(lambda: replica().capacity_scale > 1.0, 30, "the hit timed",
                          note=seen)  # fmt: skip
 
@@ -157,21 +158,13 @@ async def test_a_prompt_loaded_from_the_engines_cache_is_timed_a_hit(tmp_path: P
             assert snapshot is not None
             (replica,) = snapshot.routes["gemma"].replicas
 
-            async def ask(content: str) -> None:
-                stream = await client.chat.completions.create(
-                    model="gemma", messages=[{"role": "user", "content": content}],
-                    max_tokens=2, stream=True, temperature=0.0,
-                )  # fmt: skip
-                async for _ in stream:
-                    pass
-
             def seen() -> tuple[bool, float]:
                 return replica.reports_cached, replica.capacity_scale
 
-            await ask(_long(1))  # cold
-            await ask(_long(2))  # the index forgets the first; the engine's cache keeps both
+            await _ask(client, _long(1))  # cold
+            await _ask(client, _long(2))  # the index forgets the first, the engine's cache not
             await eventually(lambda: replica.reports_cached, 30, "the prompts timed", note=seen)
             assert replica.capacity_scale == 1.0
-            await ask(_long(1) + " Briefly.")  # routed as new, loaded from the engine's cache
+            await _ask(client, _long(1) + " Briefly.")  # routed as new, loaded from its cache
             await eventually(lambda: replica.capacity_scale > 1.0, 30, "the hit timed",
                              note=seen)  # fmt: skip
