@@ -200,6 +200,11 @@ class Setup:
         return self.cache_states * tokens * STATE_BYTES_PER_TOKEN
 
 
+def tenant_of(request: TimedRequest) -> int:
+    """The tenant a request of Setup.workload asks for (its group, ``t<tenant>``)."""
+    return int(request.group[1:])
+
+
 FULL = Setup(
     tenants=6, requests=72, rate=0.4, context_tokens=600, question_words=2, output_tokens=16,
     cache_states=4, n_ctx=2048, threads=1, drain_s=120.0, seed=0,
@@ -644,7 +649,7 @@ async def bench(
         file=sys.stderr,
     )
     # What any router could reach on these engines (a model of their cache).
-    reachable = statecache.reachable([int(r.group[1:]) for r in requests], setup.cache_states)
+    reachable = statecache.reachable([tenant_of(r) for r in requests], setup.cache_states)
     print(f"hits a sticky router would get: {reachable['sticky']}; the most any could:"
           f" {reachable['best']} (of {len(requests)})", file=sys.stderr)  # fmt: skip
     runs: dict[str, list[dict[str, Any]]] = {router: [] for router in routers}

@@ -200,7 +200,7 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
         now, _, kind, what = heapq.heappop(events)
         if kind == "arrive":
             request = what
-            tenant = int(request.group[1:])
+            tenant = live.tenant_of(request)
             prompt = render_chat(request.messages)
             pick = router.pick(prompt)
             replica = pick.replica
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     out["reachable_hits"] = {}
     for seed in seeds:
         setup = live.replace(base, seed=seed)
-        order = [int(r.group[1:]) for r in setup.workload()]
+        order = [live.tenant_of(r) for r in setup.workload()]
         out["reachable_hits"][seed] = statecache.reachable(order, setup.cache_states)
         print(f"seed {seed}: hits reachable {out['reachable_hits'][seed]}", file=sys.stderr)
     for name in args.routers.split(","):
