@@ -235,10 +235,11 @@ def replay(setup: live.Setup, router_name: str, timing: Timing) -> dict[str, Any
         elif kind == "learn":
             flight = what
             pick = flight.pick
-            if flight.ahead < 1.0:
-                flight.router.measured(pick.uncached_tokens, flight.first_at - flight.sent_at)
             if getattr(pick.replica, "serial", False):
+                # Timed from its turn: its speed sample comes with its usage (Prefill.started).
                 flight.router.record(pick)  # again as its answer starts (Prefill._learn)
+            elif flight.ahead < 1.0:
+                flight.router.measured(pick.uncached_tokens, flight.first_at - flight.sent_at)
         else:
             engine_id, gen = what
             engine = engines[engine_id]

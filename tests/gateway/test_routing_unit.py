@@ -820,6 +820,40 @@ def test_a_lone_gateway_tells_a_hit_from_a_miss_by_the_engines_time() -> None:
     assert not shared.reports_cached and shared.capacity_scale == 1.0
 
 
+async def test_a_timed_prompt_is_a_speed_sample_only_where_the_engine_computed_it() -> None:
+    # Serial engines that say nothing cached, timed from the gateway's turn
+    # (at half TPS: a whole prompt takes 0.512 s). A prompt routed as new
+    # that comes back in 0.4 of that was loaded from the engine's cache:
+    # taken as a sample at its first chunk it raised the speed (averaged
+    # with the one before it) until its own time read as a whole prefill,
+    # and the capacity never grew (a real-engine test failed 2 runs in 19).
+    now = [0.0]
+    lone = router(["a", "b"], lone=True, clock=lambda: now[0])
+    lone.replicas[:] = [serial("a"), serial("b")]
+    prefix_of(lone)._sync_index()
+    speed = prefix_of(lone).speed
+    whole_s = 2 * 256 / TPS
+
+    async def answer(prompt: str, seconds: float) -> Replica:
+        pick = lone.pick(prompt)
+        assert pick is not None and pick.outcome == MISS
+        prefill = Prefill(lone, pick)
+        prefill.turn_taken()
+        now[0] += seconds
+        prefill.started(streamed=True)
+        await asyncio.sleep(LEARN_AFTER_S * 2)
+        prefill.metered(PROMPT // 4, 0)
+        return pick.replica
+
+    await answer("a" * PROMPT, whole_s)  # computed: the first sample replaces the prior
+    assert speed.samples == 1 and speed.tokens_per_s == pytest.approx(TPS / 2)
+    loaded = await answer("b" * PROMPT, 0.4 * whole_s)
+    assert speed.samples == 1 and speed.tokens_per_s == pytest.approx(TPS / 2)
+    assert loaded.capacity_scale == 1.125
+    await answer("c" * PROMPT, whole_s)  # computed again: a sample
+    assert speed.samples == 2 and speed.tokens_per_s == pytest.approx(TPS / 2)
+
+
 def test_a_holder_keeps_what_a_detour_would_compute_twice() -> None:
     holder, idle = replica("holder"), replica("idle")
     held = {"holder": 64}

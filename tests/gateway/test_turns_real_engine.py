@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tests.gateway.test_real_engine import SERVED, Engine, llama_server
 from tests.waiting import eventually
 
 from llmgw import wire
+from llmgw.agent.engines.llamacpppython import PROMPT_CACHE_N_BATCH
 from llmgw.gateway.link import MemoryLink
 
 pytestmark = pytest.mark.slow
@@ -132,3 +134,43 @@ async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
         await eventually(lambda: replica().capacity_scale > 1.0, 30, "the hit timed",
                          note=seen)  # fmt: skip
 
+
+async def test_a_prompt_loaded_from_the_engines_cache_is_timed_a_hit(tmp_path: Path) -> None:
+    # The engine as the agent starts it with its RAM prompt cache on (the
+    # logits rows each state carries bounded by n_batch): a prompt found in
+    # the cache, not in its context, comes back at once. Its replica is
+    # declared too small for the index to keep more than a block, so the
+    # prompt is routed as new there: its time grows the index's capacity.
+    cache = ("--cache", "true", "--cache_type", "ram", "--cache_size", str(64 << 20),
+             "--n_batch", str(PROMPT_CACHE_N_BATCH))  # fmt: skip
+    with llama_server(tmp_path, "--interrupt_requests", "false", "--logits_all", "false",
+                      "--n_threads", "1", "--n_threads_batch", "1", *cache) as engine:  # fmt: skip
+        endpoint = wire.Endpoint(replica_id="x", url=engine.url, dialect=_dialect(),
+                                 kv_capacity_tokens=16)  # fmt: skip
+        route = wire.ModelRoute(name="gemma", served_name=SERVED, endpoints=[endpoint])
+        config = make_config(1, [route])
+        config.routing.gateways = 1  # alone: the engine computes only this gateway's requests
+        link = MemoryLink(poll_timeout_s=1.0)
+        link.publish(config)
+        async with running_gateway(link) as (gateway, url):
+            client = async_client(url, timeout=120.0)
+            snapshot = gateway.snapshot
+            assert snapshot is not None
+            router = snapshot.routes["gemma"]
+            (replica,) = router.replicas
+            speed = router.policy.speed  # type: ignore[attr-defined]
+
+            def seen() -> tuple[bool, float, int, float]:
+                return (replica.reports_cached, replica.capacity_scale, speed.samples,
+                        speed.tokens_per_s)  # fmt: skip
+
+            await _ask(client, _long(1))  # cold
+            await _ask(client, _long(2))  # the index forgets the first, the engine's cache not
+            await eventually(lambda: speed.samples == 2, 30, "the prompts timed", note=seen)
+            assert replica.reports_cached and replica.capacity_scale == 1.0
+            computing = speed.tokens_per_s
+            await _ask(client, _long(1) + " Briefly.")  # routed as new, loaded from its cache
+            await eventually(lambda: replica.capacity_scale > 1.0, 30, "the hit timed",
+                             note=seen)  # fmt: skip
+            # A cache load's time is not the engine's prefill speed.
+            assert speed.samples == 2 and speed.tokens_per_s == computing

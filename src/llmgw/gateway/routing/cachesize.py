@@ -39,6 +39,22 @@ def cached_by_time(prompt_tokens: int, computed_s: float, tokens_per_s: float) -
     return max(0, round(prompt_tokens - computed_s * tokens_per_s))
 
 
+def computed(pick: Pick, prompt_tokens: int, cached_tokens: int, reported: bool) -> float:
+    """The prompt tokens the engine computed, as a prefill-speed sample; 0: none to take.
+
+    ``cached_tokens``: what the engine reported (``reported``) or its time
+    told. A prompt routed as new that was found mostly cached took a cache
+    load's time, not a prefill's: no sample. Otherwise the engine's count
+    where it said what it found, else the index's view: the whole prompt
+    for one routed as new, the part it did not hold for a hit.
+    """
+    if reported:
+        return float(prompt_tokens - cached_tokens)
+    if pick.outcome == MISS:
+        return 0.0 if 2 * cached_tokens >= prompt_tokens else float(prompt_tokens)
+    return pick.uncached_tokens
+
+
 def correct(pick: Pick, prompt_tokens: int, cached_tokens: int, told: bool,
             chars_per_token: float, *, shrink: bool = True) -> bool:  # fmt: skip
     """Correct the capacity of the pick's replica by what its engine found cached;

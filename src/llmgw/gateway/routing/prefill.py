@@ -9,7 +9,8 @@ prompt's prefix on the replica; the first chunk of a stream that queued
 behind none of this gateway's other prefills is a measurement of the
 model's prefill speed. On an engine that computes one request at a time,
 the first chunk of a stream also tells how long its prompt took from the
-gateway's turn (the engine idle then), which is what it found cached.
+gateway's turn (the engine idle then): with the engine's token count, what
+it found cached and, where it computed the prompt, the speed.
 """
 
 from __future__ import annotations
@@ -67,7 +68,12 @@ class Prefill:
             # given whole took its decoding too, and tells nothing.
             self.computed_s = now - self.turn_at
         if pick.by_prefix:
-            sample = self.tokens if streamed and self.ahead < 1.0 else 0.0
+            # A timed prompt is sampled with its usage (Policy.metered): only
+            # the engine's count and time tell whether it computed the prompt
+            # or found it cached, and a cached one read as computed is a
+            # speed many times the engine's.
+            untimed = self.computed_s is None
+            sample = self.tokens if streamed and untimed and self.ahead < 1.0 else 0.0
             if sample or pick.replica.serial:
                 # Learnt a little after the answer's first chunk is on its
                 # way: at low load this code runs cold, and work before the
