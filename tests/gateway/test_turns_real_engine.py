@@ -7,6 +7,12 @@ engine alone would compute them in that order, so the short one would wait
 for both cold prefills. Through the gateway the short one goes first, and
 the engine never has two of the gateway's requests at once (its log shows
 each generation whole before the next one's prompt).
+
+The same one-at-a-time sending times each prompt from the gateway's turn:
+a prompt the engine had in its context, or loaded from its RAM prompt
+cache, comes back at once, and the gateway learns from it that its index
+forgot too early (routing/cachesize.py), without taking a cache load's
+time for the engine's prefill speed.
 """
 
 from __future__ import annotations
