@@ -834,15 +834,15 @@ async def test_a_timed_prompt_is_a_speed_sample_only_where_the_engine_computed_i
     speed = prefix_of(lone).speed
     whole_s = 2 * 256 / TPS
 
-    async def answer(prompt: str, seconds: float) -> Replica:
+    async def answer(prompt: str, seconds: float, outcome: str = MISS) -> Replica:
         pick = lone.pick(prompt)
-        assert pick is not None and pick.outcome == MISS
+        assert pick is not None and pick.outcome == outcome
         prefill = Prefill(lone, pick)
         prefill.turn_taken()
         now[0] += seconds
         prefill.started(streamed=True)
         await asyncio.sleep(LEARN_AFTER_S * 2)
-        prefill.metered(PROMPT // 4, 0)
+        prefill.metered(len(prompt) // 4, 0)
         return pick.replica
 
     await answer("a" * PROMPT, whole_s)  # computed: the first sample replaces the prior
@@ -852,6 +852,12 @@ async def test_a_timed_prompt_is_a_speed_sample_only_where_the_engine_computed_i
     assert loaded.capacity_scale == 1.125
     await answer("c" * PROMPT, whole_s)  # computed again: a sample
     assert speed.samples == 2 and speed.tokens_per_s == pytest.approx(TPS / 2)
+    # Held in half, and it took the whole prompt's time: evicted, so the
+    # time is not that of the half the index counted uncached.
+    await answer("a" * PROMPT + "z" * PROMPT, 2 * whole_s, HIT)
+    assert speed.samples == 2 and speed.tokens_per_s == pytest.approx(TPS / 2)
+    await answer("a" * PROMPT + "y" * PROMPT, whole_s, HIT)  # held in half, as timed: a sample
+    assert speed.samples == 3 and speed.tokens_per_s == pytest.approx(TPS / 2)
 
 
 def test_a_holder_keeps_what_a_detour_would_compute_twice() -> None:

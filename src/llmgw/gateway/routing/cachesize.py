@@ -22,7 +22,8 @@ states, one per answer, and evicts the least recently used state, which is
 not the index's least recently used prefix; a smaller index forgets the
 prefixes the engine still holds, routes them as new and counts their
 queues a whole prefill long (bench/routing_real_replay.py over 20 seeds:
-hit rate 0.692 shrinking, 0.713 not).
+hit rate 0.692 shrinking, 0.713 not). The same verdict tells whether a
+timed prompt is a prefill-speed sample: not where it contradicts the index.
 """
 
 from __future__ import annotations
@@ -39,39 +40,49 @@ def cached_by_time(prompt_tokens: int, computed_s: float, tokens_per_s: float) -
     return max(0, round(prompt_tokens - computed_s * tokens_per_s))
 
 
-def computed(pick: Pick, prompt_tokens: int, cached_tokens: int, reported: bool) -> float:
+# What an engine's word on a prompt says of the index's view of its replica.
+AGREES = ""
+FORGOT = "forgot"  # routed as new, found at least half cached: the index forgot too early
+EVICTED = "evicted"  # routed as held, found less than half of that: the engine evicted it
+
+
+def verdict(pick: Pick, prompt_tokens: int, cached_tokens: int, chars_per_token: float) -> str:
+    """AGREES, FORGOT or EVICTED: the engine's ``cached_tokens`` of ``prompt_tokens``
+    against what the index counted held when it picked."""
+    if pick.outcome == MISS:
+        return FORGOT if 2 * cached_tokens >= prompt_tokens else AGREES
+    if pick.outcome == HIT:
+        held_share = 1.0 - pick.uncached_tokens * chars_per_token / max(pick.prompt_chars, 1)
+        held = prompt_tokens * min(max(held_share, 0.0), 1.0)
+        return EVICTED if 2 * cached_tokens < held else AGREES
+    return AGREES
+
+
+def correct(replica: Replica, found: str, *, shrink: bool = True) -> bool:
+    """Correct the replica's index capacity by the verdict ``found``; whether it moved.
+    ``shrink``: whether a prompt found evicted may shrink it (not when timed)."""
+    if found == FORGOT:
+        return _rescale(replica, CAPACITY_STEP)
+    if found == EVICTED and shrink:
+        return _rescale(replica, 1.0 / CAPACITY_STEP)
+    return False
+
+
+def computed(pick: Pick, prompt_tokens: int, cached_tokens: int, found: str,
+             reported: bool) -> float:  # fmt: skip
     """The prompt tokens the engine computed, as a prefill-speed sample; 0: none to take.
 
-    ``cached_tokens``: what the engine reported (``reported``) or its time
-    told. A prompt routed as new that was found mostly cached took a cache
-    load's time, not a prefill's: no sample. Otherwise the engine's count
-    where it said what it found, else the index's view: the whole prompt
-    for one routed as new, the part it did not hold for a hit.
+    Where the engine said what it found cached (``reported``), its count.
+    Otherwise the index's view, unless the verdict ``found`` contradicts it:
+    a prompt routed as new that was found cached took a cache load's time,
+    one routed as held that was found evicted a whole prefill's, neither
+    the time of the tokens the index counted.
     """
     if reported:
         return float(prompt_tokens - cached_tokens)
-    if pick.outcome == MISS:
-        return 0.0 if 2 * cached_tokens >= prompt_tokens else float(prompt_tokens)
-    return pick.uncached_tokens
-
-
-def correct(pick: Pick, prompt_tokens: int, cached_tokens: int, told: bool,
-            chars_per_token: float, *, shrink: bool = True) -> bool:  # fmt: skip
-    """Correct the capacity of the pick's replica by what its engine found cached;
-    whether it moved. ``told``: the engine said (a 0 from one that never does means nothing);
-    ``shrink``: whether a prompt found evicted may shrink it (not when timed)."""
-    replica = pick.replica
-    if told:
-        replica.reports_cached = True
-    if not replica.reports_cached:
-        return False
-    if pick.outcome == MISS:
-        return 2 * cached_tokens >= prompt_tokens and _rescale(replica, CAPACITY_STEP)
-    if pick.outcome == HIT and shrink:
-        held_share = 1.0 - pick.uncached_tokens * chars_per_token / max(pick.prompt_chars, 1)
-        held = prompt_tokens * min(max(held_share, 0.0), 1.0)
-        return 2 * cached_tokens < held and _rescale(replica, 1.0 / CAPACITY_STEP)
-    return False
+    if found:
+        return 0.0
+    return float(prompt_tokens) if pick.outcome == MISS else pick.uncached_tokens
 
 
 def _rescale(replica: Replica, factor: float) -> bool:

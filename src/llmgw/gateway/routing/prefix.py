@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from llmgw.gateway.routing.cachesize import cached_by_time, computed, correct
+from llmgw.gateway.routing.cachesize import AGREES, cached_by_time, computed, correct, verdict
 from llmgw.gateway.routing.kvmatch import exact_matches
 from llmgw.gateway.routing.leastloaded import least_loaded
 from llmgw.gateway.routing.measured import LOW_LOAD_IDLE_SHARE, IdleShare, PrefillSpeed
@@ -449,26 +449,30 @@ class PrefixPolicy(Policy):
         what ``computed_s`` tells of it (cachesize.py: only a lone gateway
         has the engine to itself, and a time only grows it): corrects the
         index's capacity for the replica. A timed prompt is also a sample
-        of the prefill speed, unless it was found cached where the index
-        held none of it. Called once per answer with usage, off the
-        client's path.
+        of the prefill speed where that agrees with the index. Called once
+        per answer with usage, off the client's path.
         """
         speed = self.speed
         speed.counted(pick.prompt_chars, prompt_tokens)
         resync = abs(speed.chars_per_token / self._synced_chars - 1.0) > CHARS_RESYNC
-        reported = told = cached_tokens > 0
+        replica = pick.replica
+        reported = cached_tokens > 0
         timed = False
-        if not told and computed_s is not None and self.soonest.lone:
-            # Judged at the speed learnt before this prompt: were it sampled
-            # first, a prompt loaded from the engine's cache in a tenth of
-            # its prefill would raise the speed until its own time read as
-            # a whole prefill (a few samples in, while they still average).
+        if reported:
+            replica.reports_cached = True
+        elif computed_s is not None and self.soonest.lone:
+            # At the speed learnt before it: sampled first, a prompt loaded
+            # from the engine's cache raised the speed until its own time
+            # read as a whole prefill (while the first samples average).
             cached_tokens = cached_by_time(prompt_tokens, computed_s, speed.tokens_per_s)
-            told = timed = True
-        resync |= correct(pick, prompt_tokens, cached_tokens, told, speed.chars_per_token,
-                          shrink=not timed)  # fmt: skip
+            replica.reports_cached = timed = True
+        # A 0 from an engine that never says what it found cached means nothing.
+        found = AGREES
+        if replica.reports_cached:
+            found = verdict(pick, prompt_tokens, cached_tokens, speed.chars_per_token)
+            resync |= correct(replica, found, shrink=not timed)
         if computed_s is not None:
-            speed.observe(computed(pick, prompt_tokens, cached_tokens, reported), computed_s)
+            speed.observe(computed(pick, prompt_tokens, cached_tokens, found, reported), computed_s)
         if resync:
             self._sync_index()
 
