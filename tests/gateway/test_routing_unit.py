@@ -797,7 +797,7 @@ def test_a_lone_gateway_tells_a_hit_from_a_miss_by_the_engines_time() -> None:
     whole_s = 256 / TPS
     # Routed as new and answered at once: the index forgot too early.
     one.metered(Pick(target, MISS, hashes, 256.0, None, PROMPT), 256, 0, whole_s / 20)
-    assert target.reports_cached and target.capacity_scale == 1.125
+    assert target.capacity_scale == 1.125 and not target.reports_cached  # (told by time)
     # Routed as held and answered at once: held; nothing to correct.
     one.metered(Pick(target, HIT, hashes, 0.0, None, PROMPT), 256, 0, whole_s / 20)
     assert target.capacity_scale == 1.125
@@ -813,7 +813,7 @@ def test_a_lone_gateway_tells_a_hit_from_a_miss_by_the_engines_time() -> None:
     # (another's request may have been at the engine): nothing is inferred.
     other = one.replicas[1]
     one.metered(Pick(other, HIT, hashes, 0.0, None, PROMPT), 256, 0, None)
-    assert not other.reports_cached
+    assert not other.reports_cached and other.capacity_scale == 1.0
     several = router(["r0", "r1"], kv=256)
     shared = several.replicas[0]
     several.metered(Pick(shared, HIT, hashes, 0.0, None, PROMPT), 256, 0, whole_s)
@@ -858,6 +858,40 @@ async def test_a_timed_prompt_is_a_speed_sample_only_where_the_engine_computed_i
     assert speed.samples == 2 and speed.tokens_per_s == pytest.approx(TPS / 2)
     await answer("a" * PROMPT + "y" * PROMPT, whole_s, HIT)  # held in half, as timed: a sample
     assert speed.samples == 3 and speed.tokens_per_s == pytest.approx(TPS / 2)
+
+
+async def test_an_untimed_answer_from_an_engine_told_by_its_time_judges_nothing() -> None:
+    # An engine declared serial (dialect ``concurrent: false``) that says
+    # nothing of what it found cached tells it only by a stream a lone
+    # gateway timed from its turn. An answer given whole (such an engine
+    # that stops unstreamed requests itself is not asked for a stream), once
+    # any answer had been timed, read its 0 as "found nothing" and shrank
+    # the index at every hit.
+    now = [1.0]  # (a turn taken at 0 reads as none)
+    lone = router(["a", "b"], lone=True, clock=lambda: now[0])
+    lone.replicas[:] = [serial("a"), serial("b")]
+    prefix_of(lone)._sync_index()
+    whole_s = 2 * 256 / TPS
+
+    def answer(prompt: str, streamed: bool, outcome: str) -> Replica:
+        pick = lone.pick(prompt)
+        assert pick is not None and pick.outcome == outcome
+        prefill = Prefill(lone, pick)
+        prefill.turn_taken()
+        now[0] += whole_s
+        prefill.started(streamed=streamed)
+        lone.record(pick)
+        prefill.metered(len(prompt) // 4, 0)
+        return pick.replica
+
+    held = answer("a" * PROMPT, True, MISS)
+    for question in "xyz":
+        assert answer("a" * PROMPT + question * 40, False, HIT) is held
+    assert held.capacity_scale == 1.0
+    # Timed, the same hit computed whole is an eviction the time shows, and
+    # still only grows the capacity it never shrinks (cachesize.py).
+    assert answer("a" * PROMPT + "w" * 40, True, HIT) is held
+    assert held.capacity_scale == 1.0
 
 
 def test_a_holder_keeps_what_a_detour_would_compute_twice() -> None:

@@ -103,7 +103,9 @@ async def _ask(client: Any, content: str) -> None:
 async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
     agents_engine: Engine,
 ) -> None:
-    # The engine keeps the context it computed last. Its replica is replaced
+    # The engine keeps the context it computed last. A held prompt asked
+    # unstreamed is asked of this engine as a stream (routes/assemble.py),
+    # timed as one, and agrees with the index. Then its replica is replaced
     # by a new one at the same engine (a new routing table), whose index
     # holds nothing: the same context again is routed as new, and comes back
     # at once. The index forgot too early, and the capacity grows
@@ -126,14 +128,26 @@ async def test_the_engines_time_tells_the_gateway_what_it_found_cached(
             assert snapshot is not None
             return snapshot.routes["gemma"].replicas[0]
 
-        def seen() -> tuple[str, bool, float]:
+        def samples() -> int:
+            snapshot = gateway.snapshot
+            assert snapshot is not None
+            return int(snapshot.routes["gemma"].policy.speed.samples)  # type: ignore[attr-defined]
+
+        def seen() -> tuple[str, float, int]:
             r = replica()
-            return r.replica_id, r.reports_cached, r.capacity_scale
+            return r.replica_id, r.capacity_scale, samples()
 
         await _ask(client, _long(3))  # cold: timed whole, nothing to correct
-        await eventually(lambda: replica().reports_cached, 30, "the cold prompt timed",
-                         note=seen)  # fmt: skip
+        await eventually(lambda: samples() == 1, 30, "the cold prompt timed", note=seen)
         assert replica().capacity_scale == 1.0
+        for question in (" In a word.", " In two words."):
+            # Held, and found held: nothing to correct.
+            answer = await client.chat.completions.create(
+                model="gemma", messages=[{"role": "user", "content": _long(3) + question}],
+                max_tokens=2, temperature=0.0,
+            )  # fmt: skip
+            assert answer.usage is not None and answer.usage.prompt_tokens > 400
+        assert replica().capacity_scale == 1.0, seen()  # (metered before it was sent)
         link.publish(config(2, "y"))
         await eventually(lambda: replica().replica_id == "y", 30, "the new table", note=seen)
         await _ask(client, _long(3) + " Briefly.")  # routed as new, found in the engine's context
@@ -166,14 +180,13 @@ async def test_a_prompt_loaded_from_the_engines_cache_is_timed_a_hit(tmp_path: P
             (replica,) = router.replicas
             speed = router.policy.speed  # type: ignore[attr-defined]
 
-            def seen() -> tuple[bool, float, int, float]:
-                return (replica.reports_cached, replica.capacity_scale, speed.samples,
-                        speed.tokens_per_s)  # fmt: skip
+            def seen() -> tuple[float, int, float]:
+                return replica.capacity_scale, speed.samples, speed.tokens_per_s
 
             await _ask(client, _long(1))  # cold
             await _ask(client, _long(2))  # the index forgets the first, the engine's cache not
             await eventually(lambda: speed.samples == 2, 30, "the prompts timed", note=seen)
-            assert replica.reports_cached and replica.capacity_scale == 1.0
+            assert replica.capacity_scale == 1.0
             computing = speed.tokens_per_s
             await _ask(client, _long(1) + " Briefly.")  # routed as new, loaded from its cache
             await eventually(lambda: replica.capacity_scale > 1.0, 30, "the hit timed",

@@ -465,10 +465,12 @@ class PrefixPolicy(Policy):
             # from the engine's cache raised the speed until its own time
             # read as a whole prefill (while the first samples average).
             cached_tokens = cached_by_time(prompt_tokens, computed_s, speed.tokens_per_s)
-            replica.reports_cached = timed = True
-        # A 0 from an engine that never says what it found cached means nothing.
+            timed = True
+        # A 0 from an engine that never says what it found cached means
+        # nothing, nor does one from an engine told by its time where this
+        # answer was not timed (given whole, or with other gateways).
         found = AGREES
-        if replica.reports_cached:
+        if replica.reports_cached or timed:
             found = verdict(pick, prompt_tokens, cached_tokens, speed.chars_per_token)
             resync |= correct(replica, found, shrink=not timed)
         if computed_s is not None:

@@ -96,7 +96,8 @@ class Replica:
         self.cooled_until = 0.0
         # The prefix index's capacity for it over the configured one, as the
         # engine's reports of cached prompt tokens corrected it; and whether
-        # it has reported any (an engine that never does reads as 0).
+        # it has reported any in its usage (an engine that never does reads
+        # as 0; its times are judged apart, answer by answer).
         self.capacity_scale = 1.0
         self.reports_cached = False
 
