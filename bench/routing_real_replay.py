@@ -85,6 +85,11 @@ class Generation:
     passed: int = 0
     began_at: float = 0.0  # when the engine began it (the gateway's turn)
 
+    @property
+    def blocks(self) -> list[int]:
+        """Its prompt's block hashes, as the gateway's turns read them (Turns)."""
+        return list(getattr(self.flight.pick, "hashes", ()))
+
 
 @dataclass
 class Flight:

@@ -119,7 +119,7 @@ async def forward(
                 if replica.serial:
                     # Its engine computes one request at a time: this
                     # gateway sends it one, cheapest first (routing/turns.py).
-                    call.waited += await replica.turns.take(pick.uncached_tokens)
+                    call.waited += await replica.turns.take(pick.uncached_tokens, pick)
                     turns = replica.turns
                     prefill.turn_taken()
                 before = time.perf_counter() - call.started - call.waited

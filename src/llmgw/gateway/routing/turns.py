@@ -7,7 +7,12 @@ earlier. The gateway sends it one request at a time instead and holds the
 rest here, where the order can be chosen: the one with the fewest prompt
 tokens left to compute (the routing's estimate) goes next. A request passed
 over MAX_PASSED times goes next whatever it costs, so none waits without
-bound behind a stream of cheaper ones. On bench/routing_real_replay.py's
+bound behind a stream of cheaper ones. None passes an earlier one sharing
+half its prompt or more: the prefix is recorded on the replica at the send,
+so the later one's estimate counts held what only the earlier one's prefill
+will compute (bench/routing_real.py, seed 1: a tenant's second question went
+first as a hit, found the prefix cold, and the first one, a real hit, waited
+behind it). On bench/routing_real_replay.py's
 workload (12 seeds, engines 1.5x the reference's time) TTFT p50 fell from
 2.00 to 1.56 s and p90 from 5.80 to 5.43 s, hit rate unchanged; with short
 queues nothing changes. The price: the engine idles one round trip between
@@ -27,13 +32,24 @@ from typing import Protocol
 MAX_PASSED = 2
 
 
-class _Waiter:
-    __slots__ = ("cost", "future", "passed")
+class Hashed(Protocol):
+    """A routed prompt's chained block hashes (routing.policy.Pick), set by its send's record."""
 
-    def __init__(self, cost: float, future: asyncio.Future[None]) -> None:
+    hashes: list[int]
+
+
+class _Waiter:
+    __slots__ = ("cost", "future", "passed", "pick")
+
+    def __init__(self, cost: float, future: asyncio.Future[None], pick: Hashed | None) -> None:
         self.cost = cost
         self.future = future
         self.passed = 0
+        self.pick = pick
+
+    @property
+    def blocks(self) -> Sequence[int]:
+        return self.pick.hashes if self.pick is not None else ()
 
 
 class Turns:
@@ -45,8 +61,9 @@ class Turns:
         self.busy = False
         self.waiting: list[_Waiter] = []  # in arrival order
 
-    async def take(self, cost: float) -> float:
-        """Wait for the turn (``cost``: prompt tokens left to compute); the seconds waited.
+    async def take(self, cost: float, pick: Hashed | None = None) -> float:
+        """Wait for the turn (``cost``: prompt tokens left to compute; ``pick``: the
+        prompt's routing, None where it has none); the seconds waited.
 
         The caller owes a :meth:`release` once this returns (not when it
         raises: a waiter cancelled after its turn came passes it on).
@@ -55,7 +72,7 @@ class Turns:
             self.busy = True
             return 0.0
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(cost, loop.create_future())
+        waiter = _Waiter(cost, loop.create_future(), pick)
         self.waiting.append(waiter)
         started = loop.time()
         try:
@@ -82,6 +99,9 @@ class Waiting(Protocol):
     cost: float
     passed: int
 
+    @property
+    def blocks(self) -> Sequence[int]: ...
+
 
 def next_turn(waiting: Sequence[Waiting]) -> int:
     """Which of ``waiting`` (in arrival order, not empty) goes next; counts who it passes."""
@@ -89,8 +109,19 @@ def next_turn(waiting: Sequence[Waiting]) -> int:
     # Only ever the earlier ones are passed over, so the first has been the most.
     if waiting[0].passed < MAX_PASSED:
         for at in range(1, len(waiting)):
-            if waiting[at].cost < waiting[chosen].cost:
+            if waiting[at].cost < waiting[chosen].cost and not _follows(waiting, at):
                 chosen = at
     for earlier in waiting[:chosen]:
         earlier.passed += 1
     return chosen
+
+
+def _follows(waiting: Sequence[Waiting], at: int) -> bool:
+    """Whether a waiter before ``waiting[at]`` shares at least half of its prompt's blocks."""
+    blocks = waiting[at].blocks
+    if not blocks:
+        return False
+    half = (len(blocks) - 1) // 2
+    # Chained hashes: equal at one block, equal up to it.
+    mark = blocks[half]
+    return any(len(w.blocks) > half and w.blocks[half] == mark for w in waiting[:at])
