@@ -10,13 +10,14 @@ over MAX_PASSED times goes next whatever it costs, so none waits without
 bound behind a stream of cheaper ones. None passes an earlier one sharing
 half its prompt or more: the prefix is recorded on the replica at the send,
 so the later one's estimate counts held what only the earlier one's prefill
-will compute (bench/routing_real.py, seed 1: a tenant's second question went
-first as a hit, found the prefix cold, and the first one, a real hit, waited
-behind it). On bench/routing_real_replay.py's
-workload (12 seeds, engines 1.5x the reference's time) TTFT p50 fell from
-2.00 to 1.56 s and p90 from 5.80 to 5.43 s, hit rate unchanged; with short
-queues nothing changes. The price: the engine idles one round trip between
-requests, where it had the next one queued already.
+may compute (bench/routing_real.py, seed 1: a tenant's second question,
+counted held from the first one's send, went before it and before another
+tenant's hit; the first, counted cold, went last). On
+bench/routing_real_replay.py's workload (12 seeds, engines 1.5x the
+reference's time) TTFT p50 fell from 2.00 to 1.56 s and p90 from 5.80 to
+5.43 s, hit rate unchanged; with short queues nothing changes. The price:
+the engine idles one round trip between requests, where it had the next
+one queued already.
 
 Each gateway (and worker) keeps its own turns: several of them send an
 engine one request each at most.
