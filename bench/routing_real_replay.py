@@ -88,7 +88,8 @@ class Generation:
     @property
     def blocks(self) -> list[int]:
         """Its prompt's block hashes, as the gateway's turns read them (Turns)."""
-        return list(getattr(self.flight.pick, "hashes", ()))
+        hashes: list[int] = getattr(self.flight.pick, "hashes", [])
+        return hashes
 
 
 @dataclass

@@ -828,22 +828,15 @@ async def test_a_timed_prompt_is_a_speed_sample_only_where_the_engine_computed_i
     # with the one before it) until its own time read as a whole prefill,
     # and the capacity never grew (a real-engine test failed 2 runs in 19).
     now = [0.0]
-    lone = router(["a", "b"], lone=True, clock=lambda: now[0])
-    lone.replicas[:] = [serial("a"), serial("b")]
-    prefix_of(lone)._sync_index()
+    lone = _serial_pair(now)
     speed = prefix_of(lone).speed
     whole_s = 2 * 256 / TPS
 
     async def answer(prompt: str, seconds: float, outcome: str = MISS) -> Replica:
-        pick = lone.pick(prompt)
-        assert pick is not None and pick.outcome == outcome
-        prefill = Prefill(lone, pick)
-        prefill.turn_taken()
-        now[0] += seconds
-        prefill.started(streamed=True)
+        prefill = _answered(lone, now, prompt, seconds, outcome, streamed=True)
         await asyncio.sleep(LEARN_AFTER_S * 2)
         prefill.metered(len(prompt) // 4, 0)
-        return pick.replica
+        return prefill.pick.replica
 
     await answer("a" * PROMPT, whole_s)  # computed: the first sample replaces the prior
     assert speed.samples == 1 and speed.tokens_per_s == pytest.approx(TPS / 2)
@@ -868,21 +861,14 @@ async def test_an_untimed_answer_from_an_engine_told_by_its_time_judges_nothing(
     # any answer had been timed, read its 0 as "found nothing" and shrank
     # the index at every hit.
     now = [1.0]  # (a turn taken at 0 reads as none)
-    lone = router(["a", "b"], lone=True, clock=lambda: now[0])
-    lone.replicas[:] = [serial("a"), serial("b")]
-    prefix_of(lone)._sync_index()
+    lone = _serial_pair(now)
     whole_s = 2 * 256 / TPS
 
     def answer(prompt: str, streamed: bool, outcome: str) -> Replica:
-        pick = lone.pick(prompt)
-        assert pick is not None and pick.outcome == outcome
-        prefill = Prefill(lone, pick)
-        prefill.turn_taken()
-        now[0] += whole_s
-        prefill.started(streamed=streamed)
-        lone.record(pick)
+        prefill = _answered(lone, now, prompt, whole_s, outcome, streamed=streamed)
+        lone.record(prefill.pick)
         prefill.metered(len(prompt) // 4, 0)
-        return pick.replica
+        return prefill.pick.replica
 
     held = answer("a" * PROMPT, True, MISS)
     for question in "xyz":
@@ -925,6 +911,26 @@ def test_a_lone_gateway_sends_a_forgotten_prefix_back_where_it_was() -> None:
     # ...and by load when it is.
     lone.replicas[1].pending_prefill = 0.6 * PROMPT / 4
     assert lone.pick(first).replica.replica_id != "r1"  # type: ignore[union-attr]
+
+
+def _serial_pair(now: list[float]) -> ModelRouter:
+    """A lone gateway's router over two serial replicas, on the clock ``now[0]``."""
+    lone = router(["a", "b"], lone=True, clock=lambda: now[0])
+    lone.replicas[:] = [serial("a"), serial("b")]
+    prefix_of(lone)._sync_index()
+    return lone
+
+
+def _answered(lone: ModelRouter, now: list[float], prompt: str, seconds: float, outcome: str,
+              *, streamed: bool) -> Prefill:  # fmt: skip
+    """``prompt`` routed as ``outcome``, its turn taken and its answer started ``seconds`` later."""
+    pick = lone.pick(prompt)
+    assert pick is not None and pick.outcome == outcome
+    prefill = Prefill(lone, pick)
+    prefill.turn_taken()
+    now[0] += seconds
+    prefill.started(streamed=streamed)
+    return prefill
 
 
 def serial(name: str, kv: int = 32768) -> Replica:
